@@ -1,0 +1,36 @@
+"""Mixture-of-experts: top-k routing and the experts' SwiGLU MLPs over tokens grouped by expert."""
+
+import torch
+
+from deltaserve.kernels.activation.reference import silu_and_mul
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over experts, keep the top k; renormalised to sum 1 when asked. Returns (weights fp32, ids)."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights, ids
+
+
+def moe_experts(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I]; weights/ids [T, k]."""
+    out = torch.zeros_like(x)
+    flat_ids = ids.flatten()
+    order = flat_ids.argsort(stable=True)  # token-choice pairs sorted by expert
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    token_of_pair = order // ids.shape[1]
+    weight_of_pair = weights.flatten()[order]
+    begin = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = slice(begin, begin + count)
+        tokens = token_of_pair[pairs]
+        hidden = silu_and_mul(x[tokens] @ w13[expert].T) @ w2[expert].T
+        out.index_add_(0, tokens, (hidden * weight_of_pair[pairs, None].to(x.dtype)).to(out.dtype))
+        begin += count
+    return out
