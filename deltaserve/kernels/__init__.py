@@ -1,30 +1,119 @@
 """Every numeric op the models use, each behind one dispatch point (see dispatch.py).
 
-Each function below picks the Triton kernel for CUDA tensors when one exists, else the torch
-reference in `<op>/reference.py`, which is the definition of correct.
+Each function below runs the Triton kernel in `<op>/triton_*.py` for CUDA tensors (unless
+DELTASERVE_KERNELS=reference), else the torch reference in `<op>/reference.py`, which is the
+definition of correct. Triton modules are imported on first use, so machines without Triton never
+import them.
 """
+
+import torch
 
 from deltaserve.kernels.activation import reference as _act
 from deltaserve.kernels.attention import reference as _attn
 from deltaserve.kernels.conv1d import reference as _conv
+from deltaserve.kernels.dispatch import use_triton
 from deltaserve.kernels.gdn import reference as _gdn
 from deltaserve.kernels.moe import reference as _moe
 from deltaserve.kernels.norm import reference as _norm
 from deltaserve.kernels.rotary import reference as _rotary
 from deltaserve.kernels.sampling import reference as _sampling
 
-rms_norm = _norm.rms_norm
-add_rms_norm = _norm.add_rms_norm
-gated_rms_norm = _norm.gated_rms_norm
-apply_rotary = _rotary.apply_rotary
-silu_and_mul = _act.silu_and_mul
-store_kv = _attn.store_kv
-paged_attention = _attn.paged_attention
-causal_conv1d = _conv.causal_conv1d
-chunk_gated_delta_rule = _gdn.chunk_gated_delta_rule
-recurrent_gated_delta_rule = _gdn.recurrent_gated_delta_rule
-moe_route = _moe.moe_route
-moe_experts = _moe.moe_experts
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.norm.triton_rms_norm import rms_norm as kernel
+        return kernel(x, weight, eps, offset)
+    return _norm.rms_norm(x, weight, eps, offset)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(x):
+        from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm as kernel
+        return kernel(x, residual, weight, eps, offset)
+    return _norm.add_rms_norm(x, residual, weight, eps, offset)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm as kernel
+        return kernel(x, gate, weight, eps)
+    return _norm.gated_rms_norm(x, gate, weight, eps)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(q):
+        from deltaserve.kernels.rotary.triton_rotary import apply_rotary as kernel
+        return kernel(q, k, positions, cos_sin_cache)
+    return _rotary.apply_rotary(q, k, positions, cos_sin_cache)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul as kernel
+        return kernel(x)
+    return _act.silu_and_mul(x)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    if use_triton(k):
+        from deltaserve.kernels.attention.triton_store_kv import store_kv as kernel
+        return kernel(k, v, k_cache, v_cache, slot_mapping)
+    return _attn.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+    if use_triton(q):
+        from deltaserve.kernels.attention.triton_paged_attention import paged_attention as kernel
+        return kernel(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+    return _attn.paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, state_slots: torch.Tensor,
+                  query_start_loc: torch.Tensor, capture_rows: list[tuple[int, int]] | None = None,
+                  conv_snapshots: torch.Tensor | None = None) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d as kernel
+        return kernel(x, weight, conv_state, state_slots, query_start_loc, capture_rows, conv_snapshots)
+    return _conv.causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows, conv_snapshots)
+
+
+def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
+                           capture_rows: list[tuple[int, int]] | None = None,
+                           h_snapshots: torch.Tensor | None = None) -> torch.Tensor:
+    if use_triton(q):
+        from deltaserve.kernels.gdn.triton_chunk import chunk_gdn as kernel
+        return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
+                      h_snapshots)
+    return _gdn.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
+                                       capture_rows, h_snapshots)
+
+
+def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots) -> torch.Tensor:
+    if use_triton(q):
+        from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent as kernel
+        return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
+    return _gdn.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(router_logits):
+        from deltaserve.kernels.moe.triton_moe_route import moe_route as kernel
+        return kernel(router_logits, top_k, renormalize)
+    return _moe.moe_route(router_logits, top_k, renormalize)
+
+
+def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                ids: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.moe.triton_moe_experts import moe_experts as kernel
+        return kernel(x, w13, w2, weights, ids)
+    return _moe.moe_experts(x, w13, w2, weights, ids)
+
+
 apply_penalties = _sampling.apply_penalties
 sample_from_logits = _sampling.sample_from_logits
 

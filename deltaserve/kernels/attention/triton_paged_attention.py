@@ -1,0 +1,99 @@
+"""Causal attention over paged K/V for a ragged batch (prefill chunks, decode tokens, verify rows alike).
+
+One program per (sequence, KV head, tile of query rows). The rows of a tile are (token, query head)
+pairs of one KV head's group, token-major, so at decode the whole GQA group shares one pass over the
+KV pages: each K/V page is read once per KV head. Keys are gathered page by page through the block
+table; an online softmax (base 2) carries the running max and sum. Nothing is read from the host, so
+the launch can be captured in a CUDA graph: the tile count is bounded by the largest possible q_len,
+`T - B + 1`, and tiles past a sequence's rows return at once.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q, k_cache, v_cache, o, query_start_loc, seq_lens, block_tables, scale_log2,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kc_block, stride_kc_pos, stride_kc_head,
+    stride_vc_block, stride_vc_pos, stride_vc_head, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):
+    seq, kv_head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_start = tl.load(query_start_loc + seq)
+    q_len = tl.load(query_start_loc + seq + 1) - q_start
+    seq_len = tl.load(seq_lens + seq)
+    if tile * BLOCK_M < q_len * GROUP:
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        token = rows // GROUP
+        head = kv_head * GROUP + rows % GROUP
+        row_valid = token < q_len
+        q_pos = seq_len - q_len + token  # position of each row's token in its sequence
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < HEAD_DIM
+        q_ptrs = q + (q_start + token).to(tl.int64)[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
+        q_tile = tl.load(q_ptrs, mask=row_valid[:, None] & mask_d[None, :], other=0.0)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        # Keys past the tile's last query position are masked for every row: stop there.
+        kv_end = tl.minimum(seq_len, seq_len - q_len + (tile * BLOCK_M + BLOCK_M - 1) // GROUP + 1)
+        n = 0
+        while n < kv_end:  # a while loop: the interpreter cannot take loaded bounds in range()
+            k_pos = n + tl.arange(0, BLOCK_N)
+            k_valid = k_pos < kv_end
+            page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE, mask=k_valid, other=0).to(tl.int64)
+            in_page = k_pos % PAGE
+            k_ptrs = (k_cache + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_pos
+                      + kv_head * stride_kc_head + offs_d[None, :])
+            v_ptrs = (v_cache + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_pos
+                      + kv_head * stride_vc_head + offs_d[None, :])
+            k_tile = tl.load(k_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+            scores = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale_log2
+            allowed = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+            scores = tl.where(allowed, scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
+            p = tl.exp2(scores - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v_tile = tl.load(v_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
+            m_i = m_new
+            n += BLOCK_N
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_ptrs = o + (q_start + token).to(tl.int64)[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :]
+        tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_valid[:, None] & mask_d[None, :])
+
+
+def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                    block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
+    """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D]."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    tokens, q_heads, head_dim = q.shape
+    kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    group = q_heads // kv_heads
+    seqs = seq_lens.shape[0]
+    o = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if tokens == 0 or seqs == 0:
+        return o
+    max_rows = (tokens - seqs + 1) * group  # the longest q_len any sequence can have, times the group
+    if block_m is None:
+        block_m = 16 if max_rows <= 16 else 64
+    if block_n is None:
+        block_n = 64 if head_dim <= 128 else 32
+    grid = (seqs, kv_heads, triton.cdiv(max_rows, block_m))
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, o, query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
+        q.stride(0), q.stride(1), o.stride(0), o.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=page,
+        BLOCK_M=block_m, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4, num_stages=2,
+    )
+    return o

@@ -1,0 +1,143 @@
+"""Gated delta rule, token by token, with the state held in registers: the decode step (one token per
+sequence) and a ragged-batch form of the same loop.
+
+One program per (sequence, value head, tile of Dv columns) loads its fp32 state tile [Dk, BV] from
+`h_pool[slot]` once, runs the sequence's tokens through it (gating from the raw a/b, L2 norm of q/k
+and the grouped key head all computed in the loop), and writes the tile back in place. With
+`snap_of_row`, the state after a row is also copied to `h_snapshots[snap_of_row[row]]`.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _step(q, k, v, a, b, o, snap_of_row, h_snapshots, state, t64, head, key_head, decay_rate, bias, scale,
+          offs_k, offs_v, mask_k, mask_v, mask_kv, tile_offs,
+          stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
+          stride_snap_slot, stride_o_t, DK: tl.constexpr, DV: tl.constexpr, HAS_SNAP: tl.constexpr):
+    """One token through the state tile: decay, delta-rule write, read out; returns the new tile."""
+    qt = tl.load(q + t64 * stride_q_t + key_head * stride_q_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    kt = tl.load(k + t64 * stride_k_t + key_head * stride_k_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    vt = tl.load(v + t64 * stride_v_t + head * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    at = tl.load(a + t64 * stride_a_t + head).to(tl.float32) + bias
+    bt = tl.load(b + t64 * stride_b_t + head).to(tl.float32)
+    softplus = tl.where(at > 20.0, at, tl.log(1.0 + tl.exp(tl.minimum(at, 20.0))))
+    decay = tl.exp(decay_rate * softplus)
+    beta = 1.0 / (1.0 + tl.exp(-bt))
+    qt = qt * (1.0 / tl.sqrt(tl.sum(qt * qt, 0) + 1e-6)) * scale
+    kt = kt * (1.0 / tl.sqrt(tl.sum(kt * kt, 0) + 1e-6))
+
+    state = state * decay
+    predicted = tl.sum(state * kt[:, None], 0)
+    delta = (vt - predicted) * beta
+    state = state + kt[:, None] * delta[None, :]
+    out = tl.sum(state * qt[:, None], 0)
+    tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
+    if HAS_SNAP:
+        snap = tl.load(snap_of_row + t64).to(tl.int64)
+        snap_ptrs = h_snapshots + snap * stride_snap_slot + head * DK * DV + tile_offs
+        tl.store(snap_ptrs, state.to(h_snapshots.dtype.element_ty), mask=mask_kv & (snap >= 0))
+    return state
+
+
+@triton.jit
+def _gdn_recurrent_kernel(
+    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, snap_of_row, h_snapshots, o,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
+    stride_h_slot, stride_snap_slot, stride_o_t, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_SNAP: tl.constexpr,
+):
+    seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    key_head = head // (HV // HK)
+    if IS_VARLEN:
+        start = tl.load(query_start_loc + seq)
+        end = tl.load(query_start_loc + seq + 1)
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    live = slot >= 0  # a negative slot marks a padding row: it computes on a zero state and stores none
+
+    offs_k = tl.arange(0, BK)
+    offs_v = tile * BV + tl.arange(0, BV)
+    mask_k, mask_v = offs_k < DK, offs_v < DV
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    tile_offs = offs_k[:, None] * DV + offs_v[None, :]
+    h_ptrs = h_pool + slot * stride_h_slot + head * DK * DV + tile_offs
+    state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0).to(tl.float32)
+
+    decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
+    bias = tl.load(dt_bias + head).to(tl.float32)
+    if IS_VARLEN:
+        t = start.to(tl.int64)
+        while t < end:  # a while loop: the interpreter cannot take loaded bounds in range()
+            state = _step(q, k, v, a, b, o, snap_of_row, h_snapshots, state, t, head, key_head,
+                          decay_rate, bias, scale, offs_k, offs_v, mask_k, mask_v, mask_kv, tile_offs,
+                          stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t,
+                          stride_b_t, stride_snap_slot, stride_o_t, DK, DV, HAS_SNAP)
+            t += 1
+    else:
+        state = _step(q, k, v, a, b, o, snap_of_row, h_snapshots, state, seq.to(tl.int64), head, key_head,
+                      decay_rate, bias, scale, offs_k, offs_v, mask_k, mask_v, mask_kv, tile_offs,
+                      stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t,
+                      stride_b_t, stride_snap_slot, stride_o_t, DK, DV, HAS_SNAP)
+    tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def gdn_recurrent(
+    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
+    query_start_loc: torch.Tensor | None = None,
+    snap_of_row: torch.Tensor | None = None,
+    h_snapshots: torch.Tensor | None = None,
+    block_v: int | None = None,
+) -> torch.Tensor:
+    """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] updated in place.
+
+    Without query_start_loc each row is its own sequence (decode); with it, sequence i owns rows
+    query_start_loc[i]:query_start_loc[i+1]. snap_of_row [T] (int, -1 = none) names the snapshot slot
+    that receives the state after each row. Returns o [T, Hv, Dv] in v's dtype.
+    """
+    q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
+    assert h_pool.is_contiguous()
+    tokens, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    seqs = state_slots.shape[0] if query_start_loc is None else query_start_loc.shape[0] - 1
+    o = torch.empty((tokens, hv, dv), dtype=v.dtype, device=v.device)
+    if seqs == 0 or tokens == 0:
+        return o
+    block_k = triton.next_power_of_2(dk)
+    if block_v is None:
+        # Enough programs to fill the machine at small batch, wide tiles once the batch does.
+        block_v = 32 if seqs * hv >= 256 else 16
+    block_v = min(block_v, triton.next_power_of_2(dv))
+    has_snap = snap_of_row is not None and h_snapshots is not None
+    if has_snap:
+        assert h_snapshots.is_contiguous()
+    grid = (seqs, hv, triton.cdiv(dv, block_v))
+    _gdn_recurrent_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
+        query_start_loc if query_start_loc is not None else state_slots,
+        snap_of_row if has_snap else state_slots,
+        h_snapshots if has_snap else h_pool,
+        o,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        h_pool.stride(0), h_snapshots.stride(0) if has_snap else 0, o.stride(0), dk**-0.5,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
+        IS_VARLEN=query_start_loc is not None, HAS_SNAP=has_snap,
+        num_warps=4 if block_v * block_k >= 4096 else 2,
+    )
+    return o
+
+
+def snap_rows_tensor(tokens: int, capture_rows, device) -> torch.Tensor | None:
+    """capture_rows [(row, snapshot_slot)] as a per-row int32 map, -1 where a row is not captured."""
+    if not capture_rows:
+        return None
+    snap = torch.full((tokens,), -1, dtype=torch.int32)
+    for row, slot in capture_rows:
+        snap[row] = slot
+    return snap.to(device)
