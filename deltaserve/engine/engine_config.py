@@ -1,0 +1,58 @@
+"""EngineConfig: the user's knobs, resolved against the machine and the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deltaserve.errors import DeltaServeError
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    seed: int = 0
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gib: float = 1.0
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DeltaServeError(f"{name}={value!r}: must be a positive integer")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise DeltaServeError(f"max_model_len={self.max_model_len!r}: must be an integer >= 2")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as e:
+        raise DeltaServeError(f"device={device!r} is not a device torch knows: {e}") from e
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise DeltaServeError(f"device={device!r} but CUDA is not available on this machine")
+    return resolved
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "float": torch.float32}
+
+
+def resolve_dtype(dtype: str, checkpoint_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else checkpoint_dtype
+    if dtype not in DTYPES:
+        raise DeltaServeError(f"dtype={dtype!r} is not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]

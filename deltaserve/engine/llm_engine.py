@@ -1,0 +1,213 @@
+"""LLMEngine: validates and queues requests, runs one scheduled step at a time, and turns sampled
+tokens into outputs. The body of both LLM.generate's loop and the server's engine thread."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from deltaserve.engine.detokenizer import IncrementalDetokenizer
+from deltaserve.engine.engine_config import EngineConfig
+from deltaserve.engine.model_setup import LoadedModel, load_engine_model
+from deltaserve.engine.request import Request
+from deltaserve.engine.scheduler import Scheduler
+from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
+from deltaserve.outputs import CompletionOutput, RequestOutput
+from deltaserve.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    state_slots_used: int = 0
+    state_slots_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    snapshot_slots_used: int = 0
+    snapshot_slots_total: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass(eq=False)
+class ParentRequest:
+    """What the caller asked for: one prompt, n sampled sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[Request]
+    detokenizers: list[IncrementalDetokenizer]
+    reported: bool = False
+    counters: dict = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return all(c.is_finished for c in self.children)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        loaded: LoadedModel = load_engine_model(config)
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+        self.model_config = loaded.model_config
+        self.model_name = loaded.name
+        self.max_model_len = loaded.max_model_len
+        self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(loaded.model_config.eos_token_ids)
+        self.scheduler = Scheduler(loaded.blocks, loaded.slots, config.block_size, config.max_num_seqs,
+                                   config.max_num_batched_tokens)
+        self.runner = loaded.runner
+        self._parents: dict[str, ParentRequest] = {}
+        self._owner: dict[Request, ParentRequest] = {}
+        self._arrivals = itertools.count()
+        self.stats_counters = EngineStats()
+
+    @classmethod
+    def from_args(cls, model: str | None = None, **kwargs) -> "LLMEngine":
+        return cls(EngineConfig(model=model, **kwargs))
+
+    # -- requests ---------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
+                    prompt_text: str | None = None, capture_points: list[int] | None = None) -> None:
+        if not isinstance(params, SamplingParams):
+            raise InvalidSamplingParamsError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if request_id in self._parents:
+            raise InvalidPromptError(f"request id {request_id!r} is already in use")
+        token_ids, text = self._prompt_tokens(prompt, prompt_text)
+        max_tokens = self._resolve_max_tokens(len(token_ids), params)
+        children = [
+            Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
+                    sample_index=i, arrival=next(self._arrivals), capture_points=list(capture_points or []))
+            for i in range(params.n)
+        ]
+        parent = ParentRequest(request_id, text, token_ids, children,
+                               [IncrementalDetokenizer(self.tokenizer, token_ids, params) for _ in children])
+        self._parents[request_id] = parent
+        for child in children:
+            self._owner[child] = parent
+            self.scheduler.add(child)
+
+    def _prompt_tokens(self, prompt, prompt_text):
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidPromptError("the prompt is empty")
+            return self.tokenizer.encode(prompt), prompt
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise InvalidPromptError("a prompt must be a string or a list of token ids (integers)")
+        if not prompt:
+            raise InvalidPromptError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidPromptError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        return list(prompt), prompt_text
+
+    def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        if prompt_len >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {prompt_len} tokens, which leaves no room to generate within "
+                f"max_model_len={self.max_model_len}", prompt_len, self.max_model_len)
+        room = self.max_model_len - prompt_len
+        return room if params.max_tokens is None else min(params.max_tokens, room)
+
+    def abort(self, request_id: str) -> None:
+        parent = self._parents.get(request_id)
+        if parent is None:
+            raise RequestNotFoundError(f"no request {request_id!r}")
+        for child in parent.children:
+            if not child.is_finished:
+                self.scheduler.finish(child, "abort")
+        self._forget(parent)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one step ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if not plan:
+            return []
+        try:
+            sampling, tokens, logprobs = self.runner.execute(plan)
+        except Exception:
+            log.exception("step failed; aborting the %d requests it held", len(plan.chunks))
+            return self._fail(plan)
+        touched: dict[str, ParentRequest] = {}
+        for chunk in plan.chunks:
+            request = chunk.request
+            if request.num_computed_tokens == 0:
+                self.stats_counters.prompt_tokens_total += request.num_prompt_tokens
+            request.num_computed_tokens = chunk.end
+        for i, (chunk, token) in enumerate(zip(sampling, tokens)):
+            request = chunk.request
+            self._append_token(request, token, logprobs[i] if logprobs else None)
+            touched[self._owner[request].request_id] = self._owner[request]
+        return [self._output(parent) for parent in touched.values()]
+
+    def _append_token(self, request: Request, token: int, logprob) -> None:
+        parent = self._owner[request]
+        detok = parent.detokenizers[request.sample_index]
+        request.output_token_ids.append(token)
+        if logprob is not None:
+            for tid, entry in logprob.items():
+                entry.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+            request.output_logprobs.append(logprob)
+        self.stats_counters.generation_tokens_total += 1
+        params = request.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            self.scheduler.finish(request, "stop", token if token in params.stop_token_ids else None)
+            return
+        stop = detok.append(token)
+        if stop is not None:
+            self.scheduler.finish(request, "stop", stop)
+        elif len(request.output_token_ids) >= request.max_tokens:
+            self.scheduler.finish(request, "length")
+
+    def _output(self, parent: ParentRequest) -> RequestOutput:
+        outputs = []
+        for child, detok in zip(parent.children, parent.detokenizers):
+            finished = child.is_finished
+            outputs.append(CompletionOutput(
+                index=child.sample_index,
+                text=detok.visible_text(finished),
+                token_ids=list(child.output_token_ids),
+                finish_reason=child.finish_reason,
+                stop_reason=child.stop_reason,
+                logprobs=list(child.output_logprobs) if child.params.logprobs is not None else None,
+            ))
+        out = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outputs,
+                            finished=parent.finished,
+                            num_cached_tokens=min(c.num_cached_tokens for c in parent.children))
+        if out.finished:
+            self._forget(parent)
+        return out
+
+    def _fail(self, plan) -> list[RequestOutput]:
+        parents = {self._owner[c.request].request_id: self._owner[c.request] for c in plan.chunks}
+        for parent in parents.values():
+            for child in parent.children:
+                if not child.is_finished:
+                    self.scheduler.finish(child, "abort")
+        return [self._output(p) for p in parents.values()]
+
+    def _forget(self, parent: ParentRequest) -> None:
+        self._parents.pop(parent.request_id, None)
+        for child in parent.children:
+            self._owner.pop(child, None)
+
+    def stats(self) -> EngineStats:
+        s = self.stats_counters
+        for key, value in self.scheduler.stats().items():
+            setattr(s, key, value)
+        return s

@@ -1,0 +1,101 @@
+"""Start-up: from an EngineConfig to a loaded model, its tokenizer, sized pools and a ModelRunner."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from deltaserve.cache.block_allocator import BlockAllocator
+from deltaserve.cache.kv_pool import KVPool
+from deltaserve.cache.slot_allocator import SlotAllocator
+from deltaserve.cache.state_pool import StatePool
+from deltaserve.engine.engine_config import EngineConfig, resolve_device, resolve_dtype
+from deltaserve.errors import DeltaServeError
+from deltaserve.models.config import ModelConfig, parse_model_config
+from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
+from deltaserve.runner.model_runner import ModelRunner
+from deltaserve.runner.sampler import Sampler
+from deltaserve.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+GPU_ACTIVATION_RESERVE = 4 * GiB  # logits, activations of a full prefill chunk, graph pools
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    max_model_len: int
+    blocks: BlockAllocator
+    slots: SlotAllocator | None
+    runner: ModelRunner
+    device: torch.device
+    dtype: torch.dtype
+
+
+def load_engine_model(config: EngineConfig) -> LoadedModel:
+    started = time.perf_counter()
+    source = resolve_model_source(config.model)
+    device = resolve_device(config.device)
+    model_config, tokenizer, gguf_tensors = _read_checkpoint(source)
+    dtype = resolve_dtype(config.dtype, model_config.dtype, device)
+    max_positions = config.max_model_len or model_config.max_position_embeddings
+    model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors)
+    kv_pool, blocks, state_pool, slots = _build_pools(config, model_config, dtype, device)
+    capacity = blocks.num_blocks * config.block_size
+    max_model_len = config.max_model_len or min(model_config.max_position_embeddings, capacity)
+    if max_model_len > capacity:
+        raise DeltaServeError(
+            f"max_model_len={max_model_len} needs {max_model_len} KV slots but the pool holds {capacity} "
+            f"({blocks.num_blocks} blocks of {config.block_size}); raise num_kv_blocks or lower max_model_len")
+    runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device,
+                         Sampler(model_config.vocab_size, device, config.seed))
+    log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots, max_model_len %d",
+             source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
+             blocks.num_blocks, slots.num_slots if slots else 0, max_model_len)
+    return LoadedModel(source.name, model_config, tokenizer, max_model_len, blocks, slots, runner, device, dtype)
+
+
+def _read_checkpoint(source: ModelSource):
+    if source.is_gguf:
+        from deltaserve.models.gguf_loader import load_gguf
+
+        checkpoint = load_gguf(source.path)
+        raw = checkpoint.config
+        model_config = parse_model_config(raw, read_architecture(raw))
+        return model_config, Tokenizer.from_gguf(source.path), checkpoint.tensors
+    raw, model_config = load_hf_config(source.path)
+    return model_config, Tokenizer.from_pretrained(source.path), None
+
+
+def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
+    attention_layers, gdn_layers = mc.attention_layers, mc.gdn_layers
+    state_pool = slots = None
+    if gdn_layers:
+        slots = SlotAllocator(config.max_num_seqs)
+        state_pool = StatePool(gdn_layers, config.max_num_seqs, mc.gdn_conv_dim, mc.linear_conv_kernel_dim,
+                               mc.linear_num_value_heads, mc.linear_key_head_dim, mc.linear_value_head_dim,
+                               dtype, device)
+    num_blocks = config.num_kv_blocks or _default_num_blocks(config, mc, dtype, device)
+    kv_pool = KVPool(attention_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, device)
+    return kv_pool, BlockAllocator(num_blocks), state_pool, slots
+
+
+def _default_num_blocks(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+    per_block = KVPool.bytes_per_block(len(mc.attention_layers), config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = free * config.gpu_memory_utilization - GPU_ACTIVATION_RESERVE
+    else:
+        budget = config.cpu_kv_cache_gib * GiB
+    wanted = -(-(config.max_model_len or mc.max_position_embeddings) // config.block_size) * config.max_num_seqs
+    blocks = int(min(budget // max(per_block, 1), wanted))
+    if blocks < 1:
+        raise DeltaServeError("no memory is left for the KV cache after loading the model")
+    return blocks

@@ -1,0 +1,126 @@
+"""Scheduler: continuous batching with chunked prefill under a token budget, and preemption by
+recompute when KV blocks run out. Pure Python: it decides, the ModelRunner computes.
+
+Each step, running requests go first (oldest first; a decode needs one token, an unfinished prefill
+continues), then waiting requests are admitted while the budget, `max_num_seqs`, the KV blocks and
+the GDN state slots allow. When a running request cannot get the blocks it needs, the newest running
+request is preempted: its blocks and slot are freed and it waits at the front to be recomputed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from deltaserve.cache.block_allocator import BlockAllocator
+from deltaserve.cache.slot_allocator import SlotAllocator
+from deltaserve.engine.request import Request, RequestStatus
+from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockAllocator, slots: SlotAllocator | None, block_size: int,
+                 max_num_seqs: int, max_num_batched_tokens: int):
+        self.blocks = blocks
+        self.slots = slots  # None for models without GDN layers
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    # -- queue management -------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, request: Request, reason: str, stop_reason=None) -> None:
+        """Marks a request finished (also when aborted or failed) and returns what it holds."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._release(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason, request.stop_reason = reason, stop_reason
+
+    def _release(self, request: Request) -> None:
+        self.blocks.free(request.block_ids)
+        request.block_ids = []
+        if request.state_slot is not None:
+            self.slots.free(request.state_slot)
+            request.state_slot = None
+
+    # -- one step ---------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.max_num_batched_tokens
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._reserve_blocks(request, count, plan):
+                continue  # `request` itself was preempted; the list shifted under index
+            plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, count))
+            budget -= count
+            index += 1
+        if not plan.preempted:
+            self._admit_waiting(plan, budget)
+        return plan
+
+    def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self.blocks.can_allocate(self._blocks_missing(request, count)):
+                return
+            if self.slots is not None and request.state_slot is None:
+                request.state_slot = self.slots.allocate()
+                if request.state_slot is None:
+                    return
+                if request.num_computed_tokens == 0:
+                    plan.reset_state_slots.append(request.state_slot)
+            request.block_ids += self.blocks.allocate(self._blocks_missing(request, count))
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, count))
+            budget -= count
+
+    def _blocks_missing(self, request: Request, count: int) -> int:
+        needed = -(-(request.num_computed_tokens + count) // self.block_size)
+        return max(0, needed - len(request.block_ids))
+
+    def _reserve_blocks(self, request: Request, count: int, plan: StepPlan) -> bool:
+        """Gives `request` the blocks for `count` more tokens, preempting the newest running requests
+        if it must. False when `request` itself had to be preempted."""
+        missing = self._blocks_missing(request, count)
+        while not self.blocks.can_allocate(missing):
+            victim = self.running[-1]
+            self._preempt(victim, plan)
+            if victim is request:
+                return False
+        request.block_ids += self.blocks.allocate(missing)
+        return True
+
+    def _preempt(self, request: Request, plan: StepPlan) -> None:
+        self.running.remove(request)
+        plan.chunks = [c for c in plan.chunks if c.request is not request]
+        self._release(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+        plan.preempted.append(request)
+
+    # -- after the step ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "kv_blocks_used": self.blocks.num_used,
+            "kv_blocks_total": self.blocks.num_blocks,
+            "state_slots_used": self.slots.num_used if self.slots else 0,
+            "state_slots_total": self.slots.num_slots if self.slots else 0,
+        }

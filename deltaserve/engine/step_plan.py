@@ -1,0 +1,41 @@
+"""StepPlan: the scheduler's decision for one step, which the ModelRunner turns into a batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deltaserve.engine.request import Request
+
+
+@dataclass
+class ScheduledChunk:
+    request: Request
+    start: int  # first position computed this step (== request.num_computed_tokens)
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the end of the known tokens, so its last row yields a token."""
+        return self.end == self.request.num_tokens
+
+
+@dataclass
+class StepPlan:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    reset_state_slots: list[int] = field(default_factory=list)  # slots of sequences starting from token 0
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def is_decode(self) -> bool:
+        return bool(self.chunks) and all(c.num_tokens == 1 for c in self.chunks)
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)

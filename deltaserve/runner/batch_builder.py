@@ -1,0 +1,47 @@
+"""Turns a StepPlan into the host-side lists of a flat ragged batch, then into device tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deltaserve.engine.step_plan import StepPlan
+
+
+@dataclass
+class HostBatch:
+    input_ids: list[int]
+    positions: list[int]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    slot_mapping: list[int]
+    state_slots: list[int]
+    logits_indices: list[int]
+
+
+def build_host_batch(plan: StepPlan, block_size: int) -> HostBatch:
+    batch = HostBatch([], [], [0], [], [], [], [], [])
+    for chunk in plan.chunks:
+        request = chunk.request
+        batch.input_ids += request.token_ids_slice(chunk.start, chunk.end)
+        batch.positions += range(chunk.start, chunk.end)
+        batch.query_start_loc.append(batch.query_start_loc[-1] + chunk.num_tokens)
+        batch.seq_lens.append(chunk.end)
+        batch.block_tables.append(request.block_ids)
+        blocks = request.block_ids
+        batch.slot_mapping += [blocks[p // block_size] * block_size + p % block_size for p in range(chunk.start, chunk.end)]
+        batch.state_slots.append(request.state_slot if request.state_slot is not None else 0)
+        if chunk.samples:
+            batch.logits_indices.append(batch.query_start_loc[-1] - 1)
+    return batch
+
+
+def pad_block_tables(tables: list[list[int]], width: int | None = None) -> list[list[int]]:
+    width = width or max((len(t) for t in tables), default=1) or 1
+    return [t + [0] * (width - len(t)) for t in tables]
+
+
+def to_device(values, device: torch.device, dtype=torch.int64) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)

@@ -1,0 +1,20 @@
+import os
+
+import pytest
+
+from tests.checkpoints import make_checkpoint
+
+
+@pytest.fixture(scope="session")
+def checkpoint_factory(tmp_path_factory):
+    """Writes each tiny checkpoint once per test run."""
+    made: dict[tuple, str] = {}
+
+    def make(arch: str, seed: int = 0, **overrides) -> str:
+        key = (arch, seed, tuple(sorted(overrides.items())))
+        if key not in made:
+            path = str(tmp_path_factory.mktemp(arch.replace(".", "_")))
+            made[key] = make_checkpoint(arch, path, seed, **overrides)
+        return made[key]
+
+    return make
