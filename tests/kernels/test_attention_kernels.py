@@ -34,15 +34,18 @@ def test_paged_attention_ragged_prefill_and_decode(q_heads, kv_heads, head_dim, 
     expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3)
     assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3), expected)
     assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, block_m=16, block_n=16), expected)
+    assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, splits=4), expected)
 
 
-def test_paged_attention_decode_batch():
-    seq_lens = [3, 17, 9]
+@pytest.mark.parametrize("splits", [None, 1, 2, 8])
+def test_paged_attention_decode_batch(splits):
+    seq_lens = [3, 17, 9, 40]  # with 8 splits of whole 16-key tiles, some splits get no keys
     k_cache, v_cache, tables = _paged_pools(seq_lens, 8, 2, 16)
-    q = torch.randn(3, 8, 16)
-    starts, lens = torch.arange(4), torch.tensor(seq_lens)
+    q = torch.randn(4, 8, 16)
+    starts, lens = torch.arange(5), torch.tensor(seq_lens)
     expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.25)
-    assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.25), expected)
+    out = paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.25, block_n=16, splits=splits)
+    assert_close(out, expected)
 
 
 def test_store_kv_skips_padding():

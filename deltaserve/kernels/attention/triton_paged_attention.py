@@ -6,6 +6,10 @@ KV pages: each K/V page is read once per KV head. Keys are gathered page by page
 table; an online softmax (base 2) carries the running max and sum. Nothing is read from the host, so
 the launch can be captured in a CUDA graph: the tile count is bounded by the largest possible q_len,
 `T - B + 1`, and tiles past a sequence's rows return at once.
+
+At decode sizes (one tile per sequence) a few sequences would leave most of the GPU idle, so the
+keys are split into `splits` ranges (flash-decoding): each program writes its range's normalised
+output and log-sum-exp, and a second kernel merges the ranges.
 """
 
 import torch
@@ -15,13 +19,14 @@ import triton.language as tl
 
 @triton.jit
 def _paged_attention_kernel(
-    q, k_cache, v_cache, o, query_start_loc, seq_lens, block_tables, scale_log2,
+    q, k_cache, v_cache, o, lse, query_start_loc, seq_lens, block_tables, scale_log2,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kc_block, stride_kc_pos, stride_kc_head,
     stride_vc_block, stride_vc_pos, stride_vc_head, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    seq, kv_head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq, kv_head = tl.program_id(0), tl.program_id(1)
+    tile, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
     q_start = tl.load(query_start_loc + seq)
     q_len = tl.load(query_start_loc + seq + 1) - q_start
     seq_len = tl.load(seq_lens + seq)
@@ -41,10 +46,16 @@ def _paged_attention_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         # Keys past the tile's last query position are masked for every row: stop there.
         kv_end = tl.minimum(seq_len, seq_len - q_len + (tile * BLOCK_M + BLOCK_M - 1) // GROUP + 1)
-        n = 0
-        while n < kv_end:  # a while loop: the interpreter cannot take loaded bounds in range()
+        if SPLITS > 1:  # this program's share of the keys, whole BLOCK_N tiles each
+            share = tl.cdiv(tl.cdiv(kv_end, SPLITS), BLOCK_N) * BLOCK_N
+            n = split * share
+            kv_stop = tl.minimum(kv_end, n + share)
+        else:
+            n = 0
+            kv_stop = kv_end
+        while n < kv_stop:  # a while loop: the interpreter cannot take loaded bounds in range()
             k_pos = n + tl.arange(0, BLOCK_N)
-            k_valid = k_pos < kv_end
+            k_valid = k_pos < kv_stop
             page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE, mask=k_valid, other=0).to(tl.int64)
             in_page = k_pos % PAGE
             k_ptrs = (k_cache + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_pos
@@ -65,12 +76,34 @@ def _paged_attention_kernel(
             m_i = m_new
             n += BLOCK_N
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        o_ptrs = o + (q_start + token).to(tl.int64)[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :]
-        tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_valid[:, None] & mask_d[None, :])
+        out_row = (q_start + token).to(tl.int64)
+        if SPLITS > 1:  # partial output [T, Hq, SPLITS, D] fp32 and its log2-sum-exp [T, Hq, SPLITS]
+            part = (out_row * (GROUP * tl.num_programs(1)) + head) * SPLITS + split
+            tl.store(o + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_valid[:, None] & mask_d[None, :])
+            tl.store(lse + part, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_i)), mask=row_valid)
+        else:
+            o_ptrs = o + out_row[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :]
+            tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_valid[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(part, lse, o, stride_o_t, stride_o_h, Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
+    """One (token, head): the splits' outputs weighted by their share of the softmax mass."""
+    token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    row = token * Q_HEADS + head
+    splits = tl.arange(0, SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(lse + row * SPLITS + splits)
+    top = tl.max(lse_s, 0)
+    weight = tl.exp2(lse_s - tl.where(top == float("-inf"), 0.0, top))
+    outs = tl.load(part + (row * SPLITS + splits)[:, None] * BLOCK_D + offs_d[None, :])
+    out = tl.sum(outs * weight[:, None], 0) / tl.maximum(tl.sum(weight, 0), 1e-30)
+    tl.store(o + token * stride_o_t + head * stride_o_h + offs_d, out.to(o.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                    block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
+                    block_m: int | None = None, block_n: int | None = None, splits: int | None = None) -> torch.Tensor:
     """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D]."""
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -86,14 +119,30 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         block_m = 16 if max_rows <= 16 else 64
     if block_n is None:
         block_n = 64 if head_dim <= 128 else 32
-    grid = (seqs, kv_heads, triton.cdiv(max_rows, block_m))
+    tiles = triton.cdiv(max_rows, block_m)
+    if splits is None:
+        # Split the keys only where one tile per (sequence, KV head) leaves the SMs idle.
+        programs = seqs * kv_heads * tiles
+        splits = 1 if tiles > 1 or programs >= 128 else min(16, triton.next_power_of_2(triton.cdiv(256, programs)))
+    block_d = triton.next_power_of_2(head_dim)
+    if splits > 1:
+        target = torch.empty((tokens, q_heads, splits, block_d), dtype=torch.float32, device=q.device)
+        lse = torch.empty((tokens, q_heads, splits), dtype=torch.float32, device=q.device)
+    else:
+        target, lse = o, o
+    grid = (seqs, kv_heads, tiles * splits)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, o, query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
+        q, k_cache, v_cache, target, lse, query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PAGE=page,
-        BLOCK_M=block_m, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=2,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=page,
+        BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=8 if block_m * head_dim >= 64 * 256 else 4, num_stages=2,
     )
+    if splits > 1:
+        _merge_splits_kernel[(tokens, q_heads)](
+            target, lse, o, o.stride(0), o.stride(1), Q_HEADS=q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            SPLITS=splits, num_warps=2,
+        )
     return o

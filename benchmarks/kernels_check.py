@@ -1,0 +1,418 @@
+"""GPU check of the Triton kernels: error against the fp32 torch reference on bf16 inputs, and timings
+at the decode shapes of the Qwen3.5-9B config (MoE at the Qwen3.5-35B-A3B shape).
+
+    python benchmarks/kernels_check.py --commit <sha> --out benchmarks/results/kernels_check.json
+
+Error: max |triton(bf16 inputs) - reference(fp32 copies of the same inputs)| / max |reference|, on every
+output (states included). Time: microseconds per call of the kernel alone, from CUDA-graph replay of
+10 calls (so Python launch cost is left out), beside the eager call time and, where it is cheap to
+run, the torch reference's eager time on the same bf16 inputs. `gbps` is the bytes that the op must
+move (read + write) over the kernel time, to set against the 4.24 TB/s copy bandwidth.
+Results are written after every case, so a run cut short still leaves what it measured.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from deltaserve.kernels.activation import reference as act_ref  # noqa: E402
+from deltaserve.kernels.attention import reference as attn_ref  # noqa: E402
+from deltaserve.kernels.conv1d import reference as conv_ref  # noqa: E402
+from deltaserve.kernels.gdn import reference as gdn_ref  # noqa: E402
+from deltaserve.kernels.moe import reference as moe_ref  # noqa: E402
+from deltaserve.kernels.norm import reference as norm_ref  # noqa: E402
+from deltaserve.kernels.rotary import reference as rot_ref  # noqa: E402
+
+# SMOKE=1 runs every case at toy sizes on the CPU under TRITON_INTERPRET=1 (no timings): a check of
+# this script itself before it spends GPU time.
+SMOKE = os.environ.get("SMOKE") == "1"
+DEV = "cpu" if SMOKE else "cuda"
+BF16 = torch.float32 if SMOKE else torch.bfloat16
+# Qwen3.5-9B text config
+HIDDEN, INTER = 4096, 12288
+HEADS, KV_HEADS, HEAD_DIM, ROTARY = 16, 4, 256, 64
+HK, HV, DK, DV, CONV_K = 16, 32, 128, 128, 4
+PAGE = 16
+# Qwen3.5-35B-A3B MoE
+EXPERTS, TOP_K, MOE_HIDDEN, MOE_INTER = 256, 8, 2048, 512
+if SMOKE:
+    HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, ROTARY = 64, 48, 4, 2, 32, 16
+    HK, HV, DK, DV, PAGE = 1, 2, 16, 16, 4
+    EXPERTS, TOP_K, MOE_HIDDEN, MOE_INTER = 8, 2, 32, 16
+CONV_DIM = 2 * HK * DK + HV * DV
+
+
+def rel_err(actual, expected) -> float:
+    expected = expected.float()
+    return ((actual.float() - expected).abs().max() / expected.abs().max().clamp_min(1e-12)).item()
+
+
+def f32(*xs):
+    return [x.float() if torch.is_tensor(x) and x.is_floating_point() else x for x in xs]
+
+
+def time_graph_us(fn, calls: int = 10, replays: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / (calls * replays)
+
+
+def time_eager_us(fn, iters: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / iters
+
+
+class Report:
+    def __init__(self, path: str, meta: dict):
+        self.path, self.data = path, dict(meta, cases=[])
+
+    def add(self, case: dict) -> None:
+        self.data["cases"].append(case)
+        print(json.dumps(case), flush=True)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with open(self.path, "w") as f:
+            json.dump(self.data, f, indent=1)
+
+
+def run_case(report: Report, name: str, body) -> None:
+    try:
+        case = {"name": name}
+        case.update(body())
+    except Exception as exc:  # one broken kernel must not hide the others' results
+        case = {"name": name, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]}
+    report.add(case)
+
+
+def timing(fn, ref_fn=None, nbytes: int | None = None, graph: bool = True) -> dict:
+    if SMOKE:
+        return {"eager_us": 0.0}
+    out = {"eager_us": round(time_eager_us(fn), 2)}
+    if graph:
+        out["kernel_us"] = round(time_graph_us(fn), 2)
+        if nbytes:
+            out["gbps"] = round(nbytes / out["kernel_us"] / 1e3, 1)
+    if ref_fn is not None:
+        out["reference_eager_us"] = round(time_eager_us(ref_fn, iters=5), 2)
+    return out
+
+
+# ---------------------------------------------------------------- cases
+
+def gdn_decode(batch: int):
+    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+
+    def body():
+        slots_total = max(2 * batch, 8)
+        q, k = torch.randn(batch, HK, DK, device=DEV, dtype=BF16), torch.randn(batch, HK, DK, device=DEV, dtype=BF16)
+        v = torch.randn(batch, HV, DV, device=DEV, dtype=BF16)
+        a, b = torch.randn(batch, HV, device=DEV, dtype=BF16), torch.randn(batch, HV, device=DEV, dtype=BF16)
+        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
+        pool = torch.randn(slots_total, HV, DK, DV, device=DEV) * 0.1
+        slots = torch.randperm(slots_total, device=DEV)[:batch].to(torch.int32)
+        ref_pool, tri_pool = pool.clone(), pool.clone()
+        expected = gdn_ref.recurrent_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long())
+        out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, tri_pool, slots)
+        res = {"shape": f"B={batch} Hk={HK} Hv={HV} Dk={DK} Dv={DV}", "rel_err_out": rel_err(out, expected),
+               "rel_err_state": rel_err(tri_pool, ref_pool)}
+        # fp32 inputs: the kernel should agree with the reference to fp32 rounding
+        p32 = pool.clone()
+        out32 = gdn_recurrent(*f32(q, k, v, a, b), A_log, dt_bias, p32, slots)
+        p32r = pool.clone()
+        exp32 = gdn_ref.recurrent_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, p32r, slots.long())
+        res["rel_err_fp32"] = rel_err(out32, exp32)
+        state_bytes = batch * HV * DK * DV * 4 * 2
+        res.update(timing(lambda: gdn_recurrent(q, k, v, a, b, A_log, dt_bias, tri_pool, slots),
+                          lambda: gdn_ref.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, pool, slots.long()),
+                          nbytes=state_bytes))
+        return res
+    return body
+
+
+def paged_pools(seq_lens, dtype=BF16):
+    blocks = [-(-s // PAGE) for s in seq_lens]
+    total = sum(blocks) + 4
+    k_cache = torch.randn(total, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=dtype)
+    v_cache = torch.randn(total, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=dtype)
+    perm = torch.randperm(total, device=DEV)
+    tables = torch.zeros(len(seq_lens), max(blocks) + 1, dtype=torch.int32, device=DEV)
+    used = 0
+    for i, n in enumerate(blocks):
+        tables[i, :n] = perm[used:used + n]
+        used += n
+    return k_cache, v_cache, tables
+
+
+def attention(seq_lens, q_lens, label):
+    from deltaserve.kernels.attention.triton_paged_attention import paged_attention
+
+    def body():
+        k_cache, v_cache, tables = paged_pools(seq_lens)
+        starts = torch.tensor([0] + q_lens, device=DEV).cumsum(0).to(torch.int32)
+        lens = torch.tensor(seq_lens, device=DEV, dtype=torch.int32)
+        q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        scale = HEAD_DIM ** -0.5
+        out = paged_attention(q, k_cache, v_cache, starts, lens, tables, scale)
+        check = len(seq_lens) <= 64 and max(seq_lens) <= 4096
+        res = {"shape": label}
+        if check:
+            expected = attn_ref.paged_attention(*f32(q, k_cache, v_cache), starts, lens, tables, scale)
+            res["rel_err_out"] = rel_err(out, expected)
+        kv_bytes = sum(seq_lens) * KV_HEADS * HEAD_DIM * 2 * 2
+        res.update(timing(lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables, scale), nbytes=kv_bytes))
+        if sum(q_lens) > 1 and "kernel_us" in res:
+            flops = sum(4 * ql * (s - ql / 2) * HEADS * HEAD_DIM for s, ql in zip(seq_lens, q_lens))
+            res["tflops"] = round(flops / res["kernel_us"] / 1e6, 1)
+        return res
+    return body
+
+
+def store_kv_case(tokens):
+    from deltaserve.kernels.attention.triton_store_kv import store_kv
+
+    def body():
+        k_cache = torch.zeros(tokens // PAGE + 8, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        v_cache = torch.zeros_like(k_cache)
+        k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        v = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        slots = torch.randperm(k_cache.shape[0] * PAGE, device=DEV)[:tokens]
+        rk, rv = k_cache.clone(), v_cache.clone()
+        attn_ref.store_kv(k, v, rk, rv, slots)
+        store_kv(k, v, k_cache, v_cache, slots)
+        res = {"shape": f"T={tokens}", "exact": bool(torch.equal(rk, k_cache) and torch.equal(rv, v_cache))}
+        res.update(timing(lambda: store_kv(k, v, k_cache, v_cache, slots), nbytes=k.numel() * 2 * 2 * 2))
+        return res
+    return body
+
+
+def norms(tokens):
+    from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
+    from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm, rms_norm
+
+    def body():
+        x, r = torch.randn(tokens, HIDDEN, device=DEV, dtype=BF16), torch.randn(tokens, HIDDEN, device=DEV, dtype=BF16)
+        w = torch.randn(HIDDEN, device=DEV, dtype=BF16) * 0.1
+        normed, summed = add_rms_norm(x, r, w, 1e-6, 1.0)
+        exp_normed, exp_summed = norm_ref.add_rms_norm(*f32(x, r, w), 1e-6, 1.0)
+        res = {"shape": f"T={tokens} hidden={HIDDEN}",
+               "rel_err_add_rms_norm": rel_err(normed, exp_normed), "rel_err_sum": rel_err(summed, exp_summed),
+               "rel_err_rms_norm": rel_err(rms_norm(x, w, 1e-6, 0.0), norm_ref.rms_norm(*f32(x, w), 1e-6, 0.0))}
+        qk = torch.randn(tokens, HEADS, 2 * HEAD_DIM, device=DEV, dtype=BF16)[..., :HEAD_DIM]
+        wq = torch.randn(HEAD_DIM, device=DEV, dtype=BF16)
+        res["rel_err_head_norm"] = rel_err(rms_norm(qk, wq, 1e-6, 1.0), norm_ref.rms_norm(*f32(qk, wq), 1e-6, 1.0))
+        o = torch.randn(tokens, HV, DV, device=DEV, dtype=BF16)
+        z = torch.randn(tokens, HV, DV, device=DEV, dtype=BF16)
+        wg = torch.randn(DV, device=DEV, dtype=BF16)
+        res["rel_err_gated"] = rel_err(gated_rms_norm(o, z, wg, 1e-6), norm_ref.gated_rms_norm(*f32(o, z, wg), 1e-6))
+        t = timing(lambda: add_rms_norm(x, r, w, 1e-6, 1.0), lambda: norm_ref.add_rms_norm(x, r, w, 1e-6, 1.0),
+                   nbytes=x.numel() * 2 * 4)
+        res.update({f"add_rms_norm_{key}": val for key, val in t.items()})
+        t = timing(lambda: gated_rms_norm(o, z, wg, 1e-6), lambda: norm_ref.gated_rms_norm(o, z, wg, 1e-6),
+                   nbytes=o.numel() * 2 * 3)
+        res.update({f"gated_{key}": val for key, val in t.items()})
+        return res
+    return body
+
+
+def rotary(tokens):
+    from deltaserve.kernels.rotary.triton_rotary import apply_rotary
+
+    def body():
+        q = torch.randn(tokens, HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        positions = torch.randint(0, 4096, (tokens,), device=DEV)
+        inv = 1.0 / (10000 ** (torch.arange(0, ROTARY, 2, device=DEV).float() / ROTARY))
+        freqs = torch.arange(4096, device=DEV).float()[:, None] * inv[None]
+        cache = torch.cat([freqs.cos(), freqs.sin()], -1)
+        oq, ok = apply_rotary(q, k, positions, cache)
+        eq, ek = rot_ref.apply_rotary(*f32(q, k), positions, cache)
+        res = {"shape": f"T={tokens} rotary_dim={ROTARY}", "rel_err_q": rel_err(oq, eq), "rel_err_k": rel_err(ok, ek)}
+        res.update(timing(lambda: apply_rotary(q, k, positions, cache),
+                          lambda: rot_ref.apply_rotary(q, k, positions, cache), nbytes=(q.numel() + k.numel()) * 4))
+        return res
+    return body
+
+
+def silu_mul(tokens):
+    from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul
+
+    def body():
+        x = torch.randn(tokens, 2 * INTER, device=DEV, dtype=BF16)
+        res = {"shape": f"T={tokens} I={INTER}", "rel_err": rel_err(silu_and_mul(x), act_ref.silu_and_mul(x.float()))}
+        res.update(timing(lambda: silu_and_mul(x), lambda: act_ref.silu_and_mul(x), nbytes=x.numel() * 3))
+        return res
+    return body
+
+
+def conv(lens, label):
+    from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d
+
+    def body():
+        tokens = sum(lens)
+        w = torch.randn(CONV_DIM, CONV_K, device=DEV, dtype=BF16) * 0.5
+        state = torch.randn(len(lens) + 4, CONV_DIM, CONV_K - 1, device=DEV, dtype=BF16)
+        slots = torch.randperm(len(lens) + 4, device=DEV)[:len(lens)].to(torch.int32)
+        starts = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
+        x = torch.randn(tokens, CONV_DIM + 512, device=DEV, dtype=BF16)[:, :CONV_DIM]
+        captures = [(lens[0] // 2, 0), (tokens - 1, 1)] if tokens > 2 else None
+        snaps, ref_snaps = (torch.zeros(2, CONV_DIM, CONV_K - 1, device=DEV, dtype=BF16) for _ in range(2))
+        ref_state, tri_state = state.float(), state.clone()
+        expected = conv_ref.causal_conv1d(x.float(), w.float(), ref_state, slots.long(), starts, captures, ref_snaps)
+        out = causal_conv1d(x, w, tri_state, slots, starts, captures, snaps)
+        res = {"shape": label, "rel_err_out": rel_err(out, expected), "rel_err_state": rel_err(tri_state, ref_state)}
+        if captures:
+            res["rel_err_snapshots"] = rel_err(snaps, ref_snaps)
+        res.update(timing(lambda: causal_conv1d(x, w, tri_state, slots, starts), nbytes=x.numel() * 2 * 2))
+        return res
+    return body
+
+
+def gdn_prefill(lens, label, use_fla: bool):
+    from deltaserve.kernels.gdn import triton_chunk
+    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+
+    def body():
+        tokens = sum(lens)
+        q, k = torch.randn(tokens, HK, DK, device=DEV, dtype=BF16), torch.randn(tokens, HK, DK, device=DEV, dtype=BF16)
+        v = torch.randn(tokens, HV, DV, device=DEV, dtype=BF16)
+        a, b = torch.randn(tokens, HV, device=DEV, dtype=BF16), torch.randn(tokens, HV, device=DEV, dtype=BF16)
+        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
+        pool = torch.randn(len(lens) + 2, HV, DK, DV, device=DEV) * 0.1
+        slots = torch.arange(len(lens), device=DEV).flip(0).to(torch.int32) + 1
+        starts = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
+        captures = [(lens[0] // 2, 0), (lens[0] - 1, 1)] if lens[0] > 2 else None
+        snaps, ref_snaps = (torch.zeros(2, HV, DK, DV, device=DEV) for _ in range(2))
+        ref_pool, tri_pool = pool.clone(), pool.clone()
+        if use_fla:
+            fn = lambda p, c=None, s=None: triton_chunk.chunk_gdn_fla(q, k, v, a, b, A_log, dt_bias, p, slots, starts, c, s)  # noqa: E731
+        else:
+            def fn(p, c=None, s=None):
+                snap = triton_chunk.snap_rows_tensor(tokens, c, DEV) if c else None
+                return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, starts, snap, s)
+        res = {"shape": label, "impl": "fla-core chunk" if use_fla else "ragged recurrent loop"}
+        if tokens <= 4096:
+            expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(),
+                                                      starts, captures, ref_snaps)
+            out = fn(tri_pool, captures, snaps)
+            res.update(rel_err_out=rel_err(out, expected), rel_err_state=rel_err(tri_pool, ref_pool))
+            if captures:
+                res["rel_err_snapshots"] = rel_err(snaps, ref_snaps)
+        res.update(timing(lambda: fn(tri_pool), graph=False))
+        res["us"] = res.pop("eager_us")
+        return res
+    return body
+
+
+def moe(tokens):
+    from deltaserve.kernels.moe.triton_moe_experts import moe_experts
+    from deltaserve.kernels.moe.triton_moe_route import moe_route
+
+    def body():
+        x = torch.randn(tokens, MOE_HIDDEN, device=DEV, dtype=BF16)
+        w13 = torch.randn(EXPERTS, 2 * MOE_INTER, MOE_HIDDEN, device=DEV, dtype=BF16) * 0.03
+        w2 = torch.randn(EXPERTS, MOE_HIDDEN, MOE_INTER, device=DEV, dtype=BF16) * 0.03
+        logits32 = torch.randn(tokens, EXPERTS, device=DEV)  # fp32 for the check: bf16 logits tie often
+        weights, ids = moe_route(logits32, TOP_K, True)
+        ew, eids = moe_ref.moe_route(logits32, TOP_K, True)
+        res = {"shape": f"T={tokens} E={EXPERTS} k={TOP_K} H={MOE_HIDDEN} I={MOE_INTER}",
+               "route_ids_equal": bool(torch.equal(ids, eids)), "rel_err_route": rel_err(weights, ew)}
+        logits = logits32.to(BF16)
+        weights, ids = moe_route(logits, TOP_K, True)
+        out = moe_experts(x, w13, w2, weights, ids)
+        if tokens <= 64:
+            expected = moe_ref.moe_experts(*f32(x, w13, w2), weights, ids)
+            res["rel_err_out"] = rel_err(out, expected)
+        touched = ids.unique().numel()
+        nbytes = touched * 3 * MOE_INTER * MOE_HIDDEN * 2
+        t = timing(lambda: moe_experts(x, w13, w2, weights, ids), nbytes=nbytes)
+        res.update({f"experts_{key}": val for key, val in t.items()})
+        res["experts_touched"] = touched
+        t = timing(lambda: moe_route(logits, TOP_K, True))
+        res.update({f"route_{key}": val for key, val in t.items()})
+        return res
+    return body
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--out", default="benchmarks/results/kernels_check.json")
+    parser.add_argument("--skip-fla", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": args.commit, "gpu": "" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+    }
+    import triton
+    meta["triton"] = triton.__version__
+    if SMOKE:
+        meta["gpu"] = "none (SMOKE run on the CPU interpreter)"
+    from deltaserve.kernels.gdn.triton_chunk import fla_available
+    meta["fla_core"] = fla_available()
+    report = Report(args.out, meta)
+    t0 = time.time()
+    batches = (1, 3) if SMOKE else (1, 32, 128)
+    for batch in batches:
+        run_case(report, f"gdn_decode_B{batch}", gdn_decode(batch))
+    for batch in batches:
+        run_case(report, f"paged_attention_decode_B{batch}_ctx384",
+                 attention([384] * batch, [1] * batch, f"B={batch} ctx=384 Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM}"))
+    big, mid = (40, 20) if SMOKE else (8192, 1024)
+    run_case(report, f"paged_attention_decode_B1_ctx{big}", attention([big], [1], f"B=1 ctx={big}"))
+    run_case(report, f"paged_attention_prefill_{mid}_plus_decodes",
+             attention([mid, 30, 17, 1], [mid, 1, 17, 1], f"prefill {mid} + ragged rows"))
+    run_case(report, f"paged_attention_prefill_{big}", attention([big], [big], f"one {big}-token prompt"))
+    run_case(report, "store_kv_T1", store_kv_case(1))
+    run_case(report, "store_kv_T128", store_kv_case(128))
+    for tokens in (1, 128):
+        run_case(report, f"norms_T{tokens}", norms(tokens))
+        run_case(report, f"rotary_T{tokens}", rotary(tokens))
+        run_case(report, f"silu_and_mul_T{tokens}", silu_mul(tokens))
+    run_case(report, "conv1d_decode_B1", conv([1], "B=1 decode"))
+    run_case(report, "conv1d_decode_B128", conv([1] * (4 if SMOKE else 128), "B=128 decode"))
+    ragged = [10, 1, 7] if SMOKE else [300, 1, 77]
+    run_case(report, "conv1d_prefill_ragged", conv(ragged, f"ragged prefill {ragged} with captures"))
+    run_case(report, f"conv1d_prefill_{big}", conv([big], f"one {big}-token prompt"))
+    for tokens in (1, 5) if SMOKE else (1, 32, 128, 2048):
+        run_case(report, f"moe_T{tokens}", moe(tokens))
+    run_case(report, "gdn_prefill_recurrent_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", False))
+    run_case(report, f"gdn_prefill_recurrent_{big}", gdn_prefill([big], f"one {big}-token prompt", False))
+    if not args.skip_fla and fla_available():  # last: fla-core autotunes its kernels on first use
+        run_case(report, "gdn_prefill_fla_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", True))
+        run_case(report, f"gdn_prefill_fla_{big}", gdn_prefill([big], f"one {big}-token prompt", True))
+    print(f"total {time.time() - t0:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
