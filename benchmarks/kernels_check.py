@@ -196,6 +196,63 @@ def attention(seq_lens, q_lens, label):
     return body
 
 
+def attention_sweep(seq_len: int):
+    """Tile configs of the prefill attention on one prompt: error at each and time."""
+    from deltaserve.kernels.attention.triton_paged_attention import paged_attention
+
+    def body():
+        k_cache, v_cache, tables = paged_pools([seq_len])
+        starts = torch.tensor([0, seq_len], device=DEV, dtype=torch.int32)
+        lens = torch.tensor([seq_len], device=DEV, dtype=torch.int32)
+        q = torch.randn(seq_len, HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        scale = HEAD_DIM ** -0.5
+        expected = attn_ref.paged_attention(*f32(q, k_cache, v_cache), starts, lens, tables, scale)
+        flops = 4 * seq_len * seq_len / 2 * HEADS * HEAD_DIM
+        res = {"shape": f"one {seq_len}-token prompt", "configs": []}
+        configs = [(64, 32, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2),
+                   (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 3)]
+        for bm, bn, warps, stages in configs[:2] if SMOKE else configs:
+            cfg = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
+            try:
+                fn = lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables, scale, **cfg)  # noqa: E731
+                cfg["rel_err"] = rel_err(fn(), expected)
+                if not SMOKE:
+                    cfg["kernel_us"] = round(time_graph_us(fn, calls=3, replays=5), 1)
+                    cfg["tflops"] = round(flops / cfg["kernel_us"] / 1e6, 1)
+            except Exception as exc:
+                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            res["configs"].append(cfg)
+        return res
+    return body
+
+
+def moe_sweep(tokens: int):
+    from deltaserve.kernels.moe.triton_moe_experts import moe_experts
+    from deltaserve.kernels.moe.triton_moe_route import moe_route
+
+    def body():
+        x = torch.randn(tokens, MOE_HIDDEN, device=DEV, dtype=BF16)
+        w13 = torch.randn(EXPERTS, 2 * MOE_INTER, MOE_HIDDEN, device=DEV, dtype=BF16) * 0.03
+        w2 = torch.randn(EXPERTS, MOE_HIDDEN, MOE_INTER, device=DEV, dtype=BF16) * 0.03
+        weights, ids = moe_route(torch.randn(tokens, EXPERTS, device=DEV), TOP_K, True)
+        expected = moe_ref.moe_experts(*f32(x, w13, w2), weights, ids)
+        nbytes = ids.unique().numel() * 3 * MOE_INTER * MOE_HIDDEN * 2
+        res = {"shape": f"T={tokens}", "floor_us": round(nbytes / 4.24e6, 2), "configs": []}
+        for tiles in [(16, 128, 32, 128), (32, 128, 64, 128), (16, 64, 32, 64), (32, 64, 32, 128),
+                      (16, 256, 16, 256), (32, 128, 32, 256)]:
+            cfg = {"tiles": tiles}
+            try:
+                fn = lambda: moe_experts(x, w13, w2, weights, ids, tiles=tiles)  # noqa: E731
+                cfg["rel_err"] = rel_err(fn(), expected)
+                if not SMOKE:
+                    cfg["kernel_us"] = round(time_graph_us(fn), 2)
+            except Exception as exc:
+                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            res["configs"].append(cfg)
+        return res
+    return body
+
+
 def store_kv_case(tokens):
     from deltaserve.kernels.attention.triton_store_kv import store_kv
 
@@ -406,6 +463,9 @@ def main():
     run_case(report, f"conv1d_prefill_{big}", conv([big], f"one {big}-token prompt"))
     for tokens in (1, 5) if SMOKE else (1, 32, 128, 2048):
         run_case(report, f"moe_T{tokens}", moe(tokens))
+    for tokens in (1, 8, 32):
+        run_case(report, f"moe_tiles_T{tokens}", moe_sweep(tokens))
+    run_case(report, "paged_attention_prefill_tiles", attention_sweep(40 if SMOKE else 2048))
     run_case(report, "gdn_prefill_recurrent_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", False))
     run_case(report, f"gdn_prefill_recurrent_{big}", gdn_prefill([big], f"one {big}-token prompt", False))
     if not args.skip_fla and fla_available():  # last: fla-core autotunes its kernels on first use

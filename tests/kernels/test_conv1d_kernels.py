@@ -39,3 +39,21 @@ def test_single_token_update():
         out_state = state.clone()
         assert_close(causal_conv1d(x, weight, out_state, slots, starts), expected)
         assert_close(out_state, expected_state)
+
+
+def test_long_prefill_by_row_tiles():
+    channels, kernel = 20, 4
+    weight = torch.randn(channels, kernel)
+    state = torch.randn(5, channels, kernel - 1)
+    lens = [70, 1, 0, 2, 5]  # past 64 rows the conv runs over global row tiles
+    starts = torch.tensor([0] + lens).cumsum(0)
+    slots = torch.tensor([3, 1, 4, 0, 2])
+    x = torch.randn(sum(lens), channels)
+    captures = [(1, 0), (69, 1), (71, 2), (74, 3)]
+    expected_state, out_state = state.clone(), state.clone()
+    expected_snaps, snaps = torch.zeros(4, channels, kernel - 1), torch.zeros(4, channels, kernel - 1)
+    expected = reference.causal_conv1d(x, weight, expected_state, slots, starts, captures, expected_snaps)
+    out = causal_conv1d(x, weight, out_state, slots, starts, captures, snaps)
+    assert_close(out, expected)
+    assert_close(out_state, expected_state)
+    assert_close(snaps, expected_snaps)

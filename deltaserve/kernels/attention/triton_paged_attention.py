@@ -103,7 +103,8 @@ def _merge_splits_kernel(part, lse, o, stride_o_t, stride_o_h, Q_HEADS: tl.const
 
 
 def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                    block_m: int | None = None, block_n: int | None = None, splits: int | None = None) -> torch.Tensor:
+                    block_m: int | None = None, block_n: int | None = None, splits: int | None = None,
+                    num_warps: int | None = None, num_stages: int = 2) -> torch.Tensor:
     """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D]."""
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -138,7 +139,7 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=page,
         BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=8 if block_m * head_dim >= 64 * 256 else 4, num_stages=2,
+        num_warps=num_warps or (8 if block_m * head_dim >= 64 * 256 else 4), num_stages=num_stages,
     )
     if splits > 1:
         _merge_splits_kernel[(tokens, q_heads)](

@@ -1,9 +1,10 @@
 """The experts' SwiGLU MLPs as two grouped GEMMs over (token, choice) pairs sorted by expert.
 
-Pairs are sorted by expert on the device (no host sync, so a decode step can be graph-captured).
-One program per (expert, tile of output columns) loops over its expert's pairs in tiles of rows, so
-each touched expert's weight tile is read from memory once per step at decode sizes; experts with no
-pairs return at once.
+Pairs are sorted by expert on the device, and one small kernel lays each expert's run of pairs out as
+blocks of BLOCK_M rows (`block_start[e]`: the first block of expert e; nothing is read back to the
+host, so a decode step can be graph-captured). One program per (block, tile of output columns): only
+touched experts get programs, and at decode sizes (an expert's pairs fit in one block) each touched
+expert's weights are read once per step.
   1. gate/up: inter[pair] = silu(x[token] @ W_gate^T) * (x[token] @ W_up^T), both halves in one program.
   2. down:    y[token, choice] = weight * (inter[pair] @ W_down^T), written to the pair's own row.
 The k rows of each token are then summed in fp32 in a fixed order: no atomics, so results are exact
@@ -16,22 +17,64 @@ import triton.language as tl
 
 
 @triton.jit
+def _moe_align_kernel(sorted_ids, offsets, block_start, num_pairs, EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
+    """offsets[e] = first sorted pair of expert e (a vectorised binary search, one lane per expert);
+    block_start[e] = first block of expert e; both [E + 1]."""
+    lanes = tl.arange(0, BLOCK_E)
+    lo = tl.zeros([BLOCK_E], dtype=tl.int32)
+    hi = tl.zeros([BLOCK_E], dtype=tl.int32) + num_pairs
+    active = lo < hi
+    while tl.max(active.to(tl.int32), 0) > 0:  # lower_bound(sorted_ids, lane) in every lane at once
+        mid = (lo + hi) // 2
+        below = tl.load(sorted_ids + mid, mask=active, other=0) < lanes
+        lo = tl.where(active & below, mid + 1, lo)
+        hi = tl.where(active & ~below, mid, hi)
+        active = lo < hi
+    is_expert = lanes <= EXPERTS
+    tl.store(offsets + lanes, lo, mask=is_expert)
+    # counts[e] = (pairs with id <= e) - (pairs with id < e): a second search instead of a lane shift.
+    lo2 = tl.zeros([BLOCK_E], dtype=tl.int32)
+    hi2 = tl.zeros([BLOCK_E], dtype=tl.int32) + num_pairs
+    active = lo2 < hi2
+    while tl.max(active.to(tl.int32), 0) > 0:  # upper_bound(sorted_ids, lane)
+        mid = (lo2 + hi2) // 2
+        at_most = tl.load(sorted_ids + mid, mask=active, other=0) <= lanes
+        lo2 = tl.where(active & at_most, mid + 1, lo2)
+        hi2 = tl.where(active & ~at_most, mid, hi2)
+        active = lo2 < hi2
+    counts = tl.where(lanes < EXPERTS, lo2 - lo, 0)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    first = tl.cumsum(blocks, 0) - blocks
+    tl.store(block_start + lanes, first, mask=is_expert)
+
+
+@triton.jit
+def _block_rows(block, offsets, block_start, EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, first pair, end pair) of block `block`; end <= first for blocks past the last."""
+    lanes = tl.arange(0, BLOCK_E)
+    ends = tl.load(block_start + 1 + lanes, mask=lanes < EXPERTS, other=2147483647)
+    expert = tl.minimum(tl.sum((ends <= block).to(tl.int32), 0), EXPERTS - 1)
+    lo = tl.load(offsets + expert) + (block - tl.load(block_start + expert)) * BLOCK_M
+    hi = tl.minimum(tl.load(offsets + expert + 1), lo + BLOCK_M)
+    return expert, lo, hi
+
+
+@triton.jit
 def _moe_gate_up_kernel(
-    x, w13, token_of_pair, expert_offsets, inter, stride_x, stride_we, stride_wn, stride_inter,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    x, w13, order, offsets, block_start, inter, stride_x, stride_we, stride_wn, stride_inter,
+    EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    expert, ntile = tl.program_id(0), tl.program_id(1)
-    lo = tl.load(expert_offsets + expert)
-    hi = tl.load(expert_offsets + expert + 1)
-    offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < INTER
-    w_base = w13 + expert.to(tl.int64) * stride_we
-    m0 = lo
-    while m0 < hi:  # a while loop: the interpreter cannot take loaded bounds in range()
-        pairs = m0 + tl.arange(0, BLOCK_M)
+    block, ntile = tl.program_id(0), tl.program_id(1)
+    expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
+    if lo < hi:
+        offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < INTER
+        w_base = w13 + expert.to(tl.int64) * stride_we
+        pairs = lo + tl.arange(0, BLOCK_M)
         mask_m = pairs < hi
-        tokens = tl.load(token_of_pair + pairs, mask=mask_m, other=0).to(tl.int64)
+        tokens = (tl.load(order + pairs, mask=mask_m, other=0) // TOP_K).to(tl.int64)
         acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, HIDDEN, BLOCK_K):
@@ -47,24 +90,21 @@ def _moe_gate_up_kernel(
         h = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
         tl.store(inter + pairs.to(tl.int64)[:, None] * stride_inter + offs_n[None, :], h.to(inter.dtype.element_ty),
                  mask=mask_m[:, None] & mask_n[None, :])
-        m0 += BLOCK_M
 
 
 @triton.jit
 def _moe_down_kernel(
-    inter, w2, pair_weight, pair_dest, expert_offsets, y, stride_inter, stride_we, stride_wn, stride_y,
-    HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    inter, w2, weights, order, offsets, block_start, y, stride_inter, stride_we, stride_wn, stride_y,
+    EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    expert, ntile = tl.program_id(0), tl.program_id(1)
-    lo = tl.load(expert_offsets + expert)
-    hi = tl.load(expert_offsets + expert + 1)
-    offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < HIDDEN
-    w_base = w2 + expert.to(tl.int64) * stride_we
-    m0 = lo
-    while m0 < hi:
-        pairs = m0 + tl.arange(0, BLOCK_M)
+    block, ntile = tl.program_id(0), tl.program_id(1)
+    expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
+    if lo < hi:
+        offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < HIDDEN
+        w_base = w2 + expert.to(tl.int64) * stride_we
+        pairs = lo + tl.arange(0, BLOCK_M)
         mask_m = pairs < hi
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, INTER, BLOCK_K):
@@ -75,25 +115,30 @@ def _moe_down_kernel(
             w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                         other=0.0)
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
-        weight = tl.load(pair_weight + pairs, mask=mask_m, other=0.0).to(tl.float32)
-        dest = tl.load(pair_dest + pairs, mask=mask_m, other=0).to(tl.int64)
+        dest = tl.load(order + pairs, mask=mask_m, other=0).to(tl.int64)  # token * k + choice
+        weight = tl.load(weights + dest, mask=mask_m, other=0.0).to(tl.float32)
         tl.store(y + dest[:, None] * stride_y + offs_n[None, :], (acc * weight[:, None]).to(y.dtype.element_ty),
                  mask=mask_m[:, None] & mask_n[None, :])
-        m0 += BLOCK_M
 
 
-def sort_pairs_by_expert(ids: torch.Tensor, num_experts: int):
-    """(order, token_of_pair, expert_offsets [E+1]) for the flattened (token, choice) pairs, on the device."""
+def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
+    """(order, offsets [E+1], block_start [E+1], max_blocks) for the flattened (token, choice) pairs."""
     flat = ids.flatten()
     sorted_ids, order = flat.sort(stable=True)
-    bounds = torch.arange(num_experts + 1, device=ids.device, dtype=sorted_ids.dtype)
-    offsets = torch.searchsorted(sorted_ids, bounds).to(torch.int32)
-    return order, (order // ids.shape[1]).to(torch.int32), offsets
+    pairs = flat.shape[0]
+    offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
+    block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
+    _moe_align_kernel[(1,)](sorted_ids, offsets, block_start, pairs, EXPERTS=num_experts,
+                            BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_M=block_m, num_warps=4)
+    # Each touched expert needs ceil(count / block_m) <= count blocks, and at most one partial one.
+    max_blocks = min(pairs, triton.cdiv(pairs, block_m) + min(num_experts, pairs))
+    return order, offsets, block_start, max_blocks
 
 
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                ids: torch.Tensor) -> torch.Tensor:
-    """Same contract as the reference: x [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; weights/ids [T, k]."""
+                ids: torch.Tensor, tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """Same contract as the reference: x [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; weights/ids [T, k].
+    tiles = (gate/up BLOCK_N, gate/up BLOCK_K, down BLOCK_N, down BLOCK_K) overrides the defaults."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     tokens, hidden = x.shape
     experts, inter_size = w13.shape[0], w13.shape[1] // 2
@@ -101,24 +146,29 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
     if tokens == 0:
         return torch.zeros_like(x)
     assert w13.stride(-1) == 1 and w2.stride(-1) == 1
-    order, token_of_pair, offsets = sort_pairs_by_expert(ids, experts)
-    pair_weight = weights.flatten()[order].float()
     pairs = tokens * top_k
-    small = pairs <= 2 * experts  # decode-sized: a few pairs per expert, many experts
+    small = pairs <= 2 * experts  # decode-sized: a few pairs per expert
     block_m = 16 if small else 64
+    order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
+    flat_weights = weights.reshape(-1).contiguous()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    block_e = triton.next_power_of_2(experts + 1)
     inter = torch.empty((pairs, inter_size), dtype=x.dtype, device=x.device)
-    bn, bk = (32, 128) if small else (64, 64)
-    _moe_gate_up_kernel[(experts, triton.cdiv(inter_size, bn))](
-        x, w13, token_of_pair, offsets, inter, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
-        HIDDEN=hidden, INTER=inter_size, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision,
-        num_warps=4, num_stages=3,
+    bn, bk = ((16 if max_blocks * 16 < 256 else 32), 128) if small else (64, 64)
+    if tiles:
+        bn, bk = tiles[0], tiles[1]
+    _moe_gate_up_kernel[(max_blocks, triton.cdiv(inter_size, bn))](
+        x, w13, order, offsets, block_start, inter, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
+        EXPERTS=experts, BLOCK_E=block_e, TOP_K=top_k, HIDDEN=hidden, INTER=inter_size,
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=4, num_stages=3,
     )
     y = torch.empty((pairs, hidden), dtype=x.dtype, device=x.device)
-    bn, bk = (64, 128) if small else (64, 64)
-    _moe_down_kernel[(experts, triton.cdiv(hidden, bn))](
-        inter, w2, pair_weight, order, offsets, y, inter.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
-        HIDDEN=hidden, INTER=inter_size, BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision,
-        num_warps=4, num_stages=3,
+    bn, bk = ((32 if max_blocks * 32 < 512 else 64), 128) if small else (64, 64)
+    if tiles:
+        bn, bk = tiles[2], tiles[3]
+    _moe_down_kernel[(max_blocks, triton.cdiv(hidden, bn))](
+        inter, w2, flat_weights, order, offsets, block_start, y, inter.stride(0), w2.stride(0), w2.stride(1),
+        y.stride(0), EXPERTS=experts, BLOCK_E=block_e, HIDDEN=hidden, INTER=inter_size,
+        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=4, num_stages=3,
     )
     return torch.sum(y.view(tokens, top_k, hidden), dim=1, dtype=torch.float32).to(x.dtype)
