@@ -71,9 +71,24 @@ def context_length_error(prompt_tokens: int, max_tokens: int, max_model_len: int
     )
 
 
+_TYPE_TAGS = {"int", "float", "str", "bool", "dict", "list", "none", "union", "literal", "tagged-union",
+              "function-after", "function-before", "function-wrap", "function-plain", "json-or-python"}
+
+
+def _field_path(loc: tuple) -> str:
+    """The request field an error is about: list indexes kept, pydantic's union-member tags dropped."""
+    parts = []
+    for part in loc:
+        if isinstance(part, int):
+            parts.append(str(part))
+        elif part != "body" and part.isidentifier() and part not in _TYPE_TAGS and not part[:1].isupper():
+            parts.append(part)
+    return ".".join(parts)
+
+
 def from_validation_error(exc: ValidationError) -> APIError:
     first = exc.errors()[0]
-    loc = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    loc = _field_path(tuple(first.get("loc", ())))
     kind = first.get("type", "")
     if kind == "missing":
         message = f"Missing required field: '{loc}'"
