@@ -212,9 +212,10 @@ def attention_sweep(seq_len: int):
         configs = [(64, 32, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2),
                    (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 3)]
         for bm, bn, warps, stages in configs[:2] if SMOKE else configs:
-            cfg = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
+            tile = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
+            cfg = dict(tile)
             try:
-                fn = lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables, scale, **cfg)  # noqa: E731
+                fn = lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables, scale, **tile)  # noqa: E731
                 cfg["rel_err"] = rel_err(fn(), expected)
                 if not SMOKE:
                     cfg["kernel_us"] = round(time_graph_us(fn, calls=3, replays=5), 1)

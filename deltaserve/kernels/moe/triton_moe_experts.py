@@ -154,7 +154,8 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     block_e = triton.next_power_of_2(experts + 1)
     inter = torch.empty((pairs, inter_size), dtype=x.dtype, device=x.device)
-    bn, bk = ((16 if max_blocks * 16 < 256 else 32), 128) if small else (64, 64)
+    # Tiles from the H200 sweep in benchmarks/results/kernels_check.json (moe_tiles_T*).
+    bn, bk = (32, 128) if small else (64, 64)
     if tiles:
         bn, bk = tiles[0], tiles[1]
     _moe_gate_up_kernel[(max_blocks, triton.cdiv(inter_size, bn))](
@@ -163,7 +164,7 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
         BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=4, num_stages=3,
     )
     y = torch.empty((pairs, hidden), dtype=x.dtype, device=x.device)
-    bn, bk = ((32 if max_blocks * 32 < 512 else 64), 128) if small else (64, 64)
+    bn, bk = (64, 128) if small else (64, 64)
     if tiles:
         bn, bk = tiles[2], tiles[3]
     _moe_down_kernel[(max_blocks, triton.cdiv(hidden, bn))](
