@@ -1,3 +1,9 @@
+import sys
+
+# transformers binds flash-linear-attention kernels at import time when that package is present; they
+# need a GPU. On CPU the reference of record is transformers' torch path.
+sys.modules.setdefault("fla", None)
+
 import os
 
 import pytest
@@ -18,3 +24,11 @@ def checkpoint_factory(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def demo_llm():
+    """The built-in demo model (SmolLM2-135M-Instruct GGUF), loaded once per test run."""
+    from deltaserve import LLM
+
+    return LLM(device="cpu")

@@ -27,6 +27,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0
 
     # -- queue management -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -110,6 +111,7 @@ class Scheduler:
         self._release(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        self.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
         plan.preempted.append(request)
@@ -123,4 +125,5 @@ class Scheduler:
             "kv_blocks_total": self.blocks.num_blocks,
             "state_slots_used": self.slots.num_used if self.slots else 0,
             "state_slots_total": self.slots.num_slots if self.slots else 0,
+            "num_preemptions": self.num_preemptions,
         }

@@ -34,15 +34,22 @@ class Sampler:
         logits = logits[:, : self.vocab_size]
         params = [r.params for r in requests]
         processed = self._penalise(logits, requests) if any(_has_penalty(p) for p in params) else logits
+        if all(p.temperature == 0 for p in params):
+            tokens = processed.argmax(-1).tolist()  # greedy rows need neither masks nor noise
+        else:
+            tokens = self._draw(processed, requests)
+        logprobs = self._logprobs(logits, tokens, requests) if any(p.logprobs is not None for p in params) else None
+        return tokens, logprobs
+
+    def _draw(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+        params = [r.params for r in requests]
         tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
         temperature = tensor([p.temperature for p in params], torch.float32)
         top_k = tensor([p.top_k if p.top_k > 0 else 0 for p in params], torch.int64)
         top_p = tensor([p.top_p for p in params], torch.float32)
         min_p = tensor([p.min_p for p in params], torch.float32)
         noise = self._noise(requests)
-        tokens = kernels.sample_from_logits(processed, temperature, top_k, top_p, min_p, noise).tolist()
-        logprobs = self._logprobs(logits, tokens, requests) if any(p.logprobs is not None for p in params) else None
-        return tokens, logprobs
+        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, noise).tolist()
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         rows, vocab = len(requests), logits.shape[1]

@@ -49,12 +49,11 @@ def paged_attention(
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [Q, Hq, D] are the last Q positions of a sequence whose keys are k/v [S, Hk, D]."""
     q_len, seq_len = q.shape[0], k.shape[0]
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
-    q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-    k_pos = torch.arange(seq_len, device=q.device)
-    scores = scores.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
+    mask = None
+    if q_len > 1:  # query i sits at position seq_len - q_len + i and sees keys up to there
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
+        attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(0, 1).to(q.dtype)

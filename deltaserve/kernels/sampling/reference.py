@@ -49,6 +49,9 @@ def sample_from_logits(
     `noise` [B, V]."""
     greedy = logits.argmax(-1)
     temp = torch.where(temperature > 0, temperature, 1.0)[:, None]
-    probs = torch.softmax(mask_logits(logits / temp, top_k, top_p, min_p), dim=-1)
+    scaled = logits / temp
+    if bool((top_k > 0).any() | (top_p < 1).any() | (min_p > 0).any()):
+        scaled = mask_logits(scaled, top_k, top_p, min_p)
+    probs = torch.softmax(scaled, dim=-1)
     drawn = (probs / noise).argmax(-1)
     return torch.where(temperature > 0, drawn, greedy)
