@@ -25,8 +25,8 @@ def _paged_pools(seq_lens, page, kv_heads, head_dim, spare=3):
 
 @pytest.mark.parametrize("q_heads,kv_heads,head_dim,page", [(4, 2, 24, 4), (8, 2, 16, 16), (3, 3, 32, 5)])
 def test_paged_attention_ragged_prefill_and_decode(q_heads, kv_heads, head_dim, page):
-    seq_lens = [1, 13, 7, 30]
-    q_lens = [1, 13, 1, 5]  # a fresh 1-token prompt, a whole prompt, a decode row, a chunk with history
+    seq_lens = [1, 13, 7, 4, 30]
+    q_lens = [1, 13, 1, 0, 5]  # a fresh 1-token prompt, a whole prompt, a decode row, no rows, a chunk with history
     k_cache, v_cache, tables = _paged_pools(seq_lens, page, kv_heads, head_dim)
     starts = torch.tensor([0] + q_lens).cumsum(0)
     q = torch.randn(sum(q_lens), q_heads, 2 * head_dim)[..., :head_dim]  # strided view, as the model passes

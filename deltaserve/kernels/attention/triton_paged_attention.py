@@ -115,7 +115,7 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
     o = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
     if tokens == 0 or seqs == 0:
         return o
-    max_rows = (tokens - seqs + 1) * group  # the longest q_len any sequence can have, times the group
+    max_rows = max(tokens - seqs + 1, 1) * group  # the longest q_len any sequence can have, times the group
     if block_m is None:
         block_m = 16 if max_rows <= 16 else 64
     if block_n is None:

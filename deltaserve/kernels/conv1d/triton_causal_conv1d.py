@@ -155,7 +155,7 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_r
     else:
         cap_rows = cap_slots = state_slots
         snaps = conv_state
-    max_len = tokens - seqs + 1
+    max_len = max(tokens - seqs + 1, 1)  # the longest any sequence can be
     by_rows = query_start_loc is not None and max_len > 64 and block_t is None
     if by_rows:
         rows_t, rows_c = 32, 128
