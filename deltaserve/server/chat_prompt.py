@@ -103,11 +103,38 @@ def render_chat(
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
     token_ids = tokenizer.encode(text, add_special_tokens=False)
     try:
-        capture_points = list(tokenizer.message_offsets(messages, tools=tools))
+        capture_points = _message_offsets(tokenizer, messages, tools, kwargs, token_ids)
     except Exception:  # prefix-cache capture points are an optimisation only
         logger.debug("message_offsets failed", exc_info=True)
         capture_points = None
     return ChatPrompt(text=text, token_ids=token_ids, capture_points=capture_points, opens_reasoning=prompt_opens_reasoning(text))
+
+
+def _message_offsets(tokenizer: Any, messages: list[dict], tools: list[dict] | None, kwargs: dict,
+                     token_ids: list[int]) -> list[int]:
+    """Where each message starts in `token_ids`: the prefix-cache capture points of a chat prompt.
+
+    Without template options the tokenizer computes them; with options (which it does not
+    take) each earlier turn is rendered the same way and only its shared token prefix counts.
+    """
+    if not kwargs:
+        return list(tokenizer.message_offsets(messages, tools=tools))
+    offsets = [0]
+    for i in range(1, len(messages)):
+        try:
+            text = tokenizer.apply_chat_template(messages[:i], tools=tools, add_generation_prompt=False, **kwargs)
+            prefix = tokenizer.encode(text, add_special_tokens=False)
+        except Exception:
+            prefix = token_ids[: offsets[-1]]
+        shared = 0
+        for a, b in zip(prefix, token_ids):
+            if a != b:
+                break
+            shared += 1
+        offsets.append(shared)
+    for i in range(len(offsets) - 2, -1, -1):
+        offsets[i] = min(offsets[i], offsets[i + 1])
+    return offsets
 
 
 def template_has_reasoning(tokenizer: Any) -> bool:

@@ -57,6 +57,16 @@ def test_chat_stream_matches_the_whole_response(client):
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_sampled_multibyte_text_streams_without_loss_or_repeats(client):
+    # high-temperature samples from a non-Latin prompt hit tokens that hold parts of a UTF-8 character
+    for seed in (11, 12):
+        kwargs = dict(model=MODEL, prompt="日本語の文章: こんにちは、", max_tokens=16, temperature=1.3, seed=seed)
+        whole = client.completions.create(**kwargs).choices[0].text
+        pieces = [c.choices[0].text for c in client.completions.create(**kwargs, stream=True) if c.choices]
+        assert "".join(pieces) == whole
+        assert all("\ufffd" not in piece for piece in pieces[:-1])
+
+
 def test_chat_accepts_system_text_parts_and_tool_turns(client):
     messages = [
         {"role": "system", "content": "You answer in one word."},
