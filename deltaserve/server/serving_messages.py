@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import SamplingParams
-from deltaserve.server.anthropic_protocol import AnthropicMessage, AnthropicTool, ContentBlock, CountTokensRequest, MessagesRequest
+from deltaserve.server.anthropic_protocol import AnthropicMessage, AnthropicTool, CountTokensRequest, MessagesRequest
 from deltaserve.server.chat_prompt import ChatPrompt, render_chat, tool_schemas
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
 from deltaserve.server.errors import bad_request, from_exception
