@@ -27,6 +27,7 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    detokenize: bool = True  # False: token ids only (no text, so no stop strings)
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +81,8 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs)
             if not 0 <= self.logprobs <= MAX_LOGPROBS:
                 raise bad("logprobs", self.logprobs, f"must be in [0, {MAX_LOGPROBS}]")
+        if self.stop_strings and not self.detokenize:
+            raise bad("stop", self.stop, "stop strings need detokenize=True")
         for s in self.stop_strings:
             if not isinstance(s, str) or not s:
                 raise bad("stop", self.stop, "stop strings must be non-empty strings")

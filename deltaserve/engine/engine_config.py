@@ -24,12 +24,15 @@ class EngineConfig:
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gib: float = 1.0
+    load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DeltaServeError(f"{name}={value!r}: must be a positive integer")
+        if self.load_format not in ("auto", "dummy"):
+            raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise DeltaServeError(f"max_model_len={self.max_model_len!r}: must be an integer >= 2")
 

@@ -168,7 +168,7 @@ class LLMEngine:
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             self.scheduler.finish(request, "stop", token if token in params.stop_token_ids else None)
             return
-        stop = detok.append(token)
+        stop = detok.append(token) if params.detokenize else None
         if stop is not None:
             self.scheduler.finish(request, "stop", stop)
         elif len(request.output_token_ids) >= request.max_tokens:

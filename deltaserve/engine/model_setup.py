@@ -16,8 +16,10 @@ from deltaserve.engine.engine_config import EngineConfig, resolve_device, resolv
 from deltaserve.errors import DeltaServeError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
+from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.model_runner import ModelRunner
 from deltaserve.runner.sampler import Sampler
+from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,8 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     model_config, tokenizer, gguf_tensors = _read_checkpoint(source)
     dtype = resolve_dtype(config.dtype, model_config.dtype, device)
     max_positions = config.max_model_len or model_config.max_position_embeddings
-    model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors)
+    model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,
+                       dummy=config.load_format == "dummy")
     kv_pool, blocks, state_pool, slots = _build_pools(config, model_config, dtype, device)
     capacity = blocks.num_blocks * config.block_size
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, capacity)
@@ -54,8 +57,13 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         raise DeltaServeError(
             f"max_model_len={max_model_len} needs {max_model_len} KV slots but the pool holds {capacity} "
             f"({blocks.num_blocks} blocks of {config.block_size}); raise num_kv_blocks or lower max_model_len")
+    graphs = None
+    if device.type == "cuda" and not config.enforce_eager:
+        buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device)
+        graphs = DecodeGraphs(model, buffers, config.max_num_seqs)
+        graphs.capture()
     runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device,
-                         Sampler(model_config.vocab_size, device, config.seed))
+                         Sampler(model_config.vocab_size, device, config.seed), graphs)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots, max_model_len %d",
              source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, max_model_len)

@@ -13,6 +13,7 @@ from deltaserve.errors import UnsupportedArchitectureError, WeightLoadError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.decoder import DecoderLM
 from deltaserve.models.loader import load_weights
+from deltaserve.models.random_init import init_random_weights
 from deltaserve.models.weights import iterate_safetensors, safetensors_files
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,12 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, m
 
 
 def load_model(source: ModelSource, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_positions: int, gguf_tensors: dict | None = None) -> DecoderLM:
+               max_positions: int, gguf_tensors: dict | None = None, dummy: bool = False) -> DecoderLM:
     model = build_model(config, dtype, device, max_positions)
-    if source.is_gguf:
+    if dummy:
+        init_random_weights(model)
+    elif source.is_gguf:
         load_weights(model, gguf_tensors.items())
-    else:
-        load_weights(model, iterate_safetensors(safetensors_files(source.path)))
+    else:  # tensors are read straight onto the model's device
+        load_weights(model, iterate_safetensors(safetensors_files(source.path), device))
     return model

@@ -8,15 +8,17 @@ from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.state_pool import StatePool
 from deltaserve.engine.step_plan import StepPlan
 from deltaserve.models.decoder import DecoderLM
-from deltaserve.runner.batch_builder import build_host_batch, pad_block_tables, to_device
+from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_block_tables, to_device
+from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.forward_batch import ForwardBatch
 from deltaserve.runner.sampler import Sampler
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, kv_pool: KVPool | None, state_pool: StatePool | None, block_size: int,
-                 device: torch.device, sampler: Sampler):
+                 device: torch.device, sampler: Sampler, graphs: DecodeGraphs | None = None):
         self.model = model
+        self.graphs = graphs  # None: every step runs eagerly
         self.kv_pool = kv_pool
         self.state_pool = state_pool
         self.block_size = block_size
@@ -28,17 +30,24 @@ class ModelRunner:
         """Runs one step. Returns (sampling chunks, their token ids, their logprobs or None)."""
         if self.state_pool is not None:
             self.state_pool.reset(plan.reset_state_slots)
-        batch = self.build_batch(plan)
-        hidden = self.model(batch.input_ids, batch)
+        host = build_host_batch(plan, self.block_size)
         sampling = [c for c in plan.chunks if c.samples]
-        if not sampling:
-            return [], [], None
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        if self._replayable(plan):
+            logits = self.graphs.run(host)
+        else:
+            batch = self.to_forward_batch(host, plan.is_decode)
+            hidden = self.model(batch.input_ids, batch)
+            if not sampling:
+                return [], [], None
+            logits = self.model.compute_logits(hidden[batch.logits_indices])
         tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
         return sampling, tokens, logprobs
 
-    def build_batch(self, plan: StepPlan) -> ForwardBatch:
-        host = build_host_batch(plan, self.block_size)
+    def _replayable(self, plan: StepPlan) -> bool:
+        return (self.graphs is not None and plan.is_decode and len(plan.chunks) <= self.graphs.max_batch
+                and all(c.samples for c in plan.chunks))
+
+    def to_forward_batch(self, host: HostBatch, is_decode: bool) -> ForwardBatch:
         dev = lambda values: to_device(values, self.device)  # noqa: E731
         return ForwardBatch(
             input_ids=dev(host.input_ids),
@@ -49,7 +58,7 @@ class ModelRunner:
             slot_mapping=dev(host.slot_mapping),
             state_slots=dev(host.state_slots),
             logits_indices=dev(host.logits_indices),
-            is_decode=plan.is_decode,
+            is_decode=is_decode,
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
         )

@@ -1,0 +1,82 @@
+"""StepBuffers: every device address that a graph-replayed step reads or writes.
+
+The metadata of a step (input ids, positions, sequence lengths, KV slot mapping, state slots, query
+start offsets, logits rows, block tables) lives in buffers allocated once at start-up; a step only
+refreshes their contents, so CUDA graphs captured over them stay valid. The 1-D fields are views
+into one device tensor, filled by a single host-to-device copy from a pinned mirror. The pools are
+referenced here too, and the buffers of speculative decoding (draft tokens and per-row verify
+metadata) have their place beside them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from deltaserve.cache.kv_pool import KVPool
+from deltaserve.cache.state_pool import StatePool
+from deltaserve.runner.batch_builder import HostBatch
+from deltaserve.runner.forward_batch import ForwardBatch
+
+FIELDS = ("input_ids", "positions", "seq_lens", "slot_mapping", "state_slots", "logits_indices")
+
+
+class StepBuffers:
+    def __init__(self, max_batch: int, max_blocks_per_seq: int, kv_pool: KVPool | None,
+                 state_pool: StatePool | None, device: torch.device, num_speculative_tokens: int = 0):
+        self.max_batch = max_batch
+        self.max_blocks = max_blocks_per_seq
+        self.kv_pool, self.state_pool = kv_pool, state_pool
+        self.padding_slot = state_pool.padding_slot if state_pool is not None else 0
+        size = len(FIELDS) * max_batch + max_batch + 1
+        pin = device.type == "cuda"
+        self._host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
+        self._host_np = self._host.numpy()
+        self.meta = torch.zeros(size, dtype=torch.int64, device=device)
+        for i, name in enumerate(FIELDS):
+            setattr(self, name, self.meta[i * max_batch : (i + 1) * max_batch])
+        self.query_start_loc = self.meta[len(FIELDS) * max_batch :]
+        self._host_blocks = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int64, pin_memory=pin)
+        self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int64, device=device)
+        # Speculative decoding (MTP drafts verified in one step): per-row draft tokens and their count.
+        self.draft_tokens = torch.zeros(max_batch, num_speculative_tokens, dtype=torch.int64, device=device)
+        self.num_draft_tokens = torch.zeros(max_batch, dtype=torch.int64, device=device)
+
+    def _host_field(self, name: str) -> np.ndarray:
+        i = FIELDS.index(name)
+        return self._host_np[i * self.max_batch : (i + 1) * self.max_batch]
+
+    def load_decode(self, host: HostBatch, batch_size: int) -> None:
+        """Writes one decode row per sequence into rows [0, n) and padding into rows [n, batch_size):
+        padded rows write no KV (slot -1) and update only the spare state slot."""
+        n = len(host.input_ids)
+        fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0), "seq_lens": (host.seq_lens, 1),
+                "slot_mapping": (host.slot_mapping, -1), "state_slots": (host.state_slots, self.padding_slot),
+                "logits_indices": (range(n), 0)}
+        for name, (values, pad) in fill.items():
+            field = self._host_field(name)
+            field[:n] = values
+            field[n:batch_size] = pad
+        qsl = self._host_np[len(FIELDS) * self.max_batch :]
+        qsl[: batch_size + 1] = np.arange(batch_size + 1)
+        self.meta.copy_(self._host, non_blocking=True)
+        blocks = self._host_blocks.numpy()
+        blocks[:batch_size] = 0
+        for row, table in enumerate(host.block_tables):
+            blocks[row, : len(table)] = table
+        self.block_tables[:batch_size].copy_(self._host_blocks[:batch_size], non_blocking=True)
+
+    def view(self, batch_size: int) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=self.input_ids[:batch_size],
+            positions=self.positions[:batch_size],
+            query_start_loc=self.query_start_loc[: batch_size + 1],
+            seq_lens=self.seq_lens[:batch_size],
+            block_tables=self.block_tables[:batch_size],
+            slot_mapping=self.slot_mapping[:batch_size],
+            state_slots=self.state_slots[:batch_size],
+            logits_indices=self.logits_indices[:batch_size],
+            is_decode=True,
+            kv_pool=self.kv_pool,
+            state_pool=self.state_pool,
+        )
