@@ -25,7 +25,7 @@ from deltaserve.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 GiB = 1 << 30
-GPU_ACTIVATION_RESERVE = 4 * GiB  # logits, activations of a full prefill chunk, graph pools
+GPU_ACTIVATION_RESERVE = 8 * GiB  # logits, activations of a full prefill chunk, graph pools
 
 
 @dataclass

@@ -60,11 +60,13 @@ class StepBuffers:
         qsl = self._host_np[len(FIELDS) * self.max_batch :]
         qsl[: batch_size + 1] = np.arange(batch_size + 1)
         self.meta.copy_(self._host, non_blocking=True)
+        # Only the columns some row needs travel; a kernel never reads past a row's own length.
+        width = max((len(t) for t in host.block_tables), default=1) or 1
         blocks = self._host_blocks.numpy()
-        blocks[:batch_size] = 0
+        blocks[:batch_size, :width] = 0
         for row, table in enumerate(host.block_tables):
             blocks[row, : len(table)] = table
-        self.block_tables[:batch_size].copy_(self._host_blocks[:batch_size], non_blocking=True)
+        self.block_tables[:batch_size, :width].copy_(self._host_blocks[:batch_size, :width], non_blocking=True)
 
     def view(self, batch_size: int) -> ForwardBatch:
         return ForwardBatch(
