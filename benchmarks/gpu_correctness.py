@@ -39,7 +39,7 @@ def main() -> None:
         cpu = tokens(LLM(path, device="cpu"), prompts)
         gpu = tokens(LLM(path, device="cuda", dtype="float32", max_num_seqs=8), prompts)
         eager = tokens(LLM(path, device="cuda", dtype="bfloat16", enforce_eager=True, max_num_seqs=8), prompts)
-        graph = tokens(LLM(path, device="cuda", dtype="bfloat16"), prompts)
+        graph = tokens(LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=8), prompts)
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
                                            "matching_tokens": sum(a == b for x, y in zip(gpu, cpu) for a, b in zip(x, y)),
                                            "total_tokens": sum(len(x) for x in cpu)}
