@@ -227,31 +227,45 @@ def attention_sweep(seq_len: int):
     return body
 
 
-def moe_sweep(tokens: int):
-    from deltaserve.kernels.moe.triton_moe_experts import moe_experts
+def moe_inputs(tokens: int):
     from deltaserve.kernels.moe.triton_moe_route import moe_route
 
+    x = torch.randn(tokens, MOE_HIDDEN, device=DEV, dtype=BF16)
+    w13 = torch.randn(EXPERTS, 2 * MOE_INTER, MOE_HIDDEN, device=DEV, dtype=BF16) * 0.03
+    w2 = torch.randn(EXPERTS, MOE_HIDDEN, MOE_INTER, device=DEV, dtype=BF16) * 0.03
+    weights, ids = moe_route(torch.randn(tokens, EXPERTS, device=DEV), TOP_K, True)
+    floor_us = ids.unique().numel() * 3 * MOE_INTER * MOE_HIDDEN * 2 / 4.24e6
+    return x, w13, w2, weights, ids, floor_us
+
+
+def moe_sweep(tokens: int, path: str, configs):
+    """Tile configs of one MoE path: error and time of each, against the weight-read floor."""
+    from deltaserve.kernels.moe.triton_moe_experts import moe_experts
+
     def body():
-        x = torch.randn(tokens, MOE_HIDDEN, device=DEV, dtype=BF16)
-        w13 = torch.randn(EXPERTS, 2 * MOE_INTER, MOE_HIDDEN, device=DEV, dtype=BF16) * 0.03
-        w2 = torch.randn(EXPERTS, MOE_HIDDEN, MOE_INTER, device=DEV, dtype=BF16) * 0.03
-        weights, ids = moe_route(torch.randn(tokens, EXPERTS, device=DEV), TOP_K, True)
+        x, w13, w2, weights, ids, floor_us = moe_inputs(tokens)
         expected = moe_ref.moe_experts(*f32(x, w13, w2), weights, ids)
-        nbytes = ids.unique().numel() * 3 * MOE_INTER * MOE_HIDDEN * 2
-        res = {"shape": f"T={tokens}", "floor_us": round(nbytes / 4.24e6, 2), "configs": []}
-        for tiles in [(16, 128, 32, 128), (32, 128, 64, 128), (16, 64, 32, 64), (32, 64, 32, 128),
-                      (16, 256, 16, 256), (32, 128, 32, 256)]:
+        res = {"shape": f"T={tokens}", "path": path, "floor_us": round(floor_us, 2), "configs": []}
+        for tiles in configs[:2] if SMOKE else configs:
             cfg = {"tiles": tiles}
             try:
-                fn = lambda: moe_experts(x, w13, w2, weights, ids, tiles=tiles)  # noqa: E731
+                fn = lambda: moe_experts(x, w13, w2, weights, ids, tiles=tiles, path=path)  # noqa: E731
                 cfg["rel_err"] = rel_err(fn(), expected)
                 if not SMOKE:
                     cfg["kernel_us"] = round(time_graph_us(fn), 2)
+                    cfg["floor_ratio"] = round(cfg["kernel_us"] / floor_us, 2)
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             res["configs"].append(cfg)
         return res
     return body
+
+
+# (gate/up BLOCK_N, BLOCK_K, warps, down BLOCK_N, BLOCK_K, warps, down choices per step)
+MOE_DIRECT_TILES = [(16, 256, 4, 8, 512, 4, 2), (16, 256, 4, 8, 512, 4, 4), (16, 256, 4, 16, 256, 4, 2),
+                    (8, 256, 4, 8, 256, 4, 4), (8, 512, 4, 8, 512, 4, 2), (16, 512, 8, 16, 512, 8, 2),
+                    (32, 128, 4, 16, 128, 4, 2), (16, 128, 2, 8, 256, 2, 4), (4, 512, 2, 4, 512, 2, 4)]
+MOE_SORTED_TILES = [(16, 128, 32, 128), (32, 128, 64, 128), (16, 64, 32, 64), (32, 64, 32, 128), (64, 64, 64, 64)]
 
 
 def store_kv_case(tokens):
@@ -395,9 +409,7 @@ def moe(tokens):
     from deltaserve.kernels.moe.triton_moe_route import moe_route
 
     def body():
-        x = torch.randn(tokens, MOE_HIDDEN, device=DEV, dtype=BF16)
-        w13 = torch.randn(EXPERTS, 2 * MOE_INTER, MOE_HIDDEN, device=DEV, dtype=BF16) * 0.03
-        w2 = torch.randn(EXPERTS, MOE_HIDDEN, MOE_INTER, device=DEV, dtype=BF16) * 0.03
+        x, w13, w2, _, _, _ = moe_inputs(tokens)
         logits32 = torch.randn(tokens, EXPERTS, device=DEV)  # fp32 for the check: bf16 logits tie often
         weights, ids = moe_route(logits32, TOP_K, True)
         ew, eids = moe_ref.moe_route(logits32, TOP_K, True)
@@ -405,17 +417,36 @@ def moe(tokens):
                "route_ids_equal": bool(torch.equal(ids, eids)), "rel_err_route": rel_err(weights, ew)}
         logits = logits32.to(BF16)
         weights, ids = moe_route(logits, TOP_K, True)
-        out = moe_experts(x, w13, w2, weights, ids)
-        if tokens <= 64:
-            expected = moe_ref.moe_experts(*f32(x, w13, w2), weights, ids)
-            res["rel_err_out"] = rel_err(out, expected)
         touched = ids.unique().numel()
         nbytes = touched * 3 * MOE_INTER * MOE_HIDDEN * 2
+        res.update(experts_touched=touched, floor_us=round(nbytes / 4.24e6, 2))
+        expected = moe_ref.moe_experts(*f32(x, w13, w2), weights, ids) if tokens <= 256 else None
+        out = moe_experts(x, w13, w2, weights, ids)  # the default path for this size
+        if expected is not None:
+            res["rel_err_out"] = rel_err(out, expected)
         t = timing(lambda: moe_experts(x, w13, w2, weights, ids), nbytes=nbytes)
         res.update({f"experts_{key}": val for key, val in t.items()})
-        res["experts_touched"] = touched
+        for path in ("direct", "sorted"):
+            if path == "direct" and tokens > 256:
+                continue
+            fn = lambda: moe_experts(x, w13, w2, weights, ids, path=path)  # noqa: E731
+            if expected is not None:
+                res[f"{path}_rel_err"] = rel_err(fn(), expected)
+                res[f"{path}_reproducible"] = bool(torch.equal(fn(), fn()))
+            if not SMOKE:
+                res[f"{path}_kernel_us"] = round(time_graph_us(fn), 2)
+                res[f"{path}_floor_ratio"] = round(res[f"{path}_kernel_us"] / res["floor_us"], 2)
         t = timing(lambda: moe_route(logits, TOP_K, True))
         res.update({f"route_{key}": val for key, val in t.items()})
+        if not SMOKE:
+            for warps in (1, 2, 4):
+                res[f"route_warps{warps}_kernel_us"] = round(
+                    time_graph_us(lambda: moe_route(logits, TOP_K, True, num_warps=warps)), 2)
+
+            def step():  # routing and experts of one MoE layer, as a decode step replays them
+                w, i = moe_route(logits, TOP_K, True)
+                moe_experts(x, w13, w2, w, i)
+            res["route_and_experts_kernel_us"] = round(time_graph_us(step), 2)
         return res
     return body
 
@@ -462,10 +493,12 @@ def main():
     ragged = [10, 1, 7] if SMOKE else [300, 1, 77]
     run_case(report, "conv1d_prefill_ragged", conv(ragged, f"ragged prefill {ragged} with captures"))
     run_case(report, f"conv1d_prefill_{big}", conv([big], f"one {big}-token prompt"))
-    for tokens in (1, 5) if SMOKE else (1, 32, 128, 2048):
+    for tokens in (1, 5) if SMOKE else (1, 2, 4, 8, 16, 32, 64, 128, 2048):
         run_case(report, f"moe_T{tokens}", moe(tokens))
     for tokens in (1, 8, 32):
-        run_case(report, f"moe_tiles_T{tokens}", moe_sweep(tokens))
+        run_case(report, f"moe_direct_tiles_T{tokens}", moe_sweep(tokens, "direct", MOE_DIRECT_TILES))
+    for tokens in (64, 128):
+        run_case(report, f"moe_sorted_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_TILES))
     run_case(report, "paged_attention_prefill_tiles", attention_sweep(40 if SMOKE else 2048))
     run_case(report, "gdn_prefill_recurrent_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", False))
     run_case(report, f"gdn_prefill_recurrent_{big}", gdn_prefill([big], f"one {big}-token prompt", False))

@@ -65,7 +65,7 @@ class LLM:
             raise
         finished: dict[str, RequestOutput] = {}
         while len(finished) < len(ids):
-            for output in self.engine.step():
+            for output in self.engine.step(final_only=True):
                 if output.finished:
                     finished[output.request_id] = output
         return [finished[i] for i in ids]

@@ -134,7 +134,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # -- one step ---------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, final_only: bool = False) -> list[RequestOutput]:
+        """One step. Returns an output per request that progressed, or with final_only only per
+        request that finished (cheaper when nobody streams)."""
         plan = self.scheduler.schedule()
         if not plan:
             return []
@@ -153,6 +155,8 @@ class LLMEngine:
             request = chunk.request
             self._append_token(request, token, logprobs[i] if logprobs else None)
             touched[self._owner[request].request_id] = self._owner[request]
+        if final_only:
+            return [self._output(p) for p in touched.values() if p.finished]
         return [self._output(parent) for parent in touched.values()]
 
     def _append_token(self, request: Request, token: int, logprob) -> None:

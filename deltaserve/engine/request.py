@@ -34,6 +34,13 @@ class Request:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    # prefix cache
+    block_hashes: list[bytes] = field(default_factory=list)  # names of the full blocks known so far
+    num_registered_blocks: int = 0  # leading blocks of block_ids already in the prefix cache
+    replay_point: int = 0  # a prefill pass ends here, so a later hit restores from a pass boundary
+    snapshot_positions: list[int] = field(default_factory=list)  # block-aligned prefill capture points
+    snapshot_refs: dict[int, bytes | None] = field(default_factory=dict)  # slot -> hash (capture) or None (restore)
+    last_decode_snapshot: bytes | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -51,7 +58,9 @@ class Request:
         prompt_len = len(self.prompt_token_ids)
         if end <= prompt_len:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        if start >= prompt_len:  # decode: a slice of the output alone, without copying the prompt
+            return self.output_token_ids[start - prompt_len : end - prompt_len]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt_len]
 
     @property
     def is_finished(self) -> bool:

@@ -24,10 +24,36 @@ class ScheduledChunk:
 
 
 @dataclass
+class SnapshotRestore:
+    """Before the step: copy snapshot `snapshot_slot` into the request's state slot (prefix cache hit)."""
+
+    request: Request
+    snapshot_slot: int
+
+
+@dataclass
+class SnapshotCapture:
+    """Save the request's GDN state after its first `position` tokens into `snapshot_slot`, where
+    chunk.start < position <= chunk.end: inside the chunk the kernels write it at that row; at the
+    chunk's end it is a copy of the state slot after the step."""
+
+    chunk: ScheduledChunk
+    position: int
+    snapshot_slot: int
+
+    @property
+    def at_chunk_end(self) -> bool:
+        return self.position == self.chunk.end
+
+
+@dataclass
 class StepPlan:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     reset_state_slots: list[int] = field(default_factory=list)  # slots of sequences starting from token 0
     preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)  # requests that start (or restart) this step
+    restores: list[SnapshotRestore] = field(default_factory=list)
+    captures: list[SnapshotCapture] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
