@@ -1,44 +1,114 @@
-"""BlockAllocator: KV block ids with reference counts. Pure Python; the tensors live in KVPool."""
+"""BlockAllocator: KV block ids with reference counts, and the prefix cache's index of full blocks.
+Pure Python; the tensors live in KVPool.
+
+A full block whose contents are known can be registered under its prefix hash (block_hash.py).
+Another sequence with the same prefix then shares it (one more reference) instead of computing it
+again. A registered block nobody references stays cached: it counts as free, and is reused (its
+hash forgotten) only when no never-registered block is left, least recently used first.
+"""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+
+from deltaserve.cache.block_hash import BlockHash
 
 
 class BlockAllocator:
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: deque[int] = deque(range(num_blocks))  # unreferenced, holding nothing reusable
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, LRU first
+        self._hash_of: dict[int, BlockHash] = {}
+        self._block_of: dict[BlockHash, int] = {}
+        self.num_evictions = 0
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._evictable)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._block_of)
 
     def can_allocate(self, count: int) -> bool:
-        return count <= len(self._free)
+        return count <= self.num_free
 
     def allocate(self, count: int) -> list[int]:
-        if count > len(self._free):
-            raise MemoryError(f"asked for {count} KV blocks, {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in range(count)]
-        for b in blocks:
-            self.ref_counts[b] = 1
+        if count > self.num_free:
+            raise MemoryError(f"asked for {count} KV blocks, {self.num_free} free")
+        blocks = []
+        for _ in range(count):
+            if self._free:
+                block = self._free.popleft()
+            else:
+                block, _ = self._evictable.popitem(last=False)
+                self._forget(block)
+                self.num_evictions += 1
+            self.ref_counts[block] = 1
+            blocks.append(block)
         return blocks
 
-    def incref(self, blocks: list[int]) -> None:
+    def incref(self, blocks: Iterable[int]) -> None:
+        """Takes one more reference to each block; a cached block nobody held leaves the LRU."""
         for b in blocks:
+            if self.ref_counts[b] == 0:
+                if b not in self._evictable:
+                    raise ValueError(f"block {b} is free and holds nothing to share")
+                del self._evictable[b]
             self.ref_counts[b] += 1
 
-    def free(self, blocks: list[int]) -> None:
-        """Drops one reference to each block; a block whose count reaches zero is free again."""
+    def free(self, blocks: Iterable[int]) -> None:
+        """Drops one reference to each block. A block whose count reaches zero is free again; if it is
+        registered it stays cached as the most recently used, so free a sequence's blocks tail first."""
         for b in blocks:
             if self.ref_counts[b] <= 0:
                 raise ValueError(f"block {b} freed more often than allocated")
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
-                self._free.append(b)
+                if b in self._hash_of:
+                    self._evictable[b] = None
+                else:
+                    self._free.append(b)
+
+    # -- prefix cache -----------------------------------------------------------------------------
+    def register(self, block: int, block_hash: BlockHash) -> bool:
+        """Records that `block` (referenced, full) holds the prefix named `block_hash`. False when that
+        prefix is already cached in another block (this one then stays private)."""
+        if self.ref_counts[block] <= 0:
+            raise ValueError(f"block {block} is not in use")
+        if block_hash in self._block_of or block in self._hash_of:
+            return False
+        self._block_of[block_hash] = block
+        self._hash_of[block] = block_hash
+        return True
+
+    def cached_prefix(self, hashes: Sequence[BlockHash]) -> list[int]:
+        """The blocks caching the longest run hashes[0], hashes[1], ...; takes no references."""
+        blocks = []
+        for h in hashes:
+            block = self._block_of.get(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def num_unreferenced(self, blocks: Iterable[int]) -> int:
+        """How many of `blocks` are cached with no reference (sharing them takes them off the free count)."""
+        return sum(1 for b in blocks if self.ref_counts[b] == 0)
+
+    def reset_cache(self) -> None:
+        """Forgets every registered block; unreferenced ones become plain free blocks."""
+        for b in list(self._hash_of):
+            self._forget(b)
+        self._free.extend(self._evictable)
+        self._evictable.clear()
+
+    def _forget(self, block: int) -> None:
+        del self._block_of[self._hash_of.pop(block)]

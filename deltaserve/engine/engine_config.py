@@ -21,16 +21,21 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     seed: int = 0
     enable_prefix_caching: bool = True
+    ssm_snapshot_slots: int | None = None  # GDN state snapshots for the prefix cache (default: sized to memory)
+    ssm_snapshot_interval: int = 1024  # also save a snapshot every this many prompt tokens
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gib: float = 1.0
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "ssm_snapshot_interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DeltaServeError(f"{name}={value!r}: must be a positive integer")
+        slots = self.ssm_snapshot_slots
+        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 0):
+            raise DeltaServeError(f"ssm_snapshot_slots={slots!r}: must be an integer >= 0")
         if self.load_format not in ("auto", "dummy"):
             raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):

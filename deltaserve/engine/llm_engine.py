@@ -12,6 +12,7 @@ import torch
 from deltaserve.engine.detokenizer import IncrementalDetokenizer
 from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.engine.model_setup import LoadedModel, load_engine_model
+from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.request import Request
 from deltaserve.engine.scheduler import Scheduler
 from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
@@ -65,8 +66,12 @@ class LLMEngine:
         self.model_name = loaded.name
         self.max_model_len = loaded.max_model_len
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(loaded.model_config.eos_token_ids)
+        prefix_cache = None
+        if config.enable_prefix_caching:
+            snapshots = loaded.snapshots.index if loaded.snapshots is not None else None
+            prefix_cache = PrefixCache(loaded.blocks, snapshots, config.block_size, config.ssm_snapshot_interval)
         self.scheduler = Scheduler(loaded.blocks, loaded.slots, config.block_size, config.max_num_seqs,
-                                   config.max_num_batched_tokens)
+                                   config.max_num_batched_tokens, prefix_cache)
         self.runner = loaded.runner
         self._parents: dict[str, ParentRequest] = {}
         self._owner: dict[Request, ParentRequest] = {}
@@ -130,6 +135,10 @@ class LLMEngine:
                 self.scheduler.finish(child, "abort")
         self._forget(parent)
 
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached KV block and state snapshot that no running request holds."""
+        self.scheduler.reset_prefix_cache()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -146,11 +155,11 @@ class LLMEngine:
             log.exception("step failed; aborting the %d requests it held", len(plan.chunks))
             return self._fail(plan)
         touched: dict[str, ParentRequest] = {}
+        for request in plan.admitted:
+            self.stats_counters.prompt_tokens_total += request.num_prompt_tokens
         for chunk in plan.chunks:
-            request = chunk.request
-            if request.num_computed_tokens == 0:
-                self.stats_counters.prompt_tokens_total += request.num_prompt_tokens
-            request.num_computed_tokens = chunk.end
+            chunk.request.num_computed_tokens = chunk.end
+        self.scheduler.step_done(plan)  # caches what the step computed, before any request finishes
         for i, (chunk, token) in enumerate(zip(sampling, tokens)):
             request = chunk.request
             self._append_token(request, token, logprobs[i] if logprobs else None)

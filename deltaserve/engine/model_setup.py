@@ -11,6 +11,7 @@ import torch
 from deltaserve.cache.block_allocator import BlockAllocator
 from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.slot_allocator import SlotAllocator
+from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.cache.state_pool import StatePool
 from deltaserve.engine.engine_config import EngineConfig, resolve_device, resolve_dtype
 from deltaserve.errors import DeltaServeError
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 GiB = 1 << 30
 GPU_ACTIVATION_RESERVE = 8 * GiB  # logits, activations of a full prefill chunk, graph pools
+SNAPSHOT_MEMORY_SHARE = 0.1  # of the cache memory, for prefix-cache GDN state snapshots by default
 
 
 @dataclass
@@ -36,6 +38,7 @@ class LoadedModel:
     max_model_len: int
     blocks: BlockAllocator
     slots: SlotAllocator | None
+    snapshots: SnapshotPool | None  # GDN models with prefix caching on
     runner: ModelRunner
     device: torch.device
     dtype: torch.dtype
@@ -50,7 +53,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     max_positions = config.max_model_len or model_config.max_position_embeddings
     model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,
                        dummy=config.load_format == "dummy")
-    kv_pool, blocks, state_pool, slots = _build_pools(config, model_config, dtype, device)
+    kv_pool, blocks, state_pool, slots, snapshots = _build_pools(config, model_config, dtype, device)
     capacity = blocks.num_blocks * config.block_size
     max_model_len = config.max_model_len or min(model_config.max_position_embeddings, capacity)
     if max_model_len > capacity:
@@ -63,11 +66,12 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         graphs = DecodeGraphs(model, buffers, config.max_num_seqs)
         graphs.capture()
     runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device,
-                         Sampler(model_config.vocab_size, device, config.seed), graphs)
-    log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots, max_model_len %d",
-             source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
-             blocks.num_blocks, slots.num_slots if slots else 0, max_model_len)
-    return LoadedModel(source.name, model_config, tokenizer, max_model_len, blocks, slots, runner, device, dtype)
+                         Sampler(model_config.vocab_size, device, config.seed), graphs, snapshots)
+    log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots, %d snapshot slots, "
+             "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
+             blocks.num_blocks, slots.num_slots if slots else 0, snapshots.num_slots if snapshots else 0, max_model_len)
+    return LoadedModel(source.name, model_config, tokenizer, max_model_len, blocks, slots, snapshots, runner, device,
+                       dtype)
 
 
 def _read_checkpoint(source: ModelSource):
@@ -84,24 +88,35 @@ def _read_checkpoint(source: ModelSource):
 
 def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
     attention_layers, gdn_layers = mc.attention_layers, mc.gdn_layers
-    state_pool = slots = None
+    state_pool = slots = snapshots = None
+    gdn_shape = (mc.gdn_conv_dim, mc.linear_conv_kernel_dim, mc.linear_num_value_heads, mc.linear_key_head_dim,
+                 mc.linear_value_head_dim)
     if gdn_layers:
         slots = SlotAllocator(config.max_num_seqs)
-        state_pool = StatePool(gdn_layers, config.max_num_seqs, mc.gdn_conv_dim, mc.linear_conv_kernel_dim,
-                               mc.linear_num_value_heads, mc.linear_key_head_dim, mc.linear_value_head_dim,
-                               dtype, device)
+        state_pool = StatePool(gdn_layers, config.max_num_seqs, *gdn_shape, dtype, device)
+    if gdn_layers and config.enable_prefix_caching:  # allocated before the KV pool is sized to what is left
+        num_snapshots = config.ssm_snapshot_slots
+        if num_snapshots is None:
+            per_slot = StatePool.bytes_per_slot(len(gdn_layers), *gdn_shape, dtype)
+            share = max(0.0, _cache_budget(config, device) * SNAPSHOT_MEMORY_SHARE)
+            num_snapshots = int(min(share // per_slot, 4 * config.max_num_seqs))
+        snapshots = SnapshotPool(gdn_layers, num_snapshots, *gdn_shape, dtype, device)
     num_blocks = config.num_kv_blocks or _default_num_blocks(config, mc, dtype, device)
     kv_pool = KVPool(attention_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, device)
-    return kv_pool, BlockAllocator(num_blocks), state_pool, slots
+    return kv_pool, BlockAllocator(num_blocks), state_pool, slots, snapshots
+
+
+def _cache_budget(config: EngineConfig, device: torch.device) -> float:
+    """Bytes the caches may take: what the GPU has left beside the activations, or the CPU setting."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free * config.gpu_memory_utilization - GPU_ACTIVATION_RESERVE
+    return config.cpu_kv_cache_gib * GiB
 
 
 def _default_num_blocks(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
     per_block = KVPool.bytes_per_block(len(mc.attention_layers), config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = free * config.gpu_memory_utilization - GPU_ACTIVATION_RESERVE
-    else:
-        budget = config.cpu_kv_cache_gib * GiB
+    budget = _cache_budget(config, device)
     wanted = -(-(config.max_model_len or mc.max_position_embeddings) // config.block_size) * config.max_num_seqs
     blocks = int(min(budget // max(per_block, 1), wanted))
     if blocks < 1:

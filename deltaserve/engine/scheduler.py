@@ -5,6 +5,10 @@ Each step, running requests go first (oldest first; a decode needs one token, an
 continues), then waiting requests are admitted while the budget, `max_num_seqs`, the KV blocks and
 the GDN state slots allow. When a running request cannot get the blocks it needs, the newest running
 request is preempted: its blocks and slot are freed and it waits at the front to be recomputed.
+
+With a PrefixCache, a request starting from scratch first looks up the longest cached prefix it can
+restart from (shared KV blocks, and for hybrid models a state snapshot), prefill passes stop at the
+request's replay point, and the plan says where to save snapshots (see prefix_cache.py).
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ from collections import deque
 
 from deltaserve.cache.block_allocator import BlockAllocator
 from deltaserve.cache.slot_allocator import SlotAllocator
+from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.request import Request, RequestStatus
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 
 
 class Scheduler:
     def __init__(self, blocks: BlockAllocator, slots: SlotAllocator | None, block_size: int,
-                 max_num_seqs: int, max_num_batched_tokens: int):
+                 max_num_seqs: int, max_num_batched_tokens: int, prefix_cache: PrefixCache | None = None):
         self.blocks = blocks
+        self.prefix_cache = prefix_cache  # None: prefix caching off
         self.slots = slots  # None for models without GDN layers
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
@@ -47,8 +53,10 @@ class Scheduler:
         request.finish_reason, request.stop_reason = reason, stop_reason
 
     def _release(self, request: Request) -> None:
-        self.blocks.free(request.block_ids)
+        self.blocks.free(reversed(request.block_ids))  # tail first: cached tails are evicted before heads
         request.block_ids = []
+        if self.prefix_cache is not None:
+            self.prefix_cache.release(request)
         if request.state_slot is not None:
             self.slots.free(request.state_slot)
             request.state_slot = None
@@ -60,7 +68,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            count = self._chunk_size(request, request.num_computed_tokens, budget, request.replay_point)
             if not self._reserve_blocks(request, count, plan):
                 continue  # `request` itself was preempted; the list shifted under index
             plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, count))
@@ -68,26 +76,46 @@ class Scheduler:
             index += 1
         if not plan.preempted:
             self._admit_waiting(plan, budget)
+        if self.prefix_cache is not None:
+            self.prefix_cache.plan_captures(plan)
         return plan
 
     def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            count = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.blocks.can_allocate(self._blocks_missing(request, count)):
+            hit = None
+            if self.prefix_cache is not None and request.num_computed_tokens == 0:
+                hit = self.prefix_cache.lookup(request)
+            start = hit.num_tokens if hit else request.num_computed_tokens
+            count = self._chunk_size(request, start, budget, hit.replay_point if hit else request.replay_point)
+            shared = hit.blocks if hit else []
+            missing = max(0, -(-(start + count) // self.block_size) - len(request.block_ids) - len(shared))
+            if not self.blocks.can_allocate(missing + self.blocks.num_unreferenced(shared)):
                 return
             if self.slots is not None and request.state_slot is None:
                 request.state_slot = self.slots.allocate()
                 if request.state_slot is None:
                     return
-                if request.num_computed_tokens == 0:
+                if start == 0:
                     plan.reset_state_slots.append(request.state_slot)
-            request.block_ids += self.blocks.allocate(self._blocks_missing(request, count))
+            if hit is not None:
+                self.prefix_cache.admit(request, hit, plan)
+            request.block_ids += self.blocks.allocate(missing)
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            plan.admitted.append(request)
             plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, count))
             budget -= count
+
+    @staticmethod
+    def _chunk_size(request: Request, start: int, budget: int, replay_point: int) -> int:
+        """Tokens to compute from `start` this step: what is left, within the budget, and never past
+        the replay point in one pass (0 when there is none)."""
+        count = min(request.num_tokens - start, budget)
+        if start < replay_point:
+            count = min(count, replay_point - start)
+        return count
 
     def _blocks_missing(self, request: Request, count: int) -> int:
         needed = -(-(request.num_computed_tokens + count) // self.block_size)
@@ -117,6 +145,15 @@ class Scheduler:
         plan.preempted.append(request)
 
     # -- after the step ---------------------------------------------------------------------------
+    def step_done(self, plan: StepPlan) -> None:
+        """The plan's step ran and its requests' num_computed_tokens are advanced; nothing finished yet."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.commit(plan)
+
+    def reset_prefix_cache(self) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.reset()
+
     def stats(self) -> dict:
         return {
             "num_running": len(self.running),
@@ -126,4 +163,5 @@ class Scheduler:
             "state_slots_used": self.slots.num_used if self.slots else 0,
             "state_slots_total": self.slots.num_slots if self.slots else 0,
             "num_preemptions": self.num_preemptions,
+            **(self.prefix_cache.stats() if self.prefix_cache is not None else {}),
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from deltaserve.cache.kv_pool import KVPool
+from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.cache.state_pool import StatePool
 from deltaserve.engine.step_plan import StepPlan
 from deltaserve.models.decoder import DecoderLM
@@ -12,12 +13,15 @@ from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_blo
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.forward_batch import ForwardBatch
 from deltaserve.runner.sampler import Sampler
+from deltaserve.runner.snapshot_steps import chunk_end_saves, mid_chunk_capture_rows, restore_pairs
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, kv_pool: KVPool | None, state_pool: StatePool | None, block_size: int,
-                 device: torch.device, sampler: Sampler, graphs: DecodeGraphs | None = None):
+                 device: torch.device, sampler: Sampler, graphs: DecodeGraphs | None = None,
+                 snapshots: SnapshotPool | None = None):
         self.model = model
+        self.snapshots = snapshots  # prefix-cache GDN state snapshots; None without GDN layers or caching
         self.graphs = graphs  # None: every step runs eagerly
         self.kv_pool = kv_pool
         self.state_pool = state_pool
@@ -30,18 +34,29 @@ class ModelRunner:
         """Runs one step. Returns (sampling chunks, their token ids, their logprobs or None)."""
         if self.state_pool is not None:
             self.state_pool.reset(plan.reset_state_slots)
+        if self.snapshots is not None:
+            self.snapshots.restore(restore_pairs(plan), self.state_pool)
         host = build_host_batch(plan, self.block_size)
         sampling = [c for c in plan.chunks if c.samples]
         if self._replayable(plan):
             logits = self.graphs.run(host)
+            self._save_snapshots(plan)
         else:
             batch = self.to_forward_batch(host, plan.is_decode)
+            capture_rows = mid_chunk_capture_rows(plan) if self.snapshots is not None else []
+            if capture_rows:  # the GDN kernels save these states as they pass the rows
+                batch.capture_rows, batch.snapshot_pool = capture_rows, self.snapshots
             hidden = self.model(batch.input_ids, batch)
+            self._save_snapshots(plan)
             if not sampling:
                 return [], [], None
             logits = self.model.compute_logits(hidden[batch.logits_indices])
         tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
         return sampling, tokens, logprobs
+
+    def _save_snapshots(self, plan: StepPlan) -> None:
+        if self.snapshots is not None:
+            self.snapshots.save(chunk_end_saves(plan), self.state_pool)
 
     def _replayable(self, plan: StepPlan) -> bool:
         return (self.graphs is not None and plan.is_decode and len(plan.chunks) <= self.graphs.max_batch

@@ -1,0 +1,42 @@
+"""SnapshotPool: saved copies of every GDN layer's (conv state, recurrent state h) for the prefix
+cache, in slots shaped like the StatePool's, with a pure-Python SnapshotIndex naming them.
+
+The GDN kernels write mid-chunk captures straight into `conv[layer][slot]` / `h[layer][slot]`
+(ForwardBatch.capture_rows); the copies below cover the rest: restoring a snapshot into a
+sequence's state slot before a step, and saving a sequence's state after a step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deltaserve.cache.snapshot_index import SnapshotIndex
+from deltaserve.cache.state_pool import StatePool
+
+
+class SnapshotPool:
+    def __init__(self, layer_ids: list[int], num_slots: int, conv_dim: int, conv_kernel: int, v_heads: int,
+                 k_dim: int, v_dim: int, dtype: torch.dtype, device: torch.device):
+        self.index = SnapshotIndex(num_slots)
+        self.num_slots = num_slots
+        self._tensors = StatePool(layer_ids, num_slots, conv_dim, conv_kernel, v_heads, k_dim, v_dim, dtype, device)
+        self.conv = self._tensors.conv
+        self.h = self._tensors.h
+        self.device = device
+
+    def restore(self, pairs: list[tuple[int, int]], states: StatePool) -> None:
+        """(snapshot slot, state slot): copies each snapshot into the sequence's state slot."""
+        self._copy(self.conv, self.h, states.conv, states.h, pairs)
+
+    def save(self, pairs: list[tuple[int, int]], states: StatePool) -> None:
+        """(state slot, snapshot slot): copies each sequence's current state into a snapshot slot."""
+        self._copy(states.conv, states.h, self.conv, self.h, pairs)
+
+    def _copy(self, src_conv, src_h, dst_conv, dst_h, pairs) -> None:
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        for layer in src_h:
+            dst_conv[layer].index_copy_(0, dst, src_conv[layer].index_select(0, src))
+            dst_h[layer].index_copy_(0, dst, src_h[layer].index_select(0, src))
