@@ -19,6 +19,12 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="engine seed")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse KV blocks and recurrent-state snapshots across requests (default: on)")
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="turn prefix caching off")
+    p.add_argument("--ssm-snapshot-slots", type=int, default=None,
+                   help="GDN state snapshots the prefix cache keeps (default: sized to memory)")
+    p.add_argument("--ssm-snapshot-interval", type=int, default=None,
+                   help="save a GDN state snapshot every N prompt tokens (default: 1024)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
 
 

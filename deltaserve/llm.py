@@ -51,6 +51,10 @@ class LLM:
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached KV block and state snapshot (the next requests run cold)."""
+        self.engine.reset_prefix_cache()
+
     def _run(self, jobs, texts: list[str] | None = None) -> list[RequestOutput]:
         ids = [str(next(self._ids)) for _ in jobs]
         added = []
