@@ -54,6 +54,10 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_at(self, position: int) -> int:
+        prompt_len = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < prompt_len else self.output_token_ids[position - prompt_len]
+
     def token_ids_slice(self, start: int, end: int) -> list[int]:
         prompt_len = len(self.prompt_token_ids)
         if end <= prompt_len:

@@ -23,18 +23,25 @@ class HostBatch:
 
 def build_host_batch(plan: StepPlan, block_size: int) -> HostBatch:
     batch = HostBatch([], [], [0], [], [], [], [], [])
+    rows = 0
     for chunk in plan.chunks:
-        request = chunk.request
-        batch.input_ids += request.token_ids_slice(chunk.start, chunk.end)
-        batch.positions += range(chunk.start, chunk.end)
-        batch.query_start_loc.append(batch.query_start_loc[-1] + chunk.num_tokens)
-        batch.seq_lens.append(chunk.end)
-        batch.block_tables.append(request.block_ids)
+        request, start, end = chunk.request, chunk.start, chunk.end
         blocks = request.block_ids
-        batch.slot_mapping += [blocks[p // block_size] * block_size + p % block_size for p in range(chunk.start, chunk.end)]
+        if end - start == 1:  # a decode row: the common case, kept free of per-position loops
+            batch.input_ids.append(request.token_at(start))
+            batch.positions.append(start)
+            batch.slot_mapping.append(blocks[start // block_size] * block_size + start % block_size)
+        else:
+            batch.input_ids += request.token_ids_slice(start, end)
+            batch.positions += range(start, end)
+            batch.slot_mapping += [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        rows += end - start
+        batch.query_start_loc.append(rows)
+        batch.seq_lens.append(end)
+        batch.block_tables.append(blocks)
         batch.state_slots.append(request.state_slot if request.state_slot is not None else 0)
         if chunk.samples:
-            batch.logits_indices.append(batch.query_start_loc[-1] - 1)
+            batch.logits_indices.append(rows - 1)
     return batch
 
 
