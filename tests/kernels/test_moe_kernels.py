@@ -10,18 +10,23 @@ pytestmark = pytest.mark.triton
 
 
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_route_top_k(renormalize):
-    logits = torch.randn(5, 10)
-    weights, ids = moe_route(logits, 3, renormalize)
-    expected_weights, expected_ids = reference.moe_route(logits, 3, renormalize)
+@pytest.mark.parametrize("experts,top_k", [(10, 3), (64, 8)])
+def test_route_top_k(renormalize, experts, top_k):
+    logits = torch.randn(5, experts)
+    weights, ids = moe_route(logits, top_k, renormalize)
+    expected_weights, expected_ids = reference.moe_route(logits, top_k, renormalize)
     assert torch.equal(ids, expected_ids)
     assert_close(weights, expected_weights)
 
 
-# one token; decode blocks of 16 rows; a hot expert spanning two blocks of 16; prefill blocks of 64, two per expert
-@pytest.mark.parametrize("tokens,experts,hot", [(1, 6, False), (7, 8, False), (20, 20, True), (100, 3, False)])
-def test_grouped_experts(tokens, experts, hot):
-    hidden, inter, top_k = 40, 24, 2
+def test_route_ties_go_to_the_lowest_expert():
+    logits = torch.tensor([[0.5, 2.0, 0.5, 2.0, 0.5, -1.0]])
+    weights, ids = moe_route(logits, 4, False)
+    assert ids.tolist() == [[1, 3, 0, 2]]
+    assert weights[0, 0] == weights[0, 1] and weights[0, 2] == weights[0, 3]
+
+
+def _experts_inputs(tokens, experts, hidden, inter, top_k, hot=False):
     x = torch.randn(tokens, hidden)
     w13 = torch.randn(experts, 2 * inter, hidden) * 0.2
     w2 = torch.randn(experts, hidden, inter) * 0.2
@@ -29,7 +34,49 @@ def test_grouped_experts(tokens, experts, hot):
     if hot:
         logits[:, 3] += 10.0  # every token picks expert 3
     weights, ids = reference.moe_route(logits, top_k, True)
-    assert_close(moe_experts(x, w13, w2, weights, ids), reference.moe_experts(x, w13, w2, weights, ids))
+    return x, w13, w2, weights, ids
+
+
+# one token; tokens sharing experts; sizes off every block; more choices than the unroll step
+@pytest.mark.parametrize("tokens,experts,hidden,inter,top_k,tiles", [
+    (1, 6, 40, 24, 2, None),
+    (6, 4, 64, 32, 3, (16, 32, 4, 16, 16, 4, 2)),
+    (3, 16, 33, 20, 5, (8, 16, 2, 8, 16, 2, 4)),
+    (2, 8, 48, 40, 8, (32, 64, 4, 16, 64, 4, 8)),
+])
+def test_direct_experts(tokens, experts, hidden, inter, top_k, tiles):
+    x, w13, w2, weights, ids = _experts_inputs(tokens, experts, hidden, inter, top_k, hot=tokens == 6)
+    out = moe_experts(x, w13, w2, weights, ids, tiles=tiles, path="direct")
+    assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
+    again = moe_experts(x, w13, w2, weights, ids, tiles=tiles, path="direct")
+    assert torch.equal(out, again)
+
+
+def test_direct_sum_order_does_not_depend_on_the_unroll_step():
+    x, w13, w2, weights, ids = _experts_inputs(2, 8, 32, 16, 6)
+    outs = [moe_experts(x, w13, w2, weights, ids, tiles=(16, 32, 4, 16, 16, 4, unroll), path="direct")
+            for unroll in (1, 4, 6)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_default_path_is_direct_for_decode_batches(monkeypatch):
+    from deltaserve.kernels.moe import triton_moe_experts
+
+    taken = []
+    monkeypatch.setattr(triton_moe_experts, "moe_experts_direct", lambda *a: taken.append("direct"))
+    monkeypatch.setattr(triton_moe_experts, "moe_experts_sorted", lambda *a: taken.append("sorted"))
+    small, large = torch.zeros(4, 8, dtype=torch.long), torch.zeros(40, 8, dtype=torch.long)
+    moe_experts(None, None, None, None, small)
+    moe_experts(None, None, None, None, large)
+    assert taken == ["direct", "sorted"]
+
+
+# one token; decode blocks of 16 rows; a hot expert spanning two blocks of 16; prefill blocks of 64, two per expert
+@pytest.mark.parametrize("tokens,experts,hot", [(1, 6, False), (7, 8, False), (20, 20, True), (100, 3, False)])
+def test_grouped_experts(tokens, experts, hot):
+    x, w13, w2, weights, ids = _experts_inputs(tokens, experts, 40, 24, 2, hot)
+    out = moe_experts(x, w13, w2, weights, ids, path="sorted")
+    assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
 
 
 def test_align_pairs_blocks():

@@ -1,4 +1,5 @@
-"""The experts' SwiGLU MLPs as two grouped GEMMs over (token, choice) pairs sorted by expert.
+"""The experts' SwiGLU MLPs as two grouped GEMMs over (token, choice) pairs sorted by expert; batches of
+a few tokens take the unsorted path of `triton_moe_direct.py` instead (see `moe_experts`).
 
 Pairs are sorted by expert on the device, and one small kernel lays each expert's run of pairs out as
 blocks of BLOCK_M rows (`block_start[e]`: the first block of expert e; nothing is read back to the
@@ -14,6 +15,11 @@ across runs (a prefix-cache hit must reproduce a miss bit for bit).
 import torch
 import triton
 import triton.language as tl
+
+from deltaserve.kernels.moe.triton_moe_direct import moe_experts_direct
+
+# Up to this many (token, choice) pairs the unsorted path runs (decode batches up to 32 tokens at top-8).
+DIRECT_MAX_PAIRS = 256
 
 
 @triton.jit
@@ -136,9 +142,21 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
 
 
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                ids: torch.Tensor, tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                ids: torch.Tensor, tiles: tuple[int, ...] | None = None, path: str | None = None) -> torch.Tensor:
     """Same contract as the reference: x [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; weights/ids [T, k].
-    tiles = (gate/up BLOCK_N, gate/up BLOCK_K, down BLOCK_N, down BLOCK_K) overrides the defaults."""
+
+    path: "direct" (unsorted, per pair) or "sorted" (grouped GEMM); by default direct up to
+    DIRECT_MAX_PAIRS pairs. tiles overrides the chosen path's tiles: for "sorted" (gate/up BLOCK_N,
+    gate/up BLOCK_K, down BLOCK_N, down BLOCK_K), for "direct" see triton_moe_direct.DEFAULT_TILES."""
+    if path is None:
+        path = "direct" if ids.numel() <= DIRECT_MAX_PAIRS else "sorted"
+    if path == "direct":
+        return moe_experts_direct(x, w13, w2, weights, ids, tiles)
+    return moe_experts_sorted(x, w13, w2, weights, ids, tiles)
+
+
+def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                       ids: torch.Tensor, tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     x = x if x.stride(-1) == 1 else x.contiguous()
     tokens, hidden = x.shape
     experts, inter_size = w13.shape[0], w13.shape[1] // 2
