@@ -368,30 +368,61 @@ def conv(lens, label):
     return body
 
 
-def gdn_prefill(lens, label, use_fla: bool):
-    from deltaserve.kernels.gdn import triton_chunk
-    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+def gdn_prefill_inputs(lens):
+    tokens = sum(lens)
+    q, k = torch.randn(tokens, HK, DK, device=DEV, dtype=BF16), torch.randn(tokens, HK, DK, device=DEV, dtype=BF16)
+    v = torch.randn(tokens, HV, DV, device=DEV, dtype=BF16)
+    a, b = torch.randn(tokens, HV, device=DEV, dtype=BF16), torch.randn(tokens, HV, device=DEV, dtype=BF16)
+    A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
+    pool = torch.randn(len(lens) + 2, HV, DK, DV, device=DEV) * 0.1
+    slots = torch.arange(len(lens), device=DEV).flip(0).to(torch.int32) + 1
+    starts = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
+    return q, k, v, a, b, A_log, dt_bias, pool, slots, starts
 
+
+GDN_PREFILL_IMPLS = {
+    "triton": "our chunk kernels (tf32 dots on the state)",
+    "triton_tf32x3": "our chunk kernels (tf32x3 dots on the state)",
+    "fla": "fla-core chunk (bf16 inputs)",
+    "fla_fp32": "fla-core chunk (fp32 copies of q, k, v)",
+    "recurrent": "ragged recurrent loop",
+}
+
+
+def gdn_prefill_fn(impl: str, inputs, tiles: dict | None = None):
+    """fn(pool, captures=None, snapshots=None) -> o, for one prefill implementation."""
+    from deltaserve.kernels.gdn import fla_chunk, triton_chunk
+    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent, snap_rows_tensor
+
+    q, k, v, a, b, A_log, dt_bias, _, slots, starts = inputs
+    if impl.startswith("triton"):
+        extra = dict(tiles or {})
+        if impl == "triton_tf32x3":
+            extra["precision"] = "tf32x3"
+        return lambda p, c=None, s=None: triton_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, p, slots, starts, c, s,
+                                                                **extra)
+    if impl.startswith("fla"):
+        fp32 = impl == "fla_fp32"
+        return lambda p, c=None, s=None: fla_chunk.chunk_gdn_fla(q, k, v, a, b, A_log, dt_bias, p, slots, starts, c, s,
+                                                                 fp32_inputs=fp32)
+
+    def recurrent(p, c=None, s=None):
+        snap = snap_rows_tensor(q.shape[0], c, DEV) if c else None
+        return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, starts, snap, s)
+    return recurrent
+
+
+def gdn_prefill(lens, label, impl: str, check_max_tokens: int = 8192):
     def body():
+        inputs = gdn_prefill_inputs(lens)
+        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
         tokens = sum(lens)
-        q, k = torch.randn(tokens, HK, DK, device=DEV, dtype=BF16), torch.randn(tokens, HK, DK, device=DEV, dtype=BF16)
-        v = torch.randn(tokens, HV, DV, device=DEV, dtype=BF16)
-        a, b = torch.randn(tokens, HV, device=DEV, dtype=BF16), torch.randn(tokens, HV, device=DEV, dtype=BF16)
-        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
-        pool = torch.randn(len(lens) + 2, HV, DK, DV, device=DEV) * 0.1
-        slots = torch.arange(len(lens), device=DEV).flip(0).to(torch.int32) + 1
-        starts = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
         captures = [(lens[0] // 2, 0), (lens[0] - 1, 1)] if lens[0] > 2 else None
         snaps, ref_snaps = (torch.zeros(2, HV, DK, DV, device=DEV) for _ in range(2))
         ref_pool, tri_pool = pool.clone(), pool.clone()
-        if use_fla:
-            fn = lambda p, c=None, s=None: triton_chunk.chunk_gdn_fla(q, k, v, a, b, A_log, dt_bias, p, slots, starts, c, s)  # noqa: E731
-        else:
-            def fn(p, c=None, s=None):
-                snap = triton_chunk.snap_rows_tensor(tokens, c, DEV) if c else None
-                return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, starts, snap, s)
-        res = {"shape": label, "impl": "fla-core chunk" if use_fla else "ragged recurrent loop"}
-        if tokens <= 4096:
+        fn = gdn_prefill_fn(impl, inputs)
+        res = {"shape": label, "impl": GDN_PREFILL_IMPLS[impl]}
+        if tokens <= check_max_tokens:
             expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(),
                                                       starts, captures, ref_snaps)
             out = fn(tri_pool, captures, snaps)
@@ -400,6 +431,41 @@ def gdn_prefill(lens, label, use_fla: bool):
                 res["rel_err_snapshots"] = rel_err(snaps, ref_snaps)
         res.update(timing(lambda: fn(tri_pool), graph=False))
         res["us"] = res.pop("eager_us")
+        if captures and not SMOKE:
+            res["with_captures_us"] = round(time_eager_us(lambda: fn(tri_pool, captures, snaps)), 2)
+        if impl.startswith("triton") and not SMOKE:  # no host sync without captures: graph-timed too
+            res["kernel_us"] = round(time_graph_us(lambda: fn(tri_pool), calls=2, replays=5), 2)
+            # the chunk algorithm's dots per token and value head: k.k, q.k, w, u, w S, q S, Aqk v_new, k^T v_new
+            flops = 2 * tokens * HV * (2 * 64 * DK + 64 * (DK + DV) + 3 * DK * DV + 64 * DV)
+            res["tflops"] = round(flops / res["kernel_us"] / 1e6, 1)
+        return res
+    return body
+
+
+def gdn_prefill_sweep(seq_len: int):
+    """State-kernel tiles of our chunk prefill on one prompt: error and time of each."""
+    def body():
+        inputs = gdn_prefill_inputs([seq_len])
+        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
+        ref_pool = pool.clone()
+        expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
+        res = {"shape": f"one {seq_len}-token prompt", "configs": []}
+        configs = [(32, 4, 2, "tf32"), (16, 4, 2, "tf32"), (64, 4, 2, "tf32"), (32, 8, 2, "tf32"), (64, 8, 2, "tf32"),
+                   (32, 4, 1, "tf32"), (16, 4, 3, "tf32"), (32, 4, 2, "tf32x3"), (32, 8, 2, "tf32x3"),
+                   (32, 4, 2, "bf16x3")]
+        for bv, warps, stages, precision in configs[:2] if SMOKE else configs:
+            tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, precision=precision)
+            cfg = dict(tiles)
+            try:
+                p = pool.clone()
+                fn = gdn_prefill_fn("triton", inputs, tiles)
+                cfg["rel_err_out"] = rel_err(fn(p), expected)
+                cfg["rel_err_state"] = rel_err(p, ref_pool)
+                if not SMOKE:
+                    cfg["kernel_us"] = round(time_graph_us(lambda: fn(p), calls=2, replays=5), 1)
+            except Exception as exc:
+                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            res["configs"].append(cfg)
         return res
     return body
 
@@ -467,7 +533,7 @@ def main():
     meta["triton"] = triton.__version__
     if SMOKE:
         meta["gpu"] = "none (SMOKE run on the CPU interpreter)"
-    from deltaserve.kernels.gdn.triton_chunk import fla_available
+    from deltaserve.kernels.gdn.fla_chunk import fla_available
     meta["fla_core"] = fla_available()
     report = Report(args.out, meta)
     t0 = time.time()
@@ -500,11 +566,16 @@ def main():
     for tokens in (64, 128):
         run_case(report, f"moe_sorted_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_TILES))
     run_case(report, "paged_attention_prefill_tiles", attention_sweep(40 if SMOKE else 2048))
-    run_case(report, "gdn_prefill_recurrent_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", False))
-    run_case(report, f"gdn_prefill_recurrent_{big}", gdn_prefill([big], f"one {big}-token prompt", False))
-    if not args.skip_fla and fla_available():  # last: fla-core autotunes its kernels on first use
-        run_case(report, "gdn_prefill_fla_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", True))
-        run_case(report, f"gdn_prefill_fla_{big}", gdn_prefill([big], f"one {big}-token prompt", True))
+    for impl in ("triton", "triton_tf32x3", "recurrent"):
+        run_case(report, f"gdn_prefill_{impl}_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", impl))
+    for length in (mid, big) if SMOKE else (mid, big, 32768):
+        for impl in ("triton", "triton_tf32x3"):
+            run_case(report, f"gdn_prefill_{impl}_{length}", gdn_prefill([length], f"one {length}-token prompt", impl))
+    run_case(report, f"gdn_prefill_tiles_{big}", gdn_prefill_sweep(big))
+    if not (args.skip_fla or SMOKE) and fla_available():  # last: fla-core autotunes on first use
+        for impl in ("fla", "fla_fp32"):
+            run_case(report, f"gdn_prefill_{impl}_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", impl))
+            run_case(report, f"gdn_prefill_{impl}_{big}", gdn_prefill([big], f"one {big}-token prompt", impl))
     print(f"total {time.time() - t0:.1f}s", flush=True)
 
 

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from deltaserve.kernels.gdn import reference
-from deltaserve.kernels.gdn.triton_chunk import chunk_gdn, split_at_captures
+from deltaserve.kernels.gdn.fla_chunk import split_at_captures
+from deltaserve.kernels.gdn.triton_chunk import CHUNK, capture_tables, chunk_gdn
 from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
 from tests.kernels.conftest import assert_close
 
@@ -43,21 +44,68 @@ def test_recurrent_decode_skips_padding_slot():
     assert torch.equal(pool[[0, 2]], h_pool[[0, 2]])  # the padding row wrote no state
 
 
-def test_ragged_prefill_with_captures_matches_chunk_reference():
-    lens = [1, 9, 0, 5]
-    starts = torch.tensor([0] + lens).cumsum(0)
+def _check_chunk(lens, hk, hv, dk, dv, slots, captures, **tiles):
+    starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
     tokens = sum(lens)
-    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(tokens, 2, 4, 16, 24, slots=6)
-    slots = torch.tensor([4, 0, 5, 2])
-    captures = [(0, 0), (3, 1), (9, 2), (12, 3)]  # first row, mid-sequence, a sequence's last row
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(tokens, hk, hv, dk, dv, slots=len(lens) + 3)
+    spare = h_pool.shape[0] - 1  # the reference runs a padding row (slot -1) from a zero state here
+    assert spare not in slots
     expected_pool, pool = h_pool.clone(), h_pool.clone()
-    expected_snaps, snaps = torch.zeros(4, 4, 16, 24), torch.zeros(4, 4, 16, 24)
-    expected = reference.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, slots, starts,
+    expected_pool[spare] = 0.0
+    snap_shape = (max([s for _, s in captures], default=0) + 2, hv, dk, dv)
+    expected_snaps, snaps = torch.zeros(snap_shape), torch.zeros(snap_shape)
+    ref_slots = torch.tensor([s if s >= 0 else spare for s in slots])
+    expected = reference.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, ref_slots, starts,
                                                 captures, expected_snaps)
-    out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, slots, starts, captures, snaps)
+    out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor(slots), starts, captures, snaps, **tiles)
     assert_close(out, expected)
-    assert_close(pool, expected_pool)
+    live = [s for s in slots if s >= 0]
+    assert_close(pool[live], expected_pool[live])
+    untouched = [s for s in range(pool.shape[0]) if s not in live]
+    assert torch.equal(pool[untouched], h_pool[untouched])
     assert_close(snaps, expected_snaps)
+
+
+# Ragged lengths: 1, 0, under a chunk, one row past a chunk, several chunks; value heads grouped 1, 2, 3.
+@pytest.mark.parametrize("lens,hk,hv,dk,dv", [
+    ([1, 9, 0, 5], 2, 4, 16, 24),
+    ([70, 1, 3], 1, 3, 12, 16),
+    ([130, 64], 2, 2, 32, 16),
+])
+def test_chunk_prefill_matches_reference(lens, hk, hv, dk, dv):
+    slots = list(range(len(lens) + 1, 1, -1))  # reversed, leaving slots 0, 1 and the spare alone
+    _check_chunk(lens, hk, hv, dk, dv, slots, [])
+
+
+def test_chunk_prefill_captures_inside_and_at_the_edges_of_chunks():
+    lens = [150, 1, 66]  # rows 0-149, 150, 151-216
+    captures = [
+        (0, 0),  # first row of a sequence (and of its first chunk)
+        (40, 1),  # inside a chunk
+        (63, 2), (64, 3),  # last row of a chunk, first row of the next
+        (127, 4), (128, 5), (129, 6),  # three rows in a row, across a chunk edge
+        (149, 7),  # last row of a sequence, inside its last (short) chunk
+        (150, 8),  # a one-row sequence
+        (151 + 65, 9),  # last row of a sequence whose second chunk has two rows
+        (40, 10),  # the same row captured twice
+    ]
+    _check_chunk(lens, 1, 2, 16, 16, [3, 0, 4], captures)
+
+
+def test_chunk_prefill_padding_sequence_reads_and_writes_no_state():
+    _check_chunk([5, 3, 70], 1, 2, 16, 16, [2, -1, 0], [(2, 0), (80, 1)])
+
+
+def test_chunk_prefill_state_tiles_and_warps():
+    _check_chunk([67, 20], 2, 4, 16, 48, [1, 0], [(30, 0), (70, 1)], block_v=16, num_warps=2)
+
+
+def test_capture_tables_sort_rows_and_find_each_sequences_first_capture():
+    rows, snaps, first, repeats = capture_tables([(9, 4), (2, 1), (9, 5), (0, 2)], torch.tensor([0, 1, 5, 12]))
+    assert rows.tolist() == [0, 2, 9] and snaps.tolist() == [2, 1, 4]
+    assert first.tolist() == [0, 1, 2]
+    assert repeats == [(5, 4)]
+    assert CHUNK == 64
 
 
 def test_split_at_captures_cuts_after_each_capture_row():

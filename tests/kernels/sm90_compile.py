@@ -1,0 +1,107 @@
+"""Compiles Triton kernels for the H200 (sm_90a) on a machine without a GPU, the way the JIT would on the
+card, with the production block sizes: it catches what the interpreter accepts and the compiler
+rejects (dot shapes, layouts, shared memory over the 227 KiB a block may use), and ptxas reports
+register spills. Run as a script, without TRITON_INTERPRET; prints one JSON line per kernel.
+
+    python tests/kernels/sm90_compile.py
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
+
+
+def compile_sm90(kernel, types: dict, constexprs: dict, num_warps: int, num_stages: int = 1) -> dict:
+    """types: pointer / scalar types by argument name; unnamed arguments are i32 (strides, counts),
+    fp32 (`scale`) or *fp32. Pointers and strides are marked 16-divisible, as the JIT marks them."""
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        if name in types:
+            signature[name] = types[name]
+        elif name.startswith(("stride", "num_")):
+            signature[name] = "i32"
+        else:
+            signature[name] = "fp32" if name == "scale" else "*fp32"
+        if signature[name].startswith("*") or name.startswith("stride"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    return {"shared": compiled.metadata.shared, **_ptxas_usage(compiled.asm["ptx"])}
+
+
+def _ptxas_usage(ptx: str) -> dict:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    finally:
+        os.unlink(f.name)
+    usage = {}
+    for line in out.splitlines():
+        if "registers" in line:
+            usage["registers"] = int(line.split("Used")[1].split("registers")[0])
+        if "spill stores" in line:
+            usage["spill_bytes"] = int(line.split("bytes spill stores")[0].split(",")[-1])
+    return usage
+
+
+def cases():
+    """(name, kernel, types, constexprs, num_warps, num_stages) at the Qwen3.5 shapes, bf16."""
+    from deltaserve.kernels.gdn import triton_chunk as gdn
+    from deltaserve.kernels.moe import triton_moe_direct as direct
+    from deltaserve.kernels.moe import triton_moe_route as route
+
+    bf16 = "*bf16"
+    moe = dict(TOP_K=8, HIDDEN=2048, INTER=512)
+    gu_n, gu_k, gu_warps, dn_n, dn_k, dn_warps, unroll = direct.DEFAULT_TILES
+    yield ("moe_route", route._moe_route_kernel, {"logits": bf16, "ids": "*i64"},
+           dict(EXPERTS=256, TOP_K=8, BLOCK_E=256, BLOCK_K=8, RENORMALIZE=True), 2, 1)
+    yield ("moe_direct_gate_up", direct._direct_gate_up_kernel, {"x": bf16, "w13": bf16, "ids": "*i64"},
+           dict(moe, BLOCK_N=gu_n, BLOCK_K=gu_k), gu_warps, 3)
+    yield ("moe_direct_down", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": bf16},
+           dict(moe, BLOCK_N=dn_n, BLOCK_K=dn_k, UNROLL=unroll), dn_warps, 3)
+
+    heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK)
+    ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first", "cap_record",
+                                "cap_row0")}
+    inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
+    yield ("gdn_chunk_prepare", gdn._chunk_prepare_kernel, dict(inputs, **ints),
+           dict(heads, BV=32, BLOCK_B=16, SUB=16, PRECISION="tf32x3", INVERSE_PRECISION="tf32"), 4, 1)
+    for captures in (False, True):
+        yield (f"gdn_chunk_state{'_captures' if captures else ''}", gdn._chunk_state_kernel, dict(inputs, **ints),
+               dict(heads, BV=32, HAS_CAPTURES=captures, LOOP_FOR=True, PRECISION="tf32"), 4, 2)
+    yield ("gdn_chunk_snapshot", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
+           dict(heads, BV=32, PRECISION="tf32"), 4, 1)
+
+
+def main():
+    only = set(sys.argv[1:])
+    for name, kernel, types, constexprs, warps, stages in cases():
+        if only and name not in only:
+            continue
+        try:
+            result = {"name": name, **compile_sm90(kernel, types, constexprs, warps, stages)}
+        except Exception as exc:  # report and go on: one failure must not hide the others
+            result = {"name": name, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
