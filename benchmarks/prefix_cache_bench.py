@@ -1,0 +1,109 @@
+"""Prefix caching on one GPU, random weights in a real shape (Qwen3.5-35B-A3B by default).
+
+    python benchmarks/prefix_cache_bench.py qwen3.5-35b-a3b --out benchmarks/results/prefix_cache_SHAPE.json
+
+1. Follow-up turn: a first turn with an 8k-token history generates a reply; the second turn sends
+   history + reply + a new 64-token message. Time to first token of that second turn warm (the
+   first turn's blocks and GDN snapshots cached) against the same prompt cold (cache reset), and
+   the tokens each turn recomputed.
+2. Eight requests sharing a 2k-token prefix with different 64-token endings, sent together: total
+   prefill time (until all eight have their first token) warm (prefix cached by an earlier request)
+   against cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from benchmarks import results_io  # noqa: E402
+from benchmarks.shapes import write_shape  # noqa: E402
+from deltaserve.engine.llm_engine import LLMEngine  # noqa: E402
+from deltaserve.sampling_params import SamplingParams  # noqa: E402
+
+_ids = iter(range(10**9))
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def prefill(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 1) -> tuple[float, list]:
+    """Sends the prompts together; returns (seconds until every one has its first token, outputs)."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False)
+    ids = [f"p{next(_ids)}" for _ in prompts]
+    sync()
+    start = time.perf_counter()
+    for rid, prompt in zip(ids, prompts):
+        engine.add_request(rid, prompt, params)
+    first, done = {}, {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            first.setdefault(out.request_id, time.perf_counter())
+            if out.finished:
+                done[out.request_id] = out
+    return max(first.values()) - start, [done[i] for i in ids]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", nargs="?", default="qwen3.5-35b-a3b")
+    ap.add_argument("--history", type=int, default=8192)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    directory = write_shape(args.shape, tempfile.mkdtemp())
+    engine = LLMEngine.from_args(directory, load_format="dummy", max_num_seqs=16, max_model_len=16384,
+                                 max_num_batched_tokens=8192)
+    rng = random.Random(0)
+    vocab = engine.model_config.vocab_size
+    tokens = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731
+    result = {**results_io.header(), "shape": args.shape, "block_size": engine.config.block_size}
+
+    prefill(engine, [tokens(512)], 4)  # warm-up: kernels compiled for prefill and decode
+    history = tokens(args.history)
+    turn1_s, (turn1,) = prefill(engine, [history], 64)
+    follow_up = history + turn1.outputs[0].token_ids + tokens(64)
+    warm_s, (warm,) = prefill(engine, [follow_up])
+    engine.reset_prefix_cache()
+    cold_s, (cold,) = prefill(engine, [follow_up])
+    result["follow_up_turn"] = {
+        "history_tokens": args.history, "turn2_prompt_tokens": len(follow_up),
+        "turn1_ttft_s": round(turn1_s, 4), "turn1_recomputed_tokens": len(history) - turn1.num_cached_tokens,
+        "cold_ttft_s": round(cold_s, 4), "warm_ttft_s": round(warm_s, 4),
+        "speedup": round(cold_s / warm_s, 1),
+        "warm_cached_tokens": warm.num_cached_tokens, "warm_recomputed_tokens": len(follow_up) - warm.num_cached_tokens,
+        "cold_recomputed_tokens": len(follow_up) - cold.num_cached_tokens,
+        "same_first_token": warm.outputs[0].token_ids == cold.outputs[0].token_ids,
+    }
+    print(result["follow_up_turn"], flush=True)
+    results_io.write(args.out, result)
+
+    shared = tokens(2048)
+    endings = [tokens(64) for _ in range(8)]
+    engine.reset_prefix_cache()
+    cold_s, cold_outs = prefill(engine, [shared + e for e in endings])
+    engine.reset_prefix_cache()
+    prefill(engine, [shared + tokens(64)])  # an earlier request leaves the shared prefix cached
+    warm_s, warm_outs = prefill(engine, [shared + e for e in endings])
+    result["shared_prefix"] = {
+        "requests": 8, "prefix_tokens": 2048, "ending_tokens": 64,
+        "cold_total_prefill_s": round(cold_s, 4), "warm_total_prefill_s": round(warm_s, 4),
+        "speedup": round(cold_s / warm_s, 1),
+        "warm_cached_tokens": [o.num_cached_tokens for o in warm_outs],
+        "same_first_tokens": [o.outputs[0].token_ids for o in warm_outs] == [o.outputs[0].token_ids for o in cold_outs],
+    }
+    print(result["shared_prefix"], flush=True)
+    results_io.write(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
