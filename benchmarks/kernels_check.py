@@ -334,6 +334,46 @@ def rotary(tokens):
     return body
 
 
+def rotary_store(tokens):
+    """The fused q/k norm + rotary + KV store against the four unfused kernels it replaces."""
+    from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
+    from deltaserve.kernels.attention.triton_store_kv import store_kv
+    from deltaserve.kernels.norm.triton_rms_norm import rms_norm
+    from deltaserve.kernels.rotary.triton_rotary import apply_rotary
+
+    def body():
+        q = torch.randn(tokens, HEADS, 2 * HEAD_DIM, device=DEV, dtype=BF16)[..., :HEAD_DIM]  # gate interleaved
+        k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        v = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        qw, kw = torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1, torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1
+        positions = torch.randint(0, 4096, (tokens,), device=DEV)
+        inv = 1.0 / (10000 ** (torch.arange(0, ROTARY, 2, device=DEV).float() / ROTARY))
+        freqs = torch.arange(4096, device=DEV).float()[:, None] * inv[None]
+        cache = torch.cat([freqs.cos(), freqs.sin()], -1)
+        pages = tokens // PAGE + 8
+        k_cache = torch.zeros(pages, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        v_cache = torch.zeros_like(k_cache)
+        slots = torch.randperm(pages * PAGE, device=DEV)[:tokens]
+        rk, rv = k_cache.float(), v_cache.float()
+        eq = attn_ref.rotary_store_kv(*f32(q, k, v), positions, cache, rk, rv, slots, *f32(qw, kw), 1e-6, 1.0)
+        oq = rotary_store_kv(q, k, v, positions, cache, k_cache, v_cache, slots, qw, kw, 1e-6, 1.0)
+        res = {"shape": f"T={tokens} Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM} rotary_dim={ROTARY}",
+               "rel_err_q": rel_err(oq, eq), "rel_err_k_cache": rel_err(k_cache, rk),
+               "v_cache_exact": bool(torch.equal(v_cache.float(), rv))}
+        t = timing(lambda: rotary_store_kv(q, k, v, positions, cache, k_cache, v_cache, slots, qw, kw, 1e-6, 1.0),
+                   nbytes=(q.numel() * 2 + k.numel() * 2 + v.numel() * 2) * 2)
+        res.update({f"fused_{key}": val for key, val in t.items()})
+
+        def unfused():
+            qn, kn = rms_norm(q, qw, 1e-6, 1.0), rms_norm(k, kw, 1e-6, 1.0)
+            qr, kr = apply_rotary(qn, kn, positions, cache)
+            store_kv(kr, v, k_cache, v_cache, slots)
+        t = timing(unfused)
+        res.update({f"unfused_{key}": val for key, val in t.items()})
+        return res
+    return body
+
+
 def silu_mul(tokens):
     from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul
 
@@ -553,6 +593,7 @@ def main():
     for tokens in (1, 128):
         run_case(report, f"norms_T{tokens}", norms(tokens))
         run_case(report, f"rotary_T{tokens}", rotary(tokens))
+        run_case(report, f"rotary_store_kv_T{tokens}", rotary_store(tokens))
         run_case(report, f"silu_and_mul_T{tokens}", silu_mul(tokens))
     run_case(report, "conv1d_decode_B1", conv([1], "B=1 decode"))
     run_case(report, "conv1d_decode_B128", conv([1] * (4 if SMOKE else 128), "B=128 decode"))

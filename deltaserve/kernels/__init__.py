@@ -64,6 +64,19 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     return _attn.store_kv(k, v, k_cache, v_cache, slot_mapping)
 
 
+def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                    cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
+                    k_norm: torch.Tensor | None = None, eps: float = 1e-6, norm_offset: float = 0.0) -> torch.Tensor:
+    """Optional per-head q/k RMSNorm, rotary, and the KV store, in one launch; returns the rotated q."""
+    if use_triton(q):
+        from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv as kernel
+        return kernel(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm, eps,
+                      norm_offset)
+    return _attn.rotary_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm,
+                                 eps, norm_offset)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
     if use_triton(q):
@@ -118,7 +131,7 @@ apply_penalties = _sampling.apply_penalties
 sample_from_logits = _sampling.sample_from_logits
 
 __all__ = [
-    "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv",
+    "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
     "moe_route", "moe_experts", "apply_penalties", "sample_from_logits",
 ]

@@ -78,6 +78,13 @@ def cases():
     yield ("moe_direct_down", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": bf16},
            dict(moe, BLOCK_N=dn_n, BLOCK_K=dn_k, UNROLL=unroll), dn_warps, 3)
 
+    from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
+
+    yield ("rotary_store_kv", rotary_kv._rotary_store_kv_kernel,
+           {n: bf16 for n in ("q", "k", "v", "q_out", "k_cache", "v_cache", "q_norm", "k_norm")}
+           | {"positions": "*i64", "slot_mapping": "*i64", "eps": "fp32", "offset": "fp32"},
+           dict(Q_HEADS=16, HEAD_DIM=256, HALF=32, PAGE=16, BLOCK_D=256, BLOCK_HALF=32, HAS_NORM=True), 2, 1)
+
     heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK)
     ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first", "cap_record",
                                 "cap_row0")}

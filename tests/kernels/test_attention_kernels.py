@@ -59,3 +59,35 @@ def test_store_kv_skips_padding():
     store_kv(k, v, k_cache, v_cache, slots)
     assert torch.equal(k_cache, expected_k)
     assert torch.equal(v_cache, expected_v)
+
+
+# partial rotary with a per-head norm (Qwen3.5), full rotary without one (Llama), one token (decode)
+@pytest.mark.parametrize("tokens,q_heads,kv_heads,head_dim,rotary_dim,norm", [
+    (5, 4, 2, 32, 8, True),
+    (3, 3, 1, 16, 16, False),
+    (1, 8, 2, 64, 16, True),
+])
+def test_rotary_store_kv_matches_the_unfused_ops(tokens, q_heads, kv_heads, head_dim, rotary_dim, norm):
+    from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
+
+    # q with its output gate interleaved per head, k and v: views into one fused projection
+    packed = torch.randn(tokens, q_heads * 2 * head_dim + 2 * kv_heads * head_dim)
+    q_gate, k, v = packed.split([q_heads * 2 * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    q = q_gate.view(tokens, q_heads, 2 * head_dim)[..., :head_dim]
+    k, v = k.view(tokens, kv_heads, head_dim), v.view(tokens, kv_heads, head_dim)
+    positions = torch.randint(0, 50, (tokens,))
+    inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    freqs = torch.arange(50).float()[:, None] * inv[None]
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1)
+    page = 4
+    k_cache, v_cache = torch.zeros(6, page, kv_heads, head_dim), torch.zeros(6, page, kv_heads, head_dim)
+    slots = torch.randperm(6 * page)[:tokens]
+    if tokens > 1:
+        slots[1] = -1  # a padding row: nothing stored
+    weights = dict(q_norm=torch.randn(head_dim), k_norm=torch.randn(head_dim), eps=1e-6, norm_offset=1.0) if norm else {}
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_q = reference.rotary_store_kv(q, k, v, positions, cos_sin, expected_k, expected_v, slots, **weights)
+    out_q = rotary_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, **weights)
+    assert_close(out_q, expected_q)
+    assert_close(k_cache, expected_k)
+    assert torch.equal(v_cache, expected_v)

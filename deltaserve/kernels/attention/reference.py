@@ -57,3 +57,23 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
         q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
         attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(0, 1).to(q.dtype)
+
+
+def rotary_store_kv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 1e-6,
+    norm_offset: float = 0.0,
+) -> torch.Tensor:
+    """What an attention layer does to its new q/k/v rows before attending, as one op: the per-head RMSNorm
+    of q and k (when weights are given), rotary on both, and k (rotated) and v stored in their slots.
+    Returns the rotated q; k leaves only through the cache."""
+    from deltaserve.kernels.norm.reference import rms_norm
+    from deltaserve.kernels.rotary.reference import apply_rotary
+
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps, norm_offset)
+        k = rms_norm(k, k_norm, eps, norm_offset)
+    q, k = apply_rotary(q, k, positions, cos_sin_cache)
+    store_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
