@@ -78,16 +78,25 @@ class BlockAllocator:
                     self._free.append(b)
 
     # -- prefix cache -----------------------------------------------------------------------------
-    def register(self, block: int, block_hash: BlockHash) -> bool:
-        """Records that `block` (referenced, full) holds the prefix named `block_hash`. False when that
-        prefix is already cached in another block (this one then stays private)."""
+    def register(self, block: int, block_hash: BlockHash) -> None:
+        """Records that `block` (referenced, full) holds the prefix named `block_hash`. A block that held
+        the same prefix before loses the name: the newest copy is the one the next hits should find
+        (an older unreferenced copy may be next in line for eviction), and the old one becomes a
+        plain block, free at once if nobody holds it."""
         if self.ref_counts[block] <= 0:
             raise ValueError(f"block {block} is not in use")
-        if block_hash in self._block_of or block in self._hash_of:
-            return False
+        if self._hash_of.get(block) == block_hash:
+            return
+        if block in self._hash_of:
+            raise ValueError(f"block {block} already holds another prefix")
+        old = self._block_of.get(block_hash)
+        if old is not None:
+            self._forget(old)
+            if self.ref_counts[old] == 0:
+                del self._evictable[old]
+                self._free.append(old)
         self._block_of[block_hash] = block
         self._hash_of[block] = block_hash
-        return True
 
     def cached_prefix(self, hashes: Sequence[BlockHash]) -> list[int]:
         """The blocks caching the longest run hashes[0], hashes[1], ...; takes no references."""

@@ -129,12 +129,16 @@ class PrefixCache:
         for chunk in plan.chunks:
             request = chunk.request
             full = chunk.end // self.block_size
-            if full > request.num_registered_blocks:
+            if full > request.num_registered_blocks and not request.is_finished:
                 hashes = self.block_hashes(request, full)
                 for i in range(request.num_registered_blocks, full):
                     self.blocks.register(request.block_ids[i], hashes[i])
                 request.num_registered_blocks = full
-        for capture in plan.captures:
+        for restore in plan.restores:  # before the captures: what a step saved is newer than its start
+            if restore.snapshot_slot in restore.request.snapshot_refs:
+                del restore.request.snapshot_refs[restore.snapshot_slot]
+                self.snapshots.release(restore.snapshot_slot)
+        for capture in sorted(plan.captures, key=lambda c: c.position):  # the latest is the last to evict
             request = capture.chunk.request
             name = request.snapshot_refs.pop(capture.snapshot_slot, None)
             if name is None:
@@ -144,10 +148,6 @@ class PrefixCache:
                 if request.last_decode_snapshot is not None:
                     self.snapshots.demote(request.last_decode_snapshot)
                 request.last_decode_snapshot = name
-        for restore in plan.restores:
-            if restore.snapshot_slot in restore.request.snapshot_refs:
-                del restore.request.snapshot_refs[restore.snapshot_slot]
-                self.snapshots.release(restore.snapshot_slot)
 
     def release(self, request: Request) -> None:
         """The request stops (finished, aborted, failed or preempted): drops its snapshot references

@@ -1,0 +1,267 @@
+"""Prefix cache bookkeeping as plain Python: the hash chain, shared KV blocks with LRU eviction, the
+snapshot index, and what the scheduler plans (restores, capture points, the replay-point cut)."""
+
+import random
+
+import pytest
+
+from deltaserve.cache.block_allocator import BlockAllocator
+from deltaserve.cache.block_hash import chain_hashes, hash_block
+from deltaserve.cache.slot_allocator import SlotAllocator
+from deltaserve.cache.snapshot_index import SnapshotIndex
+from deltaserve.engine.prefix_cache import PrefixCache
+from deltaserve.engine.request import Request
+from deltaserve.engine.scheduler import Scheduler
+from deltaserve.sampling_params import SamplingParams
+
+BS = 4
+
+
+# -- hash chain -----------------------------------------------------------------------------------
+def test_hash_chain_names_whole_prefixes():
+    rng = random.Random()
+    tokens = [rng.randrange(1000) for _ in range(23)]
+    hashes = chain_hashes(tokens, BS)
+    assert len(hashes) == 5  # the partial last block has no name
+    assert len(set(hashes)) == 5
+    assert chain_hashes(tokens[:20] + [1, 2], BS) == hashes
+    changed = list(tokens)
+    changed[9] += 1  # block 2
+    other = chain_hashes(changed, BS)
+    assert other[:2] == hashes[:2] and all(a != b for a, b in zip(other[2:], hashes[2:]))
+    # the same block contents after a different prefix get a different name
+    assert hash_block(hashes[0], tokens[4:8]) == hashes[1] != hash_block(None, tokens[4:8])
+
+
+# -- shared blocks --------------------------------------------------------------------------------
+def test_registered_blocks_are_shared_then_cached_then_evicted_lru_tail_first():
+    blocks = BlockAllocator(6)
+    names = chain_hashes(list(range(12)), BS)
+    a = blocks.allocate(3)
+    for b, h in zip(a, names):
+        blocks.register(b, h)
+    assert blocks.cached_prefix(names) == a and blocks.cached_prefix([hash_block(None, [5])] + names[1:]) == []
+    blocks.incref(a[:2])  # a second sequence shares the first two
+    assert blocks.ref_counts[a[0]] == 2
+    blocks.free(reversed(a))
+    blocks.free(reversed(a[:2]))
+    assert blocks.num_used == 0 and blocks.num_free == 6 and blocks.num_cached == 3
+    assert blocks.cached_prefix(names) == a  # still cached
+    fresh = blocks.allocate(3)  # never-registered blocks go first
+    assert set(fresh).isdisjoint(a) and blocks.num_cached == 3 and blocks.num_evictions == 0
+    blocks.allocate(1)  # now the least recently freed cached block, the tail, is evicted
+    assert blocks.num_evictions == 1 and blocks.cached_prefix(names) == a[:2]
+    blocks.incref([a[0]])  # a hit takes a cached block back out of the LRU
+    blocks.allocate(1)
+    assert blocks.cached_prefix(names) == a[:1]
+    with pytest.raises(MemoryError):
+        blocks.allocate(1)
+
+
+def test_the_newest_copy_of_a_block_keeps_the_name_and_reset_forgets_everything():
+    blocks = BlockAllocator(4)
+    name = hash_block(None, [1, 2, 3, 4])
+    first = blocks.allocate(1)[0]
+    blocks.register(first, name)
+    blocks.free([first])
+    second = blocks.allocate(1)[0]  # the same contents computed again while the first copy waits in the LRU
+    blocks.register(second, name)
+    assert blocks.cached_prefix([name]) == [second] and blocks.num_cached == 1
+    rest = blocks.allocate(3)  # the old copy is a plain free block now: taken without evicting
+    assert first in rest and blocks.num_evictions == 0 and blocks.num_cached == 1
+    blocks.free(rest + [second])
+    assert blocks.num_cached == 1 and blocks.num_free == 4
+    blocks.reset_cache()
+    assert blocks.num_cached == 0 and blocks.cached_prefix([name]) == [] and blocks.num_free == 4
+    with pytest.raises(ValueError):
+        blocks.incref([first])  # free and uncached: nothing to share
+
+
+# -- snapshot index -------------------------------------------------------------------------------
+def test_snapshot_index_lru_and_references():
+    index = SnapshotIndex(2)
+    names = [hash_block(None, [i]) for i in range(4)]
+    s0 = index.reserve()
+    assert index.find(names[0]) is None  # pending until committed
+    index.commit(s0, names[0])
+    s1 = index.reserve()
+    index.commit(s1, names[1])
+    assert index.find(names[0]) == s0 and index.num_used == 2
+    index.acquire(s0)  # a restore in flight pins it
+    s2 = index.reserve()  # evicts the LRU unpinned one: names[1]
+    assert s2 == s1 and index.find(names[1]) is None and index.num_evictions == 1
+    assert index.reserve() is None  # one pinned, one pending
+    index.cancel(s2)
+    index.release(s0)
+    assert index.num_referenced == 0 and index.find(names[0]) == s0
+    s3 = index.reserve()  # the freed slot first
+    assert s3 == s2
+    index.commit(s3, names[0])  # a duplicate of a ready snapshot: the slot goes back
+    assert index.find(names[0]) == s0 and index.num_used == 1
+
+
+def test_snapshot_index_demote_and_clear():
+    index = SnapshotIndex(3)
+    names = [hash_block(None, [i]) for i in range(4)]
+    for name in names[:3]:
+        index.commit(index.reserve(), name)
+    index.demote(names[2])
+    index.reserve()  # evicts the demoted one, not the oldest
+    assert index.find(names[2]) is None and index.find(names[0]) is not None
+    index.acquire(index.find(names[1]))
+    index.clear()
+    assert index.find(names[0]) is None and index.find(names[1]) is not None
+
+
+# -- scheduler planning ---------------------------------------------------------------------------
+def _scheduler(num_blocks=64, snapshot_slots=16, budget=64, hybrid=True, interval=1024, max_seqs=4):
+    blocks = BlockAllocator(num_blocks)
+    cache = PrefixCache(blocks, SnapshotIndex(snapshot_slots) if hybrid else None, BS, interval)
+    return Scheduler(blocks, SlotAllocator(max_seqs) if hybrid else None, BS, max_seqs, budget, cache)
+
+
+def _request(tokens, request_id="r", max_tokens=3, capture_points=()):
+    return Request(request_id, list(tokens), SamplingParams(max_tokens=max_tokens), max_tokens,
+                   capture_points=list(capture_points))
+
+
+def _step(sched):
+    """One step as the engine runs it, with token 7 sampled for every sampling chunk."""
+    plan = sched.schedule()
+    for chunk in plan.chunks:
+        chunk.request.num_computed_tokens = chunk.end
+    sched.step_done(plan)
+    for chunk in plan.chunks:
+        if chunk.samples:
+            chunk.request.output_token_ids.append(7)
+            if len(chunk.request.output_token_ids) >= chunk.request.max_tokens:
+                sched.finish(chunk.request, "length")
+    return plan
+
+
+def _run(sched, request):
+    sched.add(request)
+    plans = []
+    while sched.has_unfinished():
+        plans.append(_step(sched))
+    return plans
+
+
+def _captures(plan):
+    return sorted((c.position, c.at_chunk_end) for c in plan.captures)
+
+
+def test_cold_prefill_stops_at_the_replay_point_and_captures_there_and_mid_chunk():
+    sched = _scheduler()
+    prompt = list(range(100, 130))  # 30 tokens: replay point 28
+    plans = _run(sched, _request(prompt, capture_points=[0, 9, 29]))
+    first, second = plans[0], plans[1]
+    assert [(c.start, c.num_tokens) for c in first.chunks] == [(0, 28)]
+    assert first.reset_state_slots and not first.restores
+    # 28: replay point (the pass end), 24: one block before, 8: message at 9 floored; 0 is nothing to save
+    assert _captures(first) == [(8, False), (24, False), (28, True)]
+    assert [(c.start, c.num_tokens) for c in second.chunks] == [(28, 2)]
+    # decode: 30 -> 31 -> 32 reaches a block boundary after the prompt
+    assert [_captures(p) for p in plans[2:]] == [[], [(32, True)]]
+    assert sched.prefix_cache.snapshots.num_ready == 4 and sched.prefix_cache.snapshots.num_referenced == 0
+    assert sched.blocks.num_used == 0 and sched.blocks.num_cached == 8  # [0, 32) full blocks
+
+
+def test_budget_cuts_put_capture_points_mid_chunk_and_at_chunk_edges():
+    sched = _scheduler(budget=10)
+    prompt = list(range(200, 238))  # 38 tokens: replay point 36, one block before 32
+    plans = _run(sched, _request(prompt, capture_points=[10, 21]))
+    chunks = [(c.start, c.end) for p in plans for c in p.chunks]
+    assert chunks[:5] == [(0, 10), (10, 20), (20, 30), (30, 36), (36, 38)]
+    captured = [_captures(p) for p in plans[:5]]
+    # 8 mid-chunk; 20 at a chunk edge; 32 mid-chunk; 36 at the cut
+    assert captured == [[(8, False)], [(20, True)], [], [(32, False), (36, True)], []]
+
+
+def test_same_prompt_again_restores_at_the_replay_point_sharing_blocks():
+    sched = _scheduler()
+    prompt = list(range(300, 330))
+    cold = _request(prompt, "cold")
+    _run(sched, cold)
+    warm = _request(prompt, "warm")
+    sched.add(warm)
+    plan = _step(sched)
+    assert [(c.start, c.num_tokens) for c in plan.chunks] == [(28, 2)]
+    assert warm.num_cached_tokens == 28 and not plan.reset_state_slots
+    (restore,) = plan.restores
+    assert restore.request is warm
+    assert restore.snapshot_slot == sched.prefix_cache.snapshots.find(chain_hashes(prompt, BS)[6])
+    assert sched.blocks.num_used == len(warm.block_ids) == 8  # 7 shared + 1 new
+    assert sched.prefix_cache.snapshots.num_referenced == 0  # the restore is done
+    stats = sched.stats()
+    assert stats["prefix_cache_queries"] == 60 and stats["prefix_cache_hits"] == 28
+
+
+def test_a_diverging_request_restores_from_the_furthest_snapshot_inside_its_cached_run():
+    sched = _scheduler()
+    shared = list(range(400, 420))
+    _run(sched, _request(shared + list(range(10)), capture_points=[0, 13, 22]))  # snapshots 12, 20, 24, 28, 32
+    other = _request(shared + [999] * 10, "other")
+    sched.add(other)
+    plan = _step(sched)
+    assert other.num_cached_tokens == 20  # 5 shared blocks, and the snapshot at 20
+    assert plan.chunks[0].start == 20 and len(plan.restores) == 1
+
+
+def test_attention_only_models_restart_at_the_end_of_the_cached_run():
+    sched = _scheduler(hybrid=False)
+    prompt = list(range(500, 527))
+    plans = _run(sched, _request(prompt))
+    assert not any(p.captures or p.restores for p in plans)
+    assert [(c.start, c.end) for c in plans[0].chunks] == [(0, 24)]
+    again = _request(prompt[:25] + [1, 2, 3], "again")
+    sched.add(again)
+    plan = _step(sched)
+    assert again.num_cached_tokens == 24 and plan.chunks[0].start == 24
+
+
+def test_abort_between_planning_and_the_step_releases_every_reference():
+    sched = _scheduler()
+    prompt = list(range(600, 640))
+    _run(sched, _request(prompt, max_tokens=1))
+    index = sched.prefix_cache.snapshots
+    ready = index.num_ready
+    warm = _request(prompt + list(range(20)), "warm", capture_points=[41, 50])
+    sched.add(warm)
+    plan = sched.schedule()
+    assert plan.restores and plan.captures and index.num_referenced == 1 + len(plan.captures)
+    sched.finish(warm, "abort")
+    assert index.num_referenced == 0 and index.num_used == ready == index.num_ready
+    assert sched.blocks.num_used == 0 and sched.slots.num_used == 0
+    sched.step_done(plan)  # a late completion of the aborted plan caches nothing more
+    assert index.num_ready == ready and index.num_referenced == 0
+
+
+def test_preempted_request_releases_references_and_restarts_from_its_own_cache():
+    sched = _scheduler(num_blocks=12, budget=64, max_seqs=2)
+    a = _request(list(range(700, 730)), "a", max_tokens=12)
+    b = _request(list(range(800, 810)), "b", max_tokens=12)
+    sched.add(a)
+    sched.add(b)
+    preempted = []
+    while sched.has_unfinished():
+        plan = _step(sched)
+        preempted += plan.preempted
+        assert all(sched.blocks.ref_counts[blk] > 0 for r in sched.running for blk in r.block_ids)
+    assert preempted and all(r.num_preemptions > 0 for r in preempted)
+    assert sched.prefix_cache.snapshots.num_referenced == 0 and sched.blocks.num_used == 0
+    assert len(a.output_token_ids) == len(b.output_token_ids) == 12
+    assert any(r.num_cached_tokens == 0 for r in preempted)  # first admission reported, not the restart
+    assert sched.prefix_cache.num_hits > 0  # the restart found its own blocks
+
+
+def test_snapshot_interval_adds_capture_points_in_long_prompts():
+    sched = _scheduler(interval=18, budget=128)  # floored to 16
+    plans = _run(sched, _request(list(range(900, 970))))
+    assert [p for p, _ in _captures(plans[0])] == [16, 32, 48, 64, 68]
+
+
+def test_with_few_slots_the_latest_points_are_kept():
+    sched = _scheduler(snapshot_slots=2)
+    plans = _run(sched, _request(list(range(1000, 1030)), capture_points=[5, 9, 13], max_tokens=1))
+    assert _captures(plans[0]) == [(24, False), (28, True)]
