@@ -295,3 +295,19 @@ def test_prefix_caching_knobs_are_validated(checkpoint_factory):
     llm = LLM(path, device="cpu", ssm_snapshot_slots=3)
     assert llm.engine.stats().snapshot_slots_total == 3
     assert LLM(path, device="cpu", enable_prefix_caching=False).engine.loaded.snapshots is None
+
+
+def test_metrics_report_hit_rate_cached_tokens_and_snapshot_slots(checkpoint_factory):
+    from deltaserve.server.metrics import ServerMetrics
+
+    llm = LLM(checkpoint_factory("qwen3.5"), device="cpu", ssm_snapshot_slots=5)
+    prompt = [random.randrange(300) for _ in range(40)]
+    llm.generate([prompt, prompt[:36]], GREEDY)
+    llm.generate([prompt], GREEDY)  # 32 of its 40 tokens found
+    stats = llm.engine.stats()
+    assert stats.prefix_cache_queries == 40 + 36 + 40 and stats.prefix_cache_hits == 32
+    text = ServerMetrics(llm.engine.stats).render().decode()
+    assert f"deltaserve_prefix_cache_hit_rate {32 / 116}" in text
+    assert "deltaserve_prefix_cache_hits_total 32.0" in text
+    assert f"deltaserve_snapshot_slots_used {float(stats.snapshot_slots_used)}" in text
+    assert "deltaserve_snapshot_slots_total 5.0" in text and stats.snapshot_slots_used > 0

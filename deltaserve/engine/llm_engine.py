@@ -38,6 +38,11 @@ class EngineStats:
     snapshot_slots_total: int = 0
     num_preemptions: int = 0
 
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Share of the prompt tokens looked up in the prefix cache that were found there."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
 
 @dataclass(eq=False)
 class ParentRequest:

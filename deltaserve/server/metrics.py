@@ -26,6 +26,8 @@ _GAUGES = (
     ("deltaserve_state_slots_total", "Recurrent-state slots in the pool.", "state_slots_total"),
     ("deltaserve_snapshot_slots_used", "Prefix-cache state snapshot slots in use.", "snapshot_slots_used"),
     ("deltaserve_snapshot_slots_total", "Prefix-cache state snapshot slots in the pool.", "snapshot_slots_total"),
+    ("deltaserve_prefix_cache_hit_rate", "Share of looked-up prompt tokens found in the prefix cache.",
+     "prefix_cache_hit_rate"),
 )
 _COUNTERS = (
     ("deltaserve_prompt_tokens", "Prompt tokens processed.", "prompt_tokens_total"),
