@@ -261,10 +261,12 @@ def moe_sweep(tokens: int, path: str, configs):
     return body
 
 
-# (gate/up BLOCK_N, BLOCK_K, warps, down BLOCK_N, BLOCK_K, warps, down choices per step)
-MOE_DIRECT_TILES = [(16, 256, 4, 8, 512, 4, 2), (16, 256, 4, 8, 512, 4, 4), (16, 256, 4, 16, 256, 4, 2),
-                    (8, 256, 4, 8, 256, 4, 4), (8, 512, 4, 8, 512, 4, 2), (16, 512, 8, 16, 512, 8, 2),
-                    (32, 128, 4, 16, 128, 4, 2), (16, 128, 2, 8, 256, 2, 4), (4, 512, 2, 4, 512, 2, 4)]
+# triton_moe_direct.DirectTiles: (gate/up BLOCK_N, BLOCK_K, warps, stages, down BLOCK_N, BLOCK_K, warps,
+# choices per step, stages); the first is the default.
+MOE_DIRECT_TILES = [(16, 256, 4, 3, 8, 512, 4, 2, 2), (16, 256, 4, 1, 8, 512, 4, 2, 1), (16, 256, 4, 4, 8, 512, 4, 2, 3),
+                    (16, 128, 4, 4, 8, 256, 4, 4, 2), (8, 512, 4, 3, 8, 512, 4, 1, 3), (8, 256, 4, 3, 8, 256, 4, 4, 2),
+                    (16, 512, 8, 2, 16, 512, 8, 2, 2), (32, 128, 4, 3, 16, 128, 4, 2, 2), (8, 128, 2, 4, 4, 512, 2, 2, 2),
+                    (16, 256, 4, 3, 16, 256, 4, 4, 2)]
 MOE_SORTED_TILES = [(16, 128, 32, 128), (32, 128, 64, 128), (16, 64, 32, 64), (32, 64, 32, 128), (64, 64, 64, 64)]
 
 

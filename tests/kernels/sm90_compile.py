@@ -3,7 +3,7 @@ card, with the production block sizes: it catches what the interpreter accepts a
 rejects (dot shapes, layouts, shared memory over the 227 KiB a block may use), and ptxas reports
 register spills. Run as a script, without TRITON_INTERPRET; prints one JSON line per kernel.
 
-    python tests/kernels/sm90_compile.py
+    python tests/kernels/sm90_compile.py [names]   (SM90_DUMP=dir also writes each kernel's TTGIR there)
 """
 
 import json
@@ -40,6 +40,8 @@ def compile_sm90(kernel, types: dict, constexprs: dict, num_warps: int, num_stag
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})
+    if os.environ.get("SM90_DUMP"):
+        open(os.path.join(os.environ["SM90_DUMP"], kernel.__name__ + ".ttgir"), "w").write(compiled.asm["ttgir"])
     return {"shared": compiled.metadata.shared, **_ptxas_usage(compiled.asm["ptx"])}
 
 
@@ -70,13 +72,15 @@ def cases():
 
     bf16 = "*bf16"
     moe = dict(TOP_K=8, HIDDEN=2048, INTER=512)
-    gu_n, gu_k, gu_warps, dn_n, dn_k, dn_warps, unroll = direct.DEFAULT_TILES
+    tiles = direct.DEFAULT_TILES
     yield ("moe_route", route._moe_route_kernel, {"logits": bf16, "ids": "*i64"},
            dict(EXPERTS=256, TOP_K=8, BLOCK_E=256, BLOCK_K=8, RENORMALIZE=True), 2, 1)
     yield ("moe_direct_gate_up", direct._direct_gate_up_kernel, {"x": bf16, "w13": bf16, "ids": "*i64"},
-           dict(moe, BLOCK_N=gu_n, BLOCK_K=gu_k), gu_warps, 3)
+           dict(moe, BLOCK_N=tiles.gate_n, BLOCK_K=tiles.gate_k, STAGES=tiles.gate_stages), tiles.gate_warps,
+           tiles.gate_stages)
     yield ("moe_direct_down", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": bf16},
-           dict(moe, BLOCK_N=dn_n, BLOCK_K=dn_k, UNROLL=unroll), dn_warps, 3)
+           dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll, STAGES=tiles.down_stages),
+           tiles.down_warps, tiles.down_stages)
 
     from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from deltaserve.kernels.moe import reference
+from deltaserve.kernels.moe.triton_moe_direct import DirectTiles
 from deltaserve.kernels.moe.triton_moe_experts import moe_experts
 from deltaserve.kernels.moe.triton_moe_route import moe_route
 from tests.kernels.conftest import assert_close
@@ -37,12 +38,13 @@ def _experts_inputs(tokens, experts, hidden, inter, top_k, hot=False):
     return x, w13, w2, weights, ids
 
 
-# one token; tokens sharing experts; sizes off every block; more choices than the unroll step
+# one token; tokens sharing experts; sizes off every block; more choices than the unroll step; loads
+# run ahead by 1-3 steps
 @pytest.mark.parametrize("tokens,experts,hidden,inter,top_k,tiles", [
-    (1, 6, 40, 24, 2, None),
-    (6, 4, 64, 32, 3, (16, 32, 4, 16, 16, 4, 2)),
-    (3, 16, 33, 20, 5, (8, 16, 2, 8, 16, 2, 4)),
-    (2, 8, 48, 40, 8, (32, 64, 4, 16, 64, 4, 8)),
+    (1, 6, 40, 24, 2, DirectTiles()),
+    (6, 4, 64, 32, 3, DirectTiles(16, 32, 4, 3, 16, 16, 4, 2, 2)),
+    (3, 16, 33, 20, 5, DirectTiles(8, 16, 2, 1, 8, 16, 2, 4, 1)),
+    (2, 8, 48, 40, 8, DirectTiles(32, 64, 4, 2, 16, 64, 4, 8, 3)),
 ])
 def test_direct_experts(tokens, experts, hidden, inter, top_k, tiles):
     x, w13, w2, weights, ids = _experts_inputs(tokens, experts, hidden, inter, top_k, hot=tokens == 6)
@@ -54,8 +56,8 @@ def test_direct_experts(tokens, experts, hidden, inter, top_k, tiles):
 
 def test_direct_sum_order_does_not_depend_on_the_unroll_step():
     x, w13, w2, weights, ids = _experts_inputs(2, 8, 32, 16, 6)
-    outs = [moe_experts(x, w13, w2, weights, ids, tiles=(16, 32, 4, 16, 16, 4, unroll), path="direct")
-            for unroll in (1, 4, 6)]
+    outs = [moe_experts(x, w13, w2, weights, ids, path="direct",
+                        tiles=DirectTiles(16, 32, 4, 2, 16, 16, 4, unroll, 2)) for unroll in (1, 4, 6)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 

@@ -13,6 +13,8 @@ at about the same time and the second read comes from L2. Grids and buffers depe
 so a decode step with this path can be captured in a CUDA graph.
 """
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -22,6 +24,7 @@ import triton.language as tl
 def _direct_gate_up_kernel(
     x, w13, weights, ids, inter, stride_x, stride_we, stride_wn,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     pair, ntile = tl.program_id(0), tl.program_id(1)
     token = (pair // TOP_K).to(tl.int64)
@@ -33,7 +36,7 @@ def _direct_gate_up_kernel(
     # Products are summed along K in registers and reduced once at the end.
     acc_gate = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, HIDDEN, BLOCK_K):
+    for k0 in tl.range(0, HIDDEN, BLOCK_K, num_stages=STAGES):  # stages > 1: loads run ahead (cp.async)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < HIDDEN
         xk = tl.load(x + token * stride_x + offs_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -53,7 +56,7 @@ def _direct_gate_up_kernel(
 def _direct_down_kernel(
     inter, w2, ids, out, stride_we, stride_wn, stride_out,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr,
+    UNROLL: tl.constexpr, STAGES: tl.constexpr,
 ):
     token, ntile = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -61,7 +64,7 @@ def _direct_down_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     # UNROLL choices per step: their weight loads are in flight together. The sum runs over the
     # choices in order whatever UNROLL is, so the result does not depend on it.
-    for first in range(0, TOP_K, UNROLL):
+    for first in tl.range(0, TOP_K, UNROLL, num_stages=STAGES):
         for j in tl.static_range(UNROLL):
             choice = first + j
             live = choice < TOP_K
@@ -78,8 +81,19 @@ def _direct_down_kernel(
     tl.store(out + token * stride_out + offs_n, y.to(out.dtype.element_ty), mask=mask_n)
 
 
-# Tiles: (gate/up BLOCK_N, BLOCK_K, warps, down BLOCK_N, BLOCK_K, warps, down choices per step).
-DEFAULT_TILES = (16, 256, 4, 8, 512, 4, 2)
+class DirectTiles(NamedTuple):
+    gate_n: int = 16  # gate/up kernel: intermediate columns per program
+    gate_k: int = 256  # hidden columns per step
+    gate_warps: int = 4
+    gate_stages: int = 3  # steps whose loads are in flight at once
+    down_n: int = 8  # down kernel: output columns per program
+    down_k: int = 512  # intermediate columns per step
+    down_warps: int = 4
+    down_unroll: int = 2  # choices per step
+    down_stages: int = 2
+
+
+DEFAULT_TILES = DirectTiles()
 
 
 def moe_experts_direct(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
@@ -95,17 +109,19 @@ def moe_experts_direct(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
         return out
     ids = ids.reshape(-1).contiguous()
     weights = weights.reshape(-1).contiguous()
-    gu_n, gu_k, gu_warps, dn_n, dn_k, dn_warps, unroll = tiles or DEFAULT_TILES
+    gu_n, gu_k, gu_warps, gu_stages, dn_n, dn_k, dn_warps, unroll, dn_stages = DirectTiles(*(tiles or ()))
     gu_k = min(gu_k, triton.next_power_of_2(hidden))
     dn_k = min(dn_k, triton.next_power_of_2(inter_size))
     inter = torch.empty((tokens * top_k, inter_size), dtype=torch.float32, device=x.device)
     _direct_gate_up_kernel[(tokens * top_k, triton.cdiv(inter_size, gu_n))](
         x, w13, weights, ids, inter, x.stride(0), w13.stride(0), w13.stride(1),
-        TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=gu_n, BLOCK_K=gu_k, num_warps=gu_warps,
+        TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=gu_n, BLOCK_K=gu_k, STAGES=gu_stages,
+        num_warps=gu_warps,
     )
     _direct_down_kernel[(tokens, triton.cdiv(hidden, dn_n))](
         inter, w2, ids, out, w2.stride(0), w2.stride(1), out.stride(0),
         TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=dn_n, BLOCK_K=dn_k, UNROLL=min(unroll, top_k),
+        STAGES=dn_stages,
         num_warps=dn_warps,
     )
     return out
