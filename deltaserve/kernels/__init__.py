@@ -10,6 +10,7 @@ import torch
 
 from deltaserve.kernels.activation import reference as _act
 from deltaserve.kernels.attention import reference as _attn
+from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh
 from deltaserve.kernels.conv1d import reference as _conv
 from deltaserve.kernels.dispatch import use_triton
 from deltaserve.kernels.gdn import reference as _gdn
@@ -132,6 +133,6 @@ sample_from_logits = _sampling.sample_from_logits
 
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
-    "paged_attention", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+    "paged_attention", "causal_attention_fresh", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
     "moe_route", "moe_experts", "apply_penalties", "sample_from_logits",
 ]

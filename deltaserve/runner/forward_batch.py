@@ -31,6 +31,9 @@ class ForwardBatch:
     # (row, snapshot slot): GDN states to copy out after that row (prefix caching)
     capture_rows: list[tuple[int, int]] = field(default_factory=list)
     snapshot_pool: StatePool | None = None
+    # Host copy of query_start_loc when every sequence starts at position 0 in this step and the
+    # chunks are long: attention then runs over the chunk itself (dense FlashAttention).
+    fresh_query_start_loc: list[int] | None = None
 
     def kv_cache(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv_pool.k[layer_idx], self.kv_pool.v[layer_idx]

@@ -16,6 +16,9 @@ from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.snapshot_steps import chunk_end_saves, mid_chunk_capture_rows, restore_pairs
 
 
+FRESH_PREFILL_MIN_TOKENS = 1024
+
+
 class ModelRunner:
     def __init__(self, model: DecoderLM, kv_pool: KVPool | None, state_pool: StatePool | None, block_size: int,
                  device: torch.device, sampler: Sampler, graphs: DecodeGraphs | None = None,
@@ -76,4 +79,12 @@ class ModelRunner:
             is_decode=is_decode,
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
+            fresh_query_start_loc=host.query_start_loc if self._fresh_prefill(host) else None,
         )
+
+    def _fresh_prefill(self, host: HostBatch) -> bool:
+        """Long prompts that all start at position 0: dense attention within each chunk beats paging."""
+        starts = host.query_start_loc
+        lengths = [end - start for start, end in zip(starts[:-1], starts[1:])]
+        return (self.device.type == "cuda" and max(lengths, default=0) >= FRESH_PREFILL_MIN_TOKENS
+                and all(n == seq_len for n, seq_len in zip(lengths, host.seq_lens)))

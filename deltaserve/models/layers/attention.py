@@ -40,15 +40,20 @@ class Attention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = kernels.rms_norm(q, self.q_norm, self.norm_eps, self.norm_offset)
-            k = kernels.rms_norm(k, self.k_norm, self.norm_eps, self.norm_offset)
-        q, k = kernels.apply_rotary(q, k, batch.positions, cos_sin_cache)
         k_cache, v_cache = batch.kv_cache(self.layer_idx)
-        kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        out = kernels.paged_attention(
-            q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, self.scale
-        ).reshape(tokens, -1)
+        if batch.fresh_query_start_loc is not None:  # long fresh prompts: attend within the chunk
+            if self.q_norm is not None:
+                q = kernels.rms_norm(q, self.q_norm, self.norm_eps, self.norm_offset)
+                k = kernels.rms_norm(k, self.k_norm, self.norm_eps, self.norm_offset)
+            q, k = kernels.apply_rotary(q, k, batch.positions, cos_sin_cache)
+            kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+            out = kernels.causal_attention_fresh(q, k, v, batch.fresh_query_start_loc, self.scale)
+        else:
+            q = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache,
+                                        batch.slot_mapping, self.q_norm, self.k_norm, self.norm_eps, self.norm_offset)
+            out = kernels.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
+                                          batch.block_tables, self.scale)
+        out = out.reshape(tokens, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(tokens, -1))
         return F.linear(out, self.o_proj, self.o_bias)
