@@ -139,28 +139,39 @@ EXPERT = re.compile(r"experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
 
 
 def _load_mlp(mlp, config: ModelConfig, rest: str, tensor: torch.Tensor, name: str) -> None:
-    if rest.startswith("shared_expert."):
-        _load_dense(_require(mlp.shared_expert, name), rest[len("shared_expert."):], tensor, name)
-    elif rest == "shared_expert_gate.weight":
-        _copy(mlp.shared_expert_gate, tensor, name)
-    elif rest == "gate.weight" and hasattr(mlp, "router"):
-        _copy(mlp.router, tensor, name)
-    elif match := EXPERT.fullmatch(rest):
-        expert, proj = int(match.group(1)), match.group(2)
-        if expert >= config.num_experts:
-            raise ShapeMismatchError(f"{name}: expert {expert} but the config has {config.num_experts}")
-        inter = config.moe_intermediate_size
-        target = {"gate_proj": mlp.w13[expert, :inter], "up_proj": mlp.w13[expert, inter:],
-                  "down_proj": mlp.w2[expert]}[proj]
-        _copy(target, tensor, name)
-    elif rest == "experts.gate_up_proj":
-        _copy(mlp.w13, tensor, name)
-    elif rest == "experts.down_proj":
-        _copy(mlp.w2, tensor, name)
+    if hasattr(mlp, "in_proj"):
+        _load_moe(mlp, config, rest, tensor, name)
     elif hasattr(mlp, "gate_up_proj"):
         _load_dense(mlp, rest, tensor, name)
     else:
         raise WeightLoadError(f"unexpected MLP tensor {name}")
+
+
+def _load_moe(moe, config: ModelConfig, rest: str, tensor: torch.Tensor, name: str) -> None:
+    experts, shared, inter = config.num_experts, moe.shared_size, config.moe_intermediate_size
+    in_rows = {  # rows of the fused router / shared-expert input projection
+        "gate.weight": (0, experts),
+        "shared_expert_gate.weight": (experts, experts + 1),
+        "shared_expert.gate_proj.weight": (experts + 1, experts + 1 + shared),
+        "shared_expert.up_proj.weight": (experts + 1 + shared, experts + 1 + 2 * shared),
+    }
+    if rest in in_rows and (shared or rest == "gate.weight"):
+        _copy(moe.in_proj[slice(*in_rows[rest])], tensor, name)
+    elif rest == "shared_expert.down_proj.weight":
+        _copy(_require(moe.shared_down, name), tensor, name)
+    elif match := EXPERT.fullmatch(rest):
+        expert, proj = int(match.group(1)), match.group(2)
+        if expert >= experts:
+            raise ShapeMismatchError(f"{name}: expert {expert} but the config has {experts}")
+        target = {"gate_proj": moe.w13[expert, :inter], "up_proj": moe.w13[expert, inter:],
+                  "down_proj": moe.w2[expert]}[proj]
+        _copy(target, tensor, name)
+    elif rest == "experts.gate_up_proj":
+        _copy(moe.w13, tensor, name)
+    elif rest == "experts.down_proj":
+        _copy(moe.w2, tensor, name)
+    else:
+        raise WeightLoadError(f"unexpected MoE tensor {name}")
 
 
 def _load_dense(mlp, rest: str, tensor: torch.Tensor, name: str) -> None:
