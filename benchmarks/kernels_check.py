@@ -158,6 +158,55 @@ def gdn_decode(batch: int):
     return body
 
 
+def gdn_decode_fused_case(batch: int):
+    """The fused GDN decode step (conv update, delta rule, gated norm) against the three unfused kernels."""
+    from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d
+    from deltaserve.kernels.gdn import decode_fused_reference as fused_ref
+    from deltaserve.kernels.gdn.triton_decode_fused import gdn_decode_fused
+    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+    from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
+
+    def body():
+        slots_total = max(2 * batch, 8)
+        packed = torch.randn(batch, CONV_DIM + HV * DV + 2 * HV, device=DEV, dtype=BF16)  # as the layer slices it
+        mixed, z, b, a = packed.split([CONV_DIM, HV * DV, HV, HV], -1)
+        w = torch.randn(CONV_DIM, CONV_K, device=DEV, dtype=BF16) * 0.5
+        conv_state = torch.randn(slots_total, CONV_DIM, CONV_K - 1, device=DEV, dtype=BF16)
+        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
+        pool = torch.randn(slots_total, HV, DK, DV, device=DEV) * 0.1
+        norm_w = torch.randn(DV, device=DEV, dtype=BF16)
+        slots = torch.randperm(slots_total, device=DEV)[:batch].to(torch.int32)
+        ref_conv, ref_pool = conv_state.to(torch.float32, copy=True), pool.clone()
+        expected = fused_ref.gdn_decode_fused(*f32(mixed, z, a, b, w), ref_conv, A_log, dt_bias, ref_pool,
+                                              norm_w.float(), 1e-6, slots.long())
+        tri_conv, tri_pool = conv_state.clone(), pool.clone()
+        out = gdn_decode_fused(mixed, z, a, b, w, tri_conv, A_log, dt_bias, tri_pool, norm_w, 1e-6, slots)
+        res = {"shape": f"B={batch} Hk={HK} Hv={HV} Dk={DK} Dv={DV} conv_dim={CONV_DIM} K={CONV_K}",
+               "rel_err_out": rel_err(out, expected), "rel_err_state": rel_err(tri_pool, ref_pool),
+               "rel_err_conv_state": rel_err(tri_conv, ref_conv)}
+        nbytes = batch * (HV * DK * DV * 4 * 2 + CONV_DIM * (CONV_K - 1) * 2 * 2 + (CONV_DIM + 2 * HV * DV) * 2)
+        t = timing(lambda: gdn_decode_fused(mixed, z, a, b, w, tri_conv, A_log, dt_bias, tri_pool, norm_w, 1e-6,
+                                            slots), nbytes=nbytes)
+        res.update({f"fused_{key}": val for key, val in t.items()})
+        if not SMOKE:
+            for warps in (4, 8, 16):
+                res[f"fused_warps{warps}_kernel_us"] = round(time_graph_us(
+                    lambda: gdn_decode_fused(mixed, z, a, b, w, tri_conv, A_log, dt_bias, tri_pool, norm_w, 1e-6,
+                                             slots, num_warps=warps)), 2)
+
+        def unfused(conv_pool=tri_conv, h_pool=tri_pool):  # the decode path before fusion: three launches
+            x = causal_conv1d(mixed, w, conv_pool, slots, None)
+            q, k, v = x.split([HK * DK, HK * DK, HV * DV], -1)
+            o = gdn_recurrent(q.reshape(batch, HK, DK), k.reshape(batch, HK, DK), v.reshape(batch, HV, DV), a, b,
+                              A_log, dt_bias, h_pool, slots)
+            return gated_rms_norm(o, z.reshape(batch, HV, DV), norm_w, 1e-6)
+        res["rel_err_unfused_out"] = rel_err(unfused(conv_state.clone(), pool.clone()).reshape(batch, -1), expected)
+        t = timing(unfused, nbytes=nbytes)
+        res.update({f"unfused_{key}": val for key, val in t.items()})
+        return res
+    return body
+
+
 def paged_pools(seq_lens, dtype=BF16):
     blocks = [-(-s // PAGE) for s in seq_lens]
     total = sum(blocks) + 4
@@ -582,6 +631,8 @@ def main():
     batches = (1, 3) if SMOKE else (1, 32, 128)
     for batch in batches:
         run_case(report, f"gdn_decode_B{batch}", gdn_decode(batch))
+    for batch in batches:
+        run_case(report, f"gdn_decode_fused_B{batch}", gdn_decode_fused_case(batch))
     for batch in batches:
         run_case(report, f"paged_attention_decode_B{batch}_ctx384",
                  attention([384] * batch, [1] * batch, f"B={batch} ctx=384 Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM}"))

@@ -13,6 +13,7 @@ from deltaserve.kernels.attention import reference as _attn
 from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh
 from deltaserve.kernels.conv1d import reference as _conv
 from deltaserve.kernels.dispatch import use_triton
+from deltaserve.kernels.gdn import decode_fused_reference as _gdn_decode
 from deltaserve.kernels.gdn import reference as _gdn
 from deltaserve.kernels.moe import reference as _moe
 from deltaserve.kernels.norm import reference as _norm
@@ -113,6 +114,18 @@ def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slot
     return _gdn.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
 
 
+def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
+                     state_slots) -> torch.Tensor:
+    """A GDN layer's decode step, one token per sequence, in one launch: conv update + SiLU of the
+    [q | k | v] channels of `mixed`, the gated delta rule on h_pool[slot], the gated RMSNorm with z.
+    Returns [B, Hv*Dv]."""
+    if use_triton(mixed):
+        from deltaserve.kernels.gdn.triton_decode_fused import gdn_decode_fused as kernel
+        return kernel(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps, state_slots)
+    return _gdn_decode.gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight,
+                                        eps, state_slots)
+
+
 def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if use_triton(router_logits):
         from deltaserve.kernels.moe.triton_moe_route import moe_route as kernel
@@ -134,5 +147,5 @@ sample_from_logits = _sampling.sample_from_logits
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
-    "moe_route", "moe_experts", "apply_penalties", "sample_from_logits",
+    "gdn_decode_fused", "moe_route", "moe_experts", "apply_penalties", "sample_from_logits",
 ]

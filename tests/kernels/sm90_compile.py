@@ -101,6 +101,13 @@ def cases():
     yield ("gdn_chunk_snapshot", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
            dict(heads, BV=32, PRECISION="tf32"), 4, 1)
 
+    from deltaserve.kernels.gdn import triton_decode_fused as decode
+
+    yield ("gdn_decode_fused", decode._gdn_decode_fused_kernel,
+           {n: bf16 for n in ("mixed", "z", "a", "b", "conv_weight", "conv_state", "norm_weight", "out")}
+           | {"state_slots": "*i32", "eps": "fp32"},
+           dict(HK=16, HV=32, DK=128, DV=128, K=4, BK=128, BV=128, BLOCK_K=4), 8, 1)
+
 
 def main():
     only = set(sys.argv[1:])
