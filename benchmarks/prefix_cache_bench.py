@@ -54,13 +54,14 @@ def prefill(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 1) ->
     return max(first.values()) - start, [done[i] for i in ids]
 
 
-def _warm_up(engine: LLMEngine, tokens) -> None:
-    """Runs every path the measurements take once (cold prefill, decode with captures, a restored
-    follow-up, a shared prefix), so no measurement includes a kernel's first compilation."""
-    history = tokens(1024)
-    _, (reply,) = prefill(engine, [history], 32)
+def _warm_up(engine: LLMEngine, tokens, history_len: int) -> None:
+    """Runs every path the measurements take once, at the same lengths (cold prefill, decode with
+    captures, a restored follow-up, a shared prefix), so no measurement includes a kernel's first
+    compilation."""
+    history = tokens(history_len)
+    _, (reply,) = prefill(engine, [history], 64)
     prefill(engine, [history + reply.outputs[0].token_ids + tokens(64)])
-    shared = tokens(512)
+    shared = tokens(2048)
     prefill(engine, [shared + tokens(64) for _ in range(8)])
     prefill(engine, [shared + tokens(64) for _ in range(8)])
     engine.reset_prefix_cache()
@@ -80,7 +81,7 @@ def main() -> None:
     tokens = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731
     result = {**results_io.header(), "shape": args.shape, "block_size": engine.config.block_size}
 
-    _warm_up(engine, tokens)
+    _warm_up(engine, tokens, args.history)
     history = tokens(args.history)
     turn1_s, (turn1,) = prefill(engine, [history], 64)
     follow_up = history + turn1.outputs[0].token_ids + tokens(64)
