@@ -39,3 +39,23 @@ def _logits_per_prompt(rows, count):
     """All prompts prefill in the first step and then decode together, so each step has one row per prompt."""
     assert all(r.shape[0] == count for r in rows)
     return [[step[i] for step in rows] for i in range(count)]
+
+
+def test_sharded_checkpoint_with_index_loads_the_same_model(tmp_path):
+    """Shards listed by model.safetensors.index.json give the same greedy tokens as one file."""
+    from tests.checkpoints import build_model, randomize, write_tokenizer
+
+    model = build_model("qwen3.5").float().eval()
+    randomize(model, seed=3)
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    model.save_pretrained(single)
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    for path in (single, sharded):
+        write_tokenizer(str(path))
+    assert (sharded / "model.safetensors.index.json").exists() and not (sharded / "model.safetensors").exists()
+    prompts = [[random.randrange(300) for _ in range(12)]]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+    one = LLM(str(single), device="cpu").generate(prompts, params)[0].outputs[0]
+    many = LLM(str(sharded), device="cpu").generate(prompts, params)[0].outputs[0]
+    assert one.token_ids == many.token_ids
+    assert [next(iter(e.values())).logprob for e in one.logprobs] == [next(iter(e.values())).logprob for e in many.logprobs]
