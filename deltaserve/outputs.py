@@ -38,4 +38,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     metrics: dict = field(default_factory=dict)

@@ -25,6 +25,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # per prompt token: its logprob and the top ones (no prefix-cache hit)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (no text, so no stop strings)
@@ -77,10 +78,12 @@ class SamplingParams:
             raise bad("repetition_penalty", self.repetition_penalty, "must be > 0")
         if self.seed is not None:
             _check_int("seed", self.seed)
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs)
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise bad("logprobs", self.logprobs, f"must be in [0, {MAX_LOGPROBS}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value)
+                if not 0 <= value <= MAX_LOGPROBS:
+                    raise bad(name, value, f"must be in [0, {MAX_LOGPROBS}]")
         if self.stop_strings and not self.detokenize:
             raise bad("stop", self.stop, "stop strings need detokenize=True")
         for s in self.stop_strings:

@@ -86,3 +86,23 @@ def test_penalties_follow_vllm_definitions():
     assert torch.isclose(out[1, 4], logits[1, 4] - 1.0)
     untouched = [i for i in range(10) if i not in (1, 2)]
     assert torch.equal(out[0, untouched], logits[0, untouched])
+
+
+def test_prompt_logprobs_match_transformers(checkpoint_factory):
+    """Each prompt token's logprob under the model, as transformers computes it, also across chunks."""
+    import transformers
+
+    path = checkpoint_factory("qwen3.5")
+    prompt = [random.randrange(300) for _ in range(30)]
+    llm = LLM(path, device="cpu", max_num_batched_tokens=11)  # the prompt spans three chunks
+    out = llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2))[0]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = torch.log_softmax(reference(torch.tensor([prompt])).logits[0].float(), -1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for position in range(1, len(prompt)):
+        entry = out.prompt_logprobs[position]
+        token = prompt[position]
+        assert abs(entry[token].logprob - expected[position - 1, token].item()) < 1e-4
+        assert entry[token].rank == int((expected[position - 1] > expected[position - 1, token]).sum()) + 1
+        assert len([t for t, e in entry.items() if e.rank <= 2]) >= 2

@@ -155,7 +155,7 @@ class LLMEngine:
         if not plan:
             return []
         try:
-            sampling, tokens, logprobs = self.runner.execute(plan)
+            result = self.runner.execute(plan)
         except Exception:
             log.exception("step failed; aborting the %d requests it held", len(plan.chunks))
             return self._fail(plan)
@@ -165,21 +165,32 @@ class LLMEngine:
         for chunk in plan.chunks:
             chunk.request.num_computed_tokens = chunk.end
         self.scheduler.step_done(plan)  # caches what the step computed, before any request finishes
-        for i, (chunk, token) in enumerate(zip(sampling, tokens)):
+        self._record_prompt_logprobs(result.prompt_logprobs)
+        for i, (chunk, token) in enumerate(zip(result.sampling, result.tokens)):
             request = chunk.request
-            self._append_token(request, token, logprobs[i] if logprobs else None)
+            self._append_token(request, token, result.logprobs[i] if result.logprobs else None)
             touched[self._owner[request].request_id] = self._owner[request]
         if final_only:
             return [self._output(p) for p in touched.values() if p.finished]
         return [self._output(parent) for parent in touched.values()]
+
+    def _record_prompt_logprobs(self, found: dict) -> None:
+        for request, (first, entries) in found.items():
+            for position, entry in enumerate(entries, start=first):
+                if position == len(request.prompt_logprobs):  # a recompute after preemption adds nothing new
+                    self._decode_logprob_tokens(entry)
+                    request.prompt_logprobs.append(entry)
+
+    def _decode_logprob_tokens(self, entry) -> None:
+        for tid, logprob in entry.items():
+            logprob.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
 
     def _append_token(self, request: Request, token: int, logprob) -> None:
         parent = self._owner[request]
         detok = parent.detokenizers[request.sample_index]
         request.output_token_ids.append(token)
         if logprob is not None:
-            for tid, entry in logprob.items():
-                entry.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+            self._decode_logprob_tokens(logprob)
             request.output_logprobs.append(logprob)
         self.stats_counters.generation_tokens_total += 1
         params = request.params
@@ -207,6 +218,9 @@ class LLMEngine:
         out = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outputs,
                             finished=parent.finished,
                             num_cached_tokens=min(c.num_cached_tokens for c in parent.children))
+        first = parent.children[0]
+        if first.params.prompt_logprobs is not None and len(first.prompt_logprobs) == first.num_prompt_tokens:
+            out.prompt_logprobs = list(first.prompt_logprobs)
         if out.finished:
             self._forget(parent)
         return out

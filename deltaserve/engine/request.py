@@ -26,6 +26,7 @@ class Request:
     capture_points: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] = field(default_factory=lambda: [None])
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0

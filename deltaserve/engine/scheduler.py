@@ -84,7 +84,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             hit = None
-            if self.prefix_cache is not None and request.num_computed_tokens == 0:
+            if (self.prefix_cache is not None and request.num_computed_tokens == 0
+                    and request.params.prompt_logprobs is None):  # prompt logprobs need every prompt row
                 hit = self.prefix_cache.lookup(request)
             start = hit.num_tokens if hit else request.num_computed_tokens
             count = self._chunk_size(request, start, budget, hit.replay_point if hit else request.replay_point)

@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.cache.state_pool import StatePool
-from deltaserve.engine.step_plan import StepPlan
+from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.models.decoder import DecoderLM
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_block_tables, to_device
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.forward_batch import ForwardBatch
-from deltaserve.runner.sampler import Sampler
+from deltaserve.runner.sampler import Sampler, prompt_logprob_entries
 from deltaserve.runner.snapshot_steps import chunk_end_saves, mid_chunk_capture_rows, restore_pairs
 
 
 FRESH_PREFILL_MIN_TOKENS = 1024
+
+
+@dataclass
+class StepResult:
+    sampling: list[ScheduledChunk] = field(default_factory=list)  # chunks whose last row yielded a token
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list | None = None  # per sampling chunk, when any asked
+    # request -> (first prompt position predicted, entries), for requests asking prompt logprobs
+    prompt_logprobs: dict = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -34,13 +45,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan):
-        """Runs one step. Returns (sampling chunks, their token ids, their logprobs or None)."""
+        """Runs one step: the sampled tokens of the chunks that reach their end, and logprobs asked for."""
         if self.state_pool is not None:
             self.state_pool.reset(plan.reset_state_slots)
         if self.snapshots is not None:
             self.snapshots.restore(restore_pairs(plan), self.state_pool)
         host = build_host_batch(plan, self.block_size)
         sampling = [c for c in plan.chunks if c.samples]
+        prompt_logprobs = {}
         if self._replayable(plan):
             logits = self.graphs.run(host)
             self._save_snapshots(plan)
@@ -51,11 +63,27 @@ class ModelRunner:
                 batch.capture_rows, batch.snapshot_pool = capture_rows, self.snapshots
             hidden = self.model(batch.input_ids, batch)
             self._save_snapshots(plan)
+            prompt_logprobs = self._prompt_logprobs(plan, host, hidden)
             if not sampling:
-                return [], [], None
+                return StepResult(prompt_logprobs=prompt_logprobs)
             logits = self.model.compute_logits(hidden[batch.logits_indices])
         tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
-        return sampling, tokens, logprobs
+        return StepResult(sampling, tokens, logprobs, prompt_logprobs)
+
+    def _prompt_logprobs(self, plan: StepPlan, host: HostBatch, hidden: torch.Tensor) -> dict:
+        """For requests that ask: the logprob of each prompt token their rows of this step predict
+        (the row at position p predicts the prompt token at p + 1)."""
+        found = {}
+        for chunk, row0 in zip(plan.chunks, host.query_start_loc):
+            request = chunk.request
+            top = request.params.prompt_logprobs
+            last = min(chunk.end, request.num_prompt_tokens - 1)  # positions whose next token is in the prompt
+            if top is None or chunk.start >= last:
+                continue
+            logits = self.model.compute_logits(hidden[row0 : row0 + last - chunk.start])
+            targets = request.prompt_token_ids[chunk.start + 1 : last + 1]
+            found[request] = (chunk.start + 1, prompt_logprob_entries(logits, targets, top))
+        return found
 
     def _save_snapshots(self, plan: StepPlan) -> None:
         if self.snapshots is not None:

@@ -81,20 +81,25 @@ class Sampler:
     def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]):
         """Logprobs of the model's distribution (before penalties and temperature), as vLLM reports them."""
         logprobs = torch.log_softmax(logits, dim=-1)
-        result = []
-        for i, r in enumerate(requests):
-            if r.params.logprobs is None:
-                result.append(None)
-                continue
-            row = logprobs[i]
-            chosen = row[tokens[i]]
-            entry = {tokens[i]: Logprob(chosen.item(), int((row > chosen).sum().item()) + 1)}
-            if r.params.logprobs:
-                values, ids = row.topk(r.params.logprobs)
-                for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
-                    entry.setdefault(tid, Logprob(value, rank))
-            result.append(entry)
-        return result
+        return [None if r.params.logprobs is None else logprob_entry(logprobs[i], tokens[i], r.params.logprobs)
+                for i, r in enumerate(requests)]
+
+
+def logprob_entry(row: torch.Tensor, token: int, top: int) -> dict[int, Logprob]:
+    """`token`'s logprob and rank in one row of log-probabilities, then the `top` best tokens."""
+    chosen = row[token]
+    entry = {token: Logprob(chosen.item(), int((row > chosen).sum().item()) + 1)}
+    if top:
+        values, ids = row.topk(top)
+        for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+            entry.setdefault(tid, Logprob(value, rank))
+    return entry
+
+
+def prompt_logprob_entries(logits: torch.Tensor, targets: list[int], top: int) -> list[dict[int, Logprob]]:
+    """Row i of `logits` predicts prompt token `targets[i]`: one entry per row."""
+    logprobs = torch.log_softmax(logits[:, : logits.shape[1]].float(), dim=-1)
+    return [logprob_entry(logprobs[i], t, top) for i, t in enumerate(targets)]
 
 
 def _has_penalty(p) -> bool:

@@ -22,7 +22,8 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
     return requested
 
 
-def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
+                          prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams from the fields chat and completions share; range errors propagate."""
 
     def pick(name: str, default):
@@ -45,6 +46,7 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None) ->
         frequency_penalty=pick("frequency_penalty", 0.0),
         repetition_penalty=pick("repetition_penalty", 1.0),
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
     )

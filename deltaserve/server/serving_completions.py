@@ -66,14 +66,13 @@ class Completions:
         model = self.ctx.check_model(req.model)
         if req.suffix:
             raise bad_request("suffix is not supported", "suffix")
-        if req.echo and req.logprobs is not None:
-            raise bad_request("echo together with logprobs is not supported (prompt logprobs are not computed)", "echo")
         self.ctx.admit()
         prompts = [self._tokenize(p) for p in _split_prompts(req.prompt)]
         params = []
         for p in prompts:
             max_tokens = resolve_max_tokens(req.max_tokens, len(p.token_ids), self.ctx.max_model_len, "prompt")
-            params.append(build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs))
+            params.append(build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
+                                                prompt_logprobs=req.logprobs if req.echo else None))
         base_id = random_id("cmpl-")
         streams: list[RequestStream] = []
         try:
@@ -111,6 +110,17 @@ class _CompletionJob:
         return completion_logprobs(o.token_ids[start:end], o.logprobs[start:end], self.req.logprobs,
                                    self.api.token_text, text_offset)
 
+    def _prompt_logprobs(self, output: RequestOutput) -> dict | None:
+        """With echo: the prompt's tokens in the legacy logprobs shape (the first token has none)."""
+        if self.req.logprobs is None or not output.prompt_logprobs:
+            return None
+        ids = output.prompt_token_ids
+        first = self.api.token_text(ids[0])
+        rest = completion_logprobs(ids[1:], output.prompt_logprobs[1:], self.req.logprobs, self.api.token_text,
+                                   len(first))
+        return {"tokens": [first] + rest["tokens"], "token_logprobs": [None] + rest["token_logprobs"],
+                "top_logprobs": [None] + rest["top_logprobs"], "text_offset": [0] + rest["text_offset"]}
+
     def _usage(self, outputs: list[RequestOutput]) -> dict:
         return usage_dict(
             sum(len(r.prompt_token_ids) for r in outputs),
@@ -127,7 +137,8 @@ class _CompletionJob:
                     {
                         "index": k * self.req.n + o.index,
                         "text": prefix + o.text,
-                        "logprobs": self._logprobs(o, 0, len(o.token_ids), len(prefix)),
+                        "logprobs": _joined(self._prompt_logprobs(output) if self.req.echo else None,
+                                            self._logprobs(o, 0, len(o.token_ids), len(prefix))),
                         "finish_reason": o.finish_reason,
                         "stop_reason": o.stop_reason,
                     }
@@ -153,6 +164,14 @@ class _CompletionJob:
             payload["usage"] = usage
         return sse_data(payload)
 
+    def _echo_chunks(self, k: int, logprobs: dict | None, text_offset: list[int]) -> list[str]:
+        echo, n = self._echo_text(k), self.req.n
+        chunks = []
+        for i in range(n):
+            text_offset[k * n + i] = len(echo)
+            chunks.append(self._chunk([{"index": k * n + i, "text": echo, "logprobs": logprobs, "finish_reason": None}]))
+        return chunks
+
     async def stream(self, streams: list[RequestStream]) -> AsyncIterator[str]:
         n = self.req.n
         total = len(streams) * n
@@ -163,13 +182,16 @@ class _CompletionJob:
         lasts: dict[int, RequestOutput] = {}
         include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
         try:
-            if self.req.echo:
+            # With logprobs the echo waits for the prefill, which yields the prompt's logprobs.
+            echo_first = self.req.echo and self.req.logprobs is None
+            if echo_first:
                 for k in range(len(streams)):
-                    echo = self._echo_text(k)
-                    for i in range(n):
-                        text_offset[k * n + i] = len(echo)
-                        yield self._chunk([{"index": k * n + i, "text": echo, "logprobs": None, "finish_reason": None}])
+                    for chunk in self._echo_chunks(k, None, text_offset):
+                        yield chunk
             async for k, output in merge_streams(streams):
+                if self.req.echo and not echo_first and k not in lasts:
+                    for chunk in self._echo_chunks(k, self._prompt_logprobs(output), text_offset):
+                        yield chunk
                 lasts[k] = output
                 for o in output.outputs:
                     c = k * n + o.index
@@ -195,3 +217,10 @@ class _CompletionJob:
             for s in streams:
                 s.close()
         yield DONE
+
+
+def _joined(first: dict | None, second: dict | None) -> dict | None:
+    """Two legacy logprobs objects one after the other (the echoed prompt, then the completion)."""
+    if first is None or second is None:
+        return second if first is None else first
+    return {key: first[key] + second[key] for key in first}

@@ -203,3 +203,24 @@ def test_tokenize_and_detokenize_round_trip(server):
     chat = post("/tokenize", {"model": MODEL, "messages": QUESTION}).json()
     r = post("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": 1}).json()
     assert chat["count"] == r["usage"]["prompt_tokens"]
+
+
+def test_completions_echo_with_logprobs_scores_the_prompt(client, server):
+    ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": PROMPT}, headers=server.headers,
+                     timeout=30).json()["tokens"]
+    first = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0, logprobs=2)
+    next_token = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": first.choices[0].text,
+                                                            "add_special_tokens": False},
+                            headers=server.headers, timeout=30).json()["tokens"]
+    echoed = client.completions.create(model=MODEL, prompt=ids + next_token[:1], max_tokens=2, temperature=0,
+                                       logprobs=2, echo=True)
+    lp = echoed.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 1 + 2
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    if next_token[:1] and len(next_token) == 1:  # the generated text is exactly one token: same score both ways
+        assert abs(lp.token_logprobs[len(ids)] - first.choices[0].logprobs.token_logprobs[0]) < 1e-3
+    streamed = client.completions.create(model=MODEL, prompt=ids + next_token[:1], max_tokens=2, temperature=0,
+                                         logprobs=2, echo=True, stream=True)
+    tokens = [t for c in streamed if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert tokens == lp.tokens
