@@ -20,6 +20,7 @@ from deltaserve.server.chat_prompt import (
     tool_schemas,
 )
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect, usage_dict
+from deltaserve.server.envelope import completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, chat_logprobs
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
@@ -137,28 +138,12 @@ class _ChatJob:
                     "stop_reason": o.stop_reason,
                 }
             )
-        return {
-            "id": self.request_id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self._usage(output),
-        }
+        return completion_envelope(self, "chat.completion", choices, self._usage(output))
 
     # ---- streamed response ------------------------------------------------------------------
 
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
-        payload: dict[str, Any] = {
-            "id": self.request_id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if usage is not None:
-            payload["usage"] = usage
-        return sse_data(payload)
+        return sse_data(completion_envelope(self, "chat.completion.chunk", choices, usage))
 
     def _delta_json(self, delta: ChoiceDelta, tool_index: int) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -22,6 +22,7 @@ from deltaserve.server.context import (
     until_disconnect,
     usage_dict,
 )
+from deltaserve.server.envelope import completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, completion_logprobs
 from deltaserve.server.protocol import CompletionRequest
@@ -143,26 +144,10 @@ class _CompletionJob:
                         "stop_reason": o.stop_reason,
                     }
                 )
-        return {
-            "id": self.request_id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": self._usage(finals),
-        }
+        return completion_envelope(self, "text_completion", choices, self._usage(finals))
 
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
-        payload: dict[str, Any] = {
-            "id": self.request_id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if usage is not None:
-            payload["usage"] = usage
-        return sse_data(payload)
+        return sse_data(completion_envelope(self, "text_completion", choices, usage))
 
     def _echo_chunks(self, k: int, logprobs: dict | None, text_offset: list[int]) -> list[str]:
         echo, n = self._echo_text(k), self.req.n
