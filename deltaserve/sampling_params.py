@@ -41,10 +41,6 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.validate()
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
     def validate(self) -> None:
         def bad(name: str, value, why: str) -> InvalidSamplingParamsError:
             return InvalidSamplingParamsError(f"{name}={value!r}: {why}")

@@ -3,7 +3,6 @@ byte-level BPE tokenizer and a ChatML template, for parity tests against transfo
 
 from __future__ import annotations
 
-import os
 
 import torch
 

@@ -4,7 +4,6 @@ import sys
 # need a GPU. On CPU the reference of record is transformers' torch path.
 sys.modules.setdefault("fla", None)
 
-import os
 
 import pytest
 

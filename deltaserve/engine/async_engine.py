@@ -15,7 +15,6 @@ import asyncio
 import collections
 import copy
 import dataclasses
-import itertools
 import logging
 import threading
 import time
@@ -123,7 +122,6 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, _Stream] = {}
-        self._ids = itertools.count()
 
     @classmethod
     def from_args(cls, model: str | None = None, *, max_queue: int | None = None, **engine_kwargs):
@@ -169,9 +167,6 @@ class AsyncEngine:
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
-
-    def new_request_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}-{time.monotonic_ns() % 10**9}"
 
     # ---- requests --------------------------------------------------------------------------
 

@@ -3,11 +3,8 @@ tokens into outputs. The body of both LLM.generate's loop and the server's engin
 
 from __future__ import annotations
 
-import itertools
 import logging
-from dataclasses import dataclass, field
-
-import torch
+from dataclasses import dataclass
 
 from deltaserve.engine.detokenizer import IncrementalDetokenizer
 from deltaserve.engine.engine_config import EngineConfig
@@ -53,8 +50,6 @@ class ParentRequest:
     prompt_token_ids: list[int]
     children: list[Request]
     detokenizers: list[IncrementalDetokenizer]
-    reported: bool = False
-    counters: dict = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -80,7 +75,6 @@ class LLMEngine:
         self.runner = loaded.runner
         self._parents: dict[str, ParentRequest] = {}
         self._owner: dict[Request, ParentRequest] = {}
-        self._arrivals = itertools.count()
         self.stats_counters = EngineStats()
 
     @classmethod
@@ -98,7 +92,7 @@ class LLMEngine:
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
         children = [
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
-                    sample_index=i, arrival=next(self._arrivals), capture_points=list(capture_points or []))
+                    sample_index=i, capture_points=list(capture_points or []))
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,

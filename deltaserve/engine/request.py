@@ -22,7 +22,6 @@ class Request:
     params: SamplingParams
     max_tokens: int  # resolved: params.max_tokens or what fits in max_model_len
     sample_index: int = 0  # which of the parent's n samples this sequence is
-    arrival: int = 0
     capture_points: list[int] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
@@ -50,10 +49,6 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
 
     def token_at(self, position: int) -> int:
         prompt_len = len(self.prompt_token_ids)

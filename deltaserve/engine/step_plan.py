@@ -56,10 +56,6 @@ class StepPlan:
     captures: list[SnapshotCapture] = field(default_factory=list)
 
     @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
-
-    @property
     def is_decode(self) -> bool:
         return bool(self.chunks) and all(c.num_tokens == 1 for c in self.chunks)
 

@@ -24,7 +24,7 @@ class ForwardBatch:
     block_tables: torch.Tensor  # [B, max_blocks]
     slot_mapping: torch.Tensor  # [T], -1 for padding rows
     state_slots: torch.Tensor  # [B]
-    logits_indices: torch.Tensor  # rows whose logits are sampled
+    logits_indices: torch.Tensor | None  # rows whose logits are sampled (None: every row, as in graphs)
     is_decode: bool
     kv_pool: KVPool | None
     state_pool: StatePool | None

@@ -67,12 +67,13 @@ class Sampler:
 
     def _noise(self, requests: list[Request]) -> torch.Tensor:
         noise = torch.ones(len(requests), self.vocab_size, device=self.device)
-        random_rows = [i for i, r in enumerate(requests) if r.params.temperature > 0]
-        for i in random_rows:
-            r = requests[i]
-            if r.params.seed is None:
-                noise[i].exponential_(generator=self.generator)
-            else:
+        shared = [i for i, r in enumerate(requests) if r.params.temperature > 0 and r.params.seed is None]
+        if shared:  # rows without a seed draw together from the engine's generator
+            rows = torch.tensor(shared, device=self.device)
+            noise[rows] = torch.empty(len(shared), self.vocab_size, device=self.device).exponential_(
+                generator=self.generator)
+        for i, r in enumerate(requests):
+            if r.params.temperature > 0 and r.params.seed is not None:
                 g = torch.Generator(device=self.device)
                 g.manual_seed(row_seed(r.params.seed, r.sample_index, len(r.output_token_ids)))
                 noise[i].exponential_(generator=g)

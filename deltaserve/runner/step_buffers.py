@@ -1,7 +1,7 @@
 """StepBuffers: every device address that a graph-replayed step reads or writes.
 
 The metadata of a step (input ids, positions, sequence lengths, KV slot mapping, state slots, query
-start offsets, logits rows, block tables) lives in buffers allocated once at start-up; a step only
+start offsets, block tables) lives in buffers allocated once at start-up; a step only
 refreshes their contents, so CUDA graphs captured over them stay valid. The 1-D fields are views
 into one device tensor, filled by a single host-to-device copy from a pinned mirror. The pools are
 referenced here too, and the buffers of speculative decoding (draft tokens and per-row verify
@@ -18,7 +18,7 @@ from deltaserve.cache.state_pool import StatePool
 from deltaserve.runner.batch_builder import HostBatch
 from deltaserve.runner.forward_batch import ForwardBatch
 
-FIELDS = ("input_ids", "positions", "seq_lens", "slot_mapping", "state_slots", "logits_indices")
+FIELDS = ("input_ids", "positions", "seq_lens", "slot_mapping", "state_slots")
 
 
 class StepBuffers:
@@ -51,8 +51,7 @@ class StepBuffers:
         padded rows write no KV (slot -1) and update only the spare state slot."""
         n = len(host.input_ids)
         fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0), "seq_lens": (host.seq_lens, 1),
-                "slot_mapping": (host.slot_mapping, -1), "state_slots": (host.state_slots, self.padding_slot),
-                "logits_indices": (range(n), 0)}
+                "slot_mapping": (host.slot_mapping, -1), "state_slots": (host.state_slots, self.padding_slot)}
         for name, (values, pad) in fill.items():
             field = self._host_field(name)
             field[:n] = values
@@ -77,7 +76,7 @@ class StepBuffers:
             block_tables=self.block_tables[:batch_size],
             slot_mapping=self.slot_mapping[:batch_size],
             state_slots=self.state_slots[:batch_size],
-            logits_indices=self.logits_indices[:batch_size],
+            logits_indices=None,  # a graph turns every row into logits
             is_decode=True,
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
