@@ -104,7 +104,12 @@ class Report:
             json.dump(self.data, f, indent=1)
 
 
+ONLY: tuple[str, ...] = ()  # --only: run just the cases whose names start with one of these
+
+
 def run_case(report: Report, name: str, body) -> None:
+    if ONLY and not name.startswith(ONLY):
+        return
     try:
         case = {"name": name}
         case.update(body())
@@ -303,6 +308,7 @@ def moe_sweep(tokens: int, path: str, configs):
                 if not SMOKE:
                     cfg["kernel_us"] = round(time_graph_us(fn), 2)
                     cfg["floor_ratio"] = round(cfg["kernel_us"] / floor_us, 2)
+                    cfg["tflops"] = round(2 * ids.numel() * 3 * MOE_INTER * MOE_HIDDEN / cfg["kernel_us"] / 1e6, 1)
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             res["configs"].append(cfg)
@@ -316,7 +322,12 @@ MOE_DIRECT_TILES = [(16, 256, 4, 3, 8, 512, 4, 2, 2), (16, 256, 4, 1, 8, 512, 4,
                     (16, 128, 4, 4, 8, 256, 4, 4, 2), (8, 512, 4, 3, 8, 512, 4, 1, 3), (8, 256, 4, 3, 8, 256, 4, 4, 2),
                     (16, 512, 8, 2, 16, 512, 8, 2, 2), (32, 128, 4, 3, 16, 128, 4, 2, 2), (8, 128, 2, 4, 4, 512, 2, 2, 2),
                     (16, 256, 4, 3, 16, 256, 4, 4, 2)]
+# triton_moe_experts.SortedTiles: (gate/up BLOCK_N, BLOCK_K, down BLOCK_N, BLOCK_K, BLOCK_M, warps, stages); a
+# shorter tuple keeps the defaults of the size for the rest.
 MOE_SORTED_TILES = [(16, 128, 32, 128), (32, 128, 64, 128), (16, 64, 32, 64), (32, 64, 32, 128), (64, 64, 64, 64)]
+MOE_SORTED_LARGE_TILES = [(64, 64, 64, 64, 64, 4, 3), (64, 64, 64, 64, 128, 8, 3), (128, 64, 128, 64, 128, 8, 3),
+                          (64, 64, 128, 64, 128, 4, 4), (128, 64, 128, 64, 64, 4, 3), (64, 128, 64, 128, 128, 8, 3),
+                          (128, 64, 128, 64, 128, 8, 4), (64, 64, 128, 64, 64, 4, 4), (64, 64, 64, 64, 32, 4, 4)]
 
 
 def store_kv_case(tokens):
@@ -613,7 +624,10 @@ def main():
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--out", default="benchmarks/results/kernels_check.json")
     parser.add_argument("--skip-fla", action="store_true")
+    parser.add_argument("--only", default="", help="comma-separated case-name prefixes")
     args = parser.parse_args()
+    global ONLY
+    ONLY = tuple(p for p in args.only.split(",") if p)
     torch.manual_seed(0)
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -659,6 +673,8 @@ def main():
         run_case(report, f"moe_direct_tiles_T{tokens}", moe_sweep(tokens, "direct", MOE_DIRECT_TILES))
     for tokens in (64, 128):
         run_case(report, f"moe_sorted_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_TILES))
+    for tokens in (8, 16) if SMOKE else (64, 2048, 8192):
+        run_case(report, f"moe_sorted_large_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_LARGE_TILES))
     run_case(report, "paged_attention_prefill_tiles", attention_sweep(40 if SMOKE else 2048))
     for impl in ("triton", "triton_tf32x3", "recurrent"):
         run_case(report, f"gdn_prefill_{impl}_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", impl))

@@ -12,6 +12,8 @@ The k rows of each token are then summed in fp32 in a fixed order: no atomics, s
 across runs (a prefix-cache hit must reproduce a miss bit for bit).
 """
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -127,6 +129,21 @@ def _moe_down_kernel(
                  mask=mask_m[:, None] & mask_n[None, :])
 
 
+class SortedTiles(NamedTuple):
+    gate_n: int  # gate/up kernel: intermediate columns per program
+    gate_k: int  # hidden columns per step
+    down_n: int  # down kernel: output columns per program
+    down_k: int  # intermediate columns per step
+    block_m: int  # pairs per block (one expert's run is cut into blocks of this many)
+    warps: int
+    stages: int
+
+
+# From the H200 sweeps in benchmarks/results/kernels_check.json (moe_sorted_tiles_T*).
+SMALL_TILES = SortedTiles(32, 128, 64, 128, 16, 4, 3)  # a few pairs per expert
+LARGE_TILES = SortedTiles(64, 64, 64, 64, 64, 4, 3)
+
+
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
     """(order, offsets [E+1], block_start [E+1], max_blocks) for the flattened (token, choice) pairs."""
     flat = ids.flatten()
@@ -146,8 +163,8 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
     """Same contract as the reference: x [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; weights/ids [T, k].
 
     path: "direct" (unsorted, per pair) or "sorted" (grouped GEMM); by default direct up to
-    DIRECT_MAX_PAIRS pairs. tiles overrides the chosen path's tiles: for "sorted" (gate/up BLOCK_N,
-    gate/up BLOCK_K, down BLOCK_N, down BLOCK_K), for "direct" see triton_moe_direct.DEFAULT_TILES."""
+    DIRECT_MAX_PAIRS pairs. tiles overrides the chosen path's tiles (a prefix of them): for "sorted"
+    see SortedTiles, for "direct" see triton_moe_direct.DirectTiles."""
     if path is None:
         path = "direct" if ids.numel() <= DIRECT_MAX_PAIRS else "sorted"
     if path == "direct":
@@ -156,7 +173,7 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
 
 
 def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                       ids: torch.Tensor, tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                       ids: torch.Tensor, tiles: tuple[int, ...] | None = None) -> torch.Tensor:
     x = x if x.stride(-1) == 1 else x.contiguous()
     tokens, hidden = x.shape
     experts, inter_size = w13.shape[0], w13.shape[1] // 2
@@ -166,28 +183,22 @@ def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
     assert w13.stride(-1) == 1 and w2.stride(-1) == 1
     pairs = tokens * top_k
     small = pairs <= 2 * experts  # decode-sized: a few pairs per expert
-    block_m = 16 if small else 64
+    default = SMALL_TILES if small else LARGE_TILES
+    gu_n, gu_k, dn_n, dn_k, block_m, warps, stages = SortedTiles(*tiles, *default[len(tiles):]) if tiles else default
     order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
     flat_weights = weights.reshape(-1).contiguous()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     block_e = triton.next_power_of_2(experts + 1)
     inter = torch.empty((pairs, inter_size), dtype=x.dtype, device=x.device)
-    # Tiles from the H200 sweep in benchmarks/results/kernels_check.json (moe_tiles_T*).
-    bn, bk = (32, 128) if small else (64, 64)
-    if tiles:
-        bn, bk = tiles[0], tiles[1]
-    _moe_gate_up_kernel[(max_blocks, triton.cdiv(inter_size, bn))](
+    _moe_gate_up_kernel[(max_blocks, triton.cdiv(inter_size, gu_n))](
         x, w13, order, offsets, block_start, inter, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
         EXPERTS=experts, BLOCK_E=block_e, TOP_K=top_k, HIDDEN=hidden, INTER=inter_size,
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=4, num_stages=3,
+        BLOCK_M=block_m, BLOCK_N=gu_n, BLOCK_K=gu_k, PRECISION=precision, num_warps=warps, num_stages=stages,
     )
     y = torch.empty((pairs, hidden), dtype=x.dtype, device=x.device)
-    bn, bk = (64, 128) if small else (64, 64)
-    if tiles:
-        bn, bk = tiles[2], tiles[3]
-    _moe_down_kernel[(max_blocks, triton.cdiv(hidden, bn))](
+    _moe_down_kernel[(max_blocks, triton.cdiv(hidden, dn_n))](
         inter, w2, flat_weights, order, offsets, block_start, y, inter.stride(0), w2.stride(0), w2.stride(1),
         y.stride(0), EXPERTS=experts, BLOCK_E=block_e, HIDDEN=hidden, INTER=inter_size,
-        BLOCK_M=block_m, BLOCK_N=bn, BLOCK_K=bk, PRECISION=precision, num_warps=4, num_stages=3,
+        BLOCK_M=block_m, BLOCK_N=dn_n, BLOCK_K=dn_k, PRECISION=precision, num_warps=warps, num_stages=stages,
     )
     return torch.sum(y.view(tokens, top_k, hidden), dim=1, dtype=torch.float32).to(x.dtype)

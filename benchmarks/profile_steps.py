@@ -1,0 +1,157 @@
+"""Where a step's time goes, on one GPU, random weights in a real shape.
+
+    python benchmarks/profile_steps.py qwen3.5-35b-a3b --out benchmarks/results/profile_SHAPE.json
+
+1. Every engine step of a prefix-cache follow-up turn (the scenario of prefix_cache_bench.py), warm
+   and cold: the chunks it ran and its wall time; then the CUDA kernels of each turn, by total time.
+2. Decode at a few concurrencies: the engine's wall time per step against the replay of the step's
+   CUDA graph alone (what the host adds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from benchmarks import results_io  # noqa: E402
+from benchmarks.prefix_cache_bench import _warm_up, prefill  # noqa: E402
+from benchmarks.shapes import write_shape  # noqa: E402
+from deltaserve.engine.llm_engine import LLMEngine  # noqa: E402
+from deltaserve.sampling_params import SamplingParams  # noqa: E402
+
+
+class StepLog:
+    """Wraps the runner's execute: the chunks of each step and its wall time (synchronised)."""
+
+    def __init__(self, engine: LLMEngine):
+        self.steps: list[dict] = []
+        runner = engine.runner
+        inner = runner.execute
+
+        def execute(plan):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            result = inner(plan)
+            torch.cuda.synchronize()
+            self.steps.append({"chunks": [(c.start, c.count) for c in plan.chunks], "decode": plan.is_decode,
+                               "ms": round((time.perf_counter() - start) * 1e3, 2)})
+            return result
+
+        runner.execute = execute
+
+    def take(self) -> list[dict]:
+        steps, self.steps = self.steps, []
+        return steps
+
+
+def kernel_table(fn, rows: int = 18) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events if e.device_type.name == "CUDA")
+    table = [{"name": e.key[:90], "calls": e.count, "ms": round(e.device_time_total / 1e3, 3)}
+             for e in events if e.device_type.name == "CUDA"][:rows]
+    return [{"name": "ALL KERNELS", "calls": sum(e.count for e in events if e.device_type.name == "CUDA"),
+             "ms": round(total / 1e3, 3)}] + table
+
+
+def follow_up(engine: LLMEngine, log: StepLog, tokens, history_len: int) -> dict:
+    history = tokens(history_len)
+    _, (turn1,) = prefill(engine, [history], 64)
+    follow = history + turn1.outputs[0].token_ids + tokens(64)
+    log.take()
+    warm_s, _ = prefill(engine, [follow])
+    warm_steps = log.take()
+    engine.reset_prefix_cache()
+    cold_s, _ = prefill(engine, [follow])
+    cold_steps = log.take()
+    out = {"warm_s": round(warm_s, 4), "warm_steps": warm_steps, "cold_s": round(cold_s, 4), "cold_steps": cold_steps}
+    # The same two turns under the profiler (the cache now holds the cold run's blocks and snapshots).
+    engine.reset_prefix_cache()
+    _, (turn1,) = prefill(engine, [history], 64)
+    out["warm_kernels"] = kernel_table(lambda: prefill(engine, [follow]))
+    engine.reset_prefix_cache()
+    out["cold_kernels"] = kernel_table(lambda: prefill(engine, [follow]))
+    log.take()
+    return out
+
+
+def decode_overhead(engine: LLMEngine, tokens, concurrency: int, steps: int = 48) -> dict:
+    params = SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True, detokenize=False)
+    for i in range(concurrency):
+        engine.add_request(f"d{concurrency}-{i}-{time.monotonic_ns()}", tokens(128), params)
+    engine.step()
+    for _ in range(4):
+        engine.step(final_only=True)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.step(final_only=True)
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) * 1e3 / steps
+    graphs = engine.runner.graphs
+    graph = graphs.graphs[graphs.rung(concurrency)]
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(steps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    replay_ms = begin.elapsed_time(end) / steps
+    while engine.has_unfinished_requests():
+        engine.step(final_only=True)
+    return {"concurrency": concurrency, "step_wall_ms": round(wall_ms, 3), "graph_replay_ms": round(replay_ms, 3),
+            "host_ms": round(wall_ms - replay_ms, 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", nargs="?", default="qwen3.5-35b-a3b")
+    ap.add_argument("--history", type=int, default=8192)
+    ap.add_argument("--concurrency", default="1,8,64,128")
+    ap.add_argument("--no-prefix", action="store_true")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    directory = write_shape(args.shape, tempfile.mkdtemp())
+    engine = LLMEngine.from_args(directory, load_format="dummy", max_num_seqs=128, max_model_len=16384,
+                                 max_num_batched_tokens=8192)
+    rng = random.Random(0)
+    vocab = engine.model_config.vocab_size
+    tokens = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731
+    result = {**results_io.header(), "shape": args.shape}
+    log = StepLog(engine)
+    if not args.no_prefix:
+        _warm_up(engine, tokens, args.history)
+        log.take()
+        result["follow_up"] = follow_up(engine, log, tokens, args.history)
+        print({k: v for k, v in result["follow_up"].items() if "kernels" not in k}, flush=True)
+        for key in ("warm_kernels", "cold_kernels"):
+            print(key)
+            for row in result["follow_up"][key]:
+                print(f"  {row['ms']:9.3f} ms {row['calls']:6d}  {row['name']}")
+        results_io.write(args.out, result)
+    engine.reset_prefix_cache()
+    result["decode"] = []
+    for c in (int(c) for c in args.concurrency.split(",")):
+        decode_overhead(engine, tokens, c, steps=8)  # warm-up
+        log.take()
+        result["decode"].append(decode_overhead(engine, tokens, c))
+        log.take()
+        print(result["decode"][-1], flush=True)
+    results_io.write(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
