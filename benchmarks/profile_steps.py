@@ -41,7 +41,8 @@ class StepLog:
             start = time.perf_counter()
             result = inner(plan)
             torch.cuda.synchronize()
-            self.steps.append({"chunks": [(c.start, c.count) for c in plan.chunks], "decode": plan.is_decode,
+            self.steps.append({"chunks": [(c.start, c.num_tokens) for c in plan.chunks][:4], "decode": plan.is_decode,
+                               "captures": len(plan.captures), "restores": len(plan.restores),
                                "ms": round((time.perf_counter() - start) * 1e3, 2)})
             return result
 
