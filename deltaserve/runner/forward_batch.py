@@ -13,6 +13,7 @@ import torch
 
 from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.state_pool import StatePool
+from deltaserve.kernels.capture_rows import CaptureRows
 
 
 @dataclass
@@ -29,7 +30,7 @@ class ForwardBatch:
     kv_pool: KVPool | None
     state_pool: StatePool | None
     # (row, snapshot slot): GDN states to copy out after that row (prefix caching)
-    capture_rows: list[tuple[int, int]] = field(default_factory=list)
+    capture_rows: CaptureRows | list = field(default_factory=list)
     snapshot_pool: StatePool | None = None
     # Host copy of query_start_loc when every sequence starts at position 0 in this step and the
     # chunks are long: attention then runs over the chunk itself (dense FlashAttention).

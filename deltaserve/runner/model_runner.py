@@ -10,6 +10,7 @@ from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.cache.state_pool import StatePool
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
+from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.models.decoder import DecoderLM
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_block_tables, to_device
 from deltaserve.runner.cuda_graphs import DecodeGraphs
@@ -60,7 +61,7 @@ class ModelRunner:
             batch = self.to_forward_batch(host, plan.is_decode)
             capture_rows = mid_chunk_capture_rows(plan) if self.snapshots is not None else []
             if capture_rows:  # the GDN kernels save these states as they pass the rows
-                batch.capture_rows, batch.snapshot_pool = capture_rows, self.snapshots
+                batch.capture_rows, batch.snapshot_pool = CaptureRows(capture_rows), self.snapshots
             hidden = self.model(batch.input_ids, batch)
             self._save_snapshots(plan)
             prompt_logprobs = self._prompt_logprobs(plan, host, hidden)

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deltaserve.kernels.capture_rows import as_capture_rows
+
 
 @triton.jit
 def _history(x, conv_state, state_base, end_row, start, channels, mask_c, stride_x, stride_s_c,
@@ -147,10 +149,9 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_r
     out = torch.empty((tokens, channels), dtype=x.dtype, device=x.device)
     if tokens == 0 or seqs == 0:
         return out
-    captures = list(capture_rows or ()) if conv_snapshots is not None else []
+    captures = as_capture_rows(capture_rows) if conv_snapshots is not None else ()
     if captures:
-        cap_rows = torch.tensor([r for r, _ in captures], dtype=torch.int32).to(x.device)
-        cap_slots = torch.tensor([s for _, s in captures], dtype=torch.int32).to(x.device)
+        cap_rows, cap_slots = captures.all_pairs(x.device)
         snaps = conv_snapshots
     else:
         cap_rows = cap_slots = state_slots

@@ -29,6 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deltaserve.kernels.capture_rows import as_capture_rows
+
 CHUNK = 64
 
 
@@ -280,20 +282,9 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def capture_tables(capture_rows, query_start_loc: torch.Tensor):
-    """capture_rows [(row, snapshot slot)] as device tensors over their distinct rows, sorted: (rows,
-    snapshot slots, the first capture of each sequence), and the (slot, copy-from slot) pairs of rows
-    captured more than once."""
-    first_slot: dict[int, int] = {}
-    repeats = []
-    for row, slot in capture_rows:
-        if row in first_slot:
-            repeats.append((slot, first_slot[row]))
-        else:
-            first_slot[row] = slot
-    rows = sorted(first_slot)
-    device = query_start_loc.device
-    rows_t = torch.tensor(rows, dtype=torch.int32).to(device, non_blocking=True)
-    snaps_t = torch.tensor([first_slot[r] for r in rows], dtype=torch.int32).to(device, non_blocking=True)
+    """(rows, snapshot slots) over the distinct captured rows, sorted; the first capture of each
+    sequence; and the (slot, copy-from slot) pairs of rows captured more than once."""
+    rows_t, snaps_t, repeats = as_capture_rows(capture_rows).distinct_rows(query_start_loc.device)
     first = torch.searchsorted(rows_t, query_start_loc[:-1].to(torch.int32), out_int32=True)
     return rows_t, snaps_t, first, repeats
 

@@ -1,0 +1,60 @@
+"""A step's mid-chunk snapshot captures, as the GDN kernels read them.
+
+The pairs (row of the flat batch, snapshot slot) are known on the host when the step is planned. Every
+GDN layer of the step needs the same device tables, so they are built once, on first use, with one
+copy from pinned memory: a copy from ordinary (pageable) host memory waits for the GPU to finish
+everything queued before it, and one per layer would hold the host back at every layer."""
+
+from __future__ import annotations
+
+import torch
+
+
+class CaptureRows:
+    def __init__(self, pairs):
+        self.pairs = [(int(row), int(slot)) for row, slot in pairs]
+        self._first_slot: dict[int, int] = {}  # row -> slot of its first capture
+        self._repeats: list[tuple[int, int]] = []  # (slot, copy-from slot) of rows captured again
+        for row, slot in self.pairs:
+            if row in self._first_slot:
+                self._repeats.append((slot, self._first_slot[row]))
+            else:
+                self._first_slot[row] = slot
+        self._tables: dict = {}
+
+    def __iter__(self):
+        return iter(self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def _on(self, device: torch.device) -> torch.Tensor:
+        """[4, n] int32 on `device`: every pair's row and slot (conv1d), then the distinct rows, sorted,
+        and the slot of each one's first capture (GDN; padded to n)."""
+        key = str(device)
+        if key not in self._tables:
+            first_slot = self._first_slot
+            distinct = sorted(first_slot)
+            n = len(self.pairs)
+            host = torch.zeros((4, n), dtype=torch.int32, pin_memory=device.type == "cuda")
+            if n:
+                host[0] = torch.tensor([r for r, _ in self.pairs], dtype=torch.int32)
+                host[1] = torch.tensor([s for _, s in self.pairs], dtype=torch.int32)
+                host[2, : len(distinct)] = torch.tensor(distinct, dtype=torch.int32)
+                host[3, : len(distinct)] = torch.tensor([first_slot[r] for r in distinct], dtype=torch.int32)
+            self._tables[key] = (host.to(device, non_blocking=True), len(distinct))
+        return self._tables[key]
+
+    def all_pairs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        table, _ = self._on(device)
+        return table[0], table[1]
+
+    def distinct_rows(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+        """(rows, snapshot slots) over the distinct rows, sorted, and the (slot, copy-from slot) pairs of
+        rows captured more than once."""
+        table, count = self._on(device)
+        return table[2, :count], table[3, :count], self._repeats
+
+
+def as_capture_rows(capture_rows) -> CaptureRows:
+    return capture_rows if isinstance(capture_rows, CaptureRows) else CaptureRows(capture_rows or ())
