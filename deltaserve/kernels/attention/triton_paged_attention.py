@@ -7,8 +7,8 @@ table; an online softmax (base 2) carries the running max and sum. Nothing is re
 the launch can be captured in a CUDA graph: the tile count is bounded by the largest possible q_len,
 `T - B + 1`, and tiles past a sequence's rows return at once.
 
-At decode sizes (one tile per sequence) a few sequences would leave most of the GPU idle, so the
-keys are split into `splits` ranges (flash-decoding): each program writes its range's normalised
+Where there are few programs (decode, or a short chunk over a long cached prefix) most of the GPU
+would sit idle, so the keys are split into `splits` ranges (flash-decoding): each program writes its range's normalised
 output and log-sum-exp, and a second kernel merges the ranges.
 """
 
@@ -122,9 +122,11 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         block_n = 64 if head_dim <= 128 else 32
     tiles = triton.cdiv(max_rows, block_m)
     if splits is None:
-        # Split the keys only where one tile per (sequence, KV head) leaves the SMs idle.
+        # Split the keys only where the (sequence, KV head, tile) programs leave the SMs idle: decode, and
+        # short chunks over a long cached prefix (a prefix-cache hit), which would otherwise walk the
+        # whole prefix in a few programs.
         programs = seqs * kv_heads * tiles
-        splits = 1 if tiles > 1 or programs >= 128 else min(16, triton.next_power_of_2(triton.cdiv(256, programs)))
+        splits = 1 if programs >= 128 else min(16, triton.next_power_of_2(triton.cdiv(256, programs)))
     block_d = triton.next_power_of_2(head_dim)
     if splits > 1:
         target = torch.empty((tokens, q_heads, splits, block_d), dtype=torch.float32, device=q.device)
