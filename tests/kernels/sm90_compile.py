@@ -71,10 +71,10 @@ def cases():
     from deltaserve.kernels.moe import triton_moe_route as route
 
     bf16 = "*bf16"
-    moe = dict(TOP_K=8, HIDDEN=2048, INTER=512)
+    moe = dict(TOP_K=9, HIDDEN=2048, INTER=512)  # top-8 and the stacked shared expert
     tiles = direct.DEFAULT_TILES
     yield ("moe_route", route._moe_route_kernel, {"logits": bf16, "ids": "*i64"},
-           dict(EXPERTS=256, TOP_K=8, BLOCK_E=256, BLOCK_K=8, RENORMALIZE=True), 2, 1)
+           dict(EXPERTS=256, TOP_K=8, CHOICES=9, BLOCK_E=256, BLOCK_K=16, RENORMALIZE=True, SHARED_GATE=True), 2, 1)
     yield ("moe_direct_gate_up", direct._direct_gate_up_kernel, {"x": bf16, "w13": bf16, "ids": "*i64"},
            dict(moe, BLOCK_N=tiles.gate_n, BLOCK_K=tiles.gate_k, STAGES=tiles.gate_stages), tiles.gate_warps,
            tiles.gate_stages)

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from deltaserve.kernels.activation.reference import silu_and_mul
 from deltaserve.kernels.moe import reference
 from deltaserve.kernels.moe.triton_moe_direct import DirectTiles
 from deltaserve.kernels.moe.triton_moe_experts import moe_experts
@@ -25,6 +26,24 @@ def test_route_ties_go_to_the_lowest_expert():
     weights, ids = moe_route(logits, 4, False)
     assert ids.tolist() == [[1, 3, 0, 2]]
     assert weights[0, 0] == weights[0, 1] and weights[0, 2] == weights[0, 3]
+
+
+# no renormalisation; top-8 of 64 (a BLOCK_K of 16 slots); a strided row as the padded input GEMM gives it
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("experts,top_k,row", [(10, 3, 11), (64, 8, 72), (6, 1, 16)])
+def test_route_with_shared_gate(renormalize, experts, top_k, row):
+    projected = torch.randn(7, row) * 3
+    logits = projected[:, : experts + 1]
+    weights, ids = moe_route(logits, top_k, renormalize, shared_gate=True)
+    expected_weights, expected_ids = reference.moe_route(logits, top_k, renormalize, shared_gate=True)
+    assert ids.shape == (7, top_k + 1)
+    assert torch.equal(ids, expected_ids)
+    assert_close(weights, expected_weights)
+    # The reference's meaning: the routed choices as without the gate, then expert E at sigmoid(gate).
+    routed_weights, routed_ids = reference.moe_route(logits[:, :experts], top_k, renormalize)
+    assert torch.equal(expected_ids[:, :top_k], routed_ids) and (expected_ids[:, top_k] == experts).all()
+    assert torch.equal(expected_weights[:, :top_k], routed_weights)
+    assert_close(expected_weights[:, top_k], torch.sigmoid(logits[:, experts]))
 
 
 def _experts_inputs(tokens, experts, hidden, inter, top_k, hot=False):
@@ -90,3 +109,28 @@ def test_align_pairs_blocks():
     assert block_start.tolist() == [0, 2, 2, 3, 3, 5, 5]
     assert max_blocks >= 5
     assert torch.equal(ids.flatten()[order], ids.flatten().sort(stable=True).values)
+
+
+def _shared_experts_inputs(tokens, experts, hidden, inter, top_k):
+    """Routed experts with the shared expert stacked as expert E, routed by a gate column."""
+    x = torch.randn(tokens, hidden)
+    w13 = torch.randn(experts + 1, 2 * inter, hidden) * 0.2
+    w2 = torch.randn(experts + 1, hidden, inter) * 0.2
+    logits = torch.randn(tokens, experts + 1)
+    weights, ids = reference.moe_route(logits, top_k, True, shared_gate=True)
+    return x, w13, w2, weights, ids, logits[:, experts:]
+
+
+# decode sizes (direct); the sorted path with a few and many pairs per expert
+@pytest.mark.parametrize("tokens,experts,path", [(1, 6, "direct"), (5, 6, "direct"), (3, 6, "sorted"),
+                                                 (60, 6, "sorted"), (150, 2, "sorted")])
+def test_experts_run_the_stacked_shared_expert(tokens, experts, path):
+    hidden, inter, top_k = 40, 24, 2
+    x, w13, w2, weights, ids, gate = _shared_experts_inputs(tokens, experts, hidden, inter, top_k)
+    out = moe_experts(x, w13, w2, weights, ids, path=path)
+    assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
+    # The same as the routed experts plus the sigmoid-gated shared MLP computed on its own.
+    routed = reference.moe_experts(x, w13[:experts], w2[:experts], weights[:, :top_k], ids[:, :top_k])
+    shared = silu_and_mul(x @ w13[experts].T) @ w2[experts].T
+    assert_close(out, routed + torch.sigmoid(gate) * shared)
+

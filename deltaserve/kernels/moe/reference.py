@@ -5,12 +5,23 @@ import torch
 from deltaserve.kernels.activation.reference import silu_and_mul
 
 
-def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over experts, keep the top k; renormalised to sum 1 when asked. Returns (weights fp32, ids)."""
-    probs = torch.softmax(router_logits.float(), dim=-1)
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+              shared_gate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over experts, keep the top k; renormalised to sum 1 when asked. Returns (weights fp32, ids).
+
+    shared_gate: the last column is the shared expert's gate logit, not a router logit. The shared
+    expert is then stacked after the E routed ones, so every token gets a (k+1)-th choice: expert E
+    with weight sigmoid(gate), never renormalised with the others."""
+    logits = router_logits.float()
+    if shared_gate:
+        logits, gate = logits[:, :-1], logits[:, -1:]
+    probs = torch.softmax(logits, dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
+    if shared_gate:
+        weights = torch.cat([weights, torch.sigmoid(gate)], dim=-1)
+        ids = torch.cat([ids, torch.full_like(ids[:, :1], logits.shape[-1])], dim=-1)
     return weights, ids
 
 

@@ -3,7 +3,11 @@ renormalised to sum 1 when asked. One program per token.
 
 Each pick is one max-reduction over packed keys: a probability's bits (non-negative floats order like
 their integer bits) in the high word and the reversed expert index in the low word, so equal
-probabilities go to the lowest index, as before, without a second reduction to find it."""
+probabilities go to the lowest index, as before, without a second reduction to find it.
+
+With a shared gate the logits' last column is the shared expert's gate: the token gets one more
+choice, expert E (stacked after the routed ones) weighted by sigmoid(gate), so the experts kernels
+run the shared expert with the routed ones (see the reference)."""
 
 import torch
 import triton
@@ -12,7 +16,8 @@ import triton.language as tl
 
 @triton.jit
 def _moe_route_kernel(logits, weights, ids, stride_l, EXPERTS: tl.constexpr, TOP_K: tl.constexpr,
-                      BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+                      CHOICES: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                      RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     valid = offs < EXPERTS
@@ -31,20 +36,26 @@ def _moe_route_kernel(logits, weights, ids, stride_l, EXPERTS: tl.constexpr, TOP
     top_i = (BLOCK_E - 1) - (top_key & (BLOCK_E - 1))
     if RENORMALIZE:
         top_p = top_p / tl.sum(tl.where(slots < TOP_K, top_p, 0.0), 0)
-    tl.store(weights + token * TOP_K + slots, top_p, mask=slots < TOP_K)
-    tl.store(ids + token * TOP_K + slots, top_i, mask=slots < TOP_K)
+    if SHARED_GATE:  # choice k: the shared expert (id EXPERTS), after the renormalisation
+        gate = tl.load(logits + token * stride_l + EXPERTS).to(tl.float32)
+        top_p = tl.where(slots == TOP_K, 1.0 / (1.0 + tl.exp(-gate)), top_p)
+        top_i = tl.where(slots == TOP_K, EXPERTS, top_i)
+    tl.store(weights + token * CHOICES + slots, top_p, mask=slots < CHOICES)
+    tl.store(ids + token * CHOICES + slots, top_i, mask=slots < CHOICES)
 
 
-def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, shared_gate: bool = False,
               num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
-    tokens, experts = logits.shape
-    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((tokens, top_k), dtype=torch.int64, device=logits.device)
+    tokens, columns = logits.shape
+    experts = columns - 1 if shared_gate else columns
+    choices = top_k + 1 if shared_gate else top_k
+    weights = torch.empty((tokens, choices), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((tokens, choices), dtype=torch.int64, device=logits.device)
     if tokens:
         _moe_route_kernel[(tokens,)](
-            logits, weights, ids, logits.stride(0), EXPERTS=experts, TOP_K=top_k,
-            BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(top_k),
-            RENORMALIZE=renormalize, num_warps=num_warps or (2 if experts >= 256 else 1),
+            logits, weights, ids, logits.stride(0), EXPERTS=experts, TOP_K=top_k, CHOICES=choices,
+            BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(choices),
+            RENORMALIZE=renormalize, SHARED_GATE=shared_gate, num_warps=num_warps or (2 if experts >= 256 else 1),
         )
     return weights, ids
