@@ -81,6 +81,7 @@ def cases():
     yield ("moe_direct_down", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": bf16},
            dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll, STAGES=tiles.down_stages),
            tiles.down_warps, tiles.down_stages)
+    yield from _sorted_moe_cases(moe)
 
     from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
 
@@ -107,6 +108,23 @@ def cases():
            {n: bf16 for n in ("mixed", "z", "a", "b", "conv_weight", "conv_state", "norm_weight", "out")}
            | {"state_slots": "*i32", "eps": "fp32"},
            dict(HK=16, HV=32, DK=128, DV=128, K=4, BK=128, BV=128, BLOCK_K=4), 8, 1)
+
+
+def _sorted_moe_cases(moe: dict):
+    from deltaserve.kernels.moe import triton_moe_experts as sorted_moe
+
+    bf16 = "*bf16"
+    ints = {"order": "*i64", "offsets": "*i32", "block_start": "*i32"}
+    experts = dict(moe, EXPERTS=257, BLOCK_E=512, PRECISION="tf32")
+    for size in ("SMALL", "MEDIUM", "LARGE"):
+        t = getattr(sorted_moe, f"{size}_TILES")
+        yield (f"moe_sorted_gate_up_{size.lower()}", sorted_moe._moe_gate_up_kernel,
+               dict(ints, x=bf16, w13=bf16, inter=bf16),
+               dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.gate_n, BLOCK_K=t.gate_k), t.warps, t.stages)
+        yield (f"moe_sorted_down_{size.lower()}", sorted_moe._moe_down_kernel,
+               dict(ints, inter=bf16, w2=bf16, y=bf16),
+               {k: v for k, v in dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.down_n, BLOCK_K=t.down_k).items()
+                if k != "TOP_K"}, t.warps, t.stages)
 
 
 def main():

@@ -121,7 +121,7 @@ def _shared_experts_inputs(tokens, experts, hidden, inter, top_k):
     return x, w13, w2, weights, ids, logits[:, experts:]
 
 
-# decode sizes (direct); the sorted path with a few and many pairs per expert
+# decode sizes (direct); the sorted path with its small, medium and large tiles
 @pytest.mark.parametrize("tokens,experts,path", [(1, 6, "direct"), (5, 6, "direct"), (3, 6, "sorted"),
                                                  (60, 6, "sorted"), (150, 2, "sorted")])
 def test_experts_run_the_stacked_shared_expert(tokens, experts, path):
@@ -134,3 +134,11 @@ def test_experts_run_the_stacked_shared_expert(tokens, experts, path):
     shared = silu_and_mul(x @ w13[experts].T) @ w2[experts].T
     assert_close(out, routed + torch.sigmoid(gate) * shared)
 
+
+def test_sorted_tiles_by_pairs_per_expert():
+    from deltaserve.kernels.moe.triton_moe_experts import LARGE_TILES, MEDIUM_TILES, SMALL_TILES, default_tiles
+
+    experts = 257  # 256 routed and a stacked shared expert
+    assert default_tiles(32 * 9, experts) == SMALL_TILES
+    assert default_tiles(2048 * 9, experts) == MEDIUM_TILES
+    assert default_tiles(8192 * 9, experts) == LARGE_TILES

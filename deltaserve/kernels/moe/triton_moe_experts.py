@@ -20,7 +20,12 @@ import triton.language as tl
 
 from deltaserve.kernels.moe.triton_moe_direct import moe_experts_direct
 
-# Up to this many (token, choice) pairs the unsorted path runs (decode batches up to 32 tokens at top-8).
+# Up to this many (token, choice) pairs the unsorted path runs. Each pair streams its expert's weights
+# through the SMs (from L2 when another pair read them just before), so the limit counts pairs: 32
+# tokens at top-8. With the shared expert stacked as one more choice it is 28 tokens (graph rungs up
+# to 24): the shared expert adds a pair per token to the direct path but only an expert's blocks to the
+# sorted one. At top-8 alone the paths crossed between 16 and 32 tokens on the H200 (kernels_check
+# moe_T16: direct 172 us, sorted 175; moe_T32: 311 against 291).
 DIRECT_MAX_PAIRS = 256
 
 
@@ -139,9 +144,20 @@ class SortedTiles(NamedTuple):
     stages: int
 
 
-# From the H200 sweeps in benchmarks/results/kernels_check.json (moe_sorted_tiles_T*).
+# From the H200 sweeps of benchmarks/kernels_check.py: moe_sorted_tiles_T* for the small tiles,
+# moe_sorted_large_tiles_T* for the others. At 8192 tokens x top-8 over 256 experts the large tiles
+# took 1.49 ms against 1.82 ms for the medium ones; at 2048 tokens every config measured about the
+# same (~690 us), so the large tiles start at 128 pairs per expert on average.
 SMALL_TILES = SortedTiles(32, 128, 64, 128, 16, 4, 3)  # a few pairs per expert
-LARGE_TILES = SortedTiles(64, 64, 64, 64, 64, 4, 3)
+MEDIUM_TILES = SortedTiles(64, 64, 64, 64, 64, 4, 3)
+LARGE_TILES = SortedTiles(128, 64, 128, 64, 128, 8, 3)
+LARGE_MIN_PAIRS_PER_EXPERT = 128
+
+
+def default_tiles(pairs: int, experts: int) -> SortedTiles:
+    if pairs <= 2 * experts:  # decode-sized: a few pairs per expert
+        return SMALL_TILES
+    return LARGE_TILES if pairs >= LARGE_MIN_PAIRS_PER_EXPERT * experts else MEDIUM_TILES
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
@@ -182,8 +198,7 @@ def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
         return torch.zeros_like(x)
     assert w13.stride(-1) == 1 and w2.stride(-1) == 1
     pairs = tokens * top_k
-    small = pairs <= 2 * experts  # decode-sized: a few pairs per expert
-    default = SMALL_TILES if small else LARGE_TILES
+    default = default_tiles(pairs, experts)
     gu_n, gu_k, dn_n, dn_k, block_m, warps, stages = SortedTiles(*tiles, *default[len(tiles):]) if tiles else default
     order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
     flat_weights = weights.reshape(-1).contiguous()
