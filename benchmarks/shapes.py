@@ -56,8 +56,10 @@ def weight_bytes(model) -> dict:
         size = p.numel() * p.element_size()
         if name == "embed_tokens":
             embed += size
-        elif name.endswith(("w13", "w2")):
-            experts += size
+        elif name.endswith(("w13", "w2")):  # a stacked shared expert (the last one) is read every step
+            routed = size * model.config.num_experts // p.shape[0]
+            experts += routed
+            dense += size - routed
         else:
             dense += size
     if model.config.tie_word_embeddings:

@@ -49,8 +49,10 @@ def _gdn(**overrides) -> dict:
                  linear_value_head_dim=16, linear_conv_kernel_dim=4, **overrides)
 
 
-def _moe() -> dict:
-    return dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+def _moe(shared_size: int) -> dict:
+    """shared_size equal to the experts' 32 stacks the shared expert with them; any other runs it apart."""
+    return dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                shared_expert_intermediate_size=shared_size)
 
 
 def build_model(arch: str, **overrides):
@@ -63,12 +65,12 @@ def build_model(arch: str, **overrides):
     if arch == "qwen3":
         return tf.Qwen3ForCausalLM(tf.Qwen3Config(**_base(**overrides)))
     if arch == "qwen3-next":
-        cfg = _gdn(**_moe(), decoder_sparse_step=1, mlp_only_layers=[1], **overrides)
+        cfg = _gdn(**_moe(shared_size=48), decoder_sparse_step=1, mlp_only_layers=[1], **overrides)
         return tf.Qwen3NextForCausalLM(tf.Qwen3NextConfig(**cfg))
     if arch == "qwen3.5":
         return tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**_gdn(**overrides)))
     if arch == "qwen3.5-moe":
-        return tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**_gdn(**_moe(), **overrides)))
+        return tf.Qwen3_5MoeForCausalLM(tf.Qwen3_5MoeTextConfig(**_gdn(**_moe(shared_size=32), **overrides)))
     if arch == "qwen3.5-vl":
         text = _gdn(**overrides)
         vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,

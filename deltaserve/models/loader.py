@@ -12,6 +12,7 @@ import torch
 from deltaserve.errors import ShapeMismatchError, WeightLoadError
 from deltaserve.models.config import ModelConfig
 from deltaserve.models.decoder import DecoderLM
+from deltaserve.models.layers.moe import SparseMoE
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ def load_weights(model: DecoderLM, tensors: Iterable[tuple[str, torch.Tensor]]) 
             _load_one(model, config, name, tensor)
         if skipped_vision:
             log.info("skipped %d vision tensors (text generation only)", skipped_vision)
+        _zero_padding(model)
         _check_filled(model)
 
 
@@ -136,6 +138,7 @@ def _unpack_ba(tensor: torch.Tensor, config: ModelConfig, name: str) -> torch.Te
 
 
 EXPERT = re.compile(r"experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+SHARED_EXPERT = re.compile(r"shared_expert\.(gate_proj|up_proj|down_proj)\.weight")
 
 
 def _load_mlp(mlp, config: ModelConfig, rest: str, tensor: torch.Tensor, name: str) -> None:
@@ -148,17 +151,13 @@ def _load_mlp(mlp, config: ModelConfig, rest: str, tensor: torch.Tensor, name: s
 
 
 def _load_moe(moe, config: ModelConfig, rest: str, tensor: torch.Tensor, name: str) -> None:
-    experts, shared, inter = config.num_experts, moe.shared_size, config.moe_intermediate_size
-    in_rows = {  # rows of the fused router / shared-expert input projection
-        "gate.weight": (0, experts),
-        "shared_expert_gate.weight": (experts, experts + 1),
-        "shared_expert.gate_proj.weight": (experts + 1, experts + 1 + shared),
-        "shared_expert.up_proj.weight": (experts + 1 + shared, experts + 1 + 2 * shared),
-    }
-    if rest in in_rows and (shared or rest == "gate.weight"):
-        _copy(moe.in_proj[slice(*in_rows[rest])], tensor, name)
-    elif rest == "shared_expert.down_proj.weight":
-        _copy(_require(moe.shared_down, name), tensor, name)
+    experts, inter, rows = config.num_experts, config.moe_intermediate_size, moe.rows
+    if rest == "gate.weight":
+        _copy(moe.in_proj[rows.router], tensor, name)
+    elif rest == "shared_expert_gate.weight":
+        _copy(moe.in_proj[_require(rows.shared_gate, name)], tensor, name)
+    elif match := SHARED_EXPERT.fullmatch(rest):
+        _copy(_shared_expert_target(moe, match.group(1), name), tensor, name)
     elif match := EXPERT.fullmatch(rest):
         expert, proj = int(match.group(1)), match.group(2)
         if expert >= experts:
@@ -166,12 +165,25 @@ def _load_moe(moe, config: ModelConfig, rest: str, tensor: torch.Tensor, name: s
         target = {"gate_proj": moe.w13[expert, :inter], "up_proj": moe.w13[expert, inter:],
                   "down_proj": moe.w2[expert]}[proj]
         _copy(target, tensor, name)
-    elif rest == "experts.gate_up_proj":
-        _copy(moe.w13, tensor, name)
+    elif rest == "experts.gate_up_proj":  # all routed experts in one tensor; a fused shared expert follows them
+        _copy(moe.w13[:experts], tensor, name)
     elif rest == "experts.down_proj":
-        _copy(moe.w2, tensor, name)
+        _copy(moe.w2[:experts], tensor, name)
     else:
         raise WeightLoadError(f"unexpected MoE tensor {name}")
+
+
+def _shared_expert_target(moe, proj: str, name: str) -> torch.Tensor:
+    """Stacked as expert E when fused (see SparseMoE); otherwise rows of the input GEMM and shared_down."""
+    if moe.fused_shared:
+        shared, inter = moe.num_experts, moe.shared_size
+        return {"gate_proj": moe.w13[shared, :inter], "up_proj": moe.w13[shared, inter:],
+                "down_proj": moe.w2[shared]}[proj]
+    if proj == "down_proj":
+        return _require(moe.shared_down, name)
+    gate_up = moe.in_proj[_require(moe.rows.shared_gate_up, name)]
+    half = moe.shared_size
+    return gate_up[:half] if proj == "gate_proj" else gate_up[half:]
 
 
 def _load_dense(mlp, rest: str, tensor: torch.Tensor, name: str) -> None:
@@ -204,6 +216,13 @@ def _copy(target: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
             f"{name}: checkpoint shape {tuple(tensor.shape)} does not match {tuple(target.shape)} implied by config.json"
         )
     target.copy_(tensor)
+
+
+def _zero_padding(model: DecoderLM) -> None:
+    """Rows that only align a fused GEMM's output have no checkpoint tensor."""
+    for module in model.modules():
+        if isinstance(module, SparseMoE):
+            module.zero_padding()
 
 
 def _check_filled(model: DecoderLM) -> None:

@@ -6,6 +6,7 @@ import math
 import torch
 
 from deltaserve.models.decoder import DecoderLM
+from deltaserve.models.layers.moe import SparseMoE
 
 
 @torch.no_grad()
@@ -22,3 +23,6 @@ def init_random_weights(model: DecoderLM, seed: int = 0, std: float = 0.02) -> N
             param.fill_(0.0 if model.config.norm_offset else 1.0)
         else:
             param.normal_(0.0, std, generator=generator)
+    for module in model.modules():
+        if isinstance(module, SparseMoE):
+            module.zero_padding()  # alignment rows: zero, as a loaded checkpoint has them
