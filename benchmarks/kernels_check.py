@@ -619,6 +619,34 @@ def moe(tokens):
     return body
 
 
+def moe_shared(tokens):
+    """Direct against sorted path with the shared expert stacked as a (k+1)-th choice, as the model runs
+    them when its shared expert has the routed experts' size: where DIRECT_MAX_PAIRS should sit."""
+    from deltaserve.kernels.moe.triton_moe_experts import DIRECT_MAX_PAIRS, moe_experts
+    from deltaserve.kernels.moe.triton_moe_route import moe_route
+
+    def body():
+        x, w13, w2, _, _, _ = moe_inputs(tokens)
+        shared_w13 = torch.randn(1, 2 * MOE_INTER, MOE_HIDDEN, device=DEV, dtype=BF16) * 0.03
+        shared_w2 = torch.randn(1, MOE_HIDDEN, MOE_INTER, device=DEV, dtype=BF16) * 0.03
+        w13, w2 = torch.cat([w13, shared_w13]), torch.cat([w2, shared_w2])
+        logits = torch.randn(tokens, EXPERTS + 1, device=DEV)
+        weights, ids = moe_route(logits, TOP_K, True, shared_gate=True)
+        ew, eids = moe_ref.moe_route(logits, TOP_K, True, shared_gate=True)
+        expected = moe_ref.moe_experts(*f32(x, w13, w2), weights, ids)
+        floor_us = ids.unique().numel() * 3 * MOE_INTER * MOE_HIDDEN * 2 / 4.24e6
+        res = {"shape": f"T={tokens} E={EXPERTS}+1 k={TOP_K}+1", "route_ids_equal": bool(torch.equal(ids, eids)),
+               "rel_err_route": rel_err(weights, ew), "floor_us": round(floor_us, 2),
+               "default_path": "direct" if ids.numel() <= DIRECT_MAX_PAIRS else "sorted"}
+        for path in ("direct", "sorted"):
+            fn = lambda: moe_experts(x, w13, w2, weights, ids, path=path)  # noqa: E731
+            res[f"{path}_rel_err"] = rel_err(fn(), expected)
+            if not SMOKE:
+                res[f"{path}_kernel_us"] = round(time_graph_us(fn), 2)
+        return res
+    return body
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--commit", default="unknown")
@@ -669,6 +697,8 @@ def main():
     run_case(report, f"conv1d_prefill_{big}", conv([big], f"one {big}-token prompt"))
     for tokens in (1, 5) if SMOKE else (1, 2, 4, 8, 16, 32, 64, 128, 2048):
         run_case(report, f"moe_T{tokens}", moe(tokens))
+    for tokens in (1, 5) if SMOKE else (1, 16, 24, 28, 32, 48):
+        run_case(report, f"moe_shared_T{tokens}", moe_shared(tokens))
     for tokens in (1, 8, 32):
         run_case(report, f"moe_direct_tiles_T{tokens}", moe_sweep(tokens, "direct", MOE_DIRECT_TILES))
     for tokens in (64, 128):
