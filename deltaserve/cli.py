@@ -26,6 +26,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssm-snapshot-interval", type=int, default=None,
                    help="save a GDN state snapshot every N prompt tokens (default: 1024)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
+    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,
+                   help="read each step's tokens back before planning the next (default: overlap them)")
 
 
 def _build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,7 @@ class EngineConfig:
     ssm_snapshot_slots: int | None = None  # GDN state snapshots for the prefix cache (default: sized to memory)
     ssm_snapshot_interval: int = 1024  # also save a snapshot every this many prompt tokens
     enforce_eager: bool = False
+    async_scheduling: bool = True  # plan the next decode step while the GPU runs this one
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gib: float = 1.0
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)

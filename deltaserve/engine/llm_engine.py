@@ -75,6 +75,7 @@ class LLMEngine:
         self.runner = loaded.runner
         self._parents: dict[str, ParentRequest] = {}
         self._owner: dict[Request, ParentRequest] = {}
+        self._launched = None  # (plan, LaunchedStep) of a step still running, its tokens not read back
         self.stats_counters = EngineStats()
 
     @classmethod
@@ -139,34 +140,67 @@ class LLMEngine:
         self.scheduler.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._launched is not None
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self, final_only: bool = False) -> list[RequestOutput]:
         """One step. Returns an output per request that progressed, or with final_only only per
-        request that finished (cheaper when nobody streams)."""
+        request that finished (cheaper when nobody streams).
+
+        Asynchronous scheduling: a decode step whose rows sample on the device alone is queued and
+        left running; its tokens are read back during the next call, after that call has queued its
+        own step (planned with the pending tokens as placeholders, which the device fills in). So the
+        host's work of one step overlaps the GPU's work of the other."""
         plan = self.scheduler.schedule()
-        if not plan:
-            return []
-        try:
-            result = self.runner.execute(plan)
-        except Exception:
-            log.exception("step failed; aborting the %d requests it held", len(plan.chunks))
-            return self._fail(plan)
         touched: dict[str, ParentRequest] = {}
+        failed: list[RequestOutput] = []
+        previous, self._launched = self._launched, None
+        if plan and self.config.async_scheduling and self.runner.can_launch(plan):
+            try:
+                launched = self.runner.launch(plan, previous[1] if previous else None)
+            except Exception:
+                log.exception("step failed; aborting the %d requests it held", len(plan.chunks))
+                failed = self._fail(plan)
+            else:
+                self._started(plan)
+                self._launched = (plan, launched)
+            plan = None
+        if previous is not None:
+            self._finish_step(previous[0], previous[1].sampling, previous[1].token_ids(), None, touched)
+        if plan is not None:
+            plan.drop_finished()  # tokens just read back may have stopped some of its requests
+        if plan:
+            try:
+                result = self.runner.execute(plan)
+            except Exception:
+                log.exception("step failed; aborting the %d requests it held", len(plan.chunks))
+                failed += self._fail(plan)
+            else:
+                self._started(plan)
+                self._record_prompt_logprobs(result.prompt_logprobs)
+                self._finish_step(plan, result.sampling, result.tokens, result.logprobs, touched)
+        if final_only:
+            return failed + [self._output(p) for p in touched.values() if p.finished]
+        return failed + [self._output(parent) for parent in touched.values()]
+
+    def _started(self, plan) -> None:
+        """The plan's step is queued: its requests advance, each sampling one a pending token."""
         for request in plan.admitted:
             self.stats_counters.prompt_tokens_total += request.num_prompt_tokens
         for chunk in plan.chunks:
             chunk.request.num_computed_tokens = chunk.end
-        self.scheduler.step_done(plan)  # caches what the step computed, before any request finishes
-        self._record_prompt_logprobs(result.prompt_logprobs)
-        for i, (chunk, token) in enumerate(zip(result.sampling, result.tokens)):
+            if chunk.samples:
+                chunk.request.add_pending_token()
+
+    def _finish_step(self, plan, sampling, tokens, logprobs, touched: dict) -> None:
+        """The step's tokens are back: caches what it computed, then takes each token in."""
+        self.scheduler.step_done(plan)  # before any request finishes
+        for i, (chunk, token) in enumerate(zip(sampling, tokens)):
             request = chunk.request
-            self._append_token(request, token, result.logprobs[i] if result.logprobs else None)
+            if request.is_finished:  # aborted, or stopped by its previous token while this step ran
+                continue
+            self._take_token(request, chunk.end, token, logprobs[i] if logprobs else None)
             touched[self._owner[request].request_id] = self._owner[request]
-        if final_only:
-            return [self._output(p) for p in touched.values() if p.finished]
-        return [self._output(parent) for parent in touched.values()]
 
     def _record_prompt_logprobs(self, found: dict) -> None:
         for request, (first, entries) in found.items():
@@ -179,10 +213,11 @@ class LLMEngine:
         for tid, logprob in entry.items():
             logprob.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
 
-    def _append_token(self, request: Request, token: int, logprob) -> None:
+    def _take_token(self, request: Request, position: int, token: int, logprob) -> None:
+        """The token sampled at `position` (the request's oldest pending one): stop checks, text."""
         parent = self._owner[request]
         detok = parent.detokenizers[request.sample_index]
-        request.output_token_ids.append(token)
+        request.resolve_token(position, token)
         if logprob is not None:
             self._decode_logprob_tokens(logprob)
             request.output_logprobs.append(logprob)
@@ -194,7 +229,7 @@ class LLMEngine:
         stop = detok.append(token) if params.detokenize else None
         if stop is not None:
             self.scheduler.finish(request, "stop", stop)
-        elif len(request.output_token_ids) >= request.max_tokens:
+        elif position - request.num_prompt_tokens + 1 >= request.max_tokens:
             self.scheduler.finish(request, "length")
 
     def _output(self, parent: ParentRequest) -> RequestOutput:
@@ -204,7 +239,7 @@ class LLMEngine:
             outputs.append(CompletionOutput(
                 index=child.sample_index,
                 text=detok.visible_text(finished),
-                token_ids=list(child.output_token_ids),
+                token_ids=child.resolved_output_ids,
                 finish_reason=child.finish_reason,
                 stop_reason=child.stop_reason,
                 logprobs=list(child.output_logprobs) if child.params.logprobs is not None else None,

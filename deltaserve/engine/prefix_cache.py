@@ -27,6 +27,11 @@ from deltaserve.engine.request import Request
 from deltaserve.engine.step_plan import SnapshotCapture, SnapshotRestore, StepPlan
 
 
+# The name of a capture planned while the last token of its block was still on the device (asynchronous
+# scheduling); its block hash is taken when the step is committed, once every token is known.
+UNNAMED = b"unnamed"
+
+
 @dataclass
 class PrefixHit:
     blocks: list[int]  # cached KV blocks the request shares, covering [0, num_tokens)
@@ -104,10 +109,14 @@ class PrefixCache:
         planned: set[BlockHash] = set()
         for chunk in plan.chunks:
             request = chunk.request
+            known = request.num_tokens - request.num_pending_tokens
             for position in self._capture_positions(chunk):
-                name = self.block_hashes(request, position // self.block_size)[position // self.block_size - 1]
-                if name in planned or self.snapshots.find(name) is not None:
-                    continue
+                if position > known:  # its block ends with a token still on the device: named at commit
+                    name = UNNAMED
+                else:
+                    name = self.block_hashes(request, position // self.block_size)[position // self.block_size - 1]
+                    if name in planned or self.snapshots.find(name) is not None:
+                        continue
                 slot = self.snapshots.reserve()
                 if slot is None:
                     return
@@ -129,7 +138,8 @@ class PrefixCache:
         for chunk in plan.chunks:
             request = chunk.request
             full = chunk.end // self.block_size
-            if full > request.num_registered_blocks and not request.is_finished:
+            restarted = request.num_computed_tokens < chunk.end  # preempted while the step ran
+            if full > request.num_registered_blocks and not request.is_finished and not restarted:
                 hashes = self.block_hashes(request, full)
                 for i in range(request.num_registered_blocks, full):
                     self.blocks.register(request.block_ids[i], hashes[i])
@@ -143,6 +153,9 @@ class PrefixCache:
             name = request.snapshot_refs.pop(capture.snapshot_slot, None)
             if name is None:
                 continue  # the request let it go already
+            if name is UNNAMED:
+                blocks = capture.position // self.block_size
+                name = self.block_hashes(request, blocks)[blocks - 1]
             self.snapshots.commit(capture.snapshot_slot, name)
             if capture.position > request.num_prompt_tokens:  # decode: the one before is superseded
                 if request.last_decode_snapshot is not None:

@@ -9,6 +9,11 @@ from deltaserve.outputs import Logprob
 from deltaserve.sampling_params import SamplingParams
 
 
+# Stands in the output for a token sampled by a step still running on the device (asynchronous
+# scheduling): the next step is planned before the token is read back.
+PENDING_TOKEN = -1
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -23,7 +28,8 @@ class Request:
     max_tokens: int  # resolved: params.max_tokens or what fits in max_model_len
     sample_index: int = 0  # which of the parent's n samples this sequence is
     capture_points: list[int] = field(default_factory=list)
-    output_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)  # the last num_pending_tokens are PENDING_TOKEN
+    num_pending_tokens: int = 0
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] = field(default_factory=lambda: [None])
     status: RequestStatus = RequestStatus.WAITING
@@ -61,6 +67,26 @@ class Request:
         if start >= prompt_len:  # decode: a slice of the output alone, without copying the prompt
             return self.output_token_ids[start - prompt_len : end - prompt_len]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt_len]
+
+    @property
+    def resolved_output_ids(self) -> list[int]:
+        """The output tokens read back so far (without those still on the device)."""
+        return self.output_token_ids[: len(self.output_token_ids) - self.num_pending_tokens]
+
+    def add_pending_token(self) -> None:
+        self.output_token_ids.append(PENDING_TOKEN)
+        self.num_pending_tokens += 1
+
+    def resolve_token(self, position: int, token: int) -> None:
+        """The token at `position` (the oldest pending one) has been read back."""
+        self.output_token_ids[position - len(self.prompt_token_ids)] = token
+        self.num_pending_tokens -= 1
+
+    def drop_pending_tokens(self) -> None:
+        """The request stops: tokens still on the device will never be part of its output."""
+        if self.num_pending_tokens:
+            del self.output_token_ids[-self.num_pending_tokens :]
+            self.num_pending_tokens = 0
 
     @property
     def is_finished(self) -> bool:

@@ -49,6 +49,7 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self._release(request)
+        request.drop_pending_tokens()
         request.status = RequestStatus.FINISHED
         request.finish_reason, request.stop_reason = reason, stop_reason
 
@@ -68,6 +69,9 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
+            if request.num_pending_tokens and len(request.output_token_ids) >= request.max_tokens:
+                index += 1  # its last token is on the device: it finishes when that is read back
+                continue
             count = self._chunk_size(request, request.num_computed_tokens, budget, request.replay_point)
             if not self._reserve_blocks(request, count, plan):
                 continue  # `request` itself was preempted; the list shifted under index

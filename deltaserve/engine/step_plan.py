@@ -61,3 +61,10 @@ class StepPlan:
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
+
+    def drop_finished(self) -> None:
+        """Removes the chunks (and their captures) of requests that finished after the plan was made:
+        a token read back from the previous step stopped them."""
+        if any(c.request.is_finished for c in self.chunks):
+            self.chunks = [c for c in self.chunks if not c.request.is_finished]
+            self.captures = [c for c in self.captures if not c.chunk.request.is_finished]

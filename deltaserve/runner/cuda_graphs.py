@@ -60,10 +60,13 @@ class DecodeGraphs:
     def rung(self, batch: int) -> int | None:
         return next((s for s in self.sizes if s >= batch), None)
 
-    def run(self, host: HostBatch) -> torch.Tensor:
-        """Replays the graph of the smallest rung that fits; returns the logits of the real rows."""
+    def run(self, host: HostBatch, fill_inputs=None) -> torch.Tensor:
+        """Replays the graph of the smallest rung that fits; returns the logits of the real rows.
+        fill_inputs(input_ids), when given, completes the input ids on the device before the replay."""
         n = len(host.input_ids)
         size = self.rung(n)
         self.buffers.load_decode(host, size)
+        if fill_inputs is not None:
+            fill_inputs(self.buffers.input_ids[:n])
         self.graphs[size].replay()
         return self.logits[size][:n]

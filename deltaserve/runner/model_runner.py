@@ -9,12 +9,14 @@ import torch
 from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.cache.state_pool import StatePool
+from deltaserve.engine.request import PENDING_TOKEN
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.models.decoder import DecoderLM
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_block_tables, to_device
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.forward_batch import ForwardBatch
+from deltaserve.runner.launched_step import LaunchedStep
 from deltaserve.runner.sampler import Sampler, prompt_logprob_entries
 from deltaserve.runner.snapshot_steps import chunk_end_saves, mid_chunk_capture_rows, restore_pairs
 
@@ -71,6 +73,27 @@ class ModelRunner:
         tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
         return StepResult(sampling, tokens, logprobs, prompt_logprobs)
 
+    def can_launch(self, plan: StepPlan) -> bool:
+        """Whether the plan can run without its tokens being read back before the next step is
+        planned: decode rows whose sampling needs only their logits."""
+        return plan.is_decode and all(c.samples and Sampler.device_only(c.request.params) for c in plan.chunks)
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan, previous: LaunchedStep | None) -> LaunchedStep:
+        """Queues a decode step (see can_launch) and returns without waiting for it. A row whose input
+        token is still pending takes it on the device from `previous`, the step that sampled it."""
+        host = build_host_batch(plan, self.block_size)
+        pending = [(row, previous.rows[c.request]) for row, c in enumerate(plan.chunks)
+                   if host.input_ids[row] == PENDING_TOKEN]
+        if self._replayable(plan):
+            logits = self.graphs.run(host, lambda ids: _take_pending(ids, pending, previous))
+        else:
+            batch = self.to_forward_batch(host, plan.is_decode)
+            _take_pending(batch.input_ids, pending, previous)
+            logits = self.model.compute_logits(self.model(batch.input_ids, batch)[batch.logits_indices])
+        self._save_snapshots(plan)
+        return LaunchedStep(list(plan.chunks), self.sampler.sample_on_device(logits, [c.request for c in plan.chunks]))
+
     def _prompt_logprobs(self, plan: StepPlan, host: HostBatch, hidden: torch.Tensor) -> dict:
         """For requests that ask: the logprob of each prompt token their rows of this step predict
         (the row at position p predicts the prompt token at p + 1)."""
@@ -117,3 +140,10 @@ class ModelRunner:
         lengths = [end - start for start, end in zip(starts[:-1], starts[1:])]
         return (self.device.type == "cuda" and max(lengths, default=0) >= FRESH_PREFILL_MIN_TOKENS
                 and all(n == seq_len for n, seq_len in zip(lengths, host.seq_lens)))
+
+
+def _take_pending(input_ids: torch.Tensor, pending: list[tuple[int, int]], previous: LaunchedStep | None) -> None:
+    """input_ids[row] = the token `previous` sampled in its row `source`, for each (row, source)."""
+    if pending:
+        rows, sources = to_device([r for r, _ in pending], input_ids.device), to_device([s for _, s in pending], input_ids.device)
+        input_ids.index_copy_(0, rows, previous.tokens.index_select(0, sources))

@@ -12,6 +12,7 @@ import torch
 from deltaserve import kernels
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
+from deltaserve.runner.batch_builder import to_device
 
 _MIX = 0x9E3779B97F4A7C15
 
@@ -31,25 +32,35 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]):
         """logits [B, V] fp32 for requests[b]. Returns (token ids, per-row logprob dicts or None)."""
-        logits = logits[:, : self.vocab_size]
         params = [r.params for r in requests]
-        processed = self._penalise(logits, requests) if any(_has_penalty(p) for p in params) else logits
-        if all(p.temperature == 0 for p in params):
-            tokens = processed.argmax(-1).tolist()  # greedy rows need neither masks nor noise
-        else:
-            tokens = self._draw(processed, requests)
-        logprobs = self._logprobs(logits, tokens, requests) if any(p.logprobs is not None for p in params) else None
-        return tokens, logprobs
+        processed = logits[:, : self.vocab_size]
+        if any(_has_penalty(p) for p in params):
+            processed = self._penalise(processed, requests)
+        tokens = self.sample_on_device(processed, requests).tolist()
+        if not any(p.logprobs is not None for p in params):
+            return tokens, None
+        return tokens, self._logprobs(logits[:, : self.vocab_size], tokens, requests)
 
-    def _draw(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+    @staticmethod
+    def device_only(params) -> bool:
+        """Whether a row's sampling needs nothing but its logits on the device: no logprobs to read
+        back and no penalties over its past tokens (a step can then start before the last one's
+        tokens are read back)."""
+        return params.logprobs is None and params.prompt_logprobs is None and not _has_penalty(params)
+
+    def sample_on_device(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """The tokens [B] (int64, on the logits' device) of rows without penalties; nothing is read back."""
+        logits = logits[:, : self.vocab_size]
+        if all(r.params.temperature == 0 for r in requests):
+            return logits.argmax(-1)  # greedy rows need neither masks nor noise
         params = [r.params for r in requests]
-        tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
+        tensor = lambda values, dtype: to_device(values, self.device, dtype)  # noqa: E731
         temperature = tensor([p.temperature for p in params], torch.float32)
         top_k = tensor([p.top_k if p.top_k > 0 else 0 for p in params], torch.int64)
         top_p = tensor([p.top_p for p in params], torch.float32)
         min_p = tensor([p.min_p for p in params], torch.float32)
         noise = self._noise(requests)
-        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, noise).tolist()
+        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, noise)
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         rows, vocab = len(requests), logits.shape[1]
@@ -69,7 +80,7 @@ class Sampler:
         noise = torch.ones(len(requests), self.vocab_size, device=self.device)
         shared = [i for i, r in enumerate(requests) if r.params.temperature > 0 and r.params.seed is None]
         if shared:  # rows without a seed draw together from the engine's generator
-            rows = torch.tensor(shared, device=self.device)
+            rows = to_device(shared, self.device)
             noise[rows] = torch.empty(len(shared), self.vocab_size, device=self.device).exponential_(
                 generator=self.generator)
         for i, r in enumerate(requests):

@@ -30,42 +30,45 @@ class StepBuffers:
         self.padding_slot = state_pool.padding_slot if state_pool is not None else 0
         size = len(FIELDS) * max_batch + max_batch + 1
         pin = device.type == "cuda"
-        self._host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
-        self._host_np = self._host.numpy()
+        # Two pinned mirrors, used in turn: with asynchronous scheduling a step is loaded while the one
+        # before may still be queued, and its copy must not read a mirror being rewritten.
+        self._mirrors = [(torch.zeros(size, dtype=torch.int64, pin_memory=pin),
+                          torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int64, pin_memory=pin))
+                         for _ in range(2)]
+        self._turn = 0
         self.meta = torch.zeros(size, dtype=torch.int64, device=device)
         for i, name in enumerate(FIELDS):
             setattr(self, name, self.meta[i * max_batch : (i + 1) * max_batch])
         self.query_start_loc = self.meta[len(FIELDS) * max_batch :]
-        self._host_blocks = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int64, pin_memory=pin)
         self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int64, device=device)
         # Speculative decoding (MTP drafts verified in one step): per-row draft tokens and their count.
         self.draft_tokens = torch.zeros(max_batch, num_speculative_tokens, dtype=torch.int64, device=device)
         self.num_draft_tokens = torch.zeros(max_batch, dtype=torch.int64, device=device)
 
-    def _host_field(self, name: str) -> np.ndarray:
-        i = FIELDS.index(name)
-        return self._host_np[i * self.max_batch : (i + 1) * self.max_batch]
-
     def load_decode(self, host: HostBatch, batch_size: int) -> None:
         """Writes one decode row per sequence into rows [0, n) and padding into rows [n, batch_size):
         padded rows write no KV (slot -1) and update only the spare state slot."""
         n = len(host.input_ids)
+        mirror, mirror_blocks = self._mirrors[self._turn]
+        self._turn ^= 1
+        meta = mirror.numpy()
         fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0), "seq_lens": (host.seq_lens, 1),
                 "slot_mapping": (host.slot_mapping, -1), "state_slots": (host.state_slots, self.padding_slot)}
         for name, (values, pad) in fill.items():
-            field = self._host_field(name)
+            i = FIELDS.index(name)
+            field = meta[i * self.max_batch : (i + 1) * self.max_batch]
             field[:n] = values
             field[n:batch_size] = pad
-        qsl = self._host_np[len(FIELDS) * self.max_batch :]
+        qsl = meta[len(FIELDS) * self.max_batch :]
         qsl[: batch_size + 1] = np.arange(batch_size + 1)
-        self.meta.copy_(self._host, non_blocking=True)
+        self.meta.copy_(mirror, non_blocking=True)
         # Only the columns some row needs travel; a kernel never reads past a row's own length.
         width = max((len(t) for t in host.block_tables), default=1) or 1
-        blocks = self._host_blocks.numpy()
+        blocks = mirror_blocks.numpy()
         blocks[:batch_size, :width] = 0
         for row, table in enumerate(host.block_tables):
             blocks[row, : len(table)] = table
-        self.block_tables[:batch_size, :width].copy_(self._host_blocks[:batch_size, :width], non_blocking=True)
+        self.block_tables[:batch_size, :width].copy_(mirror_blocks[:batch_size, :width], non_blocking=True)
 
     def view(self, batch_size: int) -> ForwardBatch:
         return ForwardBatch(
