@@ -111,3 +111,24 @@ def test_async_scheduling_multi_turn_prefix_hits_match(checkpoint_factory):
         turns[overlap] = outputs
     assert turns[True] == turns[False]
     assert all(cached > 0 for _, cached in turns[True][1:])
+
+
+def test_async_scheduling_steps_that_look_like_decode_but_start_sequences(checkpoint_factory):
+    """A one-token prompt, and a prompt restored from a snapshot up to its last token, make one-row
+    steps: they are launched like decode steps and must still reset or restore the state first."""
+    path = checkpoint_factory("qwen3.5")
+    rng = random.Random()
+    one_token = [rng.randrange(300)]
+    repeated = [rng.randrange(300) for _ in range(33)]  # a hit restores 32 tokens, 1 is left
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outputs = {}
+    for overlap in (False, True):
+        llm = LLM(path, device="cpu", async_scheduling=overlap)
+        launches = _launches(llm.engine)
+        runs = [llm.generate([one_token], params)[0], llm.generate([repeated], params)[0],
+                llm.generate([repeated], params)[0]]
+        assert runs[2].num_cached_tokens == 32
+        outputs[overlap] = [r.outputs[0].token_ids for r in runs]
+        assert bool(launches) == overlap
+    assert outputs[True] == outputs[False]
+    assert outputs[True][1] == outputs[True][2]

@@ -49,10 +49,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan):
         """Runs one step: the sampled tokens of the chunks that reach their end, and logprobs asked for."""
-        if self.state_pool is not None:
-            self.state_pool.reset(plan.reset_state_slots)
-        if self.snapshots is not None:
-            self.snapshots.restore(restore_pairs(plan), self.state_pool)
+        self._prepare_states(plan)
         host = build_host_batch(plan, self.block_size)
         sampling = [c for c in plan.chunks if c.samples]
         prompt_logprobs = {}
@@ -82,6 +79,7 @@ class ModelRunner:
     def launch(self, plan: StepPlan, previous: LaunchedStep | None) -> LaunchedStep:
         """Queues a decode step (see can_launch) and returns without waiting for it. A row whose input
         token is still pending takes it on the device from `previous`, the step that sampled it."""
+        self._prepare_states(plan)
         host = build_host_batch(plan, self.block_size)
         pending = [(row, previous.rows[c.request]) for row, c in enumerate(plan.chunks)
                    if host.input_ids[row] == PENDING_TOKEN]
@@ -93,6 +91,15 @@ class ModelRunner:
             logits = self.model.compute_logits(self.model(batch.input_ids, batch)[batch.logits_indices])
         self._save_snapshots(plan)
         return LaunchedStep(list(plan.chunks), self.sampler.sample_on_device(logits, [c.request for c in plan.chunks]))
+
+    def _prepare_states(self, plan: StepPlan) -> None:
+        """Zeroes the state slots of sequences starting from their first token and copies restored
+        snapshots into theirs (a one-token prompt, or one restored to its last token, makes a plan that
+        looks like decode)."""
+        if self.state_pool is not None:
+            self.state_pool.reset(plan.reset_state_slots)
+        if self.snapshots is not None:
+            self.snapshots.restore(restore_pairs(plan), self.state_pool)
 
     def _prompt_logprobs(self, plan: StepPlan, host: HostBatch, hidden: torch.Tensor) -> dict:
         """For requests that ask: the logprob of each prompt token their rows of this step predict
