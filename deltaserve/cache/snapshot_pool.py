@@ -26,17 +26,8 @@ class SnapshotPool:
 
     def restore(self, pairs: list[tuple[int, int]], states: StatePool) -> None:
         """(snapshot slot, state slot): copies each snapshot into the sequence's state slot."""
-        self._copy(self.conv, self.h, states.conv, states.h, pairs)
+        self._tensors.copy_slots(pairs, states)
 
     def save(self, pairs: list[tuple[int, int]], states: StatePool) -> None:
         """(state slot, snapshot slot): copies each sequence's current state into a snapshot slot."""
-        self._copy(states.conv, states.h, self.conv, self.h, pairs)
-
-    def _copy(self, src_conv, src_h, dst_conv, dst_h, pairs) -> None:
-        if not pairs:
-            return
-        src = torch.tensor([s for s, _ in pairs], device=self.device)
-        dst = torch.tensor([d for _, d in pairs], device=self.device)
-        for layer in src_h:
-            dst_conv[layer].index_copy_(0, dst, src_conv[layer].index_select(0, src))
-            dst_h[layer].index_copy_(0, dst, src_h[layer].index_select(0, src))
+        states.copy_slots(pairs, self._tensors)

@@ -3,6 +3,8 @@ state `[slots, v_heads, k_dim, v_dim]`. One extra slot at the end absorbs padded
 
 import torch
 
+from deltaserve.host_to_device import to_device
+
 
 class StatePool:
     def __init__(self, layer_ids: list[int], num_slots: int, conv_dim: int, conv_kernel: int, v_heads: int,
@@ -10,17 +12,26 @@ class StatePool:
         self.num_slots = num_slots
         self.padding_slot = num_slots
         rows = num_slots + 1
-        self.conv = {i: torch.zeros(rows, conv_dim, conv_kernel - 1, dtype=dtype, device=device) for i in layer_ids}
-        self.h = {i: torch.zeros(rows, v_heads, k_dim, v_dim, dtype=torch.float32, device=device) for i in layer_ids}
+        # One tensor per kind over all layers (layer-major), so a slot of every layer is reset or
+        # copied in one operation; the layers read their own views.
+        self.conv_all = torch.zeros(len(layer_ids), rows, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
+        self.h_all = torch.zeros(len(layer_ids), rows, v_heads, k_dim, v_dim, dtype=torch.float32, device=device)
+        self.conv = {layer: self.conv_all[i] for i, layer in enumerate(layer_ids)}
+        self.h = {layer: self.h_all[i] for i, layer in enumerate(layer_ids)}
 
     def reset(self, slots: list[int]) -> None:
         """Zeroes the states of sequences that start from their first token."""
         if not slots:
             return
-        index = torch.tensor(slots, device=next(iter(self.h.values())).device)
-        for layer in self.h:
-            self.conv[layer].index_fill_(0, index, 0)
-            self.h[layer].index_fill_(0, index, 0)
+        index = to_device(slots, self.h_all.device)
+        self.conv_all.index_fill_(1, index, 0)
+        self.h_all.index_fill_(1, index, 0)
+
+    def copy_slots(self, pairs: list[tuple[int, int]], destination: "StatePool") -> None:
+        """(slot here, slot there): copies every layer's states of each slot into `destination`."""
+        for src, dst in pairs:
+            destination.conv_all[:, dst].copy_(self.conv_all[:, src])
+            destination.h_all[:, dst].copy_(self.h_all[:, src])
 
     @staticmethod
     def bytes_per_slot(num_layers: int, conv_dim: int, conv_kernel: int, v_heads: int, k_dim: int, v_dim: int,

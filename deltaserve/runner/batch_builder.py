@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from deltaserve.engine.step_plan import StepPlan
+from deltaserve.host_to_device import to_device  # noqa: F401  (the runner's import point)
 
 
 @dataclass
@@ -48,11 +49,3 @@ def build_host_batch(plan: StepPlan, block_size: int) -> HostBatch:
 def pad_block_tables(tables: list[list[int]], width: int | None = None) -> list[list[int]]:
     width = width or max((len(t) for t in tables), default=1) or 1
     return [t + [0] * (width - len(t)) for t in tables]
-
-
-def to_device(values, device: torch.device, dtype=torch.int64) -> torch.Tensor:
-    """A host list as a device tensor. On CUDA it travels from pinned memory without blocking: a copy
-    from pageable memory would first wait for all the GPU work queued before it."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

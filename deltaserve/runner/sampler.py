@@ -12,7 +12,7 @@ import torch
 from deltaserve import kernels
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
-from deltaserve.runner.batch_builder import to_device
+from deltaserve.host_to_device import to_device
 
 _MIX = 0x9E3779B97F4A7C15
 
