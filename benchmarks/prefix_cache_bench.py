@@ -60,7 +60,10 @@ def _warm_up(engine: LLMEngine, tokens, history_len: int) -> None:
     compilation."""
     history = tokens(history_len)
     _, (reply,) = prefill(engine, [history], 64)
-    prefill(engine, [history + reply.outputs[0].token_ids + tokens(64)])
+    follow_up = history + reply.outputs[0].token_ids + tokens(64)
+    prefill(engine, [follow_up])  # warm
+    engine.reset_prefix_cache()
+    prefill(engine, [follow_up])  # cold: its passes have other lengths than the warm ones
     shared = tokens(2048)
     prefill(engine, [shared + tokens(64) for _ in range(8)])
     prefill(engine, [shared + tokens(64) for _ in range(8)])
