@@ -100,6 +100,13 @@ def test_grouped_experts(tokens, experts, hot):
     assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
 
 
+@pytest.mark.parametrize("columns_fast", [False, True])
+def test_grouped_experts_in_either_grid_order(columns_fast):
+    x, w13, w2, weights, ids = _experts_inputs(70, 5, 40, 24, 2, True)
+    out = moe_experts(x, w13, w2, weights, ids, tiles=(16, 16, 16, 16, 16, 4, 1, columns_fast), path="sorted")
+    assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
+
+
 def test_align_pairs_blocks():
     from deltaserve.kernels.moe.triton_moe_experts import align_pairs
 

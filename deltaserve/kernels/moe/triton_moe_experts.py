@@ -5,7 +5,9 @@ Pairs are sorted by expert on the device, and one small kernel lays each expert'
 blocks of BLOCK_M rows (`block_start[e]`: the first block of expert e; nothing is read back to the
 host, so a decode step can be graph-captured). One program per (block, tile of output columns): only
 touched experts get programs, and at decode sizes (an expert's pairs fit in one block) each touched
-expert's weights are read once per step.
+expert's weights are read once per step. The grid's fast axis decides what the programs running
+together share through L2: the blocks of one expert (its weight tile) or the column tiles of one
+block (its gathered input rows).
   1. gate/up: inter[pair] = silu(x[token] @ W_gate^T) * (x[token] @ W_up^T), both halves in one program.
   2. down:    y[token, choice] = weight * (inter[pair] @ W_down^T), written to the pair's own row.
 The k rows of each token are then summed in fp32 in a fixed order: no atomics, so results are exact
@@ -78,8 +80,12 @@ def _moe_gate_up_kernel(
     x, w13, order, offsets, block_start, inter, stride_x, stride_we, stride_wn, stride_inter,
     EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    COLUMNS_FAST: tl.constexpr,
 ):
-    block, ntile = tl.program_id(0), tl.program_id(1)
+    if COLUMNS_FAST:  # the programs of one block of rows run together: its gathered rows are read once
+        ntile, block = tl.program_id(0), tl.program_id(1)
+    else:  # the blocks of one expert run together: its weight tile is read once
+        block, ntile = tl.program_id(0), tl.program_id(1)
     expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
     if lo < hi:
         offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -110,8 +116,12 @@ def _moe_down_kernel(
     inter, w2, weights, order, offsets, block_start, y, stride_inter, stride_we, stride_wn, stride_y,
     EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    COLUMNS_FAST: tl.constexpr,
 ):
-    block, ntile = tl.program_id(0), tl.program_id(1)
+    if COLUMNS_FAST:  # the programs of one block of rows run together: its gathered rows are read once
+        ntile, block = tl.program_id(0), tl.program_id(1)
+    else:  # the blocks of one expert run together: its weight tile is read once
+        block, ntile = tl.program_id(0), tl.program_id(1)
     expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
     if lo < hi:
         offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,6 +152,7 @@ class SortedTiles(NamedTuple):
     block_m: int  # pairs per block (one expert's run is cut into blocks of this many)
     warps: int
     stages: int
+    columns_fast: bool = False  # grid order: column tiles (not row blocks) on the fast axis
 
 
 # From the H200 sweeps of benchmarks/kernels_check.py: moe_sorted_tiles_T* for the small tiles,
@@ -158,6 +169,10 @@ def default_tiles(pairs: int, experts: int) -> SortedTiles:
     if pairs <= 2 * experts:  # decode-sized: a few pairs per expert
         return SMALL_TILES
     return LARGE_TILES if pairs >= LARGE_MIN_PAIRS_PER_EXPERT * experts else MEDIUM_TILES
+
+
+def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]:
+    return (column_tiles, blocks) if columns_fast else (blocks, column_tiles)
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
@@ -199,21 +214,24 @@ def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
     assert w13.stride(-1) == 1 and w2.stride(-1) == 1
     pairs = tokens * top_k
     default = default_tiles(pairs, experts)
-    gu_n, gu_k, dn_n, dn_k, block_m, warps, stages = SortedTiles(*tiles, *default[len(tiles):]) if tiles else default
+    gu_n, gu_k, dn_n, dn_k, block_m, warps, stages, columns_fast = (
+        SortedTiles(*tiles, *default[len(tiles):]) if tiles else default)
     order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
     flat_weights = weights.reshape(-1).contiguous()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     block_e = triton.next_power_of_2(experts + 1)
     inter = torch.empty((pairs, inter_size), dtype=x.dtype, device=x.device)
-    _moe_gate_up_kernel[(max_blocks, triton.cdiv(inter_size, gu_n))](
+    _moe_gate_up_kernel[_grid(max_blocks, triton.cdiv(inter_size, gu_n), columns_fast)](
         x, w13, order, offsets, block_start, inter, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
         EXPERTS=experts, BLOCK_E=block_e, TOP_K=top_k, HIDDEN=hidden, INTER=inter_size,
-        BLOCK_M=block_m, BLOCK_N=gu_n, BLOCK_K=gu_k, PRECISION=precision, num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=gu_n, BLOCK_K=gu_k, PRECISION=precision, COLUMNS_FAST=columns_fast,
+        num_warps=warps, num_stages=stages,
     )
     y = torch.empty((pairs, hidden), dtype=x.dtype, device=x.device)
-    _moe_down_kernel[(max_blocks, triton.cdiv(hidden, dn_n))](
+    _moe_down_kernel[_grid(max_blocks, triton.cdiv(hidden, dn_n), columns_fast)](
         inter, w2, flat_weights, order, offsets, block_start, y, inter.stride(0), w2.stride(0), w2.stride(1),
         y.stride(0), EXPERTS=experts, BLOCK_E=block_e, HIDDEN=hidden, INTER=inter_size,
-        BLOCK_M=block_m, BLOCK_N=dn_n, BLOCK_K=dn_k, PRECISION=precision, num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=dn_n, BLOCK_K=dn_k, PRECISION=precision, COLUMNS_FAST=columns_fast,
+        num_warps=warps, num_stages=stages,
     )
     return torch.sum(y.view(tokens, top_k, hidden), dim=1, dtype=torch.float32).to(x.dtype)
