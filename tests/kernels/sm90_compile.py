@@ -120,11 +120,12 @@ def _sorted_moe_cases(moe: dict):
         t = getattr(sorted_moe, f"{size}_TILES")
         yield (f"moe_sorted_gate_up_{size.lower()}", sorted_moe._moe_gate_up_kernel,
                dict(ints, x=bf16, w13=bf16, inter=bf16),
-               dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.gate_n, BLOCK_K=t.gate_k), t.warps, t.stages)
+               dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.gate_n, BLOCK_K=t.gate_k, COLUMNS_FAST=t.columns_fast),
+               t.warps, t.stages)
         yield (f"moe_sorted_down_{size.lower()}", sorted_moe._moe_down_kernel,
                dict(ints, inter=bf16, w2=bf16, y=bf16),
-               {k: v for k, v in dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.down_n, BLOCK_K=t.down_k).items()
-                if k != "TOP_K"}, t.warps, t.stages)
+               {k: v for k, v in dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.down_n, BLOCK_K=t.down_k,
+                                      COLUMNS_FAST=t.columns_fast).items() if k != "TOP_K"}, t.warps, t.stages)
 
 
 def main():

@@ -156,12 +156,13 @@ class SortedTiles(NamedTuple):
 
 
 # From the H200 sweeps of benchmarks/kernels_check.py: moe_sorted_tiles_T* for the small tiles,
-# moe_sorted_large_tiles_T* for the others. At 8192 tokens x top-8 over 256 experts the large tiles
-# took 1.49 ms against 1.82 ms for the medium ones; at 2048 tokens every config measured about the
-# same (~690 us), so the large tiles start at 128 pairs per expert on average.
+# moe_sorted_large_tiles_T* for the others (8 choices over 256 experts). With the column tiles on the
+# grid's fast axis the medium tiles took 631 us at 2048 tokens (684 with the blocks fast) and the
+# large ones 1.31 ms at 8192 tokens (1.51 ms for the best tiles with the blocks fast); at 64 tokens
+# every order and tile measured about the same (377-390 us for the 64-row blocks).
 SMALL_TILES = SortedTiles(32, 128, 64, 128, 16, 4, 3)  # a few pairs per expert
-MEDIUM_TILES = SortedTiles(64, 64, 64, 64, 64, 4, 3)
-LARGE_TILES = SortedTiles(128, 64, 128, 64, 128, 8, 3)
+MEDIUM_TILES = SortedTiles(64, 64, 64, 64, 64, 4, 3, True)
+LARGE_TILES = SortedTiles(128, 64, 256, 64, 128, 8, 3, True)
 LARGE_MIN_PAIRS_PER_EXPERT = 128
 
 
