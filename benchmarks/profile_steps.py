@@ -64,8 +64,11 @@ def kernel_table(fn, rows: int = 18) -> list[dict]:
     total = sum(e.device_time_total for e in events if e.device_type.name == "CUDA")
     table = [{"name": e.key[:90], "calls": e.count, "ms": round(e.device_time_total / 1e3, 3)}
              for e in events if e.device_type.name == "CUDA"][:rows]
+    host = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:rows]
+    host_table = [{"name": "HOST: " + e.key[:84], "calls": e.count, "ms": round(e.self_cpu_time_total / 1e3, 3)}
+                  for e in host]
     return [{"name": "ALL KERNELS", "calls": sum(e.count for e in events if e.device_type.name == "CUDA"),
-             "ms": round(total / 1e3, 3)}] + table
+             "ms": round(total / 1e3, 3)}] + table + host_table
 
 
 def follow_up(engine: LLMEngine, log: StepLog, tokens, history_len: int) -> dict:
