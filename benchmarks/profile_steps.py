@@ -114,10 +114,11 @@ def decode_overhead(engine: LLMEngine, tokens, concurrency: int, steps: int = 48
     end.record()
     torch.cuda.synchronize()
     replay_ms = begin.elapsed_time(end) / steps
+    kernels = kernel_table(lambda: [graph.replay() for _ in range(10)], rows=30)
     while engine.has_unfinished_requests():
         engine.step(final_only=True)
     return {"concurrency": concurrency, "step_wall_ms": round(wall_ms, 3), "graph_replay_ms": round(replay_ms, 3),
-            "host_ms": round(wall_ms - replay_ms, 3)}
+            "host_ms": round(wall_ms - replay_ms, 3), "kernels_of_10_replays": kernels}
 
 
 def main() -> None:
@@ -153,7 +154,10 @@ def main() -> None:
         log.take()
         result["decode"].append(decode_overhead(engine, tokens, c))
         log.take()
-        print(result["decode"][-1], flush=True)
+        print({k: v for k, v in result["decode"][-1].items() if k != "kernels_of_10_replays"}, flush=True)
+        for row in result["decode"][-1]["kernels_of_10_replays"]:
+            if not row["name"].startswith("HOST"):
+                print(f"  {row['ms']:9.3f} ms {row['calls']:6d}  {row['name']}")
     results_io.write(args.out, result)
 
 
