@@ -15,10 +15,21 @@ from deltaserve.kernels.conv1d import reference as _conv
 from deltaserve.kernels.dispatch import use_triton
 from deltaserve.kernels.gdn import decode_fused_reference as _gdn_decode
 from deltaserve.kernels.gdn import reference as _gdn
+from deltaserve.kernels.linear import reference as _linear
 from deltaserve.kernels.moe import reference as _moe
 from deltaserve.kernels.norm import reference as _norm
 from deltaserve.kernels.rotary import reference as _rotary
 from deltaserve.kernels.sampling import reference as _sampling
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias). A few rows (decode) against a wide weight take the skinny GEMM, which reads
+    the weight faster than cuBLAS does at those sizes; everything else is cuBLAS through torch."""
+    if bias is None and use_triton(x) and x.dim() == 2 and weight.shape[0] >= 1024:
+        from deltaserve.kernels.linear import triton_skinny_gemm as skinny
+        if x.shape[0] <= skinny.MAX_ROWS:
+            return skinny.skinny_gemm(x, weight)
+    return _linear.linear(x, weight) if bias is None else torch.nn.functional.linear(x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
@@ -149,5 +160,5 @@ sample_from_logits = _sampling.sample_from_logits
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
-    "gdn_decode_fused", "moe_route", "moe_experts", "apply_penalties", "sample_from_logits",
+    "gdn_decode_fused", "linear", "moe_route", "moe_experts", "apply_penalties", "sample_from_logits",
 ]

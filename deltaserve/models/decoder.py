@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from deltaserve import kernels
+
 from deltaserve.models.config import FULL_ATTENTION, ModelConfig
 from deltaserve.models.layers.attention import Attention
 from deltaserve.models.layers.gated_delta_net import GatedDeltaNet
@@ -72,4 +74,4 @@ class DecoderLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return kernels.linear(hidden, self.lm_head).float()

@@ -82,6 +82,7 @@ def cases():
            dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll, STAGES=tiles.down_stages),
            tiles.down_warps, tiles.down_stages)
     yield from _sorted_moe_cases(moe)
+    yield from _skinny_gemm_cases()
 
     from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
 
@@ -108,6 +109,17 @@ def cases():
            {n: bf16 for n in ("mixed", "z", "a", "b", "conv_weight", "conv_state", "norm_weight", "out")}
            | {"state_slots": "*i32", "eps": "fp32"},
            dict(HK=16, HV=32, DK=128, DV=128, K=4, BK=128, BV=128, BLOCK_K=4), 8, 1)
+
+
+def _skinny_gemm_cases():
+    from deltaserve.kernels.linear import triton_skinny_gemm as skinny
+
+    for n, k in ((2048, 4096), (4096, 12288), (12352, 4096), (248320, 4096)):  # each default tile set
+        t = skinny.default_tiles(n)
+        yield (f"skinny_gemm_{n}x{k}", skinny._skinny_gemm_kernel, {"x": "*bf16", "w": "*bf16", "y": "*bf16",
+                                                                     "M": "i32", "N": "i32"},
+               dict(K=k, BLOCK_M=16, BLOCK_N=t.block_n, BLOCK_K=t.block_k, STAGES=t.stages, PRECISION="tf32"),
+               t.warps, 1)
 
 
 def _sorted_moe_cases(moe: dict):

@@ -3,7 +3,6 @@ rotary, and the sigmoid output gate that Qwen3-Next / Qwen3.5 emit from q_proj."
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from deltaserve import kernels
 from deltaserve.models.config import ModelConfig
@@ -33,7 +32,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch, cos_sin_cache: torch.Tensor) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = F.linear(x, self.qkv_proj, self.qkv_bias).split([self.q_size, self.kv_size, self.kv_size], -1)
+        q, k, v = kernels.linear(x, self.qkv_proj, self.qkv_bias).split([self.q_size, self.kv_size, self.kv_size], -1)
         gate = None
         if self.gated:
             q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -56,4 +55,4 @@ class Attention(nn.Module):
         out = out.reshape(tokens, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(tokens, -1))
-        return F.linear(out, self.o_proj, self.o_bias)
+        return kernels.linear(out, self.o_proj, self.o_bias)

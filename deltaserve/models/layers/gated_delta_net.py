@@ -8,7 +8,6 @@ state; a gated RMSNorm with z and the output projection follow.
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from deltaserve import kernels
 from deltaserve.models.config import ModelConfig
@@ -35,7 +34,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, batch) -> torch.Tensor:
         tokens = x.shape[0]
-        mixed, z, b, a = F.linear(x, self.in_proj).split(
+        mixed, z, b, a = kernels.linear(x, self.in_proj).split(
             [self.conv_dim, self.value_size, self.num_v_heads, self.num_v_heads], -1
         )
         conv_state, h_state = batch.gdn_state(self.layer_idx)
@@ -61,4 +60,4 @@ class GatedDeltaNet(nn.Module):
             )
         z = z.reshape(tokens, self.num_v_heads, self.v_dim)
         out = kernels.gated_rms_norm(out, z, self.norm_weight, self.norm_eps)
-        return F.linear(out.reshape(tokens, self.value_size), self.out_proj)
+        return kernels.linear(out.reshape(tokens, self.value_size), self.out_proj)

@@ -2,7 +2,6 @@
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from deltaserve import kernels
 from deltaserve.models.layers.params import empty_param
@@ -17,5 +16,5 @@ class GatedMLP(nn.Module):
         self.down_bias = empty_param(hidden, dtype=dtype, device=device) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(kernels.silu_and_mul(F.linear(x, self.gate_up_proj, self.gate_up_bias)), self.down_proj,
-                        self.down_bias)
+        hidden = kernels.silu_and_mul(kernels.linear(x, self.gate_up_proj, self.gate_up_bias))
+        return kernels.linear(hidden, self.down_proj, self.down_bias)

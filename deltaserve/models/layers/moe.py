@@ -9,7 +9,6 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from deltaserve import kernels
 from deltaserve.models.config import ModelConfig
@@ -67,7 +66,7 @@ class SparseMoE(nn.Module):
         self.in_proj[self.rows.padding].zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        projected = F.linear(x, self.in_proj)
+        projected = kernels.linear(x, self.in_proj)
         rows = self.rows
         if self.fused_shared:  # router logits then the shared gate: one more choice per token, expert E
             weights, ids = kernels.moe_route(projected[:, : rows.shared_gate.stop], self.top_k, self.renormalize,
@@ -77,5 +76,5 @@ class SparseMoE(nn.Module):
         out = kernels.moe_experts(x, self.w13, self.w2, weights, ids)
         if self.shared_down is None:
             return out
-        shared = F.linear(kernels.silu_and_mul(projected[:, rows.shared_gate_up]), self.shared_down)
+        shared = kernels.linear(kernels.silu_and_mul(projected[:, rows.shared_gate_up]), self.shared_down)
         return torch.addcmul(out, torch.sigmoid(projected[:, rows.shared_gate]), shared)
