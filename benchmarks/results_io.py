@@ -8,11 +8,14 @@ import sys
 
 
 def commit() -> str:
+    """DELTASERVE_COMMIT when set (a copy of the tree may carry a stale .git), else git's HEAD."""
+    if os.environ.get("DELTASERVE_COMMIT"):
+        return os.environ["DELTASERVE_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
                                        stderr=subprocess.DEVNULL).strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("DELTASERVE_COMMIT", "unknown")
+        return "unknown"
 
 
 def header() -> dict:

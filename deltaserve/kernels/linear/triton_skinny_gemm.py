@@ -48,10 +48,11 @@ MIN_COLUMNS = 1024  # below this few programs would run: cuBLAS does better
 
 def default_tiles(n: int) -> SkinnyTiles:
     """Enough programs to keep every SM reading (about 128 or more), long K steps when there are few,
-    and no register spills on sm_90. Chosen from an H200 sweep at the Qwen3.5 shapes, 1-16 rows:
-    against cuBLAS, 7.8 vs 10.3 us for 4096x4096, 26.9 vs 30.1 us for 4096x12288, 451 vs 495 us for
-    the 248320x4096 LM head; even for 24576x4096 (cuBLAS is at the bandwidth there).
-    benchmarks/skinny_gemm_bench.py times these defaults against cuBLAS."""
+    and no register spills on sm_90. On the H200 at the Qwen3.5 shapes, one row, against cuBLAS
+    (benchmarks/results/skinny_gemm.json): 26.5 vs 29.4 us for the 4096x12288 down projection, 26.3
+    vs 28.3 us for 12352x4096, 7.8 vs 10.6 us for 4096x4096, 442 vs 473 us for the 248320x4096 LM
+    head, 12.9 vs 15.1 us for 12352x2048; cuBLAS stays ahead by 1-2 us for 24576x4096, 10240x4096 and
+    9216x2048, a fraction of what the others gain."""
     if n <= 2048:
         return SkinnyTiles(16, 1024, 3, 4)
     if n <= 4096:
