@@ -23,11 +23,11 @@ from deltaserve.kernels.sampling import reference as _sampling
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T (+ bias). A few rows (decode) against a wide weight take the skinny GEMM, which reads
-    the weight faster than cuBLAS does at those sizes; everything else is cuBLAS through torch."""
-    if bias is None and use_triton(x) and x.dim() == 2 and weight.shape[0] >= 1024:
+    """x @ weight^T (+ bias). A few rows (decode) against a weight where the skinny GEMM reads faster than
+    cuBLAS take it; everything else is cuBLAS through torch."""
+    if bias is None and use_triton(x) and x.dim() == 2:
         from deltaserve.kernels.linear import triton_skinny_gemm as skinny
-        if x.shape[0] <= skinny.MAX_ROWS:
+        if x.shape[0] <= skinny.MAX_ROWS and skinny.faster_than_cublas(weight.shape[0]):
             return skinny.skinny_gemm(x, weight)
     return _linear.linear(x, weight) if bias is None else torch.nn.functional.linear(x, weight, bias)
 

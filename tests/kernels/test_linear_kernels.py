@@ -7,7 +7,7 @@ import torch
 
 from deltaserve import kernels
 from deltaserve.kernels.linear import reference
-from deltaserve.kernels.linear.triton_skinny_gemm import default_tiles, skinny_gemm
+from deltaserve.kernels.linear.triton_skinny_gemm import default_tiles, faster_than_cublas, skinny_gemm
 from tests.kernels.conftest import assert_close
 
 pytestmark = pytest.mark.triton
@@ -37,3 +37,9 @@ def test_linear_dispatch_keeps_bias_and_many_rows_on_the_reference():
     x, weight, bias = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
     assert_close(kernels.linear(x, weight, bias), x @ weight.T + bias)
     assert_close(kernels.linear(x, weight), x @ weight.T)
+
+
+def test_skinny_gemm_is_chosen_where_it_measured_faster():
+    # benchmarks/results/skinny_gemm.json: faster for these weights, slower for the second list
+    assert all(faster_than_cublas(n) for n in (2048, 4096, 12352, 248320))
+    assert not any(faster_than_cublas(n) for n in (264, 9216, 10240, 24576))
