@@ -1,13 +1,10 @@
-"""Turns a StepPlan into the host-side lists of a flat ragged batch, then into device tensors."""
+"""Turns a StepPlan into the host-side lists of a flat ragged batch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from deltaserve.engine.step_plan import StepPlan
-from deltaserve.host_to_device import to_device  # noqa: F401  (the runner's import point)
 
 
 @dataclass

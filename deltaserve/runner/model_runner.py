@@ -13,7 +13,8 @@ from deltaserve.engine.request import PENDING_TOKEN
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.models.decoder import DecoderLM
-from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_block_tables, to_device
+from deltaserve.host_to_device import to_device
+from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_block_tables
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.forward_batch import ForwardBatch
 from deltaserve.runner.launched_step import LaunchedStep
@@ -90,7 +91,8 @@ class ModelRunner:
             _take_pending(batch.input_ids, pending, previous)
             logits = self.model.compute_logits(self.model(batch.input_ids, batch)[batch.logits_indices])
         self._save_snapshots(plan)
-        return LaunchedStep(list(plan.chunks), self.sampler.sample_on_device(logits, [c.request for c in plan.chunks]))
+        tokens = self.sampler.sample_on_device(logits, [c.request for c in plan.chunks])
+        return LaunchedStep(list(plan.chunks), tokens)
 
     def _prepare_states(self, plan: StepPlan) -> None:
         """Zeroes the state slots of sequences starting from their first token and copies restored
@@ -152,5 +154,6 @@ class ModelRunner:
 def _take_pending(input_ids: torch.Tensor, pending: list[tuple[int, int]], previous: LaunchedStep | None) -> None:
     """input_ids[row] = the token `previous` sampled in its row `source`, for each (row, source)."""
     if pending:
-        rows, sources = to_device([r for r, _ in pending], input_ids.device), to_device([s for _, s in pending], input_ids.device)
+        rows = to_device([row for row, _ in pending], input_ids.device)
+        sources = to_device([source for _, source in pending], input_ids.device)
         input_ids.index_copy_(0, rows, previous.tokens.index_select(0, sources))
