@@ -36,6 +36,24 @@ def _history(x, conv_state, state_base, end_row, start, channels, mask_c, stride
 
 
 @triton.jit
+def _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, state_base, live, channels, mask_c,
+                    stride_x, stride_s_c, stride_w, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """silu(causal conv) of a [BLOCK_T, BLOCK_C] tile: row r's inputs before its sequence's `start`
+    come from the old conv state at `state_base` (one per row; none where not `live`)."""
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(K):
+        src = rows - (K - 1) + j
+        in_x = src >= start
+        xv = tl.load(x + src.to(tl.int64)[:, None] * stride_x + channels[None, :],
+                     mask=(row_ok & in_x)[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+        sv = tl.load(conv_state + state_base[:, None] + channels[None, :] * stride_s_c + (src - start + K - 1)[:, None],
+                     mask=(row_ok & ~in_x & live)[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+        w = tl.load(weight + channels * stride_w + j, mask=mask_c, other=0.0).to(tl.float32)
+        acc += (xv + sv) * w[None, :]
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit
 def _causal_conv1d_kernel(
     x, weight, conv_state, state_slots, query_start_loc, capture_rows, capture_slots, snapshots, out,
     num_captures, stride_x, stride_out, stride_w, stride_s_slot, stride_s_c, stride_snap_slot, stride_snap_c,
@@ -61,17 +79,8 @@ def _causal_conv1d_kernel(
         while t0 < end:  # a while loop: the interpreter cannot take loaded bounds in range()
             rows = t0 + tl.arange(0, BLOCK_T)
             row_ok = rows < end
-            acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-            for j in tl.static_range(K):
-                src = rows - (K - 1) + j
-                in_x = src >= start
-                xv = tl.load(x + src.to(tl.int64)[:, None] * stride_x + channels[None, :],
-                             mask=(row_ok & in_x)[:, None] & mask_cw[None, :], other=0.0).to(tl.float32)
-                sv = tl.load(conv_state + state_base + channels[None, :] * stride_s_c + (src - start + K - 1)[:, None],
-                             mask=(row_ok & ~in_x)[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
-                w = tl.load(weight + channels * stride_w + j, mask=mask_cw, other=0.0).to(tl.float32)
-                acc += (xv + sv) * w[None, :]
-            y = acc / (1.0 + tl.exp(-acc))
+            y = _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, state_base + tl.zeros([BLOCK_T], tl.int64),
+                                live, channels, mask_cw, stride_x, stride_s_c, stride_w, K, BLOCK_T, BLOCK_C)
             tl.store(out + rows.to(tl.int64)[:, None] * stride_out + channels[None, :], y.to(out.dtype.element_ty),
                      mask=row_ok[:, None] & mask_cw[None, :])
             t0 += BLOCK_T
@@ -121,17 +130,8 @@ def _conv_rows_kernel(
     state_base = tl.where(live, slot, 0) * stride_s_slot
     channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = channels < CHANNELS
-    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-    for j in tl.static_range(K):
-        src = rows - (K - 1) + j
-        in_x = src >= start
-        xv = tl.load(x + src.to(tl.int64)[:, None] * stride_x + channels[None, :],
-                     mask=(row_ok & in_x)[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
-        sv = tl.load(conv_state + state_base[:, None] + channels[None, :] * stride_s_c + (src - start + K - 1)[:, None],
-                     mask=(row_ok & ~in_x & live)[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
-        w = tl.load(weight + channels * stride_w + j, mask=mask_c, other=0.0).to(tl.float32)
-        acc += (xv + sv) * w[None, :]
-    y = acc / (1.0 + tl.exp(-acc))
+    y = _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, state_base, live, channels, mask_c,
+                        stride_x, stride_s_c, stride_w, K, BLOCK_T, BLOCK_C)
     tl.store(out + rows.to(tl.int64)[:, None] * stride_out + channels[None, :], y.to(out.dtype.element_ty),
              mask=row_ok[:, None] & mask_c[None, :])
 
