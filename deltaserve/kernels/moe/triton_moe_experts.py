@@ -76,16 +76,21 @@ def _block_rows(block, offsets, block_start, EXPERTS: tl.constexpr, BLOCK_E: tl.
 
 
 @triton.jit
+def _block_and_column_tile(COLUMNS_FAST: tl.constexpr):
+    """This program's (row block, column tile) in the grid order `_grid` launched."""
+    if COLUMNS_FAST:  # the programs of one block of rows run together: its gathered rows are read once
+        return tl.program_id(1), tl.program_id(0)
+    return tl.program_id(0), tl.program_id(1)  # the blocks of one expert run together: its weight tile is read once
+
+
+@triton.jit
 def _moe_gate_up_kernel(
     x, w13, order, offsets, block_start, inter, stride_x, stride_we, stride_wn, stride_inter,
     EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     COLUMNS_FAST: tl.constexpr,
 ):
-    if COLUMNS_FAST:  # the programs of one block of rows run together: its gathered rows are read once
-        ntile, block = tl.program_id(0), tl.program_id(1)
-    else:  # the blocks of one expert run together: its weight tile is read once
-        block, ntile = tl.program_id(0), tl.program_id(1)
+    block, ntile = _block_and_column_tile(COLUMNS_FAST)
     expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
     if lo < hi:
         offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -118,10 +123,7 @@ def _moe_down_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
     COLUMNS_FAST: tl.constexpr,
 ):
-    if COLUMNS_FAST:  # the programs of one block of rows run together: its gathered rows are read once
-        ntile, block = tl.program_id(0), tl.program_id(1)
-    else:  # the blocks of one expert run together: its weight tile is read once
-        block, ntile = tl.program_id(0), tl.program_id(1)
+    block, ntile = _block_and_column_tile(COLUMNS_FAST)
     expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
     if lo < hi:
         offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
