@@ -75,7 +75,7 @@ class LLMEngine:
         self.runner = loaded.runner
         self._parents: dict[str, ParentRequest] = {}
         self._owner: dict[Request, ParentRequest] = {}
-        self._launched = None  # (plan, LaunchedStep) of a step still running, its tokens not read back
+        self._launched = None  # LaunchedStep of a step still running, its tokens not read back
         self.stats_counters = EngineStats()
 
     @classmethod
@@ -157,16 +157,16 @@ class LLMEngine:
         previous, self._launched = self._launched, None
         if plan and self.config.async_scheduling and self.runner.can_launch(plan):
             try:
-                launched = self.runner.launch(plan, previous[1] if previous else None)
+                launched = self.runner.launch(plan, previous)
             except Exception:
                 log.exception("step failed; aborting the %d requests it held", len(plan.chunks))
                 failed = self._fail(plan)
             else:
                 self._started(plan)
-                self._launched = (plan, launched)
+                self._launched = launched
             plan = None
         if previous is not None:
-            self._finish_step(previous[0], previous[1].sampling, previous[1].token_ids(), None, touched)
+            self._finish_step(previous.plan, previous.plan.chunks, previous.token_ids(), None, touched)
         if plan is not None:
             plan.drop_finished()  # tokens just read back may have stopped some of its requests
         if plan:

@@ -29,7 +29,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         from deltaserve.kernels.linear import triton_skinny_gemm as skinny
         if x.shape[0] <= skinny.MAX_ROWS and skinny.faster_than_cublas(weight.shape[0]):
             return skinny.skinny_gemm(x, weight)
-    return _linear.linear(x, weight) if bias is None else torch.nn.functional.linear(x, weight, bias)
+    return _linear.linear(x, weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:

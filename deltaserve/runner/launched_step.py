@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from deltaserve.engine.step_plan import ScheduledChunk
+from deltaserve.engine.step_plan import StepPlan
 
 
 class LaunchedStep:
-    def __init__(self, sampling: list[ScheduledChunk], tokens: torch.Tensor):
-        self.sampling = sampling
-        self.tokens = tokens  # [len(sampling)] int64 on the device: the next step's input ids come from here
-        self.rows = {chunk.request: row for row, chunk in enumerate(sampling)}
+    def __init__(self, plan: StepPlan, tokens: torch.Tensor):
+        self.plan = plan  # a decode plan: every chunk samples, row i is chunk i
+        self.tokens = tokens  # [rows] int64 on the device: the next step's input ids come from here
+        self.rows = {chunk.request: row for row, chunk in enumerate(plan.chunks)}
         on_gpu = tokens.is_cuda
         self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=on_gpu)
         self._host.copy_(tokens, non_blocking=on_gpu)
@@ -24,7 +24,7 @@ class LaunchedStep:
             self._ready.record()
 
     def token_ids(self) -> list[int]:
-        """Waits for this step's tokens (only for them) and returns them, one per sampling chunk."""
+        """Waits for this step's tokens (only for them) and returns them, one per chunk."""
         if self._ready is not None:
             self._ready.synchronize()
         return self._host.tolist()

@@ -91,8 +91,7 @@ class ModelRunner:
             _take_pending(batch.input_ids, pending, previous)
             logits = self.model.compute_logits(self.model(batch.input_ids, batch)[batch.logits_indices])
         self._save_snapshots(plan)
-        tokens = self.sampler.sample_on_device(logits, [c.request for c in plan.chunks])
-        return LaunchedStep(list(plan.chunks), tokens)
+        return LaunchedStep(plan, self.sampler.sample_on_device(logits, [c.request for c in plan.chunks]))
 
     def _prepare_states(self, plan: StepPlan) -> None:
         """Zeroes the state slots of sequences starting from their first token and copies restored
@@ -154,6 +153,5 @@ class ModelRunner:
 def _take_pending(input_ids: torch.Tensor, pending: list[tuple[int, int]], previous: LaunchedStep | None) -> None:
     """input_ids[row] = the token `previous` sampled in its row `source`, for each (row, source)."""
     if pending:
-        rows = to_device([row for row, _ in pending], input_ids.device)
-        sources = to_device([source for _, source in pending], input_ids.device)
+        rows, sources = to_device(list(zip(*pending)), input_ids.device)  # one copy: [2, len(pending)]
         input_ids.index_copy_(0, rows, previous.tokens.index_select(0, sources))
