@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
-import tempfile
 import time
 
 import torch
@@ -24,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from benchmarks.shapes import weight_bytes, write_shape  # noqa: E402
+from benchmarks.shapes import dummy_engine, random_tokens, weight_bytes  # noqa: E402
 from deltaserve.engine.llm_engine import LLMEngine  # noqa: E402
 from deltaserve.sampling_params import SamplingParams  # noqa: E402
 
@@ -89,17 +87,15 @@ def main() -> None:
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",") if c]
     prefills = [int(p) for p in args.prefill.split(",") if p]
-    directory = write_shape(args.shape, tempfile.mkdtemp())
     started = time.perf_counter()
-    engine = LLMEngine.from_args(directory, load_format="dummy", device=args.device, max_num_seqs=max(ladder),
-                                 max_num_batched_tokens=max(prefills + [PROMPT * max(ladder)]),
-                                 max_model_len=args.max_model_len, enable_prefix_caching=False)
+    engine = dummy_engine(args.shape, device=args.device, max_num_seqs=max(ladder),
+                          max_num_batched_tokens=max(prefills + [PROMPT * max(ladder)]),
+                          max_model_len=args.max_model_len, enable_prefix_caching=False)
     weights = weight_bytes(engine.runner.model)
     result = {**results_io.header(), "shape": args.shape, "startup_s": round(time.perf_counter() - started, 1),
               "weights_gb": {k: round(v / 1e9, 3) for k, v in weights.items()}, "decode": [], "prefill": []}
-    rng = random.Random(0)
-    vocab = engine.model_config.vocab_size
-    prompts = lambda n, length: [[rng.randrange(vocab) for _ in range(length)] for _ in range(n)]  # noqa: E731
+    tokens = random_tokens(engine.model_config.vocab_size)
+    prompts = lambda n, length: [tokens(length) for _ in range(n)]  # noqa: E731
     for c in ladder:
         run_batch(engine, prompts(c, PROMPT), 16)  # warm-up at this concurrency
         r = run_batch(engine, prompts(c, PROMPT), args.generated)

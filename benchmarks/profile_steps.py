@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
-import tempfile
 import time
 
 import torch
@@ -23,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.prefix_cache_bench import _warm_up, prefill  # noqa: E402
-from benchmarks.shapes import write_shape  # noqa: E402
+from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.llm_engine import LLMEngine  # noqa: E402
 from deltaserve.sampling_params import SamplingParams  # noqa: E402
 
@@ -129,12 +127,8 @@ def main() -> None:
     ap.add_argument("--no-prefix", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    directory = write_shape(args.shape, tempfile.mkdtemp())
-    engine = LLMEngine.from_args(directory, load_format="dummy", max_num_seqs=128, max_model_len=16384,
-                                 max_num_batched_tokens=8192)
-    rng = random.Random(0)
-    vocab = engine.model_config.vocab_size
-    tokens = lambda n: [rng.randrange(vocab) for _ in range(n)]  # noqa: E731
+    engine = dummy_engine(args.shape, max_num_seqs=128, max_model_len=16384, max_num_batched_tokens=8192)
+    tokens = random_tokens(engine.model_config.vocab_size)
     result = {**results_io.header(), "shape": args.shape}
     log = StepLog(engine)
     if not args.no_prefix:

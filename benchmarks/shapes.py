@@ -65,3 +65,21 @@ def weight_bytes(model) -> dict:
     if model.config.tie_word_embeddings:
         dense += embed  # the tied table is read whole as the LM head
     return {"dense": dense, "experts": experts, "embedding": embed}
+
+
+def dummy_engine(name: str, **engine_kwargs):
+    """An LLMEngine with random weights in the shape `name` (its config written to a temporary folder)."""
+    import tempfile
+
+    from deltaserve.engine.llm_engine import LLMEngine
+
+    return LLMEngine.from_args(write_shape(name, tempfile.mkdtemp()), load_format="dummy", **engine_kwargs)
+
+
+def random_tokens(vocab: int, seed: int = 0):
+    """tokens(n): n token ids drawn from one seeded stream."""
+    import random
+
+    rng = random.Random(seed)
+    return lambda n: [rng.randrange(vocab) for _ in range(n)]
+
