@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from deltaserve.host_to_device import to_device
+
 
 class CaptureRows:
     def __init__(self, pairs):
@@ -33,16 +35,11 @@ class CaptureRows:
         and the slot of each one's first capture (GDN; padded to n)."""
         key = str(device)
         if key not in self._tables:
-            first_slot = self._first_slot
-            distinct = sorted(first_slot)
-            n = len(self.pairs)
-            host = torch.zeros((4, n), dtype=torch.int32, pin_memory=device.type == "cuda")
-            if n:
-                host[0] = torch.tensor([r for r, _ in self.pairs], dtype=torch.int32)
-                host[1] = torch.tensor([s for _, s in self.pairs], dtype=torch.int32)
-                host[2, : len(distinct)] = torch.tensor(distinct, dtype=torch.int32)
-                host[3, : len(distinct)] = torch.tensor([first_slot[r] for r in distinct], dtype=torch.int32)
-            self._tables[key] = (host.to(device, non_blocking=True), len(distinct))
+            distinct = sorted(self._first_slot)
+            padding = [0] * (len(self.pairs) - len(distinct))
+            rows = [[row for row, _ in self.pairs], [slot for _, slot in self.pairs],
+                    distinct + padding, [self._first_slot[row] for row in distinct] + padding]
+            self._tables[key] = (to_device(rows, device, torch.int32).reshape(4, len(self.pairs)), len(distinct))
         return self._tables[key]
 
     def all_pairs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
