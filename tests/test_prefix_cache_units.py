@@ -208,6 +208,38 @@ def test_a_diverging_request_restores_from_the_furthest_snapshot_inside_its_cach
     assert plan.chunks[0].start == 20 and len(plan.restores) == 1
 
 
+def test_a_follow_up_turn_runs_in_one_pass_and_sent_again_replays_that_pass():
+    sched = _scheduler(budget=256)
+    rng = random.Random()
+    first = [rng.randrange(1000) for _ in range(rng.randint(30, 40))]
+    plans = _run(sched, _request(first, "turn1", max_tokens=6))  # decode saves the state at block boundaries
+    restore_point = (len(first) + 6 - 1) // BS * BS  # the last boundary the reply's decode reached
+    follow_up = first + [7] * 6 + [rng.randrange(1000) for _ in range(rng.randint(9, 30))]
+    boundary = (len(follow_up) - 1) // BS * BS
+    for name in ("turn2", "turn2 again"):
+        request = _request(follow_up, name, capture_points=[len(first) + 6])
+        plans = _run(sched, request)
+        assert [(c.start, c.end) for c in plans[0].chunks] == [(restore_point, len(follow_up))]
+        assert request.num_cached_tokens == restore_point < boundary
+        # the pass saved the boundary and the message start all the same; sent again, it still cuts at
+        # the restore point, whose snapshot outlived the decode captures
+        assert sched.prefix_cache.snapshots.find(chain_hashes(follow_up, BS)[boundary // BS - 1]) is not None
+
+
+def test_a_request_restored_far_below_its_end_still_cuts_at_its_last_boundary():
+    sched = _scheduler(num_blocks=256, budget=512)
+    shared = list(range(1000, 1040))
+    _run(sched, _request(shared + [1], "short"))
+    prompt = shared + list(range(300))  # its restore point, 40, is 296 tokens below its last boundary
+    plans = _run(sched, _request(prompt, "long"))
+    boundary = (len(prompt) - 1) // BS * BS
+    assert [(c.start, c.end) for c in plans[0].chunks] == [(40, boundary)]
+    assert [(c.start, c.end) for c in plans[1].chunks] == [(boundary, len(prompt))]
+    again = _request(prompt, "again")
+    sched.add(again)
+    assert [(c.start, c.end) for c in _step(sched).chunks] == [(boundary, len(prompt))]
+
+
 def test_attention_only_models_restart_at_the_end_of_the_cached_run():
     sched = _scheduler(hybrid=False)
     prompt = list(range(500, 527))

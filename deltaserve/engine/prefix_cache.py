@@ -6,18 +6,23 @@ what each step computed; the ModelRunner moves the tensors.
 - A hybrid model (GDN layers) can restart a sequence only where its recurrent state was saved: a
   hit is the longest run of cached blocks cut back to the furthest snapshot at or before its end.
   An attention-only model (snapshots None) restarts at the end of the run.
-- Exact replay: every prefill pass is cut at the request's replay point, the last block boundary
-  strictly below its length. A cold request computes [replay point, end) in a pass of its own, and
-  the state after [0, replay point) is that pass's initial state; the same request sent again
-  restores exactly that state and runs the same last pass over the same KV, so its logits are the
-  same bytes.
-- Snapshot capture points, block-aligned: the replay point and one block before it, the start of
-  each message (`Request.capture_points`, floored to a block), every `snapshot_interval` tokens, and
-  each block boundary reached at the end of a step once the prompt is done (decode).
+- Exact replay: no prefill pass crosses the request's replay point, and the same request sent again
+  restores exactly the state at that point and runs the same last pass over the same KV, so its
+  logits are the same bytes. A request that restores from a snapshot replays from there: its last
+  pass is [restore point, end), one pass for a follow-up turn. A cold request replays from the last
+  block boundary strictly below its length and computes the few tokens after it in a pass of their
+  own. Each prompt's replay point is recorded (`replay_points`, keyed by the hash of the whole
+  prompt), so a request sent again cuts where the first run cut, not at a snapshot that run saved
+  inside its last pass.
+- Snapshot capture points, block-aligned: the last block boundary strictly below the prompt's length
+  and one block before it, the start of each message (`Request.capture_points`, floored to a
+  block), every `snapshot_interval` tokens, and each block boundary reached at the end of a step
+  once the prompt is done (decode).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from deltaserve.cache.block_allocator import BlockAllocator
@@ -31,13 +36,23 @@ from deltaserve.engine.step_plan import SnapshotCapture, SnapshotRestore, StepPl
 # scheduling); its block hash is taken when the step is committed, once every token is known.
 UNNAMED = b"unnamed"
 
+# A request restored within this many tokens of its last block boundary replays from its restore point
+# (one pass); one restored further back cuts at that boundary too, so that sending it again recomputes
+# a few tokens rather than all of them. A pass this short costs about what a shorter one does on a MoE
+# model (it reads nearly every expert either way).
+ONE_PASS_MAX_TOKENS = 256
+
+# Replay points remembered per prompt (a few dozen bytes each), least recently used dropped first.
+MAX_REPLAY_RECORDS = 65536
+
 
 @dataclass
 class PrefixHit:
     blocks: list[int]  # cached KV blocks the request shares, covering [0, num_tokens)
     num_tokens: int  # the request restarts from here (block-aligned, < its length)
     snapshot_slot: int | None  # the GDN state after num_tokens tokens (hybrid models, num_tokens > 0)
-    replay_point: int
+    replay_point: int  # the request's last prefill pass starts here
+    prompt_key: BlockHash  # the hash of the whole prompt, under which the replay point is recorded
 
 
 class PrefixCache:
@@ -49,8 +64,10 @@ class PrefixCache:
         self.snapshot_step = max(block_size, snapshot_interval // block_size * block_size)
         self.num_queries = 0  # tokens looked up
         self.num_hits = 0  # tokens found
+        self.replay_points: OrderedDict[BlockHash, int] = OrderedDict()
 
-    def replay_point(self, num_tokens: int) -> int:
+    def last_boundary(self, num_tokens: int) -> int:
+        """The last block boundary strictly below num_tokens: a cold request's replay point."""
         return (num_tokens - 1) // self.block_size * self.block_size
 
     def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
@@ -62,17 +79,27 @@ class PrefixCache:
 
     # -- admission --------------------------------------------------------------------------------
     def lookup(self, request: Request) -> PrefixHit:
-        """Where a request starting from scratch can restart; takes no references."""
-        replay = self.replay_point(request.num_tokens)
-        hashes = self.block_hashes(request, replay // self.block_size)
-        blocks = self.blocks.cached_prefix(hashes[: replay // self.block_size])
+        """Where a request starting from scratch can restart; takes no references. A prompt seen before
+        restarts at most from its recorded replay point, a new one at most from the last block boundary
+        below its length, and replays from its restore point when that is near the boundary."""
+        boundary = self.last_boundary(request.num_tokens)
+        hashes = self.block_hashes(request, boundary // self.block_size)
+        key = hash_block(hashes[-1] if hashes else None, request.token_ids_slice(boundary, request.num_tokens))
+        recorded = self.replay_points.get(key)
+        limit = boundary if recorded is None else recorded
+        blocks = self.blocks.cached_prefix(hashes[: limit // self.block_size])
         slot = None
         if self.snapshots is not None:
             count = len(blocks)
             while count and (slot := self.snapshots.find(hashes[count - 1])) is None:
                 count -= 1
             blocks = blocks[:count]
-        return PrefixHit(blocks, len(blocks) * self.block_size, slot, replay)
+        start = len(blocks) * self.block_size
+        if recorded is not None:
+            replay = recorded
+        else:
+            replay = start if 0 < start and boundary - start <= ONE_PASS_MAX_TOKENS else boundary
+        return PrefixHit(blocks, start, slot, replay, key)
 
     def admit(self, request: Request, hit: PrefixHit, plan: StepPlan) -> None:
         """Takes the hit's references and starts the request from it. Its state slot is allocated."""
@@ -85,17 +112,25 @@ class PrefixCache:
         if request.num_preemptions == 0:
             request.num_cached_tokens = hit.num_tokens
         request.replay_point = hit.replay_point
+        self._record_replay_point(hit)
         if self.snapshots is None:
             return
         request.snapshot_positions = self._snapshot_positions(request, hit.replay_point)
         if hit.num_tokens:
             self.snapshots.acquire(hit.snapshot_slot)
             request.snapshot_refs[hit.snapshot_slot] = None
-            plan.restores.append(SnapshotRestore(request, hit.snapshot_slot))
+            plan.restores.append(SnapshotRestore(request, hit.snapshot_slot, hit.num_tokens == hit.replay_point))
+
+    def _record_replay_point(self, hit: PrefixHit) -> None:
+        self.replay_points[hit.prompt_key] = hit.replay_point
+        self.replay_points.move_to_end(hit.prompt_key)
+        if len(self.replay_points) > MAX_REPLAY_RECORDS:
+            self.replay_points.popitem(last=False)
 
     def _snapshot_positions(self, request: Request, replay: int) -> list[int]:
         size, length = self.block_size, request.num_tokens
-        points = {replay, replay - size}
+        boundary = self.last_boundary(length)
+        points = {replay, boundary, boundary - size}
         points.update(offset // size * size for offset in request.capture_points)
         points.update(range(self.snapshot_step, length, self.snapshot_step))
         return sorted(p for p in points if 0 < p < length)
@@ -144,10 +179,11 @@ class PrefixCache:
                 for i in range(request.num_registered_blocks, full):
                     self.blocks.register(request.block_ids[i], hashes[i])
                 request.num_registered_blocks = full
-        for restore in plan.restores:  # before the captures: what a step saved is newer than its start
-            if restore.snapshot_slot in restore.request.snapshot_refs:
-                del restore.request.snapshot_refs[restore.snapshot_slot]
-                self.snapshots.release(restore.snapshot_slot)
+        # What a step saved is newer than its start, except a restore at the request's replay point: the
+        # same request sent again needs that one, so it is the last of them to evict.
+        for restore in plan.restores:
+            if not restore.at_replay_point:
+                self._release_restore(restore)
         for capture in sorted(plan.captures, key=lambda c: c.position):  # the latest is the last to evict
             request = capture.chunk.request
             name = request.snapshot_refs.pop(capture.snapshot_slot, None)
@@ -161,6 +197,14 @@ class PrefixCache:
                 if request.last_decode_snapshot is not None:
                     self.snapshots.demote(request.last_decode_snapshot)
                 request.last_decode_snapshot = name
+        for restore in plan.restores:
+            if restore.at_replay_point:
+                self._release_restore(restore)
+
+    def _release_restore(self, restore) -> None:
+        if restore.snapshot_slot in restore.request.snapshot_refs:
+            del restore.request.snapshot_refs[restore.snapshot_slot]
+            self.snapshots.release(restore.snapshot_slot)
 
     def release(self, request: Request) -> None:
         """The request stops (finished, aborted, failed or preempted): drops its snapshot references
@@ -176,6 +220,7 @@ class PrefixCache:
     def reset(self) -> None:
         """Forgets every cached block and every snapshot not in use."""
         self.blocks.reset_cache()
+        self.replay_points.clear()
         if self.snapshots is not None:
             self.snapshots.clear()
 

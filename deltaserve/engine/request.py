@@ -43,7 +43,7 @@ class Request:
     # prefix cache
     block_hashes: list[bytes] = field(default_factory=list)  # names of the full blocks known so far
     num_registered_blocks: int = 0  # leading blocks of block_ids already in the prefix cache
-    replay_point: int = 0  # a prefill pass ends here, so a later hit restores from a pass boundary
+    replay_point: int = 0  # no prefill pass crosses it: the same request sent again restores from here
     snapshot_positions: list[int] = field(default_factory=list)  # block-aligned prefill capture points
     snapshot_refs: dict[int, bytes | None] = field(default_factory=dict)  # slot -> hash (capture) or None (restore)
     last_decode_snapshot: bytes | None = None

@@ -29,6 +29,7 @@ class SnapshotRestore:
 
     request: Request
     snapshot_slot: int
+    at_replay_point: bool = False  # the request's last prefill pass starts from this state
 
 
 @dataclass
