@@ -18,6 +18,8 @@ from deltaserve.errors import DeltaServeError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
 from deltaserve.runner.cuda_graphs import DecodeGraphs
+from deltaserve.runner.prefill_graphs import MAX_ROWS as PREFILL_GRAPH_MAX_ROWS
+from deltaserve.runner.prefill_graphs import PrefillGraphs
 from deltaserve.runner.model_runner import ModelRunner
 from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.step_buffers import StepBuffers
@@ -60,13 +62,17 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         raise DeltaServeError(
             f"max_model_len={max_model_len} needs {max_model_len} KV slots but the pool holds {capacity} "
             f"({blocks.num_blocks} blocks of {config.block_size}); raise num_kv_blocks or lower max_model_len")
-    graphs = None
+    graphs = prefill_graphs = None
     if device.type == "cuda" and not config.enforce_eager:
-        buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device)
+        buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
+                              max_prefill_rows=min(PREFILL_GRAPH_MAX_ROWS, config.max_num_batched_tokens))
+        pool = torch.cuda.graph_pool_handle()
         graphs = DecodeGraphs(model, buffers, config.max_num_seqs)
-        graphs.capture()
+        graphs.capture(pool)
+        prefill_graphs = PrefillGraphs(model, buffers, snapshots)
+        prefill_graphs.capture(pool)
     runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device,
-                         Sampler(model_config.vocab_size, device, config.seed), graphs, snapshots)
+                         Sampler(model_config.vocab_size, device, config.seed), graphs, snapshots, prefill_graphs)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots, %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, snapshots.num_slots if snapshots else 0, max_model_len)

@@ -55,3 +55,21 @@ class CaptureRows:
 
 def as_capture_rows(capture_rows) -> CaptureRows:
     return capture_rows if isinstance(capture_rows, CaptureRows) else CaptureRows(capture_rows or ())
+
+
+class GraphCaptureRows(CaptureRows):
+    """The captures of a graph-replayed step: a fixed-size device table [4, n] (the layout `_on`
+    builds) that the step refreshes before each replay. Its rows are distinct, so nothing repeats."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__(())
+        self.table = table
+
+    def __len__(self) -> int:
+        return self.table.shape[1]
+
+    def __iter__(self):
+        raise TypeError("a graph's capture rows live on the device")
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, int]:
+        return self.table, self.table.shape[1]

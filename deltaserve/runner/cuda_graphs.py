@@ -27,6 +27,19 @@ def batch_size_ladder(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
+def capture_graph(forward, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Runs `forward` twice (every kernel compiled and tuned outside the capture), then captures it
+    into the memory pool `pool`; returns the graph and the output it writes at each replay."""
+    for _ in range(2):
+        forward()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        output = forward()
+    torch.cuda.synchronize()
+    return graph, output
+
+
 class DecodeGraphs:
     def __init__(self, model: DecoderLM, buffers: StepBuffers, max_num_seqs: int):
         self.model = model
@@ -39,21 +52,14 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.sizes[-1]
 
-    def capture(self) -> None:
+    def capture(self, pool) -> None:
         started, before = time.perf_counter(), torch.cuda.memory_allocated()
-        pool = torch.cuda.graph_pool_handle()
         empty = HostBatch([], [], [0], [], [], [], [], [])
         for size in reversed(self.sizes):  # largest first, so the smaller ones reuse its memory
             self.buffers.load_decode(empty, size)
             batch = self.buffers.view(size)
-            for _ in range(2):  # compile and tune every kernel outside the capture
-                self.model.compute_logits(self.model(batch.input_ids, batch))
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self.model.compute_logits(self.model(batch.input_ids, batch))
-            self.graphs[size] = graph
-        torch.cuda.synchronize()
+            self.graphs[size], self.logits[size] = capture_graph(
+                lambda: self.model.compute_logits(self.model(batch.input_ids, batch)), pool)
         log.info("captured %d decode graphs (batch %d..%d) in %.1f s using %.0f MiB", len(self.sizes), self.sizes[0],
                  self.sizes[-1], time.perf_counter() - started, (torch.cuda.memory_allocated() - before) / 2**20)
 

@@ -18,6 +18,7 @@ from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_blo
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.forward_batch import ForwardBatch
 from deltaserve.runner.launched_step import LaunchedStep
+from deltaserve.runner.prefill_graphs import PrefillGraphs
 from deltaserve.runner.sampler import Sampler, prompt_logprob_entries
 from deltaserve.runner.snapshot_steps import chunk_end_saves, mid_chunk_capture_rows, restore_pairs
 
@@ -37,10 +38,11 @@ class StepResult:
 class ModelRunner:
     def __init__(self, model: DecoderLM, kv_pool: KVPool | None, state_pool: StatePool | None, block_size: int,
                  device: torch.device, sampler: Sampler, graphs: DecodeGraphs | None = None,
-                 snapshots: SnapshotPool | None = None):
+                 snapshots: SnapshotPool | None = None, prefill_graphs: PrefillGraphs | None = None):
         self.model = model
         self.snapshots = snapshots  # prefix-cache GDN state snapshots; None without GDN layers or caching
         self.graphs = graphs  # None: every step runs eagerly
+        self.prefill_graphs = prefill_graphs  # None: every prefill pass runs eagerly
         self.kv_pool = kv_pool
         self.state_pool = state_pool
         self.block_size = block_size
@@ -54,20 +56,22 @@ class ModelRunner:
         host = build_host_batch(plan, self.block_size)
         sampling = [c for c in plan.chunks if c.samples]
         prompt_logprobs = {}
-        if self._replayable(plan):
+        decode_graph = self._replayable(plan)
+        captures = mid_chunk_capture_rows(plan) if self.snapshots is not None and not decode_graph else []
+        if decode_graph:
             logits = self.graphs.run(host)
-            self._save_snapshots(plan)
+        elif self._prefill_replayable(plan, captures):
+            logits = self.prefill_graphs.run(host, captures)
         else:
             batch = self.to_forward_batch(host, plan.is_decode)
-            capture_rows = mid_chunk_capture_rows(plan) if self.snapshots is not None else []
-            if capture_rows:  # the GDN kernels save these states as they pass the rows
-                batch.capture_rows, batch.snapshot_pool = CaptureRows(capture_rows), self.snapshots
+            if captures:  # the GDN kernels save these states as they pass the rows
+                batch.capture_rows, batch.snapshot_pool = CaptureRows(captures), self.snapshots
             hidden = self.model(batch.input_ids, batch)
-            self._save_snapshots(plan)
             prompt_logprobs = self._prompt_logprobs(plan, host, hidden)
-            if not sampling:
-                return StepResult(prompt_logprobs=prompt_logprobs)
-            logits = self.model.compute_logits(hidden[batch.logits_indices])
+            logits = self.model.compute_logits(hidden[batch.logits_indices]) if sampling else None
+        self._save_snapshots(plan)
+        if not sampling:
+            return StepResult(prompt_logprobs=prompt_logprobs)
         tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
         return StepResult(sampling, tokens, logprobs, prompt_logprobs)
 
@@ -124,6 +128,14 @@ class ModelRunner:
     def _replayable(self, plan: StepPlan) -> bool:
         return (self.graphs is not None and plan.is_decode and len(plan.chunks) <= self.graphs.max_batch
                 and all(c.samples for c in plan.chunks))
+
+    def _prefill_replayable(self, plan: StepPlan, captures: list[tuple[int, int]]) -> bool:
+        """One sequence's short prefill pass (a prefix-cache hit's tail, a short prompt)."""
+        if self.prefill_graphs is None or len(plan.chunks) != 1 or plan.is_decode:
+            return False
+        chunk = plan.chunks[0]
+        return (chunk.request.params.prompt_logprobs is None
+                and self.prefill_graphs.rung(chunk.num_tokens, captures) is not None)
 
     def to_forward_batch(self, host: HostBatch, is_decode: bool) -> ForwardBatch:
         dev = lambda values: to_device(values, self.device)  # noqa: E731

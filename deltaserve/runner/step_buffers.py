@@ -1,11 +1,13 @@
 """StepBuffers: every device address that a graph-replayed step reads or writes.
 
 The metadata of a step (input ids, positions, sequence lengths, KV slot mapping, state slots, query
-start offsets, block tables) lives in buffers allocated once at start-up; a step only
-refreshes their contents, so CUDA graphs captured over them stay valid. The 1-D fields are views
-into one device tensor, filled by a single host-to-device copy from a pinned mirror. The pools are
-referenced here too, and the buffers of speculative decoding (draft tokens and per-row verify
-metadata) have their place beside them.
+start offsets, block tables, the row turned into logits, the rows whose GDN state is captured) lives
+in buffers allocated once at start-up; a step only refreshes their contents, so CUDA graphs captured
+over them stay valid. The 1-D fields are views into one device tensor, filled by a single
+host-to-device copy from a pinned mirror. Two layouts share them: a decode step (one row per
+sequence) and a short prefill pass (one sequence's rows, then a padding sequence up to the graph's
+row count). The pools are referenced here too, and the buffers of speculative decoding (draft tokens
+and per-row verify metadata) have their place beside them.
 """
 
 from __future__ import annotations
@@ -15,62 +17,124 @@ import torch
 
 from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.state_pool import StatePool
+from deltaserve.kernels.capture_rows import CaptureRows, GraphCaptureRows
 from deltaserve.runner.batch_builder import HostBatch
 from deltaserve.runner.forward_batch import ForwardBatch
 
-FIELDS = ("input_ids", "positions", "seq_lens", "slot_mapping", "state_slots")
+ROW_FIELDS = ("input_ids", "positions", "slot_mapping")
+SEQUENCE_FIELDS = ("seq_lens", "state_slots")
+
+# Mid-pass snapshot captures a graph-replayed prefill pass can make (its tables have this many
+# entries; the unused ones save padding rows into the snapshot pool's spare slot).
+MAX_GRAPH_CAPTURES = 4
+
+
+def graph_capture_pairs(captures: list[tuple[int, int]], num_rows: int, padding_snapshot_slot: int
+                        ) -> list[tuple[int, int]]:
+    """A prefill pass's (row, snapshot slot) captures, sorted, and then captures of its last rows (the
+    padding sequence's) into the spare slot, MAX_GRAPH_CAPTURES in all."""
+    spare = MAX_GRAPH_CAPTURES - len(captures)
+    return sorted(captures) + [(row, padding_snapshot_slot) for row in range(num_rows - spare, num_rows)]
 
 
 class StepBuffers:
     def __init__(self, max_batch: int, max_blocks_per_seq: int, kv_pool: KVPool | None,
-                 state_pool: StatePool | None, device: torch.device, num_speculative_tokens: int = 0):
-        self.max_batch = max_batch
+                 state_pool: StatePool | None, device: torch.device, num_speculative_tokens: int = 0,
+                 max_prefill_rows: int = 0):
+        self.max_batch = max(max_batch, 2)  # a prefill pass is two sequences: its own and the padding
+        self.max_rows = max(self.max_batch, max_prefill_rows)
         self.max_blocks = max_blocks_per_seq
         self.kv_pool, self.state_pool = kv_pool, state_pool
         self.padding_slot = state_pool.padding_slot if state_pool is not None else 0
-        size = len(FIELDS) * max_batch + max_batch + 1
+        self._offsets = {}
+        offset = 0
+        for name, length in ([(f, self.max_rows) for f in ROW_FIELDS] + [(f, self.max_batch) for f in SEQUENCE_FIELDS]
+                             + [("query_start_loc", self.max_batch + 1), ("logits_index", 1)]):
+            self._offsets[name] = (offset, offset + length)
+            offset += length
         pin = device.type == "cuda"
         # Two pinned mirrors, used in turn: with asynchronous scheduling a step is loaded while the one
         # before may still be queued, and its copy must not read a mirror being rewritten.
-        self._mirrors = [(torch.zeros(size, dtype=torch.int64, pin_memory=pin),
-                          torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int64, pin_memory=pin))
+        self._mirrors = [(torch.zeros(offset, dtype=torch.int64, pin_memory=pin),
+                          torch.zeros(self.max_batch, max_blocks_per_seq, dtype=torch.int64, pin_memory=pin),
+                          torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, pin_memory=pin))
                          for _ in range(2)]
         self._turn = 0
-        self.meta = torch.zeros(size, dtype=torch.int64, device=device)
-        for i, name in enumerate(FIELDS):
-            setattr(self, name, self.meta[i * max_batch : (i + 1) * max_batch])
-        self.query_start_loc = self.meta[len(FIELDS) * max_batch :]
-        self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int64, device=device)
+        self.meta = torch.zeros(offset, dtype=torch.int64, device=device)
+        for name, (start, end) in self._offsets.items():
+            setattr(self, name, self.meta[start:end])
+        self.block_tables = torch.zeros(self.max_batch, max_blocks_per_seq, dtype=torch.int64, device=device)
+        self.captures = torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, device=device)
         # Speculative decoding (MTP drafts verified in one step): per-row draft tokens and their count.
-        self.draft_tokens = torch.zeros(max_batch, num_speculative_tokens, dtype=torch.int64, device=device)
-        self.num_draft_tokens = torch.zeros(max_batch, dtype=torch.int64, device=device)
+        self.draft_tokens = torch.zeros(self.max_batch, num_speculative_tokens, dtype=torch.int64, device=device)
+        self.num_draft_tokens = torch.zeros(self.max_batch, dtype=torch.int64, device=device)
+
+    def _next_mirror(self):
+        mirror = self._mirrors[self._turn]
+        self._turn ^= 1
+        return mirror
+
+    def _field(self, meta: np.ndarray, name: str) -> np.ndarray:
+        start, end = self._offsets[name]
+        return meta[start:end]
 
     def load_decode(self, host: HostBatch, batch_size: int) -> None:
         """Writes one decode row per sequence into rows [0, n) and padding into rows [n, batch_size):
         padded rows write no KV (slot -1) and update only the spare state slot."""
         n = len(host.input_ids)
-        mirror, mirror_blocks = self._mirrors[self._turn]
-        self._turn ^= 1
+        mirror, mirror_blocks, _ = self._next_mirror()
         meta = mirror.numpy()
         fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0), "seq_lens": (host.seq_lens, 1),
                 "slot_mapping": (host.slot_mapping, -1), "state_slots": (host.state_slots, self.padding_slot)}
         for name, (values, pad) in fill.items():
-            i = FIELDS.index(name)
-            field = meta[i * self.max_batch : (i + 1) * self.max_batch]
+            field = self._field(meta, name)
             field[:n] = values
             field[n:batch_size] = pad
-        qsl = meta[len(FIELDS) * self.max_batch :]
-        qsl[: batch_size + 1] = np.arange(batch_size + 1)
+        self._field(meta, "query_start_loc")[: batch_size + 1] = np.arange(batch_size + 1)
         self.meta.copy_(mirror, non_blocking=True)
+        self._load_block_tables(mirror_blocks, host.block_tables, batch_size)
+
+    def load_prefill(self, host: HostBatch, num_rows: int, captures: list[tuple[int, int]],
+                     padding_snapshot_slot: int) -> None:
+        """Writes one sequence's prefill pass into rows [0, n) and a padding sequence into rows
+        [n, num_rows): it writes no KV and runs on the spare state slot. Row n - 1 gives the logits.
+        `captures` (row, snapshot slot), rows distinct and below n, are padded with captures of the
+        last padding rows into `padding_snapshot_slot` up to MAX_GRAPH_CAPTURES."""
+        n = len(host.input_ids)
+        spare = MAX_GRAPH_CAPTURES - len(captures)
+        assert len(host.seq_lens) == 1 and num_rows - n >= max(1, spare)
+        mirror, mirror_blocks, mirror_captures = self._next_mirror()
+        meta = mirror.numpy()
+        fill = {"input_ids": (host.input_ids, np.zeros(num_rows - n)),
+                "positions": (host.positions, np.arange(num_rows - n)),
+                "slot_mapping": (host.slot_mapping, np.full(num_rows - n, -1))}
+        for name, (values, padding) in fill.items():
+            field = self._field(meta, name)
+            field[:n] = values
+            field[n:num_rows] = padding
+        self._field(meta, "seq_lens")[:2] = (host.seq_lens[0], num_rows - n)
+        self._field(meta, "state_slots")[:2] = (host.state_slots[0], self.padding_slot)
+        self._field(meta, "query_start_loc")[:3] = (0, n, num_rows)
+        self._field(meta, "logits_index")[0] = n - 1
+        self.meta.copy_(mirror, non_blocking=True)
+        self._load_block_tables(mirror_blocks, host.block_tables, 2)
+        pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
+        table = mirror_captures.numpy()
+        table[0] = table[2] = [row for row, _ in pairs]  # every capture's row is distinct: no repeats
+        table[1] = table[3] = [slot for _, slot in pairs]
+        self.captures.copy_(mirror_captures, non_blocking=True)
+
+    def _load_block_tables(self, mirror_blocks: torch.Tensor, tables: list[list[int]], num_seqs: int) -> None:
         # Only the columns some row needs travel; a kernel never reads past a row's own length.
-        width = max((len(t) for t in host.block_tables), default=1) or 1
+        width = max((len(t) for t in tables), default=1) or 1
         blocks = mirror_blocks.numpy()
-        blocks[:batch_size, :width] = 0
-        for row, table in enumerate(host.block_tables):
+        blocks[:num_seqs, :width] = 0
+        for row, table in enumerate(tables):
             blocks[row, : len(table)] = table
-        self.block_tables[:batch_size, :width].copy_(mirror_blocks[:batch_size, :width], non_blocking=True)
+        self.block_tables[:num_seqs, :width].copy_(mirror_blocks[:num_seqs, :width], non_blocking=True)
 
     def view(self, batch_size: int) -> ForwardBatch:
+        """The decode layout at `batch_size` rows."""
         return ForwardBatch(
             input_ids=self.input_ids[:batch_size],
             positions=self.positions[:batch_size],
@@ -84,3 +148,25 @@ class StepBuffers:
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
         )
+
+    def prefill_view(self, num_rows: int, snapshot_pool=None, captures: list[tuple[int, int]] | None = None
+                     ) -> ForwardBatch:
+        """The prefill layout at `num_rows` rows; with a snapshot pool its captures are on: read from the
+        device table (graphs), or from `captures`, the pairs load_prefill wrote there (eager)."""
+        batch = ForwardBatch(
+            input_ids=self.input_ids[:num_rows],
+            positions=self.positions[:num_rows],
+            query_start_loc=self.query_start_loc[:3],
+            seq_lens=self.seq_lens[:2],
+            block_tables=self.block_tables[:2],
+            slot_mapping=self.slot_mapping[:num_rows],
+            state_slots=self.state_slots[:2],
+            logits_indices=self.logits_index,
+            is_decode=False,
+            kv_pool=self.kv_pool,
+            state_pool=self.state_pool,
+        )
+        if snapshot_pool is not None:
+            rows = GraphCaptureRows(self.captures) if captures is None else CaptureRows(captures)
+            batch.capture_rows, batch.snapshot_pool = rows, snapshot_pool
+        return batch

@@ -1,0 +1,80 @@
+"""The layout of graph-replayed prefill passes, run eagerly on CPU: a pass padded with a padding
+sequence and padding captures (what the GPU replays as a graph) gives what the unpadded pass gives,
+and saves the same snapshots."""
+
+import random
+
+import pytest
+import torch
+
+from deltaserve import LLM, SamplingParams
+from deltaserve.runner.prefill_graphs import PrefillGraphs
+from deltaserve.runner.step_buffers import StepBuffers
+
+PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
+
+
+def _with_padded_prefill_passes(llm: LLM) -> list[int]:
+    """Gives the engine prefill graphs that were never captured (so each pass runs its padded batch
+    eagerly); returns a list that records the row count of every such pass."""
+    loaded = llm.engine.loaded
+    runner = loaded.runner
+    buffers = StepBuffers(llm.engine.config.max_num_seqs, -(-loaded.max_model_len // llm.engine.config.block_size),
+                          runner.kv_pool, runner.state_pool, runner.device, max_prefill_rows=128)
+    graphs = PrefillGraphs(runner.model, buffers, runner.snapshots)
+    passes, run = [], graphs.run
+
+    def counted(host, captures):
+        passes.append(len(host.input_ids))
+        return run(host, captures)
+
+    graphs.run = counted
+    runner.prefill_graphs = graphs
+    return passes
+
+
+def _generate(llm: LLM, prompt, points):
+    engine = llm.engine
+    request_id = f"r{random.random()}"
+    engine.add_request(request_id, prompt, PARAMS, capture_points=points)
+    while True:
+        for out in engine.step():
+            if out.finished:
+                return out
+
+
+def _logprobs(out):
+    return torch.tensor([entry[t].logprob for entry, t in zip(out.outputs[0].logprobs, out.outputs[0].token_ids)])
+
+
+def _snapshots(llm: LLM) -> dict:
+    pool = llm.engine.loaded.snapshots
+    return {name: (torch.stack([conv[slot] for conv in pool.conv.values()]),
+                   torch.stack([h[slot] for h in pool.h.values()]))
+            for name, slot in pool.index._slot_of.items()}
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3.5-moe"])
+def test_padded_prefill_passes_equal_unpadded_ones(arch, checkpoint_factory):
+    path = checkpoint_factory(arch)
+    plain, padded = (LLM(path, device="cpu", max_num_batched_tokens=256) for _ in range(2))
+    passes = _with_padded_prefill_passes(padded)
+    rng = random.Random()
+    history = [rng.randrange(300) for _ in range(rng.randint(150, 220))]
+    message = [rng.randrange(300) for _ in range(rng.randint(20, 90))]
+    outs = {}
+    for name, llm in (("plain", plain), ("padded", padded)):
+        first = _generate(llm, history, [0, 40])  # cold: a long pass, then a short one (padded)
+        follow_up = history + first.outputs[0].token_ids + message
+        # warm: one short pass from the reply's last decode snapshot (padded, with captures), then again
+        outs[name] = (first, _generate(llm, follow_up, [0, len(history) + 6]), _generate(llm, follow_up, []))
+    assert passes and all(n <= 124 for n in passes)
+    for plain_out, padded_out in zip(outs["plain"], outs["padded"]):
+        assert plain_out.outputs[0].token_ids == padded_out.outputs[0].token_ids
+        assert plain_out.num_cached_tokens == padded_out.num_cached_tokens
+        torch.testing.assert_close(_logprobs(padded_out), _logprobs(plain_out), rtol=0, atol=1e-4)
+    saved, padded_saved = _snapshots(plain), _snapshots(padded)
+    assert saved.keys() == padded_saved.keys()
+    for name, (conv, h) in saved.items():
+        torch.testing.assert_close(padded_saved[name][0], conv, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(padded_saved[name][1], h, rtol=1e-4, atol=1e-4)
