@@ -227,12 +227,13 @@ def test_eviction_with_few_blocks_and_two_snapshot_slots_keeps_outputs_correct(c
         outs = _run(tight, jobs)
         _assert_same(outs, _run(roomy, jobs))
         chat.answer(outs[0].outputs[0].token_ids)
-        # Its next turn alone, twice: the second finds the first's snapshot still there.
+        # Its next turn alone, twice: the second restarts where the first's last pass started (where it
+        # restored from, or its last block boundary when it restored nothing), whose snapshot is still there.
         prompt, points, _ = chat.ask(_text(rng, 2, 6))
         first, again = _run(tight, [(prompt, points)]), _run(tight, [(prompt, points)])
         _assert_same(first, _run(roomy, [(prompt, points)]))
         _assert_byte_identical(first[0], again[0])
-        assert again[0].num_cached_tokens == (len(prompt) - 1) // BS * BS
+        assert again[0].num_cached_tokens == (first[0].num_cached_tokens or (len(prompt) - 1) // BS * BS)
         chat.answer(first[0].outputs[0].token_ids)
     blocks, snapshots = tight.engine.loaded.blocks, tight.engine.loaded.snapshots.index
     assert blocks.num_evictions > 0 and snapshots.num_evictions > 0
