@@ -68,6 +68,7 @@ def cases():
     """(name, kernel, types, constexprs, num_warps, num_stages) at the Qwen3.5 shapes, bf16."""
     from deltaserve.kernels.gdn import triton_chunk as gdn
     from deltaserve.kernels.moe import triton_moe_direct as direct
+    from deltaserve.kernels.moe import triton_moe_experts as sorted_moe
     from deltaserve.kernels.moe import triton_moe_route as route
 
     bf16 = "*bf16"
@@ -81,6 +82,9 @@ def cases():
     yield ("moe_direct_down", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": bf16},
            dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll, STAGES=tiles.down_stages),
            tiles.down_warps, tiles.down_stages)
+    yield ("moe_rank_pairs", sorted_moe._rank_pairs_kernel,
+           {"ids": "*i64", "order": "*i64", "sorted_ids": "*i64", "num_pairs": "i32"}, dict(BLOCK=sorted_moe.RANK_BLOCK),
+           4, 1)
     yield from _sorted_moe_cases(moe)
     yield from _skinny_gemm_cases()
 
@@ -90,6 +94,15 @@ def cases():
            {n: bf16 for n in ("q", "k", "v", "q_out", "k_cache", "v_cache", "q_norm", "k_norm")}
            | {"positions": "*i64", "slot_mapping": "*i64", "eps": "fp32", "offset": "fp32"},
            dict(Q_HEADS=16, HEAD_DIM=256, HALF=32, PAGE=16, BLOCK_D=256, BLOCK_HALF=32, HAS_NORM=True), 2, 1)
+
+    from deltaserve.kernels.attention import triton_paged_attention as paged
+
+    for block_m, splits, warps in ((16, 16, 4), (64, 8, 8)):  # decode; a short chunk over a long prefix
+        yield (f"paged_attention_m{block_m}", paged._paged_attention_kernel,
+               {"q": bf16, "k_cache": bf16, "v_cache": bf16, "query_start_loc": "*i64", "seq_lens": "*i64",
+                "block_tables": "*i64", "scale_log2": "fp32"},
+               dict(GROUP=8, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=32, SPLITS=splits,
+                    PRECISION="tf32", LOOP_FOR=True), warps, 2)
 
     heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK)
     ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first", "cap_record",

@@ -107,6 +107,16 @@ def test_grouped_experts_in_either_grid_order(columns_fast):
     assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
 
 
+@pytest.mark.parametrize("pairs", [1, 63, 64, 300])
+def test_pair_sort_equals_a_stable_sort(pairs):
+    from deltaserve.kernels.moe.triton_moe_experts import sort_pairs
+
+    ids = torch.randint(0, 9, (pairs,))  # few experts: many ties, which a stable sort keeps in pair order
+    sorted_ids, order = sort_pairs(ids)
+    expected_ids, expected_order = ids.sort(stable=True)
+    assert torch.equal(sorted_ids, expected_ids) and torch.equal(order, expected_order)
+
+
 def test_align_pairs_blocks():
     from deltaserve.kernels.moe.triton_moe_experts import align_pairs
 

@@ -18,12 +18,40 @@ import triton.language as tl
 
 
 @triton.jit
+def _attend_keys(n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
+                 mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos,
+                 stride_vc_head, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """One step of the online softmax over keys [n, n + BLOCK_N), gathered page by page."""
+    k_pos = n + tl.arange(0, BLOCK_N)
+    k_valid = k_pos < kv_stop
+    page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE, mask=k_valid, other=0).to(tl.int64)
+    in_page = k_pos % PAGE
+    k_ptrs = (k_cache + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_pos
+              + kv_head * stride_kc_head + offs_d[None, :])
+    v_ptrs = (v_cache + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_pos
+              + kv_head * stride_vc_head + offs_d[None, :])
+    k_tile = tl.load(k_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+    scores = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale_log2
+    allowed = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+    scores = tl.where(allowed, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
+    p = tl.exp2(scores - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v_tile = tl.load(v_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_attention_kernel(
     q, k_cache, v_cache, o, lse, query_start_loc, seq_lens, block_tables, scale_log2,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kc_block, stride_kc_pos, stride_kc_head,
     stride_vc_block, stride_vc_pos, stride_vc_head, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    LOOP_FOR: tl.constexpr,
 ):
     seq, kv_head = tl.program_id(0), tl.program_id(1)
     tile, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
@@ -53,28 +81,19 @@ def _paged_attention_kernel(
         else:
             n = 0
             kv_stop = kv_end
-        while n < kv_stop:  # a while loop: the interpreter cannot take loaded bounds in range()
-            k_pos = n + tl.arange(0, BLOCK_N)
-            k_valid = k_pos < kv_stop
-            page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE, mask=k_valid, other=0).to(tl.int64)
-            in_page = k_pos % PAGE
-            k_ptrs = (k_cache + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_pos
-                      + kv_head * stride_kc_head + offs_d[None, :])
-            v_ptrs = (v_cache + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_pos
-                      + kv_head * stride_vc_head + offs_d[None, :])
-            k_tile = tl.load(k_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
-            scores = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale_log2
-            allowed = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
-            scores = tl.where(allowed, scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
-            p = tl.exp2(scores - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v_tile = tl.load(v_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
-            m_i = m_new
-            n += BLOCK_N
+        if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch (a while loop it cannot)
+            for key0 in range(n, kv_stop, BLOCK_N):
+                m_i, l_i, acc = _attend_keys(
+                    key0, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
+                    mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
+                    stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION)
+        else:  # the interpreter cannot take loaded bounds in range()
+            while n < kv_stop:
+                m_i, l_i, acc = _attend_keys(
+                    n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
+                    mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
+                    stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION)
+                n += BLOCK_N
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_row = (q_start + token).to(tl.int64)
         if SPLITS > 1:  # partial output [T, Hq, SPLITS, D] fp32 and its log2-sum-exp [T, Hq, SPLITS]
@@ -141,6 +160,7 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=page,
         BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        LOOP_FOR=q.is_cuda,
         num_warps=num_warps or (8 if block_m * head_dim >= 64 * 256 else 4), num_stages=num_stages,
     )
     if splits > 1:

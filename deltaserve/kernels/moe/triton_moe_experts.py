@@ -178,10 +178,46 @@ def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]
     return (column_tiles, blocks) if columns_fast else (blocks, column_tiles)
 
 
+# Up to this many pairs a counting sort in Triton orders them (a few microseconds, where torch's radix
+# sort took 28 us for 864 pairs on the H200: a millisecond over the 40 layers of a short prefill pass);
+# it compares every pair with every other, so larger batches take torch's sort.
+COUNTING_SORT_MAX_PAIRS = 4096
+RANK_BLOCK = 64
+
+
+@triton.jit
+def _rank_pairs_kernel(ids, order, sorted_ids, num_pairs, BLOCK: tl.constexpr):
+    """A stable counting sort: pair i goes to rank(i) = (pairs of a smaller expert) + (pairs of the same
+    expert before i); order[rank(i)] = i and sorted_ids[rank(i)] = ids[i], for this program's BLOCK pairs."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid_i = i < num_pairs
+    id_i = tl.load(ids + i, mask=valid_i, other=0)
+    rank = tl.zeros([BLOCK], dtype=tl.int32)
+    for j0 in range(0, num_pairs, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        id_j = tl.load(ids + j, mask=j < num_pairs, other=0)
+        before = (id_j[None, :] < id_i[:, None]) | ((id_j[None, :] == id_i[:, None]) & (j[None, :] < i[:, None]))
+        rank += tl.sum((before & (j < num_pairs)[None, :]).to(tl.int32), 1)
+    tl.store(order + rank, i.to(tl.int64), mask=valid_i)
+    tl.store(sorted_ids + rank, id_i, mask=valid_i)
+
+
+def sort_pairs(flat_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted ids, order): the same as torch's stable sort."""
+    pairs = flat_ids.shape[0]
+    if pairs > COUNTING_SORT_MAX_PAIRS:
+        return flat_ids.sort(stable=True)
+    order = torch.empty(pairs, dtype=torch.int64, device=flat_ids.device)
+    sorted_ids = torch.empty_like(flat_ids)
+    _rank_pairs_kernel[(triton.cdiv(pairs, RANK_BLOCK),)](flat_ids, order, sorted_ids, pairs, BLOCK=RANK_BLOCK,
+                                                          num_warps=4)
+    return sorted_ids, order
+
+
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
     """(order, offsets [E+1], block_start [E+1], max_blocks) for the flattened (token, choice) pairs."""
     flat = ids.flatten()
-    sorted_ids, order = flat.sort(stable=True)
+    sorted_ids, order = sort_pairs(flat)
     pairs = flat.shape[0]
     offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
     block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
