@@ -212,11 +212,11 @@ def gdn_decode_fused_case(batch: int):
     return body
 
 
-def paged_pools(seq_lens, dtype=BF16):
+def paged_pools(seq_lens, dtype=BF16, kv_heads=KV_HEADS):
     blocks = [-(-s // PAGE) for s in seq_lens]
     total = sum(blocks) + 4
-    k_cache = torch.randn(total, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=dtype)
-    v_cache = torch.randn(total, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=dtype)
+    k_cache = torch.randn(total, PAGE, kv_heads, HEAD_DIM, device=DEV, dtype=dtype)
+    v_cache = torch.randn(total, PAGE, kv_heads, HEAD_DIM, device=DEV, dtype=dtype)
     perm = torch.randperm(total, device=DEV)
     tables = torch.zeros(len(seq_lens), max(blocks) + 1, dtype=torch.int32, device=DEV)
     used = 0
@@ -274,6 +274,42 @@ def attention_sweep(seq_len: int):
                 if not SMOKE:
                     cfg["kernel_us"] = round(time_graph_us(fn, calls=3, replays=5), 1)
                     cfg["tflops"] = round(flops / cfg["kernel_us"] / 1e6, 1)
+            except Exception as exc:
+                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            res["configs"].append(cfg)
+        return res
+    return body
+
+
+def attention_tail_sweep(cached: int, rows: int, kv_heads: int):
+    """Tile and split configs of a prefix-cache hit's tail: `rows` new rows over `cached` keys (and the
+    16-row padding sequence of a graph-replayed pass beside it); the 35B-A3B shape has 2 KV heads."""
+    from deltaserve.kernels.attention.triton_paged_attention import paged_attention
+
+    def body():
+        seq_lens, q_lens = [cached + rows, 16], [rows, 16]
+        k_cache, v_cache, tables = paged_pools(seq_lens, kv_heads=kv_heads)
+        starts = torch.tensor([0] + q_lens, device=DEV).cumsum(0).to(torch.int32)
+        lens = torch.tensor(seq_lens, device=DEV, dtype=torch.int32)
+        q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        scale = HEAD_DIM ** -0.5
+        expected = attn_ref.paged_attention(*f32(q, k_cache, v_cache), starts, lens, tables, scale)
+        res = {"shape": f"{rows} rows over {cached} cached keys, + 16 padding rows", "configs": []}
+        default = paged_attention(q, k_cache, v_cache, starts, lens, tables, scale)
+        res["default_rel_err"] = rel_err(default, expected)
+        if not SMOKE:
+            res["default_us"] = round(time_graph_us(lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables,
+                                                                            scale), calls=3, replays=5), 1)
+        configs = [(bm, bn, splits, 8, 2) for bm in (64, 128) for bn in (32, 64) for splits in (8, 16, 32)]
+        configs += [(64, 32, 16, 4, 2), (64, 32, 16, 8, 3), (64, 64, 16, 8, 3)]
+        for bm, bn, splits, warps, stages in configs[:2] if SMOKE else configs:
+            tile = {"block_m": bm, "block_n": bn, "splits": splits, "num_warps": warps, "num_stages": stages}
+            cfg = dict(tile)
+            try:
+                fn = lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables, scale, **tile)  # noqa: E731
+                cfg["rel_err"] = rel_err(fn(), expected)
+                if not SMOKE:
+                    cfg["kernel_us"] = round(time_graph_us(fn, calls=3, replays=5), 1)
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             res["configs"].append(cfg)
@@ -711,6 +747,8 @@ def main():
     for tokens in (8, 16) if SMOKE else (64, 2048, 8192):
         run_case(report, f"moe_sorted_large_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_LARGE_TILES))
     run_case(report, "paged_attention_prefill_tiles", attention_sweep(40 if SMOKE else 2048))
+    run_case(report, "paged_attention_hit_tail", attention_tail_sweep(64 if SMOKE else 8240, 16 if SMOKE else 80,
+                                                                       1 if SMOKE else 2))
     for impl in ("triton", "triton_tf32x3", "recurrent"):
         run_case(report, f"gdn_prefill_{impl}_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", impl))
     for length in (mid, big) if SMOKE else (mid, big, 32768):

@@ -97,11 +97,12 @@ def cases():
 
     from deltaserve.kernels.attention import triton_paged_attention as paged
 
-    for block_m, splits, warps in ((16, 16, 4), (64, 8, 8)):  # decode; a short chunk over a long prefix
+    # decode; prefill chunks; a short chunk over a long cached prefix
+    for block_m, block_n, splits, warps in ((16, 32, 16, 4), (64, 32, 1, 8), (128, 32, 8, 8)):
         yield (f"paged_attention_m{block_m}", paged._paged_attention_kernel,
                {"q": bf16, "k_cache": bf16, "v_cache": bf16, "query_start_loc": "*i64", "seq_lens": "*i64",
                 "block_tables": "*i64", "scale_log2": "fp32"},
-               dict(GROUP=8, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=32, SPLITS=splits,
+               dict(GROUP=8, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
                     PRECISION="tf32", LOOP_FOR=True), warps, 2)
 
     heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK)

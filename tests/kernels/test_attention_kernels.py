@@ -37,6 +37,17 @@ def test_paged_attention_ragged_prefill_and_decode(q_heads, kv_heads, head_dim, 
     assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, splits=4), expected)
 
 
+def test_paged_attention_short_chunks_over_a_long_cached_prefix():
+    # A prefix-cache hit's tail beside a graph's padding sequence: few programs, many rows, 128-row tiles.
+    seq_lens, q_lens = [300, 9], [37, 9]
+    k_cache, v_cache, tables = _paged_pools(seq_lens, 16, 1, 32)
+    starts = torch.tensor([0] + q_lens).cumsum(0)
+    q = torch.randn(sum(q_lens), 4, 32)
+    lens = torch.tensor(seq_lens)
+    expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.2)
+    assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.2), expected)
+
+
 @pytest.mark.parametrize("splits", [None, 1, 2, 8])
 def test_paged_attention_decode_batch(splits):
     seq_lens = [3, 17, 9, 40]  # with 8 splits of whole 16-key tiles, some splits get no keys
