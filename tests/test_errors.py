@@ -107,6 +107,9 @@ def test_bad_prompts_raise_and_leave_nothing_queued(small_llm):
     assert (info.value.prompt_len, info.value.max_model_len) == (64, 64)
     with pytest.raises(InvalidPromptError, match="outside the vocabulary"):
         small_llm.generate([[1, 99999]], GREEDY)
+    for not_ids in ([1, 2.0], [True, 3], [1, "2"]):
+        with pytest.raises(InvalidPromptError, match="list of token ids"):
+            small_llm.engine.add_request("bad", not_ids, GREEDY)
     assert not engine.has_unfinished_requests()
     assert engine.stats().kv_blocks_used == 0 and engine.stats().state_slots_used == 0
 

@@ -108,7 +108,7 @@ class LLMEngine:
             if not prompt:
                 raise InvalidPromptError("the prompt is empty")
             return self.tokenizer.encode(prompt), prompt
-        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not isinstance(prompt, (list, tuple)) or not set(map(type, prompt)) <= {int}:  # bool is not int here
             raise InvalidPromptError("a prompt must be a string or a list of token ids (integers)")
         if not prompt:
             raise InvalidPromptError("the prompt is empty")
