@@ -107,12 +107,12 @@ def main() -> None:
         result["decode"].append(row)
         print(row, flush=True)
         results_io.write(args.out, result)
-    for tokens in prefills:
-        run_batch(engine, prompts(1, tokens), 1)  # warm-up (kernels for this length)
-        r = run_batch(engine, prompts(1, tokens), 1)
+    for length in prefills:
+        run_batch(engine, prompts(1, length), 1)  # warm-up (kernels for this length)
+        r = run_batch(engine, prompts(1, length), 1)
         ttft = r["prefill_s"]
-        row = {"tokens": tokens, "ttft_s": round(ttft, 4),
-               "tflops": round(prefill_flops(engine, weights, tokens) / ttft / 1e12, 1)}
+        row = {"tokens": length, "ttft_s": round(ttft, 4),
+               "tflops": round(prefill_flops(engine, weights, length) / ttft / 1e12, 1)}
         result["prefill"].append(row)
         print(row, flush=True)
         results_io.write(args.out, result)
