@@ -281,6 +281,26 @@ def attention_sweep(seq_len: int):
     return body
 
 
+def attention_key_loop(seq_lens, q_lens, label):
+    """The paged attention's key loop as a for loop (pipelined) against a while loop, same tiles."""
+    from deltaserve.kernels.attention.triton_paged_attention import paged_attention
+
+    def body():
+        k_cache, v_cache, tables = paged_pools(seq_lens)
+        starts = torch.tensor([0] + q_lens, device=DEV).cumsum(0).to(torch.int32)
+        lens = torch.tensor(seq_lens, device=DEV, dtype=torch.int32)
+        q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        res = {"shape": label}
+        for loop_for in (True, False):
+            fn = lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables, HEAD_DIM ** -0.5,  # noqa: E731
+                                         loop_for=loop_for and not SMOKE)
+            fn()
+            if not SMOKE:
+                res["for_us" if loop_for else "while_us"] = round(time_graph_us(fn), 1)
+        return res
+    return body
+
+
 def attention_tail_sweep(cached: int, rows: int, kv_heads: int):
     """Tile and split configs of a prefix-cache hit's tail: `rows` new rows over `cached` keys (and the
     16-row padding sequence of a graph-replayed pass beside it); the 35B-A3B shape has 2 KV heads."""
@@ -721,6 +741,9 @@ def main():
                  attention([384] * batch, [1] * batch, f"B={batch} ctx=384 Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM}"))
     big, mid = (40, 20) if SMOKE else (8192, 1024)
     run_case(report, f"paged_attention_decode_B1_ctx{big}", attention([big], [1], f"B=1 ctx={big}"))
+    for batch, ctx in ((1, 384), (32, 384), (128, 384), (1, big), (32, big)):
+        run_case(report, f"paged_attention_key_loop_B{batch}_ctx{ctx}",
+                 attention_key_loop([ctx] * batch, [1] * batch, f"decode B={batch} ctx={ctx}"))
     run_case(report, f"paged_attention_prefill_{mid}_plus_decodes",
              attention([mid, 30, 17, 1], [mid, 1, 17, 1], f"prefill {mid} + ragged rows"))
     run_case(report, f"paged_attention_prefill_{big}", attention([big], [big], f"one {big}-token prompt"))

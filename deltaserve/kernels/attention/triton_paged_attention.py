@@ -123,8 +123,9 @@ def _merge_splits_kernel(part, lse, o, stride_o_t, stride_o_h, Q_HEADS: tl.const
 
 def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
                     block_m: int | None = None, block_n: int | None = None, splits: int | None = None,
-                    num_warps: int | None = None, num_stages: int = 2) -> torch.Tensor:
-    """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D]."""
+                    num_warps: int | None = None, num_stages: int = 2, loop_for: bool | None = None) -> torch.Tensor:
+    """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D].
+    loop_for: walk the keys in a for loop (pipelined) rather than a while loop; by default on the GPU."""
     if q.stride(-1) != 1:
         q = q.contiguous()
     tokens, q_heads, head_dim = q.shape
@@ -168,7 +169,7 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=page,
         BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        LOOP_FOR=q.is_cuda,
+        LOOP_FOR=q.is_cuda if loop_for is None else loop_for,
         num_warps=num_warps or (8 if block_m * head_dim >= 64 * 256 else 4), num_stages=num_stages,
     )
     if splits > 1:
