@@ -18,9 +18,9 @@ from deltaserve.errors import DeltaServeError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
 from deltaserve.runner.cuda_graphs import DecodeGraphs
+from deltaserve.runner.model_runner import ModelRunner
 from deltaserve.runner.prefill_graphs import MAX_ROWS as PREFILL_GRAPH_MAX_ROWS
 from deltaserve.runner.prefill_graphs import PrefillGraphs
-from deltaserve.runner.model_runner import ModelRunner
 from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.tokenizer import Tokenizer
