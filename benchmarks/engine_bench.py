@@ -63,8 +63,10 @@ def decode_floor_bytes(engine: LLMEngine, weights: dict, concurrency: int, conte
         distinct = mc.num_experts * (1 - (1 - mc.num_experts_per_tok / mc.num_experts) ** concurrency)
         touched_experts = weights["experts"] * distinct / mc.num_experts
     state = 0
-    for _ in mc.gdn_layers:  # recurrent state read and written (fp32), conv state read and written
-        state += 2 * (mc.linear_num_value_heads * mc.linear_key_head_dim * mc.linear_value_head_dim * 4
+    pool = engine.runner.state_pool
+    state_bytes = pool.h_all.element_size() if pool is not None else 4
+    for _ in mc.gdn_layers:  # recurrent state read and written, conv state read and written
+        state += 2 * (mc.linear_num_value_heads * mc.linear_key_head_dim * mc.linear_value_head_dim * state_bytes
                       + mc.gdn_conv_dim * (mc.linear_conv_kernel_dim - 1) * 2)
     kv = len(mc.attention_layers) * context * 2 * mc.num_kv_heads * mc.head_dim * 2
     return weights["dense"] + touched_experts + concurrency * (state + kv)
@@ -88,15 +90,18 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=33024)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--generated", type=int, default=GENERATED)
+    ap.add_argument("--gdn-state-dtype", default="float32", help="the engine's GDN recurrent state dtype")
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",") if c]
     prefills = [int(p) for p in args.prefill.split(",") if p]
     started = time.perf_counter()
     engine = dummy_engine(args.shape, device=args.device, max_num_seqs=max(ladder),
                           max_num_batched_tokens=max(prefills + [PROMPT * max(ladder)]),
-                          max_model_len=args.max_model_len, enable_prefix_caching=False)
+                          max_model_len=args.max_model_len, enable_prefix_caching=False,
+                          gdn_state_dtype=args.gdn_state_dtype)
     weights = weight_bytes(engine.runner.model)
-    result = {**results_io.header(), "shape": args.shape, "startup_s": round(time.perf_counter() - started, 1),
+    result = {**results_io.header(), "shape": args.shape, "gdn_state_dtype": args.gdn_state_dtype,
+              "startup_s": round(time.perf_counter() - started, 1),
               "weights_gb": {k: round(v / 1e9, 3) for k, v in weights.items()}, "decode": [], "prefill": []}
     tokens = random_tokens(engine.model_config.vocab_size)
     prompts = lambda n, length: [tokens(length) for _ in range(n)]  # noqa: E731

@@ -7,6 +7,7 @@
   byte-identical tokens and logprobs.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
+    [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
 """
 
 from __future__ import annotations
@@ -49,17 +50,21 @@ def replays_exactly(llm: LLM, prompt: list[int], rng: random.Random) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--archs", default=",".join(ARCHITECTURES))
+    ap.add_argument("--gdn-state-dtype", default="float32")
     args = ap.parse_args()
+    state = {"gdn_state_dtype": args.gdn_state_dtype}
     rng = random.Random(0)
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, 17, 90, 33)]
-    result = {**results_io.header(), "fp32_gpu_vs_cpu": {}, "graph_vs_eager_bf16": {}, "fp32_alone_gpu_vs_cpu": {},
-              "bf16_graph_cache_hit_byte_identical": {}}
-    for arch in ARCHITECTURES:
+    result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
+              "graph_vs_eager_bf16": {}, "fp32_alone_gpu_vs_cpu": {}, "bf16_graph_cache_hit_byte_identical": {}}
+    for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp())
-        cpu_llm, gpu_llm = LLM(path, device="cpu"), LLM(path, device="cuda", dtype="float32", max_num_seqs=8)
+        cpu_llm = LLM(path, device="cpu", **state)
+        gpu_llm = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, **state)
         cpu, gpu = tokens(cpu_llm, prompts), tokens(gpu_llm, prompts)
-        eager = tokens(LLM(path, device="cuda", dtype="bfloat16", enforce_eager=True, max_num_seqs=8), prompts)
-        graph_llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=8)
+        eager = tokens(LLM(path, device="cuda", dtype="bfloat16", enforce_eager=True, max_num_seqs=8, **state), prompts)
+        graph_llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=8, **state)
         graph = tokens(graph_llm, prompts)
         cpu_llm.reset_prefix_cache()
         gpu_llm.reset_prefix_cache()

@@ -312,3 +312,24 @@ def test_metrics_report_hit_rate_cached_tokens_and_snapshot_slots(checkpoint_fac
     assert "deltaserve_prefix_cache_hits_total 32.0" in text
     assert f"deltaserve_snapshot_slots_used {float(stats.snapshot_slots_used)}" in text
     assert "deltaserve_snapshot_slots_total 5.0" in text and stats.snapshot_slots_used > 0
+
+
+def test_a_bfloat16_gdn_state_replays_exactly_and_stays_near_float32(checkpoint_factory):
+    path = checkpoint_factory("qwen3.5")
+    half = LLM(path, device="cpu", max_num_batched_tokens=64, gdn_state_dtype="bfloat16")
+    full = LLM(path, device="cpu", max_num_batched_tokens=64)
+    loaded = half.engine.loaded
+    snapshot_states = next(iter(loaded.snapshots.h.values()))
+    assert loaded.runner.state_pool.h_all.dtype == snapshot_states.dtype == torch.bfloat16
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(130, 190))]
+    cold, warm = (half.generate([prompt], GREEDY)[0] for _ in range(2))
+    assert warm.num_cached_tokens > 0
+    _assert_byte_identical(cold, warm)
+    reference = full.generate([prompt], GREEDY)[0].outputs[0]
+    first = cold.outputs[0]
+    assert first.token_ids[0] == reference.token_ids[0]  # the state rounds to bf16 between passes only
+    chosen = first.token_ids[0]
+    assert abs(first.logprobs[0][chosen].logprob - reference.logprobs[0][chosen].logprob) < 2e-2
+    with pytest.raises(DeltaServeError, match="gdn_state_dtype"):
+        LLM(path, device="cpu", gdn_state_dtype="float16")

@@ -16,10 +16,12 @@ from deltaserve.cache.state_pool import StatePool
 
 class SnapshotPool:
     def __init__(self, layer_ids: list[int], num_slots: int, conv_dim: int, conv_kernel: int, v_heads: int,
-                 k_dim: int, v_dim: int, dtype: torch.dtype, device: torch.device):
+                 k_dim: int, v_dim: int, dtype: torch.dtype, device: torch.device,
+                 state_dtype: torch.dtype = torch.float32):
         self.index = SnapshotIndex(num_slots)
         self.num_slots = num_slots
-        self._tensors = StatePool(layer_ids, num_slots, conv_dim, conv_kernel, v_heads, k_dim, v_dim, dtype, device)
+        self._tensors = StatePool(layer_ids, num_slots, conv_dim, conv_kernel, v_heads, k_dim, v_dim, dtype, device,
+                                  state_dtype)
         self.conv = self._tensors.conv
         self.h = self._tensors.h
         self.device = device

@@ -1,5 +1,6 @@
-"""StatePool: per GDN layer, the conv state `[slots, conv_dim, kernel-1]` and the fp32 recurrent
-state `[slots, v_heads, k_dim, v_dim]`. One extra slot at the end absorbs padded rows of a graph."""
+"""StatePool: per GDN layer, the conv state `[slots, conv_dim, kernel-1]` and the recurrent state
+`[slots, v_heads, k_dim, v_dim]` (fp32 unless `state_dtype` says otherwise; the kernels compute in fp32
+whatever it is stored in). One extra slot at the end absorbs padded rows of a graph."""
 
 import torch
 
@@ -8,14 +9,15 @@ from deltaserve.host_to_device import to_device
 
 class StatePool:
     def __init__(self, layer_ids: list[int], num_slots: int, conv_dim: int, conv_kernel: int, v_heads: int,
-                 k_dim: int, v_dim: int, dtype: torch.dtype, device: torch.device):
+                 k_dim: int, v_dim: int, dtype: torch.dtype, device: torch.device,
+                 state_dtype: torch.dtype = torch.float32):
         self.num_slots = num_slots
         self.padding_slot = num_slots
         rows = num_slots + 1
         # One tensor per kind over all layers (layer-major), so a slot of every layer is reset or
         # copied in one operation; the layers read their own views.
         self.conv_all = torch.zeros(len(layer_ids), rows, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
-        self.h_all = torch.zeros(len(layer_ids), rows, v_heads, k_dim, v_dim, dtype=torch.float32, device=device)
+        self.h_all = torch.zeros(len(layer_ids), rows, v_heads, k_dim, v_dim, dtype=state_dtype, device=device)
         self.conv = {layer: self.conv_all[i] for i, layer in enumerate(layer_ids)}
         self.h = {layer: self.h_all[i] for i, layer in enumerate(layer_ids)}
 
@@ -35,6 +37,6 @@ class StatePool:
 
     @staticmethod
     def bytes_per_slot(num_layers: int, conv_dim: int, conv_kernel: int, v_heads: int, k_dim: int, v_dim: int,
-                       dtype: torch.dtype) -> int:
-        conv = conv_dim * (conv_kernel - 1) * torch.tensor([], dtype=dtype).element_size()
-        return num_layers * (conv + v_heads * k_dim * v_dim * 4)
+                       dtype: torch.dtype, state_dtype: torch.dtype = torch.float32) -> int:
+        conv = conv_dim * (conv_kernel - 1) * dtype.itemsize
+        return num_layers * (conv + v_heads * k_dim * v_dim * state_dtype.itemsize)

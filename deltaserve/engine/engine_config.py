@@ -23,6 +23,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     ssm_snapshot_slots: int | None = None  # GDN state snapshots for the prefix cache (default: sized to memory)
     ssm_snapshot_interval: int = 1024  # also save a snapshot every this many prompt tokens
+    # The GDN layers' recurrent state (and its snapshots): float32 by default; bfloat16 halves the bytes
+    # a decode step reads and writes for it (what vLLM keeps when a config names no mamba_ssm_dtype).
+    gdn_state_dtype: str = "float32"
     enforce_eager: bool = False
     async_scheduling: bool = True  # plan the next decode step while the GPU runs this one
     gpu_memory_utilization: float = 0.9
@@ -37,6 +40,9 @@ class EngineConfig:
         slots = self.ssm_snapshot_slots
         if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 0):
             raise DeltaServeError(f"ssm_snapshot_slots={slots!r}: must be an integer >= 0")
+        if self.gdn_state_dtype not in GDN_STATE_DTYPES:
+            raise DeltaServeError(f"gdn_state_dtype={self.gdn_state_dtype!r}: must be one of "
+                                  f"{', '.join(GDN_STATE_DTYPES)}")
         if self.load_format not in ("auto", "dummy"):
             raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
@@ -54,6 +60,8 @@ def resolve_device(device: str) -> torch.device:
         raise DeltaServeError(f"device={device!r} but CUDA is not available on this machine")
     return resolved
 
+
+GDN_STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "float": torch.float32}

@@ -13,7 +13,7 @@ from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.slot_allocator import SlotAllocator
 from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.cache.state_pool import StatePool
-from deltaserve.engine.engine_config import EngineConfig, resolve_device, resolve_dtype
+from deltaserve.engine.engine_config import GDN_STATE_DTYPES, EngineConfig, resolve_device, resolve_dtype
 from deltaserve.errors import DeltaServeError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
@@ -99,14 +99,15 @@ def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, devi
                  mc.linear_value_head_dim)
     if gdn_layers:
         slots = SlotAllocator(config.max_num_seqs)
-        state_pool = StatePool(gdn_layers, config.max_num_seqs, *gdn_shape, dtype, device)
+        state_dtype = GDN_STATE_DTYPES[config.gdn_state_dtype]
+        state_pool = StatePool(gdn_layers, config.max_num_seqs, *gdn_shape, dtype, device, state_dtype)
     if gdn_layers and config.enable_prefix_caching:  # allocated before the KV pool is sized to what is left
         num_snapshots = config.ssm_snapshot_slots
         if num_snapshots is None:
-            per_slot = StatePool.bytes_per_slot(len(gdn_layers), *gdn_shape, dtype)
+            per_slot = StatePool.bytes_per_slot(len(gdn_layers), *gdn_shape, dtype, state_dtype)
             share = max(0.0, _cache_budget(config, device) * SNAPSHOT_MEMORY_SHARE)
             num_snapshots = int(min(share // per_slot, 4 * config.max_num_seqs))
-        snapshots = SnapshotPool(gdn_layers, num_snapshots, *gdn_shape, dtype, device)
+        snapshots = SnapshotPool(gdn_layers, num_snapshots, *gdn_shape, dtype, device, state_dtype)
     num_blocks = config.num_kv_blocks or _default_num_blocks(config, mc, dtype, device)
     kv_pool = KVPool(attention_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, device)
     return kv_pool, BlockAllocator(num_blocks), state_pool, slots, snapshots

@@ -32,6 +32,31 @@ def test_recurrent_decode_matches_reference(hk, hv, dk, dv, block_v):
     assert torch.equal(pool[[1, 2]], h_pool[[1, 2]])  # untouched slots
 
 
+def test_a_bfloat16_state_is_read_and_written_as_the_reference_does():
+    # The kernels compute in fp32 whatever the pool holds and round the state back into it.
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(3, 2, 4, 16, 16, slots=5)
+    h_pool = h_pool.to(torch.bfloat16)
+    slots = torch.tensor([3, 0, 4])
+    expected_pool, pool = h_pool.clone(), h_pool.clone()
+    expected = reference.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, slots)
+    out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, pool, slots)
+    assert pool.dtype == torch.bfloat16
+    assert_close(out, expected)
+    assert_close(pool.float(), expected_pool.float(), tol=1e-2)
+    starts = torch.tensor([0, 70, 73], dtype=torch.int32)
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(73, 2, 4, 16, 16, slots=4)
+    h_pool = h_pool.to(torch.bfloat16)
+    snaps, expected_snaps = (torch.zeros(3, 4, 16, 16, dtype=torch.bfloat16) for _ in range(2))
+    expected_pool, pool = h_pool.clone(), h_pool.clone()
+    captures = [(40, 1), (71, 0)]
+    expected = reference.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, torch.tensor([2, 1]),
+                                                starts, captures, expected_snaps)
+    out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([2, 1]), starts, captures, snaps)
+    assert_close(out, expected)
+    assert_close(pool.float(), expected_pool.float(), tol=1e-2)
+    assert_close(snaps.float(), expected_snaps.float(), tol=1e-2)
+
+
 def test_recurrent_decode_skips_padding_slot():
     q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(2, 1, 2, 8, 8, slots=3)
     pool = h_pool.clone()
