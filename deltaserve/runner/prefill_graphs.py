@@ -25,7 +25,7 @@ from deltaserve.runner.step_buffers import MAX_GRAPH_CAPTURES, StepBuffers, grap
 log = logging.getLogger(__name__)
 
 ROW_STEP = 16  # rungs every 16 rows (one KV block at the default block size)
-MAX_ROWS = 128  # past this a pass's kernels take long enough to hide the host's launches
+MAX_ROWS = 128  # longer passes run eagerly (a graph per rung costs start-up time and memory)
 
 
 def prefill_ladder(max_rows: int) -> list[int]:
