@@ -117,6 +117,26 @@ def test_chunk_prefill_captures_inside_and_at_the_edges_of_chunks():
     _check_chunk(lens, 1, 2, 16, 16, [3, 0, 4], captures)
 
 
+def test_chunk_prefill_reads_a_graphs_device_capture_table():
+    # A graph-replayed pass hands the kernels a fixed table [4, n]: pair rows and slots, then the same
+    # again as the distinct sorted rows (no row repeats there).
+    from deltaserve.kernels.capture_rows import GraphCaptureRows
+
+    lens, hv, dk, dv = [70, 9], 2, 16, 16
+    starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(sum(lens), 1, hv, dk, dv, slots=4)
+    captures = [(15, 2), (63, 0), (64, 3), (78, 1)]  # mid-chunk, both sides of a chunk edge, a second sequence
+    rows, slots = [r for r, _ in captures], [s for _, s in captures]
+    table = GraphCaptureRows(torch.tensor([rows, slots, rows, slots], dtype=torch.int32))
+    expected_pool, pool = h_pool.clone(), h_pool.clone()
+    expected_snaps, snaps = torch.zeros(4, hv, dk, dv), torch.zeros(4, hv, dk, dv)
+    expected = chunk_gdn(q, k, v, a, b, A_log, dt_bias, expected_pool, torch.tensor([1, 2]), starts, captures,
+                         expected_snaps)
+    out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([1, 2]), starts, table, snaps)
+    assert torch.equal(out, expected) and torch.equal(pool, expected_pool) and torch.equal(snaps, expected_snaps)
+    assert snaps.abs().sum(dim=(1, 2, 3)).min() > 0  # every capture wrote its slot
+
+
 def test_chunk_prefill_padding_sequence_reads_and_writes_no_state():
     _check_chunk([5, 3, 70], 1, 2, 16, 16, [2, -1, 0], [(2, 0), (80, 1)])
 
