@@ -323,13 +323,16 @@ def test_a_bfloat16_gdn_state_replays_exactly_and_stays_near_float32(checkpoint_
     assert loaded.runner.state_pool.h_all.dtype == snapshot_states.dtype == torch.bfloat16
     rng = random.Random()
     prompt = [rng.randrange(300) for _ in range(rng.randint(130, 190))]
-    cold, warm = (half.generate([prompt], GREEDY)[0] for _ in range(2))
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
+    cold, warm = (half.generate([prompt], params)[0] for _ in range(2))
     assert warm.num_cached_tokens > 0
     _assert_byte_identical(cold, warm)
-    reference = full.generate([prompt], GREEDY)[0].outputs[0]
+    # The state rounds to bf16 between passes only: the first token is fp32's choice or, on a near tie, its
+    # runner-up, with about the same logprob.
+    reference = full.generate([prompt], params)[0].outputs[0].logprobs[0]
     first = cold.outputs[0]
-    assert first.token_ids[0] == reference.token_ids[0]  # the state rounds to bf16 between passes only
     chosen = first.token_ids[0]
-    assert abs(first.logprobs[0][chosen].logprob - reference.logprobs[0][chosen].logprob) < 2e-2
+    assert chosen in reference and reference[chosen].rank <= 2
+    assert abs(first.logprobs[0][chosen].logprob - reference[chosen].logprob) < 2e-2
     with pytest.raises(DeltaServeError, match="gdn_state_dtype"):
         LLM(path, device="cpu", gdn_state_dtype="float16")
