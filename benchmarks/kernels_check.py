@@ -226,15 +226,38 @@ def paged_pools(seq_lens, dtype=BF16, kv_heads=KV_HEADS):
     return k_cache, v_cache, tables
 
 
+def attention_inputs(seq_lens, q_lens, kv_heads=KV_HEADS):
+    """(q, k_cache, v_cache, query starts, sequence lengths, block tables, scale) of a ragged batch."""
+    k_cache, v_cache, tables = paged_pools(seq_lens, kv_heads=kv_heads)
+    starts = torch.tensor([0] + q_lens, device=DEV).cumsum(0).to(torch.int32)
+    lens = torch.tensor(seq_lens, device=DEV, dtype=torch.int32)
+    q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+    return q, k_cache, v_cache, starts, lens, tables, HEAD_DIM ** -0.5
+
+
+def sweep_tiles(run, expected, tiles, flops: float | None = None) -> list[dict]:
+    """run(**tile) for each tile dict (the first two under SMOKE): its error against `expected`, its time."""
+    results = []
+    for tile in tiles[:2] if SMOKE else tiles:
+        cfg = dict(tile)
+        try:
+            fn = lambda: run(**tile)  # noqa: E731
+            cfg["rel_err"] = rel_err(fn(), expected)
+            if not SMOKE:
+                cfg["kernel_us"] = round(time_graph_us(fn, calls=3, replays=5), 1)
+                if flops:
+                    cfg["tflops"] = round(flops / cfg["kernel_us"] / 1e6, 1)
+        except Exception as exc:
+            cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        results.append(cfg)
+    return results
+
+
 def attention(seq_lens, q_lens, label):
     from deltaserve.kernels.attention.triton_paged_attention import paged_attention
 
     def body():
-        k_cache, v_cache, tables = paged_pools(seq_lens)
-        starts = torch.tensor([0] + q_lens, device=DEV).cumsum(0).to(torch.int32)
-        lens = torch.tensor(seq_lens, device=DEV, dtype=torch.int32)
-        q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, device=DEV, dtype=BF16)
-        scale = HEAD_DIM ** -0.5
+        q, k_cache, v_cache, starts, lens, tables, scale = attention_inputs(seq_lens, q_lens)
         out = paged_attention(q, k_cache, v_cache, starts, lens, tables, scale)
         check = len(seq_lens) <= 64 and max(seq_lens) <= 4096
         res = {"shape": label}
@@ -255,29 +278,15 @@ def attention_sweep(seq_len: int):
     from deltaserve.kernels.attention.triton_paged_attention import paged_attention
 
     def body():
-        k_cache, v_cache, tables = paged_pools([seq_len])
-        starts = torch.tensor([0, seq_len], device=DEV, dtype=torch.int32)
-        lens = torch.tensor([seq_len], device=DEV, dtype=torch.int32)
-        q = torch.randn(seq_len, HEADS, HEAD_DIM, device=DEV, dtype=BF16)
-        scale = HEAD_DIM ** -0.5
+        q, k_cache, v_cache, starts, lens, tables, scale = attention_inputs([seq_len], [seq_len])
         expected = attn_ref.paged_attention(*f32(q, k_cache, v_cache), starts, lens, tables, scale)
-        flops = 4 * seq_len * seq_len / 2 * HEADS * HEAD_DIM
-        res = {"shape": f"one {seq_len}-token prompt", "configs": []}
         configs = [(64, 32, 8, 2), (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2),
                    (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 3)]
-        for bm, bn, warps, stages in configs[:2] if SMOKE else configs:
-            tile = {"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
-            cfg = dict(tile)
-            try:
-                fn = lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables, scale, **tile)  # noqa: E731
-                cfg["rel_err"] = rel_err(fn(), expected)
-                if not SMOKE:
-                    cfg["kernel_us"] = round(time_graph_us(fn, calls=3, replays=5), 1)
-                    cfg["tflops"] = round(flops / cfg["kernel_us"] / 1e6, 1)
-            except Exception as exc:
-                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            res["configs"].append(cfg)
-        return res
+        tiles = [{"block_m": bm, "block_n": bn, "num_warps": warps, "num_stages": stages}
+                 for bm, bn, warps, stages in configs]
+        run = lambda **tile: paged_attention(q, k_cache, v_cache, starts, lens, tables, scale, **tile)  # noqa: E731
+        return {"shape": f"one {seq_len}-token prompt",
+                "configs": sweep_tiles(run, expected, tiles, flops=4 * seq_len * seq_len / 2 * HEADS * HEAD_DIM)}
     return body
 
 
@@ -286,14 +295,10 @@ def attention_key_loop(seq_lens, q_lens, label):
     from deltaserve.kernels.attention.triton_paged_attention import paged_attention
 
     def body():
-        k_cache, v_cache, tables = paged_pools(seq_lens)
-        starts = torch.tensor([0] + q_lens, device=DEV).cumsum(0).to(torch.int32)
-        lens = torch.tensor(seq_lens, device=DEV, dtype=torch.int32)
-        q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        inputs = attention_inputs(seq_lens, q_lens)
         res = {"shape": label}
         for loop_for in (True, False):
-            fn = lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables, HEAD_DIM ** -0.5,  # noqa: E731
-                                         loop_for=loop_for and not SMOKE)
+            fn = lambda: paged_attention(*inputs, loop_for=loop_for and not SMOKE)  # noqa: E731
             fn()
             if not SMOKE:
                 res["for_us" if loop_for else "while_us"] = round(time_graph_us(fn), 1)
@@ -307,32 +312,18 @@ def attention_tail_sweep(cached: int, rows: int, kv_heads: int):
     from deltaserve.kernels.attention.triton_paged_attention import paged_attention
 
     def body():
-        seq_lens, q_lens = [cached + rows, 16], [rows, 16]
-        k_cache, v_cache, tables = paged_pools(seq_lens, kv_heads=kv_heads)
-        starts = torch.tensor([0] + q_lens, device=DEV).cumsum(0).to(torch.int32)
-        lens = torch.tensor(seq_lens, device=DEV, dtype=torch.int32)
-        q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, device=DEV, dtype=BF16)
-        scale = HEAD_DIM ** -0.5
+        inputs = attention_inputs([cached + rows, 16], [rows, 16], kv_heads=kv_heads)
+        q, k_cache, v_cache, starts, lens, tables, scale = inputs
         expected = attn_ref.paged_attention(*f32(q, k_cache, v_cache), starts, lens, tables, scale)
-        res = {"shape": f"{rows} rows over {cached} cached keys, + 16 padding rows", "configs": []}
-        default = paged_attention(q, k_cache, v_cache, starts, lens, tables, scale)
-        res["default_rel_err"] = rel_err(default, expected)
+        res = {"shape": f"{rows} rows over {cached} cached keys, + 16 padding rows"}
+        res["default_rel_err"] = rel_err(paged_attention(*inputs), expected)
         if not SMOKE:
-            res["default_us"] = round(time_graph_us(lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables,
-                                                                            scale), calls=3, replays=5), 1)
+            res["default_us"] = round(time_graph_us(lambda: paged_attention(*inputs), calls=3, replays=5), 1)
         configs = [(bm, bn, splits, 8, 2) for bm in (64, 128) for bn in (32, 64) for splits in (8, 16, 32)]
         configs += [(64, 32, 16, 4, 2), (64, 32, 16, 8, 3), (64, 64, 16, 8, 3)]
-        for bm, bn, splits, warps, stages in configs[:2] if SMOKE else configs:
-            tile = {"block_m": bm, "block_n": bn, "splits": splits, "num_warps": warps, "num_stages": stages}
-            cfg = dict(tile)
-            try:
-                fn = lambda: paged_attention(q, k_cache, v_cache, starts, lens, tables, scale, **tile)  # noqa: E731
-                cfg["rel_err"] = rel_err(fn(), expected)
-                if not SMOKE:
-                    cfg["kernel_us"] = round(time_graph_us(fn, calls=3, replays=5), 1)
-            except Exception as exc:
-                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            res["configs"].append(cfg)
+        tiles = [{"block_m": bm, "block_n": bn, "splits": splits, "num_warps": warps, "num_stages": stages}
+                 for bm, bn, splits, warps, stages in configs]
+        res["configs"] = sweep_tiles(lambda **tile: paged_attention(*inputs, **tile), expected, tiles)
         return res
     return body
 

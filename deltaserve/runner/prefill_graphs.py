@@ -20,7 +20,7 @@ import torch
 from deltaserve.models.decoder import DecoderLM
 from deltaserve.runner.batch_builder import HostBatch
 from deltaserve.runner.cuda_graphs import capture_graph
-from deltaserve.runner.step_buffers import MAX_GRAPH_CAPTURES, StepBuffers, graph_capture_pairs
+from deltaserve.runner.step_buffers import MAX_GRAPH_CAPTURES, StepBuffers
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,8 @@ class PrefillGraphs:
         """Runs the pass of host's one sequence (see rung); returns the logits of its last row [1, V].
         Without a captured graph (CPU) the same padded batch runs eagerly."""
         size = self.rung(len(host.input_ids), captures)
-        self.buffers.load_prefill(host, size, captures, self._padding_snapshot_slot)
+        pairs = self.buffers.load_prefill(host, size, captures, self._padding_snapshot_slot)
         if size in self.graphs:
             self.graphs[size].replay()
             return self.logits[size]
-        pairs = graph_capture_pairs(captures, size, self._padding_snapshot_slot)
         return self._forward(self.buffers.prefill_view(size, self.snapshots, pairs))

@@ -95,14 +95,15 @@ class StepBuffers:
         self._load_block_tables(mirror_blocks, host.block_tables, batch_size)
 
     def load_prefill(self, host: HostBatch, num_rows: int, captures: list[tuple[int, int]],
-                     padding_snapshot_slot: int) -> None:
+                     padding_snapshot_slot: int) -> list[tuple[int, int]]:
         """Writes one sequence's prefill pass into rows [0, n) and a padding sequence into rows
         [n, num_rows): it writes no KV and runs on the spare state slot. Row n - 1 gives the logits.
         `captures` (row, snapshot slot), rows distinct and below n, are padded with captures of the
-        last padding rows into `padding_snapshot_slot` up to MAX_GRAPH_CAPTURES."""
+        last padding rows into `padding_snapshot_slot` up to MAX_GRAPH_CAPTURES; returns them all."""
         n = len(host.input_ids)
-        spare = MAX_GRAPH_CAPTURES - len(captures)
-        assert len(host.seq_lens) == 1 and num_rows - n >= max(1, spare)
+        pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
+        assert len(host.seq_lens) == 1 and n < num_rows and all(row < n for row, _ in captures)
+        assert all(row >= n for row, _ in pairs[len(captures):])  # padding captures on padding rows
         mirror, mirror_blocks, mirror_captures = self._next_mirror()
         meta = mirror.numpy()
         fill = {"input_ids": (host.input_ids, np.zeros(num_rows - n)),
@@ -118,11 +119,11 @@ class StepBuffers:
         self._field(meta, "logits_index")[0] = n - 1
         self.meta.copy_(mirror, non_blocking=True)
         self._load_block_tables(mirror_blocks, host.block_tables, 2)
-        pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
         table = mirror_captures.numpy()
         table[0] = table[2] = [row for row, _ in pairs]  # every capture's row is distinct: no repeats
         table[1] = table[3] = [slot for _, slot in pairs]
         self.captures.copy_(mirror_captures, non_blocking=True)
+        return pairs
 
     def _load_block_tables(self, mirror_blocks: torch.Tensor, tables: list[list[int]], num_seqs: int) -> None:
         # Only the columns some row needs travel; a kernel never reads past a row's own length.
