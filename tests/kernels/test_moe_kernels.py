@@ -107,14 +107,20 @@ def test_grouped_experts_in_either_grid_order(columns_fast):
     assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
 
 
-@pytest.mark.parametrize("pairs", [1, 63, 64, 300])
-def test_pair_sort_equals_a_stable_sort(pairs):
-    from deltaserve.kernels.moe.triton_moe_experts import sort_pairs
+@pytest.mark.parametrize("pairs,block_m", [(1, 16), (63, 16), (64, 4), (300, 16), (4100, 64)])
+def test_align_pairs_sorts_stably_and_lays_out_blocks(pairs, block_m):
+    # 4100 pairs take torch's sort and the binary-search align kernel; fewer, the counting sort.
+    from deltaserve.kernels.moe.triton_moe_experts import align_pairs
 
-    ids = torch.randint(0, 9, (pairs,))  # few experts: many ties, which a stable sort keeps in pair order
-    sorted_ids, order = sort_pairs(ids)
-    expected_ids, expected_order = ids.sort(stable=True)
-    assert torch.equal(sorted_ids, expected_ids) and torch.equal(order, expected_order)
+    experts = 9
+    ids = torch.randint(0, experts - 1, (pairs, 1))  # few experts: many ties; the last one gets no pair
+    order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
+    assert torch.equal(order, ids.flatten().sort(stable=True).indices)
+    counts = torch.bincount(ids.flatten(), minlength=experts)
+    assert offsets.tolist() == [0] + counts.cumsum(0).tolist()
+    blocks = (counts + block_m - 1) // block_m
+    assert block_start.tolist() == [0] + blocks.cumsum(0).tolist()
+    assert max_blocks >= blocks.sum().item()
 
 
 def test_align_pairs_blocks():

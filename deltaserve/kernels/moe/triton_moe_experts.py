@@ -178,51 +178,70 @@ def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]
     return (column_tiles, blocks) if columns_fast else (blocks, column_tiles)
 
 
-# Up to this many pairs a counting sort in Triton orders them (a few microseconds, where torch's radix
-# sort took 28 us for 864 pairs on the H200: a millisecond over the 40 layers of a short prefill pass);
-# it compares every pair with every other, so larger batches take torch's sort.
+# Up to this many pairs a counting sort in Triton orders them and lays out the experts' blocks in one
+# launch: each program takes the histogram of every pair's expert (where each expert's run starts) and
+# of the pairs before its own (where its pairs go in their runs). torch's radix sort took 28 us for 864
+# pairs on the H200 and the binary-search align kernel behind it 9 us: a millisecond over the 40 layers
+# of a short prefill pass. Larger batches take torch's sort.
 COUNTING_SORT_MAX_PAIRS = 4096
 RANK_BLOCK = 64
 
 
 @triton.jit
-def _rank_pairs_kernel(ids, order, sorted_ids, num_pairs, BLOCK: tl.constexpr):
-    """A stable counting sort: pair i goes to rank(i) = (pairs of a smaller expert) + (pairs of the same
-    expert before i); order[rank(i)] = i and sorted_ids[rank(i)] = ids[i], for this program's BLOCK pairs."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _count_and_rank_kernel(ids, order, sorted_ids, offsets, block_start, num_pairs, EXPERTS: tl.constexpr,
+                           BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, ALL: tl.constexpr, BLOCK: tl.constexpr):
+    """A stable counting sort of this program's BLOCK pairs: pair i goes to rank(i) = (pairs of a smaller
+    expert) + (pairs of its expert before i); order[rank(i)] = i, sorted_ids[rank(i)] = ids[i]. Program 0
+    also writes offsets[e] (first sorted pair of expert e) and block_start[e] (its first block), [E + 1]."""
+    TRASH: tl.constexpr = BLOCK_E - 1  # a bin past every expert, for the lanes that hold no pair
+    first_i = tl.program_id(0) * BLOCK
+    j = tl.arange(0, ALL)
+    id_j = tl.load(ids + j, mask=j < num_pairs, other=TRASH).to(tl.int32)
+    lanes = tl.arange(0, BLOCK_E)
+    counts = tl.where(lanes < EXPERTS, tl.histogram(id_j, BLOCK_E), 0)
+    run_start = tl.cumsum(counts, 0) - counts
+    earlier = tl.histogram(tl.where(j < first_i, id_j, TRASH), BLOCK_E)  # pairs of earlier programs
+    if tl.program_id(0) == 0:
+        blocks = (counts + BLOCK_M - 1) // BLOCK_M
+        tl.store(offsets + lanes, run_start, mask=lanes <= EXPERTS)
+        tl.store(block_start + lanes, tl.cumsum(blocks, 0) - blocks, mask=lanes <= EXPERTS)
+
+    i = first_i + tl.arange(0, BLOCK)
     valid_i = i < num_pairs
-    id_i = tl.load(ids + i, mask=valid_i, other=0)
-    rank = tl.zeros([BLOCK], dtype=tl.int32)
-    for j0 in range(0, num_pairs, BLOCK):
-        j = j0 + tl.arange(0, BLOCK)
-        id_j = tl.load(ids + j, mask=j < num_pairs, other=0)
-        before = (id_j[None, :] < id_i[:, None]) | ((id_j[None, :] == id_i[:, None]) & (j[None, :] < i[:, None]))
-        rank += tl.sum((before & (j < num_pairs)[None, :]).to(tl.int32), 1)
+    id_i = tl.load(ids + i, mask=valid_i, other=TRASH).to(tl.int32)
+    before_block = tl.sum(tl.where(id_i[:, None] == lanes[None, :], (run_start + earlier)[None, :], 0), 1)
+    same_before = (id_i[None, :] == id_i[:, None]) & (i[None, :] < i[:, None])  # in this block
+    rank = before_block + tl.sum(same_before.to(tl.int32), 1)
     tl.store(order + rank, i.to(tl.int64), mask=valid_i)
-    tl.store(sorted_ids + rank, id_i, mask=valid_i)
+    tl.store(sorted_ids + rank, id_i.to(sorted_ids.dtype.element_ty), mask=valid_i)
 
 
-def sort_pairs(flat_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted ids, order): the same as torch's stable sort."""
-    pairs = flat_ids.shape[0]
-    if pairs > COUNTING_SORT_MAX_PAIRS:
-        return flat_ids.sort(stable=True)
-    order = torch.empty(pairs, dtype=torch.int64, device=flat_ids.device)
+def _count_and_rank(flat_ids: torch.Tensor, num_experts: int, block_m: int):
+    """(sorted ids, order, offsets, block_start) by the counting sort (see COUNTING_SORT_MAX_PAIRS)."""
+    pairs, device = flat_ids.shape[0], flat_ids.device
+    order = torch.empty(pairs, dtype=torch.int64, device=device)
     sorted_ids = torch.empty_like(flat_ids)
-    _rank_pairs_kernel[(triton.cdiv(pairs, RANK_BLOCK),)](flat_ids, order, sorted_ids, pairs, BLOCK=RANK_BLOCK,
-                                                          num_warps=4)
-    return sorted_ids, order
+    offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    _count_and_rank_kernel[(triton.cdiv(pairs, RANK_BLOCK),)](
+        flat_ids, order, sorted_ids, offsets, block_start, pairs, EXPERTS=num_experts,
+        BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_M=block_m, ALL=triton.next_power_of_2(pairs),
+        BLOCK=RANK_BLOCK, num_warps=4)
+    return sorted_ids, order, offsets, block_start
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
     """(order, offsets [E+1], block_start [E+1], max_blocks) for the flattened (token, choice) pairs."""
     flat = ids.flatten()
-    sorted_ids, order = sort_pairs(flat)
     pairs = flat.shape[0]
-    offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
-    block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
-    _moe_align_kernel[(1,)](sorted_ids, offsets, block_start, pairs, EXPERTS=num_experts,
-                            BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_M=block_m, num_warps=4)
+    if pairs <= COUNTING_SORT_MAX_PAIRS:
+        _, order, offsets, block_start = _count_and_rank(flat, num_experts, block_m)
+    else:
+        sorted_ids, order = flat.sort(stable=True)
+        offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
+        block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
+        _moe_align_kernel[(1,)](sorted_ids, offsets, block_start, pairs, EXPERTS=num_experts,
+                                BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_M=block_m, num_warps=4)
     # Each touched expert needs ceil(count / block_m) <= count blocks, and at most one partial one.
     max_blocks = min(pairs, triton.cdiv(pairs, block_m) + min(num_experts, pairs))
     return order, offsets, block_start, max_blocks
