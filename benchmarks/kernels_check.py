@@ -546,7 +546,7 @@ GDN_PREFILL_IMPLS = {
 def gdn_prefill_fn(impl: str, inputs, tiles: dict | None = None):
     """fn(pool, captures=None, snapshots=None) -> o, for one prefill implementation."""
     from deltaserve.kernels.gdn import fla_chunk, triton_chunk
-    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent, snap_rows_tensor
+    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
 
     q, k, v, a, b, A_log, dt_bias, _, slots, starts = inputs
     if impl.startswith("triton"):
@@ -561,8 +561,7 @@ def gdn_prefill_fn(impl: str, inputs, tiles: dict | None = None):
                                                                  fp32_inputs=fp32)
 
     def recurrent(p, c=None, s=None):
-        snap = snap_rows_tensor(q.shape[0], c, DEV) if c else None
-        return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, starts, snap, s)
+        return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, starts, c, s)
     return recurrent
 
 
@@ -620,6 +619,75 @@ def gdn_prefill_sweep(seq_len: int):
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             res["configs"].append(cfg)
+        return res
+    return body
+
+
+def gdn_short_pass(lens):
+    """A short prefill pass as a graph replays it (a prefix-cache hit's tail plus the padding sequence,
+    four captures from a device table): the chunk kernels against the token loop, over their tiles."""
+    from deltaserve.kernels.capture_rows import GraphCaptureRows
+    from deltaserve.kernels.gdn import triton_chunk
+    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+
+    def body():
+        inputs = gdn_prefill_inputs(lens)
+        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
+        rows = [min(r, lens[0] - 1) for r in (lens[0] // 4, lens[0] // 2, lens[0] - 1)] + [sum(lens) - 1]
+        rows = sorted(set(rows))
+        pairs = [(r, i) for i, r in enumerate(rows)]
+        table = GraphCaptureRows(torch.tensor([rows, list(range(len(rows)))] * 2, dtype=torch.int32, device=DEV))
+        ref_pool, ref_snaps = pool.clone(), torch.zeros(len(rows), HV, DK, DV, device=DEV)
+        expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(),
+                                                  starts, pairs, ref_snaps)
+        res = {"shape": f"rows {lens}, captures at {rows}", "configs": []}
+        configs = [("chunk", {}), ("chunk", dict(block_v=16)), ("loop", dict(block_v=16, num_warps=2)),
+                   ("loop", dict(block_v=16, num_warps=2, num_stages=3)), ("loop", dict(block_v=16, num_warps=4)),
+                   ("loop", dict(block_v=32, num_warps=4)), ("loop", dict(block_v=8, num_warps=1)),
+                   ("loop", dict(block_v=8, num_warps=2)), ("loop", dict(block_v=32, num_warps=2))]
+        for kind, tiles in configs[:3] if SMOKE else configs:
+            cfg = {"kernel": kind, **tiles}
+            kernel = triton_chunk.chunk_gdn if kind == "chunk" else gdn_recurrent
+            p, snaps = pool.clone(), torch.zeros_like(ref_snaps)
+
+            def fn():
+                return kernel(q, k, v, a, b, A_log, dt_bias, p, slots, starts, table, snaps, **tiles)
+            try:
+                cfg["rel_err_out"] = rel_err(fn(), expected)
+                cfg["rel_err_state"] = rel_err(p, ref_pool)
+                cfg["rel_err_snapshots"] = rel_err(snaps, ref_snaps)
+                if not SMOKE:
+                    cfg["kernel_us"] = round(time_graph_us(fn), 1)
+            except Exception as exc:
+                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            res["configs"].append(cfg)
+        return res
+    return body
+
+
+def moe_align(tokens: int):
+    """Ordering a short pass's (token, choice) pairs by expert and laying out the blocks: the counting sort
+    (one launch) against torch's sort and the binary-search align kernel."""
+    import triton
+
+    from deltaserve.kernels.moe import triton_moe_experts as experts_mod
+
+    def body():
+        choices = TOP_K + 1
+        ids = torch.randint(0, EXPERTS + 1, (tokens, choices), device=DEV)
+        flat = ids.flatten()
+        order, offsets, block_start, _ = experts_mod.align_pairs(ids, EXPERTS + 1, 16)
+        res = {"shape": f"{tokens} tokens x {choices} choices over {EXPERTS + 1} experts",
+               "order_is_stable_sort": bool(torch.equal(order, flat.sort(stable=True).indices))}
+
+        def sorted_path():
+            sorted_ids, _ = flat.sort(stable=True)
+            experts_mod._moe_align_kernel[(1,)](sorted_ids, offsets, block_start, flat.shape[0], EXPERTS=EXPERTS + 1,
+                                                BLOCK_E=triton.next_power_of_2(EXPERTS + 2), BLOCK_M=16,
+                                                num_warps=4)
+        if not SMOKE:
+            res["counting_sort_kernel_us"] = round(time_graph_us(lambda: experts_mod.align_pairs(ids, EXPERTS + 1, 16)), 2)
+            res["torch_sort_and_align_kernel_us"] = round(time_graph_us(sorted_path), 2)
         return res
     return body
 
@@ -763,6 +831,10 @@ def main():
     run_case(report, "paged_attention_prefill_tiles", attention_sweep(40 if SMOKE else 2048))
     run_case(report, "paged_attention_hit_tail", attention_tail_sweep(64 if SMOKE else 8240, 16 if SMOKE else 80,
                                                                        1 if SMOKE else 2))
+    for lens in ([12, 4],) if SMOKE else ([16, 16], [48, 16], [80, 16], [112, 16]):
+        run_case(report, f"gdn_short_pass_{lens[0]}", gdn_short_pass(lens))
+    for tokens in (4,) if SMOKE else (96, 128):
+        run_case(report, f"moe_align_T{tokens}", moe_align(tokens))
     for impl in ("triton", "triton_tf32x3", "recurrent"):
         run_case(report, f"gdn_prefill_{impl}_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", impl))
     for length in (mid, big) if SMOKE else (mid, big, 32768):

@@ -107,10 +107,22 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
     return _conv.causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows, conv_snapshots)
 
 
+# Up to this many rows a prefill step runs the gated delta rule token by token (triton_recurrent) instead
+# of by chunks: a short pass (a prefix-cache hit's tail) is latency-bound, and one loop kernel beats the
+# chunk algorithm's three launches there. The choice depends on the step's row count alone, so the same
+# pass replayed (eagerly or padded in a graph) runs the same kernel.
+TOKEN_LOOP_MAX_ROWS = 128
+
+
 def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
                            capture_rows: list[tuple[int, int]] | None = None,
                            h_snapshots: torch.Tensor | None = None) -> torch.Tensor:
+    """The gated delta rule over a ragged prefill batch (see gdn/reference.py)."""
     if use_triton(q):
+        if q.shape[0] <= TOKEN_LOOP_MAX_ROWS:
+            from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+            return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
+                                 h_snapshots)
         from deltaserve.kernels.gdn.triton_chunk import chunk_gdn as kernel
         return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
                       h_snapshots)

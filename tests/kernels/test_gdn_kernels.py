@@ -3,7 +3,8 @@ import torch
 
 from deltaserve.kernels.gdn import reference
 from deltaserve.kernels.gdn.fla_chunk import split_at_captures
-from deltaserve.kernels.gdn.triton_chunk import CHUNK, capture_tables, chunk_gdn
+from deltaserve.kernels.capture_rows import capture_tables
+from deltaserve.kernels.gdn.triton_chunk import CHUNK, chunk_gdn
 from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
 from tests.kernels.conftest import assert_close
 
@@ -69,7 +70,7 @@ def test_recurrent_decode_skips_padding_slot():
     assert torch.equal(pool[[0, 2]], h_pool[[0, 2]])  # the padding row wrote no state
 
 
-def _check_chunk(lens, hk, hv, dk, dv, slots, captures, **tiles):
+def _check_chunk(lens, hk, hv, dk, dv, slots, captures, kernel=chunk_gdn, **tiles):
     starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
     tokens = sum(lens)
     q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(tokens, hk, hv, dk, dv, slots=len(lens) + 3)
@@ -82,7 +83,7 @@ def _check_chunk(lens, hk, hv, dk, dv, slots, captures, **tiles):
     ref_slots = torch.tensor([s if s >= 0 else spare for s in slots])
     expected = reference.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, ref_slots, starts,
                                                 captures, expected_snaps)
-    out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor(slots), starts, captures, snaps, **tiles)
+    out = kernel(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor(slots), starts, captures, snaps, **tiles)
     assert_close(out, expected)
     live = [s for s in slots if s >= 0]
     assert_close(pool[live], expected_pool[live])
@@ -102,7 +103,8 @@ def test_chunk_prefill_matches_reference(lens, hk, hv, dk, dv):
     _check_chunk(lens, hk, hv, dk, dv, slots, [])
 
 
-def test_chunk_prefill_captures_inside_and_at_the_edges_of_chunks():
+@pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])
+def test_prefill_captures_inside_and_at_the_edges_of_chunks(kernel):
     lens = [150, 1, 66]  # rows 0-149, 150, 151-216
     captures = [
         (0, 0),  # first row of a sequence (and of its first chunk)
@@ -114,10 +116,11 @@ def test_chunk_prefill_captures_inside_and_at_the_edges_of_chunks():
         (151 + 65, 9),  # last row of a sequence whose second chunk has two rows
         (40, 10),  # the same row captured twice
     ]
-    _check_chunk(lens, 1, 2, 16, 16, [3, 0, 4], captures)
+    _check_chunk(lens, 1, 2, 16, 16, [3, 0, 4], captures, kernel)
 
 
-def test_chunk_prefill_reads_a_graphs_device_capture_table():
+@pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])
+def test_prefill_reads_a_graphs_device_capture_table(kernel):
     # A graph-replayed pass hands the kernels a fixed table [4, n]: pair rows and slots, then the same
     # again as the distinct sorted rows (no row repeats there).
     from deltaserve.kernels.capture_rows import GraphCaptureRows
@@ -130,15 +133,26 @@ def test_chunk_prefill_reads_a_graphs_device_capture_table():
     table = GraphCaptureRows(torch.tensor([rows, slots, rows, slots], dtype=torch.int32))
     expected_pool, pool = h_pool.clone(), h_pool.clone()
     expected_snaps, snaps = torch.zeros(4, hv, dk, dv), torch.zeros(4, hv, dk, dv)
-    expected = chunk_gdn(q, k, v, a, b, A_log, dt_bias, expected_pool, torch.tensor([1, 2]), starts, captures,
-                         expected_snaps)
-    out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([1, 2]), starts, table, snaps)
+    expected = kernel(q, k, v, a, b, A_log, dt_bias, expected_pool, torch.tensor([1, 2]), starts, captures,
+                      expected_snaps)
+    out = kernel(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([1, 2]), starts, table, snaps)
     assert torch.equal(out, expected) and torch.equal(pool, expected_pool) and torch.equal(snaps, expected_snaps)
     assert snaps.abs().sum(dim=(1, 2, 3)).min() > 0  # every capture wrote its slot
 
 
-def test_chunk_prefill_padding_sequence_reads_and_writes_no_state():
-    _check_chunk([5, 3, 70], 1, 2, 16, 16, [2, -1, 0], [(2, 0), (80, 1)])
+@pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])
+def test_prefill_padding_sequence_reads_and_writes_no_state(kernel):
+    _check_chunk([5, 3, 70], 1, 2, 16, 16, [2, -1, 0], [(2, 0), (80, 1)], kernel)
+
+
+# The token loop on ragged prefill rows (short passes take it): lengths 1 and 0, grouped value heads.
+@pytest.mark.parametrize("lens,hk,hv,dk,dv,block_v", [
+    ([1, 9, 0, 5], 2, 4, 16, 24, None),
+    ([20, 1, 3], 1, 3, 12, 16, 8),
+])
+def test_token_loop_prefill_matches_reference(lens, hk, hv, dk, dv, block_v):
+    slots = list(range(len(lens) + 1, 1, -1))
+    _check_chunk(lens, hk, hv, dk, dv, slots, [(0, 0), (sum(lens) - 1, 1)], gdn_recurrent, block_v=block_v)
 
 
 def test_chunk_prefill_state_tiles_and_warps():

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.capture_rows import as_capture_rows
+from deltaserve.kernels.capture_rows import capture_tables
 
 CHUNK = 64
 
@@ -279,14 +279,6 @@ def _chunk_snapshot_kernel(
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
-
-
-def capture_tables(capture_rows, query_start_loc: torch.Tensor):
-    """(rows, snapshot slots) over the distinct captured rows, sorted; the first capture of each
-    sequence; and the (slot, copy-from slot) pairs of rows captured more than once."""
-    rows_t, snaps_t, repeats = as_capture_rows(capture_rows).distinct_rows(query_start_loc.device)
-    first = torch.searchsorted(rows_t, query_start_loc[:-1].to(torch.int32), out_int32=True)
-    return rows_t, snaps_t, first, repeats
 
 
 def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows=None,

@@ -1,22 +1,28 @@
 """Gated delta rule, token by token, with the state held in registers: the decode step (one token per
-sequence) and a ragged-batch form of the same loop.
+sequence) and a ragged-batch form of the same loop for short prefill passes.
 
 One program per (sequence, value head, tile of Dv columns) loads its fp32 state tile [Dk, BV] from
 `h_pool[slot]` once, runs the sequence's tokens through it (gating from the raw a/b, L2 norm of q/k
-and the grouped key head all computed in the loop), and writes the tile back in place. With
-`snap_of_row`, the state after a row is also copied to `h_snapshots[snap_of_row[row]]`.
+and the grouped key head all computed in the loop), and writes the tile back in place. A ragged batch
+may name capture rows (the tables of `capture_rows.capture_tables`, as the chunk kernels read them):
+the state after such a row is also stored into its snapshot slot. The loop carries the index of the
+sequence's next capture, so a capture costs a masked store and no per-row table.
+
+On the GPU the ragged loop is a `for` over loaded bounds: its loads do not depend on the state, so the
+pipeliner fetches the next rows' q, k, v while the current row updates the state.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from deltaserve.kernels.capture_rows import capture_tables
+
 
 @triton.jit
-def _step(q, k, v, a, b, o, snap_of_row, h_snapshots, state, t64, head, key_head, decay_rate, bias, scale,
-          offs_k, offs_v, mask_k, mask_v, mask_kv, tile_offs,
-          stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
-          stride_snap_slot, stride_o_t, DK: tl.constexpr, DV: tl.constexpr, HAS_SNAP: tl.constexpr):
+def _step(q, k, v, a, b, o, state, t64, head, key_head, decay_rate, bias, scale,
+          offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+          stride_a_t, stride_b_t, stride_o_t, DV: tl.constexpr):
     """One token through the state tile: decay, delta-rule write, read out; returns the new tile."""
     qt = tl.load(q + t64 * stride_q_t + key_head * stride_q_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     kt = tl.load(k + t64 * stride_k_t + key_head * stride_k_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -35,26 +41,32 @@ def _step(q, k, v, a, b, o, snap_of_row, h_snapshots, state, t64, head, key_head
     state = state + kt[:, None] * delta[None, :]
     out = tl.sum(state * qt[:, None], 0)
     tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
-    if HAS_SNAP:
-        snap = tl.load(snap_of_row + t64).to(tl.int64)
-        snap_ptrs = h_snapshots + snap * stride_snap_slot + head * DK * DV + tile_offs
-        tl.store(snap_ptrs, state.to(h_snapshots.dtype.element_ty), mask=mask_kv & (snap >= 0))
     return state
 
 
 @triton.jit
+def _capture(state, t, cap_rows, cap_snaps, cap_i, num_caps, h_snapshots, stride_snap_slot, head, tile_offs,
+             mask_kv, DK: tl.constexpr, DV: tl.constexpr):
+    """Stores the state after row t when t is the next capture row; returns the next capture's index."""
+    hit = tl.load(cap_rows + cap_i, mask=cap_i < num_caps, other=-1) == t
+    snap = tl.load(cap_snaps + cap_i, mask=hit, other=0).to(tl.int64)
+    tl.store(h_snapshots + snap * stride_snap_slot + head * DK * DV + tile_offs,
+             state.to(h_snapshots.dtype.element_ty), mask=mask_kv & hit)
+    return cap_i + hit.to(tl.int32)
+
+
+@triton.jit
 def _gdn_recurrent_kernel(
-    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, snap_of_row, h_snapshots, o,
+    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, cap_rows, cap_snaps, cap_first,
+    h_snapshots, o, num_caps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
     stride_h_slot, stride_snap_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_SNAP: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
+    LOOP_FOR: tl.constexpr,
 ):
     seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (HV // HK)
-    if IS_VARLEN:
-        start = tl.load(query_start_loc + seq)
-        end = tl.load(query_start_loc + seq + 1)
     slot = tl.load(state_slots + seq).to(tl.int64)
     live = slot >= 0  # a negative slot marks a padding row: it computes on a zero state and stores none
 
@@ -69,18 +81,33 @@ def _gdn_recurrent_kernel(
     decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
     bias = tl.load(dt_bias + head).to(tl.float32)
     if IS_VARLEN:
-        t = start.to(tl.int64)
-        while t < end:  # a while loop: the interpreter cannot take loaded bounds in range()
-            state = _step(q, k, v, a, b, o, snap_of_row, h_snapshots, state, t, head, key_head,
-                          decay_rate, bias, scale, offs_k, offs_v, mask_k, mask_v, mask_kv, tile_offs,
-                          stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t,
-                          stride_b_t, stride_snap_slot, stride_o_t, DK, DV, HAS_SNAP)
-            t += 1
+        start = tl.load(query_start_loc + seq)
+        end = tl.load(query_start_loc + seq + 1)
+        cap_i = start * 0  # int32 index of the sequence's next capture
+        if HAS_CAPTURES:
+            cap_i = tl.load(cap_first + seq)
+        if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
+            for t in range(start, end):
+                state = _step(q, k, v, a, b, o, state, t.to(tl.int64), head, key_head, decay_rate, bias, scale,
+                              offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h,
+                              stride_v_t, stride_v_h, stride_a_t, stride_b_t, stride_o_t, DV)
+                if HAS_CAPTURES:
+                    cap_i = _capture(state, t, cap_rows, cap_snaps, cap_i, num_caps, h_snapshots, stride_snap_slot,
+                                     head, tile_offs, mask_kv, DK, DV)
+        else:  # the interpreter cannot take loaded bounds in range()
+            t = start
+            while t < end:
+                state = _step(q, k, v, a, b, o, state, t.to(tl.int64), head, key_head, decay_rate, bias, scale,
+                              offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h,
+                              stride_v_t, stride_v_h, stride_a_t, stride_b_t, stride_o_t, DV)
+                if HAS_CAPTURES:
+                    cap_i = _capture(state, t, cap_rows, cap_snaps, cap_i, num_caps, h_snapshots, stride_snap_slot,
+                                     head, tile_offs, mask_kv, DK, DV)
+                t += 1
     else:
-        state = _step(q, k, v, a, b, o, snap_of_row, h_snapshots, state, seq.to(tl.int64), head, key_head,
-                      decay_rate, bias, scale, offs_k, offs_v, mask_k, mask_v, mask_kv, tile_offs,
-                      stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t,
-                      stride_b_t, stride_snap_slot, stride_o_t, DK, DV, HAS_SNAP)
+        state = _step(q, k, v, a, b, o, state, seq.to(tl.int64), head, key_head, decay_rate, bias, scale,
+                      offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h,
+                      stride_v_t, stride_v_h, stride_a_t, stride_b_t, stride_o_t, DV)
     tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live)
 
 
@@ -91,15 +118,18 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 def gdn_recurrent(
     q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
     query_start_loc: torch.Tensor | None = None,
-    snap_of_row: torch.Tensor | None = None,
+    capture_rows=None,
     h_snapshots: torch.Tensor | None = None,
     block_v: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] updated in place.
 
     Without query_start_loc each row is its own sequence (decode); with it, sequence i owns rows
-    query_start_loc[i]:query_start_loc[i+1]. snap_of_row [T] (int, -1 = none) names the snapshot slot
-    that receives the state after each row. Returns o [T, Hv, Dv] in v's dtype.
+    query_start_loc[i]:query_start_loc[i+1], and capture_rows ((row, snapshot slot) pairs, or a
+    CaptureRows) names the rows whose state is also stored into h_snapshots. Returns o [T, Hv, Dv] in
+    v's dtype.
     """
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
@@ -114,30 +144,24 @@ def gdn_recurrent(
         # Enough programs to fill the machine at small batch, wide tiles once the batch does.
         block_v = 32 if seqs * hv >= 256 else 16
     block_v = min(block_v, triton.next_power_of_2(dv))
-    has_snap = snap_of_row is not None and h_snapshots is not None
-    if has_snap:
+    has_captures = query_start_loc is not None and h_snapshots is not None and bool(capture_rows)
+    num_caps, repeats = 0, []
+    cap_rows = cap_snaps = cap_first = state_slots  # unused placeholders
+    if has_captures:
         assert h_snapshots.is_contiguous()
+        cap_rows, cap_snaps, cap_first, repeats = capture_tables(capture_rows, query_start_loc)
+        num_caps = cap_rows.shape[0]
     grid = (seqs, hv, triton.cdiv(dv, block_v))
     _gdn_recurrent_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
-        query_start_loc if query_start_loc is not None else state_slots,
-        snap_of_row if has_snap else state_slots,
-        h_snapshots if has_snap else h_pool,
-        o,
+        query_start_loc if query_start_loc is not None else state_slots, cap_rows, cap_snaps, cap_first,
+        h_snapshots if has_captures else h_pool, o, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-        h_pool.stride(0), h_snapshots.stride(0) if has_snap else 0, o.stride(0), dk**-0.5,
+        h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        IS_VARLEN=query_start_loc is not None, HAS_SNAP=has_snap,
-        num_warps=4 if block_v * block_k >= 4096 else 2,
+        IS_VARLEN=query_start_loc is not None, HAS_CAPTURES=has_captures, LOOP_FOR=q.is_cuda,
+        num_warps=num_warps or (4 if block_v * block_k >= 4096 else 2), num_stages=num_stages or 2,
     )
+    for slot, source in repeats:
+        h_snapshots[slot].copy_(h_snapshots[source])
     return o
-
-
-def snap_rows_tensor(tokens: int, capture_rows, device) -> torch.Tensor | None:
-    """capture_rows [(row, snapshot_slot)] as a per-row int32 map, -1 where a row is not captured."""
-    if not capture_rows:
-        return None
-    snap = torch.full((tokens,), -1, dtype=torch.int32)
-    for row, slot in capture_rows:
-        snap[row] = slot
-    return snap.to(device)
