@@ -109,9 +109,10 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
 
 # Up to this many rows a prefill step runs the gated delta rule token by token (triton_recurrent) instead
 # of by chunks: a short pass (a prefix-cache hit's tail) is latency-bound, and one loop kernel beats the
-# chunk algorithm's three launches there. The choice depends on the step's row count alone, so the same
-# pass replayed (eagerly or padded in a graph) runs the same kernel.
-TOKEN_LOOP_MAX_ROWS = 128
+# chunk algorithm's three launches there (H200, Qwen3.5 GDN shape, a pass plus a 16-row padding sequence:
+# 16 rows 16 vs 57 us, 48 rows 37 vs 59, 80 rows 58 vs 72, 112 rows 79 vs 73). The choice depends on the
+# step's row count alone (for a graph, its rung), so a pass replayed the same way runs the same kernel.
+TOKEN_LOOP_MAX_ROWS = 96
 
 
 def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
