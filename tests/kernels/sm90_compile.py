@@ -82,9 +82,10 @@ def cases():
     yield ("moe_direct_down", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": bf16},
            dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll, STAGES=tiles.down_stages),
            tiles.down_warps, tiles.down_stages)
-    yield ("moe_rank_pairs", sorted_moe._rank_pairs_kernel,
-           {"ids": "*i64", "order": "*i64", "sorted_ids": "*i64", "num_pairs": "i32"}, dict(BLOCK=sorted_moe.RANK_BLOCK),
-           4, 1)
+    yield ("moe_count_and_rank", sorted_moe._count_and_rank_kernel,
+           {"ids": "*i64", "order": "*i64", "sorted_ids": "*i64", "offsets": "*i32", "block_start": "*i32",
+            "num_pairs": "i32"},
+           dict(EXPERTS=257, BLOCK_E=512, BLOCK_M=16, ALL=1024, BLOCK=sorted_moe.RANK_BLOCK), 4, 1)
     yield from _sorted_moe_cases(moe)
     yield from _skinny_gemm_cases()
 
@@ -116,6 +117,14 @@ def cases():
                dict(heads, BV=32, HAS_CAPTURES=captures, LOOP_FOR=True, PRECISION="tf32"), 4, 2)
     yield ("gdn_chunk_snapshot", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
            dict(heads, BV=32, PRECISION="tf32"), 4, 1)
+
+    from deltaserve.kernels.gdn import triton_recurrent as recurrent
+
+    recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first")}
+    for varlen, bv, warps in ((False, 32, 4), (True, 16, 1)):
+        yield (f"gdn_recurrent{'_varlen' if varlen else ''}", recurrent._gdn_recurrent_kernel,
+               dict(inputs, **recurrent_ints), dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen,
+                                                    HAS_CAPTURES=varlen), warps, 2)
 
     from deltaserve.kernels.gdn import triton_decode_fused as decode
 
