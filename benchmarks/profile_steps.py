@@ -90,6 +90,71 @@ def follow_up(engine: LLMEngine, log: StepLog, tokens, history_len: int) -> dict
     return out
 
 
+class Timeline:
+    """Host timestamps (ms from the request's arrival) of where a step's time goes: each wrapped call's
+    start and end, without synchronising."""
+
+    def __init__(self):
+        self.start = 0.0
+        self.marks: list[tuple[str, float, float]] = []
+        self._undo: list = []
+
+    def wrap(self, owner, name: str, label: str) -> None:
+        inner = getattr(owner, name)
+        own = vars(owner).get(name, None) if hasattr(owner, "__dict__") else None
+
+        def timed(*args, **kwargs):
+            begin = time.perf_counter()
+            result = inner(*args, **kwargs)
+            self.marks.append((label, begin, time.perf_counter()))
+            return result
+        setattr(owner, name, timed)
+        self._undo.append(lambda: setattr(owner, name, own) if own is not None else delattr(owner, name))
+
+    def restore(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    def report(self) -> list[dict]:
+        return [{"call": label, "from_ms": round((b - self.start) * 1e3, 3), "to_ms": round((e - self.start) * 1e3, 3)}
+                for label, b, e in self.marks]
+
+
+def warm_timeline(engine: LLMEngine, tokens, history_len: int) -> dict:
+    """The warm follow-up turn once more, its host calls on a timeline."""
+    import deltaserve.runner.model_runner as model_runner
+
+    history = tokens(history_len)
+    engine.reset_prefix_cache()
+    _, (turn1,) = prefill(engine, [history], 64)
+    follow = history + turn1.outputs[0].token_ids + tokens(64)
+    line = Timeline()
+    runner, scheduler = engine.runner, engine.scheduler
+    line.wrap(engine, "add_request", "add_request")
+    line.wrap(engine, "step", "engine.step")
+    line.wrap(scheduler, "schedule", "scheduler.schedule")
+    line.wrap(scheduler.prefix_cache, "lookup", "prefix_cache.lookup")
+    line.wrap(runner, "execute", "runner.execute")
+    line.wrap(runner, "_prepare_states", "runner._prepare_states (restores)")
+    line.wrap(model_runner, "build_host_batch", "build_host_batch")
+    graphs = runner.prefill_graphs
+    if graphs is not None:
+        line.wrap(graphs.buffers, "load_prefill", "buffers.load_prefill")
+        for size, graph in graphs.graphs.items():
+            line.wrap(graph, "replay", f"graph.replay (rung {size})")
+    line.wrap(runner, "sampler", "sampler (reads the token back)")
+    torch.cuda.synchronize()
+    line.start = time.perf_counter()
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
+    engine.add_request(f"timeline-{time.monotonic_ns()}", follow, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    total_ms = (time.perf_counter() - line.start) * 1e3
+    line.restore()
+    return {"total_ms": round(total_ms, 3), "calls": line.report()}
+
+
 def decode_overhead(engine: LLMEngine, tokens, concurrency: int, steps: int = 48) -> dict:
     params = SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True, detokenize=False)
     for i in range(concurrency):
@@ -140,6 +205,8 @@ def main() -> None:
             print(key)
             for row in result["follow_up"][key]:
                 print(f"  {row['ms']:9.3f} ms {row['calls']:6d}  {row['name']}")
+        result["warm_timeline"] = warm_timeline(engine, tokens, args.history)
+        print(result["warm_timeline"], flush=True)
         results_io.write(args.out, result)
     engine.reset_prefix_cache()
     result["decode"] = []
