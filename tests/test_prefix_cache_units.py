@@ -31,6 +31,8 @@ def test_hash_chain_names_whole_prefixes():
     assert other[:2] == hashes[:2] and all(a != b for a, b in zip(other[2:], hashes[2:]))
     # the same block contents after a different prefix get a different name
     assert hash_block(hashes[0], tokens[4:8]) == hashes[1] != hash_block(None, tokens[4:8])
+    # a chain continued from a named block names the blocks after it as the whole chain does
+    assert chain_hashes(tokens[8:], BS, hashes[1]) == hashes[2:]
 
 
 # -- shared blocks --------------------------------------------------------------------------------

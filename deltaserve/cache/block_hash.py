@@ -4,26 +4,40 @@ Block i of a sequence is named by hash(name of block i-1, token ids of block i),
 for every token from position 0 to the end of the block: two sequences share block i's name only if
 they share all of their first (i + 1) * block_size tokens. A snapshot taken at position
 (i + 1) * block_size is keyed by the same name. Only full blocks have names. Pure Python.
+
+The hash is XXH3-128 keyed by a seed drawn when the process starts: names live only in this process's
+caches, and a seed nobody outside knows keeps crafted collisions out. It replaced blake2b because a
+follow-up turn names every block of its history before it can look anything up: the lookup of a turn
+on an 8k-token history took 2 ms on the H200 host, nearly all of it naming 520 blocks, against about
+20 ms of GPU work; XXH3 names them in a third of blake2b's time (0.31 vs 1.0 ms on a development CPU).
 """
 
 from __future__ import annotations
 
-import hashlib
+import os
 from array import array
 from collections.abc import Sequence
 
+import xxhash
+
 BlockHash = bytes
+
+_SEED = int.from_bytes(os.urandom(8), "little")
+_hash = xxhash.xxh3_128_digest
 
 
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    digest = hashlib.blake2b(parent or b"", digest_size=16)
-    digest.update(array("q", token_ids).tobytes())
-    return digest.digest()
+    return _hash((parent or b"") + array("q", token_ids).tobytes(), _SEED)
 
 
-def chain_hashes(token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
-    """The names of every full block of `token_ids`."""
+def chain_hashes(token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None) -> list[BlockHash]:
+    """The names of every full block of `token_ids`, which follow the block named `parent` (None: they
+    start the sequence). The same names as hash_block, one block after another."""
+    data = array("q", token_ids).tobytes()
+    step = block_size * 8  # bytes of one block's int64 ids
     hashes: list[BlockHash] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start:start + block_size]))
+    name = parent or b""
+    for offset in range(0, len(token_ids) // block_size * step, step):
+        name = _hash(name + data[offset:offset + step], _SEED)
+        hashes.append(name)
     return hashes
