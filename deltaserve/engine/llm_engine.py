@@ -113,9 +113,9 @@ class LLMEngine:
         if not prompt:
             raise InvalidPromptError("the prompt is empty")
         vocab = self.model_config.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise InvalidPromptError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        low, high = min(prompt), max(prompt)  # in C: a list comprehension took 0.3 ms of an 8k prompt
+        if low < 0 or high >= vocab:
+            raise InvalidPromptError(f"token id {low if low < 0 else high} is outside the vocabulary [0, {vocab})")
         return list(prompt), prompt_text
 
     def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
