@@ -641,9 +641,9 @@ def gdn_short_pass(lens):
         expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(),
                                                   starts, pairs, ref_snaps)
         res = {"shape": f"rows {lens}, captures at {rows}", "configs": []}
-        configs = [("chunk", {}), ("loop", {}), ("loop", dict(block_v=4, num_warps=1)),
-                   ("loop", dict(block_v=16, num_warps=1)), ("loop", dict(block_v=8, num_warps=2)),
-                   ("loop", dict(block_v=16, num_warps=2)), ("loop", dict(block_v=32, num_warps=2))]
+        configs = [("chunk", {}), ("loop", {}), ("chunk", dict(chunk=16)), ("chunk", dict(chunk=32)),
+                   ("chunk", dict(chunk=16, block_v=16)), ("chunk", dict(chunk=16, block_v=64)),
+                   ("chunk", dict(chunk=32, block_v=16)), ("loop", dict(block_v=8, num_warps=1))]
         for kind, tiles in configs[:3] if SMOKE else configs:
             cfg = {"kernel": kind, **tiles}
             kernel = triton_chunk.chunk_gdn if kind == "chunk" else gdn_recurrent

@@ -155,6 +155,11 @@ def test_token_loop_prefill_matches_reference(lens, hk, hv, dk, dv, block_v):
     _check_chunk(lens, hk, hv, dk, dv, slots, [(0, 0), (sum(lens) - 1, 1)], gdn_recurrent, block_v=block_v)
 
 
+@pytest.mark.parametrize("chunk", [16, 32])
+def test_chunk_prefill_with_shorter_chunks(chunk):
+    _check_chunk([40, 1, 17], 1, 2, 16, 16, [3, 0, 4], [(15, 0), (16, 1), (39, 2), (50, 3)], chunk=chunk)
+
+
 def test_chunk_prefill_state_tiles_and_warps():
     _check_chunk([67, 20], 2, 4, 16, 48, [1, 0], [(30, 0), (70, 1)], block_v=16, num_warps=2)
 

@@ -283,7 +283,7 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows=None,
               h_snapshots=None, block_v: int | None = None, num_warps: int | None = None,
-              num_stages: int | None = None, precision: str | None = None) -> torch.Tensor:
+              num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
@@ -311,13 +311,13 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     w_buf = torch.empty((tokens, hv, dk), dtype=torch.float32, device=dev)
     u_buf = torch.empty((tokens, hv, dv), dtype=torch.float32, device=dev)
     g_buf = torch.empty((tokens, hv), dtype=torch.float32, device=dev)
-    aqk_buf = torch.empty((tokens, hv, CHUNK), dtype=torch.float32, device=dev)
-    max_chunks = tokens // CHUNK + seqs
+    aqk_buf = torch.empty((tokens, hv, chunk), dtype=torch.float32, device=dev)
+    max_chunks = tokens // chunk + seqs
     _chunk_prepare_kernel[(max_chunks, hv)](
         q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, seqs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-        dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=32, CHUNK=CHUNK, BLOCK_B=max(16, triton.next_power_of_2(seqs)),
-        SUB=16, PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision, num_warps=4, num_stages=1,
+        dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=32, CHUNK=chunk, BLOCK_B=max(16, triton.next_power_of_2(seqs)),
+        SUB=min(16, chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision, num_warps=4, num_stages=1,
     )
     block_v = max(16, min(block_v or 32, triton.next_power_of_2(dv)))
     has_captures = bool(capture_rows) and h_snapshots is not None
@@ -334,14 +334,14 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
         cap_record, cap_row0, o, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=CHUNK, HAS_CAPTURES=has_captures,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, HAS_CAPTURES=has_captures,
         LOOP_FOR=not interpret, PRECISION=precision, num_warps=num_warps or 4, num_stages=num_stages or 2,
     )
     if has_captures:
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
             k, w_buf, u_buf, g_buf, cap_rows, cap_snaps, cap_state, cap_record, cap_row0, h_snapshots,
             k.stride(0), k.stride(1), h_snapshots.stride(0),
-            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=CHUNK, PRECISION=precision, num_warps=4,
+            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, PRECISION=precision, num_warps=4,
         )
         for slot, source in repeats:
             h_snapshots[slot].copy_(h_snapshots[source])
