@@ -107,12 +107,16 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
     return _conv.causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows, conv_snapshots)
 
 
-# Up to this many rows a prefill step runs the gated delta rule token by token (triton_recurrent) instead
-# of by chunks: a short pass (a prefix-cache hit's tail) is latency-bound, and one loop kernel beats the
-# chunk algorithm's three launches there (H200, Qwen3.5 GDN shape, a pass plus a 16-row padding sequence:
-# 16 rows 16 vs 57 us, 48 rows 37 vs 59, 80 rows 58 vs 72, 112 rows 79 vs 73). The choice depends on the
-# step's row count alone (for a graph, its rung), so a pass replayed the same way runs the same kernel.
-TOKEN_LOOP_MAX_ROWS = 96
+# A prefill step's gated delta rule by its row count (for a graph, its rung; a pass replayed the same way
+# runs the same kernel). Short passes (a prefix-cache hit's tail) are latency-bound: up to
+# TOKEN_LOOP_MAX_ROWS rows the token loop of triton_recurrent, up to SHORT_CHUNK_MAX_ROWS the chunk
+# kernels with 16-row chunks (less work on each chunk's serial path), then 64-row chunks. H200, Qwen3.5
+# GDN shape, a pass beside a 16-row padding sequence (kernels_check gdn_short_pass): 16 rows 19 / 27 /
+# 57 us (loop / 16-row chunks / 64-row chunks), 48 rows 40 / 35 / 59, 80 rows 62 / 40 / 73, 112 rows
+# 84 / 49 / 75.
+TOKEN_LOOP_MAX_ROWS = 16
+SHORT_CHUNK_MAX_ROWS = 128
+SHORT_CHUNK = 16
 
 
 def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
@@ -120,13 +124,15 @@ def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, q
                            h_snapshots: torch.Tensor | None = None) -> torch.Tensor:
     """The gated delta rule over a ragged prefill batch (see gdn/reference.py)."""
     if use_triton(q):
-        if q.shape[0] <= TOKEN_LOOP_MAX_ROWS:
+        rows = q.shape[0]
+        if rows <= TOKEN_LOOP_MAX_ROWS:
             from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
             return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
                                  h_snapshots)
         from deltaserve.kernels.gdn.triton_chunk import chunk_gdn as kernel
+        short = dict(chunk=SHORT_CHUNK, block_v=64) if rows <= SHORT_CHUNK_MAX_ROWS else {}
         return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
-                      h_snapshots)
+                      h_snapshots, **short)
     return _gdn.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
                                        capture_rows, h_snapshots)
 

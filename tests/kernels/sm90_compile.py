@@ -106,17 +106,19 @@ def cases():
                dict(GROUP=8, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
                     PRECISION="tf32", LOOP_FOR=True), warps, 2)
 
-    heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK)
     ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first", "cap_record",
                                 "cap_row0")}
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
-    yield ("gdn_chunk_prepare", gdn._chunk_prepare_kernel, dict(inputs, **ints),
-           dict(heads, BV=32, BLOCK_B=16, SUB=16, PRECISION="tf32x3", INVERSE_PRECISION="tf32"), 4, 1)
-    for captures in (False, True):
-        yield (f"gdn_chunk_state{'_captures' if captures else ''}", gdn._chunk_state_kernel, dict(inputs, **ints),
-               dict(heads, BV=32, HAS_CAPTURES=captures, LOOP_FOR=True, PRECISION="tf32"), 4, 2)
-    yield ("gdn_chunk_snapshot", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
-           dict(heads, BV=32, PRECISION="tf32"), 4, 1)
+    for chunk, bv, name in ((gdn.CHUNK, 32, ""), (16, 64, "_short")):  # long prompts; short passes
+        heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
+        yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, dict(inputs, **ints),
+               dict(heads, BV=32, BLOCK_B=16, SUB=16, PRECISION="tf32x3", INVERSE_PRECISION="tf32"), 4, 1)
+        for captures in (False, True):
+            yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}", gdn._chunk_state_kernel,
+                   dict(inputs, **ints), dict(heads, BV=bv, HAS_CAPTURES=captures, LOOP_FOR=True, PRECISION="tf32"),
+                   4, 2)
+        yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
+               dict(heads, BV=bv, PRECISION="tf32"), 4, 1)
 
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
 
