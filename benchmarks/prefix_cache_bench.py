@@ -9,6 +9,7 @@
 2. Eight requests sharing a 2k-token prefix with different 64-token endings, sent together: total
    prefill time (until all eight have their first token) warm (prefix cached by an earlier request)
    against cold.
+Each time is the median of REPEATS runs on fresh prompts (the samples are in the result).
 """
 
 from __future__ import annotations
@@ -50,6 +51,23 @@ def prefill(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 1) ->
             if out.finished:
                 done[out.request_id] = out
     return max(first.values()) - start, [done[i] for i in ids]
+
+
+REPEATS = 5  # each figure is the median of this many runs, each on fresh prompts
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def follow_up_turn(engine: LLMEngine, tokens, history_len: int) -> dict:
+    """A first turn on a fresh history (its reply generated), then the follow-up turn, warm."""
+    history = tokens(history_len)
+    turn1_s, (turn1,) = prefill(engine, [history], 64)
+    follow_up = history + turn1.outputs[0].token_ids + tokens(64)
+    warm_s, (warm,) = prefill(engine, [follow_up])
+    return {"history": history, "turn1_s": turn1_s, "turn1_recomputed": len(history) - turn1.num_cached_tokens,
+            "follow_up": follow_up, "warm_s": warm_s, "warm": warm}
 
 
 def _warm_up(engine: LLMEngine, tokens, history_len: int) -> None:
@@ -95,36 +113,46 @@ def main() -> None:
     result = {**results_io.header(), "shape": args.shape, "block_size": engine.config.block_size}
 
     _warm_up(engine, tokens, args.history)
-    history = tokens(args.history)
-    turn1_s, (turn1,) = prefill(engine, [history], 64)
-    follow_up = history + turn1.outputs[0].token_ids + tokens(64)
-    warm_s, (warm,) = prefill(engine, [follow_up])
-    engine.reset_prefix_cache()
-    cold_s, (cold,) = prefill(engine, [follow_up])
+    turns = [follow_up_turn(engine, tokens, args.history) for _ in range(REPEATS)]  # each: history, turn 1, warm
+    colds = []
+    for turn in turns:
+        engine.reset_prefix_cache()
+        colds.append(prefill(engine, [turn["follow_up"]]))
+    first, warm_s, cold_s = turns[0], median([t["warm_s"] for t in turns]), median([s for s, _ in colds])
+    warm, cold, follow_up = first["warm"], colds[0][1][0], first["follow_up"]
     result["follow_up_turn"] = {
         "history_tokens": args.history, "turn2_prompt_tokens": len(follow_up),
-        "turn1_ttft_s": round(turn1_s, 4), "turn1_recomputed_tokens": len(history) - turn1.num_cached_tokens,
+        "turn1_ttft_s": round(first["turn1_s"], 4), "turn1_recomputed_tokens": first["turn1_recomputed"],
         "cold_ttft_s": round(cold_s, 4), "warm_ttft_s": round(warm_s, 4),
         "speedup": round(cold_s / warm_s, 1),
+        "repeats": REPEATS, "cold_ttft_samples_s": [round(s, 4) for s, _ in colds],
+        "warm_ttft_samples_s": [round(t["warm_s"], 4) for t in turns],
         "warm_cached_tokens": warm.num_cached_tokens, "warm_recomputed_tokens": len(follow_up) - warm.num_cached_tokens,
         "cold_recomputed_tokens": len(follow_up) - cold.num_cached_tokens,
         "same_first_token": warm.outputs[0].token_ids == cold.outputs[0].token_ids,
-        "warm_ttft_eager_prefill_s": _warm_ttft_eager(engine, history, follow_up),
+        "warm_ttft_eager_prefill_s": _warm_ttft_eager(engine, first["history"], follow_up),
     }
     print(result["follow_up_turn"], flush=True)
     results_io.write(args.out, result)
 
-    shared = tokens(2048)
-    endings = [tokens(64) for _ in range(8)]
-    engine.reset_prefix_cache()
-    cold_s, cold_outs = prefill(engine, [shared + e for e in endings])
-    engine.reset_prefix_cache()
-    prefill(engine, [shared + tokens(64)])  # an earlier request leaves the shared prefix cached
-    warm_s, warm_outs = prefill(engine, [shared + e for e in endings])
+    colds, warms = [], []
+    for _ in range(REPEATS):
+        shared = tokens(2048)
+        engine.reset_prefix_cache()
+        colds.append(prefill(engine, [shared + tokens(64) for _ in range(8)]))
+        engine.reset_prefix_cache()
+        prefill(engine, [shared + tokens(64)])  # an earlier request leaves the shared prefix cached
+        endings = [tokens(64) for _ in range(8)]
+        warms.append(prefill(engine, [shared + e for e in endings]))
+        engine.reset_prefix_cache()
+        cold_same = prefill(engine, [shared + e for e in endings])[1]  # the warm prompts cold, for their tokens
+    cold_s, warm_s = median([s for s, _ in colds]), median([s for s, _ in warms])
+    warm_outs, cold_outs = warms[-1][1], cold_same
     result["shared_prefix"] = {
         "requests": 8, "prefix_tokens": 2048, "ending_tokens": 64,
         "cold_total_prefill_s": round(cold_s, 4), "warm_total_prefill_s": round(warm_s, 4),
-        "speedup": round(cold_s / warm_s, 1),
+        "speedup": round(cold_s / warm_s, 1), "repeats": REPEATS,
+        "cold_samples_s": [round(s, 4) for s, _ in colds], "warm_samples_s": [round(s, 4) for s, _ in warms],
         "warm_cached_tokens": [o.num_cached_tokens for o in warm_outs],
         "same_first_tokens": [o.outputs[0].token_ids for o in warm_outs] == [o.outputs[0].token_ids for o in cold_outs],
     }
