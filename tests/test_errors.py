@@ -105,8 +105,9 @@ def test_bad_prompts_raise_and_leave_nothing_queued(small_llm):
     with pytest.raises(PromptTooLongError, match="64") as info:
         small_llm.generate([[1, 2, 3], list(range(64))], GREEDY)
     assert (info.value.prompt_len, info.value.max_model_len) == (64, 64)
-    with pytest.raises(InvalidPromptError, match="outside the vocabulary"):
-        small_llm.generate([[1, 99999]], GREEDY)
+    for out_of_range in ([1, 99999], [-1, 2], [1, 2**70]):
+        with pytest.raises(InvalidPromptError, match="outside the vocabulary"):
+            small_llm.generate([out_of_range], GREEDY)
     for not_ids in ([1, 2.0], [True, 3], [1, "2"]):
         with pytest.raises(InvalidPromptError, match="list of token ids"):
             small_llm.engine.add_request("bad", not_ids, GREEDY)

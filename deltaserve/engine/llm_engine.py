@@ -4,7 +4,10 @@ tokens into outputs. The body of both LLM.generate's loop and the server's engin
 from __future__ import annotations
 
 import logging
+from array import array
 from dataclasses import dataclass
+
+import numpy as np
 
 from deltaserve.engine.detokenizer import IncrementalDetokenizer
 from deltaserve.engine.engine_config import EngineConfig
@@ -113,7 +116,11 @@ class LLMEngine:
         if not prompt:
             raise InvalidPromptError("the prompt is empty")
         vocab = self.model_config.vocab_size
-        low, high = min(prompt), max(prompt)  # in C: a list comprehension took 0.3 ms of an 8k prompt
+        try:
+            ids = np.frombuffer(array("q", prompt), dtype=np.int64)  # one pass over the Python ints, then numpy
+        except OverflowError:
+            raise InvalidPromptError(f"a token id is outside the vocabulary [0, {vocab})") from None
+        low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab:
             raise InvalidPromptError(f"token id {low if low < 0 else high} is outside the vocabulary [0, {vocab})")
         return list(prompt), prompt_text
