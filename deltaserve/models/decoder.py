@@ -32,7 +32,8 @@ class DecoderLayer(nn.Module):
             self.mixer = Attention(config, layer_idx, dtype, device)
         else:
             self.mixer = GatedDeltaNet(config, layer_idx, dtype, device)
-        if config.moe_layers and config.moe_layers[layer_idx]:
+        self.is_moe = bool(config.moe_layers and config.moe_layers[layer_idx])
+        if self.is_moe:
             self.mlp = SparseMoE(config, dtype, device)
         else:
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, dtype, device, config.mlp_bias)
@@ -47,6 +48,8 @@ class DecoderLayer(nn.Module):
         else:
             hidden = self.mixer(hidden, batch)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
+        if self.is_moe:
+            return self.mlp(hidden, batch.live_rows), residual
         return self.mlp(hidden), residual
 
 

@@ -49,7 +49,7 @@ class StepBuffers:
         self._offsets = {}
         offset = 0
         for name, length in ([(f, self.max_rows) for f in ROW_FIELDS] + [(f, self.max_batch) for f in SEQUENCE_FIELDS]
-                             + [("query_start_loc", self.max_batch + 1), ("logits_index", 1)]):
+                             + [("query_start_loc", self.max_batch + 1), ("logits_index", 1), ("live_rows", 1)]):
             self._offsets[name] = (offset, offset + length)
             offset += length
         pin = device.type == "cuda"
@@ -91,6 +91,7 @@ class StepBuffers:
             field[:n] = values
             field[n:batch_size] = pad
         self._field(meta, "query_start_loc")[: batch_size + 1] = np.arange(batch_size + 1)
+        self._field(meta, "live_rows")[0] = n
         self.meta.copy_(mirror, non_blocking=True)
         self._load_block_tables(mirror_blocks, host.block_tables, batch_size)
 
@@ -117,6 +118,7 @@ class StepBuffers:
         self._field(meta, "state_slots")[:2] = (host.state_slots[0], self.padding_slot)
         self._field(meta, "query_start_loc")[:3] = (0, n, num_rows)
         self._field(meta, "logits_index")[0] = n - 1
+        self._field(meta, "live_rows")[0] = n
         self.meta.copy_(mirror, non_blocking=True)
         self._load_block_tables(mirror_blocks, host.block_tables, 2)
         table = mirror_captures.numpy()
@@ -148,6 +150,7 @@ class StepBuffers:
             is_decode=True,
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
+            live_rows=self.live_rows,
         )
 
     def prefill_view(self, num_rows: int, snapshot_pool=None, captures: list[tuple[int, int]] | None = None
@@ -166,6 +169,7 @@ class StepBuffers:
             is_decode=False,
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
+            live_rows=self.live_rows,
         )
         if snapshot_pool is not None:
             rows = GraphCaptureRows(self.captures) if captures is None else CaptureRows(captures)

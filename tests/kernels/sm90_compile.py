@@ -74,14 +74,17 @@ def cases():
     bf16 = "*bf16"
     moe = dict(TOP_K=9, HIDDEN=2048, INTER=512)  # top-8 and the stacked shared expert
     tiles = direct.DEFAULT_TILES
-    yield ("moe_route", route._moe_route_kernel, {"logits": bf16, "ids": "*i64"},
-           dict(EXPERTS=256, TOP_K=8, CHOICES=9, BLOCK_E=256, BLOCK_K=16, RENORMALIZE=True, SHARED_GATE=True), 2, 1)
+    yield ("moe_route", route._moe_route_kernel, {"logits": bf16, "ids": "*i64", "live_rows": "*i64"},
+           dict(EXPERTS=256, TOP_K=8, CHOICES=9, BLOCK_E=256, BLOCK_K=16, RENORMALIZE=True, SHARED_GATE=True,
+                HAS_LIVE_ROWS=True, UNROUTED=257), 2, 1)
     yield ("moe_direct_gate_up", direct._direct_gate_up_kernel, {"x": bf16, "w13": bf16, "ids": "*i64"},
-           dict(moe, BLOCK_N=tiles.gate_n, BLOCK_K=tiles.gate_k, STAGES=tiles.gate_stages), tiles.gate_warps,
-           tiles.gate_stages)
+           dict(moe, BLOCK_N=tiles.gate_n, BLOCK_K=tiles.gate_k, STAGES=tiles.gate_stages, EXPERTS=257),
+           tiles.gate_warps, tiles.gate_stages)
     yield ("moe_direct_down", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": bf16},
-           dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll, STAGES=tiles.down_stages),
-           tiles.down_warps, tiles.down_stages)
+           dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll, STAGES=tiles.down_stages,
+                EXPERTS=257), tiles.down_warps, tiles.down_stages)
+    yield ("moe_combine", sorted_moe._combine_kernel, {"y": bf16, "ids": "*i64", "out": bf16},
+           dict(TOP_K=9, HIDDEN=2048, EXPERTS=257, BLOCK=sorted_moe.COMBINE_BLOCK), 4, 1)
     yield ("moe_count_and_rank", sorted_moe._count_and_rank_kernel,
            {"ids": "*i64", "order": "*i64", "sorted_ids": "*i64", "offsets": "*i32", "block_start": "*i32",
             "num_pairs": "i32"},

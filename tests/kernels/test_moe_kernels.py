@@ -165,3 +165,37 @@ def test_sorted_tiles_by_pairs_per_expert():
     assert default_tiles(32 * 9, experts) == SMALL_TILES
     assert default_tiles(2048 * 9, experts) == MEDIUM_TILES
     assert default_tiles(8192 * 9, experts) == LARGE_TILES
+
+
+# A graph's padding rows (at or after live_rows) route to no expert: their choices get the id past the
+# stacked experts and weight 0, the experts skip them, and their output rows are zero. The live rows
+# come out as they do without padding.
+@pytest.mark.parametrize("shared_gate", [False, True])
+def test_route_leaves_rows_past_live_rows_unrouted(shared_gate):
+    experts, top_k, tokens, live = 12, 3, 7, 4
+    logits = torch.randn(tokens, experts + int(shared_gate))
+    live_rows = torch.tensor([live])
+    weights, ids = moe_route(logits, top_k, True, shared_gate, live_rows=live_rows)
+    expected_weights, expected_ids = reference.moe_route(logits, top_k, True, shared_gate, live_rows)
+    assert torch.equal(ids, expected_ids)
+    assert_close(weights, expected_weights)
+    plain_weights, plain_ids = moe_route(logits, top_k, True, shared_gate)
+    assert torch.equal(ids[:live], plain_ids[:live]) and torch.equal(weights[:live], plain_weights[:live])
+    assert (ids[live:] == experts + int(shared_gate)).all() and (weights[live:] == 0).all()
+
+
+@pytest.mark.parametrize("tokens,path", [(3, "direct"), (9, "direct"), (40, "sorted"), (150, "sorted")])
+def test_experts_skip_unrouted_rows(tokens, path):
+    experts, hidden, inter, top_k = 6, 40, 24, 2
+    x, w13, w2, weights, ids, _ = _shared_experts_inputs(tokens, experts, hidden, inter, top_k)
+    live = tokens - tokens // 3 - 1
+    unrouted_ids = ids.clone()
+    unrouted_ids[live:] = experts + 1
+    unrouted_weights = weights.clone()
+    unrouted_weights[live:] = 0.0
+    out = moe_experts(x, w13, w2, unrouted_weights, unrouted_ids, path=path)
+    assert (out[live:] == 0).all()
+    assert_close(out[:live], moe_experts(x[:live], w13, w2, weights[:live], ids[:live], path=path))
+    expected = reference.moe_experts(x, w13, w2, unrouted_weights, unrouted_ids)
+    assert (expected[live:] == 0).all()
+    assert_close(out, expected)

@@ -24,13 +24,13 @@ import triton.language as tl
 def _direct_gate_up_kernel(
     x, w13, weights, ids, inter, stride_x, stride_we, stride_wn,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, EXPERTS: tl.constexpr,
 ):
     pair, ntile = tl.program_id(0), tl.program_id(1)
     token = (pair // TOP_K).to(tl.int64)
     expert = tl.load(ids + pair).to(tl.int64)
     offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < INTER
+    mask_n = (offs_n < INTER) & (expert < EXPERTS)  # an unrouted pair reads no weights (the down kernel skips it)
     gate_rows = w13 + expert * stride_we + offs_n[:, None] * stride_wn
     up_rows = gate_rows + INTER * stride_wn
     # Products are summed along K in registers and reduced once at the end.
@@ -56,7 +56,7 @@ def _direct_gate_up_kernel(
 def _direct_down_kernel(
     inter, w2, ids, out, stride_we, stride_wn, stride_out,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr, STAGES: tl.constexpr,
+    UNROLL: tl.constexpr, STAGES: tl.constexpr, EXPERTS: tl.constexpr,
 ):
     token, ntile = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -70,6 +70,7 @@ def _direct_down_kernel(
             live = choice < TOP_K
             pair = token * TOP_K + choice
             expert = tl.load(ids + pair, mask=live, other=0).to(tl.int64)
+            live = live & (expert < EXPERTS)  # an unrouted pair adds nothing
             rows = w2 + expert * stride_we + offs_n[:, None] * stride_wn
             for k0 in tl.static_range(0, INTER, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -116,12 +117,12 @@ def moe_experts_direct(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
     _direct_gate_up_kernel[(tokens * top_k, triton.cdiv(inter_size, gu_n))](
         x, w13, weights, ids, inter, x.stride(0), w13.stride(0), w13.stride(1),
         TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=gu_n, BLOCK_K=gu_k, STAGES=gu_stages,
-        num_warps=gu_warps,
+        EXPERTS=w13.shape[0], num_warps=gu_warps,
     )
     _direct_down_kernel[(tokens, triton.cdiv(hidden, dn_n))](
         inter, w2, ids, out, w2.stride(0), w2.stride(1), out.stride(0),
         TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=dn_n, BLOCK_K=dn_k, UNROLL=min(unroll, top_k),
-        STAGES=dn_stages,
+        STAGES=dn_stages, EXPERTS=w13.shape[0],
         num_warps=dn_warps,
     )
     return out

@@ -12,6 +12,8 @@ block (its gathered input rows).
   2. down:    y[token, choice] = weight * (inter[pair] @ W_down^T), written to the pair's own row.
 The k rows of each token are then summed in fp32 in a fixed order: no atomics, so results are exact
 across runs (a prefix-cache hit must reproduce a miss bit for bit).
+A pair with an id past the experts (a graph's padding row, see moe_route's live_rows) is unrouted: it
+sorts after every expert's run, gets no block, and the sum leaves it out.
 """
 
 from typing import NamedTuple
@@ -185,6 +187,7 @@ def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]
 # of a short prefill pass. Larger batches take torch's sort.
 COUNTING_SORT_MAX_PAIRS = 4096
 RANK_BLOCK = 64
+COMBINE_BLOCK = 1024
 
 
 @triton.jit
@@ -193,7 +196,8 @@ def _count_and_rank_kernel(ids, order, sorted_ids, offsets, block_start, num_pai
     """A stable counting sort of this program's BLOCK pairs: pair i goes to rank(i) = (pairs of a smaller
     expert) + (pairs of its expert before i); order[rank(i)] = i, sorted_ids[rank(i)] = ids[i]. Program 0
     also writes offsets[e] (first sorted pair of expert e) and block_start[e] (its first block), [E + 1]."""
-    TRASH: tl.constexpr = BLOCK_E - 1  # a bin past every expert, for the lanes that hold no pair
+    # A bin past every expert and past the unrouted id (EXPERTS), for the lanes that hold no pair.
+    TRASH: tl.constexpr = BLOCK_E - 1
     first_i = tl.program_id(0) * BLOCK
     j = tl.arange(0, ALL)
     id_j = tl.load(ids + j, mask=j < num_pairs, other=TRASH).to(tl.int32)
@@ -216,6 +220,22 @@ def _count_and_rank_kernel(ids, order, sorted_ids, offsets, block_start, num_pai
     tl.store(sorted_ids + rank, id_i.to(sorted_ids.dtype.element_ty), mask=valid_i)
 
 
+@triton.jit
+def _combine_kernel(y, ids, out, stride_y, stride_out, TOP_K: tl.constexpr, HIDDEN: tl.constexpr,
+                    EXPERTS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[token] = the sum of its routed pairs' rows of y, in fp32, in choice order (unrouted pairs
+    were never computed: their rows of y hold nothing)."""
+    token, tile = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < HIDDEN
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for choice in tl.static_range(TOP_K):
+        pair = token * TOP_K + choice
+        routed = tl.load(ids + pair) < EXPERTS
+        acc += tl.load(y + pair * stride_y + offs, mask=mask & routed, other=0.0).to(tl.float32)
+    tl.store(out + token * stride_out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
 def _count_and_rank(flat_ids: torch.Tensor, num_experts: int, block_m: int):
     """(sorted ids, order, offsets, block_start) by the counting sort (see COUNTING_SORT_MAX_PAIRS)."""
     pairs, device = flat_ids.shape[0], flat_ids.device
@@ -225,7 +245,7 @@ def _count_and_rank(flat_ids: torch.Tensor, num_experts: int, block_m: int):
     block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     _count_and_rank_kernel[(triton.cdiv(pairs, RANK_BLOCK),)](
         flat_ids, order, sorted_ids, offsets, block_start, pairs, EXPERTS=num_experts,
-        BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_M=block_m, ALL=triton.next_power_of_2(pairs),
+        BLOCK_E=triton.next_power_of_2(num_experts + 2), BLOCK_M=block_m, ALL=triton.next_power_of_2(pairs),
         BLOCK=RANK_BLOCK, num_warps=4)
     return sorted_ids, order, offsets, block_start
 
@@ -292,4 +312,8 @@ def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
         BLOCK_M=block_m, BLOCK_N=dn_n, BLOCK_K=dn_k, PRECISION=precision, COLUMNS_FAST=columns_fast,
         num_warps=warps, num_stages=stages,
     )
-    return torch.sum(y.view(tokens, top_k, hidden), dim=1, dtype=torch.float32).to(x.dtype)
+    out = torch.empty_like(x)
+    _combine_kernel[(tokens, triton.cdiv(hidden, COMBINE_BLOCK))](
+        y, ids.contiguous(), out, y.stride(0), out.stride(0), TOP_K=top_k, HIDDEN=hidden, EXPERTS=experts, BLOCK=COMBINE_BLOCK,
+        num_warps=4)
+    return out
