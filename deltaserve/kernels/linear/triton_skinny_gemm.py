@@ -42,7 +42,8 @@ class SkinnyTiles(NamedTuple):
     warps: int
 
 
-MAX_ROWS = 16  # x rows one program covers
+MAX_ROWS = 16  # up to this many rows the dispatch takes the skinny GEMM (see faster_than_cublas)
+MAX_TILE_ROWS = 128  # the most rows one program covers (x padded to a power of two from 16)
 
 
 def faster_than_cublas(n: int) -> bool:
@@ -71,10 +72,10 @@ def default_tiles(n: int) -> SkinnyTiles:
 
 
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, ...] | None = None) -> torch.Tensor:
-    """x [M <= 16, K]; weight [N, K] (last dim contiguous); returns [M, N] in x's dtype."""
+    """x [M <= 128, K]; weight [N, K] (last dim contiguous); returns [M, N] in x's dtype."""
     m, k = x.shape
     n = weight.shape[0]
-    assert m <= MAX_ROWS and weight.stride(-1) == 1
+    assert m <= MAX_TILE_ROWS and weight.stride(-1) == 1
     x = x if x.stride(-1) == 1 else x.contiguous()
     block_n, block_k, stages, warps = SkinnyTiles(*tiles) if tiles else default_tiles(n)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -82,7 +83,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, ...] | 
         return y
     _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
         x, weight, y, m, n, x.stride(0), weight.stride(0), y.stride(0), K=k,
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)), STAGES=stages,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)), STAGES=stages,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
     )
     return y
