@@ -58,13 +58,16 @@ def main() -> None:
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             expected = x.float() @ weight.float().T
-            out = skinny_gemm(x, weight).float()
             cublas = time_graph_us(lambda: torch.nn.functional.linear(x, weight))
-            skinny = time_graph_us(lambda: skinny_gemm(x, weight))
             row = {"shape": name, "rows": m, "N": n, "K": k, "tiles": list(default_tiles(n)),
-                   "rel_err": round(((out - expected).norm() / expected.norm()).item(), 5),
-                   "cublas_us": round(cublas, 2), "skinny_us": round(skinny, 2),
-                   "cublas_tb_s": round(n * k * 2 / cublas / 1e6, 2), "skinny_tb_s": round(n * k * 2 / skinny / 1e6, 2)}
+                   "cublas_us": round(cublas, 2), "cublas_tb_s": round(n * k * 2 / cublas / 1e6, 2)}
+            try:  # the decode tiles (tall rows may need more shared memory than they leave)
+                out = skinny_gemm(x, weight).float()
+                skinny = time_graph_us(lambda: skinny_gemm(x, weight))
+                row.update(rel_err=round(((out - expected).norm() / expected.norm()).item(), 5),
+                           skinny_us=round(skinny, 2), skinny_tb_s=round(n * k * 2 / skinny / 1e6, 2))
+            except Exception as exc:
+                row["skinny_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
             if args.sweep:
                 row["sweep"] = sweep(x, weight, expected)
                 best = min((c for c in row["sweep"] if "us" in c), key=lambda c: c["us"], default=None)
