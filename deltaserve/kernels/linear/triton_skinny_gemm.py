@@ -43,7 +43,7 @@ class SkinnyTiles(NamedTuple):
 
 
 # Up to this many rows the dispatch takes the skinny GEMM (see faster_than_cublas). Above, cuBLAS: at 64
-# and 128 rows the best tall tiles measured slower on 19 of the 20 projections of the benchmark shapes
+# and 128 rows the best tall tiles measured no faster on 19 of the 20 projections of the benchmark shapes
 # (benchmarks/results/skinny_gemm_tall.json; 9B down projection at 128 rows 55.7 vs 33.3 us).
 MAX_ROWS = 16
 MAX_TILE_ROWS = 128  # the most rows one program covers (x padded to a power of two from 16)
