@@ -2,11 +2,12 @@
 snapshot index, and what the scheduler plans (restores, capture points, the replay-point cut)."""
 
 import random
+from array import array
 
 import pytest
 
 from deltaserve.cache.block_allocator import BlockAllocator
-from deltaserve.cache.block_hash import chain_hashes, hash_block
+from deltaserve.cache.block_hash import chain_hashes, chain_hashes_of_bytes, hash_block
 from deltaserve.cache.slot_allocator import SlotAllocator
 from deltaserve.cache.snapshot_index import SnapshotIndex
 from deltaserve.engine.prefix_cache import PrefixCache
@@ -33,6 +34,18 @@ def test_hash_chain_names_whole_prefixes():
     assert hash_block(hashes[0], tokens[4:8]) == hashes[1] != hash_block(None, tokens[4:8])
     # a chain continued from a named block names the blocks after it as the whole chain does
     assert chain_hashes(tokens[8:], BS, hashes[1]) == hashes[2:]
+
+
+def test_a_request_hands_the_cache_its_token_ids_as_bytes_across_prompt_and_output():
+    rng = random.Random()
+    prompt = [rng.randrange(1000) for _ in range(13)]
+    given = Request("r", prompt, SamplingParams(), 10, prompt_bytes=array("q", prompt).tobytes())
+    bare = Request("s", prompt, SamplingParams(), 10)
+    for request in (given, bare):
+        request.output_token_ids += [7, 8, 9]
+        for start, end in ((0, 12), (4, 13), (8, 16), (13, 15)):
+            assert request.token_bytes(start, end) == array("q", request.token_ids_slice(start, end)).tobytes()
+    assert chain_hashes_of_bytes(given.token_bytes(0, 16), BS) == chain_hashes(prompt + [7, 8, 9], BS)
 
 
 # -- shared blocks --------------------------------------------------------------------------------

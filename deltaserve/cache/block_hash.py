@@ -33,11 +33,15 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
 def chain_hashes(token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None) -> list[BlockHash]:
     """The names of every full block of `token_ids`, which follow the block named `parent` (None: they
     start the sequence). The same names as hash_block, one block after another."""
-    data = array("q", token_ids).tobytes()
+    return chain_hashes_of_bytes(array("q", token_ids).tobytes(), block_size, parent)
+
+
+def chain_hashes_of_bytes(data: bytes, block_size: int, parent: BlockHash | None = None) -> list[BlockHash]:
+    """chain_hashes of token ids given as int64 bytes."""
     step = block_size * 8  # bytes of one block's int64 ids
     hashes: list[BlockHash] = []
     name = parent or b""
-    for offset in range(0, len(token_ids) // block_size * step, step):
+    for offset in range(0, len(data) // step * step, step):
         name = _hash(name + data[offset:offset + step], _SEED)
         hashes.append(name)
     return hashes

@@ -92,11 +92,11 @@ class LLMEngine:
             raise InvalidSamplingParamsError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if request_id in self._parents:
             raise InvalidPromptError(f"request id {request_id!r} is already in use")
-        token_ids, text = self._prompt_tokens(prompt, prompt_text)
+        token_ids, text, token_bytes = self._prompt_tokens(prompt, prompt_text)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
         children = [
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
-                    sample_index=i, capture_points=list(capture_points or []))
+                    sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes)
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,
@@ -106,24 +106,27 @@ class LLMEngine:
             self._owner[child] = parent
             self.scheduler.add(child)
 
-    def _prompt_tokens(self, prompt, prompt_text):
+    def _prompt_tokens(self, prompt, prompt_text) -> tuple[list[int], str | None, bytes]:
+        """(token ids, text, the ids as int64 bytes: the prefix cache names blocks from them)."""
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidPromptError("the prompt is empty")
-            return self.tokenizer.encode(prompt), prompt
+            token_ids = self.tokenizer.encode(prompt)
+            return token_ids, prompt, array("q", token_ids).tobytes()
         if not isinstance(prompt, (list, tuple)) or not set(map(type, prompt)) <= {int}:  # bool is not int here
             raise InvalidPromptError("a prompt must be a string or a list of token ids (integers)")
         if not prompt:
             raise InvalidPromptError("the prompt is empty")
         vocab = self.model_config.vocab_size
         try:
-            ids = np.frombuffer(array("q", prompt), dtype=np.int64)  # one pass over the Python ints, then numpy
+            token_bytes = array("q", prompt).tobytes()  # one pass over the Python ints, then numpy
         except OverflowError:
             raise InvalidPromptError(f"a token id is outside the vocabulary [0, {vocab})") from None
+        ids = np.frombuffer(token_bytes, dtype=np.int64)
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab:
             raise InvalidPromptError(f"token id {low if low < 0 else high} is outside the vocabulary [0, {vocab})")
-        return list(prompt), prompt_text
+        return list(prompt), prompt_text, token_bytes
 
     def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         if prompt_len >= self.max_model_len:

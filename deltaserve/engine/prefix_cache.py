@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from deltaserve.cache.block_allocator import BlockAllocator
-from deltaserve.cache.block_hash import BlockHash, chain_hashes, hash_block
+from deltaserve.cache.block_hash import BlockHash, chain_hashes_of_bytes, hash_block
 from deltaserve.cache.snapshot_index import SnapshotIndex
 from deltaserve.engine.request import Request
 from deltaserve.engine.step_plan import SnapshotCapture, SnapshotRestore, StepPlan
@@ -74,8 +74,8 @@ class PrefixCache:
         """The names of the request's first `num_blocks` blocks (computed once, kept on the request)."""
         hashes, size = request.block_hashes, self.block_size
         if len(hashes) < num_blocks:
-            hashes += chain_hashes(request.token_ids_slice(len(hashes) * size, num_blocks * size), size,
-                                   hashes[-1] if hashes else None)
+            hashes += chain_hashes_of_bytes(request.token_bytes(len(hashes) * size, num_blocks * size), size,
+                                            hashes[-1] if hashes else None)
         return hashes
 
     # -- admission --------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 
 from deltaserve.outputs import Logprob
@@ -28,6 +29,7 @@ class Request:
     max_tokens: int  # resolved: params.max_tokens or what fits in max_model_len
     sample_index: int = 0  # which of the parent's n samples this sequence is
     capture_points: list[int] = field(default_factory=list)
+    prompt_bytes: bytes = b""  # the prompt's ids as int64 bytes, for the prefix cache's names (b"": not given)
     output_token_ids: list[int] = field(default_factory=list)  # the last num_pending_tokens are PENDING_TOKEN
     num_pending_tokens: int = 0
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
@@ -59,6 +61,12 @@ class Request:
     def token_at(self, position: int) -> int:
         prompt_len = len(self.prompt_token_ids)
         return self.prompt_token_ids[position] if position < prompt_len else self.output_token_ids[position - prompt_len]
+
+    def token_bytes(self, start: int, end: int) -> bytes:
+        """Token ids [start, end) as int64 bytes (what the prefix cache hashes)."""
+        if end <= len(self.prompt_token_ids) and self.prompt_bytes:
+            return self.prompt_bytes[start * 8 : end * 8]
+        return array("q", self.token_ids_slice(start, end)).tobytes()
 
     def token_ids_slice(self, start: int, end: int) -> list[int]:
         prompt_len = len(self.prompt_token_ids)
