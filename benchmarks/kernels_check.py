@@ -685,7 +685,8 @@ def moe_align(tokens: int):
                                                 BLOCK_E=triton.next_power_of_2(EXPERTS + 2), BLOCK_M=16,
                                                 num_warps=4)
         if not SMOKE:
-            res["counting_sort_kernel_us"] = round(time_graph_us(lambda: experts_mod.align_pairs(ids, EXPERTS + 1, 16)), 2)
+            res["counting_sort_kernel_us"] = round(
+                time_graph_us(lambda: experts_mod.align_pairs(ids, EXPERTS + 1, 16)), 2)
             res["torch_sort_and_align_kernel_us"] = round(time_graph_us(sorted_path), 2)
         return res
     return body

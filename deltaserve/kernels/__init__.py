@@ -159,7 +159,7 @@ def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_
 def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, shared_gate: bool = False,
               live_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """shared_gate: the last column is the shared expert's gate; it becomes choice k+1, expert E.
-    live_rows ([1] on the device): rows at or after it get the id past every expert (UNROUTED) and
+    live_rows ([1] on the device): rows at or after it get the id one past the stacked experts and
     weight 0, which moe_experts skips."""
     if use_triton(router_logits):
         from deltaserve.kernels.moe.triton_moe_route import moe_route as kernel

@@ -86,8 +86,7 @@ def cases():
     yield ("moe_combine", sorted_moe._combine_kernel, {"y": bf16, "ids": "*i64", "out": bf16},
            dict(TOP_K=9, HIDDEN=2048, EXPERTS=257, BLOCK=sorted_moe.COMBINE_BLOCK), 4, 1)
     yield ("moe_count_and_rank", sorted_moe._count_and_rank_kernel,
-           {"ids": "*i64", "order": "*i64", "sorted_ids": "*i64", "offsets": "*i32", "block_start": "*i32",
-            "num_pairs": "i32"},
+           {"ids": "*i64", "order": "*i64", "offsets": "*i32", "block_start": "*i32", "num_pairs": "i32"},
            dict(EXPERTS=257, BLOCK_E=512, BLOCK_M=16, ALL=1024, BLOCK=sorted_moe.RANK_BLOCK), 4, 1)
     yield from _sorted_moe_cases(moe)
     yield from _skinny_gemm_cases()

@@ -287,9 +287,10 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
-    block_v, num_warps and num_stages tune the state kernel; precision is its tl.dot input precision on
-    fp32 operands: by default "tf32" for 16-bit inputs (relative error ~1e-3, under the bf16 rounding
-    of o) and "tf32x3" (about fp32) for fp32 inputs."""
+    chunk is the rows per chunk (CHUNK; the dispatch gives short passes 16: less work on each chunk's
+    serial path). block_v, num_warps and num_stages tune the state kernel; precision is its tl.dot input
+    precision on fp32 operands: by default "tf32" for 16-bit inputs (relative error ~1e-3, under the
+    bf16 rounding of o) and "tf32x3" (about fp32) for fp32 inputs."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
     tokens, hk, dk = q.shape
@@ -316,7 +317,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     _chunk_prepare_kernel[(max_chunks, hv)](
         q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, seqs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-        dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=32, CHUNK=chunk, BLOCK_B=max(16, triton.next_power_of_2(seqs)),
+        dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=32, CHUNK=chunk,
+        BLOCK_B=max(16, triton.next_power_of_2(seqs)),
         SUB=min(16, chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision, num_warps=4, num_stages=1,
     )
     block_v = max(16, min(block_v or 32, triton.next_power_of_2(dv)))

@@ -86,7 +86,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, ...] | 
         return y
     _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
         x, weight, y, m, n, x.stride(0), weight.stride(0), y.stride(0), K=k,
-        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)), STAGES=stages,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+        STAGES=stages,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
     )
     return y

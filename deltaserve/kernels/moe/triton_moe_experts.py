@@ -182,20 +182,21 @@ def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]
 
 # Up to this many pairs a counting sort in Triton orders them and lays out the experts' blocks in one
 # launch: each program takes the histogram of every pair's expert (where each expert's run starts) and
-# of the pairs before its own (where its pairs go in their runs). torch's radix sort took 28 us for 864
-# pairs on the H200 and the binary-search align kernel behind it 9 us: a millisecond over the 40 layers
-# of a short prefill pass. Larger batches take torch's sort.
+# of the pairs before its own (where its pairs go in their runs). For 864 pairs over 257 experts it took
+# 7.3 us on the H200 against 38.4 for torch's radix sort and the binary-search align kernel behind it
+# (benchmarks/results/kernels_check_moe_align.json): a millisecond over the 40 layers of a short prefill
+# pass. Larger batches take torch's sort.
 COUNTING_SORT_MAX_PAIRS = 4096
 RANK_BLOCK = 64
 COMBINE_BLOCK = 1024
 
 
 @triton.jit
-def _count_and_rank_kernel(ids, order, sorted_ids, offsets, block_start, num_pairs, EXPERTS: tl.constexpr,
+def _count_and_rank_kernel(ids, order, offsets, block_start, num_pairs, EXPERTS: tl.constexpr,
                            BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, ALL: tl.constexpr, BLOCK: tl.constexpr):
     """A stable counting sort of this program's BLOCK pairs: pair i goes to rank(i) = (pairs of a smaller
-    expert) + (pairs of its expert before i); order[rank(i)] = i, sorted_ids[rank(i)] = ids[i]. Program 0
-    also writes offsets[e] (first sorted pair of expert e) and block_start[e] (its first block), [E + 1]."""
+    expert) + (pairs of its expert before i); order[rank(i)] = i. Program 0 also writes offsets[e] (first
+    sorted pair of expert e) and block_start[e] (its first block), [E + 1]."""
     # A bin past every expert and past the unrouted id (EXPERTS), for the lanes that hold no pair.
     TRASH: tl.constexpr = BLOCK_E - 1
     first_i = tl.program_id(0) * BLOCK
@@ -217,7 +218,6 @@ def _count_and_rank_kernel(ids, order, sorted_ids, offsets, block_start, num_pai
     same_before = (id_i[None, :] == id_i[:, None]) & (i[None, :] < i[:, None])  # in this block
     rank = before_block + tl.sum(same_before.to(tl.int32), 1)
     tl.store(order + rank, i.to(tl.int64), mask=valid_i)
-    tl.store(sorted_ids + rank, id_i.to(sorted_ids.dtype.element_ty), mask=valid_i)
 
 
 @triton.jit
@@ -237,17 +237,16 @@ def _combine_kernel(y, ids, out, stride_y, stride_out, TOP_K: tl.constexpr, HIDD
 
 
 def _count_and_rank(flat_ids: torch.Tensor, num_experts: int, block_m: int):
-    """(sorted ids, order, offsets, block_start) by the counting sort (see COUNTING_SORT_MAX_PAIRS)."""
+    """(order, offsets, block_start) by the counting sort (see COUNTING_SORT_MAX_PAIRS)."""
     pairs, device = flat_ids.shape[0], flat_ids.device
     order = torch.empty(pairs, dtype=torch.int64, device=device)
-    sorted_ids = torch.empty_like(flat_ids)
     offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     _count_and_rank_kernel[(triton.cdiv(pairs, RANK_BLOCK),)](
-        flat_ids, order, sorted_ids, offsets, block_start, pairs, EXPERTS=num_experts,
+        flat_ids, order, offsets, block_start, pairs, EXPERTS=num_experts,
         BLOCK_E=triton.next_power_of_2(num_experts + 2), BLOCK_M=block_m, ALL=triton.next_power_of_2(pairs),
         BLOCK=RANK_BLOCK, num_warps=4)
-    return sorted_ids, order, offsets, block_start
+    return order, offsets, block_start
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
@@ -255,7 +254,7 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
     flat = ids.flatten()
     pairs = flat.shape[0]
     if pairs <= COUNTING_SORT_MAX_PAIRS:
-        _, order, offsets, block_start = _count_and_rank(flat, num_experts, block_m)
+        order, offsets, block_start = _count_and_rank(flat, num_experts, block_m)
     else:
         sorted_ids, order = flat.sort(stable=True)
         offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
@@ -314,6 +313,6 @@ def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
     )
     out = torch.empty_like(x)
     _combine_kernel[(tokens, triton.cdiv(hidden, COMBINE_BLOCK))](
-        y, ids.contiguous(), out, y.stride(0), out.stride(0), TOP_K=top_k, HIDDEN=hidden, EXPERTS=experts, BLOCK=COMBINE_BLOCK,
-        num_warps=4)
+        y, ids.contiguous(), out, y.stride(0), out.stride(0), TOP_K=top_k, HIDDEN=hidden, EXPERTS=experts,
+        BLOCK=COMBINE_BLOCK, num_warps=4)
     return out

@@ -63,6 +63,7 @@ def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, shared
             logits, weights, ids, live_rows if live_rows is not None else ids, logits.stride(0), EXPERTS=experts,
             TOP_K=top_k, CHOICES=choices, BLOCK_E=triton.next_power_of_2(experts),
             BLOCK_K=triton.next_power_of_2(choices), RENORMALIZE=renormalize, SHARED_GATE=shared_gate,
-            HAS_LIVE_ROWS=live_rows is not None, UNROUTED=experts + int(shared_gate), num_warps=num_warps or (2 if experts >= 256 else 1),
+            HAS_LIVE_ROWS=live_rows is not None, UNROUTED=experts + int(shared_gate),
+            num_warps=num_warps or (2 if experts >= 256 else 1),
         )
     return weights, ids
