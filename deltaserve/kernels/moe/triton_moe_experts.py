@@ -183,7 +183,7 @@ def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]
 # Up to this many pairs a counting sort in Triton orders them and lays out the experts' blocks in one
 # launch: each program takes the histogram of every pair's expert (where each expert's run starts) and
 # of the pairs before its own (where its pairs go in their runs). For 864 pairs over 257 experts it took
-# 7.3 us on the H200 against 38.4 for torch's radix sort and the binary-search align kernel behind it
+# 7.1 us on the H200 against 38.4 for torch's radix sort and the binary-search align kernel behind it
 # (benchmarks/results/kernels_check_moe_align.json): a millisecond over the 40 layers of a short prefill
 # pass. Larger batches take torch's sort.
 COUNTING_SORT_MAX_PAIRS = 4096
