@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 import time
+from statistics import median
 
 import torch
 
@@ -54,10 +55,6 @@ def prefill(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 1) ->
 
 
 REPEATS = 5  # each figure is the median of this many runs, each on fresh prompts
-
-
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def follow_up_turn(engine: LLMEngine, tokens, history_len: int) -> dict:
@@ -144,10 +141,10 @@ def main() -> None:
         prefill(engine, [shared + tokens(64)])  # an earlier request leaves the shared prefix cached
         endings = [tokens(64) for _ in range(8)]
         warms.append(prefill(engine, [shared + e for e in endings]))
-        engine.reset_prefix_cache()
-        cold_same = prefill(engine, [shared + e for e in endings])[1]  # the warm prompts cold, for their tokens
+    engine.reset_prefix_cache()
+    cold_outs = prefill(engine, [shared + e for e in endings])[1]  # the last warm prompts cold, for their tokens
     cold_s, warm_s = median([s for s, _ in colds]), median([s for s, _ in warms])
-    warm_outs, cold_outs = warms[-1][1], cold_same
+    warm_outs = warms[-1][1]
     result["shared_prefix"] = {
         "requests": 8, "prefix_tokens": 2048, "ending_tokens": 64,
         "cold_total_prefill_s": round(cold_s, 4), "warm_total_prefill_s": round(warm_s, 4),

@@ -26,8 +26,13 @@ _SEED = int.from_bytes(os.urandom(8), "little")
 _hash = xxhash.xxh3_128_digest
 
 
+def hash_bytes(parent: BlockHash | None, token_bytes: bytes) -> BlockHash:
+    """The name of the tokens `token_bytes` (int64 ids) after the prefix named `parent`."""
+    return _hash((parent or b"") + token_bytes, _SEED)
+
+
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    return _hash((parent or b"") + array("q", token_ids).tobytes(), _SEED)
+    return hash_bytes(parent, array("q", token_ids).tobytes())
 
 
 def chain_hashes(token_ids: Sequence[int], block_size: int, parent: BlockHash | None = None) -> list[BlockHash]:
@@ -40,8 +45,8 @@ def chain_hashes_of_bytes(data: bytes, block_size: int, parent: BlockHash | None
     """chain_hashes of token ids given as int64 bytes."""
     step = block_size * 8  # bytes of one block's int64 ids
     hashes: list[BlockHash] = []
-    name = parent or b""
+    name = parent
     for offset in range(0, len(data) // step * step, step):
-        name = _hash(name + data[offset:offset + step], _SEED)
+        name = hash_bytes(name, data[offset:offset + step])
         hashes.append(name)
     return hashes

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from deltaserve.cache.block_allocator import BlockAllocator
-from deltaserve.cache.block_hash import BlockHash, chain_hashes_of_bytes, hash_block
+from deltaserve.cache.block_hash import BlockHash, chain_hashes_of_bytes, hash_bytes
 from deltaserve.cache.snapshot_index import SnapshotIndex
 from deltaserve.engine.request import Request
 from deltaserve.engine.step_plan import SnapshotCapture, SnapshotRestore, StepPlan
@@ -85,7 +85,7 @@ class PrefixCache:
         below its length, and replays from its restore point when that is near the boundary."""
         boundary = self.last_boundary(request.num_tokens)
         hashes = self.block_hashes(request, boundary // self.block_size)
-        key = hash_block(hashes[-1] if hashes else None, request.token_ids_slice(boundary, request.num_tokens))
+        key = hash_bytes(hashes[-1] if hashes else None, request.token_bytes(boundary, request.num_tokens))
         recorded = self.replay_points.get(key)
         limit = boundary if recorded is None else recorded
         blocks = self.blocks.cached_prefix(hashes[: limit // self.block_size])
