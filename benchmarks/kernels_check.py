@@ -319,8 +319,10 @@ def attention_tail_sweep(cached: int, rows: int, kv_heads: int):
         res["default_rel_err"] = rel_err(paged_attention(*inputs), expected)
         if not SMOKE:
             res["default_us"] = round(time_graph_us(lambda: paged_attention(*inputs), calls=3, replays=5), 1)
-        configs = [(bm, bn, splits, 8, 2) for bm in (64, 128) for bn in (32, 64) for splits in (8, 16, 32)]
-        configs += [(64, 32, 16, 4, 2), (64, 32, 16, 8, 3), (64, 64, 16, 8, 3)]
+        configs = [(128, 32, splits, 8, 2) for splits in (8, 10, 11, 12, 13, 14, 16)]
+        configs += [(128, 64, splits, 8, stages) for splits in (8, 11, 13) for stages in (1, 2)]
+        configs += [(128, 32, splits, 8, 3) for splits in (11, 13)]
+        configs += [(64, 64, splits, 4, 2) for splits in (11, 13, 22)]
         tiles = [{"block_m": bm, "block_n": bn, "splits": splits, "num_warps": warps, "num_stages": stages}
                  for bm, bn, splits, warps, stages in configs]
         res["configs"] = sweep_tiles(lambda **tile: paged_attention(*inputs, **tile), expected, tiles)
@@ -829,8 +831,9 @@ def main():
     for tokens in (8, 16) if SMOKE else (64, 2048, 8192):
         run_case(report, f"moe_sorted_large_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_LARGE_TILES))
     run_case(report, "paged_attention_prefill_tiles", attention_sweep(40 if SMOKE else 2048))
-    run_case(report, "paged_attention_hit_tail", attention_tail_sweep(64 if SMOKE else 8240, 16 if SMOKE else 80,
-                                                                       1 if SMOKE else 2))
+    for rows in (16,) if SMOKE else (32, 80, 112):
+        run_case(report, f"paged_attention_hit_tail_{rows}", attention_tail_sweep(64 if SMOKE else 8240, rows,
+                                                                                  1 if SMOKE else 2))
     for lens in ([12, 4],) if SMOKE else ([16, 16], [48, 16], [80, 16], [112, 16]):
         run_case(report, f"gdn_short_pass_{lens[0]}", gdn_short_pass(lens))
     for tokens in (4,) if SMOKE else (96, 128):

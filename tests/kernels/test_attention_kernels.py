@@ -48,7 +48,7 @@ def test_paged_attention_short_chunks_over_a_long_cached_prefix():
     assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.2), expected)
 
 
-@pytest.mark.parametrize("splits", [None, 1, 2, 8])
+@pytest.mark.parametrize("splits", [None, 1, 2, 3, 8])
 def test_paged_attention_decode_batch(splits):
     seq_lens = [3, 17, 9, 40]  # with 8 splits of whole 16-key tiles, some splits get no keys
     k_cache, v_cache, tables = _paged_pools(seq_lens, 8, 2, 16)

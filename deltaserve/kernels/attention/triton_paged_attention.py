@@ -107,16 +107,17 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _merge_splits_kernel(part, lse, o, stride_o_t, stride_o_h, Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
+                         BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
     """One (token, head): the splits' outputs weighted by their share of the softmax mass."""
     token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     row = token * Q_HEADS + head
-    splits = tl.arange(0, SPLITS)
+    splits = tl.arange(0, SPLITS_P2)
+    real = splits < SPLITS
     offs_d = tl.arange(0, BLOCK_D)
-    lse_s = tl.load(lse + row * SPLITS + splits)
+    lse_s = tl.load(lse + row * SPLITS + splits, mask=real, other=float("-inf"))
     top = tl.max(lse_s, 0)
     weight = tl.exp2(lse_s - tl.where(top == float("-inf"), 0.0, top))
-    outs = tl.load(part + (row * SPLITS + splits)[:, None] * BLOCK_D + offs_d[None, :])
+    outs = tl.load(part + (row * SPLITS + splits)[:, None] * BLOCK_D + offs_d[None, :], mask=real[:, None], other=0.0)
     out = tl.sum(outs * weight[:, None], 0) / tl.maximum(tl.sum(weight, 0), 1e-30)
     tl.store(o + token * stride_o_t + head * stride_o_h + offs_d, out.to(o.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
@@ -175,6 +176,6 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
     if splits > 1:
         _merge_splits_kernel[(tokens, q_heads)](
             target, lse, o, o.stride(0), o.stride(1), Q_HEADS=q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            SPLITS=splits, num_warps=2,
+            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=2,
         )
     return o
