@@ -13,6 +13,12 @@ from tests.kernels.sm90_compile import SMEM_LIMIT
 
 pytestmark = pytest.mark.triton
 
+# Kernels allowed a few spilled bytes because they measured faster with them than the largest tiles that
+# do not spill: paged attention's 128 x 64 tiles at head dim 256 (a prefix-cache hit's tail) spill 64
+# bytes and took 57.5 us on the H200 where 128 x 32 tiles took 62-68 (kernels_check
+# paged_attention_hit_tail_80).
+ALLOWED_SPILL_BYTES = {"paged_attention_m128": 64}
+
 
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no CUDA backend in Triton")
 def test_kernels_compile_for_sm90_without_spills():
@@ -25,4 +31,4 @@ def test_kernels_compile_for_sm90_without_spills():
     for result in results:
         assert "error" not in result, result
         assert result["shared"] <= SMEM_LIMIT, result
-        assert result.get("spill_bytes", 0) == 0, result
+        assert result.get("spill_bytes", 0) <= ALLOWED_SPILL_BYTES.get(result["name"], 0), result

@@ -12,9 +12,18 @@ would sit idle, so the keys are split into `splits` ranges (flash-decoding): eac
 output and log-sum-exp, and a second kernel merges the ranges.
 """
 
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
+
+
+@lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # the interpreter: an H200's count, so tests split the keys as the GPU does
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit
@@ -145,12 +154,16 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
     tiles = triton.cdiv(max_rows, block_m)
     programs = seqs * kv_heads * tiles
     if not tuned and programs < 128 and max_rows >= 128:
-        # A short chunk over a long cached prefix (a prefix-cache hit's tail): taller tiles, so each K/V
-        # tile serves more rows. 80 rows over 8240 keys (Qwen3.5-35B-A3B, 2 KV heads) took 77 us on the
-        # H200 against 151 with 64-row tiles (kernels_check paged_attention_hit_tail; 128 x 64 tiles took
-        # 66 us but spill registers at head dim 256).
-        block_m, splits = 128, 8
+        # A short chunk over a long cached prefix (a prefix-cache hit's tail): tall tiles, so each K/V
+        # tile serves more rows, and as many key splits as fill the SMs once (a second wave of programs
+        # costs nearly a whole one). The step's rows make about cdiv(tokens * group, 128) tiles per KV
+        # head; on the H200, 80 rows over 8240 keys (Qwen3.5-35B-A3B, 2 KV heads, a graph's 96 rows)
+        # took 57.5 us this way against 76.5 with 8 splits of 32-key tiles, and 112 rows 69.8 against 80.2
+        # (kernels_check paged_attention_hit_tail_*).
+        block_m, block_n = 128, 64
         tiles = triton.cdiv(max_rows, block_m)
+        work_tiles = kv_heads * triton.cdiv(tokens * group, block_m)
+        splits = max(1, min(32, _num_sms(q.device) // work_tiles))
     if splits is None:
         # Split the keys only where the (sequence, KV head, tile) programs leave the SMs idle: decode, and
         # short chunks over a long cached prefix, which would otherwise walk the whole prefix in a few
