@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
@@ -108,11 +109,19 @@ def test_bad_prompts_raise_and_leave_nothing_queued(small_llm):
     for out_of_range in ([1, 99999], [-1, 2], [1, 2**70]):
         with pytest.raises(InvalidPromptError, match="outside the vocabulary"):
             small_llm.generate([out_of_range], GREEDY)
-    for not_ids in ([1, 2.0], [True, 3], [1, "2"]):
+    for not_ids in ([1, 2.0], [True, 3], [1, "2"], [5, None], [False]):
         with pytest.raises(InvalidPromptError, match="list of token ids"):
             small_llm.engine.add_request("bad", not_ids, GREEDY)
     assert not engine.has_unfinished_requests()
     assert engine.stats().kv_blocks_used == 0 and engine.stats().state_slots_used == 0
+
+
+def test_integer_ids_of_any_type_are_taken_as_ints(small_llm):
+    ids = [int(t) for t in np.random.default_rng().integers(2, 200, size=9)]
+    expected = small_llm.generate([ids], GREEDY)[0]
+    out = small_llm.generate([list(np.array(ids, dtype=np.int32))], GREEDY)[0]  # numpy scalars
+    assert out.outputs[0].token_ids == expected.outputs[0].token_ids
+    assert out.prompt_token_ids == ids and all(type(t) is int for t in out.prompt_token_ids)
 
 
 def test_failed_request_leaves_the_others_running(small_llm):

@@ -4,6 +4,7 @@ tokens into outputs. The body of both LLM.generate's loop and the server's engin
 from __future__ import annotations
 
 import logging
+import struct
 from array import array
 from dataclasses import dataclass
 
@@ -113,20 +114,32 @@ class LLMEngine:
                 raise InvalidPromptError("the prompt is empty")
             token_ids = self.tokenizer.encode(prompt)
             return token_ids, prompt, array("q", token_ids).tobytes()
-        if not isinstance(prompt, (list, tuple)) or not set(map(type, prompt)) <= {int}:  # bool is not int here
+        if not isinstance(prompt, (list, tuple)):
             raise InvalidPromptError("a prompt must be a string or a list of token ids (integers)")
         if not prompt:
             raise InvalidPromptError("the prompt is empty")
-        vocab = self.model_config.vocab_size
+        # One C pass packs the ids (and rejects what is not an integer or does not fit in int64): on an
+        # 8k-token follow-up turn a per-id type check in Python took 0.24 ms of the turn's time to first
+        # token, and packing with array() as long again. Booleans pack as 0 and 1: only the ids 0 and 1
+        # are checked for them.
         try:
-            token_bytes = array("q", prompt).tobytes()  # one pass over the Python ints, then numpy
-        except OverflowError:
-            raise InvalidPromptError(f"a token id is outside the vocabulary [0, {vocab})") from None
+            token_bytes = struct.pack(f"{len(prompt)}q", *prompt)
+        except struct.error:
+            raise self._invalid_ids(prompt) from None
         ids = np.frombuffer(token_bytes, dtype=np.int64)
         low, high = int(ids.min()), int(ids.max())
+        if low <= 1 and any(type(prompt[i]) is bool for i in np.flatnonzero(ids <= 1)):
+            raise InvalidPromptError("a prompt must be a string or a list of token ids (integers)")
+        vocab = self.model_config.vocab_size
         if low < 0 or high >= vocab:
             raise InvalidPromptError(f"token id {low if low < 0 else high} is outside the vocabulary [0, {vocab})")
-        return list(prompt), prompt_text, token_bytes
+        return ids.tolist(), prompt_text, token_bytes  # plain ints, whatever integer type came in
+
+    def _invalid_ids(self, prompt) -> InvalidPromptError:
+        """The error of ids that do not pack as int64: not integers, or out of any vocabulary's range."""
+        if not all(isinstance(t, int) or hasattr(t, "__index__") for t in prompt):
+            return InvalidPromptError("a prompt must be a string or a list of token ids (integers)")
+        return InvalidPromptError(f"a token id is outside the vocabulary [0, {self.model_config.vocab_size})")
 
     def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         if prompt_len >= self.max_model_len:
