@@ -5,6 +5,7 @@ whatever it is stored in). One extra slot at the end absorbs padded rows of a gr
 import torch
 
 from deltaserve.host_to_device import to_device
+from deltaserve.kernels import copy_slot
 
 
 class StatePool:
@@ -32,8 +33,8 @@ class StatePool:
     def copy_slots(self, pairs: list[tuple[int, int]], destination: "StatePool") -> None:
         """(slot here, slot there): copies every layer's states of each slot into `destination`."""
         for src, dst in pairs:
-            destination.conv_all[:, dst].copy_(self.conv_all[:, src])
-            destination.h_all[:, dst].copy_(self.h_all[:, src])
+            copy_slot(self.conv_all, src, destination.conv_all, dst)
+            copy_slot(self.h_all, src, destination.h_all, dst)
 
     @staticmethod
     def bytes_per_slot(num_layers: int, conv_dim: int, conv_kernel: int, v_heads: int, k_dim: int, v_dim: int,

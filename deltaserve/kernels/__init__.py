@@ -20,6 +20,7 @@ from deltaserve.kernels.moe import reference as _moe
 from deltaserve.kernels.norm import reference as _norm
 from deltaserve.kernels.rotary import reference as _rotary
 from deltaserve.kernels.sampling import reference as _sampling
+from deltaserve.kernels.slot_copy import reference as _slot_copy
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -175,11 +176,19 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
     return _moe.moe_experts(x, w13, w2, weights, ids)
 
 
+def copy_slot(src: torch.Tensor, src_slot: int, dst: torch.Tensor, dst_slot: int) -> None:
+    """dst[:, dst_slot] = src[:, src_slot] over layer-major state pools [layers, slots, ...]."""
+    if use_triton(src) and src[0, 0].is_contiguous() and dst[0, 0].is_contiguous():
+        from deltaserve.kernels.slot_copy.triton_slot_copy import copy_slot as kernel
+        return kernel(src, src_slot, dst, dst_slot)
+    return _slot_copy.copy_slot(src, src_slot, dst, dst_slot)
+
+
 apply_penalties = _sampling.apply_penalties
 sample_from_logits = _sampling.sample_from_logits
 
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
-    "gdn_decode_fused", "linear", "moe_route", "moe_experts", "apply_penalties", "sample_from_logits",
+    "gdn_decode_fused", "linear", "moe_route", "moe_experts", "copy_slot", "apply_penalties", "sample_from_logits",
 ]

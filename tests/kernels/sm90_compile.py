@@ -91,6 +91,12 @@ def cases():
     yield from _sorted_moe_cases(moe)
     yield from _skinny_gemm_cases()
 
+    from deltaserve.kernels.slot_copy import triton_slot_copy as slot_copy
+
+    yield ("slot_copy", slot_copy._copy_slot_kernel,  # offsets and layer strides of a many-GiB snapshot pool
+           {"src": "*fp32", "dst": "*fp32", "src_offset": "i64", "dst_offset": "i64", "stride_src_layer": "i64",
+            "stride_dst_layer": "i64", "numel": "i32"}, dict(BLOCK=slot_copy.BLOCK), 8, 1)
+
     from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
 
     yield ("rotary_store_kv", rotary_kv._rotary_store_kv_kernel,
