@@ -15,14 +15,11 @@ and, carrying the state S [Dk, Dv] from chunk to chunk:
    norms scale the fp32 results, so no normalised copy is ever rounded to 16 bits.
 2. `_chunk_state_kernel`, one program per (sequence, value head, tile of BV state columns): reads its
    state tile from `h_pool[state_slots[b]]`, runs the sequence's chunks in order, writes o, and writes
-   the state back in place. A capture on a chunk's last row is the state after the chunk: it stores
-   that into the snapshot slot. For a chunk holding other capture rows it keeps the state before it.
+   the state back in place. For a chunk holding capture rows it also keeps the state before the chunk.
 3. `_chunk_snapshot_kernel`, one program per (capture row r, value head, tile), only when there are
-   captures: for those inside a chunk, exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up
-   to r, S the state before the chunk: the state after r, taken without ending the chunk (the state
-   kernel's loop stays free of branches, so it is software-pipelined with or without captures). A
-   short pass after a prefix-cache hit starts on a block boundary and runs 16-row chunks, so its
-   block-aligned captures all end chunks and this kernel's programs return at once.
+   captures: exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before
+   the chunk: the state after r, taken without ending the chunk (the state kernel's loop stays free of
+   branches, so it is software-pipelined with or without captures).
 
 The chunk table is found on the device from `query_start_loc` (nothing is read back to the host); the
 prepare grid is sized by the bound sum(ceil(len / CHUNK)) <= T // CHUNK + B.
@@ -154,9 +151,9 @@ def _normalized_rows(x, t, live, head_offset, offs_k, mask_k, stride_t):
 
 
 @triton.jit
-def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_snaps, cap_state, cap_record, cap_row0,
-                h_snapshots, stride_snap, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v,
-                mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale,
+def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_state, cap_record, cap_row0, state,
+                row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
+                stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale,
                 HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, CHUNK: tl.constexpr,
                 HAS_CAPTURES: tl.constexpr, PRECISION: tl.constexpr):
     """One chunk through the state tile [BK, BV]: its output rows and the state after it."""
@@ -167,24 +164,19 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_snaps, cap_
     G = tl.load(g_buf + t * HV + head, mask=live, other=0.0)
     G_last = tl.load(g_buf + (row0 + count - 1).to(tl.int64) * HV + head)
     mask_ov = live[:, None] & mask_v[None, :]
-    tile = offs_k[:, None] * DV + offs_v[None, :]
     if HAS_CAPTURES:
-        # Capture rows in this chunk (no branch, so the loop stays pipelined). One on the chunk's last
-        # row is the state after the chunk, stored below. For the others the state before the chunk is
-        # kept under the index of the chunk's first capture, and each notes that index and the chunk's
-        # first row; `_chunk_snapshot_kernel` finishes them afterwards (an unnoted capture it skips).
+        # Capture rows in this chunk (no branch, so the loop stays pipelined): the state before the
+        # chunk is kept under the index of the chunk's first capture, and each capture notes that
+        # index and the chunk's first row; `_chunk_snapshot_kernel` finishes them afterwards.
         window = cap_i + rows  # at most CHUNK distinct capture rows fall in one chunk
-        cap_row = tl.load(cap_rows + window, mask=window < num_caps, other=2147483647)
-        in_chunk = cap_row < row0 + count
-        mid_chunk = in_chunk & (cap_row != row0 + count - 1)
+        in_chunk = tl.load(cap_rows + window, mask=window < num_caps, other=2147483647) < row0 + count
         found = tl.sum(in_chunk.to(tl.int32), 0)
-        ends_chunk = tl.sum((cap_row == row0 + count - 1).to(tl.int32), 0) > 0
+        tile = offs_k[:, None] * DV + offs_v[None, :]
         tl.store(cap_state + (cap_i.to(tl.int64) * HV + head) * DK * DV + tile, state,
-                 mask=mask_k[:, None] & mask_v[None, :] & (tl.sum(mid_chunk.to(tl.int32), 0) > 0))
+                 mask=mask_k[:, None] & mask_v[None, :] & (found > 0))
         first_program = (head == 0) & (vtile == 0)
-        tl.store(cap_record + window, cap_i + rows * 0, mask=mid_chunk & first_program)
-        tl.store(cap_row0 + window, row0 + rows * 0, mask=mid_chunk & first_program)
-        end_snap = tl.load(cap_snaps + cap_i + found - 1, mask=ends_chunk, other=0).to(tl.int64)
+        tl.store(cap_record + window, cap_i + rows * 0, mask=in_chunk & first_program)
+        tl.store(cap_row0 + window, row0 + rows * 0, mask=in_chunk & first_program)
         cap_i += found
 
     w = tl.load(w_buf + (t[:, None] * HV + head) * DK + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
@@ -202,17 +194,14 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_snaps, cap_
     kt = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
     kt = kt * tl.exp(G_last - G)[:, None]
     state = tl.dot(tl.trans(kt), v_new, state * tl.exp(G_last), input_precision=PRECISION)
-    if HAS_CAPTURES:
-        tl.store(h_snapshots + end_snap * stride_snap + head * DK * DV + tile,
-                 state.to(h_snapshots.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :] & ends_chunk)
     return state, cap_i
 
 
 @triton.jit
 def _chunk_state_kernel(
-    q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_snaps, cap_first,
-    cap_state, cap_record, cap_row0, h_snapshots, o, num_caps,
-    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, stride_snap, scale,
+    q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
+    cap_record, cap_row0, o, num_caps,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, HAS_CAPTURES: tl.constexpr, LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -235,18 +224,16 @@ def _chunk_state_kernel(
     if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
         for row0 in range(start, end, CHUNK):
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_snaps, cap_state, cap_record, cap_row0,
-                h_snapshots, stride_snap, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v,
-                mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK,
-                HAS_CAPTURES, PRECISION)
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_state, cap_record, cap_row0, state, row0, end,
+                head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
+                stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, PRECISION)
     else:  # the interpreter cannot take loaded bounds in range()
         row0 = start
         while row0 < end:
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_snaps, cap_state, cap_record, cap_row0,
-                h_snapshots, stride_snap, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v,
-                mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK,
-                HAS_CAPTURES, PRECISION)
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_state, cap_record, cap_row0, state, row0, end,
+                head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
+                stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, PRECISION)
             row0 += CHUNK
     tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & has_slot)
 
@@ -346,10 +333,9 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         cap_record = torch.full((num_caps,), -1, dtype=torch.int32, device=dev)
         cap_row0 = torch.zeros((num_caps,), dtype=torch.int32, device=dev)
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
-        q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_snaps, cap_first,
-        cap_state, cap_record, cap_row0, h_snapshots if has_captures else h_pool, o, num_caps,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0),
-        h_snapshots.stride(0) if has_captures else 0, dk**-0.5,
+        q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
+        cap_record, cap_row0, o, num_caps,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, HAS_CAPTURES=has_captures,
         LOOP_FOR=not interpret, PRECISION=precision, num_warps=num_warps or 4, num_stages=num_stages or 2,
     )
