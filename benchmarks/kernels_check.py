@@ -382,6 +382,16 @@ MOE_SORTED_LARGE_TILES = [(64, 64, 64, 64, 64, 4, 3), (64, 64, 64, 64, 128, 8, 3
                           (128, 64, 128, 64, 64, 4, 3, True), (64, 64, 128, 64, 128, 4, 4, True),
                           (128, 64, 128, 64, 128, 8, 4, True), (128, 64, 256, 64, 128, 8, 3, True),
                           (128, 32, 128, 64, 128, 8, 4, True)]
+# A prefix-cache hit's tail (~80 rows, ~2.5 pairs per expert): the medium tiles first, then other down
+# tiles (its K, the 512 intermediate columns, is short), smaller blocks and the small tiles.
+MOE_SORTED_TAIL_TILES = [(64, 64, 64, 64, 64, 4, 3, True), (64, 64, 64, 128, 64, 4, 3, True),
+                         (64, 64, 128, 64, 64, 4, 3, True), (64, 64, 128, 128, 64, 4, 3, True),
+                         (64, 128, 64, 128, 64, 4, 3, True), (64, 64, 64, 64, 64, 4, 4, True),
+                         (64, 64, 64, 64, 32, 4, 3, True), (64, 64, 64, 128, 32, 4, 4, True),
+                         (32, 128, 64, 128, 16, 4, 3, False), (64, 128, 128, 128, 16, 4, 3, False),
+                         (64, 64, 64, 64, 64, 4, 3, False), (64, 64, 32, 128, 64, 4, 3, True),
+                         (64, 64, 64, 256, 64, 4, 3, True), (64, 64, 64, 512, 64, 4, 2, True),
+                         (64, 64, 32, 512, 32, 4, 2, True), (64, 64, 128, 256, 32, 4, 3, True)]
 
 
 def store_kv_case(tokens):
@@ -830,6 +840,7 @@ def main():
         run_case(report, f"moe_sorted_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_TILES))
     for tokens in (8, 16) if SMOKE else (64, 2048, 8192):
         run_case(report, f"moe_sorted_large_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_LARGE_TILES))
+    run_case(report, "moe_sorted_tail_tiles_T80", moe_sweep(16 if SMOKE else 80, "sorted", MOE_SORTED_TAIL_TILES))
     run_case(report, "paged_attention_prefill_tiles", attention_sweep(40 if SMOKE else 2048))
     for rows in (16,) if SMOKE else (32, 80, 112):
         run_case(report, f"paged_attention_hit_tail_{rows}", attention_tail_sweep(64 if SMOKE else 8240, rows,
