@@ -170,8 +170,14 @@ LARGE_TILES = SortedTiles(128, 64, 256, 64, 128, 8, 3, True)
 LARGE_MIN_PAIRS_PER_EXPERT = 128
 
 
+# Up to this many pairs per expert the small tiles' 16-pair blocks win: at 80 tokens (2.5 pairs per
+# expert, a prefix-cache hit's tail) they took 357 us on the H200 against 369 for the medium tiles
+# (kernels_check moe_sorted_tail_tiles_T80).
+SMALL_MAX_PAIRS_PER_EXPERT = 4
+
+
 def default_tiles(pairs: int, experts: int) -> SortedTiles:
-    if pairs <= 2 * experts:  # decode-sized: a few pairs per expert
+    if pairs <= SMALL_MAX_PAIRS_PER_EXPERT * experts:  # a few pairs per expert
         return SMALL_TILES
     return LARGE_TILES if pairs >= LARGE_MIN_PAIRS_PER_EXPERT * experts else MEDIUM_TILES
 
