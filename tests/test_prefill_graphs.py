@@ -80,15 +80,13 @@ def test_padded_prefill_passes_equal_unpadded_ones(arch, checkpoint_factory):
         torch.testing.assert_close(padded_saved[name][1], h, rtol=1e-4, atol=1e-4)
 
 
-def test_a_pass_takes_the_smallest_rung_with_room_for_padding_and_unused_captures():
+def test_a_pass_takes_the_smallest_rung_with_room_for_a_padding_row():
     buffers = StepBuffers(4, 8, None, None, torch.device("cpu"), max_prefill_rows=64)
     graphs = PrefillGraphs(None, buffers)
     assert graphs.sizes == [16, 32, 48, 64]
-    assert graphs.rung(12, []) == 16  # 12 rows + 4 unused captures' rows
-    assert graphs.rung(13, []) == 32
-    assert graphs.rung(14, [(3, 0), (9, 1), (11, 2)]) == 16  # one unused capture, one padding row
-    assert graphs.rung(15, [(1, 0), (2, 1), (3, 2), (4, 3)]) == 16  # no unused capture, one padding row
-    assert graphs.rung(16, [(1, 0), (2, 1), (3, 2), (4, 3)]) == 32
-    assert graphs.rung(60, []) == 64 and graphs.rung(61, []) is None  # past the last rung: eager
+    assert graphs.rung(12, []) == 16  # unused captures name rows past the pass: they take no room
+    assert graphs.rung(15, [(1, 0), (2, 1), (3, 2), (4, 3)]) == 16  # one padding row
+    assert graphs.rung(16, []) == 32
+    assert graphs.rung(63, []) == 64 and graphs.rung(64, []) is None  # past the last rung: eager
     assert graphs.rung(8, [(1, 0)] * 5) is None  # more captures than the graphs hold
     assert graphs.rung(8, [(1, 0), (1, 1)]) is None  # one row captured twice

@@ -25,7 +25,7 @@ class SnapshotPool:
         self.conv = self._tensors.conv
         self.h = self._tensors.h
         self.device = device
-        self.padding_slot = self._tensors.padding_slot  # never named: a graph's unused captures land here
+        self.padding_slot = self._tensors.padding_slot  # never named: a graph's unused capture entries name it
 
     def restore(self, pairs: list[tuple[int, int]], states: StatePool) -> None:
         """(snapshot slot, state slot): copies each snapshot into the sequence's state slot."""

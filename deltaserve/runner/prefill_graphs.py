@@ -5,8 +5,8 @@ A prefix-cache hit leaves a few dozen tokens to compute (a follow-up turn's new 
 pass that computes them runs every layer once: eagerly, the host's launches (about twenty per layer)
 take longer than the GPU's work. Replayed as a graph, the pass costs what its kernels cost. The
 pass's n rows are padded to the rung with a second, padding sequence (no KV written, the spare state
-slot), and its mid-pass snapshot captures to MAX_GRAPH_CAPTURES entries (the unused ones save
-padding rows into the snapshot pool's spare slot); the logits come from row n - 1. The same pass
+slot), and its mid-pass snapshot captures to MAX_GRAPH_CAPTURES entries (the unused ones name rows
+past the pass, which the kernels skip); the logits come from row n - 1. The same pass
 replayed again runs the same graph, so exact replay of a prefix-cache hit holds as it does eagerly.
 """
 
@@ -60,12 +60,11 @@ class PrefillGraphs:
         return self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
 
     def rung(self, num_rows: int, captures: list[tuple[int, int]]) -> int | None:
-        """The smallest rung with room for the pass, a padding row and the unused captures' rows; None
-        when the pass does not fit or its captures do not (too many, or a row captured twice)."""
+        """The smallest rung with room for the pass and a padding row; None when the pass does not fit or
+        its captures do not (too many, or a row captured twice)."""
         if len(captures) > MAX_GRAPH_CAPTURES or len({row for row, _ in captures}) < len(captures):
             return None
-        needed = num_rows + max(1, MAX_GRAPH_CAPTURES - len(captures))
-        return next((s for s in self.sizes if s >= needed), None)
+        return next((s for s in self.sizes if s > num_rows), None)
 
     def run(self, host: HostBatch, captures: list[tuple[int, int]]) -> torch.Tensor:
         """Runs the pass of host's one sequence (see rung); returns the logits of its last row [1, V].

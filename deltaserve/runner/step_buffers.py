@@ -25,16 +25,19 @@ ROW_FIELDS = ("input_ids", "positions", "slot_mapping")
 SEQUENCE_FIELDS = ("seq_lens", "state_slots")
 
 # Mid-pass snapshot captures a graph-replayed prefill pass can make (its tables have this many
-# entries; the unused ones save padding rows into the snapshot pool's spare slot).
+# entries; the unused ones name rows past the pass, which every kernel skips).
 MAX_GRAPH_CAPTURES = 4
 
 
 def graph_capture_pairs(captures: list[tuple[int, int]], num_rows: int, padding_snapshot_slot: int
                         ) -> list[tuple[int, int]]:
-    """A prefill pass's (row, snapshot slot) captures, sorted, and then captures of its last rows (the
-    padding sequence's) into the spare slot, MAX_GRAPH_CAPTURES in all."""
+    """A prefill pass's (row, snapshot slot) captures, sorted, and then MAX_GRAPH_CAPTURES in all with
+    entries for rows past the pass's num_rows (in no sequence: no kernel computes or stores anything for
+    them; their slot is the spare one all the same). They once named the padding sequence's last rows,
+    whose states the kernels then computed and stored for nothing: half the capture work of a
+    follow-up turn's pass, which has two mid-pass captures."""
     spare = MAX_GRAPH_CAPTURES - len(captures)
-    return sorted(captures) + [(row, padding_snapshot_slot) for row in range(num_rows - spare, num_rows)]
+    return sorted(captures) + [(num_rows + i, padding_snapshot_slot) for i in range(spare)]
 
 
 class StepBuffers:
@@ -99,12 +102,11 @@ class StepBuffers:
                      padding_snapshot_slot: int) -> list[tuple[int, int]]:
         """Writes one sequence's prefill pass into rows [0, n) and a padding sequence into rows
         [n, num_rows): it writes no KV and runs on the spare state slot. Row n - 1 gives the logits.
-        `captures` (row, snapshot slot), rows distinct and below n, are padded with captures of the
-        last padding rows into `padding_snapshot_slot` up to MAX_GRAPH_CAPTURES; returns them all."""
+        `captures` (row, snapshot slot), rows distinct and below n, are padded with entries past the pass
+        (see graph_capture_pairs) up to MAX_GRAPH_CAPTURES; returns them all."""
         n = len(host.input_ids)
         pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
         assert len(host.seq_lens) == 1 and n < num_rows and all(row < n for row, _ in captures)
-        assert all(row >= n for row, _ in pairs[len(captures):])  # padding captures on padding rows
         mirror, mirror_blocks, mirror_captures = self._next_mirror()
         meta = mirror.numpy()
         fill = {"input_ids": (host.input_ids, np.zeros(num_rows - n)),

@@ -34,7 +34,7 @@ def test_captures_from_a_graphs_device_table():
     weight, state = torch.randn(channels, kernel), torch.randn(4, channels, kernel - 1)
     starts, slots = torch.tensor([0, 13, 18]), torch.tensor([2, 0])
     x = torch.randn(18, channels)
-    captures = [(1, 0), (12, 3), (16, 1)]
+    captures = [(1, 0), (12, 3), (16, 1), (19, 2)]  # the last past the rows: an unused graph entry
     rows, snap_slots = [r for r, _ in captures], [s for _, s in captures]
     table = GraphCaptureRows(torch.tensor([rows, snap_slots, rows, snap_slots], dtype=torch.int32))
     expected_state, out_state = state.clone(), state.clone()
@@ -42,7 +42,7 @@ def test_captures_from_a_graphs_device_table():
     expected = causal_conv1d(x, weight, expected_state, slots, starts, captures, expected_snaps)
     out = causal_conv1d(x, weight, out_state, slots, starts, table, snaps)
     assert torch.equal(out, expected) and torch.equal(out_state, expected_state)
-    assert torch.equal(snaps, expected_snaps) and snaps[[0, 1, 3]].abs().sum() > 0
+    assert torch.equal(snaps, expected_snaps) and snaps[[0, 1, 3]].abs().sum() > 0 and not snaps[2].any()
 
 
 def test_single_token_update():

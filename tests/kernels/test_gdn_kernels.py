@@ -128,16 +128,18 @@ def test_prefill_reads_a_graphs_device_capture_table(kernel):
     lens, hv, dk, dv = [70, 9], 2, 16, 16
     starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
     q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(sum(lens), 1, hv, dk, dv, slots=4)
-    captures = [(15, 2), (63, 0), (64, 3), (78, 1)]  # mid-chunk, both sides of a chunk edge, a second sequence
+    # Mid-chunk, both sides of a chunk edge, a second sequence, and an unused entry: a row past the pass.
+    captures = [(15, 2), (63, 0), (64, 3), (78, 1), (80, 4)]
     rows, slots = [r for r, _ in captures], [s for _, s in captures]
     table = GraphCaptureRows(torch.tensor([rows, slots, rows, slots], dtype=torch.int32))
     expected_pool, pool = h_pool.clone(), h_pool.clone()
-    expected_snaps, snaps = torch.zeros(4, hv, dk, dv), torch.zeros(4, hv, dk, dv)
+    expected_snaps, snaps = torch.zeros(5, hv, dk, dv), torch.zeros(5, hv, dk, dv)
     expected = kernel(q, k, v, a, b, A_log, dt_bias, expected_pool, torch.tensor([1, 2]), starts, captures,
                       expected_snaps)
     out = kernel(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([1, 2]), starts, table, snaps)
     assert torch.equal(out, expected) and torch.equal(pool, expected_pool) and torch.equal(snaps, expected_snaps)
-    assert snaps.abs().sum(dim=(1, 2, 3)).min() > 0  # every capture wrote its slot
+    assert snaps[:4].abs().sum(dim=(1, 2, 3)).min() > 0  # every capture in the pass wrote its slot
+    assert not snaps[4].any()  # the one past it wrote nothing
 
 
 @pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])
