@@ -69,13 +69,10 @@ class ModelRunner:
             hidden = self.model(batch.input_ids, batch)
             prompt_logprobs = self._prompt_logprobs(plan, host, hidden)
             logits = self.model.compute_logits(hidden[batch.logits_indices]) if sampling else None
+        self._save_snapshots(plan)
         if not sampling:
-            self._save_snapshots(plan)
             return StepResult(prompt_logprobs=prompt_logprobs)
         tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
-        # Queued after the tokens are read back, so they do not wait for these copies (stream order still
-        # puts them before the next step's kernels).
-        self._save_snapshots(plan)
         return StepResult(sampling, tokens, logprobs, prompt_logprobs)
 
     def can_launch(self, plan: StepPlan) -> bool:
