@@ -33,8 +33,7 @@ class StatePool:
     def copy_slots(self, pairs: list[tuple[int, int]], destination: "StatePool") -> None:
         """(slot here, slot there): copies every layer's states of each slot into `destination`."""
         for src, dst in pairs:
-            copy_slot(self.conv_all, src, destination.conv_all, dst)
-            copy_slot(self.h_all, src, destination.h_all, dst)
+            copy_slot((self.conv_all, self.h_all), src, (destination.conv_all, destination.h_all), dst)
 
     @staticmethod
     def bytes_per_slot(num_layers: int, conv_dim: int, conv_kernel: int, v_heads: int, k_dim: int, v_dim: int,

@@ -176,12 +176,13 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
     return _moe.moe_experts(x, w13, w2, weights, ids)
 
 
-def copy_slot(src: torch.Tensor, src_slot: int, dst: torch.Tensor, dst_slot: int) -> None:
-    """dst[:, dst_slot] = src[:, src_slot] over layer-major state pools [layers, slots, ...]."""
-    if use_triton(src) and src[0, 0].is_contiguous() and dst[0, 0].is_contiguous():
-        from deltaserve.kernels.slot_copy.triton_slot_copy import copy_slot as kernel
-        return kernel(src, src_slot, dst, dst_slot)
-    return _slot_copy.copy_slot(src, src_slot, dst, dst_slot)
+def copy_slot(srcs: tuple[torch.Tensor, ...], src_slot: int, dsts: tuple[torch.Tensor, ...], dst_slot: int) -> None:
+    """dst[:, dst_slot] = src[:, src_slot] for each pair of layer-major state pools [layers, slots, ...]."""
+    if use_triton(srcs[0]) and len(srcs) == 2:
+        from deltaserve.kernels.slot_copy import triton_slot_copy as triton_copy
+        if all(triton_copy.slot_is_contiguous(pool) for pool in (*srcs, *dsts)):
+            return triton_copy.copy_slot(srcs, src_slot, dsts, dst_slot)
+    return _slot_copy.copy_slot(srcs, src_slot, dsts, dst_slot)
 
 
 apply_penalties = _sampling.apply_penalties

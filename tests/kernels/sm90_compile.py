@@ -93,9 +93,11 @@ def cases():
 
     from deltaserve.kernels.slot_copy import triton_slot_copy as slot_copy
 
-    yield ("slot_copy", slot_copy._copy_slot_kernel,  # offsets and layer strides of a many-GiB snapshot pool
-           {"src": "*fp32", "dst": "*fp32", "src_offset": "i64", "dst_offset": "i64", "stride_src_layer": "i64",
-            "stride_dst_layer": "i64", "numel": "i32"}, dict(BLOCK=slot_copy.BLOCK), 8, 1)
+    pools = {}  # a conv pool (bf16) and a recurrent one (fp32); offsets and layer strides of a many-GiB pool
+    for part, dtype in (("a", bf16), ("b", "*fp32")):
+        pools |= {f"src_{part}": dtype, f"dst_{part}": dtype, f"src_offset_{part}": "i64", f"dst_offset_{part}": "i64",
+                  f"stride_src_layer_{part}": "i64", f"stride_dst_layer_{part}": "i64", f"numel_{part}": "i32"}
+    yield ("slot_copy", slot_copy._copy_slot_kernel, pools, dict(BLOCK=slot_copy.BLOCK), 8, 1)
 
     from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
 
