@@ -121,7 +121,7 @@ class LLMEngine:
         # One C pass packs the ids (and rejects what is not an integer or does not fit in int64): on an
         # 8k-token follow-up turn a per-id type check in Python took 0.24 ms of the turn's time to first
         # token, and packing with array() as long again. Booleans pack as 0 and 1: only the ids 0 and 1
-        # are checked for them.
+        # are checked for them. Other integer types (numpy's) pack as their values.
         try:
             token_bytes = struct.pack(f"{len(prompt)}q", *prompt)
         except struct.error:
@@ -133,7 +133,9 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if low < 0 or high >= vocab:
             raise InvalidPromptError(f"token id {low if low < 0 else high} is outside the vocabulary [0, {vocab})")
-        return ids.tolist(), prompt_text, token_bytes  # plain ints, whatever integer type came in
+        # The ids are kept as given (numpy integers stay numpy integers: everything downstream reads them
+        # as integers); turning 8k ids into fresh ints would cost another 0.15 ms of the turn.
+        return list(prompt), prompt_text, token_bytes
 
     def _invalid_ids(self, prompt) -> InvalidPromptError:
         """The error of ids that do not pack as int64: not integers, or out of any vocabulary's range."""
