@@ -312,3 +312,40 @@ def test_with_few_slots_the_latest_points_are_kept():
     sched = _scheduler(snapshot_slots=2)
     plans = _run(sched, _request(list(range(1000, 1030)), capture_points=[5, 9, 13], max_tokens=1))
     assert _captures(plans[0]) == [(24, False), (28, True)]
+
+
+def test_recent_chains_give_the_names_of_the_blocks_a_prompt_shares():
+    from deltaserve.cache.recent_chains import RecentChains
+
+    rng, bs = random.Random(), 4
+    history = [rng.randrange(1000) for _ in range(10 * bs + 3)]
+    recent = RecentChains(bs, capacity=2)
+    as_bytes = lambda ids: array("q", ids).tobytes()  # noqa: E731
+    recent.remember(as_bytes(history), chain_hashes(history, bs))
+    follow_up = history + [rng.randrange(1000) for _ in range(9)]
+    assert recent.shared_names(as_bytes(follow_up), 100) == chain_hashes(history, bs)  # all 10 named blocks
+    assert recent.shared_names(as_bytes(follow_up), 4) == chain_hashes(history, bs)[:4]
+    branch = history[: 6 * bs + 1] + [history[6 * bs + 1] + 1] + history[6 * bs + 2 :]  # differs in block 6
+    assert recent.shared_names(as_bytes(branch), 100) == chain_hashes(history, bs)[:6]
+    assert recent.shared_names(as_bytes([history[0] + 1] + history[1:]), 100) == []
+    for _ in range(2):  # the oldest entry is dropped past the capacity
+        other = [rng.randrange(1000) for _ in range(3 * bs)]
+        recent.remember(as_bytes(other), chain_hashes(other, bs))
+    assert recent.shared_names(as_bytes(follow_up), 100) == []
+
+
+def test_a_follow_up_turn_takes_the_names_of_the_turn_before():
+    # The names a request gets from the sequence it continues are the ones hashing its tokens gives.
+    bs = 4
+    blocks = BlockAllocator(64)
+    cache = PrefixCache(blocks, None, bs, 1024)
+    rng = random.Random()
+    prompt = [rng.randrange(50) for _ in range(22)]
+    first = Request("a", prompt, SamplingParams(max_tokens=8), 8, prompt_bytes=array("q", prompt).tobytes())
+    first.output_token_ids = [rng.randrange(50) for _ in range(6)]
+    cache.block_hashes(first, 7)  # 28 tokens: the prompt and the reply's first 6 tokens
+    cache.release(first)
+    ids = first.prompt_token_ids + first.output_token_ids + [rng.randrange(50) for _ in range(5)]
+    second = Request("b", ids, SamplingParams(max_tokens=1), 1, prompt_bytes=array("q", ids).tobytes())
+    assert cache.block_hashes(second, 8) == chain_hashes(ids, bs)
+    assert all(taken is named for taken, named in zip(second.block_hashes, first.block_hashes))  # not rehashed

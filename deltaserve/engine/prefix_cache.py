@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from deltaserve.cache.block_allocator import BlockAllocator
 from deltaserve.cache.block_hash import BlockHash, chain_hashes_of_bytes, hash_bytes
+from deltaserve.cache.recent_chains import RecentChains
 from deltaserve.cache.snapshot_index import SnapshotIndex
 from deltaserve.engine.request import Request
 from deltaserve.engine.step_plan import SnapshotCapture, SnapshotRestore, StepPlan
@@ -65,6 +66,7 @@ class PrefixCache:
         self.num_queries = 0  # tokens looked up
         self.num_hits = 0  # tokens found
         self.replay_points: OrderedDict[BlockHash, int] = OrderedDict()
+        self.recent = RecentChains(block_size)  # names of sequences let go, for the next turn's prompt
 
     def last_boundary(self, num_tokens: int) -> int:
         """The last block boundary strictly below num_tokens: a cold request's replay point."""
@@ -73,6 +75,8 @@ class PrefixCache:
     def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """The names of the request's first `num_blocks` blocks (computed once, kept on the request)."""
         hashes, size = request.block_hashes, self.block_size
+        if not hashes and request.prompt_bytes:  # names an earlier sequence with the same tokens has
+            hashes += self.recent.shared_names(request.prompt_bytes, num_blocks)
         if len(hashes) < num_blocks:
             hashes += chain_hashes_of_bytes(request.token_bytes(len(hashes) * size, num_blocks * size), size,
                                             hashes[-1] if hashes else None)
@@ -217,6 +221,8 @@ class PrefixCache:
                 self.snapshots.cancel(slot)
         request.snapshot_refs.clear()
         request.num_registered_blocks = 0
+        known = request.block_hashes
+        self.recent.remember(request.token_bytes(0, len(known) * self.block_size), known)
 
     def reset(self) -> None:
         """Forgets every cached block and every snapshot not in use."""

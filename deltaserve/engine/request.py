@@ -64,8 +64,10 @@ class Request:
 
     def token_bytes(self, start: int, end: int) -> bytes:
         """Token ids [start, end) as int64 bytes (what the prefix cache hashes)."""
-        if end <= len(self.prompt_token_ids) and self.prompt_bytes:
-            return self.prompt_bytes[start * 8 : end * 8]
+        prompt_len = len(self.prompt_token_ids)
+        if self.prompt_bytes and start < prompt_len:  # the prompt's part from the bytes validation built
+            tail = array("q", self.output_token_ids[: end - prompt_len]).tobytes() if end > prompt_len else b""
+            return self.prompt_bytes[start * 8 : min(end, prompt_len) * 8] + tail
         return array("q", self.token_ids_slice(start, end)).tobytes()
 
     def token_ids_slice(self, start: int, end: int) -> list[int]:
