@@ -119,18 +119,20 @@ PREFIX_NOTES = [
     "The warm follow-up turn restores the snapshot its first turn saved during decode at 8240 and recomputes "
     "80 tokens (16 of the reply, the new 64-token message) in one pass: a request restored near its end "
     "replays from its restore point, recorded so that sending it again cuts at the same place. The pass is "
-    "replayed as a CUDA graph (the 96-row rung of the prefill graphs); run eagerly it took 0.036 s, bound "
-    "by the host's launches. Warm and cold are medians of five runs on fresh prompts.",
-    "Where its 20 ms go (profile_qwen3.5-35b-a3b.json): 18.8 ms of kernels, of which the expert GEMMs are "
-    "13.9 ms, the time to read the experts 80 tokens touch (about 236 of 257 per layer; the graph's 16 "
-    "padding rows route to none); dense GEMMs 1.2 ms (cuBLAS at about half the bandwidth at 96 rows; a "
-    "tall-tile skinny GEMM was no faster, skinny_gemm_tall.json); the GDN kernels 1.1 ms (16-row chunks); "
-    "paged attention 0.8 ms; sorting the expert pairs 0.3 ms; the LM head 0.23 ms; the rest about 1.2 ms. "
-    "The host adds about 2 ms before the graph starts (prompt validation, the lookup's 520 block names, "
-    "the snapshot restore, loading the step buffers, the launch) and 0.4 ms after (warm_timeline).",
-    "10x asks for 19.0 ms against the 0.190 s cold turn: 0.8 ms less than now.",
+    "replayed as a CUDA graph (the 96-row rung of the prefill graphs); run eagerly it took 0.035 s, bound "
+    "by the host's launches. Warm and cold are medians of five runs on fresh prompts; two runs of the same "
+    "commit gave 9.97x and 10.02x (prefix_cache_qwen3.5-35b-a3b.json, ..._second_run.json).",
+    "Where its 19 ms go (profile_qwen3.5-35b-a3b.json): 17.6 ms of kernels, of which the expert GEMMs are "
+    "12.95 ms, the time to read the experts 80 tokens touch (about 236 of 257 per layer, at ~4.6 TB/s; "
+    "the graph's 16 padding rows route to none); dense GEMMs 1.2 ms (cuBLAS at about half the bandwidth at "
+    "96 rows; a tall-tile skinny GEMM was no faster, skinny_gemm_tall.json); the GDN kernels 1.4 ms (16-row "
+    "chunks; the snapshot kernel's 30 launches 0.2 ms of it); paged attention 0.58 ms; sorting the expert "
+    "pairs 0.29 ms; the LM head 0.22 ms. The host takes about 1.15 ms before the graph starts (prompt "
+    "validation, the lookup, the snapshot restore, loading the step buffers, the launch) and 0.25 ms after "
+    "(warm_timeline).",
+    "10x asks for 18.84 ms against the 0.1884 s cold turn; the two runs measured 18.9 and 18.8 ms.",
     "same_first_token is false: in bf16 on random weights the warm turn (one 96-row pass) and the cold one "
-    "(8192, 48 and 80-row passes) round differently and the top two logits are close. Exactness holds for "
+    "(8192, 112 and 16-row passes) round differently and the top two logits are close. Exactness holds for "
     "the same request sent again: gpu_correctness.json checks it byte for byte, with graphs, on every "
     "architecture.",
     "Eight requests sharing a 2k prefix: each restores the prefix and runs its 64-token ending, all eight "
@@ -138,12 +140,25 @@ PREFIX_NOTES = [
 ]
 
 
+def _prefix_speedups(shape: str) -> list[float]:
+    """cold / warm of each recorded run (the main file and a second run where there is one), unrounded."""
+    runs = []
+    for suffix in ("", "_second_run"):
+        path = os.path.join(RESULTS, f"prefix_cache_{shape}{suffix}.json")
+        if os.path.exists(path):
+            turn = json.load(open(path))["follow_up_turn"]
+            runs.append(round(turn["cold_ttft_s"] / turn["warm_ttft_s"], 3))
+    return runs
+
+
 def compare_prefix_cache(shape: str) -> dict:
     ours = json.load(open(os.path.join(RESULTS, f"prefix_cache_{shape}.json")))
     turn = ours["follow_up_turn"]
     return {"commit": ours["commit"], "date": ours["date"], "warm_ttft_s": turn["warm_ttft_s"],
             "cold_ttft_s": turn["cold_ttft_s"], "speedup": turn["speedup"], "target": PREFIX_TARGET,
-            "meets_target": turn["speedup"] >= PREFIX_TARGET, "warm_recomputed_tokens": turn["warm_recomputed_tokens"],
+            "speedup_of_each_run": _prefix_speedups(shape),
+            "meets_target": min(_prefix_speedups(shape)) >= PREFIX_TARGET,
+            "warm_recomputed_tokens": turn["warm_recomputed_tokens"],
             "shared_prefix_speedup": ours["shared_prefix"]["speedup"], "where_the_time_goes": PREFIX_NOTES}
 
 
