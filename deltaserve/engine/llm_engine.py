@@ -139,7 +139,7 @@ class LLMEngine:
 
     def _invalid_ids(self, prompt) -> InvalidPromptError:
         """The error of ids that do not pack as int64: not integers, or out of any vocabulary's range."""
-        if not all(isinstance(t, int) or hasattr(t, "__index__") for t in prompt):
+        if not all(hasattr(t, "__index__") for t in prompt):  # ints and the other integer types have it
             return InvalidPromptError("a prompt must be a string or a list of token ids (integers)")
         return InvalidPromptError(f"a token id is outside the vocabulary [0, {self.model_config.vocab_size})")
 

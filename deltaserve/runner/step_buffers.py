@@ -31,11 +31,10 @@ MAX_GRAPH_CAPTURES = 4
 
 def graph_capture_pairs(captures: list[tuple[int, int]], num_rows: int, padding_snapshot_slot: int
                         ) -> list[tuple[int, int]]:
-    """A prefill pass's (row, snapshot slot) captures, sorted, and then MAX_GRAPH_CAPTURES in all with
-    entries for rows past the pass's num_rows (in no sequence: no kernel computes or stores anything for
-    them; their slot is the spare one all the same). They once named the padding sequence's last rows,
-    whose states the kernels then computed and stored for nothing: half the capture work of a
-    follow-up turn's pass, which has two mid-pass captures."""
+    """A prefill pass's (row, snapshot slot) captures, sorted, then entries up to MAX_GRAPH_CAPTURES for
+    rows past the pass's num_rows: rows of no sequence, so no kernel computes or stores a state for them
+    (naming the padding sequence's rows instead would compute and store states nobody reads). Their
+    slot is the spare one all the same."""
     spare = MAX_GRAPH_CAPTURES - len(captures)
     return sorted(captures) + [(num_rows + i, padding_snapshot_slot) for i in range(spare)]
 
