@@ -16,7 +16,7 @@ PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0
 
 def _with_padded_prefill_passes(llm: LLM) -> list[int]:
     """Gives the engine prefill graphs that were never captured (so each pass runs its padded batch
-    eagerly); returns a list that records the row count of every such pass."""
+    eagerly); returns a list that records (row count, whether it restored a snapshot) of every such pass."""
     loaded = llm.engine.loaded
     runner = loaded.runner
     buffers = StepBuffers(llm.engine.config.max_num_seqs, -(-loaded.max_model_len // llm.engine.config.block_size),
@@ -24,9 +24,9 @@ def _with_padded_prefill_passes(llm: LLM) -> list[int]:
     graphs = PrefillGraphs(runner.model, buffers, runner.snapshots)
     passes, run = [], graphs.run
 
-    def counted(host, captures):
-        passes.append(len(host.input_ids))
-        return run(host, captures)
+    def counted(host, captures, restore=None):
+        passes.append((len(host.input_ids), restore is not None))
+        return run(host, captures, restore)
 
     graphs.run = counted
     runner.prefill_graphs = graphs
@@ -68,7 +68,8 @@ def test_padded_prefill_passes_equal_unpadded_ones(arch, checkpoint_factory):
         follow_up = history + first.outputs[0].token_ids + message
         # warm: one short pass from the reply's last decode snapshot (padded, with captures), then again
         outs[name] = (first, _generate(llm, follow_up, [0, len(history) + 6]), _generate(llm, follow_up, []))
-    assert passes and all(n <= 124 for n in passes)
+    assert passes and all(n <= 124 for n, _ in passes)
+    assert any(restored for _, restored in passes)  # the warm passes restore inside the padded pass
     for plain_out, padded_out in zip(outs["plain"], outs["padded"]):
         assert plain_out.outputs[0].token_ids == padded_out.outputs[0].token_ids
         assert plain_out.num_cached_tokens == padded_out.num_cached_tokens

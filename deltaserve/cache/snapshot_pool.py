@@ -31,6 +31,10 @@ class SnapshotPool:
         """(snapshot slot, state slot): copies each snapshot into the sequence's state slot."""
         self._tensors.copy_slots(pairs, states)
 
+    def restore_at(self, slots: torch.Tensor, states: StatePool) -> None:
+        """restore for the pair in the device tensor `slots` [2] (a negative snapshot slot: none)."""
+        self._tensors.copy_slots_at(slots, states)
+
     def save(self, pairs: list[tuple[int, int]], states: StatePool) -> None:
         """(state slot, snapshot slot): copies each sequence's current state into a snapshot slot."""
         states.copy_slots(pairs, self._tensors)

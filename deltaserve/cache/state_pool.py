@@ -5,7 +5,7 @@ whatever it is stored in). One extra slot at the end absorbs padded rows of a gr
 import torch
 
 from deltaserve.host_to_device import to_device
-from deltaserve.kernels import copy_slot
+from deltaserve.kernels import copy_slot, copy_slot_at
 
 
 class StatePool:
@@ -34,6 +34,10 @@ class StatePool:
         """(slot here, slot there): copies every layer's states of each slot into `destination`."""
         for src, dst in pairs:
             copy_slot((self.conv_all, self.h_all), src, (destination.conv_all, destination.h_all), dst)
+
+    def copy_slots_at(self, slots: torch.Tensor, destination: "StatePool") -> None:
+        """copy_slots for the pair in the device tensor `slots` [2] (a negative slot here: nothing)."""
+        copy_slot_at((self.conv_all, self.h_all), (destination.conv_all, destination.h_all), slots)
 
     @staticmethod
     def bytes_per_slot(num_layers: int, conv_dim: int, conv_kernel: int, v_heads: int, k_dim: int, v_dim: int,

@@ -185,11 +185,21 @@ def copy_slot(srcs: tuple[torch.Tensor, ...], src_slot: int, dsts: tuple[torch.T
     return _slot_copy.copy_slot(srcs, src_slot, dsts, dst_slot)
 
 
+def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
+    """copy_slot with (source slot, destination slot) read from the device tensor `slots` [2]; a negative
+    source slot copies nothing (a graph-replayed pass restores this way, from its fixed buffers)."""
+    if use_triton(srcs[0]) and len(srcs) == 2:
+        from deltaserve.kernels.slot_copy import triton_slot_copy as triton_copy
+        if all(triton_copy.slot_is_contiguous(pool) for pool in (*srcs, *dsts)):
+            return triton_copy.copy_slot_at(srcs, dsts, slots)
+    return _slot_copy.copy_slot_at(srcs, dsts, slots)
+
+
 apply_penalties = _sampling.apply_penalties
 sample_from_logits = _sampling.sample_from_logits
 
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
-    "gdn_decode_fused", "linear", "moe_route", "moe_experts", "copy_slot", "apply_penalties", "sample_from_logits",
+    "gdn_decode_fused", "linear", "moe_route", "moe_experts", "copy_slot", "copy_slot_at", "apply_penalties", "sample_from_logits",
 ]

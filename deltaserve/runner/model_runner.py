@@ -52,16 +52,19 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan):
         """Runs one step: the sampled tokens of the chunks that reach their end, and logprobs asked for."""
-        self._prepare_states(plan)
-        host = build_host_batch(plan, self.block_size)
         sampling = [c for c in plan.chunks if c.samples]
         prompt_logprobs = {}
         decode_graph = self._replayable(plan)
         captures = mid_chunk_capture_rows(plan) if self.snapshots is not None and not decode_graph else []
+        prefill_graph = not decode_graph and self._prefill_replayable(plan, captures)
+        restores = restore_pairs(plan)
+        # A prefill graph restores its one sequence's state itself (see PrefillGraphs).
+        self._prepare_states(plan, [] if prefill_graph else restores)
+        host = build_host_batch(plan, self.block_size)
         if decode_graph:
             logits = self.graphs.run(host)
-        elif self._prefill_replayable(plan, captures):
-            logits = self.prefill_graphs.run(host, captures)
+        elif prefill_graph:
+            logits = self.prefill_graphs.run(host, captures, restores[0] if restores else None)
         else:
             batch = self.to_forward_batch(host, plan.is_decode)
             if captures:  # the GDN kernels save these states as they pass the rows
@@ -84,7 +87,7 @@ class ModelRunner:
     def launch(self, plan: StepPlan, previous: LaunchedStep | None) -> LaunchedStep:
         """Queues a decode step (see can_launch) and returns without waiting for it. A row whose input
         token is still pending takes it on the device from `previous`, the step that sampled it."""
-        self._prepare_states(plan)
+        self._prepare_states(plan, restore_pairs(plan))
         host = build_host_batch(plan, self.block_size)
         pending = [(row, previous.rows[c.request]) for row, c in enumerate(plan.chunks)
                    if host.input_ids[row] == PENDING_TOKEN]
@@ -97,14 +100,14 @@ class ModelRunner:
         self._save_snapshots(plan)
         return LaunchedStep(plan, self.sampler.sample_on_device(logits, [c.request for c in plan.chunks]))
 
-    def _prepare_states(self, plan: StepPlan) -> None:
-        """Zeroes the state slots of sequences starting from their first token and copies restored
-        snapshots into theirs (a one-token prompt, or one restored to its last token, makes a plan that
-        looks like decode)."""
+    def _prepare_states(self, plan: StepPlan, restores: list[tuple[int, int]]) -> None:
+        """Zeroes the state slots of sequences starting from their first token and copies the restored
+        snapshots `restores` (snapshot slot, state slot) into theirs (a one-token prompt, or one restored
+        to its last token, makes a plan that looks like decode)."""
         if self.state_pool is not None:
             self.state_pool.reset(plan.reset_state_slots)
         if self.snapshots is not None:
-            self.snapshots.restore(restore_pairs(plan), self.state_pool)
+            self.snapshots.restore(restores, self.state_pool)
 
     def _prompt_logprobs(self, plan: StepPlan, host: HostBatch, hidden: torch.Tensor) -> dict:
         """For requests that ask: the logprob of each prompt token their rows of this step predict
@@ -135,6 +138,7 @@ class ModelRunner:
             return False
         chunk = plan.chunks[0]
         return (chunk.request.params.prompt_logprobs is None
+                and all(r.request is chunk.request for r in plan.restores)  # the graph restores its own
                 and self.prefill_graphs.rung(chunk.num_tokens, captures) is not None)
 
     def to_forward_batch(self, host: HostBatch, is_decode: bool) -> ForwardBatch:

@@ -98,6 +98,12 @@ def cases():
         pools |= {f"src_{part}": dtype, f"dst_{part}": dtype, f"src_offset_{part}": "i64", f"dst_offset_{part}": "i64",
                   f"stride_src_layer_{part}": "i64", f"stride_dst_layer_{part}": "i64", f"numel_{part}": "i32"}
     yield ("slot_copy", slot_copy._copy_slot_kernel, pools, dict(BLOCK=slot_copy.BLOCK), 8, 1)
+    pools_at = {"slots": "*i64"}
+    for part, dtype in (("a", bf16), ("b", "*fp32")):
+        pools_at |= {f"src_{part}": dtype, f"dst_{part}": dtype, f"stride_src_slot_{part}": "i64",
+                     f"stride_dst_slot_{part}": "i64", f"stride_src_layer_{part}": "i64",
+                     f"stride_dst_layer_{part}": "i64", f"numel_{part}": "i32"}
+    yield ("slot_copy_at", slot_copy._copy_slot_at_kernel, pools_at, dict(BLOCK=slot_copy.BLOCK), 8, 1)
 
     from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from deltaserve.kernels.slot_copy import reference
-from deltaserve.kernels.slot_copy.triton_slot_copy import BLOCK, copy_slot, slot_is_contiguous
+from deltaserve.kernels.slot_copy.triton_slot_copy import BLOCK, copy_slot, copy_slot_at, slot_is_contiguous
 
 pytestmark = pytest.mark.triton
 
@@ -20,6 +20,26 @@ def test_copy_slot_moves_one_slot_of_every_layer_in_both_pools():
     for got, want, src in zip(dsts, expected, srcs):
         assert torch.equal(got, want)  # a copy: bit for bit, and the other slots untouched
         assert torch.equal(got[:, dst_slot], src[:, src_slot])
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_copy_slot_at_reads_the_slots_from_the_device(restore):
+    # The slots come from a tensor (a graph's fixed buffer); a negative source slot copies nothing.
+    layers = 2
+    srcs = (torch.randn(layers, 6, 4, 9).to(torch.bfloat16), torch.randn(layers, 6, BLOCK + 5))
+    dsts = (torch.randn(layers, 3, 4, 9).to(torch.bfloat16), torch.randn(layers, 3, BLOCK + 5))
+    src_slot, dst_slot = int(torch.randint(0, 6, ())), int(torch.randint(0, 3, ()))
+    slots = torch.tensor([src_slot if restore else -1, dst_slot])
+    before = tuple(d.clone() for d in dsts)
+    expected = tuple(d.clone() for d in dsts)
+    if restore:
+        reference.copy_slot(srcs, src_slot, expected, dst_slot)
+    by_reference = tuple(d.clone() for d in dsts)
+    reference.copy_slot_at(srcs, by_reference, slots)
+    copy_slot_at(srcs, dsts, slots)
+    for got, ref, want, old in zip(dsts, by_reference, expected, before):
+        assert torch.equal(ref, want) and torch.equal(got, want)
+        assert torch.equal(got, old) != restore  # a restore changes the slot (random values), none does not
 
 
 def test_slot_is_contiguous():

@@ -6,7 +6,8 @@ GiB it splits into several launches to keep 32-bit offsets: restoring the 30 GDN
 Qwen3.5-35B-A3B sequence (60 MiB) took eight launches and ~100 us on the H200, where reading and
 writing it once is ~30 us. Here each program copies one contiguous piece of one layer's slot with
 64-bit offsets, and one launch serves both pools: a restore sits on the host's path before a
-prefix-cache hit's pass starts.
+prefix-cache hit's pass starts. `copy_slot_at` reads the two slots from the device instead, so a
+graph-replayed pass can start with its own restore.
 """
 
 import math
@@ -40,6 +41,21 @@ def _copy_slot_kernel(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer
                     piece, BLOCK)
 
 
+@triton.jit
+def _copy_slot_at_kernel(src_a, dst_a, stride_src_slot_a, stride_dst_slot_a, stride_src_layer_a, stride_dst_layer_a,
+                         numel_a, src_b, dst_b, stride_src_slot_b, stride_dst_slot_b, stride_src_layer_b,
+                         stride_dst_layer_b, numel_b, slots, BLOCK: tl.constexpr):
+    layer, piece = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    src_slot, dst_slot = tl.load(slots).to(tl.int64), tl.load(slots + 1).to(tl.int64)
+    if src_slot >= 0:  # a negative source slot: nothing to restore this time
+        if tl.program_id(2) == 0:
+            _copy_piece(src_a, dst_a, src_slot * stride_src_slot_a, dst_slot * stride_dst_slot_a, stride_src_layer_a,
+                        stride_dst_layer_a, numel_a, layer, piece, BLOCK)
+        else:
+            _copy_piece(src_b, dst_b, src_slot * stride_src_slot_b, dst_slot * stride_dst_slot_b, stride_src_layer_b,
+                        stride_dst_layer_b, numel_b, layer, piece, BLOCK)
+
+
 def slot_is_contiguous(pool: torch.Tensor) -> bool:
     """Whether each layer's slot of `pool` [layers, slots, ...] is one contiguous run."""
     expected = 1
@@ -51,9 +67,8 @@ def slot_is_contiguous(pool: torch.Tensor) -> bool:
 
 
 def _operands(src: torch.Tensor, src_slot: int, dst: torch.Tensor, dst_slot: int) -> tuple:
-    numel = math.prod(src.shape[2:])
-    assert math.prod(dst.shape[2:]) == numel and src.shape[0] == dst.shape[0]
-    return src, dst, src_slot * src.stride(1), dst_slot * dst.stride(1), src.stride(0), dst.stride(0), numel
+    src, dst, stride_src_slot, stride_dst_slot, *rest = _slot_operands(src, dst)
+    return src, dst, src_slot * stride_src_slot, dst_slot * stride_dst_slot, *rest
 
 
 def copy_slot(srcs: tuple[torch.Tensor, ...], src_slot: int, dsts: tuple[torch.Tensor, ...], dst_slot: int) -> None:
@@ -64,3 +79,18 @@ def copy_slot(srcs: tuple[torch.Tensor, ...], src_slot: int, dsts: tuple[torch.T
     assert src_a.shape[0] == src_b.shape[0]
     grid = (src_a.shape[0], triton.cdiv(max(a[-1], b[-1]), BLOCK), 2)
     _copy_slot_kernel[grid](*a, *b, BLOCK=BLOCK, num_warps=8)
+
+
+def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
+    """Same contract as the reference's copy_slot_at, for pools as copy_slot takes them."""
+    (src_a, src_b), (dst_a, dst_b) = srcs, dsts
+    a, b = _slot_operands(src_a, dst_a), _slot_operands(src_b, dst_b)
+    assert src_a.shape[0] == src_b.shape[0] and slots.numel() == 2 and slots.device == src_a.device
+    grid = (src_a.shape[0], triton.cdiv(max(a[-1], b[-1]), BLOCK), 2)
+    _copy_slot_at_kernel[grid](*a, *b, slots, BLOCK=BLOCK, num_warps=8)
+
+
+def _slot_operands(src: torch.Tensor, dst: torch.Tensor) -> tuple:
+    numel = math.prod(src.shape[2:])
+    assert math.prod(dst.shape[2:]) == numel and src.shape[0] == dst.shape[0]
+    return src, dst, src.stride(1), dst.stride(1), src.stride(0), dst.stride(0), numel
