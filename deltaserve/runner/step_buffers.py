@@ -1,10 +1,11 @@
 """StepBuffers: every device address that a graph-replayed step reads or writes.
 
 The metadata of a step (input ids, positions, sequence lengths, KV slot mapping, state slots, query
-start offsets, block tables, the row turned into logits, the rows whose GDN state is captured) lives
-in buffers allocated once at start-up; a step only refreshes their contents, so CUDA graphs captured
-over them stay valid. The 1-D fields are views into one device tensor, filled by a single
-host-to-device copy from a pinned mirror. Two layouts share them: a decode step (one row per
+start offsets, block tables, the row turned into logits, the rows whose GDN state is captured, the
+snapshot a prefill pass restores its sequence's state from) lives in buffers allocated once at
+start-up; a step only refreshes their contents, so CUDA graphs captured over them stay valid. The 1-D
+fields are views into one device tensor, filled by a single host-to-device copy from a pinned mirror;
+the block tables travel from a pinned mirror too. Two layouts share them: a decode step (one row per
 sequence) and a short prefill pass (one sequence's rows, then a padding sequence up to the graph's
 row count). The pools are referenced here too, and the buffers of speculative decoding (draft tokens
 and per-row verify metadata) have their place beside them.
@@ -51,14 +52,15 @@ class StepBuffers:
         self._offsets = {}
         offset = 0
         for name, length in ([(f, self.max_rows) for f in ROW_FIELDS] + [(f, self.max_batch) for f in SEQUENCE_FIELDS]
-                             + [("query_start_loc", self.max_batch + 1), ("logits_index", 1), ("live_rows", 1)]):
+                             + [("query_start_loc", self.max_batch + 1), ("logits_index", 1), ("live_rows", 1),
+                                ("restore", 2)]):
             self._offsets[name] = (offset, offset + length)
             offset += length
         pin = device.type == "cuda"
         # Two pinned mirrors, used in turn: with asynchronous scheduling a step is loaded while the one
         # before may still be queued, and its copy must not read a mirror being rewritten.
         self._mirrors = [(torch.zeros(offset, dtype=torch.int64, pin_memory=pin),
-                          torch.zeros(self.max_batch, max_blocks_per_seq, dtype=torch.int64, pin_memory=pin),
+                          torch.zeros(self.max_batch * max_blocks_per_seq, dtype=torch.int64, pin_memory=pin),
                           torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, pin_memory=pin))
                          for _ in range(2)]
         self._turn = 0
@@ -95,14 +97,15 @@ class StepBuffers:
         self._field(meta, "query_start_loc")[: batch_size + 1] = np.arange(batch_size + 1)
         self._field(meta, "live_rows")[0] = n
         self.meta.copy_(mirror, non_blocking=True)
-        self._load_block_tables(mirror_blocks, host.block_tables, batch_size)
+        self._load_block_tables(mirror_blocks, host.block_tables, batch_size, contiguous_rows=False)
 
     def load_prefill(self, host: HostBatch, num_rows: int, captures: list[tuple[int, int]],
-                     padding_snapshot_slot: int) -> list[tuple[int, int]]:
+                     padding_snapshot_slot: int, restore: tuple[int, int] | None = None) -> list[tuple[int, int]]:
         """Writes one sequence's prefill pass into rows [0, n) and a padding sequence into rows
         [n, num_rows): it writes no KV and runs on the spare state slot. Row n - 1 gives the logits.
         `captures` (row, snapshot slot), rows distinct and below n, are padded with entries past the pass
-        (see graph_capture_pairs) up to MAX_GRAPH_CAPTURES; returns them all."""
+        (see graph_capture_pairs) up to MAX_GRAPH_CAPTURES; returns them all. `restore` (snapshot slot,
+        state slot): the pass starts by copying that snapshot into the sequence's slot (None: -1, none)."""
         n = len(host.input_ids)
         pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
         assert len(host.seq_lens) == 1 and n < num_rows and all(row < n for row, _ in captures)
@@ -120,22 +123,35 @@ class StepBuffers:
         self._field(meta, "query_start_loc")[:3] = (0, n, num_rows)
         self._field(meta, "logits_index")[0] = n - 1
         self._field(meta, "live_rows")[0] = n
+        self._field(meta, "restore")[:] = restore if restore is not None else (-1, self.padding_slot)
         self.meta.copy_(mirror, non_blocking=True)
-        self._load_block_tables(mirror_blocks, host.block_tables, 2)
+        self._load_block_tables(mirror_blocks, host.block_tables, 2, contiguous_rows=True)
         table = mirror_captures.numpy()
         table[0] = table[2] = [row for row, _ in pairs]  # every capture's row is distinct: no repeats
         table[1] = table[3] = [slot for _, slot in pairs]
         self.captures.copy_(mirror_captures, non_blocking=True)
         return pairs
 
-    def _load_block_tables(self, mirror_blocks: torch.Tensor, tables: list[list[int]], num_seqs: int) -> None:
-        # Only the columns some row needs travel; a kernel never reads past a row's own length.
+    def _load_block_tables(self, mirror_blocks: torch.Tensor, tables: list[list[int]], num_seqs: int,
+                           contiguous_rows: bool) -> None:
+        # Only the columns some row needs matter (a kernel never reads past a row's own length).
+        # contiguous_rows (a prefill pass: its sequence and the padding one): the rows travel at the
+        # device table's own row stride up to the last needed column, one plain copy. Otherwise (decode,
+        # up to max_batch rows, where that run would be mostly unused columns the GPU waits for) only the
+        # needed columns travel, packed here in the pinned mirror (torch copies a strided source through
+        # a pageable temporary), and are spread over the rows on the device.
         width = max((len(t) for t in tables), default=1) or 1
-        blocks = mirror_blocks.numpy()
-        blocks[:num_seqs, :width] = 0
+        stride = self.max_blocks if contiguous_rows else width
+        blocks = mirror_blocks[: num_seqs * stride].view(num_seqs, stride).numpy()
+        blocks[:, :width] = 0
         for row, table in enumerate(tables):
             blocks[row, : len(table)] = table
-        self.block_tables[:num_seqs, :width].copy_(mirror_blocks[:num_seqs, :width], non_blocking=True)
+        if contiguous_rows:
+            count = (num_seqs - 1) * stride + width
+            self.block_tables.view(-1)[:count].copy_(mirror_blocks[:count], non_blocking=True)
+        else:
+            self.block_tables[:num_seqs, :width].copy_(mirror_blocks[: num_seqs * width].view(num_seqs, width),
+                                                       non_blocking=True)
 
     def view(self, batch_size: int) -> ForwardBatch:
         """The decode layout at `batch_size` rows."""
