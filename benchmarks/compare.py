@@ -8,7 +8,7 @@ decode warm-up and one without exist, the faster is used. They are compared on t
 at C=1 the decode step (vLLM's 185.5 tok/s is 5.39 ms per step), above it the generated tokens over
 the wall time of the whole closed batch, its prefill included (vLLM's bench.py aggregate), which is
 deltaserve's `closed_batch_tok_s` (batch prefill + 255 decode steps for the results written before
-that field existed). `side_by_side_qwen3.5-9b.json` has both engines measured in one command.
+that field existed). `side_by_side_<shape>.json` has both engines measured in one command (both shapes).
 """
 
 import json
@@ -63,8 +63,12 @@ NOTES = {
         "the shared one stacked as a ninth) measured 20 us per layer at one token against a 12 us floor "
         "before the shared expert was folded in.",
         "On vLLM's instrument (closed batches, prefill included): C=32 1.29x, C=64 0.97x, C=128 1.11x of the "
-        "issue's figures (not measured beside vLLM in one command); with the GDN state in bf16 as in the vLLM "
-        "runs, 1.31x, 0.99x and 1.13x (engine_qwen3.5-35b-a3b_bf16_state.json, an earlier commit). At 64 "
+        "issue's figures; with the GDN state in bf16 as in the vLLM runs, 1.31x, 0.99x and 1.13x "
+        "(engine_qwen3.5-35b-a3b_bf16_state.json, an earlier commit). Beside vLLM in one command at commit "
+        "9263d26 (side_by_side_qwen3.5-35b-a3b.json), where vLLM with its decode warm-up ran faster than the "
+        "issue's figures at C=128 (5448 against 4512 tok/s): C=1 1.45x (3.00 against 4.34 ms per step), "
+        "C=32 1.07x, C=64 1.00x (18.47 against 18.34 ms per step), C=128 0.94x (23.86 against 22.24 ms), "
+        "prefill 8k 1.06x vLLM's time (0.151 against 0.143 s). At 64 "
         "tokens the MoE runs the sorted grouped GEMM, about 380 us per layer against the 326 us of reading "
         "the touched experts (kernels_check_moe_sorted_tiles.json, every tile and grid order within 377-390 "
         "us): 15 ms of the 19.4 ms step.",
@@ -119,24 +123,29 @@ PREFIX_NOTES = [
     "The warm follow-up turn restores the snapshot its first turn saved during decode at 8240 and recomputes "
     "80 tokens (16 of the reply, the new 64-token message) in one pass: a request restored near its end "
     "replays from its restore point, recorded so that sending it again cuts at the same place. The pass is "
-    "replayed as a CUDA graph (the 96-row rung of the prefill graphs); run eagerly it took 0.035 s, bound "
-    "by the host's launches. Warm and cold are medians of five runs on fresh prompts; two runs of the same "
-    "commit gave 9.97x and 10.02x (prefix_cache_qwen3.5-35b-a3b.json, ..._second_run.json).",
-    "Where its 19 ms go (profile_qwen3.5-35b-a3b.json): 17.6 ms of kernels, of which the expert GEMMs are "
-    "12.95 ms, the time to read the experts 80 tokens touch (about 236 of 257 per layer, at ~4.6 TB/s; "
+    "replayed as a CUDA graph (the 96-row rung of the prefill graphs), the snapshot's restore its first "
+    "node; run eagerly it took 0.057 / 0.040 s, bound by the host's launches. Warm and cold are medians of "
+    "five runs on fresh prompts; two runs of commit 9263d26 gave 9.79x and 9.87x "
+    "(prefix_cache_qwen3.5-35b-a3b.json, ..._second_run.json; cold 0.1909 / 0.1905 s, warm 19.5 / 19.3 ms). "
+    "Two runs of the earlier commit 0139e36, on another machine of the same kind, gave 9.97x and 10.02x "
+    "(cold 0.1884 s): the cold turn alone moved 1.3% between machines, as much as this round's host savings.",
+    "Where its 19 ms go (profile_qwen3.5-35b-a3b.json): 17.7 ms of kernels, of which the expert GEMMs are "
+    "13.1 ms, the time to read the experts 80 tokens touch (about 236 of 257 per layer, at ~4.5 TB/s; "
     "the graph's 16 padding rows route to none); dense GEMMs 1.2 ms (cuBLAS at about half the bandwidth at "
     "96 rows; a tall-tile skinny GEMM was no faster, skinny_gemm_tall.json); the GDN kernels 1.4 ms (16-row "
-    "chunks; the snapshot kernel's 30 launches 0.2 ms of it); paged attention 0.58 ms; sorting the expert "
-    "pairs 0.29 ms; the LM head 0.22 ms. The host takes about 1.15 ms before the graph starts (prompt "
-    "validation, the lookup, the snapshot restore, loading the step buffers, the launch) and 0.25 ms after "
-    "(warm_timeline).",
-    "10x asks for 18.84 ms against the 0.1884 s cold turn; the two runs measured 18.9 and 18.8 ms.",
+    "chunks; the snapshot kernel's 30 launches 0.2 ms of it); paged attention 0.57 ms; sorting the expert "
+    "pairs 0.28 ms; the LM head 0.23 ms. The host takes about 0.8 ms before the graph starts (prompt "
+    "validation 0.19, the lookup and the plan 0.3, loading the step buffers 0.2, the launch 0.03; the "
+    "snapshot restore, 0.16 ms launched from the host, is inside the graph now) and about 0.25 ms after "
+    "(warm_timelines, measured before the profiler attaches).",
+    "10x asks for 19.09 ms against the 0.1909 s cold turn; the two runs measured 19.5 and 19.3 ms.",
     "same_first_token is false: in bf16 on random weights the warm turn (one 96-row pass) and the cold one "
     "(8192, 112 and 16-row passes) round differently and the top two logits are close. Exactness holds for "
     "the same request sent again: gpu_correctness.json checks it byte for byte, with graphs, on every "
     "architecture.",
     "Eight requests sharing a 2k prefix: each restores the prefix and runs its 64-token ending, all eight "
-    "in one eager pass.",
+    "in one eager pass, bound by the host's launches (warm 0.061 and 0.046 s in the two runs, 0.040 s in "
+    "the earlier ones): 3.3x and 4.3x.",
 ]
 
 
