@@ -840,7 +840,8 @@ def main():
         run_case(report, f"moe_sorted_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_TILES))
     for tokens in (8, 16) if SMOKE else (64, 2048, 8192):
         run_case(report, f"moe_sorted_large_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_LARGE_TILES))
-    run_case(report, "moe_sorted_tail_tiles_T80", moe_sweep(16 if SMOKE else 80, "sorted", MOE_SORTED_TAIL_TILES))
+    for tokens in (16,) if SMOKE else (80, 144):  # a prefix-cache hit's tail; a 128-sequence decode step's pairs
+        run_case(report, f"moe_sorted_tail_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_TAIL_TILES))
     run_case(report, "paged_attention_prefill_tiles", attention_sweep(40 if SMOKE else 2048))
     for rows in (16,) if SMOKE else (32, 80, 112):
         run_case(report, f"paged_attention_hit_tail_{rows}", attention_tail_sweep(64 if SMOKE else 8240, rows,

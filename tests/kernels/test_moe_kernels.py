@@ -164,7 +164,8 @@ def test_sorted_tiles_by_pairs_per_expert():
     experts = 257  # 256 routed and a stacked shared expert
     assert default_tiles(32 * 9, experts) == SMALL_TILES
     assert default_tiles(96 * 9, experts) == SMALL_TILES  # a prefix-cache hit's tail in a 96-row graph
-    assert default_tiles(128 * 9, experts) == MEDIUM_TILES
+    assert default_tiles(128 * 9, experts) == SMALL_TILES  # a 128-sequence decode step
+    assert default_tiles(160 * 9, experts) == MEDIUM_TILES
     assert default_tiles(2048 * 9, experts) == MEDIUM_TILES
     assert default_tiles(8192 * 9, experts) == LARGE_TILES
 

@@ -172,8 +172,9 @@ LARGE_MIN_PAIRS_PER_EXPERT = 128
 
 # Up to this many pairs per expert the small tiles' 16-pair blocks win: at 80 tokens (2.5 pairs per
 # expert, a prefix-cache hit's tail) they took 357 us on the H200 against 369 for the medium tiles
-# (kernels_check moe_sorted_tail_tiles_T80).
-SMALL_MAX_PAIRS_PER_EXPERT = 4
+# (kernels_check moe_sorted_tail_tiles_T80), at 144 (4.5 per expert, the pairs of a 128-sequence decode
+# step) 393 against 413 (moe_sorted_tail_tiles_T144, kernels_check_moe_tail_T144.json).
+SMALL_MAX_PAIRS_PER_EXPERT = 5
 
 
 def default_tiles(pairs: int, experts: int) -> SortedTiles:
