@@ -68,7 +68,10 @@ NOTES = {
         "9263d26 (side_by_side_qwen3.5-35b-a3b.json), where vLLM with its decode warm-up ran faster than the "
         "issue's figures at C=128 (5448 against 4512 tok/s): C=1 1.45x (3.00 against 4.34 ms per step), "
         "C=32 1.07x, C=64 1.00x (18.47 against 18.34 ms per step), C=128 0.94x (23.86 against 22.24 ms), "
-        "prefill 8k 1.06x vLLM's time (0.151 against 0.143 s). At 64 "
+        "prefill 8k 1.06x vLLM's time (0.151 against 0.143 s). With the small MoE tiles at 128 sequences "
+        "(commit 8ab25ef, engine_qwen3.5-35b-a3b_moe_small_tiles_c128.json, another machine): 23.53 ms per "
+        "step at C=128 and 5192 tok/s on the closed batch (0.95x vLLM's 5448 beside it in the run above, "
+        "1.15x the issue's figure), C=64 18.71 ms as a control (18.47 in the run above). At 64 "
         "tokens the MoE runs the sorted grouped GEMM, about 380 us per layer against the 326 us of reading "
         "the touched experts (kernels_check_moe_sorted_tiles.json, every tile and grid order within 377-390 "
         "us): 15 ms of the 19.4 ms step.",
