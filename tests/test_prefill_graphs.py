@@ -14,7 +14,7 @@ from deltaserve.runner.step_buffers import StepBuffers
 PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
 
 
-def _with_padded_prefill_passes(llm: LLM) -> list[int]:
+def _with_padded_prefill_passes(llm: LLM) -> list[tuple[int, bool]]:
     """Gives the engine prefill graphs that were never captured (so each pass runs its padded batch
     eagerly); returns a list that records (row count, whether it restored a snapshot) of every such pass."""
     loaded = llm.engine.loaded
