@@ -58,27 +58,23 @@ NOTES = {
         "layer at 8k.",
     ],
     "qwen3.5-35b-a3b": [
-        "C=1: 333.8 tok/s (3.00 ms) against the 400 tok/s target (2.5 ms) and a 1.42 ms floor; 1.43x vLLM. "
-        "A step replays about 12 kernels per layer over 40 layers; the MoE direct path (8 routed experts and "
-        "the shared one stacked as a ninth) measured 20 us per layer at one token against a 12 us floor "
-        "before the shared expert was folded in.",
-        "On vLLM's instrument (closed batches, prefill included): C=32 1.29x, C=64 0.97x, C=128 1.11x of the "
-        "issue's figures; with the GDN state in bf16 as in the vLLM runs, 1.31x, 0.99x and 1.13x "
-        "(engine_qwen3.5-35b-a3b_bf16_state.json, an earlier commit). Beside vLLM in one command at commit "
-        "9263d26 (side_by_side_qwen3.5-35b-a3b.json), where vLLM with its decode warm-up ran faster than the "
-        "issue's figures at C=128 (5448 against 4512 tok/s): C=1 1.45x (3.00 against 4.34 ms per step), "
-        "C=32 1.07x, C=64 1.00x (18.47 against 18.34 ms per step), C=128 0.94x (23.86 against 22.24 ms), "
-        "prefill 8k 1.06x vLLM's time (0.151 against 0.143 s). With the small MoE tiles at 128 sequences "
-        "(commit 8ab25ef, engine_qwen3.5-35b-a3b_moe_small_tiles_c128.json, another machine): 23.53 ms per "
-        "step at C=128 and 5192 tok/s on the closed batch (0.95x vLLM's 5448 beside it in the run above, "
-        "1.15x the issue's figure), C=64 18.71 ms as a control (18.47 in the run above). At 64 "
-        "tokens the MoE runs the sorted grouped GEMM, about 380 us per layer against the 326 us of reading "
-        "the touched experts (kernels_check_moe_sorted_tiles.json, every tile and grid order within 377-390 "
-        "us): 15 ms of the 19.4 ms step.",
-        "Prefill: 1.05x vLLM's time at 8k (0.155 s) and 1.06x at 32k (0.669 s) against the 0.9x target. At "
-        "8k the "
-        "grouped expert GEMMs take about 1.3 ms per layer (315 TFLOP/s with the column tiles on the grid's "
-        "fast axis), the GDN chunked prefill about 1.3 ms per layer, then the GDN input GEMM and attention.",
+        "C=1: 333.3 tok/s (3.00 ms) against the 400 tok/s target (2.5 ms) and a 1.42 ms floor; 1.43x the "
+        "issue's vLLM figure, 1.45x vLLM beside it (4.34 ms per step). A step replays about 12 kernels per "
+        "layer over 40 layers; the MoE direct path (8 routed experts and the shared one stacked as a ninth) "
+        "measured 20 us per layer at one token against a 12 us floor before the shared expert was folded in.",
+        "On vLLM's instrument (closed batches, prefill included), this run (commit e4e03ef): C=32 1.31x, C=64 "
+        "1.01x, C=128 1.17x of the issue's figures. Beside vLLM in one command at commit 9263d26 "
+        "(side_by_side_qwen3.5-35b-a3b.json), where vLLM with its decode warm-up ran faster than the issue's "
+        "figures at C=128 (5448 against 4512 tok/s): C=32 1.07x, C=64 1.00x (18.47 against 18.34 ms per "
+        "step), C=128 0.94x (23.86 against 22.24 ms). Since then the small MoE tiles cover 128 sequences "
+        "(kernels_check_moe_tail_T144.json: 393 against 413 us per layer): 23.18 ms per step and 5269 tok/s "
+        "here, 0.97x vLLM's 5448, C=64 unchanged at 18.45 ms. At 64 and 128 tokens the MoE runs the sorted "
+        "grouped GEMM, within a few percent of reading the touched experts: about 15 of the 18.5 ms step at "
+        "C=64.",
+        "Prefill: 1.04x the issue's vLLM time at 8k (0.153 s) and at 32k (0.655 s) against the 0.9x target; "
+        "beside vLLM at 8k 1.06x (0.151 against 0.143 s). At 8k the grouped expert GEMMs take about 1.3 ms "
+        "per layer (315 TFLOP/s with the column tiles on the grid's fast axis), the GDN chunked prefill about "
+        "1.3 ms per layer, then the GDN input GEMM and attention.",
     ],
 }
 
