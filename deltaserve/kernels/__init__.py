@@ -178,21 +178,27 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
 
 def copy_slot(srcs: tuple[torch.Tensor, ...], src_slot: int, dsts: tuple[torch.Tensor, ...], dst_slot: int) -> None:
     """dst[:, dst_slot] = src[:, src_slot] for each pair of layer-major state pools [layers, slots, ...]."""
-    if use_triton(srcs[0]) and len(srcs) == 2:
-        from deltaserve.kernels.slot_copy import triton_slot_copy as triton_copy
-        if all(triton_copy.slot_is_contiguous(pool) for pool in (*srcs, *dsts)):
-            return triton_copy.copy_slot(srcs, src_slot, dsts, dst_slot)
+    triton_copy = _triton_slot_copy(srcs, dsts)
+    if triton_copy is not None:
+        return triton_copy.copy_slot(srcs, src_slot, dsts, dst_slot)
     return _slot_copy.copy_slot(srcs, src_slot, dsts, dst_slot)
 
 
 def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
     """copy_slot with (source slot, destination slot) read from the device tensor `slots` [2]; a negative
     source slot copies nothing (a graph-replayed pass restores this way, from its fixed buffers)."""
-    if use_triton(srcs[0]) and len(srcs) == 2:
-        from deltaserve.kernels.slot_copy import triton_slot_copy as triton_copy
-        if all(triton_copy.slot_is_contiguous(pool) for pool in (*srcs, *dsts)):
-            return triton_copy.copy_slot_at(srcs, dsts, slots)
+    triton_copy = _triton_slot_copy(srcs, dsts)
+    if triton_copy is not None:
+        return triton_copy.copy_slot_at(srcs, dsts, slots)
     return _slot_copy.copy_slot_at(srcs, dsts, slots)
+
+
+def _triton_slot_copy(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...]):
+    """The Triton slot-copy module where it takes these pools (two pairs, each layer's slot contiguous)."""
+    if not (use_triton(srcs[0]) and len(srcs) == 2):
+        return None
+    from deltaserve.kernels.slot_copy import triton_slot_copy as triton_copy
+    return triton_copy if all(triton_copy.slot_is_contiguous(pool) for pool in (*srcs, *dsts)) else None
 
 
 apply_penalties = _sampling.apply_penalties

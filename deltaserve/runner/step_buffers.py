@@ -141,17 +141,19 @@ class StepBuffers:
         # needed columns travel, packed here in the pinned mirror (torch copies a strided source through
         # a pageable temporary), and are spread over the rows on the device.
         width = max((len(t) for t in tables), default=1) or 1
-        stride = self.max_blocks if contiguous_rows else width
+        if contiguous_rows:
+            stride = self.max_blocks
+            target = self.block_tables.view(-1)[: (num_seqs - 1) * stride + width]
+            source = mirror_blocks[: target.numel()]
+        else:
+            stride = width
+            target = self.block_tables[:num_seqs, :width]
+            source = mirror_blocks[: num_seqs * width].view(num_seqs, width)
         blocks = mirror_blocks[: num_seqs * stride].view(num_seqs, stride).numpy()
         blocks[:, :width] = 0
         for row, table in enumerate(tables):
             blocks[row, : len(table)] = table
-        if contiguous_rows:
-            count = (num_seqs - 1) * stride + width
-            self.block_tables.view(-1)[:count].copy_(mirror_blocks[:count], non_blocking=True)
-        else:
-            self.block_tables[:num_seqs, :width].copy_(mirror_blocks[: num_seqs * width].view(num_seqs, width),
-                                                       non_blocking=True)
+        target.copy_(source, non_blocking=True)
 
     def view(self, batch_size: int) -> ForwardBatch:
         """The decode layout at `batch_size` rows."""

@@ -29,9 +29,10 @@ def _copy_piece(src, dst, src_offset, dst_offset, stride_src_layer, stride_dst_l
 
 
 @triton.jit
-def _copy_slot_kernel(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer_a, stride_dst_layer_a, numel_a,
-                      src_b, dst_b, src_offset_b, dst_offset_b, stride_src_layer_b, stride_dst_layer_b, numel_b,
-                      BLOCK: tl.constexpr):
+def _copy_pools(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer_a, stride_dst_layer_a, numel_a,
+                src_b, dst_b, src_offset_b, dst_offset_b, stride_src_layer_b, stride_dst_layer_b, numel_b,
+                BLOCK: tl.constexpr):
+    """This program's piece of one layer's slot, of pool a or b (grid axis 2)."""
     layer, piece = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if tl.program_id(2) == 0:
         _copy_piece(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer_a, stride_dst_layer_a, numel_a, layer,
@@ -42,18 +43,22 @@ def _copy_slot_kernel(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer
 
 
 @triton.jit
+def _copy_slot_kernel(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer_a, stride_dst_layer_a, numel_a,
+                      src_b, dst_b, src_offset_b, dst_offset_b, stride_src_layer_b, stride_dst_layer_b, numel_b,
+                      BLOCK: tl.constexpr):
+    _copy_pools(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer_a, stride_dst_layer_a, numel_a,
+                src_b, dst_b, src_offset_b, dst_offset_b, stride_src_layer_b, stride_dst_layer_b, numel_b, BLOCK)
+
+
+@triton.jit
 def _copy_slot_at_kernel(src_a, dst_a, stride_src_slot_a, stride_dst_slot_a, stride_src_layer_a, stride_dst_layer_a,
                          numel_a, src_b, dst_b, stride_src_slot_b, stride_dst_slot_b, stride_src_layer_b,
                          stride_dst_layer_b, numel_b, slots, BLOCK: tl.constexpr):
-    layer, piece = tl.program_id(0).to(tl.int64), tl.program_id(1)
     src_slot, dst_slot = tl.load(slots).to(tl.int64), tl.load(slots + 1).to(tl.int64)
     if src_slot >= 0:  # a negative source slot: nothing to restore this time
-        if tl.program_id(2) == 0:
-            _copy_piece(src_a, dst_a, src_slot * stride_src_slot_a, dst_slot * stride_dst_slot_a, stride_src_layer_a,
-                        stride_dst_layer_a, numel_a, layer, piece, BLOCK)
-        else:
-            _copy_piece(src_b, dst_b, src_slot * stride_src_slot_b, dst_slot * stride_dst_slot_b, stride_src_layer_b,
-                        stride_dst_layer_b, numel_b, layer, piece, BLOCK)
+        _copy_pools(src_a, dst_a, src_slot * stride_src_slot_a, dst_slot * stride_dst_slot_a, stride_src_layer_a,
+                    stride_dst_layer_a, numel_a, src_b, dst_b, src_slot * stride_src_slot_b,
+                    dst_slot * stride_dst_slot_b, stride_src_layer_b, stride_dst_layer_b, numel_b, BLOCK)
 
 
 def slot_is_contiguous(pool: torch.Tensor) -> bool:
@@ -76,18 +81,21 @@ def copy_slot(srcs: tuple[torch.Tensor, ...], src_slot: int, dsts: tuple[torch.T
     contiguous (see slot_is_contiguous)."""
     (src_a, src_b), (dst_a, dst_b) = srcs, dsts
     a, b = _operands(src_a, src_slot, dst_a, dst_slot), _operands(src_b, src_slot, dst_b, dst_slot)
-    assert src_a.shape[0] == src_b.shape[0]
-    grid = (src_a.shape[0], triton.cdiv(max(a[-1], b[-1]), BLOCK), 2)
-    _copy_slot_kernel[grid](*a, *b, BLOCK=BLOCK, num_warps=8)
+    _copy_slot_kernel[_grid(a, b)](*a, *b, BLOCK=BLOCK, num_warps=8)
 
 
 def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
     """Same contract as the reference's copy_slot_at, for pools as copy_slot takes them."""
     (src_a, src_b), (dst_a, dst_b) = srcs, dsts
     a, b = _slot_operands(src_a, dst_a), _slot_operands(src_b, dst_b)
-    assert src_a.shape[0] == src_b.shape[0] and slots.numel() == 2 and slots.device == src_a.device
-    grid = (src_a.shape[0], triton.cdiv(max(a[-1], b[-1]), BLOCK), 2)
-    _copy_slot_at_kernel[grid](*a, *b, slots, BLOCK=BLOCK, num_warps=8)
+    assert slots.numel() == 2 and slots.device == src_a.device
+    _copy_slot_at_kernel[_grid(a, b)](*a, *b, slots, BLOCK=BLOCK, num_warps=8)
+
+
+def _grid(a: tuple, b: tuple) -> tuple[int, int, int]:
+    """(layer, piece of a slot, pool) for the operands of two pools with the same layer count."""
+    assert a[0].shape[0] == b[0].shape[0]
+    return a[0].shape[0], triton.cdiv(max(a[-1], b[-1]), BLOCK), 2
 
 
 def _slot_operands(src: torch.Tensor, dst: torch.Tensor) -> tuple:
