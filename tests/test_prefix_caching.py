@@ -9,6 +9,7 @@ import torch
 from deltaserve import LLM, SamplingParams
 from deltaserve.cache.block_hash import chain_hashes
 from deltaserve.errors import DeltaServeError
+from tests.checkpoints import every_expert
 
 BS = 16
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
@@ -35,6 +36,10 @@ def _run(llm: LLM, jobs, params=GREEDY):
 
 
 _counter = iter(range(10**9))
+
+def _checkpoint(checkpoint_factory, arch: str) -> str:
+    """A hit agrees with a miss to rounding only: MoE checkpoints route to every expert (see every_expert)."""
+    return checkpoint_factory(arch, **every_expert(arch))
 
 
 def _tokens(outputs):
@@ -88,7 +93,7 @@ class Chat:
 
 @pytest.mark.parametrize("arch,budget", [("qwen3.5", 2048), ("qwen3.5-moe", 40)])
 def test_six_turn_conversation_equals_uncached_and_recomputes_little(arch, budget, checkpoint_factory):
-    path = checkpoint_factory(arch)
+    path = _checkpoint(checkpoint_factory, arch)
     on = LLM(path, device="cpu", max_num_batched_tokens=budget)
     off = LLM(path, device="cpu", max_num_batched_tokens=budget, enable_prefix_caching=False)
     rng = random.Random()
@@ -116,7 +121,7 @@ def _assert_byte_identical(first, second):
 
 @pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
 def test_same_prompt_twice_hits_and_is_byte_identical(arch, checkpoint_factory):
-    llm = LLM(checkpoint_factory(arch), device="cpu", max_num_batched_tokens=64)
+    llm = LLM(_checkpoint(checkpoint_factory, arch), device="cpu", max_num_batched_tokens=64)
     rng = random.Random()
     prompt = [rng.randrange(300) for _ in range(rng.randint(130, 190))]
     for params in (SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=3),
@@ -158,7 +163,7 @@ def test_demo_model_follow_up_turn_reuses_the_first(demo_llm):
 
 @pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
 def test_eight_chats_sharing_a_long_history_recompute_only_their_last_message(arch, checkpoint_factory):
-    path = checkpoint_factory(arch)
+    path = _checkpoint(checkpoint_factory, arch)
     on = LLM(path, device="cpu", max_model_len=1024)
     off = LLM(path, device="cpu", max_model_len=1024, enable_prefix_caching=False)
     tok = on.get_tokenizer()
@@ -241,7 +246,7 @@ def test_eviction_with_few_blocks_and_two_snapshot_slots_keeps_outputs_correct(c
 
 
 def test_two_interleaved_conversations_sharing_a_system_prompt(checkpoint_factory):
-    path = checkpoint_factory("qwen3.5-moe")
+    path = _checkpoint(checkpoint_factory, "qwen3.5-moe")
     on = LLM(path, device="cpu", max_num_batched_tokens=64)
     off = LLM(path, device="cpu", enable_prefix_caching=False)
     rng = random.Random()
