@@ -223,22 +223,95 @@ def test_a_diverging_request_restores_from_the_furthest_snapshot_inside_its_cach
     assert plan.chunks[0].start == 20 and len(plan.restores) == 1
 
 
-def test_a_follow_up_turn_runs_in_one_pass_and_sent_again_replays_that_pass():
+def _unaligned_prompt(rng, low, high, max_tokens):
+    """Random ids whose request ends inside a block: prompt plus all its output tokens but the last."""
+    while True:
+        prompt = [rng.randrange(1000) for _ in range(rng.randint(low, high))]
+        if (len(prompt) + max_tokens - 1) % BS:
+            return prompt
+
+
+def test_a_follow_up_turn_restores_from_the_tail_of_the_turn_before_in_one_pass():
     sched = _scheduler(budget=256)
     rng = random.Random()
-    first = [rng.randrange(1000) for _ in range(rng.randint(30, 40))]
-    plans = _run(sched, _request(first, "turn1", max_tokens=6))  # decode saves the state at block boundaries
-    restore_point = (len(first) + 6 - 1) // BS * BS  # the last boundary the reply's decode reached
+    first = _unaligned_prompt(rng, 30, 40, 6)
+    _run(sched, _request(first, "turn1", max_tokens=6))
+    tail_end = len(first) + 5  # the reply's last token was sampled, never computed
+    ((state_slot, snapshot_slot),) = sched.prefix_cache.take_state_saves()
     follow_up = first + [7] * 6 + [rng.randrange(1000) for _ in range(rng.randint(9, 30))]
     boundary = (len(follow_up) - 1) // BS * BS
     for name in ("turn2", "turn2 again"):
         request = _request(follow_up, name, capture_points=[len(first) + 6])
-        plans = _run(sched, request)
-        assert [(c.start, c.end) for c in plans[0].chunks] == [(restore_point, len(follow_up))]
-        assert request.num_cached_tokens == restore_point < boundary
-        # the pass saved the boundary and the message start all the same; sent again, it still cuts at
-        # the restore point, whose snapshot outlived the decode captures
+        sched.add(request)
+        plan = sched.schedule()
+        assert [(c.start, c.end) for c in plan.chunks] == [(tail_end, len(follow_up))]
+        assert request.num_cached_tokens == tail_end < boundary
+        (restore,), (copy,) = plan.restores, plan.block_copies
+        assert restore.snapshot_slot == snapshot_slot and restore.at_replay_point
+        shared = tail_end // BS
+        assert len(request.block_ids) == -(-len(follow_up) // BS) and copy.index == shared
+        assert copy.pair == (request.tail_source, request.block_ids[shared]) and copy.source not in request.block_ids
+        assert sched.blocks.ref_counts[copy.source] == 1  # held while the request runs
+        for chunk in plan.chunks:
+            chunk.request.num_computed_tokens = chunk.end
+        sched.step_done(plan)
+        while sched.has_unfinished():
+            _step(sched)
+        assert request.tail_source is None and sched.blocks.ref_counts[copy.source] == 0
+        # the pass saved the boundary and the message start all the same; sent again, it restores from
+        # the same tail, whose block and snapshot outlived the decode captures and its own tail
         assert sched.prefix_cache.snapshots.find(chain_hashes(follow_up, BS)[boundary // BS - 1]) is not None
+    assert sched.blocks.num_used == 0 and sched.prefix_cache.snapshots.num_referenced == 0
+
+
+def test_a_tail_serves_only_prompts_that_continue_it_and_its_eviction_falls_back_to_the_boundary():
+    sched = _scheduler(num_blocks=24, budget=256)
+    rng = random.Random()
+    first = _unaligned_prompt(rng, 30, 40, 4)
+    _run(sched, _request(first, "turn1", max_tokens=4))
+    tail_end = len(first) + 3
+    floor = tail_end // BS * BS
+    tokens = first + [7] * 4
+    # Diverging inside the tail: the snapshot at the boundary before it.
+    diverging = tokens[: tail_end - 1] + [5000] + [rng.randrange(1000) for _ in range(8)]
+    for prompt, expected in ((diverging, floor), (tokens + [1, 2, 3], tail_end)):
+        request = _request(prompt, f"r{expected}", max_tokens=1)
+        sched.add(request)
+        plan = _step(sched)
+        assert request.num_cached_tokens == expected and bool(plan.block_copies) == (expected == tail_end)
+        while sched.has_unfinished():
+            _step(sched)
+    # Other prompts fill the cache: the tail block goes, and the boundary's snapshot serves again.
+    for i in range(3):
+        _run(sched, _request([rng.randrange(1000) for _ in range(60)], f"other{i}", max_tokens=1))
+    request = _request(tokens + [9, 9, 9], "late", max_tokens=1)
+    sched.add(request)
+    plan = _step(sched)
+    assert request.num_cached_tokens < tail_end and not plan.block_copies
+
+
+def test_abort_leaves_no_tail_and_attention_only_tails_need_no_snapshot():
+    sched = _scheduler()
+    rng = random.Random()
+    first = _unaligned_prompt(rng, 30, 40, 3)
+    request = _request(first, "aborted", max_tokens=3)
+    sched.add(request)
+    _step(sched)
+    _step(sched)
+    sched.finish(request, "abort")
+    assert sched.prefix_cache.take_state_saves() == []
+    follow = first + [7, 7, 1, 2]
+    again = _request(follow, "again", max_tokens=1)
+    sched.add(again)
+    assert not _step(sched).block_copies and again.num_cached_tokens % BS == 0
+
+    sched = _scheduler(hybrid=False)
+    _run(sched, _request(first, "turn1", max_tokens=3))
+    follow_up = _request(first + [7, 7, 7, 5, 6], "turn2", max_tokens=1)
+    sched.add(follow_up)
+    plan = _step(sched)
+    assert follow_up.num_cached_tokens == len(first) + 2 and len(plan.block_copies) == 1 and not plan.restores
+    assert sched.prefix_cache.take_state_saves() == []
 
 
 def test_a_request_restored_far_below_its_end_still_cuts_at_its_last_boundary():

@@ -161,6 +161,33 @@ def test_demo_model_follow_up_turn_reuses_the_first(demo_llm):
     _assert_same([warm], [cold])
 
 
+@pytest.mark.parametrize("arch,async_scheduling", [("qwen3.5", True), ("qwen3.5-moe", False), ("llama", True)])
+def test_a_follow_up_turn_restores_from_the_end_of_the_reply(arch, async_scheduling, checkpoint_factory):
+    path = _checkpoint(checkpoint_factory, arch)
+    on = LLM(path, device="cpu", max_num_batched_tokens=64, async_scheduling=async_scheduling)
+    off = LLM(path, device="cpu", enable_prefix_caching=False)
+    rng = random.Random()
+    new_tokens = lambda: [rng.randrange(300) for _ in range(rng.randint(3, 20))]  # noqa: E731
+    prompt = [rng.randrange(300) for _ in range(rng.randint(40, 70))]
+    reply = on.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    # Its last token was sampled, not computed: the turn before cached everything up to it.
+    follow_up = prompt + reply + new_tokens()
+    warm, again = (on.generate([follow_up], GREEDY)[0] for _ in range(2))
+    assert warm.num_cached_tokens == again.num_cached_tokens == len(prompt) + len(reply) - 1
+    _assert_same([warm], off.generate([follow_up], GREEDY))
+    _assert_byte_identical(warm, again)
+    # Stopped by a token: with asynchronous scheduling the row after it ran before the stop was known,
+    # and that row counts too (its input was the stop token).
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, stop_token_ids=[reply[3]])
+    stop_at = reply.index(reply[3])
+    on.generate([prompt], params)
+    follow_up = prompt + reply[: stop_at + 1] + new_tokens()
+    (warm,), (cold,) = on.generate([follow_up], GREEDY), off.generate([follow_up], GREEDY)
+    assert warm.num_cached_tokens == len(prompt) + stop_at + async_scheduling
+    _assert_same([warm], [cold])
+    _pools_are_clean(on)
+
+
 @pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
 def test_eight_chats_sharing_a_long_history_recompute_only_their_last_message(arch, checkpoint_factory):
     path = _checkpoint(checkpoint_factory, arch)
@@ -209,7 +236,9 @@ def test_snapshots_mid_chunk_at_chunk_edges_at_zero_and_at_the_last_token(checkp
             torch.testing.assert_close(snapshots.conv[layer][slot], state.conv[layer][0], rtol=1e-4, atol=1e-5)
     # A prompt that ends on a block boundary saves the state at its end, and each point restores exactly
     # where it was saved, to the same tokens as a cold run.
-    jobs = [(tokens[:position] + [rng.randrange(300) for _ in range(5)], []) for position in expected]
+    # (Each job leaves the text at `position`: none continues the tail the run above left at 113.)
+    jobs = [(tokens[:position] + [(tokens[position] + rng.randrange(1, 300)) % 300]
+             + [rng.randrange(300) for _ in range(4)], []) for position in expected]
     jobs.append((tokens[:64] + [rng.randrange(300) for _ in range(64)], []))  # 128 tokens, a multiple of 16
     warm = _run(on, jobs)
     assert [o.num_cached_tokens for o in warm] == expected + [64]

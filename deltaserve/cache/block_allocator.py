@@ -4,7 +4,9 @@ Pure Python; the tensors live in KVPool.
 A full block whose contents are known can be registered under its prefix hash (block_hash.py).
 Another sequence with the same prefix then shares it (one more reference) instead of computing it
 again. A registered block nobody references stays cached: it counts as free, and is reused (its
-hash forgotten) only when no never-registered block is left, least recently used first.
+hash forgotten) only when no never-registered block is left, least recently used first. A finished
+sequence's partly filled last block can be registered too, under its tail name: it is never shared,
+only copied from (prefix_cache.py).
 """
 
 from __future__ import annotations
@@ -100,6 +102,10 @@ class BlockAllocator:
                 self._free.append(old)
         self._block_of[block_hash] = block
         self._hash_of[block] = block_hash
+
+    def find(self, block_hash: BlockHash) -> int | None:
+        """The block registered under `block_hash`, if any; takes no reference."""
+        return self._block_of.get(block_hash)
 
     def cached_prefix(self, hashes: Sequence[BlockHash]) -> list[int]:
         """The blocks caching the longest run hashes[0], hashes[1], ...; takes no references."""

@@ -31,6 +31,17 @@ def hash_bytes(parent: BlockHash | None, token_bytes: bytes) -> BlockHash:
     return _hash((parent or b"") + token_bytes, _SEED)
 
 
+# Prefixed to a tail's bytes: their length is then 4 more than a multiple of 8, which a full block's
+# never is, so no tail and full block hash the same bytes.
+_TAIL = b"tail"
+
+
+def tail_name(parent: BlockHash | None, token_bytes: bytes) -> BlockHash:
+    """The name of a partly filled block holding `token_bytes` (int64 ids, fewer than a block) after
+    the prefix named `parent`."""
+    return _hash(_TAIL + (parent or b"") + token_bytes, _SEED)
+
+
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
     return hash_bytes(parent, array("q", token_ids).tobytes())
 

@@ -15,3 +15,10 @@ class KVPool:
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * block_size * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """(source, destination): copies every layer's K and V of each source block into the destination."""
+        source, dest = zip(*pairs)
+        views = [(pool[d], pool[s]) for pools in (self.k, self.v) for pool in pools.values()
+                 for s, d in zip(source, dest)]
+        torch._foreach_copy_([d for d, _ in views], [s for _, s in views])  # one launch for every layer

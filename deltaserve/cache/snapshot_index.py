@@ -96,6 +96,12 @@ class SnapshotIndex:
         if slot is not None and slot in self._lru:
             self._lru.move_to_end(slot, last=False)
 
+    def promote(self, block_hash: BlockHash) -> None:
+        """Makes the snapshot of `block_hash` the last to evict."""
+        slot = self._slot_of.get(block_hash)
+        if slot is not None and slot in self._lru:
+            self._lru.move_to_end(slot)
+
     def clear(self) -> None:
         """Forgets every ready snapshot that no restore holds."""
         for slot in list(self._lru):

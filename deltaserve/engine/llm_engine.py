@@ -226,6 +226,7 @@ class LLMEngine:
                 continue
             self._take_token(request, chunk.end, token, logprobs[i] if logprobs else None)
             touched[self._owner[request].request_id] = self._owner[request]
+        self.runner.save_states(self.scheduler.take_state_saves())  # the tails of requests that finished
 
     def _record_prompt_logprobs(self, found: dict) -> None:
         for request, (first, entries) in found.items():

@@ -18,6 +18,11 @@ what each step computed; the ModelRunner moves the tensors.
   and one block before it, the start of each message (`Request.capture_points`, floored to a
   block), every `snapshot_interval` tokens, and each block boundary reached at the end of a step
   once the prompt is done (decode).
+- Tails: a request that finishes (stop or length) leaves its partly filled last block cached under
+  a tail name (block_hash.tail_name) and, for a hybrid model, a snapshot of its state at its very end
+  under the same name. The next turn of a conversation resends that request's tokens: its hit ends
+  there instead of at the block boundary before, and it copies the tail block's rows into a block of
+  its own (tails are never shared, so no one writes into a cached block).
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from deltaserve.cache.block_allocator import BlockAllocator
-from deltaserve.cache.block_hash import BlockHash, chain_hashes_of_bytes, hash_bytes
+from deltaserve.cache.block_hash import BlockHash, chain_hashes_of_bytes, hash_bytes, tail_name
 from deltaserve.cache.recent_chains import RecentChains
 from deltaserve.cache.snapshot_index import SnapshotIndex
 from deltaserve.engine.request import Request
-from deltaserve.engine.step_plan import SnapshotCapture, SnapshotRestore, StepPlan
+from deltaserve.engine.step_plan import BlockCopy, SnapshotCapture, SnapshotRestore, StepPlan
 
 
 # The name of a capture planned while the last token of its block was still on the device (asynchronous
@@ -49,11 +54,17 @@ MAX_REPLAY_RECORDS = 65536
 
 @dataclass
 class PrefixHit:
-    blocks: list[int]  # cached KV blocks the request shares, covering [0, num_tokens)
-    num_tokens: int  # the request restarts from here (block-aligned, < its length)
+    blocks: list[int]  # cached KV blocks the request shares, the full ones of [0, num_tokens)
+    num_tokens: int  # the request restarts from here (< its length; block-aligned unless a tail)
     snapshot_slot: int | None  # the GDN state after num_tokens tokens (hybrid models, num_tokens > 0)
     replay_point: int  # the request's last prefill pass starts here
     prompt_key: BlockHash  # the hash of the whole prompt, under which the replay point is recorded
+    tail_block: int | None = None  # a cached tail holding the rows of [len(blocks) * block, num_tokens)
+
+    @property
+    def held_blocks(self) -> list[int]:
+        """The cached blocks admitting the request references."""
+        return self.blocks if self.tail_block is None else [*self.blocks, self.tail_block]
 
 
 class PrefixCache:
@@ -67,6 +78,7 @@ class PrefixCache:
         self.num_hits = 0  # tokens found
         self.replay_points: OrderedDict[BlockHash, int] = OrderedDict()
         self.recent = RecentChains(block_size)  # names of sequences let go, for the next turn's prompt
+        self.state_saves: list[tuple[int, int]] = []  # (state slot, snapshot slot) of tails, for the runner
 
     def last_boundary(self, num_tokens: int) -> int:
         """The last block boundary strictly below num_tokens: a cold request's replay point."""
@@ -93,25 +105,49 @@ class PrefixCache:
         recorded = self.replay_points.get(key)
         limit = boundary if recorded is None else recorded
         blocks = self.blocks.cached_prefix(hashes[: limit // self.block_size])
-        slot = None
-        if self.snapshots is not None:
-            count = len(blocks)
-            while count and (slot := self.snapshots.find(hashes[count - 1])) is None:
-                count -= 1
-            blocks = blocks[:count]
-        start = len(blocks) * self.block_size
+        tail = self._find_tail(request, hashes, len(blocks), request.num_tokens - 1 if recorded is None else recorded)
+        slot = tail_block = None
+        if tail is not None:
+            tail_block, start, slot = tail
+        else:
+            if self.snapshots is not None:
+                count = len(blocks)
+                while count and (slot := self.snapshots.find(hashes[count - 1])) is None:
+                    count -= 1
+                blocks = blocks[:count]
+            start = len(blocks) * self.block_size
         if recorded is not None:
             replay = recorded
         else:
             replay = start if 0 < start and boundary - start <= ONE_PASS_MAX_TOKENS else boundary
-        return PrefixHit(blocks, start, slot, replay, key)
+        return PrefixHit(blocks, start, slot, replay, key, tail_block)
+
+    def _find_tail(self, request: Request, hashes: list[BlockHash], count: int, end: int):
+        """The longest cached tail continuing the run of `count` cached blocks within the request's
+        tokens up to `end`: (its block, where it ends, its snapshot slot), or None."""
+        start = count * self.block_size
+        longest = min(self.block_size - 1, end - start)
+        if longest <= 0:
+            return None
+        parent = hashes[count - 1] if count else None
+        data = request.token_bytes(start, start + longest)
+        for length in range(longest, 0, -1):
+            name = tail_name(parent, data[: length * 8])
+            block = self.blocks.find(name)
+            slot = None if self.snapshots is None else self.snapshots.find(name)
+            if block is not None and (slot is not None or self.snapshots is None):
+                return block, start + length, slot
+        return None
 
     def admit(self, request: Request, hit: PrefixHit, plan: StepPlan) -> None:
         """Takes the hit's references and starts the request from it. Its state slot is allocated."""
         self.num_queries += request.num_tokens
         self.num_hits += hit.num_tokens
-        self.blocks.incref(hit.blocks)
+        self.blocks.incref(hit.held_blocks)
         request.block_ids = list(hit.blocks)
+        if hit.tail_block is not None:  # held until the request stops: sent again, it needs the tail too
+            request.tail_source = hit.tail_block
+            plan.block_copies.append(BlockCopy(request, hit.tail_block, len(hit.blocks)))
         request.num_registered_blocks = len(hit.blocks)
         request.num_computed_tokens = hit.num_tokens
         if request.num_preemptions == 0:
@@ -138,7 +174,7 @@ class PrefixCache:
         points = {replay, boundary, boundary - size}
         points.update(offset // size * size for offset in request.capture_points)
         points.update(range(self.snapshot_step, length, self.snapshot_step))
-        return sorted(p for p in points if 0 < p < length)
+        return sorted(p for p in points if 0 < p < length and p % size == 0)  # a tail's end is no capture point
 
     # -- each step --------------------------------------------------------------------------------
     def plan_captures(self, plan: StepPlan) -> None:
@@ -210,6 +246,41 @@ class PrefixCache:
         if restore.snapshot_slot in restore.request.snapshot_refs:
             del restore.request.snapshot_refs[restore.snapshot_slot]
             self.snapshots.release(restore.snapshot_slot)
+
+    def save_tail(self, request: Request) -> None:
+        """A request finished (stop or length), before its blocks are freed: caches its partly filled
+        last block under its tail name and, for a hybrid model, queues a copy of its state slot, which
+        holds the state after exactly its computed tokens, into a snapshot of that name (`state_saves`:
+        the engine hands them to the runner before any later step can reuse the state slot). In
+        asynchronous scheduling a row run after the last token was read back counts as computed: its
+        input was that token, so the state and KV cover it too."""
+        end, size = request.num_computed_tokens, self.block_size
+        index = end // size
+        if (end % size == 0 or end > request.num_tokens - request.num_pending_tokens
+                or index >= len(request.block_ids) or (self.snapshots is not None and request.state_slot is None)):
+            return
+        name = self._name_at(request, end)
+        if self.snapshots is not None and self.snapshots.find(name) is None:
+            if request.replay_point:  # sent again, it restores there: that and the tail are evicted last
+                self.snapshots.promote(self._name_at(request, request.replay_point))
+            slot = self.snapshots.reserve()
+            if slot is None:
+                return
+            self.snapshots.commit(slot, name)
+            self.state_saves.append((request.state_slot, slot))
+        self.blocks.register(request.block_ids[index], name)
+
+    def _name_at(self, request: Request, position: int) -> BlockHash:
+        """The name of the request's prefix [0, position): its block's, or a tail's inside a block."""
+        index = position // self.block_size
+        hashes = self.block_hashes(request, index)
+        if position % self.block_size == 0:
+            return hashes[index - 1]
+        return tail_name(hashes[index - 1] if index else None, request.token_bytes(index * self.block_size, position))
+
+    def take_state_saves(self) -> list[tuple[int, int]]:
+        saves, self.state_saves = self.state_saves, []
+        return saves
 
     def release(self, request: Request) -> None:
         """The request stops (finished, aborted, failed or preempted): drops its snapshot references

@@ -49,6 +49,7 @@ class Request:
     snapshot_positions: list[int] = field(default_factory=list)  # block-aligned prefill capture points
     snapshot_refs: dict[int, bytes | None] = field(default_factory=dict)  # slot -> hash (capture) or None (restore)
     last_decode_snapshot: bytes | None = None
+    tail_source: int | None = None  # the cached tail block its hit copied from, held until it stops
 
     @property
     def num_prompt_tokens(self) -> int:

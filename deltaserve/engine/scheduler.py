@@ -43,8 +43,11 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def finish(self, request: Request, reason: str, stop_reason=None) -> None:
-        """Marks a request finished (also when aborted or failed) and returns what it holds."""
+        """Marks a request finished (also when aborted or failed) and returns what it holds. One that
+        ran to its end leaves its tail in the prefix cache."""
         if request in self.running:
+            if self.prefix_cache is not None and reason != "abort":
+                self.prefix_cache.save_tail(request)
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
@@ -56,6 +59,9 @@ class Scheduler:
     def _release(self, request: Request) -> None:
         self.blocks.free(reversed(request.block_ids))  # tail first: cached tails are evicted before heads
         request.block_ids = []
+        if request.tail_source is not None:  # freed last: the most recently used, the last to evict
+            self.blocks.free([request.tail_source])
+            request.tail_source = None
         if self.prefix_cache is not None:
             self.prefix_cache.release(request)
         if request.state_slot is not None:
@@ -95,7 +101,7 @@ class Scheduler:
             count = self._chunk_size(request, start, budget, hit.replay_point if hit else request.replay_point)
             shared = hit.blocks if hit else []
             missing = max(0, -(-(start + count) // self.block_size) - len(request.block_ids) - len(shared))
-            if not self.blocks.can_allocate(missing + self.blocks.num_unreferenced(shared)):
+            if not self.blocks.can_allocate(missing + self.blocks.num_unreferenced(hit.held_blocks if hit else [])):
                 return
             if self.slots is not None and request.state_slot is None:
                 request.state_slot = self.slots.allocate()
@@ -154,6 +160,11 @@ class Scheduler:
         """The plan's step ran and its requests' num_computed_tokens are advanced; nothing finished yet."""
         if self.prefix_cache is not None:
             self.prefix_cache.commit(plan)
+
+    def take_state_saves(self) -> list[tuple[int, int]]:
+        """(state slot, snapshot slot) copies owed by requests that finished since the last call: they
+        must be queued before any later step, which may hand those state slots to other requests."""
+        return self.prefix_cache.take_state_saves() if self.prefix_cache is not None else []
 
     def reset_prefix_cache(self) -> None:
         if self.prefix_cache is not None:

@@ -33,6 +33,20 @@ class SnapshotRestore:
 
 
 @dataclass
+class BlockCopy:
+    """Before the step: copy KV block `source` (a cached tail) into the request's block `index`, whose
+    first rows the request restores from it (a prefix-cache hit that ends inside a block)."""
+
+    request: Request
+    source: int
+    index: int
+
+    @property
+    def pair(self) -> tuple[int, int]:
+        return self.source, self.request.block_ids[self.index]
+
+
+@dataclass
 class SnapshotCapture:
     """Save the request's GDN state after its first `position` tokens into `snapshot_slot`, where
     chunk.start < position <= chunk.end: inside the chunk the kernels write it at that row; at the
@@ -55,6 +69,7 @@ class StepPlan:
     admitted: list[Request] = field(default_factory=list)  # requests that start (or restart) this step
     restores: list[SnapshotRestore] = field(default_factory=list)
     captures: list[SnapshotCapture] = field(default_factory=list)
+    block_copies: list[BlockCopy] = field(default_factory=list)
 
     @property
     def is_decode(self) -> bool:

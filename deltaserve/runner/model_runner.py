@@ -101,9 +101,12 @@ class ModelRunner:
         return LaunchedStep(plan, self.sampler.sample_on_device(logits, [c.request for c in plan.chunks]))
 
     def _prepare_states(self, plan: StepPlan, restores: list[tuple[int, int]]) -> None:
-        """Zeroes the state slots of sequences starting from their first token and copies the restored
-        snapshots `restores` (snapshot slot, state slot) into theirs (a one-token prompt, or one restored
-        to its last token, makes a plan that looks like decode)."""
+        """Copies the cached tails that hits restore from into the requests' own blocks, zeroes the
+        state slots of sequences starting from their first token and copies the restored snapshots
+        `restores` (snapshot slot, state slot) into theirs (a one-token prompt, or one restored to its
+        last token, makes a plan that looks like decode)."""
+        if plan.block_copies and self.kv_pool is not None:
+            self.kv_pool.copy_blocks([c.pair for c in plan.block_copies])
         if self.state_pool is not None:
             self.state_pool.reset(plan.reset_state_slots)
         if self.snapshots is not None:
@@ -123,6 +126,12 @@ class ModelRunner:
             targets = request.prompt_token_ids[chunk.start + 1 : last + 1]
             found[request] = (chunk.start + 1, prompt_logprob_entries(logits, targets, top))
         return found
+
+    @torch.inference_mode()
+    def save_states(self, pairs: list[tuple[int, int]]) -> None:
+        """(state slot, snapshot slot): saves finished sequences' states, queued behind every step so far."""
+        if pairs:
+            self.snapshots.save(pairs, self.state_pool)
 
     def _save_snapshots(self, plan: StepPlan) -> None:
         if self.snapshots is not None:
