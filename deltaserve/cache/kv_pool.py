@@ -1,5 +1,10 @@
 """KVPool: one K and one V tensor per attention layer, `[num_blocks, block_size, kv_heads, head_dim]`.
-Allocated once at start-up; their addresses never move."""
+Allocated once at start-up; their addresses never move.
+
+Every layer's K and V are views into one tensor `[2, layers, num_blocks, ...]`, so copying a block of
+all of them (a prefix-cache tail, copied into the block of the request that continues it) is one
+strided copy rather than one launch per layer: 40 views and a foreach copy took 0.37 ms of host time
+before a 35B-A3B follow-up turn's prefill on the H200."""
 
 import torch
 
@@ -8,9 +13,10 @@ class KVPool:
     def __init__(self, layer_ids: list[int], num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
         self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (num_blocks, block_size, kv_heads, head_dim)
-        self.k = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layer_ids}
-        self.v = {i: torch.zeros(shape, dtype=dtype, device=device) for i in layer_ids}
+        self.kv = torch.zeros((2, len(layer_ids), num_blocks, block_size, kv_heads, head_dim), dtype=dtype,
+                              device=device)
+        self.k = {layer: self.kv[0, i] for i, layer in enumerate(layer_ids)}
+        self.v = {layer: self.kv[1, i] for i, layer in enumerate(layer_ids)}
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -18,7 +24,5 @@ class KVPool:
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """(source, destination): copies every layer's K and V of each source block into the destination."""
-        source, dest = zip(*pairs)
-        views = [(pool[d], pool[s]) for pools in (self.k, self.v) for pool in pools.values()
-                 for s, d in zip(source, dest)]
-        torch._foreach_copy_([d for d, _ in views], [s for _, s in views])  # one launch for every layer
+        for source, dest in pairs:
+            self.kv[:, :, dest].copy_(self.kv[:, :, source])
