@@ -119,32 +119,29 @@ def compare(shape: str, suffix: str = "") -> dict:
 
 PREFIX_TARGET = 10.0  # warm follow-up turn at least this many times faster than cold
 PREFIX_NOTES = [
-    "The warm follow-up turn restores the snapshot its first turn saved during decode at 8240 and recomputes "
-    "80 tokens (16 of the reply, the new 64-token message) in one pass: a request restored near its end "
-    "replays from its restore point, recorded so that sending it again cuts at the same place. The pass is "
-    "replayed as a CUDA graph (the 96-row rung of the prefill graphs), the snapshot's restore its first "
-    "node; run eagerly it took 0.057 / 0.040 s, bound by the host's launches. Warm and cold are medians of "
-    "five runs on fresh prompts; two runs of commit 9263d26 gave 9.79x and 9.87x "
-    "(prefix_cache_qwen3.5-35b-a3b.json, ..._second_run.json; cold 0.1909 / 0.1905 s, warm 19.5 / 19.3 ms). "
-    "Two runs of the earlier commit 0139e36, on another machine of the same kind, gave 9.97x and 10.02x "
-    "(cold 0.1884 s): the cold turn alone moved 1.3% between machines, as much as this round's host savings.",
-    "Where its 19 ms go (profile_qwen3.5-35b-a3b.json): 17.7 ms of kernels, of which the expert GEMMs are "
-    "13.1 ms, the time to read the experts 80 tokens touch (about 236 of 257 per layer, at ~4.5 TB/s; "
-    "the graph's 16 padding rows route to none); dense GEMMs 1.2 ms (cuBLAS at about half the bandwidth at "
-    "96 rows; a tall-tile skinny GEMM was no faster, skinny_gemm_tall.json); the GDN kernels 1.4 ms (16-row "
-    "chunks; the snapshot kernel's 30 launches 0.2 ms of it); paged attention 0.57 ms; sorting the expert "
-    "pairs 0.28 ms; the LM head 0.23 ms. The host takes about 0.8 ms before the graph starts (prompt "
-    "validation 0.19, the lookup and the plan 0.3, loading the step buffers 0.2, the launch 0.03; the "
-    "snapshot restore, 0.16 ms launched from the host, is inside the graph now) and about 0.25 ms after "
-    "(warm_timelines, measured before the profiler attaches).",
-    "10x asks for 19.09 ms against the 0.1909 s cold turn; the two runs measured 19.5 and 19.3 ms.",
-    "same_first_token is false: in bf16 on random weights the warm turn (one 96-row pass) and the cold one "
-    "(8192, 112 and 16-row passes) round differently and the top two logits are close. Exactness holds for "
-    "the same request sent again: gpu_correctness.json checks it byte for byte, with graphs, on every "
-    "architecture.",
+    "The warm follow-up turn restores from the tail its first turn left when it finished: the state after "
+    "8255 tokens (the 8k history and the reply up to its last token, which was sampled but never computed) "
+    "and the 15 rows of the partly filled block holding its end, copied into a block of the new request's own. "
+    "It recomputes 65 tokens (the last token of the reply and the new 64-token message) in one pass, replayed "
+    "as a CUDA graph (the 80-row rung of the prefill graphs), the snapshot's restore its first node; the block "
+    "copy is one strided copy launched before it. Restoring at the last block boundary instead, 8240, "
+    "recomputed 80 tokens and took 19.3-19.5 ms (9.79x and 9.87x at commit 9263d26).",
+    "Warm and cold are medians of five runs on fresh prompts. Two runs of commit 1ce1a2a on one machine gave "
+    "10.40x and 10.35x (prefix_cache_qwen3.5-35b-a3b.json, ..._second_run.json; cold 0.1883 / 0.1874 s, warm "
+    "18.1 / 18.1 ms); two runs of 746ed71 (before the block copy became one launch) on another gave 10.29x and "
+    "10.32x (cold 0.1894 / 0.1878 s, warm 18.4 / 18.2 ms). The cold turn moved about 1% between machines.",
+    "Where the warm pass's time goes (profile_qwen3.5-35b-a3b.json): the expert GEMMs read the experts that 65 "
+    "tokens touch, at about the bandwidth floor; with 80 tokens they took 13.1 of 17.7 ms of kernels, with 65 "
+    "12.4 of 16.9 ms. The rest is dense GEMMs (~1.3 ms, cuBLAS at about half the bandwidth at these row "
+    "counts), the GDN kernels (~1.4 ms), paged attention over the 8k history (~0.5 ms), the MoE bookkeeping "
+    "(~0.57 ms) and the LM head (0.23 ms). The host takes about 0.8 ms before the graph starts (prompt "
+    "validation, the lookup and the plan, loading the step buffers) and about 0.2 ms after the token.",
+    "same_first_token compares the warm turn's token with the cold turn's, which computes the tail in other "
+    "passes (8192, 112 and 16 rows): in bf16 on random weights the top two logits are close and they may "
+    "differ. Exactness holds for the same request sent again: gpu_correctness.json checks it byte for byte, "
+    "with graphs, on every architecture.",
     "Eight requests sharing a 2k prefix: each restores the prefix and runs its 64-token ending, all eight "
-    "in one eager pass, bound by the host's launches (warm 0.061 and 0.046 s in the two runs, 0.040 s in "
-    "the earlier ones): 3.3x and 4.3x.",
+    "in one eager pass, bound by the host's launches (warm 0.041 and 0.038 s in the two runs): 4.8x and 5.2x.",
 ]
 
 
