@@ -615,11 +615,13 @@ def gdn_prefill_sweep(seq_len: int):
         ref_pool = pool.clone()
         expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
         res = {"shape": f"one {seq_len}-token prompt", "configs": []}
-        configs = [(32, 4, 2, "tf32"), (16, 4, 2, "tf32"), (64, 4, 2, "tf32"), (32, 8, 2, "tf32"), (64, 8, 2, "tf32"),
-                   (32, 4, 1, "tf32"), (16, 4, 3, "tf32"), (32, 4, 2, "tf32x3"), (32, 8, 2, "tf32x3"),
-                   (32, 4, 2, "bf16x3")]
-        for bv, warps, stages, precision in configs[:2] if SMOKE else configs:
-            tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, precision=precision)
+        # (block_v, warps, stages, precision, the output on the state kernel's path or in its own kernel)
+        configs = [(32, 4, 2, "tf32", False), (32, 4, 2, "tf32", True), (32, 8, 2, "tf32", True),
+                   (16, 4, 2, "tf32", True), (16, 8, 2, "tf32", True), (16, 4, 3, "tf32", True),
+                   (64, 8, 1, "tf32", True), (32, 8, 3, "tf32", True), (32, 8, 1, "tf32", True),
+                   (16, 4, 1, "tf32", True)]
+        for bv, warps, stages, precision, split in configs[:2] if SMOKE else configs:
+            tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, precision=precision, split_output=split)
             cfg = dict(tiles)
             try:
                 p = pool.clone()

@@ -131,12 +131,16 @@ def cases():
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
         yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, dict(inputs, **ints),
                dict(heads, BV=32, BLOCK_B=16, SUB=16, PRECISION="tf32x3", INVERSE_PRECISION="tf32"), 4, 1)
+        split = chunk == gdn.CHUNK  # the long passes take the output off the state kernel's path
         for captures in (False, True):
             yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}", gdn._chunk_state_kernel,
-                   dict(inputs, **ints), dict(heads, BV=bv, HAS_CAPTURES=captures, LOOP_FOR=True, PRECISION="tf32"),
-                   4, 2)
+                   dict(inputs, **ints), dict(heads, BV=bv, BLOCK_B=16, HAS_CAPTURES=captures, SPLIT_OUTPUT=split,
+                                              LOOP_FOR=True, PRECISION="tf32"), 4, 2)
         yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
-               dict(heads, BV=bv, PRECISION="tf32"), 4, 1)
+               dict(heads, BV=bv, U_IS_V_NEW=split, PRECISION="tf32"), 4, 1)
+    yield ("gdn_chunk_output", gdn._chunk_output_kernel, dict(inputs, **ints),
+           dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
+                PRECISION="tf32"), 4, 2)
 
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
 

@@ -16,6 +16,9 @@ and, carrying the state S [Dk, Dv] from chunk to chunk:
 2. `_chunk_state_kernel`, one program per (sequence, value head, tile of BV state columns): reads its
    state tile from `h_pool[state_slots[b]]`, runs the sequence's chunks in order, writes o, and writes
    the state back in place. For a chunk holding capture rows it also keeps the state before the chunk.
+   Long passes split the output off this serial path: the kernel keeps the state before every chunk
+   and writes v_new over u, and `_chunk_output_kernel`, one program per (chunk, value head, tile), then
+   computes o = exp(G) q S + Aqk v_new for every chunk at once.
 3. `_chunk_snapshot_kernel`, one program per (capture row r, value head, tile), only when there are
    captures: exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before
    the chunk: the state after r, taken without ending the chunk (the state kernel's loop stays free of
@@ -32,6 +35,7 @@ import triton.language as tl
 from deltaserve.kernels.capture_rows import capture_tables
 
 CHUNK = 64
+OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel
 
 
 @triton.jit
@@ -50,6 +54,16 @@ def _chunk_of(cid, query_start_loc, num_seqs, CHUNK: tl.constexpr, BLOCK_B: tl.c
     row0 = tl.sum(tl.where(at, starts, 0), 0) + (cid - first_chunk) * CHUNK
     rows = tl.minimum(tl.sum(tl.where(at, ends, 0), 0) - row0, CHUNK)
     return row0, rows, found
+
+
+@triton.jit
+def _first_chunk(seq, query_start_loc, num_seqs, CHUNK: tl.constexpr, BLOCK_B: tl.constexpr):
+    """The global index of sequence `seq`'s first chunk (the chunks of the sequences before it)."""
+    lanes = tl.arange(0, BLOCK_B)
+    before = lanes < seq
+    starts = tl.load(query_start_loc + lanes, mask=before, other=0)
+    ends = tl.load(query_start_loc + 1 + lanes, mask=before, other=0)
+    return tl.sum((ends - starts + CHUNK - 1) // CHUNK, 0)
 
 
 @triton.jit
@@ -151,12 +165,13 @@ def _normalized_rows(x, t, live, head_offset, offs_k, mask_k, stride_t):
 
 
 @triton.jit
-def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_state, cap_record, cap_row0, state,
-                row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
+def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, cap_record,
+                cap_row0, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
                 stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale,
                 HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, CHUNK: tl.constexpr,
-                HAS_CAPTURES: tl.constexpr, PRECISION: tl.constexpr):
-    """One chunk through the state tile [BK, BV]: its output rows and the state after it."""
+                HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PRECISION: tl.constexpr):
+    """One chunk (global index `chunk`) through the state tile [BK, BV]: its output rows, or with
+    SPLIT_OUTPUT the state before it and v_new for the output kernel; and the state after it."""
     rows = tl.arange(0, CHUNK)
     count = tl.minimum(end - row0, CHUNK)
     live = rows < count
@@ -181,15 +196,21 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_state, cap_
 
     w = tl.load(w_buf + (t[:, None] * HV + head) * DK + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
                 other=0.0)
-    u = tl.load(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0)
+    u_ptrs = u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :]
+    u = tl.load(u_ptrs, mask=mask_ov, other=0.0)
     v_new = u - tl.dot(w, state, input_precision=PRECISION)  # what the carried state does not predict
 
-    qt = _normalized_rows(q, t, live, key_head * stride_q_h, offs_k, mask_k, stride_q_t)
-    qt = qt * (scale * tl.exp(G))[:, None]
-    aqk = tl.load(aqk_buf + (t[:, None] * HV + head) * CHUNK + rows[None, :], mask=live[:, None], other=0.0)
-    out = tl.dot(qt, state, input_precision=PRECISION)
-    out = tl.dot(aqk, v_new, out, input_precision=PRECISION)
-    tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
+    if SPLIT_OUTPUT:  # the output kernel computes o from the state before the chunk and v_new (over u)
+        tl.store(chunk_states + (chunk.to(tl.int64) * HV + head) * DK * DV + offs_k[:, None] * DV + offs_v[None, :],
+                 state, mask=mask_k[:, None] & mask_v[None, :])
+        tl.store(u_ptrs, v_new, mask=mask_ov)
+    else:
+        qt = _normalized_rows(q, t, live, key_head * stride_q_h, offs_k, mask_k, stride_q_t)
+        qt = qt * (scale * tl.exp(G))[:, None]
+        aqk = tl.load(aqk_buf + (t[:, None] * HV + head) * CHUNK + rows[None, :], mask=live[:, None], other=0.0)
+        out = tl.dot(qt, state, input_precision=PRECISION)
+        out = tl.dot(aqk, v_new, out, input_precision=PRECISION)
+        tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
 
     kt = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
     kt = kt * tl.exp(G_last - G)[:, None]
@@ -200,12 +221,14 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_state, cap_
 @triton.jit
 def _chunk_state_kernel(
     q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
-    cap_record, cap_row0, o, num_caps,
+    cap_record, cap_row0, o, chunk_states, num_caps, num_seqs,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    CHUNK: tl.constexpr, HAS_CAPTURES: tl.constexpr, LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
+    LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    chunk = _first_chunk(seq, query_start_loc, num_seqs, CHUNK, BLOCK_B)  # global index, as the prepare kernel's
     key_head = head // (HV // HK)
     start = tl.load(query_start_loc + seq)
     end = tl.load(query_start_loc + seq + 1)
@@ -224,16 +247,20 @@ def _chunk_state_kernel(
     if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
         for row0 in range(start, end, CHUNK):
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_state, cap_record, cap_row0, state, row0, end,
-                head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
-                stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, PRECISION)
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, cap_record, cap_row0,
+                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
+                PRECISION)
+            chunk += 1
     else:  # the interpreter cannot take loaded bounds in range()
         row0 = start
         while row0 < end:
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, cap_rows, cap_state, cap_record, cap_row0, state, row0, end,
-                head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
-                stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, PRECISION)
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, cap_record, cap_row0,
+                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
+                PRECISION)
+            chunk += 1
             row0 += CHUNK
     tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & has_slot)
 
@@ -243,10 +270,11 @@ def _chunk_snapshot_kernel(
     k, w_buf, u_buf, g_buf, cap_rows, cap_snaps, cap_state, cap_record, cap_row0, h_snapshots,
     stride_k_t, stride_k_h, stride_snap,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    CHUNK: tl.constexpr, PRECISION: tl.constexpr,
+    CHUNK: tl.constexpr, U_IS_V_NEW: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Per (capture, value head, tile of BV columns): the state after the capture row r,
-    exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before the chunk."""
+    exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before the chunk
+    (U_IS_V_NEW: the state kernel left v_new in u_buf)."""
     cap, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     record = tl.load(cap_record + cap)
     if record >= 0:  # -1: the row is in no sequence of the batch
@@ -268,7 +296,7 @@ def _chunk_snapshot_kernel(
                     other=0.0)
         u = tl.load(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=live[:, None] & mask_v[None, :],
                     other=0.0)
-        v_new = u - tl.dot(w, state, input_precision=PRECISION)
+        v_new = u if U_IS_V_NEW else u - tl.dot(w, state, input_precision=PRECISION)
         kt = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
         kt = kt * tl.exp(tl.minimum(G_r - G, 0.0))[:, None]
         snap_state = tl.dot(tl.trans(kt), v_new, state * tl.exp(G_r), input_precision=PRECISION)
@@ -277,20 +305,56 @@ def _chunk_snapshot_kernel(
                  mask=mask_kv)
 
 
+@triton.jit
+def _chunk_output_kernel(
+    q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, num_seqs,
+    stride_q_t, stride_q_h, stride_o_t, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Per (chunk, value head, tile of BV columns), all chunks at once: o = exp(G) q S + Aqk v_new, S the
+    state before the chunk (what the fused state kernel computes on its serial path)."""
+    cid, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    row0, count, found = _chunk_of(cid, query_start_loc, num_seqs, CHUNK, BLOCK_B)
+    if found:
+        key_head = head // (HV // HK)
+        rows = tl.arange(0, CHUNK)
+        live = rows < count
+        t = row0.to(tl.int64) + rows
+        offs_k = tl.arange(0, BK)
+        offs_v = vtile * BV + tl.arange(0, BV)
+        mask_k, mask_v = offs_k < DK, offs_v < DV
+        mask_ov = live[:, None] & mask_v[None, :]
+        state = tl.load(chunk_states + (cid.to(tl.int64) * HV + head) * DK * DV + offs_k[:, None] * DV
+                        + offs_v[None, :], mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        G = tl.load(g_buf + t * HV + head, mask=live, other=0.0)
+        qt = _normalized_rows(q, t, live, key_head * stride_q_h, offs_k, mask_k, stride_q_t)
+        qt = qt * (scale * tl.exp(G))[:, None]
+        aqk = tl.load(aqk_buf + (t[:, None] * HV + head) * CHUNK + rows[None, :], mask=live[:, None], other=0.0)
+        v_new = tl.load(v_new_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0)
+        out = tl.dot(qt, state, input_precision=PRECISION)
+        out = tl.dot(aqk, v_new, out, input_precision=PRECISION)
+        tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows=None,
               h_snapshots=None, block_v: int | None = None, num_warps: int | None = None,
-              num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK) -> torch.Tensor:
+              num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
+              split_output: bool | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
     chunk is the rows per chunk (CHUNK; the dispatch gives short passes 16: less work on each chunk's
     serial path). block_v, num_warps and num_stages tune the state kernel; precision is its tl.dot input
     precision on fp32 operands: by default "tf32" for 16-bit inputs (relative error ~1e-3, under the
-    bf16 rounding of o) and "tf32x3" (about fp32) for fp32 inputs."""
+    bf16 rounding of o) and "tf32x3" (about fp32) for fp32 inputs. split_output (default: chunks of
+    CHUNK rows, the long passes) takes the output off the state kernel's serial path: that kernel keeps
+    the state before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once;
+    short passes, a few chunks long, save the launch instead."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
     tokens, hk, dk = q.shape
@@ -332,18 +396,31 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         cap_state = torch.empty((num_caps, hv, dk, dv), dtype=torch.float32, device=dev)
         cap_record = torch.full((num_caps,), -1, dtype=torch.int32, device=dev)
         cap_row0 = torch.zeros((num_caps,), dtype=torch.int32, device=dev)
+    split = chunk >= CHUNK if split_output is None else split_output
+    block_b = max(16, triton.next_power_of_2(seqs))
+    chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=torch.float32, device=dev) if split else w_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
         q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
-        cap_record, cap_row0, o, num_caps,
+        cap_record, cap_row0, o, chunk_states, num_caps, seqs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, HAS_CAPTURES=has_captures,
-        LOOP_FOR=not interpret, PRECISION=precision, num_warps=num_warps or 4, num_stages=num_stages or 2,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b,
+        HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
+        num_warps=num_warps or 4, num_stages=num_stages or 2,
     )
+    if split:  # u_buf holds v_new now
+        block_o = max(16, min(OUTPUT_BLOCK_V, triton.next_power_of_2(dv)))
+        _chunk_output_kernel[(max_chunks, hv, triton.cdiv(dv, block_o))](
+            q, g_buf, aqk_buf, u_buf, chunk_states, query_start_loc, o, seqs,
+            q.stride(0), q.stride(1), o.stride(0), dk**-0.5,
+            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_o, CHUNK=chunk, BLOCK_B=block_b,
+            PRECISION=precision, num_warps=4, num_stages=2,
+        )
     if has_captures:
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
             k, w_buf, u_buf, g_buf, cap_rows, cap_snaps, cap_state, cap_record, cap_row0, h_snapshots,
             k.stride(0), k.stride(1), h_snapshots.stride(0),
-            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, PRECISION=precision, num_warps=4,
+            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, U_IS_V_NEW=split, PRECISION=precision,
+            num_warps=4,
         )
         for slot, source in repeats:
             h_snapshots[slot].copy_(h_snapshots[source])
