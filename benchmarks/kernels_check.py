@@ -607,6 +607,24 @@ def gdn_prefill(lens, label, impl: str, check_max_tokens: int = 8192):
     return body
 
 
+def _per_kernel_us(fn, calls: int = 3) -> dict:
+    """Mean device time of each kernel `fn` launches, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if total and e.count:
+            out[e.key[:40]] = round(total / calls, 1)
+    return out
+
+
 def gdn_prefill_sweep(seq_len: int):
     """State-kernel tiles of our chunk prefill on one prompt: error and time of each."""
     def body():
@@ -616,12 +634,15 @@ def gdn_prefill_sweep(seq_len: int):
         expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
         res = {"shape": f"one {seq_len}-token prompt", "configs": []}
         # (block_v, warps, stages, precision, the output on the state kernel's path or in its own kernel)
-        configs = [(32, 4, 2, "tf32", False), (32, 4, 2, "tf32", True), (32, 8, 2, "tf32", True),
-                   (16, 4, 2, "tf32", True), (16, 8, 2, "tf32", True), (16, 4, 3, "tf32", True),
-                   (64, 8, 1, "tf32", True), (32, 8, 3, "tf32", True), (32, 8, 1, "tf32", True),
-                   (16, 4, 1, "tf32", True)]
-        for bv, warps, stages, precision, split in configs[:2] if SMOKE else configs:
-            tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, precision=precision, split_output=split)
+        # the state kernel's tiles and the prepare kernel's options
+        best = (32, 8, 3, "bf16", True)
+        old = {"precision": "tf32x3", "sub": 16}  # the prepare kernel before it took the long passes' options
+        configs = [((32, 4, 2, "tf32", False), old), (best, old), (best, {}), (best, {"sub": 16}),
+                   (best, {"precision": "tf32x3"}), ((32, 8, 3, "tf32", True), {}), ((16, 8, 3, "bf16", True), {}),
+                   ((64, 8, 3, "bf16", True), {})]
+        for (bv, warps, stages, precision, split), prep in configs[:2] if SMOKE else configs:
+            tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, precision=precision, split_output=split,
+                         prepare=prep)
             cfg = dict(tiles)
             try:
                 p = pool.clone()
@@ -630,6 +651,7 @@ def gdn_prefill_sweep(seq_len: int):
                 cfg["rel_err_state"] = rel_err(p, ref_pool)
                 if not SMOKE:
                     cfg["kernel_us"] = round(time_graph_us(lambda: fn(p), calls=2, replays=5), 1)
+                    cfg["per_kernel_us"] = _per_kernel_us(lambda: fn(p))
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             res["configs"].append(cfg)

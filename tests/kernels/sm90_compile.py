@@ -127,20 +127,22 @@ def cases():
     ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first", "cap_record",
                                 "cap_row0")}
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
-    for chunk, bv, name in ((gdn.CHUNK, 32, ""), (16, 64, "_short")):  # long prompts; short passes
+    long = (gdn.CHUNK, 32, "", True, "bf16", gdn.LONG_PASS_PREPARE["sub"], "tf32", gdn.LONG_PASS_WARPS,
+            gdn.LONG_PASS_STAGES)
+    short = (16, 64, "_short", False, "tf32", 16, "tf32x3", 4, 2)
+    for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages in (long, short):
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
         yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, dict(inputs, **ints),
-               dict(heads, BV=32, BLOCK_B=16, SUB=16, PRECISION="tf32x3", INVERSE_PRECISION="tf32"), 4, 1)
-        split = chunk == gdn.CHUNK  # the long passes take the output off the state kernel's path
+               dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32"), 4, 1)
         for captures in (False, True):
             yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}", gdn._chunk_state_kernel,
                    dict(inputs, **ints), dict(heads, BV=bv, BLOCK_B=16, HAS_CAPTURES=captures, SPLIT_OUTPUT=split,
-                                              LOOP_FOR=True, PRECISION="tf32"), 4, 2)
+                                              LOOP_FOR=True, PRECISION=precision), warps, stages)
         yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
-               dict(heads, BV=bv, U_IS_V_NEW=split, PRECISION="tf32"), 4, 1)
+               dict(heads, BV=bv, U_IS_V_NEW=split, PRECISION=precision), 4, 1)
     yield ("gdn_chunk_output", gdn._chunk_output_kernel, dict(inputs, **ints),
            dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
-                PRECISION="tf32"), 4, 2)
+                PRECISION="bf16"), 4, 2)
 
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
 

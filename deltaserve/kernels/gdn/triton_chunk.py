@@ -36,6 +36,13 @@ from deltaserve.kernels.capture_rows import capture_tables
 
 CHUNK = 64
 OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel
+# Long passes of 16-bit inputs (kernels_check gdn_prefill_tiles_8192 on the H200, one 8192-token prompt of
+# the Qwen3.5 shapes): the output in its own kernel and bf16 operands on the state's dots took the state
+# and output kernels from 742 to 349 + 195 us (state relative error 5e-3 against 9e-4 with tf32 dots,
+# output 5.6e-3 against 3.2e-3; the output is bf16 either way); tf32 for w and u and 8-row diagonal blocks
+# in the inverse took the prepare kernel from 531 to 458 and 469 us.
+LONG_PASS_PREPARE = {"sub": 8}
+LONG_PASS_WARPS, LONG_PASS_STAGES = 8, 3
 
 
 @triton.jit
@@ -64,6 +71,17 @@ def _first_chunk(seq, query_start_loc, num_seqs, CHUNK: tl.constexpr, BLOCK_B: t
     starts = tl.load(query_start_loc + lanes, mask=before, other=0)
     ends = tl.load(query_start_loc + 1 + lanes, mask=before, other=0)
     return tl.sum((ends - starts + CHUNK - 1) // CHUNK, 0)
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr):
+    """a @ b + acc in fp32; PRECISION "bf16" rounds both operands to bf16 first, else it is tl.dot's
+    input precision for fp32 operands."""
+    if PRECISION == "bf16":
+        out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
 
 
 @triton.jit
@@ -198,7 +216,7 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_
                 other=0.0)
     u_ptrs = u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :]
     u = tl.load(u_ptrs, mask=mask_ov, other=0.0)
-    v_new = u - tl.dot(w, state, input_precision=PRECISION)  # what the carried state does not predict
+    v_new = u - _dot(w, state, None, PRECISION)  # what the carried state does not predict
 
     if SPLIT_OUTPUT:  # the output kernel computes o from the state before the chunk and v_new (over u)
         tl.store(chunk_states + (chunk.to(tl.int64) * HV + head) * DK * DV + offs_k[:, None] * DV + offs_v[None, :],
@@ -208,13 +226,13 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_
         qt = _normalized_rows(q, t, live, key_head * stride_q_h, offs_k, mask_k, stride_q_t)
         qt = qt * (scale * tl.exp(G))[:, None]
         aqk = tl.load(aqk_buf + (t[:, None] * HV + head) * CHUNK + rows[None, :], mask=live[:, None], other=0.0)
-        out = tl.dot(qt, state, input_precision=PRECISION)
-        out = tl.dot(aqk, v_new, out, input_precision=PRECISION)
+        out = _dot(qt, state, None, PRECISION)
+        out = _dot(aqk, v_new, out, PRECISION)
         tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
 
     kt = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
     kt = kt * tl.exp(G_last - G)[:, None]
-    state = tl.dot(tl.trans(kt), v_new, state * tl.exp(G_last), input_precision=PRECISION)
+    state = _dot(tl.trans(kt), v_new, state * tl.exp(G_last), PRECISION)
     return state, cap_i
 
 
@@ -296,10 +314,10 @@ def _chunk_snapshot_kernel(
                     other=0.0)
         u = tl.load(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=live[:, None] & mask_v[None, :],
                     other=0.0)
-        v_new = u if U_IS_V_NEW else u - tl.dot(w, state, input_precision=PRECISION)
+        v_new = u if U_IS_V_NEW else u - _dot(w, state, None, PRECISION)
         kt = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
         kt = kt * tl.exp(tl.minimum(G_r - G, 0.0))[:, None]
-        snap_state = tl.dot(tl.trans(kt), v_new, state * tl.exp(G_r), input_precision=PRECISION)
+        snap_state = _dot(tl.trans(kt), v_new, state * tl.exp(G_r), PRECISION)
         snap = tl.load(cap_snaps + cap).to(tl.int64)
         tl.store(h_snapshots + snap * stride_snap + head * DK * DV + tile, snap_state.to(h_snapshots.dtype.element_ty),
                  mask=mask_kv)
@@ -332,8 +350,8 @@ def _chunk_output_kernel(
         qt = qt * (scale * tl.exp(G))[:, None]
         aqk = tl.load(aqk_buf + (t[:, None] * HV + head) * CHUNK + rows[None, :], mask=live[:, None], other=0.0)
         v_new = tl.load(v_new_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0)
-        out = tl.dot(qt, state, input_precision=PRECISION)
-        out = tl.dot(aqk, v_new, out, input_precision=PRECISION)
+        out = _dot(qt, state, None, PRECISION)
+        out = _dot(aqk, v_new, out, PRECISION)
         tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
 
 
@@ -344,14 +362,15 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows=None,
               h_snapshots=None, block_v: int | None = None, num_warps: int | None = None,
               num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
-              split_output: bool | None = None) -> torch.Tensor:
+              split_output: bool | None = None, prepare: dict | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
     chunk is the rows per chunk (CHUNK; the dispatch gives short passes 16: less work on each chunk's
-    serial path). block_v, num_warps and num_stages tune the state kernel; precision is its tl.dot input
-    precision on fp32 operands: by default "tf32" for 16-bit inputs (relative error ~1e-3, under the
-    bf16 rounding of o) and "tf32x3" (about fp32) for fp32 inputs. split_output (default: chunks of
+    serial path). block_v, num_warps and num_stages tune the state kernel; precision is the state and
+    output kernels' dot precision: by default "bf16" operands for the long passes of 16-bit inputs
+    (relative error ~5e-3; the state stays fp32), "tf32" for their short passes (~1e-3) and "tf32x3"
+    (about fp32) for fp32 inputs; `prepare` overrides the prepare kernel's options. split_output (default: chunks of
     CHUNK rows, the long passes) takes the output off the state kernel's serial path: that kernel keeps
     the state before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once;
     short passes, a few chunks long, save the launch instead."""
@@ -364,10 +383,18 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     if tokens == 0 or seqs == 0:
         return o
     interpret = not q.is_cuda
+    long_pass = chunk >= CHUNK
+    split = long_pass if split_output is None else split_output
+    half_long_pass = long_pass and not interpret and q.dtype != torch.float32
+    prepare = dict(LONG_PASS_PREPARE if half_long_pass else {}, **(prepare or {}))
     if interpret:
         precision = prepare_precision = inverse_precision = "ieee"
     elif q.dtype == torch.float32:
         precision = prepare_precision = inverse_precision = precision or "tf32x3"
+    elif half_long_pass:
+        # bf16 operands on the state's dots (the state itself stays fp32): see LONG_PASS_PREPARE
+        precision = precision or "bf16"
+        prepare_precision, inverse_precision = prepare.get("precision", "tf32"), prepare.get("inverse_precision", "tf32")
     else:
         # tf32 on the state (errors ~1e-3, under o's own bf16 rounding); tf32x3 where it is cheap.
         precision, prepare_precision, inverse_precision = precision or "tf32", "tf32x3", "tf32"
@@ -383,7 +410,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=32, CHUNK=chunk,
         BLOCK_B=max(16, triton.next_power_of_2(seqs)),
-        SUB=min(16, chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision, num_warps=4, num_stages=1,
+        SUB=min(prepare.get("sub", 16), chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision,
+        num_warps=prepare.get("warps", 4), num_stages=1,
     )
     block_v = max(16, min(block_v or 32, triton.next_power_of_2(dv)))
     has_captures = bool(capture_rows) and h_snapshots is not None
@@ -396,7 +424,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         cap_state = torch.empty((num_caps, hv, dk, dv), dtype=torch.float32, device=dev)
         cap_record = torch.full((num_caps,), -1, dtype=torch.int32, device=dev)
         cap_row0 = torch.zeros((num_caps,), dtype=torch.int32, device=dev)
-    split = chunk >= CHUNK if split_output is None else split_output
+    if half_long_pass:
+        num_warps, num_stages = num_warps or LONG_PASS_WARPS, num_stages or LONG_PASS_STAGES
     block_b = max(16, triton.next_power_of_2(seqs))
     chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=torch.float32, device=dev) if split else w_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
