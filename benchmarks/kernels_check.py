@@ -677,9 +677,13 @@ def gdn_short_pass(lens):
         expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(),
                                                   starts, pairs, ref_snaps)
         res = {"shape": f"rows {lens}, captures at {rows}", "configs": []}
-        configs = [("chunk", {}), ("loop", {}), ("chunk", dict(chunk=16)), ("chunk", dict(chunk=32)),
-                   ("chunk", dict(chunk=16, block_v=16)), ("chunk", dict(chunk=16, block_v=64)),
-                   ("chunk", dict(chunk=32, block_v=16)), ("loop", dict(block_v=8, num_warps=1))]
+        short = dict(chunk=16, block_v=64)  # what the dispatch gives passes of up to 128 rows
+        configs = [("chunk", short), ("loop", {}), ("chunk", dict(short, precision="bf16")),
+                   ("chunk", dict(short, prepare={"precision": "tf32"})),
+                   ("chunk", dict(short, precision="bf16", prepare={"precision": "tf32"})),
+                   ("chunk", dict(short, precision="bf16", block_v=32)),
+                   ("chunk", dict(short, precision="bf16", num_warps=8, num_stages=3)),
+                   ("chunk", dict(short, precision="bf16", split_output=True))]
         for kind, tiles in configs[:3] if SMOKE else configs:
             cfg = {"kernel": kind, **tiles}
             kernel = triton_chunk.chunk_gdn if kind == "chunk" else gdn_recurrent
@@ -693,6 +697,7 @@ def gdn_short_pass(lens):
                 cfg["rel_err_snapshots"] = rel_err(snaps, ref_snaps)
                 if not SMOKE:
                     cfg["kernel_us"] = round(time_graph_us(fn), 1)
+                    cfg["per_kernel_us"] = _per_kernel_us(fn)
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             res["configs"].append(cfg)

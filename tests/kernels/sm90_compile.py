@@ -127,10 +127,10 @@ def cases():
     ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first", "cap_record",
                                 "cap_row0")}
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
-    long = (gdn.CHUNK, 32, "", True, "bf16", gdn.LONG_PASS_PREPARE["sub"], "tf32", gdn.LONG_PASS_WARPS,
-            gdn.LONG_PASS_STAGES)
+    long = (gdn.CHUNK, 32, "", False, "tf32", gdn.LONG_PASS_PREPARE["sub"], gdn.LONG_PASS_PREPARE["precision"], 4, 2)
     short = (16, 64, "_short", False, "tf32", 16, "tf32x3", 4, 2)
-    for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages in (long, short):
+    split_output = (gdn.CHUNK, 32, "_split", True, "bf16", 8, "tf32", 8, 3)  # an option kernels_check measures
+    for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages in (long, short, split_output):
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
         yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, dict(inputs, **ints),
                dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32"), 4, 1)

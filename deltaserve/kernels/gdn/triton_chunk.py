@@ -16,9 +16,9 @@ and, carrying the state S [Dk, Dv] from chunk to chunk:
 2. `_chunk_state_kernel`, one program per (sequence, value head, tile of BV state columns): reads its
    state tile from `h_pool[state_slots[b]]`, runs the sequence's chunks in order, writes o, and writes
    the state back in place. For a chunk holding capture rows it also keeps the state before the chunk.
-   Long passes split the output off this serial path: the kernel keeps the state before every chunk
-   and writes v_new over u, and `_chunk_output_kernel`, one program per (chunk, value head, tile), then
-   computes o = exp(G) q S + Aqk v_new for every chunk at once.
+   With split_output the output leaves this serial path: the kernel keeps the state before every
+   chunk and writes v_new over u, and `_chunk_output_kernel`, one program per (chunk, value head,
+   tile), then computes o = exp(G) q S + Aqk v_new for every chunk at once (see chunk_gdn).
 3. `_chunk_snapshot_kernel`, one program per (capture row r, value head, tile), only when there are
    captures: exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before
    the chunk: the state after r, taken without ending the chunk (the state kernel's loop stays free of
@@ -35,14 +35,11 @@ import triton.language as tl
 from deltaserve.kernels.capture_rows import capture_tables
 
 CHUNK = 64
-OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel
-# Long passes of 16-bit inputs (kernels_check gdn_prefill_tiles_8192 on the H200, one 8192-token prompt of
-# the Qwen3.5 shapes): the output in its own kernel and bf16 operands on the state's dots took the state
-# and output kernels from 742 to 349 + 195 us (state relative error 5e-3 against 9e-4 with tf32 dots,
-# output 5.6e-3 against 3.2e-3; the output is bf16 either way); tf32 for w and u and 8-row diagonal blocks
-# in the inverse took the prepare kernel from 531 to 458 and 469 us.
-LONG_PASS_PREPARE = {"sub": 8}
-LONG_PASS_WARPS, LONG_PASS_STAGES = 8, 3
+OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_output)
+# The prepare kernel on the long passes of 16-bit inputs: tf32 for w and u and 8-row diagonal blocks in the
+# inverse took it from 535 to 388 us on one 8192-token prompt of the Qwen3.5 shapes on the H200 (relative
+# error of o 4.1e-3 against 3.8e-3; kernels_check_gdn_prefill.json, gdn_prefill_tiles_8192).
+LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32"}
 
 
 @triton.jit
@@ -368,12 +365,16 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
 
     chunk is the rows per chunk (CHUNK; the dispatch gives short passes 16: less work on each chunk's
     serial path). block_v, num_warps and num_stages tune the state kernel; precision is the state and
-    output kernels' dot precision: by default "bf16" operands for the long passes of 16-bit inputs
-    (relative error ~5e-3; the state stays fp32), "tf32" for their short passes (~1e-3) and "tf32x3"
-    (about fp32) for fp32 inputs; `prepare` overrides the prepare kernel's options. split_output (default: chunks of
-    CHUNK rows, the long passes) takes the output off the state kernel's serial path: that kernel keeps
-    the state before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once;
-    short passes, a few chunks long, save the launch instead."""
+    output kernels' dot precision: by default "tf32" for 16-bit inputs (relative error ~1e-3, under the
+    bf16 rounding of o) and "tf32x3" (about fp32) for fp32 inputs; "bf16" rounds the operands to bf16
+    (the state itself stays fp32). `prepare` overrides the prepare kernel's options (LONG_PASS_PREPARE).
+    split_output takes the output off the state kernel's serial path: that kernel keeps the state
+    before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once.
+
+    Not the defaults: bf16 operands with the output split off took the state and output kernels from
+    737 to 351 + 195 us on one 8192-token prompt (H200, gdn_prefill_tiles_8192), with 2.4x the state's
+    relative error (3.1e-3 against 1.3e-3) and 1.7x the output's; with tf32 operands the split alone
+    gained nothing (448 + 281 us). The prefill keeps the precision."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
     tokens, hk, dk = q.shape
@@ -383,21 +384,17 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     if tokens == 0 or seqs == 0:
         return o
     interpret = not q.is_cuda
-    long_pass = chunk >= CHUNK
-    split = long_pass if split_output is None else split_output
-    half_long_pass = long_pass and not interpret and q.dtype != torch.float32
+    half_long_pass = chunk >= CHUNK and not interpret and q.dtype != torch.float32
     prepare = dict(LONG_PASS_PREPARE if half_long_pass else {}, **(prepare or {}))
     if interpret:
         precision = prepare_precision = inverse_precision = "ieee"
     elif q.dtype == torch.float32:
         precision = prepare_precision = inverse_precision = precision or "tf32x3"
-    elif half_long_pass:
-        # bf16 operands on the state's dots (the state itself stays fp32): see LONG_PASS_PREPARE
-        precision = precision or "bf16"
-        prepare_precision, inverse_precision = prepare.get("precision", "tf32"), prepare.get("inverse_precision", "tf32")
     else:
         # tf32 on the state (errors ~1e-3, under o's own bf16 rounding); tf32x3 where it is cheap.
-        precision, prepare_precision, inverse_precision = precision or "tf32", "tf32x3", "tf32"
+        precision = precision or "tf32"
+        prepare_precision = prepare.get("precision", "tf32x3")
+        inverse_precision = prepare.get("inverse_precision", "tf32")
     block_k = max(16, triton.next_power_of_2(dk))  # tl.dot needs every dimension >= 16
     dev = q.device
     w_buf = torch.empty((tokens, hv, dk), dtype=torch.float32, device=dev)
@@ -424,8 +421,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         cap_state = torch.empty((num_caps, hv, dk, dv), dtype=torch.float32, device=dev)
         cap_record = torch.full((num_caps,), -1, dtype=torch.int32, device=dev)
         cap_row0 = torch.zeros((num_caps,), dtype=torch.int32, device=dev)
-    if half_long_pass:
-        num_warps, num_stages = num_warps or LONG_PASS_WARPS, num_stages or LONG_PASS_STAGES
+    split = bool(split_output)
     block_b = max(16, triton.next_power_of_2(seqs))
     chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=torch.float32, device=dev) if split else w_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
