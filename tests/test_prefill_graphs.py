@@ -15,9 +15,10 @@ from tests.checkpoints import every_expert
 PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
 
 
-def _with_padded_prefill_passes(llm: LLM) -> list[tuple[int, bool]]:
+def _with_padded_prefill_passes(llm: LLM) -> list[tuple[int, bool, bool]]:
     """Gives the engine prefill graphs that were never captured (so each pass runs its padded batch
-    eagerly); returns a list that records (row count, whether it restored a snapshot) of every such pass."""
+    eagerly); returns a list that records (row count, whether it restored a snapshot, whether it copied a
+    cached tail's KV block) of every such pass."""
     loaded = llm.engine.loaded
     runner = loaded.runner
     buffers = StepBuffers(llm.engine.config.max_num_seqs, -(-loaded.max_model_len // llm.engine.config.block_size),
@@ -25,9 +26,9 @@ def _with_padded_prefill_passes(llm: LLM) -> list[tuple[int, bool]]:
     graphs = PrefillGraphs(runner.model, buffers, runner.snapshots)
     passes, run = [], graphs.run
 
-    def counted(host, captures, restore=None):
-        passes.append((len(host.input_ids), restore is not None))
-        return run(host, captures, restore)
+    def counted(host, captures, restore=None, kv_copy=None):
+        passes.append((len(host.input_ids), restore is not None, kv_copy is not None))
+        return run(host, captures, restore, kv_copy)
 
     graphs.run = counted
     runner.prefill_graphs = graphs
@@ -67,10 +68,11 @@ def test_padded_prefill_passes_equal_unpadded_ones(arch, checkpoint_factory):
     for name, llm in (("plain", plain), ("padded", padded)):
         first = _generate(llm, history, [0, 40])  # cold: a long pass, then a short one (padded)
         follow_up = history + first.outputs[0].token_ids + message
-        # warm: one short pass from the reply's last decode snapshot (padded, with captures), then again
+        # warm: one short pass from the first turn's tail (padded, with captures), then again
         outs[name] = (first, _generate(llm, follow_up, [0, len(history) + 6]), _generate(llm, follow_up, []))
-    assert passes and all(n <= 124 for n, _ in passes)
-    assert any(restored for _, restored in passes)  # the warm passes restore inside the padded pass
+    assert passes and all(n <= 124 for n, _, _ in passes)
+    # the warm passes restore from the first turn's tail inside the padded pass, its KV block copied there
+    assert any(restored and copied for _, restored, copied in passes)
     for plain_out, padded_out in zip(outs["plain"], outs["padded"]):
         assert plain_out.outputs[0].token_ids == padded_out.outputs[0].token_ids
         assert plain_out.num_cached_tokens == padded_out.num_cached_tokens

@@ -22,6 +22,11 @@ class KVPool:
     def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * block_size * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
+    def copy_block_at(self, pair: torch.Tensor) -> None:
+        """copy_blocks for the pair (source, destination) in the device tensor `pair` [2]; no host work, so a
+        CUDA graph can hold it (a source equal to its destination copies nothing)."""
+        self.kv.index_copy_(2, pair[1:], self.kv.index_select(2, pair[:1]))
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """(source, destination): copies every layer's K and V of each source block into the destination."""
         for source, dest in pairs:

@@ -58,13 +58,14 @@ class ModelRunner:
         captures = mid_chunk_capture_rows(plan) if self.snapshots is not None and not decode_graph else []
         prefill_graph = not decode_graph and self._prefill_replayable(plan, captures)
         restores = restore_pairs(plan)
-        # A prefill graph restores its one sequence's state itself (see PrefillGraphs).
-        self._prepare_states(plan, [] if prefill_graph else restores)
+        # A prefill graph restores its one sequence's state and copies its KV tail itself (see PrefillGraphs).
+        self._prepare_states(plan, [] if prefill_graph else restores, copy_blocks=not prefill_graph)
         host = build_host_batch(plan, self.block_size)
         if decode_graph:
             logits = self.graphs.run(host)
         elif prefill_graph:
-            logits = self.prefill_graphs.run(host, captures, restores[0] if restores else None)
+            logits = self.prefill_graphs.run(host, captures, restores[0] if restores else None,
+                                             plan.block_copies[0].pair if plan.block_copies else None)
         else:
             batch = self.to_forward_batch(host, plan.is_decode)
             if captures:  # the GDN kernels save these states as they pass the rows
@@ -100,12 +101,12 @@ class ModelRunner:
         self._save_snapshots(plan)
         return LaunchedStep(plan, self.sampler.sample_on_device(logits, [c.request for c in plan.chunks]))
 
-    def _prepare_states(self, plan: StepPlan, restores: list[tuple[int, int]]) -> None:
+    def _prepare_states(self, plan: StepPlan, restores: list[tuple[int, int]], copy_blocks: bool = True) -> None:
         """Copies the cached tails that hits restore from into the requests' own blocks, zeroes the
         state slots of sequences starting from their first token and copies the restored snapshots
         `restores` (snapshot slot, state slot) into theirs (a one-token prompt, or one restored to its
         last token, makes a plan that looks like decode)."""
-        if plan.block_copies and self.kv_pool is not None:
+        if copy_blocks and plan.block_copies and self.kv_pool is not None:
             self.kv_pool.copy_blocks([c.pair for c in plan.block_copies])
         if self.state_pool is not None:
             self.state_pool.reset(plan.reset_state_slots)
@@ -148,6 +149,7 @@ class ModelRunner:
         chunk = plan.chunks[0]
         return (chunk.request.params.prompt_logprobs is None
                 and all(r.request is chunk.request for r in plan.restores)  # the graph restores its own
+                and all(c.request is chunk.request for c in plan.block_copies)  # and copies its own tail
                 and self.prefill_graphs.rung(chunk.num_tokens, captures) is not None)
 
     def to_forward_batch(self, host: HostBatch, is_decode: bool) -> ForwardBatch:

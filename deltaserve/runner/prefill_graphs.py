@@ -8,7 +8,8 @@ pass's n rows are padded to the rung with a second, padding sequence (no KV writ
 slot), and its mid-pass snapshot captures to MAX_GRAPH_CAPTURES entries (the unused ones name rows
 past the pass, which the kernels skip); the logits come from row n - 1. A pass that restores its
 sequence's state from a snapshot does so inside the graph, from the slots in the buffers: launched
-from the host, that copy cost ~0.16 ms before the pass could start. The same pass
+from the host, that copy cost ~0.16 ms before the pass could start. So does a pass that restores
+from a cached tail copy the tail's KV block into its own (0.16 ms from the host too). The same pass
 replayed again runs the same graph, so exact replay of a prefix-cache hit holds as it does eagerly.
 """
 
@@ -60,6 +61,8 @@ class PrefillGraphs:
     def _forward(self, batch) -> torch.Tensor:
         if self.snapshots is not None:
             self.snapshots.restore_at(self.buffers.restore, self.buffers.state_pool)
+        if self.buffers.kv_pool is not None:
+            self.buffers.kv_pool.copy_block_at(self.buffers.kv_copy)
         hidden = self.model(batch.input_ids, batch)
         return self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
 
@@ -70,13 +73,14 @@ class PrefillGraphs:
             return None
         return next((s for s in self.sizes if s > num_rows), None)
 
-    def run(self, host: HostBatch, captures: list[tuple[int, int]], restore: tuple[int, int] | None = None
-            ) -> torch.Tensor:
+    def run(self, host: HostBatch, captures: list[tuple[int, int]], restore: tuple[int, int] | None = None,
+            kv_copy: tuple[int, int] | None = None) -> torch.Tensor:
         """Runs the pass of host's one sequence (see rung), first restoring its state when `restore`
-        (snapshot slot, state slot); returns the logits of its last row [1, V]. Without a captured graph
-        (CPU) the same padded batch runs eagerly."""
+        (snapshot slot, state slot) and copying a KV block when `kv_copy` (source, destination); returns
+        the logits of its last row [1, V]. Without a captured graph (CPU) the same padded batch runs
+        eagerly."""
         size = self.rung(len(host.input_ids), captures)
-        pairs = self.buffers.load_prefill(host, size, captures, self._padding_snapshot_slot, restore)
+        pairs = self.buffers.load_prefill(host, size, captures, self._padding_snapshot_slot, restore, kv_copy)
         if size in self.graphs:
             self.graphs[size].replay()
             return self.logits[size]

@@ -53,7 +53,7 @@ class StepBuffers:
         offset = 0
         for name, length in ([(f, self.max_rows) for f in ROW_FIELDS] + [(f, self.max_batch) for f in SEQUENCE_FIELDS]
                              + [("query_start_loc", self.max_batch + 1), ("logits_index", 1), ("live_rows", 1),
-                                ("restore", 2)]):
+                                ("restore", 2), ("kv_copy", 2)]):
             self._offsets[name] = (offset, offset + length)
             offset += length
         pin = device.type == "cuda"
@@ -100,12 +100,15 @@ class StepBuffers:
         self._load_block_tables(mirror_blocks, host.block_tables, batch_size, contiguous_rows=False)
 
     def load_prefill(self, host: HostBatch, num_rows: int, captures: list[tuple[int, int]],
-                     padding_snapshot_slot: int, restore: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+                     padding_snapshot_slot: int, restore: tuple[int, int] | None = None,
+                     kv_copy: tuple[int, int] | None = None) -> list[tuple[int, int]]:
         """Writes one sequence's prefill pass into rows [0, n) and a padding sequence into rows
         [n, num_rows): it writes no KV and runs on the spare state slot. Row n - 1 gives the logits.
         `captures` (row, snapshot slot), rows distinct and below n, are padded with entries past the pass
         (see graph_capture_pairs) up to MAX_GRAPH_CAPTURES; returns them all. `restore` (snapshot slot,
-        state slot): the pass starts by copying that snapshot into the sequence's slot (None: -1, none)."""
+        state slot): the pass starts by copying that snapshot into the sequence's slot (None: -1, none);
+        `kv_copy` (source block, destination block): and that KV block into the sequence's (None: block 0
+        onto itself)."""
         n = len(host.input_ids)
         pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
         assert len(host.seq_lens) == 1 and n < num_rows and all(row < n for row, _ in captures)
@@ -124,6 +127,7 @@ class StepBuffers:
         self._field(meta, "logits_index")[0] = n - 1
         self._field(meta, "live_rows")[0] = n
         self._field(meta, "restore")[:] = restore if restore is not None else (-1, self.padding_slot)
+        self._field(meta, "kv_copy")[:] = kv_copy if kv_copy is not None else (0, 0)
         self.meta.copy_(mirror, non_blocking=True)
         self._load_block_tables(mirror_blocks, host.block_tables, 2, contiguous_rows=True)
         table = mirror_captures.numpy()
