@@ -53,9 +53,13 @@ NOTES = {
         "5.4 ms floor at C=64). With --gdn-state-dtype bfloat16 (engine_qwen3.5-9b_bf16_state.json) the step "
         "is 6.86 ms at C=64 and 9.52 ms at C=128 (vLLM 6.61 and 8.99 beside it), 1.05x / 1.02x / 0.95x of "
         "the issue's figures at C=32 / 64 / 128 on closed batches: still short of 1.1x.",
-        "Prefill: 1.04x (8k) and 1.09x (32k) vLLM's time against the 0.9x target (1.04x at 8k beside vLLM), "
-        "at about 600 TFLOP/s; the GEMMs (cuBLAS) take most of it, the GDN chunked prefill about 1.3 ms per "
-        "layer at 8k.",
+        "Prefill (engine_qwen3.5-9b_prefill.json, commit 4b0ed87): 0.218 s at 8k and 0.982 s at 32k, 1.02x "
+        "and 1.08x the issue's vLLM times against the 0.9x target (the ladder's run at 0015780: 0.223 and "
+        "0.993 s; 1.04x at 8k beside vLLM then), at about 600 TFLOP/s; the GEMMs (cuBLAS) take most of it. "
+        "The GDN chunked prefill takes 1.12 ms per layer at 8k (kernels_check_gdn_prefill.json: 1.27 ms "
+        "before its prepare kernel took tf32 w and u and 8-row diagonal blocks). Rounding the state kernel's "
+        "dot operands to bf16, with the output in its own kernel, measured 0.93 ms per layer (and 0.213 s "
+        "for the 8k prompt at commit a5fa298) with 2.4x the state's error: not taken.",
     ],
     "qwen3.5-35b-a3b": [
         "C=1: 333.3 tok/s (3.00 ms) against the 400 tok/s target (2.5 ms) and a 1.42 ms floor; 1.43x the "
@@ -71,10 +75,14 @@ NOTES = {
         "here, 0.97x vLLM's 5448, C=64 unchanged at 18.45 ms. At 64 tokens the sorted grouped GEMM took "
         "about 380 us per layer against the 326 us of reading the touched experts "
         "(kernels_check_moe_sorted_tiles.json): about 15 ms of the 18.5 ms step.",
-        "Prefill: 1.04x the issue's vLLM time at 8k (0.153 s) and at 32k (0.655 s) against the 0.9x target; "
-        "beside vLLM at 8k 1.06x (0.151 against 0.143 s). At 8k the grouped expert GEMMs take about 1.3 ms "
-        "per layer (315 TFLOP/s with the column tiles on the grid's fast axis), the GDN chunked prefill about "
-        "1.3 ms per layer, then the GDN input GEMM and attention.",
+        "Prefill (engine_qwen3.5-35b-a3b_prefill.json, commit 4b0ed87): 0.150 s at 8k and 0.655 s at 32k, "
+        "1.02x and 1.04x the issue's vLLM times against the 0.9x target (the ladder's run at e4e03ef: 0.153 "
+        "and 0.655 s; beside vLLM at 8k 1.06x then, 0.151 against 0.143 s). The 1k prompt took 0.054 s in "
+        "that run against 0.038-0.043 s in the runs before it: one sample each, not explained. At 8k the "
+        "grouped expert GEMMs take about 1.3 ms per layer (315 TFLOP/s with the column tiles on the grid's "
+        "fast axis), the GDN chunked prefill 1.12 ms per layer (1.27 before the prepare kernel's change; "
+        "kernels_check_gdn_prefill.json), then the GDN input GEMM and attention. With bf16 operands on the "
+        "state's dots (not taken, 2.4x the state's error) the 8k prompt took 0.145 s at commit a5fa298.",
     ],
 }
 
@@ -102,8 +110,11 @@ def compare(shape: str, suffix: str = "") -> dict:
             entry["ratio_to_vllm"] = round(entry["deltaserve_tok_s"] / peer["decode"][c], 3)
             entry["meets_1_1x"] = entry["ratio_to_vllm"] >= 1.1
         rows.append(entry)
+    # A later prefill-only run (engine_<shape>_prefill.json) replaces the ladder's prefill rows.
+    prefill_path = os.path.join(RESULTS, f"engine_{shape}_prefill.json")
+    prefill_run = json.load(open(prefill_path)) if not suffix and os.path.exists(prefill_path) else ours
     prefill = []
-    for row in ours["prefill"]:
+    for row in prefill_run["prefill"]:
         entry = {"tokens": row["tokens"], "deltaserve_s": row["ttft_s"]}
         if row["tokens"] in peer["prefill"]:
             entry["vllm_s"] = peer["prefill"][row["tokens"]]
@@ -113,6 +124,7 @@ def compare(shape: str, suffix: str = "") -> dict:
     c1_row = next(r for r in ours["decode"] if r["concurrency"] == 1)
     c1 = c1_row["aggregate_tok_s"]
     return {"commit": ours["commit"], "date": ours["date"], "decode": rows, "prefill": prefill,
+            "prefill_commit": prefill_run["commit"],
             "c1_tok_s": c1, "c1_floor_ratio": c1_row["floor_ratio"], "c1_target": C1_TARGET[shape],
             "c1_meets_target": c1 >= C1_TARGET[shape], "where_the_time_goes": NOTES[shape]}
 
@@ -123,25 +135,30 @@ PREFIX_NOTES = [
     "8255 tokens (the 8k history and the reply up to its last token, which was sampled but never computed) "
     "and the 15 rows of the partly filled block holding its end, copied into a block of the new request's own. "
     "It recomputes 65 tokens (the last token of the reply and the new 64-token message) in one pass, replayed "
-    "as a CUDA graph (the 80-row rung of the prefill graphs), the snapshot's restore its first node; the block "
-    "copy is one strided copy launched before it. Restoring at the last block boundary instead, 8240, "
-    "recomputed 80 tokens and took 19.3-19.5 ms (9.79x and 9.87x at commit 9263d26).",
-    "Warm and cold are medians of five runs on fresh prompts. Two runs of commit 1ce1a2a on one machine gave "
-    "10.40x and 10.35x (prefix_cache_qwen3.5-35b-a3b.json, ..._second_run.json; cold 0.1883 / 0.1874 s, warm "
-    "18.1 / 18.1 ms); two runs of 746ed71 (before the block copy became one launch) on another gave 10.29x and "
-    "10.32x (cold 0.1894 / 0.1878 s, warm 18.4 / 18.2 ms). The cold turn moved about 1% between machines.",
-    "Where the warm pass's time goes (profile_qwen3.5-35b-a3b.json): the expert GEMMs read the experts that 65 "
-    "tokens touch, at about the bandwidth floor; with 80 tokens they took 13.1 of 17.7 ms of kernels, with 65 "
-    "12.4 of 16.9 ms. The rest is dense GEMMs (~1.3 ms, cuBLAS at about half the bandwidth at these row "
-    "counts), the GDN kernels (~1.4 ms), paged attention over the 8k history (~0.5 ms), the MoE bookkeeping "
-    "(~0.57 ms) and the LM head (0.23 ms). The host takes about 0.8 ms before the graph starts (prompt "
-    "validation, the lookup and the plan, loading the step buffers) and about 0.2 ms after the token.",
+    "as a CUDA graph (the 80-row rung of the prefill graphs) whose first nodes restore the snapshot and copy "
+    "the block. Restoring at the last block boundary instead, 8240, recomputed 80 tokens and took 19.3-19.5 "
+    "ms (9.79x and 9.87x at commit 9263d26).",
+    "Warm and cold are medians of five runs on fresh prompts. At commit 1ce1a2a two runs on one machine gave "
+    "10.40x and 10.35x (prefix_cache_qwen3.5-35b-a3b_at_1ce1a2a.json and its second run; cold 0.1883 / "
+    "0.1874 s, warm 18.1 / 18.1 ms). Then the GDN prefill's prepare kernel got faster (1.27 to 1.12 ms per "
+    "layer at 8k), and with it the cold turn, whose first pass is 8192 tokens: at commit 4f7086f two runs "
+    "gave 9.85x and 9.97x (prefix_cache_qwen3.5-35b-a3b.json and its second run; cold 0.1822 / 0.1795 s, "
+    "warm 18.5 / 18.0 ms), and at 4b0ed87 9.9x and 10.1x on another machine. The warm turn did not change; "
+    "the target is missed by up to 1.5%.",
+    "Where the warm turn's 18 ms go (profile_qwen3.5-35b-a3b.json, commit 4b0ed87): 17.0 ms of kernels, "
+    "12.4 of them the expert GEMMs reading the experts that 65 tokens touch, at about the bandwidth floor "
+    "(about 223 of 257 per layer; the graph's padding rows route to none). The rest: dense GEMMs 1.25 ms "
+    "(cuBLAS at about half the bandwidth at these row counts; the router's 40 GEMMs are 5.5 us each of "
+    "latency), the GDN kernels 1.4 ms, paged attention over the 8k history 0.51 ms, the MoE bookkeeping "
+    "0.57 ms (counting sort, combine, route), the LM head 0.23 ms. The host takes about 0.85 ms before "
+    "the graph starts (prompt validation 0.17, the lookup and the plan 0.27, loading the step buffers "
+    "0.16, the block copy then 0.16 ms, inside the graph since) and 0.25 ms after the token.",
     "same_first_token compares the warm turn's token with the cold turn's, which computes the tail in other "
     "passes (8192, 112 and 16 rows): in bf16 on random weights the top two logits are close and they may "
     "differ. Exactness holds for the same request sent again: gpu_correctness.json checks it byte for byte, "
     "with graphs, on every architecture.",
     "Eight requests sharing a 2k prefix: each restores the prefix and runs its 64-token ending, all eight "
-    "in one eager pass, bound by the host's launches (warm 0.041 and 0.038 s in the two runs): 4.8x and 5.2x.",
+    "in one eager pass, bound by the host's launches (warm 0.041 and 0.040 s in the two runs): 4.6x and 4.8x.",
 ]
 
 
