@@ -43,13 +43,18 @@ LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32"}
 
 
 @triton.jit
+def _chunk_counts(query_start_loc, lanes, live, CHUNK: tl.constexpr):
+    """(first row, end, chunk count) of the sequences `lanes` where `live` (zeros elsewhere)."""
+    starts = tl.load(query_start_loc + lanes, mask=live, other=0)
+    ends = tl.load(query_start_loc + 1 + lanes, mask=live, other=0)
+    return starts, ends, (ends - starts + CHUNK - 1) // CHUNK
+
+
+@triton.jit
 def _chunk_of(cid, query_start_loc, num_seqs, CHUNK: tl.constexpr, BLOCK_B: tl.constexpr):
     """(first row, row count, found) of global chunk `cid`, chunks numbered sequence by sequence."""
     lanes = tl.arange(0, BLOCK_B)
-    live = lanes < num_seqs
-    starts = tl.load(query_start_loc + lanes, mask=live, other=0)
-    ends = tl.load(query_start_loc + 1 + lanes, mask=live, other=0)
-    counts = (ends - starts + CHUNK - 1) // CHUNK
+    starts, ends, counts = _chunk_counts(query_start_loc, lanes, lanes < num_seqs, CHUNK)
     through = tl.cumsum(counts, 0)  # chunks of sequences 0..b
     seq = tl.sum((through <= cid).to(tl.int32), 0)
     found = cid < tl.sum(counts, 0)
@@ -61,13 +66,10 @@ def _chunk_of(cid, query_start_loc, num_seqs, CHUNK: tl.constexpr, BLOCK_B: tl.c
 
 
 @triton.jit
-def _first_chunk(seq, query_start_loc, num_seqs, CHUNK: tl.constexpr, BLOCK_B: tl.constexpr):
+def _first_chunk(seq, query_start_loc, CHUNK: tl.constexpr, BLOCK_B: tl.constexpr):
     """The global index of sequence `seq`'s first chunk (the chunks of the sequences before it)."""
     lanes = tl.arange(0, BLOCK_B)
-    before = lanes < seq
-    starts = tl.load(query_start_loc + lanes, mask=before, other=0)
-    ends = tl.load(query_start_loc + 1 + lanes, mask=before, other=0)
-    return tl.sum((ends - starts + CHUNK - 1) // CHUNK, 0)
+    return tl.sum(_chunk_counts(query_start_loc, lanes, lanes < seq, CHUNK)[2], 0)
 
 
 @triton.jit
@@ -236,14 +238,14 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_
 @triton.jit
 def _chunk_state_kernel(
     q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
-    cap_record, cap_row0, o, chunk_states, num_caps, num_seqs,
+    cap_record, cap_row0, o, chunk_states, num_caps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
     LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    chunk = _first_chunk(seq, query_start_loc, num_seqs, CHUNK, BLOCK_B)  # global index, as the prepare kernel's
+    chunk = _first_chunk(seq, query_start_loc, CHUNK, BLOCK_B)  # global index, as the prepare kernel's
     key_head = head // (HV // HK)
     start = tl.load(query_start_loc + seq)
     end = tl.load(query_start_loc + seq + 1)
@@ -426,7 +428,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=torch.float32, device=dev) if split else w_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
         q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
-        cap_record, cap_row0, o, chunk_states, num_caps, seqs,
+        cap_record, cap_row0, o, chunk_states, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b,
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
