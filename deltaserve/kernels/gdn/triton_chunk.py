@@ -386,8 +386,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     if tokens == 0 or seqs == 0:
         return o
     interpret = not q.is_cuda
-    half_long_pass = chunk >= CHUNK and not interpret and q.dtype != torch.float32
-    prepare = dict(LONG_PASS_PREPARE if half_long_pass else {}, **(prepare or {}))
+    long_16bit_pass = chunk >= CHUNK and not interpret and q.dtype != torch.float32
+    prepare = dict(LONG_PASS_PREPARE if long_16bit_pass else {}, **(prepare or {}))
     if interpret:
         precision = prepare_precision = inverse_precision = "ieee"
     elif q.dtype == torch.float32:
