@@ -152,12 +152,17 @@ def test_demo_model_follow_up_turn_reuses_the_first(demo_llm):
     first = [{"role": "user", "content": "Name a large mammal that lives in the ocean."}]
     params = SamplingParams(max_tokens=8, temperature=0, logprobs=0)
     demo_llm.reset_prefix_cache()
-    reply = demo_llm.chat(first, params)[0].outputs[0].text
+    out = demo_llm.chat(first, params)[0]
+    reply = out.outputs[0].text
     second = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "How big is it?"}]
     warm = demo_llm.chat(second, params)[0]
     demo_llm.reset_prefix_cache()
     cold = demo_llm.chat(second, params)[0]
-    assert warm.num_cached_tokens > 0 and cold.num_cached_tokens == 0
+    # The template renders the reply as it was generated, so the second turn starts with every token the
+    # first computed, and restores all of them from its tail (all but the last token it sampled).
+    computed = out.prompt_token_ids + out.outputs[0].token_ids[:-1]
+    assert warm.prompt_token_ids[: len(computed)] == computed
+    assert warm.num_cached_tokens == len(computed) and cold.num_cached_tokens == 0
     _assert_same([warm], [cold])
 
 
