@@ -128,6 +128,18 @@ def test_snapshot_index_demote_and_clear():
     assert index.find(names[0]) is None and index.find(names[1]) is not None
 
 
+def test_snapshot_index_promote_makes_a_snapshot_the_last_to_evict():
+    index = SnapshotIndex(3)
+    names = [hash_block(None, [i]) for i in range(3)]
+    for name in names:
+        index.commit(index.reserve(), name)
+    index.promote(names[0])  # the oldest becomes the newest
+    index.reserve()
+    index.reserve()
+    assert index.find(names[0]) is not None and index.find(names[1]) is None and index.find(names[2]) is None
+    index.promote(hash_block(None, [9]))  # nothing of that name: nothing happens
+
+
 # -- scheduler planning ---------------------------------------------------------------------------
 def _scheduler(num_blocks=64, snapshot_slots=16, budget=64, hybrid=True, interval=1024, max_seqs=4):
     blocks = BlockAllocator(num_blocks)
