@@ -29,8 +29,12 @@ class RecentChains:
         """The names of the longest run of leading blocks (at most max_blocks) that `token_bytes` shares
         with a remembered sequence."""
         best: list[BlockHash] = []
+        first = token_bytes[: self.step]
         for known, names in reversed(self._entries):
-            count = self._shared_blocks(token_bytes, memoryview(known), min(len(names), max_blocks))
+            limit = min(len(names), max_blocks)
+            if limit <= len(best) or not known.startswith(first):  # cannot do better; differs at once
+                continue
+            count = self._shared_blocks(token_bytes, memoryview(known), limit)
             if count > len(best):
                 best = names[:count]
         return best
