@@ -190,7 +190,7 @@ class PrefixCache:
                 if position > known:  # its block ends with a token still on the device: named at commit
                     name = UNNAMED
                 else:
-                    name = self.block_hashes(request, position // self.block_size)[position // self.block_size - 1]
+                    name = self._name_at(request, position)
                     if name in planned or self.snapshots.find(name) is not None:
                         continue
                 slot = self.snapshots.reserve()
@@ -231,8 +231,7 @@ class PrefixCache:
             if name is None:
                 continue  # the request let it go already
             if name is UNNAMED:
-                blocks = capture.position // self.block_size
-                name = self.block_hashes(request, blocks)[blocks - 1]
+                name = self._name_at(request, capture.position)
             self.snapshots.commit(capture.snapshot_slot, name)
             if capture.position > request.num_prompt_tokens:  # decode: the one before is superseded
                 if request.last_decode_snapshot is not None:

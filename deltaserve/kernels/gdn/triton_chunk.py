@@ -245,7 +245,9 @@ def _chunk_state_kernel(
     LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    chunk = _first_chunk(seq, query_start_loc, CHUNK, BLOCK_B)  # global index, as the prepare kernel's
+    chunk = seq * 0  # the global index of the sequence's first chunk, as the prepare kernel numbers them
+    if SPLIT_OUTPUT:  # only the split output's per-chunk states are stored by it
+        chunk = _first_chunk(seq, query_start_loc, CHUNK, BLOCK_B)
     key_head = head // (HV // HK)
     start = tl.load(query_start_loc + seq)
     end = tl.load(query_start_loc + seq + 1)
