@@ -59,7 +59,8 @@ NOTES = {
         "The GDN chunked prefill takes 1.12 ms per layer at 8k (kernels_check_gdn_prefill.json: 1.27 ms "
         "before its prepare kernel took tf32 w and u and 8-row diagonal blocks). Rounding the state kernel's "
         "dot operands to bf16, with the output in its own kernel, measured 0.93 ms per layer (and 0.213 s "
-        "for the 8k prompt at commit a5fa298) with 2.4x the state's error: not taken.",
+        "for the 8k prompt at commit a5fa298, engine_qwen3.5-9b_prefill_bf16_gdn_dots.json) with 2.4x the "
+        "state's error: not taken.",
     ],
     "qwen3.5-35b-a3b": [
         "C=1: 333.3 tok/s (3.00 ms) against the 400 tok/s target (2.5 ms) and a 1.42 ms floor; 1.43x the "
@@ -82,7 +83,8 @@ NOTES = {
         "grouped expert GEMMs take about 1.3 ms per layer (315 TFLOP/s with the column tiles on the grid's "
         "fast axis), the GDN chunked prefill 1.12 ms per layer (1.27 before the prepare kernel's change; "
         "kernels_check_gdn_prefill.json), then the GDN input GEMM and attention. With bf16 operands on the "
-        "state's dots (not taken, 2.4x the state's error) the 8k prompt took 0.145 s at commit a5fa298.",
+        "state's dots (not taken, 2.4x the state's error) the 8k prompt took 0.145 s at commit a5fa298 "
+        "(engine_qwen3.5-35b-a3b_prefill_bf16_gdn_dots.json).",
     ],
 }
 

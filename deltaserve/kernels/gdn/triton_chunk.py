@@ -37,7 +37,7 @@ from deltaserve.kernels.capture_rows import capture_tables
 CHUNK = 64
 OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_output)
 # The prepare kernel on the long passes of 16-bit inputs: tf32 for w and u and 8-row diagonal blocks in the
-# inverse took it from 535 to 388 us on one 8192-token prompt of the Qwen3.5 shapes on the H200 (relative
+# inverse took it from 535 to 385 us on one 8192-token prompt of the Qwen3.5 shapes on the H200 (relative
 # error of o 4.1e-3 against 3.8e-3; kernels_check_gdn_prefill.json, gdn_prefill_tiles_8192).
 LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32"}
 
