@@ -323,6 +323,8 @@ def attention_tail_sweep(cached: int, rows: int, kv_heads: int):
         configs += [(128, 64, splits, 8, stages) for splits in (8, 11, 13) for stages in (1, 2)]
         configs += [(128, 32, splits, 8, 3) for splits in (11, 13)]
         configs += [(64, 64, splits, 4, 2) for splits in (11, 13, 22)]
+        configs += [(128, 64, 13, 8, 3), (128, 64, 13, 4, 2), (128, 128, 13, 8, 2), (128, 128, 8, 8, 2),
+                    (256, 64, 8, 8, 2), (256, 32, 8, 8, 2)]
         tiles = [{"block_m": bm, "block_n": bn, "splits": splits, "num_warps": warps, "num_stages": stages}
                  for bm, bn, splits, warps, stages in configs]
         res["configs"] = sweep_tiles(lambda **tile: paged_attention(*inputs, **tile), expected, tiles)
@@ -682,7 +684,11 @@ def gdn_short_pass(lens):
                    ("chunk", dict(short, precision="bf16", prepare={"precision": "tf32"})),
                    ("chunk", dict(short, precision="bf16", block_v=32)),
                    ("chunk", dict(short, precision="bf16", num_warps=8, num_stages=3)),
-                   ("chunk", dict(short, precision="bf16", split_output=True))]
+                   ("chunk", dict(short, precision="bf16", split_output=True)),
+                   ("chunk", dict(short, prepare={"sub": 8})), ("chunk", dict(short, prepare={"sub": 4})),
+                   ("chunk", dict(short, prepare={"warps": 2})), ("chunk", dict(short, prepare={"warps": 8})),
+                   ("chunk", dict(short, num_warps=2)), ("chunk", dict(short, num_warps=8)),
+                   ("chunk", dict(short, num_stages=1)), ("chunk", dict(short, num_stages=3))]
         for kind, tiles in configs[:3] if SMOKE else configs:
             cfg = {"kernel": kind, **tiles}
             kernel = triton_chunk.chunk_gdn if kind == "chunk" else gdn_recurrent
@@ -728,6 +734,17 @@ def moe_align(tokens: int):
             res["counting_sort_kernel_us"] = round(
                 time_graph_us(lambda: experts_mod.align_pairs(ids, EXPERTS + 1, 16)), 2)
             res["torch_sort_and_align_kernel_us"] = round(time_graph_us(sorted_path), 2)
+        # (method, rank block, warps): the counting sort's programs, and one program sorting every pair
+        variants = [("count", 32, 4), ("count", 128, 4), ("count", 64, 8), ("count", 64, 2),
+                    ("sort", 0, 4), ("sort", 0, 8), ("sort", 0, 16)]
+        res["variants"] = []
+        for method, block, warps in variants:
+            run = lambda: experts_mod._count_and_rank(flat, EXPERTS + 1, 16, method, block or 64, warps)  # noqa: E731
+            cfg = {"method": method, "rank_block": block, "num_warps": warps,
+                   "same_as_counting_sort": all(torch.equal(x, y) for x, y in zip(run(), (order, offsets, block_start)))}
+            if not SMOKE:
+                cfg["kernel_us"] = round(time_graph_us(run), 2)
+            res["variants"].append(cfg)
         return res
     return body
 
@@ -876,7 +893,7 @@ def main():
                                                                                   1 if SMOKE else 2))
     for lens in ([12, 4],) if SMOKE else ([16, 16], [48, 16], [80, 16], [112, 16]):
         run_case(report, f"gdn_short_pass_{lens[0]}", gdn_short_pass(lens))
-    for tokens in (4,) if SMOKE else (96, 128):
+    for tokens in (4,) if SMOKE else (80, 96, 128):
         run_case(report, f"moe_align_T{tokens}", moe_align(tokens))
     for impl in ("triton", "triton_tf32x3", "recurrent"):
         run_case(report, f"gdn_prefill_{impl}_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", impl))

@@ -51,7 +51,11 @@ class StepLog:
         return steps
 
 
-def kernel_table(fn, rows: int = 18) -> list[dict]:
+KERNEL_ROWS = 18  # rows of each kernel table (--rows)
+
+
+def kernel_table(fn, rows: int | None = None) -> list[dict]:
+    rows = rows or KERNEL_ROWS
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -192,10 +196,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", nargs="?", default="qwen3.5-35b-a3b")
     ap.add_argument("--history", type=int, default=8192)
-    ap.add_argument("--concurrency", default="1,8,64,128")
+    ap.add_argument("--concurrency", default="1,8,64,128", help="decode batch sizes; empty: no decode")
+    ap.add_argument("--rows", type=int, default=KERNEL_ROWS, help="rows of each kernel table")
     ap.add_argument("--no-prefix", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    global KERNEL_ROWS
+    KERNEL_ROWS = args.rows
     engine = dummy_engine(args.shape, max_num_seqs=128, max_model_len=16384, max_num_batched_tokens=8192)
     tokens = random_tokens(engine.model_config.vocab_size)
     result = {**results_io.header(), "shape": args.shape}
@@ -216,7 +223,7 @@ def main() -> None:
         results_io.write(args.out, result)
     engine.reset_prefix_cache()
     result["decode"] = []
-    for c in (int(c) for c in args.concurrency.split(",")):
+    for c in (int(c) for c in args.concurrency.split(",") if c):
         decode_overhead(engine, tokens, c, steps=8)  # warm-up
         log.take()
         result["decode"].append(decode_overhead(engine, tokens, c))
