@@ -197,7 +197,7 @@ def main() -> None:
     ap.add_argument("shape", nargs="?", default="qwen3.5-35b-a3b")
     ap.add_argument("--history", type=int, default=8192)
     ap.add_argument("--concurrency", default="1,8,64,128", help="decode batch sizes; empty: no decode")
-    ap.add_argument("--rows", type=int, default=KERNEL_ROWS, help="rows of each kernel table")
+    ap.add_argument("--rows", type=int, default=18, help="rows of each kernel table")
     ap.add_argument("--no-prefix", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
