@@ -734,13 +734,11 @@ def moe_align(tokens: int):
             res["counting_sort_kernel_us"] = round(
                 time_graph_us(lambda: experts_mod.align_pairs(ids, EXPERTS + 1, 16)), 2)
             res["torch_sort_and_align_kernel_us"] = round(time_graph_us(sorted_path), 2)
-        # (method, rank block, warps): the counting sort's programs, and one program sorting every pair
-        variants = [("count", 32, 4), ("count", 128, 4), ("count", 64, 8), ("count", 64, 2),
-                    ("sort", 0, 4), ("sort", 0, 8), ("sort", 0, 16)]
+        # (pairs ranked by each program, warps) of the counting sort
         res["variants"] = []
-        for method, block, warps in variants:
-            run = lambda: experts_mod._count_and_rank(flat, EXPERTS + 1, 16, method, block or 64, warps)  # noqa: E731
-            cfg = {"method": method, "rank_block": block, "num_warps": warps,
+        for block, warps in ((32, 4), (64, 4), (128, 4), (64, 8), (32, 2)):
+            run = lambda: experts_mod._count_and_rank(flat, EXPERTS + 1, 16, block, warps)  # noqa: E731
+            cfg = {"rank_block": block, "num_warps": warps,
                    "same_as_counting_sort": all(torch.equal(x, y) for x, y in zip(run(), (order, offsets, block_start)))}
             if not SMOKE:
                 cfg["kernel_us"] = round(time_graph_us(run), 2)

@@ -18,6 +18,7 @@ def test_copy_blocks_copies_every_layer_and_nothing_else():
     before = {layer: (pool.k[layer].clone(), pool.v[layer].clone()) for layer in layers}
     source, dest = rng.sample(range(9), 2)
     pool.copy_block_at(torch.tensor([source, source]))  # onto itself: nothing changes
+    pool.copy_block_at(torch.tensor([-1, dest]))  # no source: nothing is copied
     pool.copy_blocks([(source, dest)])
     for layer in layers:
         for now, then in zip((pool.k[layer], pool.v[layer]), before[layer]):

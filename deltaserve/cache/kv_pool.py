@@ -8,6 +8,8 @@ before a 35B-A3B follow-up turn's prefill on the H200."""
 
 import torch
 
+from deltaserve import kernels
+
 
 class KVPool:
     def __init__(self, layer_ids: list[int], num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
@@ -24,8 +26,11 @@ class KVPool:
 
     def copy_block_at(self, pair: torch.Tensor) -> None:
         """copy_blocks for the pair (source, destination) in the device tensor `pair` [2]; no host work, so a
-        CUDA graph can hold it (a source equal to its destination copies nothing)."""
-        self.kv.index_copy_(2, pair[1:], self.kv.index_select(2, pair[:1]))
+        CUDA graph can hold it (a negative source copies nothing). K and V are two layer-major pools
+        whose slots are the blocks: one slot-copy launch (torch's index_select and index_copy_ over the
+        block dimension took 20 launches each, 0.17 ms of a 35B-A3B follow-up turn's pass on the H200)."""
+        pools = (self.kv[0], self.kv[1])
+        kernels.copy_slot_at(pools, pools, pair)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """(source, destination): copies every layer's K and V of each source block into the destination."""

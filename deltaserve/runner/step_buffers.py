@@ -107,8 +107,8 @@ class StepBuffers:
         `captures` (row, snapshot slot), rows distinct and below n, are padded with entries past the pass
         (see graph_capture_pairs) up to MAX_GRAPH_CAPTURES; returns them all. `restore` (snapshot slot,
         state slot): the pass starts by copying that snapshot into the sequence's slot (None: -1, none);
-        `kv_copy` (source block, destination block): and that KV block into the sequence's (None: block 0
-        onto itself)."""
+        `kv_copy` (source block, destination block): and that KV block into the sequence's (None: -1,
+        none)."""
         n = len(host.input_ids)
         pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
         assert len(host.seq_lens) == 1 and n < num_rows and all(row < n for row, _ in captures)
@@ -127,7 +127,7 @@ class StepBuffers:
         self._field(meta, "logits_index")[0] = n - 1
         self._field(meta, "live_rows")[0] = n
         self._field(meta, "restore")[:] = restore if restore is not None else (-1, self.padding_slot)
-        self._field(meta, "kv_copy")[:] = kv_copy if kv_copy is not None else (0, 0)
+        self._field(meta, "kv_copy")[:] = kv_copy if kv_copy is not None else (-1, 0)
         self.meta.copy_(mirror, non_blocking=True)
         self._load_block_tables(mirror_blocks, host.block_tables, 2, contiguous_rows=True)
         table = mirror_captures.numpy()

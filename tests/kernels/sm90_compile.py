@@ -124,11 +124,10 @@ def cases():
     yield ("paged_attention_merge_11", paged._merge_splits_kernel, {"part": "*fp32", "lse": "*fp32", "o": bf16},
            dict(Q_HEADS=16, HEAD_DIM=256, BLOCK_D=256, SPLITS=11, SPLITS_P2=16), 2, 1)
 
-    ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first", "cap_record",
-                                "cap_row0")}
+    ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps")}
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
     long = (gdn.CHUNK, 32, "", False, "tf32", gdn.LONG_PASS_PREPARE["sub"], gdn.LONG_PASS_PREPARE["precision"], 4, 2)
-    short = (16, 64, "_short", False, "tf32", 16, "tf32x3", 4, 2)
+    short = (16, 64, "_short", False, "tf32", gdn.SHORT_PASS_PREPARE["sub"], "tf32x3", 4, 2)
     split_output = (gdn.CHUNK, 32, "_split", True, "bf16", 8, "tf32", 8, 3)  # an option kernels_check measures
     for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages in (long, short, split_output):
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
@@ -136,10 +135,10 @@ def cases():
                dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32"), 4, 1)
         for captures in (False, True):
             yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}", gdn._chunk_state_kernel,
-                   dict(inputs, **ints), dict(heads, BV=bv, BLOCK_B=16, HAS_CAPTURES=captures, SPLIT_OUTPUT=split,
-                                              LOOP_FOR=True, PRECISION=precision), warps, stages)
+                   dict(inputs, **ints), dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=captures,
+                                              SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision), warps, stages)
         yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
-               dict(heads, BV=bv, U_IS_V_NEW=split, PRECISION=precision), 4, 1)
+               dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, U_IS_V_NEW=split, PRECISION=precision), 4, 1)
     yield ("gdn_chunk_output", gdn._chunk_output_kernel, dict(inputs, **ints),
            dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
                 PRECISION="bf16"), 4, 2)

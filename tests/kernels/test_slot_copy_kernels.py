@@ -42,6 +42,18 @@ def test_copy_slot_at_reads_the_slots_from_the_device(restore):
         assert torch.equal(got, old) != restore  # a restore changes the slot (random values), none does not
 
 
+def test_copy_slot_at_moves_a_kv_block_within_its_own_pool():
+    # KVPool's layout: K and V of every layer in one tensor [2, layers, blocks, page, heads, dim], each a
+    # layer-major pool whose slots are the blocks; the copy reads and writes the same pools.
+    kv = torch.randn(2, 3, 7, 4, 2, 8).to(torch.bfloat16)
+    pools = (kv[0], kv[1])
+    source, dest = (int(i) for i in torch.randperm(7)[:2])
+    expected = kv.clone()
+    expected[:, :, dest] = kv[:, :, source]
+    copy_slot_at(pools, pools, torch.tensor([source, dest]))
+    assert torch.equal(kv, expected)
+
+
 def test_slot_is_contiguous():
     pool = torch.zeros(2, 3, 4, 5)
     assert slot_is_contiguous(pool) and slot_is_contiguous(pool[:, :2])

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.capture_rows import capture_tables
+from deltaserve.kernels.capture_rows import as_capture_rows
 
 CHUNK = 64
 OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_output)
@@ -40,6 +40,10 @@ OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_out
 # inverse took it from 535 to 385 us on one 8192-token prompt of the Qwen3.5 shapes on the H200 (relative
 # error of o 4.1e-3 against 3.8e-3; kernels_check_gdn_prefill.json, gdn_prefill_tiles_8192).
 LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32"}
+# On short passes (chunk 16), 4-row diagonal blocks: forward substitution over 3 rows instead of 15, the
+# rest in three small dots. The prepare kernel of an 80-row pass took 8.4 us against 11.5, with the same
+# errors (H200, kernels_check_short_pass_tiles.json, gdn_short_pass_80).
+SHORT_PASS_PREPARE = {"sub": 4}
 
 
 @triton.jit
@@ -70,6 +74,14 @@ def _first_chunk(seq, query_start_loc, CHUNK: tl.constexpr, BLOCK_B: tl.constexp
     """The global index of sequence `seq`'s first chunk (the chunks of the sequences before it)."""
     lanes = tl.arange(0, BLOCK_B)
     return tl.sum(_chunk_counts(query_start_loc, lanes, lanes < seq, CHUNK)[2], 0)
+
+
+@triton.jit
+def _captures_before(cap_rows, num_caps, row, BLOCK_CAPS: tl.constexpr):
+    """How many of the distinct, sorted capture rows come before `row`: the index of the first capture
+    at or after it."""
+    c = tl.arange(0, BLOCK_CAPS)
+    return tl.sum((tl.load(cap_rows + c, mask=c < num_caps, other=2147483647) < row).to(tl.int32), 0)
 
 
 @triton.jit
@@ -182,8 +194,8 @@ def _normalized_rows(x, t, live, head_offset, offs_k, mask_k, stride_t):
 
 
 @triton.jit
-def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, cap_record,
-                cap_row0, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
+def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
+                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
                 stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale,
                 HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, CHUNK: tl.constexpr,
                 HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PRECISION: tl.constexpr):
@@ -198,17 +210,14 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_
     mask_ov = live[:, None] & mask_v[None, :]
     if HAS_CAPTURES:
         # Capture rows in this chunk (no branch, so the loop stays pipelined): the state before the
-        # chunk is kept under the index of the chunk's first capture, and each capture notes that
-        # index and the chunk's first row; `_chunk_snapshot_kernel` finishes them afterwards.
+        # chunk is kept under the index of the chunk's first capture (the captures before the chunk's
+        # first row), where `_chunk_snapshot_kernel` finds it afterwards.
         window = cap_i + rows  # at most CHUNK distinct capture rows fall in one chunk
         in_chunk = tl.load(cap_rows + window, mask=window < num_caps, other=2147483647) < row0 + count
         found = tl.sum(in_chunk.to(tl.int32), 0)
         tile = offs_k[:, None] * DV + offs_v[None, :]
         tl.store(cap_state + (cap_i.to(tl.int64) * HV + head) * DK * DV + tile, state,
                  mask=mask_k[:, None] & mask_v[None, :] & (found > 0))
-        first_program = (head == 0) & (vtile == 0)
-        tl.store(cap_record + window, cap_i + rows * 0, mask=in_chunk & first_program)
-        tl.store(cap_row0 + window, row0 + rows * 0, mask=in_chunk & first_program)
         cap_i += found
 
     w = tl.load(w_buf + (t[:, None] * HV + head) * DK + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
@@ -237,12 +246,12 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_
 
 @triton.jit
 def _chunk_state_kernel(
-    q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
-    cap_record, cap_row0, o, chunk_states, num_caps,
+    q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
+    o, chunk_states, num_caps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
-    LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_CAPS: tl.constexpr, HAS_CAPTURES: tl.constexpr,
+    SPLIT_OUTPUT: tl.constexpr, LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     chunk = seq * 0  # the global index of the sequence's first chunk, as the prepare kernel numbers them
@@ -262,12 +271,11 @@ def _chunk_state_kernel(
 
     cap_i = start * 0  # int32 index of the next capture, carried through the chunk loop
     if HAS_CAPTURES:
-        cap_i = tl.load(cap_first + seq)  # the first capture at or after this sequence's first row
+        cap_i = _captures_before(cap_rows, num_caps, start, BLOCK_CAPS)  # the first at or after its first row
     if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
         for row0 in range(start, end, CHUNK):
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, cap_record, cap_row0,
-                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
                 stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
                 PRECISION)
             chunk += 1
@@ -275,8 +283,7 @@ def _chunk_state_kernel(
         row0 = start
         while row0 < end:
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, cap_record, cap_row0,
-                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
                 stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
                 PRECISION)
             chunk += 1
@@ -286,20 +293,26 @@ def _chunk_state_kernel(
 
 @triton.jit
 def _chunk_snapshot_kernel(
-    k, w_buf, u_buf, g_buf, cap_rows, cap_snaps, cap_state, cap_record, cap_row0, h_snapshots,
+    k, w_buf, u_buf, g_buf, query_start_loc, num_seqs, cap_rows, cap_snaps, cap_state, num_caps, h_snapshots,
     stride_k_t, stride_k_h, stride_snap,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    CHUNK: tl.constexpr, U_IS_V_NEW: tl.constexpr, PRECISION: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_CAPS: tl.constexpr, U_IS_V_NEW: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Per (capture, value head, tile of BV columns): the state after the capture row r,
     exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before the chunk
-    (U_IS_V_NEW: the state kernel left v_new in u_buf)."""
+    (U_IS_V_NEW: the state kernel left v_new in u_buf). The state kernel kept S under the index of the
+    chunk's first capture; both find the chunk from query_start_loc alone."""
     cap, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    record = tl.load(cap_record + cap)
-    if record >= 0:  # -1: the row is in no sequence of the batch
+    r = tl.load(cap_rows + cap)
+    lanes = tl.arange(0, BLOCK_B)
+    starts = tl.load(query_start_loc + lanes, mask=lanes < num_seqs, other=2147483647)
+    seq_start = tl.max(tl.where(starts <= r, starts, 0), 0)  # the first row of r's sequence
+    if r < tl.load(query_start_loc + num_seqs):  # rows past the batch (a graph's spare entries): none
         key_head = head // (HV // HK)
-        row0 = tl.load(cap_row0 + cap)
-        last = tl.load(cap_rows + cap) - row0
+        row0 = seq_start + (r - seq_start) // CHUNK * CHUNK
+        record = _captures_before(cap_rows, num_caps, row0, BLOCK_CAPS)
+        last = r - row0
         rows = tl.arange(0, CHUNK)
         live = rows <= last
         t = row0.to(tl.int64) + rows
@@ -389,7 +402,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         return o
     interpret = not q.is_cuda
     long_16bit_pass = chunk >= CHUNK and not interpret and q.dtype != torch.float32
-    prepare = dict(LONG_PASS_PREPARE if long_16bit_pass else {}, **(prepare or {}))
+    prepare = dict(LONG_PASS_PREPARE if long_16bit_pass else SHORT_PASS_PREPARE if chunk < CHUNK else {},
+                   **(prepare or {}))
     if interpret:
         precision = prepare_precision = inverse_precision = "ieee"
     elif q.dtype == torch.float32:
@@ -417,22 +431,23 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     block_v = max(16, min(block_v or 32, triton.next_power_of_2(dv)))
     has_captures = bool(capture_rows) and h_snapshots is not None
     num_caps = 0
-    cap_rows = cap_snaps = cap_first = cap_state = cap_record = cap_row0 = state_slots  # unused placeholders
+    cap_rows = cap_snaps = cap_state = state_slots  # unused placeholders
     if has_captures:
         assert h_snapshots.is_contiguous()
-        cap_rows, cap_snaps, cap_first, repeats = capture_tables(capture_rows, query_start_loc)
+        # No launch besides the kernels' own: each finds a capture's chunk from the tables itself (a
+        # search and two fills per layer were 4 us of a short pass's ~45 per GDN layer on the H200).
+        cap_rows, cap_snaps, repeats = as_capture_rows(capture_rows).distinct_rows(dev)
         num_caps = cap_rows.shape[0]
         cap_state = torch.empty((num_caps, hv, dk, dv), dtype=torch.float32, device=dev)
-        cap_record = torch.full((num_caps,), -1, dtype=torch.int32, device=dev)
-        cap_row0 = torch.zeros((num_caps,), dtype=torch.int32, device=dev)
     split = bool(split_output)
     block_b = max(16, triton.next_power_of_2(seqs))
+    block_caps = max(16, triton.next_power_of_2(num_caps))
     chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=torch.float32, device=dev) if split else w_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
-        q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
-        cap_record, cap_row0, o, chunk_states, num_caps,
+        q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
+        o, chunk_states, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=block_caps,
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
         num_warps=num_warps or 4, num_stages=num_stages or 2,
     )
@@ -446,9 +461,10 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         )
     if has_captures:
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
-            k, w_buf, u_buf, g_buf, cap_rows, cap_snaps, cap_state, cap_record, cap_row0, h_snapshots,
+            k, w_buf, u_buf, g_buf, query_start_loc, seqs, cap_rows, cap_snaps, cap_state, num_caps, h_snapshots,
             k.stride(0), k.stride(1), h_snapshots.stride(0),
-            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, U_IS_V_NEW=split, PRECISION=precision,
+            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=block_caps,
+            U_IS_V_NEW=split, PRECISION=precision,
             num_warps=4,
         )
         for slot, source in repeats:

@@ -192,9 +192,11 @@ def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]
 # of the pairs before its own (where its pairs go in their runs). For 864 pairs over 257 experts it took
 # 7.1 us on the H200 against 38.4 for torch's radix sort and the binary-search align kernel behind it
 # (benchmarks/results/kernels_check_moe_align.json): a millisecond over the 40 layers of a short prefill
-# pass. Larger batches take torch's sort.
+# pass. Larger batches take torch's sort. Ranking 32 pairs a program took 720 pairs (an 80-row graph pass)
+# 6.1 us against 7.3 at 64 and 9.2 at 128; one program sorting every pair in registers (tl.sort) took 8.2
+# (H200, kernels_check_short_pass_tiles.json, moe_align_T80).
 COUNTING_SORT_MAX_PAIRS = 4096
-RANK_BLOCK = 64
+RANK_BLOCK = 32
 COMBINE_BLOCK = 1024
 
 
@@ -243,40 +245,17 @@ def _combine_kernel(y, ids, out, stride_y, stride_out, TOP_K: tl.constexpr, HIDD
     tl.store(out + token * stride_out + offs, acc.to(out.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _sort_pairs_kernel(ids, order, offsets, block_start, num_pairs, EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr,
-                       BLOCK_M: tl.constexpr, ALL: tl.constexpr):
-    """The same stable order and layout as _count_and_rank_kernel from one program: every pair's key
-    (expert, index) sorted in registers (a bitonic network); order[r] = the index of the r-th key."""
-    TRASH: tl.constexpr = BLOCK_E - 1
-    j = tl.arange(0, ALL)
-    valid = j < num_pairs
-    id_j = tl.load(ids + j, mask=valid, other=TRASH).to(tl.int32)
-    ranked = tl.sort(id_j * ALL + j)
-    tl.store(order + j, (ranked % ALL).to(tl.int64), mask=valid)
-    lanes = tl.arange(0, BLOCK_E)
-    counts = tl.where(lanes < EXPERTS, tl.histogram(id_j, BLOCK_E), 0)
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    tl.store(offsets + lanes, tl.cumsum(counts, 0) - counts, mask=lanes <= EXPERTS)
-    tl.store(block_start + lanes, tl.cumsum(blocks, 0) - blocks, mask=lanes <= EXPERTS)
-
-
-def _count_and_rank(flat_ids: torch.Tensor, num_experts: int, block_m: int, method: str = "count",
-                    rank_block: int = RANK_BLOCK, num_warps: int = 4):
-    """(order, offsets, block_start) by the counting sort (see COUNTING_SORT_MAX_PAIRS); method "sort":
-    by _sort_pairs_kernel instead."""
+def _count_and_rank(flat_ids: torch.Tensor, num_experts: int, block_m: int, rank_block: int = RANK_BLOCK,
+                    num_warps: int = 4):
+    """(order, offsets, block_start) by the counting sort (see COUNTING_SORT_MAX_PAIRS)."""
     pairs, device = flat_ids.shape[0], flat_ids.device
     order = torch.empty(pairs, dtype=torch.int64, device=device)
     offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
     block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
-    block_e, every = triton.next_power_of_2(num_experts + 2), triton.next_power_of_2(pairs)
-    if method == "sort":
-        _sort_pairs_kernel[(1,)](flat_ids, order, offsets, block_start, pairs, EXPERTS=num_experts, BLOCK_E=block_e,
-                                 BLOCK_M=block_m, ALL=every, num_warps=num_warps)
-        return order, offsets, block_start
     _count_and_rank_kernel[(triton.cdiv(pairs, rank_block),)](
         flat_ids, order, offsets, block_start, pairs, EXPERTS=num_experts,
-        BLOCK_E=block_e, BLOCK_M=block_m, ALL=every, BLOCK=rank_block, num_warps=num_warps)
+        BLOCK_E=triton.next_power_of_2(num_experts + 2), BLOCK_M=block_m, ALL=triton.next_power_of_2(pairs),
+        BLOCK=rank_block, num_warps=num_warps)
     return order, offsets, block_start
 
 
