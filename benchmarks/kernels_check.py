@@ -513,7 +513,8 @@ def silu_mul(tokens):
     return body
 
 
-def conv(lens, label):
+def conv(lens, label, tiles=()):
+    """tiles: (block_t, block_c) of the per-sequence kernel to time beside the default path."""
     from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d
 
     def body():
@@ -525,13 +526,30 @@ def conv(lens, label):
         x = torch.randn(tokens, CONV_DIM + 512, device=DEV, dtype=BF16)[:, :CONV_DIM]
         captures = [(lens[0] // 2, 0), (tokens - 1, 1)] if tokens > 2 else None
         snaps, ref_snaps = (torch.zeros(2, CONV_DIM, CONV_K - 1, device=DEV, dtype=BF16) for _ in range(2))
-        ref_state, tri_state = state.float(), state.clone()
+        ref_state, tri_state = state.float().clone(), state.clone()
         expected = conv_ref.causal_conv1d(x.float(), w.float(), ref_state, slots.long(), starts, captures, ref_snaps)
         out = causal_conv1d(x, w, tri_state, slots, starts, captures, snaps)
+        state_after = tri_state.clone()
         res = {"shape": label, "rel_err_out": rel_err(out, expected), "rel_err_state": rel_err(tri_state, ref_state)}
         if captures:
             res["rel_err_snapshots"] = rel_err(snaps, ref_snaps)
         res.update(timing(lambda: causal_conv1d(x, w, tri_state, slots, starts), nbytes=x.numel() * 2 * 2))
+        if tiles:  # the per-sequence kernel alone (block_t given) against the default, with the captures
+            if not SMOKE:
+                res["default_with_captures_us"] = round(
+                    time_graph_us(lambda: causal_conv1d(x, w, tri_state, slots, starts, captures, snaps)), 2)
+            res["configs"] = []
+            for block_t, block_c in tiles:
+                cfg = {"block_t": block_t, "block_c": block_c}
+                s2, sn2 = state.clone(), torch.zeros_like(snaps)
+                fn = lambda: causal_conv1d(x, w, s2, slots, starts, captures, sn2, block_c, block_t)  # noqa: E731
+                got = fn()
+                cfg["same_as_default"] = bool(torch.equal(got, out) and torch.equal(s2, state_after)
+                                              and torch.equal(sn2, snaps))
+                cfg["rel_err_out"] = rel_err(got, expected)
+                if not SMOKE:
+                    cfg["kernel_us"] = round(time_graph_us(fn), 2)
+                res["configs"].append(cfg)
         return res
     return body
 
@@ -873,6 +891,9 @@ def main():
     ragged = [10, 1, 7] if SMOKE else [300, 1, 77]
     run_case(report, "conv1d_prefill_ragged", conv(ragged, f"ragged prefill {ragged} with captures"))
     run_case(report, f"conv1d_prefill_{big}", conv([big], f"one {big}-token prompt"))
+    for lens in ([12, 4],) if SMOKE else ([80, 16], [112, 16]):  # graph-replayed short passes and padding
+        run_case(report, f"conv1d_short_pass_{lens[0]}",
+                 conv(lens, f"short pass {lens} with captures", [(32, 64), (32, 128), (16, 128), (16, 256), (64, 64)]))
     for tokens in (1, 5) if SMOKE else (1, 2, 4, 8, 16, 32, 64, 128, 2048):
         run_case(report, f"moe_T{tokens}", moe(tokens))
     for tokens in (1, 5) if SMOKE else (1, 16, 24, 28, 32, 48):

@@ -92,11 +92,13 @@ def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
-                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                    gate: torch.Tensor | None = None) -> torch.Tensor:
+    """gate: the output is multiplied by sigmoid(gate) [T, Hq, D] (in the kernel's last store)."""
     if use_triton(q):
         from deltaserve.kernels.attention.triton_paged_attention import paged_attention as kernel
-        return kernel(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
-    return _attn.paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+        return kernel(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, gate=gate)
+    return _attn.paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, gate)
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, state_slots: torch.Tensor,

@@ -48,6 +48,19 @@ def test_paged_attention_short_chunks_over_a_long_cached_prefix():
     assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.2), expected)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_paged_attention_applies_the_output_gate_in_its_last_store(splits):
+    # Qwen3.5's gate: the second half of each head's q projection, a strided view like q itself.
+    seq_lens, q_lens = [21, 6], [5, 6]
+    k_cache, v_cache, tables = _paged_pools(seq_lens, 4, 2, 16)
+    starts, lens = torch.tensor([0] + q_lens).cumsum(0), torch.tensor(seq_lens)
+    q, gate = torch.randn(sum(q_lens), 4, 2 * 16).chunk(2, dim=-1)
+    expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, gate)
+    ungated = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3)
+    assert torch.allclose(expected, ungated * torch.sigmoid(gate))
+    assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, splits=splits, gate=gate), expected)
+
+
 @pytest.mark.parametrize("splits", [None, 1, 2, 3, 8])
 def test_paged_attention_decode_batch(splits):
     seq_lens = [3, 17, 9, 40]  # with 8 splits of whole 16-key tiles, some splits get no keys

@@ -29,8 +29,10 @@ def paged_attention(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of q [T, Hq, D] over each sequence's paged K/V. Returns [T, Hq, D]."""
+    """Causal attention of q [T, Hq, D] over each sequence's paged K/V. Returns [T, Hq, D], times
+    sigmoid(gate) ([T, Hq, D]) when a gate is given (the output gate of Qwen3-Next / Qwen3.5)."""
     out = torch.zeros_like(q)
     block_size = k_cache.shape[1]
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
@@ -43,7 +45,7 @@ def paged_attention(
         k = k_cache[blocks].flatten(0, 1)[:seq_len]
         v = v_cache[blocks].flatten(0, 1)[:seq_len]
         out[q_start:q_end] = _causal_attention(q[q_start:q_end], k, v, scale)
-    return out
+    return out if gate is None else out * torch.sigmoid(gate)
 
 
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -54,13 +54,22 @@ def _attend_keys(n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, blo
 
 
 @triton.jit
+def _gated(out, gate, row, head, offs_d, mask, stride_g_t, stride_g_h, HAS_GATE: tl.constexpr):
+    """out * sigmoid(gate) at the (row, head) of each output element, in fp32 (out itself without a gate)."""
+    if HAS_GATE:
+        g = tl.load(gate + row * stride_g_t + head * stride_g_h + offs_d, mask=mask, other=0.0).to(tl.float32)
+        out = out / (1.0 + tl.exp(-g))
+    return out
+
+
+@triton.jit
 def _paged_attention_kernel(
-    q, k_cache, v_cache, o, lse, query_start_loc, seq_lens, block_tables, scale_log2,
-    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kc_block, stride_kc_pos, stride_kc_head,
-    stride_vc_block, stride_vc_pos, stride_vc_head, stride_bt,
+    q, k_cache, v_cache, o, lse, gate, query_start_loc, seq_lens, block_tables, scale_log2,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_g_t, stride_g_h, stride_kc_block, stride_kc_pos,
+    stride_kc_head, stride_vc_block, stride_vc_pos, stride_vc_head, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-    LOOP_FOR: tl.constexpr,
+    LOOP_FOR: tl.constexpr, HAS_GATE: tl.constexpr,
 ):
     seq, kv_head = tl.program_id(0), tl.program_id(1)
     tile, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
@@ -110,13 +119,17 @@ def _paged_attention_kernel(
             tl.store(o + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_valid[:, None] & mask_d[None, :])
             tl.store(lse + part, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_i)), mask=row_valid)
         else:
+            mask = row_valid[:, None] & mask_d[None, :]
+            out = _gated(out, gate, out_row[:, None], head[:, None], offs_d[None, :], mask, stride_g_t, stride_g_h,
+                         HAS_GATE)
             o_ptrs = o + out_row[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :]
-            tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_valid[:, None] & mask_d[None, :])
+            tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _merge_splits_kernel(part, lse, o, stride_o_t, stride_o_h, Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+def _merge_splits_kernel(part, lse, o, gate, stride_o_t, stride_o_h, stride_g_t, stride_g_h, Q_HEADS: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+                         SPLITS_P2: tl.constexpr, HAS_GATE: tl.constexpr):
     """One (token, head): the splits' outputs weighted by their share of the softmax mass."""
     token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     row = token * Q_HEADS + head
@@ -128,16 +141,23 @@ def _merge_splits_kernel(part, lse, o, stride_o_t, stride_o_h, Q_HEADS: tl.const
     weight = tl.exp2(lse_s - tl.where(top == float("-inf"), 0.0, top))
     outs = tl.load(part + (row * SPLITS + splits)[:, None] * BLOCK_D + offs_d[None, :], mask=real[:, None], other=0.0)
     out = tl.sum(outs * weight[:, None], 0) / tl.maximum(tl.sum(weight, 0), 1e-30)
+    out = _gated(out, gate, token, head, offs_d, offs_d < HEAD_DIM, stride_g_t, stride_g_h, HAS_GATE)
     tl.store(o + token * stride_o_t + head * stride_o_h + offs_d, out.to(o.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
                     block_m: int | None = None, block_n: int | None = None, splits: int | None = None,
-                    num_warps: int | None = None, num_stages: int = 2, loop_for: bool | None = None) -> torch.Tensor:
-    """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D].
-    loop_for: walk the keys in a for loop (pipelined) rather than a while loop; by default on the GPU."""
+                    num_warps: int | None = None, num_stages: int = 2, loop_for: bool | None = None,
+                    gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D],
+    times sigmoid(gate) when given (applied in the last store: a Qwen3.5 attention layer's gate took three
+    elementwise launches after it). loop_for: walk the keys in a for loop (pipelined) rather than a while
+    loop; by default on the GPU."""
     if q.stride(-1) != 1:
         q = q.contiguous()
+    if gate is not None and gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    gate_args = (gate.stride(0), gate.stride(1)) if gate is not None else (0, 0)
     tokens, q_heads, head_dim = q.shape
     kv_heads, page = k_cache.shape[2], k_cache.shape[1]
     group = q_heads // kv_heads
@@ -177,18 +197,19 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         target, lse = o, o
     grid = (seqs, kv_heads, tiles * splits)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, target, lse, query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1),
+        q, k_cache, v_cache, target, lse, gate if gate is not None else q, query_start_loc, seq_lens, block_tables,
+        scale * 1.4426950408889634, q.stride(0), q.stride(1), o.stride(0), o.stride(1), *gate_args,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=page,
         BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        LOOP_FOR=q.is_cuda if loop_for is None else loop_for,
+        LOOP_FOR=q.is_cuda if loop_for is None else loop_for, HAS_GATE=gate is not None and splits == 1,
         num_warps=num_warps or (8 if block_m * head_dim >= 64 * 256 else 4), num_stages=num_stages,
     )
     if splits > 1:
         _merge_splits_kernel[(tokens, q_heads)](
-            target, lse, o, o.stride(0), o.stride(1), Q_HEADS=q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=2,
+            target, lse, o, gate if gate is not None else o, o.stride(0), o.stride(1), *gate_args, Q_HEADS=q_heads,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
+            HAS_GATE=gate is not None, num_warps=2,
         )
     return o

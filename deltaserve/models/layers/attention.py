@@ -51,7 +51,8 @@ class Attention(nn.Module):
             q = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache,
                                         batch.slot_mapping, self.q_norm, self.k_norm, self.norm_eps, self.norm_offset)
             out = kernels.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
-                                          batch.block_tables, self.scale)
+                                          batch.block_tables, self.scale, gate)
+            gate = None  # applied in the attention's last store
         out = out.reshape(tokens, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate.reshape(tokens, -1))

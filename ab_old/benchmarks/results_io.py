@@ -1,0 +1,36 @@
+"""Result files: JSON with date, commit, GPU and the exact command."""
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+
+def commit() -> str:
+    """DELTASERVE_COMMIT when set (a copy of the tree may carry a stale .git), else git's HEAD."""
+    if os.environ.get("DELTASERVE_COMMIT"):
+        return os.environ["DELTASERVE_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def header() -> dict:
+    import torch
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+    }
+
+
+def write(path: str, payload: dict) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)

@@ -1,0 +1,31 @@
+"""deltaserve: an LLM inference engine and OpenAI-compatible server for hybrid linear-attention models."""
+
+from deltaserve.errors import (
+    DeltaServeError,
+    EngineDeadError,
+    InvalidPromptError,
+    InvalidSamplingParamsError,
+    PromptTooLongError,
+    RequestNotFoundError,
+    ShapeMismatchError,
+    UnsupportedArchitectureError,
+    WeightLoadError,
+)
+from deltaserve.outputs import CompletionOutput, Logprob, RequestOutput
+from deltaserve.sampling_params import SamplingParams
+
+
+def __getattr__(name):
+    # LLM pulls in torch and the models; importing it lazily keeps `import deltaserve` light.
+    if name == "LLM":
+        from deltaserve.llm import LLM
+
+        return LLM
+    raise AttributeError(name)
+
+
+__all__ = [
+    "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "DeltaServeError",
+    "EngineDeadError", "InvalidPromptError", "InvalidSamplingParamsError", "PromptTooLongError",
+    "RequestNotFoundError", "ShapeMismatchError", "UnsupportedArchitectureError", "WeightLoadError",
+]

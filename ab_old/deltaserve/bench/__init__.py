@@ -1,0 +1,1 @@
+"""Benchmark clients (`deltaserve bench serve`)."""

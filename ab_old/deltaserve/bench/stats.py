@@ -1,0 +1,73 @@
+"""Per-request measurements of a serving benchmark and their summary per concurrency."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    latency: float = 0.0  # seconds from sending to the last byte
+    ttft: float | None = None  # seconds to the first streamed token
+    itls: list[float] = field(default_factory=list)  # gaps between streamed token chunks
+    error: str | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.ttft is None or self.output_tokens < 2:
+            return None
+        return (self.latency - self.ttft) / (self.output_tokens - 1)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation, as numpy's default does."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def distribution_ms(values_s: list[float]) -> dict[str, float | None]:
+    values = [v * 1000.0 for v in values_s]
+    return {
+        "mean": sum(values) / len(values) if values else None,
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+    }
+
+
+def summarize(concurrency: int, results: list[RequestResult], duration: float, expected_output_len: int,
+              expected_input_len: int | None = None) -> dict:
+    ok = [r for r in results if r.ok]
+    output_tokens = sum(r.output_tokens for r in ok)
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    errors = sorted({r.error for r in results if not r.ok and r.error})
+    return {
+        "concurrency": concurrency,
+        "requests_ok": len(ok),
+        "requests_failed": len(results) - len(ok),
+        "duration_s": duration,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "output_tok_s": output_tokens / duration if duration > 0 else 0.0,
+        "total_tok_s": (output_tokens + prompt_tokens) / duration if duration > 0 else 0.0,
+        "request_s": len(ok) / duration if duration > 0 else 0.0,
+        "output_len_mismatches": sum(1 for r in ok if r.output_tokens != expected_output_len),
+        "input_len_mismatches": (
+            sum(1 for r in ok if r.prompt_tokens != expected_input_len) if expected_input_len is not None else 0
+        ),
+        "ttft_ms": distribution_ms([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": distribution_ms([r.tpot for r in ok if r.tpot is not None]),
+        "itl_ms": distribution_ms([gap for r in ok for gap in r.itls]),
+        "e2e_ms": distribution_ms([r.latency for r in ok]),
+        "errors": errors[:10],
+    }

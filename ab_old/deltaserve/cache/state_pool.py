@@ -1,0 +1,46 @@
+"""StatePool: per GDN layer, the conv state `[slots, conv_dim, kernel-1]` and the recurrent state
+`[slots, v_heads, k_dim, v_dim]` (fp32 unless `state_dtype` says otherwise; the kernels compute in fp32
+whatever it is stored in). One extra slot at the end absorbs padded rows of a graph."""
+
+import torch
+
+from deltaserve.host_to_device import to_device
+from deltaserve.kernels import copy_slot, copy_slot_at
+
+
+class StatePool:
+    def __init__(self, layer_ids: list[int], num_slots: int, conv_dim: int, conv_kernel: int, v_heads: int,
+                 k_dim: int, v_dim: int, dtype: torch.dtype, device: torch.device,
+                 state_dtype: torch.dtype = torch.float32):
+        self.num_slots = num_slots
+        self.padding_slot = num_slots
+        rows = num_slots + 1
+        # One tensor per kind over all layers (layer-major), so a slot of every layer is reset or
+        # copied in one operation; the layers read their own views.
+        self.conv_all = torch.zeros(len(layer_ids), rows, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
+        self.h_all = torch.zeros(len(layer_ids), rows, v_heads, k_dim, v_dim, dtype=state_dtype, device=device)
+        self.conv = {layer: self.conv_all[i] for i, layer in enumerate(layer_ids)}
+        self.h = {layer: self.h_all[i] for i, layer in enumerate(layer_ids)}
+
+    def reset(self, slots: list[int]) -> None:
+        """Zeroes the states of sequences that start from their first token."""
+        if not slots:
+            return
+        index = to_device(slots, self.h_all.device)
+        self.conv_all.index_fill_(1, index, 0)
+        self.h_all.index_fill_(1, index, 0)
+
+    def copy_slots(self, pairs: list[tuple[int, int]], destination: "StatePool") -> None:
+        """(slot here, slot there): copies every layer's states of each slot into `destination`."""
+        for src, dst in pairs:
+            copy_slot((self.conv_all, self.h_all), src, (destination.conv_all, destination.h_all), dst)
+
+    def copy_slots_at(self, slots: torch.Tensor, destination: "StatePool") -> None:
+        """copy_slots for the pair in the device tensor `slots` [2] (a negative slot here: nothing)."""
+        copy_slot_at((self.conv_all, self.h_all), (destination.conv_all, destination.h_all), slots)
+
+    @staticmethod
+    def bytes_per_slot(num_layers: int, conv_dim: int, conv_kernel: int, v_heads: int, k_dim: int, v_dim: int,
+                       dtype: torch.dtype, state_dtype: torch.dtype = torch.float32) -> int:
+        conv = conv_dim * (conv_kernel - 1) * dtype.itemsize
+        return num_layers * (conv + v_heads * k_dim * v_dim * state_dtype.itemsize)

@@ -1,0 +1,119 @@
+"""deltaserve generate | serve | chat | bench serve."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="checkpoint: an HF directory or a .gguf file (default: the built-in demo model)")
+    p.add_argument("--dtype", default=None, help="auto (default), float32, bfloat16, float16")
+    p.add_argument("--device", default=None, help="auto (default: CUDA when present), cuda, cpu")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences running at once")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool (default: sized to memory)")
+    p.add_argument("--seed", type=int, default=None, help="engine seed")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse KV blocks and recurrent-state snapshots across requests (default: on)")
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                   help="turn prefix caching off")
+    p.add_argument("--ssm-snapshot-slots", type=int, default=None,
+                   help="GDN state snapshots the prefix cache keeps (default: sized to memory)")
+    p.add_argument("--ssm-snapshot-interval", type=int, default=None,
+                   help="save a GDN state snapshot every N prompt tokens (default: 1024)")
+    p.add_argument("--gdn-state-dtype", choices=("float32", "bfloat16"), default=None,
+                   help="dtype of the GDN layers' recurrent state and its snapshots (default: float32)")
+    p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
+    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,
+                   help="read each step's tokens back before planning the next (default: overlap them)")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="deltaserve", description="LLM inference engine and OpenAI-compatible server")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a completion for one prompt and print it")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--model", default=None, help="checkpoint (default: the built-in demo model)")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
+    gen.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
+    gen.add_argument("--dtype", default="auto")
+    gen.add_argument("--device", default="auto")
+    gen.add_argument("--max-model-len", type=int, default=None)
+
+    srv = sub.add_parser("serve", help="serve the OpenAI and Anthropic HTTP APIs")
+    _engine_options(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
+    srv.add_argument("--api-key", default=None, help="require this key (env: DELTASERVE_API_KEY)")
+    srv.add_argument("--served-model-name", nargs="+", default=None, help="name(s) clients use for the model")
+    srv.add_argument("--max-queue", type=int, default=None,
+                     help="most requests waiting for the engine; beyond it requests get 503 + Retry-After")
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    chat = sub.add_parser("chat", help="chat with a model in the terminal")
+    _engine_options(chat)
+    chat.add_argument("--system", default=None, help="a system prompt")
+    chat.add_argument("--max-tokens", type=int, default=512, help="longest reply")
+    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.add_argument("--top-p", type=float, default=0.95)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    from deltaserve.bench.serve import add_arguments
+
+    add_arguments(bench_sub.add_parser("serve", help="drive an OpenAI-compatible server at several concurrencies"))
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from deltaserve import LLM, SamplingParams
+
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)
+    if args.chat:
+        outputs = llm.chat([{"role": "user", "content": args.prompt}], params)
+    else:
+        outputs = llm.generate([args.prompt], params)
+    print(outputs[0].outputs[0].text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    from deltaserve.errors import DeltaServeError
+
+    try:
+        if args.command == "generate":
+            return _generate(args)
+        if args.command == "serve":
+            from deltaserve.server.launcher import serve
+
+            return serve(args)
+        if args.command == "chat":
+            from deltaserve.chat_repl import run
+
+            return run(args)
+        if args.command == "bench" and args.bench_command == "serve":
+            from deltaserve.bench.serve import run
+
+            return run(args)
+    except DeltaServeError as exc:
+        print(f"deltaserve: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

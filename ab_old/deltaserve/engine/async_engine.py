@@ -1,0 +1,389 @@
+"""AsyncEngine: the blocking engine loop in its own thread, with asyncio streams for the server.
+
+`LLMEngine.step()` is CPU/GPU work that blocks, so it never runs on the event loop. One thread
+owns the engine: it takes commands (add, abort) from a queue between steps, runs steps while
+any request is unfinished, and hands each step's outputs to the event loop in one
+`call_soon_threadsafe` call. Every stream lives on the event loop thread only.
+
+Outputs are cumulative (text, token ids, logprobs), so a stream keeps just the newest one:
+a slow reader skips intermediate outputs without losing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from deltaserve.errors import DeltaServeError, EngineDeadError
+from deltaserve.outputs import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(DeltaServeError):
+    """More requests are waiting for the engine than the server's --max-queue allows."""
+
+
+class ServerShuttingDownError(DeltaServeError):
+    """The server is stopping; requests still in flight are ended with this."""
+
+
+class RequestFailedError(DeltaServeError):
+    """The engine aborted the request itself (a failed step), not at the client's wish."""
+
+
+def engine_max_model_len(engine: Any) -> int:
+    value = getattr(engine, "max_model_len", None)
+    if value is None:
+        value = engine.model_config.max_model_len
+    return int(value)
+
+
+@dataclasses.dataclass
+class RequestTiming:
+    """What a finished (or abandoned) request tells the metrics."""
+
+    request_id: str
+    finish_reason: str  # "stop", "length", "abort", "error"
+    arrival: float
+    first_token: float | None
+    finished: float
+    prompt_tokens: int
+    generation_tokens: int  # the longest of the n outputs
+
+
+@dataclasses.dataclass
+class _Stream:
+    """The event-loop side of one request: the newest output, or the error that ended it."""
+
+    request_id: str
+    event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    latest: RequestOutput | None = None
+    error: BaseException | None = None
+
+    def push(self, output: RequestOutput) -> None:
+        if self.error is None:
+            self.latest = output
+            self.event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.event.set()
+
+    async def next(self) -> RequestOutput:
+        while True:
+            await self.event.wait()
+            self.event.clear()
+            if self.latest is not None and (self.latest.finished or self.error is None):
+                output, self.latest = self.latest, None
+                return output
+            if self.error is not None:
+                raise self.error
+
+
+def _snapshot(output: RequestOutput) -> RequestOutput:
+    """A copy the event loop may read while the engine thread goes on appending."""
+    outputs = [
+        dataclasses.replace(
+            o,
+            token_ids=list(o.token_ids),
+            logprobs=list(o.logprobs) if o.logprobs is not None else None,
+        )
+        for o in output.outputs
+    ]
+    return dataclasses.replace(output, outputs=outputs)
+
+
+class AsyncEngine:
+    """Runs an LLMEngine in a background thread and streams its outputs to asyncio callers."""
+
+    def __init__(self, engine: Any, *, max_queue: int | None = None, max_num_seqs: int | None = None):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name: str = getattr(engine, "model_name", "model")
+        self.max_model_len: int = engine_max_model_len(engine)
+        self.max_queue = max_queue
+        self.max_num_seqs = max_num_seqs
+        self.stats: Any = None  # the engine's newest stats(), refreshed by the engine thread
+        self.listeners: list[Callable[[RequestTiming], None]] = []
+
+        self._commands: collections.deque = collections.deque()
+        self._wakeup = threading.Event()
+        self._stopping = False
+        self._closing = False
+        self._dead: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[str, _Stream] = {}
+
+    @classmethod
+    def from_args(cls, model: str | None = None, *, max_queue: int | None = None, **engine_kwargs):
+        from deltaserve.engine.llm_engine import LLMEngine
+
+        engine = LLMEngine.from_args(model, **engine_kwargs)
+        return cls(engine, max_queue=max_queue, max_num_seqs=engine_kwargs.get("max_num_seqs"))
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop that will consume the streams."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._refresh_stats()
+        self._thread = threading.Thread(target=self._run, name="deltaserve-engine", daemon=True)
+        self._thread.start()
+
+    def fail_all(self, error: BaseException) -> None:
+        """End every stream in flight with `error` and abort its request (event loop thread)."""
+        for request_id, stream in list(self._streams.items()):
+            stream.fail(error)
+            self._submit(("abort", request_id))
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests and end those in flight; the thread runs on to free their blocks."""
+        self._closing = True
+        self.fail_all(ServerShuttingDownError("the server is shutting down"))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread after the step in progress."""
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def is_alive(self) -> bool:
+        return self._dead is None and not self._stopping and not self._closing
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def check_admission(self) -> None:
+        """Raise before a request is accepted when the engine is gone or the queue is full."""
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine loop stopped: {self._dead!r}")
+        if self._stopping or self._closing:
+            raise ServerShuttingDownError("the server is shutting down")
+        if self.max_queue is None:
+            return
+        running = getattr(self.stats, "num_running", None)
+        if running is None:
+            running = min(self.num_in_flight, self.max_num_seqs or self.num_in_flight)
+        waiting = self.num_in_flight - min(int(running), self.num_in_flight)
+        if waiting >= self.max_queue:
+            raise QueueFullError(
+                f"{waiting} requests are already waiting for the engine (--max-queue {self.max_queue}); "
+                "retry later"
+            )
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: Any,
+        *,
+        prompt_text: str | None = None,
+        capture_points: list[int] | None = None,
+    ) -> "RequestStream":
+        """Queue a request; return its stream once the engine has accepted it.
+
+        The engine's validation errors are raised here, before anything was queued. The caller
+        iterates the stream and must `close()` it (closing an unfinished stream aborts it).
+        """
+        self.check_admission()
+        if request_id in self._streams:
+            raise DeltaServeError(f"request id {request_id!r} is already in flight")
+        loop = asyncio.get_running_loop()
+        stream = _Stream(request_id)
+        self._streams[request_id] = stream
+        added = loop.create_future()
+        kwargs = {}
+        if prompt_text is not None:
+            kwargs["prompt_text"] = prompt_text
+        if capture_points is not None:
+            kwargs["capture_points"] = capture_points
+        arrival = time.perf_counter()
+        self._submit(("add", request_id, prompt, params, kwargs, added))
+        try:
+            await added
+        except BaseException:
+            self._streams.pop(request_id, None)
+            if not added.done():  # cancelled while waiting: the add may still happen
+                added.cancel()
+                self._submit(("abort", request_id))
+            raise
+        return RequestStream(self, stream, arrival)
+
+    # ---- engine thread -----------------------------------------------------------------------
+
+    def _submit(self, command: tuple) -> None:
+        self._commands.append(command)
+        self._wakeup.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wakeup.clear()
+            changed = self._drain_commands()
+            if not self.engine.has_unfinished_requests():
+                if changed:
+                    self._refresh_stats()
+                self._wakeup.wait()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # the engine is in an unknown state: serve no more
+                logger.exception("engine step failed")
+                self._die(exc)
+                return
+            self._refresh_stats()
+            if outputs:
+                self._call_in_loop(self._dispatch, [_snapshot(o) for o in outputs])
+
+    def _drain_commands(self) -> bool:
+        changed = False
+        while self._commands:
+            command = self._commands.popleft()
+            changed = True
+            if command[0] == "add":
+                _, request_id, prompt, params, kwargs, added = command
+                if added.cancelled():
+                    continue
+                try:
+                    self.engine.add_request(request_id, prompt, params, **kwargs)
+                except Exception as exc:
+                    self._call_in_loop(_settle, added, exc)
+                else:
+                    self._call_in_loop(_settle, added, None)
+            elif command[0] == "abort":
+                try:
+                    self.engine.abort(command[1])
+                except Exception:  # already finished, or never added
+                    pass
+        return changed
+
+    def _refresh_stats(self) -> None:
+        try:
+            self.stats = copy.copy(self.engine.stats())  # the engine may update its object in place
+        except Exception:
+            logger.exception("engine stats() failed")
+
+    def _die(self, exc: BaseException) -> None:
+        self._dead = exc
+        error = EngineDeadError(f"the engine loop stopped after an internal error: {exc!r}")
+
+        def fail_everything() -> None:
+            for stream in list(self._streams.values()):
+                stream.fail(error)
+            while self._commands:
+                command = self._commands.popleft()
+                if command[0] == "add":
+                    _settle(command[5], error)
+
+        self._call_in_loop(fail_everything)
+
+    def _call_in_loop(self, fn: Callable, *args) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    # ---- event loop side -------------------------------------------------------------------
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.push(output)
+
+    def _notify(self, timing: RequestTiming) -> None:
+        for listener in self.listeners:
+            try:
+                listener(timing)
+            except Exception:
+                logger.exception("request listener failed")
+
+
+class RequestStream:
+    """Async iterator over one request's cumulative outputs, ending with the finished one."""
+
+    def __init__(self, engine: AsyncEngine, stream: _Stream, arrival: float):
+        self.request_id = stream.request_id
+        self._engine = engine
+        self._stream = stream
+        self._arrival = arrival
+        self._first_token: float | None = None
+        self._last: RequestOutput | None = None
+        self._closed = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            output = await self._stream.next()
+        except (EngineDeadError, ServerShuttingDownError):
+            self._finish("error")
+            raise
+        self._last = output
+        if self._first_token is None and any(o.token_ids for o in output.outputs):
+            self._first_token = time.perf_counter()
+        if output.finished:
+            reasons = [o.finish_reason for o in output.outputs]
+            if "abort" in reasons:  # only the engine aborts a request whose stream is still open
+                self._finish("error")
+                raise RequestFailedError("the engine failed while running this request")
+            self._finish("length" if "length" in reasons else "stop")
+        return output
+
+    @property
+    def finished(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop listening; a request that has not finished is aborted in the engine."""
+        if not self._closed:
+            self._finish("abort")
+
+    def _finish(self, reason: str) -> None:
+        self._closed = True
+        engine = self._engine
+        if engine._streams.get(self.request_id) is self._stream:
+            del engine._streams[self.request_id]
+        if reason in ("abort", "error"):
+            engine._submit(("abort", self.request_id))
+        last = self._last
+        engine._notify(
+            RequestTiming(
+                request_id=self.request_id,
+                finish_reason=reason,
+                arrival=self._arrival,
+                first_token=self._first_token,
+                finished=time.perf_counter(),
+                prompt_tokens=len(last.prompt_token_ids) if last else 0,
+                generation_tokens=max((len(o.token_ids) for o in last.outputs), default=0) if last else 0,
+            )
+        )
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -1,0 +1,68 @@
+"""Incremental detokenization with stop strings.
+
+Text grows only by whole characters: a token that ends inside a multi-byte UTF-8 character adds
+nothing until the character completes. A few prompt tokens serve as left context so that
+tokenizers which mark word starts (a leading space) decode the first output token as they would in
+the middle of the text. `visible_text` never shows a stop string nor the part of one that may be
+forming at the end.
+"""
+
+from __future__ import annotations
+
+from deltaserve.sampling_params import SamplingParams
+
+CONTEXT_TOKENS = 5
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
+        self.tokenizer = tokenizer
+        self.skip_special = params.skip_special_tokens
+        self.stop_strings = params.stop_strings
+        self.include_stop = params.include_stop_str_in_output
+        self.ids = list(prompt_token_ids[-CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+        self.stopped_by: str | None = None
+
+    def append(self, token_id: int) -> str | None:
+        """Adds one token. Returns the stop string it completed, if any (the text is cut there)."""
+        self.ids.append(token_id)
+        before = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip_special)
+        after = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip_special)
+        if len(after) <= len(before) or after.endswith(REPLACEMENT):
+            return None  # an unfinished character (or nothing printable) so far
+        searched_from = max(0, len(self.text) - max((len(s) for s in self.stop_strings), default=0))
+        self.text += after[len(before):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return self._find_stop(searched_from)
+
+    def _find_stop(self, searched_from: int) -> str | None:
+        best = None
+        for stop in self.stop_strings:
+            at = self.text.find(stop, searched_from)
+            if at >= 0 and (best is None or at < best[0]):
+                best = (at, stop)
+        if best is None:
+            return None
+        at, stop = best
+        self.text = self.text[: at + len(stop)] if self.include_stop else self.text[:at]
+        self.stopped_by = stop
+        return stop
+
+    def visible_text(self, finished: bool) -> str:
+        """The text that is safe to show: while running, minus any tail that could begin a stop string."""
+        if finished or self.stopped_by is not None or not self.stop_strings:
+            return self.text
+        return self.text[: len(self.text) - self._pending_stop_prefix()]
+
+    def _pending_stop_prefix(self) -> int:
+        longest = 0
+        for stop in self.stop_strings:
+            for size in range(min(len(stop) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(stop[:size]):
+                    longest = size
+                    break
+        return longest

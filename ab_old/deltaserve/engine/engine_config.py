@@ -1,0 +1,75 @@
+"""EngineConfig: the user's knobs, resolved against the machine and the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deltaserve.errors import DeltaServeError
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    seed: int = 0
+    enable_prefix_caching: bool = True
+    ssm_snapshot_slots: int | None = None  # GDN state snapshots for the prefix cache (default: sized to memory)
+    ssm_snapshot_interval: int = 1024  # also save a snapshot every this many prompt tokens
+    # The GDN layers' recurrent state (and its snapshots): float32 by default; bfloat16 halves the bytes
+    # a decode step reads and writes for it (what vLLM keeps when a config names no mamba_ssm_dtype).
+    gdn_state_dtype: str = "float32"
+    enforce_eager: bool = False
+    async_scheduling: bool = True  # plan the next decode step while the GPU runs this one
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gib: float = 1.0
+    load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "ssm_snapshot_interval"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DeltaServeError(f"{name}={value!r}: must be a positive integer")
+        slots = self.ssm_snapshot_slots
+        if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 0):
+            raise DeltaServeError(f"ssm_snapshot_slots={slots!r}: must be an integer >= 0")
+        if self.gdn_state_dtype not in GDN_STATE_DTYPES:
+            raise DeltaServeError(f"gdn_state_dtype={self.gdn_state_dtype!r}: must be one of "
+                                  f"{', '.join(GDN_STATE_DTYPES)}")
+        if self.load_format not in ("auto", "dummy"):
+            raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise DeltaServeError(f"max_model_len={self.max_model_len!r}: must be an integer >= 2")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as e:
+        raise DeltaServeError(f"device={device!r} is not a device torch knows: {e}") from e
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise DeltaServeError(f"device={device!r} but CUDA is not available on this machine")
+    return resolved
+
+
+GDN_STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "float": torch.float32}
+
+
+def resolve_dtype(dtype: str, checkpoint_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else checkpoint_dtype
+    if dtype not in DTYPES:
+        raise DeltaServeError(f"dtype={dtype!r} is not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]

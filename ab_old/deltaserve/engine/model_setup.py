@@ -1,0 +1,131 @@
+"""Start-up: from an EngineConfig to a loaded model, its tokenizer, sized pools and a ModelRunner."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from deltaserve.cache.block_allocator import BlockAllocator
+from deltaserve.cache.kv_pool import KVPool
+from deltaserve.cache.slot_allocator import SlotAllocator
+from deltaserve.cache.snapshot_pool import SnapshotPool
+from deltaserve.cache.state_pool import StatePool
+from deltaserve.engine.engine_config import GDN_STATE_DTYPES, EngineConfig, resolve_device, resolve_dtype
+from deltaserve.errors import DeltaServeError
+from deltaserve.models.config import ModelConfig, parse_model_config
+from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
+from deltaserve.runner.cuda_graphs import DecodeGraphs
+from deltaserve.runner.model_runner import ModelRunner
+from deltaserve.runner.prefill_graphs import MAX_ROWS as PREFILL_GRAPH_MAX_ROWS
+from deltaserve.runner.prefill_graphs import PrefillGraphs
+from deltaserve.runner.sampler import Sampler
+from deltaserve.runner.step_buffers import StepBuffers
+from deltaserve.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+GPU_ACTIVATION_RESERVE = 8 * GiB  # logits, activations of a full prefill chunk, graph pools
+SNAPSHOT_MEMORY_SHARE = 0.1  # of the cache memory, for prefix-cache GDN state snapshots by default
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    max_model_len: int
+    blocks: BlockAllocator
+    slots: SlotAllocator | None
+    snapshots: SnapshotPool | None  # GDN models with prefix caching on
+    runner: ModelRunner
+    device: torch.device
+    dtype: torch.dtype
+
+
+def load_engine_model(config: EngineConfig) -> LoadedModel:
+    started = time.perf_counter()
+    source = resolve_model_source(config.model)
+    device = resolve_device(config.device)
+    model_config, tokenizer, gguf_tensors = _read_checkpoint(source)
+    dtype = resolve_dtype(config.dtype, model_config.dtype, device)
+    max_positions = config.max_model_len or model_config.max_position_embeddings
+    model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,
+                       dummy=config.load_format == "dummy")
+    kv_pool, blocks, state_pool, slots, snapshots = _build_pools(config, model_config, dtype, device)
+    capacity = blocks.num_blocks * config.block_size
+    max_model_len = config.max_model_len or min(model_config.max_position_embeddings, capacity)
+    if max_model_len > capacity:
+        raise DeltaServeError(
+            f"max_model_len={max_model_len} needs {max_model_len} KV slots but the pool holds {capacity} "
+            f"({blocks.num_blocks} blocks of {config.block_size}); raise num_kv_blocks or lower max_model_len")
+    graphs = prefill_graphs = None
+    if device.type == "cuda" and not config.enforce_eager:
+        buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
+                              max_prefill_rows=min(PREFILL_GRAPH_MAX_ROWS, config.max_num_batched_tokens))
+        pool = torch.cuda.graph_pool_handle()
+        graphs = DecodeGraphs(model, buffers, config.max_num_seqs)
+        graphs.capture(pool)
+        prefill_graphs = PrefillGraphs(model, buffers, snapshots)
+        prefill_graphs.capture(pool)
+    runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device,
+                         Sampler(model_config.vocab_size, device, config.seed), graphs, snapshots, prefill_graphs)
+    log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots, %d snapshot slots, "
+             "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
+             blocks.num_blocks, slots.num_slots if slots else 0, snapshots.num_slots if snapshots else 0, max_model_len)
+    return LoadedModel(source.name, model_config, tokenizer, max_model_len, blocks, slots, snapshots, runner, device,
+                       dtype)
+
+
+def _read_checkpoint(source: ModelSource):
+    if source.is_gguf:
+        from deltaserve.models.gguf_loader import load_gguf
+
+        checkpoint = load_gguf(source.path)
+        raw = checkpoint.config
+        model_config = parse_model_config(raw, read_architecture(raw))
+        return model_config, Tokenizer.from_gguf(source.path), checkpoint.tensors
+    raw, model_config = load_hf_config(source.path)
+    return model_config, Tokenizer.from_pretrained(source.path), None
+
+
+def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
+    attention_layers, gdn_layers = mc.attention_layers, mc.gdn_layers
+    state_pool = slots = snapshots = None
+    gdn_shape = (mc.gdn_conv_dim, mc.linear_conv_kernel_dim, mc.linear_num_value_heads, mc.linear_key_head_dim,
+                 mc.linear_value_head_dim)
+    if gdn_layers:
+        slots = SlotAllocator(config.max_num_seqs)
+        state_dtype = GDN_STATE_DTYPES[config.gdn_state_dtype]
+        state_pool = StatePool(gdn_layers, config.max_num_seqs, *gdn_shape, dtype, device, state_dtype)
+    if gdn_layers and config.enable_prefix_caching:  # allocated before the KV pool is sized to what is left
+        num_snapshots = config.ssm_snapshot_slots
+        if num_snapshots is None:
+            per_slot = StatePool.bytes_per_slot(len(gdn_layers), *gdn_shape, dtype, state_dtype)
+            share = max(0.0, _cache_budget(config, device) * SNAPSHOT_MEMORY_SHARE)
+            num_snapshots = int(min(share // per_slot, 4 * config.max_num_seqs))
+        snapshots = SnapshotPool(gdn_layers, num_snapshots, *gdn_shape, dtype, device, state_dtype)
+    num_blocks = config.num_kv_blocks or _default_num_blocks(config, mc, dtype, device)
+    kv_pool = KVPool(attention_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, device)
+    return kv_pool, BlockAllocator(num_blocks), state_pool, slots, snapshots
+
+
+def _cache_budget(config: EngineConfig, device: torch.device) -> float:
+    """Bytes the caches may take: what the GPU has left beside the activations, or the CPU setting."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free * config.gpu_memory_utilization - GPU_ACTIVATION_RESERVE
+    return config.cpu_kv_cache_gib * GiB
+
+
+def _default_num_blocks(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+    per_block = KVPool.bytes_per_block(len(mc.attention_layers), config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+    budget = _cache_budget(config, device)
+    wanted = -(-(config.max_model_len or mc.max_position_embeddings) // config.block_size) * config.max_num_seqs
+    blocks = int(min(budget // max(per_block, 1), wanted))
+    if blocks < 1:
+        raise DeltaServeError("no memory is left for the KV cache after loading the model")
+    return blocks

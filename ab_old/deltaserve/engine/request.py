@@ -1,0 +1,104 @@
+"""Request: one sequence being generated, its progress, and what it holds in the pools."""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass, field
+
+from deltaserve.outputs import Logprob
+from deltaserve.sampling_params import SamplingParams
+
+
+# Stands in the output for a token sampled by a step still running on the device (asynchronous
+# scheduling): the next step is planned before the token is read back.
+PENDING_TOKEN = -1
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # resolved: params.max_tokens or what fits in max_model_len
+    sample_index: int = 0  # which of the parent's n samples this sequence is
+    capture_points: list[int] = field(default_factory=list)
+    prompt_bytes: bytes = b""  # the prompt's ids as int64 bytes, for the prefix cache's names (b"": not given)
+    output_token_ids: list[int] = field(default_factory=list)  # the last num_pending_tokens are PENDING_TOKEN
+    num_pending_tokens: int = 0
+    output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] = field(default_factory=lambda: [None])
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    state_slot: int | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_preemptions: int = 0
+    # prefix cache
+    block_hashes: list[bytes] = field(default_factory=list)  # names of the full blocks known so far
+    num_registered_blocks: int = 0  # leading blocks of block_ids already in the prefix cache
+    replay_point: int = 0  # no prefill pass crosses it: the same request sent again restores from here
+    snapshot_positions: list[int] = field(default_factory=list)  # block-aligned prefill capture points
+    snapshot_refs: dict[int, bytes | None] = field(default_factory=dict)  # slot -> hash (capture) or None (restore)
+    last_decode_snapshot: bytes | None = None
+    tail_source: int | None = None  # the cached tail block its hit copied from, held until it stops
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_at(self, position: int) -> int:
+        prompt_len = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < prompt_len else self.output_token_ids[position - prompt_len]
+
+    def token_bytes(self, start: int, end: int) -> bytes:
+        """Token ids [start, end) as int64 bytes (what the prefix cache hashes)."""
+        prompt_len = len(self.prompt_token_ids)
+        if self.prompt_bytes and start < prompt_len:  # the prompt's part from the bytes validation built
+            tail = array("q", self.output_token_ids[: end - prompt_len]).tobytes() if end > prompt_len else b""
+            return self.prompt_bytes[start * 8 : min(end, prompt_len) * 8] + tail
+        return array("q", self.token_ids_slice(start, end)).tobytes()
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        prompt_len = len(self.prompt_token_ids)
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        if start >= prompt_len:  # decode: a slice of the output alone, without copying the prompt
+            return self.output_token_ids[start - prompt_len : end - prompt_len]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - prompt_len]
+
+    @property
+    def resolved_output_ids(self) -> list[int]:
+        """The output tokens read back so far (without those still on the device)."""
+        return self.output_token_ids[: len(self.output_token_ids) - self.num_pending_tokens]
+
+    def add_pending_token(self) -> None:
+        self.output_token_ids.append(PENDING_TOKEN)
+        self.num_pending_tokens += 1
+
+    def resolve_token(self, position: int, token: int) -> None:
+        """The token at `position` (the oldest pending one) has been read back."""
+        self.output_token_ids[position - len(self.prompt_token_ids)] = token
+        self.num_pending_tokens -= 1
+
+    def drop_pending_tokens(self) -> None:
+        """The request stops: tokens still on the device will never be part of its output."""
+        if self.num_pending_tokens:
+            del self.output_token_ids[-self.num_pending_tokens :]
+            self.num_pending_tokens = 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED

@@ -1,0 +1,212 @@
+"""Every numeric op the models use, each behind one dispatch point (see dispatch.py).
+
+Each function below runs the Triton kernel in `<op>/triton_*.py` for CUDA tensors (unless
+DELTASERVE_KERNELS=reference), else the torch reference in `<op>/reference.py`, which is the
+definition of correct. Triton modules are imported on first use, so machines without Triton never
+import them.
+"""
+
+import torch
+
+from deltaserve.kernels.activation import reference as _act
+from deltaserve.kernels.attention import reference as _attn
+from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh
+from deltaserve.kernels.conv1d import reference as _conv
+from deltaserve.kernels.dispatch import use_triton
+from deltaserve.kernels.gdn import decode_fused_reference as _gdn_decode
+from deltaserve.kernels.gdn import reference as _gdn
+from deltaserve.kernels.linear import reference as _linear
+from deltaserve.kernels.moe import reference as _moe
+from deltaserve.kernels.norm import reference as _norm
+from deltaserve.kernels.rotary import reference as _rotary
+from deltaserve.kernels.sampling import reference as _sampling
+from deltaserve.kernels.slot_copy import reference as _slot_copy
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias). A few rows (decode) against a weight where the skinny GEMM reads faster than
+    cuBLAS take it; everything else is cuBLAS through torch."""
+    if bias is None and use_triton(x) and x.dim() == 2:
+        from deltaserve.kernels.linear import triton_skinny_gemm as skinny
+        if x.shape[0] <= skinny.MAX_ROWS and skinny.faster_than_cublas(weight.shape[0]):
+            return skinny.skinny_gemm(x, weight)
+    return _linear.linear(x, weight, bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.norm.triton_rms_norm import rms_norm as kernel
+        return kernel(x, weight, eps, offset)
+    return _norm.rms_norm(x, weight, eps, offset)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(x):
+        from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm as kernel
+        return kernel(x, residual, weight, eps, offset)
+    return _norm.add_rms_norm(x, residual, weight, eps, offset)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm as kernel
+        return kernel(x, gate, weight, eps)
+    return _norm.gated_rms_norm(x, gate, weight, eps)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(q):
+        from deltaserve.kernels.rotary.triton_rotary import apply_rotary as kernel
+        return kernel(q, k, positions, cos_sin_cache)
+    return _rotary.apply_rotary(q, k, positions, cos_sin_cache)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul as kernel
+        return kernel(x)
+    return _act.silu_and_mul(x)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    if use_triton(k):
+        from deltaserve.kernels.attention.triton_store_kv import store_kv as kernel
+        return kernel(k, v, k_cache, v_cache, slot_mapping)
+    return _attn.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                    cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
+                    k_norm: torch.Tensor | None = None, eps: float = 1e-6, norm_offset: float = 0.0) -> torch.Tensor:
+    """Optional per-head q/k RMSNorm, rotary, and the KV store, in one launch; returns the rotated q."""
+    if use_triton(q):
+        from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv as kernel
+        return kernel(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm, eps,
+                      norm_offset)
+    return _attn.rotary_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm,
+                                 eps, norm_offset)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+    if use_triton(q):
+        from deltaserve.kernels.attention.triton_paged_attention import paged_attention as kernel
+        return kernel(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+    return _attn.paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, state_slots: torch.Tensor,
+                  query_start_loc: torch.Tensor, capture_rows: list[tuple[int, int]] | None = None,
+                  conv_snapshots: torch.Tensor | None = None) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d as kernel
+        return kernel(x, weight, conv_state, state_slots, query_start_loc, capture_rows, conv_snapshots)
+    return _conv.causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows, conv_snapshots)
+
+
+# A prefill step's gated delta rule by its row count (for a graph, its rung; a pass replayed the same way
+# runs the same kernel). Short passes (a prefix-cache hit's tail) are latency-bound: up to
+# TOKEN_LOOP_MAX_ROWS rows the token loop of triton_recurrent, up to SHORT_CHUNK_MAX_ROWS the chunk
+# kernels with 16-row chunks (less work on each chunk's serial path), then 64-row chunks. H200, Qwen3.5
+# GDN shape, a pass beside a 16-row padding sequence (kernels_check gdn_short_pass): 16 rows 19 / 27 /
+# 57 us (loop / 16-row chunks / 64-row chunks), 48 rows 40 / 35 / 59, 80 rows 62 / 40 / 73, 112 rows
+# 84 / 49 / 75.
+TOKEN_LOOP_MAX_ROWS = 16
+SHORT_CHUNK_MAX_ROWS = 128
+SHORT_CHUNK = 16
+
+
+def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
+                           capture_rows: list[tuple[int, int]] | None = None,
+                           h_snapshots: torch.Tensor | None = None) -> torch.Tensor:
+    """The gated delta rule over a ragged prefill batch (see gdn/reference.py)."""
+    if use_triton(q):
+        rows = q.shape[0]
+        if rows <= TOKEN_LOOP_MAX_ROWS:
+            from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+            return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
+                                 h_snapshots)
+        from deltaserve.kernels.gdn.triton_chunk import chunk_gdn as kernel
+        short = dict(chunk=SHORT_CHUNK, block_v=64) if rows <= SHORT_CHUNK_MAX_ROWS else {}
+        return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
+                      h_snapshots, **short)
+    return _gdn.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
+                                       capture_rows, h_snapshots)
+
+
+def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots) -> torch.Tensor:
+    if use_triton(q):
+        from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent as kernel
+        return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
+    return _gdn.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
+
+
+def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
+                     state_slots) -> torch.Tensor:
+    """A GDN layer's decode step, one token per sequence, in one launch: conv update + SiLU of the
+    [q | k | v] channels of `mixed`, the gated delta rule on h_pool[slot], the gated RMSNorm with z.
+    Returns [B, Hv*Dv]."""
+    if use_triton(mixed):
+        from deltaserve.kernels.gdn.triton_decode_fused import gdn_decode_fused as kernel
+        return kernel(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps, state_slots)
+    return _gdn_decode.gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight,
+                                        eps, state_slots)
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, shared_gate: bool = False,
+              live_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """shared_gate: the last column is the shared expert's gate; it becomes choice k+1, expert E.
+    live_rows ([1] on the device): rows at or after it get the id one past the stacked experts and
+    weight 0, which moe_experts skips."""
+    if use_triton(router_logits):
+        from deltaserve.kernels.moe.triton_moe_route import moe_route as kernel
+        return kernel(router_logits, top_k, renormalize, shared_gate, live_rows=live_rows)
+    return _moe.moe_route(router_logits, top_k, renormalize, shared_gate, live_rows)
+
+
+def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                ids: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        from deltaserve.kernels.moe.triton_moe_experts import moe_experts as kernel
+        return kernel(x, w13, w2, weights, ids)
+    return _moe.moe_experts(x, w13, w2, weights, ids)
+
+
+def copy_slot(srcs: tuple[torch.Tensor, ...], src_slot: int, dsts: tuple[torch.Tensor, ...], dst_slot: int) -> None:
+    """dst[:, dst_slot] = src[:, src_slot] for each pair of layer-major state pools [layers, slots, ...]."""
+    triton_copy = _triton_slot_copy(srcs, dsts)
+    if triton_copy is not None:
+        return triton_copy.copy_slot(srcs, src_slot, dsts, dst_slot)
+    return _slot_copy.copy_slot(srcs, src_slot, dsts, dst_slot)
+
+
+def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
+    """copy_slot with (source slot, destination slot) read from the device tensor `slots` [2]; a negative
+    source slot copies nothing (a graph-replayed pass restores this way, from its fixed buffers)."""
+    triton_copy = _triton_slot_copy(srcs, dsts)
+    if triton_copy is not None:
+        return triton_copy.copy_slot_at(srcs, dsts, slots)
+    return _slot_copy.copy_slot_at(srcs, dsts, slots)
+
+
+def _triton_slot_copy(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...]):
+    """The Triton slot-copy module where it takes these pools (two pairs, each layer's slot contiguous)."""
+    if not (use_triton(srcs[0]) and len(srcs) == 2):
+        return None
+    from deltaserve.kernels.slot_copy import triton_slot_copy as triton_copy
+    return triton_copy if all(triton_copy.slot_is_contiguous(pool) for pool in (*srcs, *dsts)) else None
+
+
+apply_penalties = _sampling.apply_penalties
+sample_from_logits = _sampling.sample_from_logits
+
+__all__ = [
+    "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
+    "paged_attention", "causal_attention_fresh", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+    "gdn_decode_fused", "linear", "moe_route", "moe_experts", "copy_slot", "copy_slot_at", "apply_penalties",
+    "sample_from_logits",
+]

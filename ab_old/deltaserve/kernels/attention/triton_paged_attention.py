@@ -1,0 +1,194 @@
+"""Causal attention over paged K/V for a ragged batch (prefill chunks, decode tokens, verify rows alike).
+
+One program per (sequence, KV head, tile of query rows). The rows of a tile are (token, query head)
+pairs of one KV head's group, token-major, so at decode the whole GQA group shares one pass over the
+KV pages: each K/V page is read once per KV head. Keys are gathered page by page through the block
+table; an online softmax (base 2) carries the running max and sum. Nothing is read from the host, so
+the launch can be captured in a CUDA graph: the tile count is bounded by the largest possible q_len,
+`T - B + 1`, and tiles past a sequence's rows return at once.
+
+Where there are few programs (decode, or a short chunk over a long cached prefix) most of the GPU
+would sit idle, so the keys are split into `splits` ranges (flash-decoding): each program writes its range's normalised
+output and log-sum-exp, and a second kernel merges the ranges.
+"""
+
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+
+@lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # the interpreter: an H200's count, so tests split the keys as the GPU does
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@triton.jit
+def _attend_keys(n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
+                 mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos,
+                 stride_vc_head, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """One step of the online softmax over keys [n, n + BLOCK_N), gathered page by page."""
+    k_pos = n + tl.arange(0, BLOCK_N)
+    k_valid = k_pos < kv_stop
+    page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE, mask=k_valid, other=0).to(tl.int64)
+    in_page = k_pos % PAGE
+    k_ptrs = (k_cache + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_pos
+              + kv_head * stride_kc_head + offs_d[None, :])
+    v_ptrs = (v_cache + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_pos
+              + kv_head * stride_vc_head + offs_d[None, :])
+    k_tile = tl.load(k_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+    scores = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale_log2
+    allowed = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+    scores = tl.where(allowed, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
+    p = tl.exp2(scores - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v_tile = tl.load(v_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q, k_cache, v_cache, o, lse, query_start_loc, seq_lens, block_tables, scale_log2,
+    stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_kc_block, stride_kc_pos, stride_kc_head,
+    stride_vc_block, stride_vc_pos, stride_vc_head, stride_bt,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    LOOP_FOR: tl.constexpr,
+):
+    seq, kv_head = tl.program_id(0), tl.program_id(1)
+    tile, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
+    q_start = tl.load(query_start_loc + seq)
+    q_len = tl.load(query_start_loc + seq + 1) - q_start
+    seq_len = tl.load(seq_lens + seq)
+    if tile * BLOCK_M < q_len * GROUP:
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        token = rows // GROUP
+        head = kv_head * GROUP + rows % GROUP
+        row_valid = token < q_len
+        q_pos = seq_len - q_len + token  # position of each row's token in its sequence
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < HEAD_DIM
+        q_ptrs = q + (q_start + token).to(tl.int64)[:, None] * stride_q_t + head[:, None] * stride_q_h + offs_d[None, :]
+        q_tile = tl.load(q_ptrs, mask=row_valid[:, None] & mask_d[None, :], other=0.0)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        # Keys past the tile's last query position are masked for every row: stop there.
+        kv_end = tl.minimum(seq_len, seq_len - q_len + (tile * BLOCK_M + BLOCK_M - 1) // GROUP + 1)
+        if SPLITS > 1:  # this program's share of the keys, whole BLOCK_N tiles each
+            share = tl.cdiv(tl.cdiv(kv_end, SPLITS), BLOCK_N) * BLOCK_N
+            n = split * share
+            kv_stop = tl.minimum(kv_end, n + share)
+        else:
+            n = 0
+            kv_stop = kv_end
+        if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch (a while loop it cannot)
+            for key0 in range(n, kv_stop, BLOCK_N):
+                m_i, l_i, acc = _attend_keys(
+                    key0, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
+                    mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
+                    stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION)
+        else:  # the interpreter cannot take loaded bounds in range()
+            while n < kv_stop:
+                m_i, l_i, acc = _attend_keys(
+                    n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
+                    mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
+                    stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION)
+                n += BLOCK_N
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        out_row = (q_start + token).to(tl.int64)
+        if SPLITS > 1:  # partial output [T, Hq, SPLITS, D] fp32 and its log2-sum-exp [T, Hq, SPLITS]
+            part = (out_row * (GROUP * tl.num_programs(1)) + head) * SPLITS + split
+            tl.store(o + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_valid[:, None] & mask_d[None, :])
+            tl.store(lse + part, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_i)), mask=row_valid)
+        else:
+            o_ptrs = o + out_row[:, None] * stride_o_t + head[:, None] * stride_o_h + offs_d[None, :]
+            tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=row_valid[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(part, lse, o, stride_o_t, stride_o_h, Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """One (token, head): the splits' outputs weighted by their share of the softmax mass."""
+    token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    row = token * Q_HEADS + head
+    splits = tl.arange(0, SPLITS_P2)
+    real = splits < SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    lse_s = tl.load(lse + row * SPLITS + splits, mask=real, other=float("-inf"))
+    top = tl.max(lse_s, 0)
+    weight = tl.exp2(lse_s - tl.where(top == float("-inf"), 0.0, top))
+    outs = tl.load(part + (row * SPLITS + splits)[:, None] * BLOCK_D + offs_d[None, :], mask=real[:, None], other=0.0)
+    out = tl.sum(outs * weight[:, None], 0) / tl.maximum(tl.sum(weight, 0), 1e-30)
+    tl.store(o + token * stride_o_t + head * stride_o_h + offs_d, out.to(o.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                    block_m: int | None = None, block_n: int | None = None, splits: int | None = None,
+                    num_warps: int | None = None, num_stages: int = 2, loop_for: bool | None = None) -> torch.Tensor:
+    """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D].
+    loop_for: walk the keys in a for loop (pipelined) rather than a while loop; by default on the GPU."""
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    tokens, q_heads, head_dim = q.shape
+    kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    group = q_heads // kv_heads
+    seqs = seq_lens.shape[0]
+    o = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if tokens == 0 or seqs == 0:
+        return o
+    max_rows = max(tokens - seqs + 1, 1) * group  # the longest q_len any sequence can have, times the group
+    tuned = block_m is not None or block_n is not None or splits is not None
+    if block_m is None:
+        block_m = 16 if max_rows <= 16 else 64
+    if block_n is None:
+        block_n = 64 if head_dim <= 128 else 32
+    tiles = triton.cdiv(max_rows, block_m)
+    programs = seqs * kv_heads * tiles
+    if not tuned and programs < 128 and max_rows >= 128:
+        # A short chunk over a long cached prefix (a prefix-cache hit's tail): tall tiles, so each K/V
+        # tile serves more rows, and as many key splits as fill the SMs once (a second wave of programs
+        # costs nearly a whole one). The step's rows make about cdiv(tokens * group, 128) tiles per KV
+        # head; on the H200, 80 rows over 8240 keys (Qwen3.5-35B-A3B, 2 KV heads, a graph's 96 rows)
+        # took 57.5 us this way against 76.5 with 8 splits of 32-key tiles, and 112 rows 69.8 against 80.2
+        # (kernels_check paged_attention_hit_tail_*).
+        block_m, block_n = 128, 64
+        tiles = triton.cdiv(max_rows, block_m)
+        work_tiles = kv_heads * triton.cdiv(tokens * group, block_m)
+        splits = max(1, min(32, _num_sms(q.device) // work_tiles))
+    if splits is None:
+        # Split the keys only where the (sequence, KV head, tile) programs leave the SMs idle: decode, and
+        # short chunks over a long cached prefix, which would otherwise walk the whole prefix in a few
+        # programs.
+        splits = 1 if programs >= 128 else min(16, triton.next_power_of_2(triton.cdiv(256, programs)))
+    block_d = triton.next_power_of_2(head_dim)
+    if splits > 1:
+        target = torch.empty((tokens, q_heads, splits, block_d), dtype=torch.float32, device=q.device)
+        lse = torch.empty((tokens, q_heads, splits), dtype=torch.float32, device=q.device)
+    else:
+        target, lse = o, o
+    grid = (seqs, kv_heads, tiles * splits)
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, target, lse, query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
+        q.stride(0), q.stride(1), o.stride(0), o.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=page,
+        BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        LOOP_FOR=q.is_cuda if loop_for is None else loop_for,
+        num_warps=num_warps or (8 if block_m * head_dim >= 64 * 256 else 4), num_stages=num_stages,
+    )
+    if splits > 1:
+        _merge_splits_kernel[(tokens, q_heads)](
+            target, lse, o, o.stride(0), o.stride(1), Q_HEADS=q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=2,
+        )
+    return o

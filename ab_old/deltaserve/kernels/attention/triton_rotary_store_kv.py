@@ -1,0 +1,102 @@
+"""Per-head RMSNorm (optional), rotary and the KV store of an attention layer's new rows in one kernel:
+one program per (token, head) over the q heads then the k heads. A q head is written to the returned
+tensor; a k head goes straight to its cache slot, with the matching v head beside it. At decode this is
+one launch where the unfused path takes four (q norm, k norm, rotary, store).
+
+Rounding follows the unfused ops: the normalised row is rounded to the input dtype before it is rotated,
+and the rotated row to the input dtype before it is stored.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _normed_part(src, weight, offs, mask, rstd, offset, HAS_NORM: tl.constexpr):
+    """Channels `offs` of a row, normalised and rounded as the RMSNorm op rounds them, in fp32."""
+    x = tl.load(src + offs, mask=mask, other=0.0)
+    if HAS_NORM:
+        w = tl.load(weight + offs, mask=mask, other=0.0).to(tl.float32) + offset
+        x = (x.to(tl.float32) * rstd * w).to(src.dtype.element_ty)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _rotated_row(src, weight, dst, cos, sin, offset, eps, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Normalises, rotates and writes one head row from src to dst (dst's dtype)."""
+    rstd = 1.0
+    if HAS_NORM:
+        cols = tl.arange(0, BLOCK_D)
+        row = tl.load(src + cols, mask=cols < HEAD_DIM, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(row * row, 0) / HEAD_DIM + eps)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    x1 = _normed_part(src, weight, offs, mask, rstd, offset, HAS_NORM)
+    x2 = _normed_part(src, weight, HALF + offs, mask, rstd, offset, HAS_NORM)
+    out_ty = src.dtype.element_ty
+    tl.store(dst + offs, (x1 * cos - x2 * sin).to(out_ty).to(dst.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF + offs, (x2 * cos + x1 * sin).to(out_ty).to(dst.dtype.element_ty), mask=mask)
+    if 2 * HALF < HEAD_DIM:  # channels past the rotary part pass through (normalised)
+        rest = 2 * HALF + tl.arange(0, BLOCK_D)
+        keep = rest < HEAD_DIM
+        x = _normed_part(src, weight, rest, keep, rstd, offset, HAS_NORM)
+        tl.store(dst + rest, x.to(out_ty).to(dst.dtype.element_ty), mask=keep)
+
+
+@triton.jit
+def _rotary_store_kv_kernel(
+    q, k, v, q_out, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm, eps, offset,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_cache,
+    stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos, stride_vc_head,
+    Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+):
+    token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    pos = tl.load(positions + token).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)
+    cos = tl.load(cos_sin_cache + pos * stride_cache + offs, mask=offs < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(cos_sin_cache + pos * stride_cache + HALF + offs, mask=offs < HALF, other=0.0).to(tl.float32)
+    if head < Q_HEADS:
+        _rotated_row(q + token * stride_q_t + head * stride_q_h, q_norm,
+                     q_out + (token * Q_HEADS + head) * HEAD_DIM, cos, sin, offset, eps,
+                     HEAD_DIM, HALF, BLOCK_D, BLOCK_HALF, HAS_NORM)
+    else:
+        kh = head - Q_HEADS
+        slot = tl.load(slot_mapping + token).to(tl.int64)
+        if slot >= 0:  # -1: a padding row, stored nowhere
+            block, at = slot // PAGE, slot % PAGE
+            _rotated_row(k + token * stride_k_t + kh * stride_k_h, k_norm,
+                         k_cache + block * stride_kc_block + at * stride_kc_pos + kh * stride_kc_head,
+                         cos, sin, offset, eps, HEAD_DIM, HALF, BLOCK_D, BLOCK_HALF, HAS_NORM)
+            cols = tl.arange(0, BLOCK_D)
+            keep = cols < HEAD_DIM
+            row = tl.load(v + token * stride_v_t + kh * stride_v_h + cols, mask=keep)
+            dst = v_cache + block * stride_vc_block + at * stride_vc_pos + kh * stride_vc_head + cols
+            tl.store(dst, row.to(v_cache.dtype.element_ty), mask=keep)
+
+
+def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                    cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
+                    k_norm: torch.Tensor | None = None, eps: float = 1e-6, norm_offset: float = 0.0) -> torch.Tensor:
+    """Same contract as the reference: q [T, Hq, D], k/v [T, Hk, D] (strided views welcome); returns q rotated."""
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    tokens, q_heads, head_dim = q.shape
+    k_heads = k.shape[1]
+    half = cos_sin_cache.shape[-1] // 2
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if tokens:
+        has_norm = q_norm is not None
+        _rotary_store_kv_kernel[(tokens, q_heads + k_heads)](
+            q, k, v, q_out, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+            q_norm if has_norm else q, k_norm if has_norm else k, eps, float(norm_offset),
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+            v_cache.stride(2),
+            Q_HEADS=q_heads, HEAD_DIM=head_dim, HALF=half, PAGE=k_cache.shape[1],
+            BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_HALF=triton.next_power_of_2(half), HAS_NORM=has_norm,
+            num_warps=1 if head_dim <= 128 else 2,
+        )
+    return q_out

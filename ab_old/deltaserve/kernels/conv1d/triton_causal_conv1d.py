@@ -1,0 +1,182 @@
+"""Causal depthwise conv1d + SiLU over a ragged batch, reading and writing each sequence's conv state.
+
+Tap j of row t reads input row t - (K-1) + j, from x when that row is inside the sequence and from the
+old conv state (the last K-1 inputs before it) otherwise. Captured snapshots and the new state are
+windows of the same "history" (old state then x).
+
+Short sequences (decode, verify): one program per (sequence, tile of channels) walks its rows, then
+gathers the snapshots and the new state; a barrier keeps the in-place state write behind every read
+of the old state. Long ones (prefill): the conv runs one program per (tile of global rows, tile of
+channels), each row finding its sequence by a binary search over query_start_loc, and the
+per-sequence kernel then only writes the snapshots and the state, after every read of the old state.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from deltaserve.kernels.capture_rows import as_capture_rows
+
+
+@triton.jit
+def _history(x, conv_state, state_base, end_row, start, channels, mask_c, stride_x, stride_s_c,
+             KM1: tl.constexpr, BLOCK_KM1: tl.constexpr):
+    """The K-1 inputs ending at row `end_row` (inclusive) as a [BLOCK_C, BLOCK_KM1] tile: column i holds
+    input row end_row - (K-2) + i, taken from the old state before the sequence's first row."""
+    cols = tl.arange(0, BLOCK_KM1)
+    src = end_row - (KM1 - 1) + cols  # global input row of each column
+    in_x = src >= start
+    col_ok = cols < KM1
+    from_x = tl.load(x + src.to(tl.int64)[None, :] * stride_x + channels[:, None],
+                     mask=mask_c[:, None] & (in_x & col_ok)[None, :], other=0.0)
+    hist_col = src - start + KM1  # column in the old state when src < start
+    from_state = tl.load(conv_state + state_base + channels[:, None] * stride_s_c + hist_col[None, :],
+                         mask=mask_c[:, None] & (~in_x & col_ok)[None, :], other=0.0)
+    return from_x.to(tl.float32) + from_state.to(tl.float32)
+
+
+@triton.jit
+def _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, state_base, live, channels, mask_c,
+                    stride_x, stride_s_c, stride_w, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    """silu(causal conv) of a [BLOCK_T, BLOCK_C] tile: row r's inputs before its sequence's `start`
+    come from the old conv state at `state_base` (one per row; none where not `live`)."""
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(K):
+        src = rows - (K - 1) + j
+        in_x = src >= start
+        xv = tl.load(x + src.to(tl.int64)[:, None] * stride_x + channels[None, :],
+                     mask=(row_ok & in_x)[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+        sv = tl.load(conv_state + state_base[:, None] + channels[None, :] * stride_s_c + (src - start + K - 1)[:, None],
+                     mask=(row_ok & ~in_x & live)[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
+        w = tl.load(weight + channels * stride_w + j, mask=mask_c, other=0.0).to(tl.float32)
+        acc += (xv + sv) * w[None, :]
+    return acc / (1.0 + tl.exp(-acc))
+
+
+@triton.jit
+def _causal_conv1d_kernel(
+    x, weight, conv_state, state_slots, query_start_loc, capture_rows, capture_slots, snapshots, out,
+    num_captures, stride_x, stride_out, stride_w, stride_s_slot, stride_s_c, stride_snap_slot, stride_snap_c,
+    CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_KM1: tl.constexpr, IS_VARLEN: tl.constexpr, DO_CONV: tl.constexpr,
+):
+    seq, ctile = tl.program_id(0), tl.program_id(1)
+    if IS_VARLEN:
+        start = tl.load(query_start_loc + seq)
+        end = tl.load(query_start_loc + seq + 1)
+    else:
+        start = seq
+        end = seq + 1
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    live = slot >= 0  # a negative slot marks padding: read a zero state, write none
+    state_base = tl.where(live, slot, 0) * stride_s_slot
+    channels = ctile * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = (channels < CHANNELS) & live
+    mask_cw = channels < CHANNELS
+
+    if DO_CONV:
+        t0 = start
+        while t0 < end:  # a while loop: the interpreter cannot take loaded bounds in range()
+            rows = t0 + tl.arange(0, BLOCK_T)
+            row_ok = rows < end
+            y = _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, state_base + tl.zeros([BLOCK_T], tl.int64),
+                                live, channels, mask_cw, stride_x, stride_s_c, stride_w, K, BLOCK_T, BLOCK_C)
+            tl.store(out + rows.to(tl.int64)[:, None] * stride_out + channels[None, :], y.to(out.dtype.element_ty),
+                     mask=row_ok[:, None] & mask_cw[None, :])
+            t0 += BLOCK_T
+
+    cols = tl.arange(0, BLOCK_KM1)
+    i = 0
+    while i < num_captures:
+        row = tl.load(capture_rows + i)
+        if (row >= start) & (row < end):
+            snap = tl.load(capture_slots + i).to(tl.int64)
+            window = _history(x, conv_state, state_base, row, start, channels, mask_c, stride_x, stride_s_c,
+                              K - 1, BLOCK_KM1)
+            tl.store(snapshots + snap * stride_snap_slot + channels[:, None] * stride_snap_c + cols[None, :],
+                     window.to(snapshots.dtype.element_ty), mask=mask_cw[:, None] & (cols < K - 1)[None, :])
+        i += 1
+    if end > start:
+        final = _history(x, conv_state, state_base, end - 1, start, channels, mask_c, stride_x, stride_s_c,
+                         K - 1, BLOCK_KM1)
+        tl.debug_barrier()  # every read of the old state above happens before it is overwritten
+        tl.store(conv_state + state_base + channels[:, None] * stride_s_c + cols[None, :],
+                 final.to(conv_state.dtype.element_ty), mask=mask_c[:, None] & (cols < K - 1)[None, :])
+
+
+@triton.jit
+def _conv_rows_kernel(
+    x, weight, conv_state, state_slots, query_start_loc, out, num_seqs, tokens,
+    stride_x, stride_out, stride_w, stride_s_slot, stride_s_c,
+    CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """The conv over one tile of global rows (any mix of sequences); writes no state."""
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < tokens
+    # sequence of each row: the number of sequence ends query_start_loc[1..B] at or before it
+    lo = tl.zeros([BLOCK_T], dtype=tl.int32)
+    hi = tl.zeros([BLOCK_T], dtype=tl.int32) + num_seqs
+    active = lo < hi
+    while tl.max(active.to(tl.int32), 0) > 0:
+        mid = (lo + hi) // 2
+        before = tl.load(query_start_loc + 1 + mid, mask=active, other=0) <= rows
+        lo = tl.where(active & before, mid + 1, lo)
+        hi = tl.where(active & ~before, mid, hi)
+        active = lo < hi
+    seq = tl.minimum(lo, num_seqs - 1)
+    start = tl.load(query_start_loc + seq)
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    live = slot >= 0
+    state_base = tl.where(live, slot, 0) * stride_s_slot
+    channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = channels < CHANNELS
+    y = _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, state_base, live, channels, mask_c,
+                        stride_x, stride_s_c, stride_w, K, BLOCK_T, BLOCK_C)
+    tl.store(out + rows.to(tl.int64)[:, None] * stride_out + channels[None, :], y.to(out.dtype.element_ty),
+             mask=row_ok[:, None] & mask_c[None, :])
+
+
+def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows=None, conv_snapshots=None,
+                  block_c: int | None = None, block_t: int | None = None) -> torch.Tensor:
+    """Same contract as the reference. A graph-captured decode step may pass query_start_loc=None: one row
+    per sequence. Giving block_t forces the per-sequence kernel (tests use it to cover both paths)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    tokens, channels = x.shape
+    kernel = weight.shape[1]
+    assert conv_state.stride(-1) == 1 and weight.stride(-1) == 1
+    seqs = state_slots.shape[0] if query_start_loc is None else query_start_loc.shape[0] - 1
+    out = torch.empty((tokens, channels), dtype=x.dtype, device=x.device)
+    if tokens == 0 or seqs == 0:
+        return out
+    captures = as_capture_rows(capture_rows) if conv_snapshots is not None else ()
+    if captures:
+        cap_rows, cap_slots = captures.all_pairs(x.device)
+        snaps = conv_snapshots
+    else:
+        cap_rows = cap_slots = state_slots
+        snaps = conv_state
+    max_len = max(tokens - seqs + 1, 1)  # the longest any sequence can be
+    by_rows = query_start_loc is not None and max_len > 64 and block_t is None
+    if by_rows:
+        rows_t, rows_c = 32, 128
+        _conv_rows_kernel[(triton.cdiv(tokens, rows_t), triton.cdiv(channels, rows_c))](
+            x, weight, conv_state, state_slots, query_start_loc, out, seqs, tokens,
+            x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1),
+            CHANNELS=channels, K=kernel, BLOCK_T=rows_t, BLOCK_C=rows_c, num_warps=4,
+        )
+    if block_t is None:
+        block_t = 1 if max_len == 1 else min(32, triton.next_power_of_2(max_len))
+    if block_c is None:
+        block_c = 256 if block_t <= 4 or by_rows else 64
+    grid = (seqs, triton.cdiv(channels, block_c))
+    _causal_conv1d_kernel[grid](
+        x, weight, conv_state, state_slots, query_start_loc if query_start_loc is not None else state_slots,
+        cap_rows, cap_slots, snaps, out, len(captures),
+        x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1),
+        snaps.stride(0), snaps.stride(1),
+        CHANNELS=channels, K=kernel, BLOCK_T=block_t, BLOCK_C=block_c,
+        BLOCK_KM1=triton.next_power_of_2(max(kernel - 1, 1)), IS_VARLEN=query_start_loc is not None,
+        DO_CONV=not by_rows, num_warps=4,
+    )
+    return out

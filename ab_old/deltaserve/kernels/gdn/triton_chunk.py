@@ -1,0 +1,456 @@
+"""Chunked gated delta rule for prefill over a ragged batch: the reference `chunk_gated_delta_rule` in
+Triton, with every intermediate in fp32.
+
+Each sequence is cut into chunks of CHUNK rows from its first row. Per chunk and value head h, with
+q, k L2-normalised (q also scaled by Dk^-1/2), g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
+and G the running sum of g inside the chunk:
+    A = strictly lower (beta_i exp(G_i - G_j) k_i.k_j),  T = (I + A)^-1   (the WY / UT transform)
+    u = T (beta v),  w = T (beta exp(G) k),  Aqk = lower incl. diagonal (exp(G_i - G_j) q_i.k_j)
+and, carrying the state S [Dk, Dv] from chunk to chunk:
+    v_new = u - w S;  o = exp(G) q S + Aqk v_new;  S <- exp(G_last) S + (exp(G_last - G) k)^T v_new.
+
+1. `_chunk_prepare_kernel`, one program per (chunk, value head), all chunks at once: everything that
+   does not depend on the state (G, w, u, Aqk), written to fp32 buffers. T comes from forward
+   substitution in registers. q.k and k.k run on the raw inputs (bf16 products are exact) and the
+   norms scale the fp32 results, so no normalised copy is ever rounded to 16 bits.
+2. `_chunk_state_kernel`, one program per (sequence, value head, tile of BV state columns): reads its
+   state tile from `h_pool[state_slots[b]]`, runs the sequence's chunks in order, writes o, and writes
+   the state back in place. For a chunk holding capture rows it also keeps the state before the chunk.
+   With split_output the output leaves this serial path: the kernel keeps the state before every
+   chunk and writes v_new over u, and `_chunk_output_kernel`, one program per (chunk, value head,
+   tile), then computes o = exp(G) q S + Aqk v_new for every chunk at once (see chunk_gdn).
+3. `_chunk_snapshot_kernel`, one program per (capture row r, value head, tile), only when there are
+   captures: exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before
+   the chunk: the state after r, taken without ending the chunk (the state kernel's loop stays free of
+   branches, so it is software-pipelined with or without captures).
+
+The chunk table is found on the device from `query_start_loc` (nothing is read back to the host); the
+prepare grid is sized by the bound sum(ceil(len / CHUNK)) <= T // CHUNK + B.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from deltaserve.kernels.capture_rows import capture_tables
+
+CHUNK = 64
+OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_output)
+# The prepare kernel on the long passes of 16-bit inputs: tf32 for w and u and 8-row diagonal blocks in the
+# inverse took it from 535 to 385 us on one 8192-token prompt of the Qwen3.5 shapes on the H200 (relative
+# error of o 4.1e-3 against 3.8e-3; kernels_check_gdn_prefill.json, gdn_prefill_tiles_8192).
+LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32"}
+
+
+@triton.jit
+def _chunk_counts(query_start_loc, lanes, live, CHUNK: tl.constexpr):
+    """(first row, end, chunk count) of the sequences `lanes` where `live` (zeros elsewhere)."""
+    starts = tl.load(query_start_loc + lanes, mask=live, other=0)
+    ends = tl.load(query_start_loc + 1 + lanes, mask=live, other=0)
+    return starts, ends, (ends - starts + CHUNK - 1) // CHUNK
+
+
+@triton.jit
+def _chunk_of(cid, query_start_loc, num_seqs, CHUNK: tl.constexpr, BLOCK_B: tl.constexpr):
+    """(first row, row count, found) of global chunk `cid`, chunks numbered sequence by sequence."""
+    lanes = tl.arange(0, BLOCK_B)
+    starts, ends, counts = _chunk_counts(query_start_loc, lanes, lanes < num_seqs, CHUNK)
+    through = tl.cumsum(counts, 0)  # chunks of sequences 0..b
+    seq = tl.sum((through <= cid).to(tl.int32), 0)
+    found = cid < tl.sum(counts, 0)
+    at = lanes == seq
+    first_chunk = tl.sum(tl.where(at, through - counts, 0), 0)
+    row0 = tl.sum(tl.where(at, starts, 0), 0) + (cid - first_chunk) * CHUNK
+    rows = tl.minimum(tl.sum(tl.where(at, ends, 0), 0) - row0, CHUNK)
+    return row0, rows, found
+
+
+@triton.jit
+def _first_chunk(seq, query_start_loc, CHUNK: tl.constexpr, BLOCK_B: tl.constexpr):
+    """The global index of sequence `seq`'s first chunk (the chunks of the sequences before it)."""
+    lanes = tl.arange(0, BLOCK_B)
+    return tl.sum(_chunk_counts(query_start_loc, lanes, lanes < seq, CHUNK)[2], 0)
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr):
+    """a @ b + acc in fp32; PRECISION "bf16" rounds both operands to bf16 first, else it is tl.dot's
+    input precision for fp32 operands."""
+    if PRECISION == "bf16":
+        out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
+
+
+@triton.jit
+def _unit_lower_inverse(A, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 for A [CHUNK, CHUNK] strictly lower triangular, in diagonal blocks of SUB rows.
+
+    The diagonal blocks are inverted together by forward substitution in fp32 (SUB - 1 steps, row s of
+    every block at once): D = (I + A_diag)^-1. With L the blocks below the diagonal,
+    I + A = (I + A_diag)(I + M) for M = D L, strictly block-lower, so M^NB = 0 and
+    (I + A)^-1 = D + (-M + M^2 - ...) D; the correction has no diagonal blocks, so D's stay exact."""
+    NB: tl.constexpr = CHUNK // SUB
+    rows = tl.arange(0, CHUNK)
+    block_i = tl.arange(0, NB)[:, None, None, None]
+    block_j = tl.arange(0, NB)[None, None, :, None]
+    A_diag = tl.sum(tl.where(block_i == block_j, tl.reshape(A, [NB, SUB, NB, SUB]), 0.0), 2)  # [NB, SUB, SUB]
+    r = tl.arange(0, SUB)
+    row_is = r[None, :, None]
+    D = tl.where(row_is == r[None, None, :], 1.0, 0.0) + tl.zeros([NB, SUB, SUB], dtype=tl.float32)
+    for s in range(1, SUB):  # row s of each block: e_s - sum_{j<s} A_sj D_j
+        a_s = tl.sum(tl.where(row_is == s, A_diag, 0.0), 1)  # [NB, SUB]: row s of every diagonal block
+        D = tl.where(row_is == s, D - tl.sum(a_s[:, :, None] * D, 1)[:, None, :], D)
+    D = tl.reshape(tl.where(block_i == block_j, tl.expand_dims(D, 2), 0.0), [CHUNK, CHUNK])
+    below = (rows // SUB)[:, None] > (rows // SUB)[None, :]
+    M = tl.dot(D, tl.where(below, A, 0.0), input_precision=PRECISION)
+    power = -M
+    series = power
+    for _ in tl.static_range(2, NB):  # + (-M)^p
+        power = -tl.dot(power, M, input_precision=PRECISION)
+        series += power
+    return tl.dot(series, D, D, input_precision=PRECISION)
+
+
+@triton.jit
+def _chunk_prepare_kernel(
+    q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, num_seqs,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
+    INVERSE_PRECISION: tl.constexpr,
+):
+    cid, head = tl.program_id(0), tl.program_id(1)
+    row0, count, found = _chunk_of(cid, query_start_loc, num_seqs, CHUNK, BLOCK_B)
+    if found:
+        key_head = head // (HV // HK)
+        rows = tl.arange(0, CHUNK)
+        cols = tl.arange(0, CHUNK)
+        live = rows < count
+        t = row0.to(tl.int64) + rows
+        offs_k = tl.arange(0, BK)
+        mask_qk = live[:, None] & (offs_k < DK)[None, :]
+
+        # gates
+        a_t = tl.load(a + t * stride_a_t + head, mask=live, other=0.0).to(tl.float32)
+        a_t += tl.load(dt_bias + head).to(tl.float32)
+        softplus = tl.where(a_t > 20.0, a_t, tl.log(1.0 + tl.exp(tl.minimum(a_t, 20.0))))
+        g = tl.where(live, -tl.exp(tl.load(A_log + head).to(tl.float32)) * softplus, 0.0)
+        G = tl.cumsum(g, 0)
+        beta = tl.where(live, 1.0 / (1.0 + tl.exp(-tl.load(b + t * stride_b_t + head, mask=live, other=0.0)
+                                                   .to(tl.float32))), 0.0)
+        tl.store(g_buf + t * HV + head, G, mask=live)
+
+        # q.k and k.k on the raw rows; the L2 norms scale the fp32 results
+        kr = tl.load(k + t[:, None] * stride_k_t + key_head * stride_k_h + offs_k[None, :], mask=mask_qk, other=0.0)
+        qr = tl.load(q + t[:, None] * stride_q_t + key_head * stride_q_h + offs_k[None, :], mask=mask_qk, other=0.0)
+        rk = 1.0 / tl.sqrt(tl.sum(kr.to(tl.float32) * kr.to(tl.float32), 1) + 1e-6)
+        rq = 1.0 / tl.sqrt(tl.sum(qr.to(tl.float32) * qr.to(tl.float32), 1) + 1e-6)
+        decay = tl.exp(tl.minimum(G[:, None] - G[None, :], 0.0))  # exp(G_i - G_j), used where j <= i
+        qk = tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
+        on_or_below = (cols[None, :] <= rows[:, None]) & live[:, None]
+        aqk = tl.where(on_or_below, qk * (rq * scale)[:, None] * rk[None, :] * decay, 0.0)
+        tl.store(aqk_buf + (t[:, None] * HV + head) * CHUNK + cols[None, :], aqk, mask=live[:, None])
+        kk = tl.dot(kr, tl.trans(kr), input_precision=PRECISION)
+        below = (cols[None, :] < rows[:, None]) & live[:, None]
+        A = tl.where(below, kk * (beta * rk)[:, None] * rk[None, :] * decay, 0.0)
+
+        T = _unit_lower_inverse(A, CHUNK, SUB, INVERSE_PRECISION)
+
+        row_scale = beta * tl.exp(G) * rk
+        for k0 in tl.static_range(0, BK, BV):  # w = T (beta exp(G) k), BV columns at a time
+            offs_w = k0 + tl.arange(0, BV)
+            mask_w = live[:, None] & (offs_w < DK)[None, :]
+            kt = tl.load(k + t[:, None] * stride_k_t + key_head * stride_k_h + offs_w[None, :], mask=mask_w, other=0.0)
+            w = tl.dot(T, kt.to(tl.float32) * row_scale[:, None], input_precision=PRECISION)
+            tl.store(w_buf + (t[:, None] * HV + head) * DK + offs_w[None, :], w, mask=mask_w)
+        for v0 in tl.static_range(0, DV, BV):  # u = T (beta v)
+            offs_v = v0 + tl.arange(0, BV)
+            mask_v = live[:, None] & (offs_v < DV)[None, :]
+            vt = tl.load(v + t[:, None] * stride_v_t + head * stride_v_h + offs_v[None, :], mask=mask_v, other=0.0)
+            u = tl.dot(T, vt.to(tl.float32) * beta[:, None], input_precision=PRECISION)
+            tl.store(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], u, mask=mask_v)
+
+
+@triton.jit
+def _normalized_rows(x, t, live, head_offset, offs_k, mask_k, stride_t):
+    """Rows t of one head of x, L2-normalised, fp32 [CHUNK, BK]; zero where not live."""
+    rows = tl.load(x + t[:, None] * stride_t + head_offset + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
+                   other=0.0).to(tl.float32)
+    return rows * (1.0 / tl.sqrt(tl.sum(rows * rows, 1) + 1e-6))[:, None]
+
+
+@triton.jit
+def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, cap_record,
+                cap_row0, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
+                stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale,
+                HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, CHUNK: tl.constexpr,
+                HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PRECISION: tl.constexpr):
+    """One chunk (global index `chunk`) through the state tile [BK, BV]: its output rows, or with
+    SPLIT_OUTPUT the state before it and v_new for the output kernel; and the state after it."""
+    rows = tl.arange(0, CHUNK)
+    count = tl.minimum(end - row0, CHUNK)
+    live = rows < count
+    t = row0.to(tl.int64) + rows
+    G = tl.load(g_buf + t * HV + head, mask=live, other=0.0)
+    G_last = tl.load(g_buf + (row0 + count - 1).to(tl.int64) * HV + head)
+    mask_ov = live[:, None] & mask_v[None, :]
+    if HAS_CAPTURES:
+        # Capture rows in this chunk (no branch, so the loop stays pipelined): the state before the
+        # chunk is kept under the index of the chunk's first capture, and each capture notes that
+        # index and the chunk's first row; `_chunk_snapshot_kernel` finishes them afterwards.
+        window = cap_i + rows  # at most CHUNK distinct capture rows fall in one chunk
+        in_chunk = tl.load(cap_rows + window, mask=window < num_caps, other=2147483647) < row0 + count
+        found = tl.sum(in_chunk.to(tl.int32), 0)
+        tile = offs_k[:, None] * DV + offs_v[None, :]
+        tl.store(cap_state + (cap_i.to(tl.int64) * HV + head) * DK * DV + tile, state,
+                 mask=mask_k[:, None] & mask_v[None, :] & (found > 0))
+        first_program = (head == 0) & (vtile == 0)
+        tl.store(cap_record + window, cap_i + rows * 0, mask=in_chunk & first_program)
+        tl.store(cap_row0 + window, row0 + rows * 0, mask=in_chunk & first_program)
+        cap_i += found
+
+    w = tl.load(w_buf + (t[:, None] * HV + head) * DK + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
+                other=0.0)
+    u_ptrs = u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :]
+    u = tl.load(u_ptrs, mask=mask_ov, other=0.0)
+    v_new = u - _dot(w, state, None, PRECISION)  # what the carried state does not predict
+
+    if SPLIT_OUTPUT:  # the output kernel computes o from the state before the chunk and v_new (over u)
+        tl.store(chunk_states + (chunk.to(tl.int64) * HV + head) * DK * DV + offs_k[:, None] * DV + offs_v[None, :],
+                 state, mask=mask_k[:, None] & mask_v[None, :])
+        tl.store(u_ptrs, v_new, mask=mask_ov)
+    else:
+        qt = _normalized_rows(q, t, live, key_head * stride_q_h, offs_k, mask_k, stride_q_t)
+        qt = qt * (scale * tl.exp(G))[:, None]
+        aqk = tl.load(aqk_buf + (t[:, None] * HV + head) * CHUNK + rows[None, :], mask=live[:, None], other=0.0)
+        out = _dot(qt, state, None, PRECISION)
+        out = _dot(aqk, v_new, out, PRECISION)
+        tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
+
+    kt = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
+    kt = kt * tl.exp(G_last - G)[:, None]
+    state = _dot(tl.trans(kt), v_new, state * tl.exp(G_last), PRECISION)
+    return state, cap_i
+
+
+@triton.jit
+def _chunk_state_kernel(
+    q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
+    cap_record, cap_row0, o, chunk_states, num_caps,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr,
+    LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
+):
+    seq, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    chunk = seq * 0  # the global index of the sequence's first chunk, as the prepare kernel numbers them
+    if SPLIT_OUTPUT:  # only the split output's per-chunk states are stored by it
+        chunk = _first_chunk(seq, query_start_loc, CHUNK, BLOCK_B)
+    key_head = head // (HV // HK)
+    start = tl.load(query_start_loc + seq)
+    end = tl.load(query_start_loc + seq + 1)
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    has_slot = slot >= 0  # a negative slot marks a padding row: zero state in, nothing stored
+    offs_k = tl.arange(0, BK)
+    offs_v = vtile * BV + tl.arange(0, BV)
+    mask_k, mask_v = offs_k < DK, offs_v < DV
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    h_ptrs = h_pool + slot * stride_h_slot + head * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    state = tl.load(h_ptrs, mask=mask_kv & has_slot, other=0.0).to(tl.float32)
+
+    cap_i = start * 0  # int32 index of the next capture, carried through the chunk loop
+    if HAS_CAPTURES:
+        cap_i = tl.load(cap_first + seq)  # the first capture at or after this sequence's first row
+    if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
+        for row0 in range(start, end, CHUNK):
+            state, cap_i = _chunk_step(
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, cap_record, cap_row0,
+                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
+                PRECISION)
+            chunk += 1
+    else:  # the interpreter cannot take loaded bounds in range()
+        row0 = start
+        while row0 < end:
+            state, cap_i = _chunk_step(
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, cap_record, cap_row0,
+                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
+                PRECISION)
+            chunk += 1
+            row0 += CHUNK
+    tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & has_slot)
+
+
+@triton.jit
+def _chunk_snapshot_kernel(
+    k, w_buf, u_buf, g_buf, cap_rows, cap_snaps, cap_state, cap_record, cap_row0, h_snapshots,
+    stride_k_t, stride_k_h, stride_snap,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    CHUNK: tl.constexpr, U_IS_V_NEW: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Per (capture, value head, tile of BV columns): the state after the capture row r,
+    exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before the chunk
+    (U_IS_V_NEW: the state kernel left v_new in u_buf)."""
+    cap, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    record = tl.load(cap_record + cap)
+    if record >= 0:  # -1: the row is in no sequence of the batch
+        key_head = head // (HV // HK)
+        row0 = tl.load(cap_row0 + cap)
+        last = tl.load(cap_rows + cap) - row0
+        rows = tl.arange(0, CHUNK)
+        live = rows <= last
+        t = row0.to(tl.int64) + rows
+        offs_k = tl.arange(0, BK)
+        offs_v = vtile * BV + tl.arange(0, BV)
+        mask_k, mask_v = offs_k < DK, offs_v < DV
+        tile = offs_k[:, None] * DV + offs_v[None, :]
+        mask_kv = mask_k[:, None] & mask_v[None, :]
+        state = tl.load(cap_state + (record.to(tl.int64) * HV + head) * DK * DV + tile, mask=mask_kv, other=0.0)
+        G = tl.load(g_buf + t * HV + head, mask=live, other=0.0)
+        G_r = tl.load(g_buf + (row0 + last).to(tl.int64) * HV + head)
+        w = tl.load(w_buf + (t[:, None] * HV + head) * DK + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
+                    other=0.0)
+        u = tl.load(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=live[:, None] & mask_v[None, :],
+                    other=0.0)
+        v_new = u if U_IS_V_NEW else u - _dot(w, state, None, PRECISION)
+        kt = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
+        kt = kt * tl.exp(tl.minimum(G_r - G, 0.0))[:, None]
+        snap_state = _dot(tl.trans(kt), v_new, state * tl.exp(G_r), PRECISION)
+        snap = tl.load(cap_snaps + cap).to(tl.int64)
+        tl.store(h_snapshots + snap * stride_snap + head * DK * DV + tile, snap_state.to(h_snapshots.dtype.element_ty),
+                 mask=mask_kv)
+
+
+@triton.jit
+def _chunk_output_kernel(
+    q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, num_seqs,
+    stride_q_t, stride_q_h, stride_o_t, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Per (chunk, value head, tile of BV columns), all chunks at once: o = exp(G) q S + Aqk v_new, S the
+    state before the chunk (what the fused state kernel computes on its serial path)."""
+    cid, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    row0, count, found = _chunk_of(cid, query_start_loc, num_seqs, CHUNK, BLOCK_B)
+    if found:
+        key_head = head // (HV // HK)
+        rows = tl.arange(0, CHUNK)
+        live = rows < count
+        t = row0.to(tl.int64) + rows
+        offs_k = tl.arange(0, BK)
+        offs_v = vtile * BV + tl.arange(0, BV)
+        mask_k, mask_v = offs_k < DK, offs_v < DV
+        mask_ov = live[:, None] & mask_v[None, :]
+        state = tl.load(chunk_states + (cid.to(tl.int64) * HV + head) * DK * DV + offs_k[:, None] * DV
+                        + offs_v[None, :], mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        G = tl.load(g_buf + t * HV + head, mask=live, other=0.0)
+        qt = _normalized_rows(q, t, live, key_head * stride_q_h, offs_k, mask_k, stride_q_t)
+        qt = qt * (scale * tl.exp(G))[:, None]
+        aqk = tl.load(aqk_buf + (t[:, None] * HV + head) * CHUNK + rows[None, :], mask=live[:, None], other=0.0)
+        v_new = tl.load(v_new_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0)
+        out = _dot(qt, state, None, PRECISION)
+        out = _dot(aqk, v_new, out, PRECISION)
+        tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows=None,
+              h_snapshots=None, block_v: int | None = None, num_warps: int | None = None,
+              num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
+              split_output: bool | None = None, prepare: dict | None = None) -> torch.Tensor:
+    """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
+    h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
+
+    chunk is the rows per chunk (CHUNK; the dispatch gives short passes 16: less work on each chunk's
+    serial path). block_v, num_warps and num_stages tune the state kernel; precision is the state and
+    output kernels' dot precision: by default "tf32" for 16-bit inputs (relative error ~1e-3, under the
+    bf16 rounding of o) and "tf32x3" (about fp32) for fp32 inputs; "bf16" rounds the operands to bf16
+    (the state itself stays fp32). `prepare` overrides the prepare kernel's options (LONG_PASS_PREPARE).
+    split_output takes the output off the state kernel's serial path: that kernel keeps the state
+    before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once.
+
+    Not the defaults: bf16 operands with the output split off took the state and output kernels from
+    737 to 351 + 195 us on one 8192-token prompt (H200, gdn_prefill_tiles_8192), with 2.4x the state's
+    relative error (3.1e-3 against 1.3e-3) and 1.7x the output's; with tf32 operands the split alone
+    gained nothing (448 + 281 us). The prefill keeps the precision."""
+    q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
+    assert h_pool.is_contiguous()
+    tokens, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    seqs = query_start_loc.shape[0] - 1
+    o = torch.empty((tokens, hv, dv), dtype=v.dtype, device=v.device)
+    if tokens == 0 or seqs == 0:
+        return o
+    interpret = not q.is_cuda
+    long_16bit_pass = chunk >= CHUNK and not interpret and q.dtype != torch.float32
+    prepare = dict(LONG_PASS_PREPARE if long_16bit_pass else {}, **(prepare or {}))
+    if interpret:
+        precision = prepare_precision = inverse_precision = "ieee"
+    elif q.dtype == torch.float32:
+        precision = prepare_precision = inverse_precision = precision or "tf32x3"
+    else:
+        # tf32 on the state (errors ~1e-3, under o's own bf16 rounding); tf32x3 where it is cheap.
+        precision = precision or "tf32"
+        prepare_precision = prepare.get("precision", "tf32x3")
+        inverse_precision = prepare.get("inverse_precision", "tf32")
+    block_k = max(16, triton.next_power_of_2(dk))  # tl.dot needs every dimension >= 16
+    dev = q.device
+    w_buf = torch.empty((tokens, hv, dk), dtype=torch.float32, device=dev)
+    u_buf = torch.empty((tokens, hv, dv), dtype=torch.float32, device=dev)
+    g_buf = torch.empty((tokens, hv), dtype=torch.float32, device=dev)
+    aqk_buf = torch.empty((tokens, hv, chunk), dtype=torch.float32, device=dev)
+    max_chunks = tokens // chunk + seqs
+    _chunk_prepare_kernel[(max_chunks, hv)](
+        q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, seqs,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=32, CHUNK=chunk,
+        BLOCK_B=max(16, triton.next_power_of_2(seqs)),
+        SUB=min(prepare.get("sub", 16), chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision,
+        num_warps=prepare.get("warps", 4), num_stages=1,
+    )
+    block_v = max(16, min(block_v or 32, triton.next_power_of_2(dv)))
+    has_captures = bool(capture_rows) and h_snapshots is not None
+    num_caps = 0
+    cap_rows = cap_snaps = cap_first = cap_state = cap_record = cap_row0 = state_slots  # unused placeholders
+    if has_captures:
+        assert h_snapshots.is_contiguous()
+        cap_rows, cap_snaps, cap_first, repeats = capture_tables(capture_rows, query_start_loc)
+        num_caps = cap_rows.shape[0]
+        cap_state = torch.empty((num_caps, hv, dk, dv), dtype=torch.float32, device=dev)
+        cap_record = torch.full((num_caps,), -1, dtype=torch.int32, device=dev)
+        cap_row0 = torch.zeros((num_caps,), dtype=torch.int32, device=dev)
+    split = bool(split_output)
+    block_b = max(16, triton.next_power_of_2(seqs))
+    chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=torch.float32, device=dev) if split else w_buf
+    _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
+        q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_first, cap_state,
+        cap_record, cap_row0, o, chunk_states, num_caps,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b,
+        HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
+        num_warps=num_warps or 4, num_stages=num_stages or 2,
+    )
+    if split:  # u_buf holds v_new now
+        block_o = max(16, min(OUTPUT_BLOCK_V, triton.next_power_of_2(dv)))
+        _chunk_output_kernel[(max_chunks, hv, triton.cdiv(dv, block_o))](
+            q, g_buf, aqk_buf, u_buf, chunk_states, query_start_loc, o, seqs,
+            q.stride(0), q.stride(1), o.stride(0), dk**-0.5,
+            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_o, CHUNK=chunk, BLOCK_B=block_b,
+            PRECISION=precision, num_warps=4, num_stages=2,
+        )
+    if has_captures:
+        _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
+            k, w_buf, u_buf, g_buf, cap_rows, cap_snaps, cap_state, cap_record, cap_row0, h_snapshots,
+            k.stride(0), k.stride(1), h_snapshots.stride(0),
+            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, U_IS_V_NEW=split, PRECISION=precision,
+            num_warps=4,
+        )
+        for slot, source in repeats:
+            h_snapshots[slot].copy_(h_snapshots[source])
+    return o

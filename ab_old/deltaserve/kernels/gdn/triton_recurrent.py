@@ -1,0 +1,181 @@
+"""Gated delta rule, token by token, with the state held in registers: the decode step (one token per
+sequence) and a ragged-batch form of the same loop for short prefill passes.
+
+One program per (sequence, value head, tile of Dv columns) loads its fp32 state tile [Dk, BV] from
+`h_pool[slot]` once, runs the sequence's tokens through it (gating from the raw a/b, L2 norm of q/k
+and the grouped key head all computed in the loop), and writes the tile back in place. A ragged batch
+may name capture rows (the tables of `capture_rows.capture_tables`, as the chunk kernels read them):
+the state after such a row is also stored into its snapshot slot. The loop carries the index of the
+sequence's next capture, so a capture costs a masked store and no per-row table.
+
+The ragged loop loads row t + 1 before row t updates the state: the loads do not depend on the state,
+and waiting on each row's loads in turn cost about 1.2 us per token on the H200.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from deltaserve.kernels.capture_rows import capture_tables
+
+
+@triton.jit
+def _load_row(q, k, v, a, b, t64, live, head, key_head, offs_k, offs_v, mask_k, mask_v,
+              stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t):
+    """Row t's raw inputs for one value head, fp32 (zeros where not live). Nothing here waits for them:
+    they are first used by the next `_update`."""
+    qt = tl.load(q + t64 * stride_q_t + key_head * stride_q_h + offs_k, mask=mask_k & live, other=0.0).to(tl.float32)
+    kt = tl.load(k + t64 * stride_k_t + key_head * stride_k_h + offs_k, mask=mask_k & live, other=0.0).to(tl.float32)
+    vt = tl.load(v + t64 * stride_v_t + head * stride_v_h + offs_v, mask=mask_v & live, other=0.0).to(tl.float32)
+    at = tl.load(a + t64 * stride_a_t + head, mask=live, other=0.0).to(tl.float32)
+    bt = tl.load(b + t64 * stride_b_t + head, mask=live, other=0.0).to(tl.float32)
+    return qt, kt, vt, at, bt
+
+
+@triton.jit
+def _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v, stride_o_t,
+            DV: tl.constexpr):
+    """One token through the state tile; returns the new tile. With q, k normalised, S' = d S + k delta^T,
+    delta = beta (v - d S^T k) and o = S'^T q = d S^T q + (q.k) delta. Every reduction (|q|, |k|, q.k,
+    S^T q, S^T k) is taken on the raw rows and the old state at once, so one reduction's latency is on
+    each token's path instead of several in a row."""
+    at += bias
+    softplus = tl.where(at > 20.0, at, tl.log(1.0 + tl.exp(tl.minimum(at, 20.0))))
+    decay = tl.exp(decay_rate * softplus)
+    beta = 1.0 / (1.0 + tl.exp(-bt))
+    rq = 1.0 / tl.sqrt(tl.sum(qt * qt, 0) + 1e-6)
+    rk = 1.0 / tl.sqrt(tl.sum(kt * kt, 0) + 1e-6)
+    qk = tl.sum(qt * kt, 0) * (rq * rk * scale)
+    s_q = tl.sum(state * qt[:, None], 0) * (rq * scale)
+    s_k = tl.sum(state * kt[:, None], 0) * rk
+    delta = (vt - decay * s_k) * beta
+    out = decay * s_q + qk * delta
+    tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
+    return state * decay + (kt * rk)[:, None] * delta[None, :]
+
+
+@triton.jit
+def _capture(state, t, cap_rows, cap_snaps, cap_i, num_caps, h_snapshots, stride_snap_slot, head, tile_offs,
+             mask_kv, DK: tl.constexpr, DV: tl.constexpr):
+    """Stores the state after row t when t is the next capture row; returns the next capture's index."""
+    hit = tl.load(cap_rows + cap_i, mask=cap_i < num_caps, other=-1) == t
+    snap = tl.load(cap_snaps + cap_i, mask=hit, other=0).to(tl.int64)
+    tl.store(h_snapshots + snap * stride_snap_slot + head * DK * DV + tile_offs,
+             state.to(h_snapshots.dtype.element_ty), mask=mask_kv & hit)
+    return cap_i + hit.to(tl.int32)
+
+
+@triton.jit
+def _gdn_recurrent_kernel(
+    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, cap_rows, cap_snaps, cap_first,
+    h_snapshots, o, num_caps,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
+    stride_h_slot, stride_snap_slot, stride_o_t, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
+):
+    seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    key_head = head // (HV // HK)
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    live = slot >= 0  # a negative slot marks a padding row: it computes on a zero state and stores none
+
+    offs_k = tl.arange(0, BK)
+    offs_v = tile * BV + tl.arange(0, BV)
+    mask_k, mask_v = offs_k < DK, offs_v < DV
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    tile_offs = offs_k[:, None] * DV + offs_v[None, :]
+    h_ptrs = h_pool + slot * stride_h_slot + head * DK * DV + tile_offs
+    state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0).to(tl.float32)
+
+    decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
+    bias = tl.load(dt_bias + head).to(tl.float32)
+    if IS_VARLEN:
+        start = tl.load(query_start_loc + seq)
+        end = tl.load(query_start_loc + seq + 1)
+        cap_i = start * 0  # int32 index of the sequence's next capture
+        if HAS_CAPTURES:
+            cap_i = tl.load(cap_first + seq)
+        # Row t + 1 is loaded before row t updates the state, so the loads' latency hides behind it.
+        qt, kt, vt, at, bt = _load_row(q, k, v, a, b, start.to(tl.int64), start < end, head, key_head, offs_k,
+                                       offs_v, mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h,
+                                       stride_v_t, stride_v_h, stride_a_t, stride_b_t)
+        t = start
+        while t < end:  # a while loop: the interpreter cannot take loaded bounds in range()
+            nq, nk, nv, na, nb = _load_row(q, k, v, a, b, t.to(tl.int64) + 1, t + 1 < end, head, key_head, offs_k,
+                                           offs_v, mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h,
+                                           stride_v_t, stride_v_h, stride_a_t, stride_b_t)
+            state = _update(o, state, qt, kt, vt, at, bt, t.to(tl.int64), head, decay_rate, bias, scale, offs_v,
+                            mask_v, stride_o_t, DV)
+            if HAS_CAPTURES:
+                cap_i = _capture(state, t, cap_rows, cap_snaps, cap_i, num_caps, h_snapshots, stride_snap_slot,
+                                 head, tile_offs, mask_kv, DK, DV)
+            qt, kt, vt, at, bt = nq, nk, nv, na, nb
+            t += 1
+    else:
+        t64 = seq.to(tl.int64)
+        qt, kt, vt, at, bt = _load_row(q, k, v, a, b, t64, seq >= 0, head, key_head, offs_k, offs_v, mask_k, mask_v,
+                                       stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+                                       stride_a_t, stride_b_t)
+        state = _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v,
+                        stride_o_t, DV)
+    tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live)
+
+
+def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def gdn_recurrent(
+    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
+    query_start_loc: torch.Tensor | None = None,
+    capture_rows=None,
+    h_snapshots: torch.Tensor | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] updated in place.
+
+    Without query_start_loc each row is its own sequence (decode); with it, sequence i owns rows
+    query_start_loc[i]:query_start_loc[i+1], and capture_rows ((row, snapshot slot) pairs, or a
+    CaptureRows) names the rows whose state is also stored into h_snapshots. Returns o [T, Hv, Dv] in
+    v's dtype.
+    """
+    q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
+    assert h_pool.is_contiguous()
+    tokens, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    seqs = state_slots.shape[0] if query_start_loc is None else query_start_loc.shape[0] - 1
+    o = torch.empty((tokens, hv, dv), dtype=v.dtype, device=v.device)
+    if seqs == 0 or tokens == 0:
+        return o
+    block_k = triton.next_power_of_2(dk)
+    varlen = query_start_loc is not None
+    if block_v is None:
+        # Decode: enough programs to fill the machine at small batch, wide tiles once the batch does. The
+        # ragged loop is bound by each token's latency: narrow tiles, one warp (kernels_check gdn_short_pass).
+        block_v = 8 if varlen else 32 if seqs * hv >= 256 else 16
+    block_v = min(block_v, triton.next_power_of_2(dv))
+    if num_warps is None:
+        num_warps = 1 if varlen else 4 if block_v * block_k >= 4096 else 2
+    has_captures = varlen and h_snapshots is not None and bool(capture_rows)
+    num_caps, repeats = 0, []
+    cap_rows = cap_snaps = cap_first = state_slots  # unused placeholders
+    if has_captures:
+        assert h_snapshots.is_contiguous()
+        cap_rows, cap_snaps, cap_first, repeats = capture_tables(capture_rows, query_start_loc)
+        num_caps = cap_rows.shape[0]
+    grid = (seqs, hv, triton.cdiv(dv, block_v))
+    _gdn_recurrent_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
+        query_start_loc if query_start_loc is not None else state_slots, cap_rows, cap_snaps, cap_first,
+        h_snapshots if has_captures else h_pool, o, num_caps,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
+        IS_VARLEN=varlen, HAS_CAPTURES=has_captures,
+        num_warps=num_warps, num_stages=num_stages or 2,
+    )
+    for slot, source in repeats:
+        h_snapshots[slot].copy_(h_snapshots[source])
+    return o

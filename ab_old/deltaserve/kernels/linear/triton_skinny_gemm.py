@@ -1,0 +1,93 @@
+"""y = x @ W^T for a few rows of x (decode): a GEMM whose time is reading W once.
+
+One program per BLOCK_N rows of W walks the whole K dimension, its loads pipelined (num_stages), and
+multiplies the tile by the rows of x padded to 16 on the tensor cores (the padding costs nothing the
+memory does not already pay for). No split of K, so no second reduction pass and no atomics: a row's
+sum is taken in the same order every time. cuBLAS picks split-K kernels and a reduction for some
+of these shapes at one row and stays below the bandwidth the matrix reads allow.
+"""
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _skinny_gemm_kernel(x, w, y, M, N, stride_xm, stride_wn, stride_ym, K: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                        PRECISION: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_n = offs_n < N
+    mask_m = offs_m < M
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < K
+        a = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                    other=0.0)
+        b = tl.load(w + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+                    mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
+    tl.store(y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+class SkinnyTiles(NamedTuple):
+    block_n: int
+    block_k: int
+    stages: int
+    warps: int
+
+
+# Up to this many rows the dispatch takes the skinny GEMM (see faster_than_cublas). Above, cuBLAS: at 64
+# and 128 rows the best tall tiles measured no faster on 19 of the 20 projections of the benchmark shapes
+# (benchmarks/results/skinny_gemm_tall.json; 9B down projection at 128 rows 55.7 vs 33.3 us).
+MAX_ROWS = 16
+MAX_TILE_ROWS = 128  # the most rows one program covers (x padded to a power of two from 16)
+
+
+def faster_than_cublas(n: int) -> bool:
+    """Where the skinny GEMM measured faster than cuBLAS for a weight of n rows (see default_tiles):
+    not below 1024 rows (too few programs), and between 4096 and 65536 rows only when n is not a
+    multiple of 1024: cuBLAS's tiles then divide the weight evenly and it reads it at full speed."""
+    if n < 1024:
+        return False
+    return n <= 4096 or n > 65536 or n % 1024 != 0
+
+
+def default_tiles(n: int) -> SkinnyTiles:
+    """Enough programs to keep every SM reading (about 128 or more), long K steps when there are few,
+    and no register spills on sm_90. On the H200 at the Qwen3.5 shapes, one row, against cuBLAS
+    (benchmarks/results/skinny_gemm.json): 26.5 vs 29.4 us for the 4096x12288 down projection, 26.3
+    vs 28.3 us for 12352x4096, 7.8 vs 10.6 us for 4096x4096, 442 vs 473 us for the 248320x4096 LM
+    head, 12.9 vs 15.1 us for 12352x2048; cuBLAS stays ahead by 1-2 us for 24576x4096, 10240x4096 and
+    9216x2048, a fraction of what the others gain."""
+    if n <= 2048:
+        return SkinnyTiles(16, 1024, 3, 4)
+    if n <= 4096:
+        return SkinnyTiles(32, 512, 3, 4)
+    if n <= 65536:
+        return SkinnyTiles(32, 128, 6, 4)
+    return SkinnyTiles(64, 128, 5, 4)
+
+
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, ...] | None = None) -> torch.Tensor:
+    """x [M <= 128, K]; weight [N, K] (last dim contiguous); returns [M, N] in x's dtype."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert m <= MAX_TILE_ROWS and weight.stride(-1) == 1
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    block_n, block_k, stages, warps = SkinnyTiles(*tiles) if tiles else default_tiles(n)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, y, m, n, x.stride(0), weight.stride(0), y.stride(0), K=k,
+        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+        STAGES=stages,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
+    )
+    return y

@@ -1,0 +1,349 @@
+"""The experts' SwiGLU MLPs as two grouped GEMMs over (token, choice) pairs sorted by expert; batches of
+a few tokens take the unsorted path of `triton_moe_direct.py` instead (see `moe_experts`).
+
+Pairs are sorted by expert on the device, and one small kernel lays each expert's run of pairs out as
+blocks of BLOCK_M rows (`block_start[e]`: the first block of expert e; nothing is read back to the
+host, so a decode step can be graph-captured). One program per (block, tile of output columns): only
+touched experts get programs, and at decode sizes (an expert's pairs fit in one block) each touched
+expert's weights are read once per step. The grid's fast axis decides what the programs running
+together share through L2: the blocks of one expert (its weight tile) or the column tiles of one
+block (its gathered input rows).
+  1. gate/up: inter[pair] = silu(x[token] @ W_gate^T) * (x[token] @ W_up^T), both halves in one program.
+  2. down:    y[token, choice] = weight * (inter[pair] @ W_down^T), written to the pair's own row.
+The k rows of each token are then summed in fp32 in a fixed order: no atomics, so results are exact
+across runs (a prefix-cache hit must reproduce a miss bit for bit).
+A pair with an id past the experts (a graph's padding row, see moe_route's live_rows) is unrouted: it
+sorts after every expert's run, gets no block, and the sum leaves it out.
+"""
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from deltaserve.kernels.moe.triton_moe_direct import moe_experts_direct
+
+# Up to this many (token, choice) pairs the unsorted path runs. Each pair streams its expert's weights
+# through the SMs (from L2 when another pair read them just before), so the limit counts pairs: 32
+# tokens at top-8. With the shared expert stacked as one more choice it is 28 tokens (graph rungs up
+# to 24): the shared expert adds a pair per token to the direct path but only an expert's blocks to the
+# sorted one. At top-8 alone the paths crossed between 16 and 32 tokens on the H200 (kernels_check
+# moe_T16: direct 172 us, sorted 175; moe_T32: 311 against 291).
+DIRECT_MAX_PAIRS = 256
+
+
+@triton.jit
+def _moe_align_kernel(sorted_ids, offsets, block_start, num_pairs, EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
+    """offsets[e] = first sorted pair of expert e (a vectorised binary search, one lane per expert);
+    block_start[e] = first block of expert e; both [E + 1]."""
+    lanes = tl.arange(0, BLOCK_E)
+    lo = tl.zeros([BLOCK_E], dtype=tl.int32)
+    hi = tl.zeros([BLOCK_E], dtype=tl.int32) + num_pairs
+    active = lo < hi
+    while tl.max(active.to(tl.int32), 0) > 0:  # lower_bound(sorted_ids, lane) in every lane at once
+        mid = (lo + hi) // 2
+        below = tl.load(sorted_ids + mid, mask=active, other=0) < lanes
+        lo = tl.where(active & below, mid + 1, lo)
+        hi = tl.where(active & ~below, mid, hi)
+        active = lo < hi
+    is_expert = lanes <= EXPERTS
+    tl.store(offsets + lanes, lo, mask=is_expert)
+    # counts[e] = (pairs with id <= e) - (pairs with id < e): a second search instead of a lane shift.
+    lo2 = tl.zeros([BLOCK_E], dtype=tl.int32)
+    hi2 = tl.zeros([BLOCK_E], dtype=tl.int32) + num_pairs
+    active = lo2 < hi2
+    while tl.max(active.to(tl.int32), 0) > 0:  # upper_bound(sorted_ids, lane)
+        mid = (lo2 + hi2) // 2
+        at_most = tl.load(sorted_ids + mid, mask=active, other=0) <= lanes
+        lo2 = tl.where(active & at_most, mid + 1, lo2)
+        hi2 = tl.where(active & ~at_most, mid, hi2)
+        active = lo2 < hi2
+    counts = tl.where(lanes < EXPERTS, lo2 - lo, 0)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    first = tl.cumsum(blocks, 0) - blocks
+    tl.store(block_start + lanes, first, mask=is_expert)
+
+
+@triton.jit
+def _block_rows(block, offsets, block_start, EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(expert, first pair, end pair) of block `block`; end <= first for blocks past the last."""
+    lanes = tl.arange(0, BLOCK_E)
+    ends = tl.load(block_start + 1 + lanes, mask=lanes < EXPERTS, other=2147483647)
+    expert = tl.minimum(tl.sum((ends <= block).to(tl.int32), 0), EXPERTS - 1)
+    lo = tl.load(offsets + expert) + (block - tl.load(block_start + expert)) * BLOCK_M
+    hi = tl.minimum(tl.load(offsets + expert + 1), lo + BLOCK_M)
+    return expert, lo, hi
+
+
+@triton.jit
+def _block_and_column_tile(COLUMNS_FAST: tl.constexpr):
+    """This program's (row block, column tile) in the grid order `_grid` launched."""
+    if COLUMNS_FAST:  # the programs of one block of rows run together: its gathered rows are read once
+        return tl.program_id(1), tl.program_id(0)
+    return tl.program_id(0), tl.program_id(1)  # the blocks of one expert run together: its weight tile is read once
+
+
+@triton.jit
+def _moe_gate_up_kernel(
+    x, w13, order, offsets, block_start, inter, stride_x, stride_we, stride_wn, stride_inter,
+    EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    COLUMNS_FAST: tl.constexpr,
+):
+    block, ntile = _block_and_column_tile(COLUMNS_FAST)
+    expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
+    if lo < hi:
+        offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < INTER
+        w_base = w13 + expert.to(tl.int64) * stride_we
+        pairs = lo + tl.arange(0, BLOCK_M)
+        mask_m = pairs < hi
+        tokens = (tl.load(order + pairs, mask=mask_m, other=0) // TOP_K).to(tl.int64)
+        acc_gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, HIDDEN, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < HIDDEN
+            a = tl.load(x + tokens[:, None] * stride_x + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
+                        other=0.0)
+            w_mask = mask_n[:, None] & mask_k[None, :]
+            w_gate = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
+            w_up = tl.load(w_base + (INTER + offs_n)[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
+            acc_gate = tl.dot(a, tl.trans(w_gate), acc_gate, input_precision=PRECISION)
+            acc_up = tl.dot(a, tl.trans(w_up), acc_up, input_precision=PRECISION)
+        h = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
+        tl.store(inter + pairs.to(tl.int64)[:, None] * stride_inter + offs_n[None, :], h.to(inter.dtype.element_ty),
+                 mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(
+    inter, w2, weights, order, offsets, block_start, y, stride_inter, stride_we, stride_wn, stride_y,
+    EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    COLUMNS_FAST: tl.constexpr,
+):
+    block, ntile = _block_and_column_tile(COLUMNS_FAST)
+    expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
+    if lo < hi:
+        offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < HIDDEN
+        w_base = w2 + expert.to(tl.int64) * stride_we
+        pairs = lo + tl.arange(0, BLOCK_M)
+        mask_m = pairs < hi
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, INTER, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask_k = offs_k < INTER
+            a = tl.load(inter + pairs.to(tl.int64)[:, None] * stride_inter + offs_k[None, :],
+                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+            w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
+                        other=0.0)
+            acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+        dest = tl.load(order + pairs, mask=mask_m, other=0).to(tl.int64)  # token * k + choice
+        weight = tl.load(weights + dest, mask=mask_m, other=0.0).to(tl.float32)
+        tl.store(y + dest[:, None] * stride_y + offs_n[None, :], (acc * weight[:, None]).to(y.dtype.element_ty),
+                 mask=mask_m[:, None] & mask_n[None, :])
+
+
+class SortedTiles(NamedTuple):
+    gate_n: int  # gate/up kernel: intermediate columns per program
+    gate_k: int  # hidden columns per step
+    down_n: int  # down kernel: output columns per program
+    down_k: int  # intermediate columns per step
+    block_m: int  # pairs per block (one expert's run is cut into blocks of this many)
+    warps: int
+    stages: int
+    columns_fast: bool = False  # grid order: column tiles (not row blocks) on the fast axis
+
+
+# From the H200 sweeps of benchmarks/kernels_check.py: moe_sorted_tiles_T* for the small tiles,
+# moe_sorted_large_tiles_T* for the others (8 choices over 256 experts). With the column tiles on the
+# grid's fast axis the medium tiles took 631 us at 2048 tokens (684 with the blocks fast) and the
+# large ones 1.31 ms at 8192 tokens (1.51 ms for the best tiles with the blocks fast); at 64 tokens
+# every order and tile measured about the same (377-390 us for the 64-row blocks).
+SMALL_TILES = SortedTiles(32, 128, 64, 128, 16, 4, 3)  # a few pairs per expert
+MEDIUM_TILES = SortedTiles(64, 64, 64, 64, 64, 4, 3, True)
+LARGE_TILES = SortedTiles(128, 64, 256, 64, 128, 8, 3, True)
+LARGE_MIN_PAIRS_PER_EXPERT = 128
+
+
+# Up to this many pairs per expert the small tiles' 16-pair blocks win: at 80 tokens (2.5 pairs per
+# expert, a prefix-cache hit's tail) they took 357 us on the H200 against 369 for the medium tiles
+# (kernels_check moe_sorted_tail_tiles_T80), at 144 (4.5 per expert, the pairs of a 128-sequence decode
+# step) 393 against 413 (moe_sorted_tail_tiles_T144, kernels_check_moe_tail_T144.json).
+SMALL_MAX_PAIRS_PER_EXPERT = 5
+
+
+def default_tiles(pairs: int, experts: int) -> SortedTiles:
+    if pairs <= SMALL_MAX_PAIRS_PER_EXPERT * experts:  # a few pairs per expert
+        return SMALL_TILES
+    return LARGE_TILES if pairs >= LARGE_MIN_PAIRS_PER_EXPERT * experts else MEDIUM_TILES
+
+
+def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]:
+    return (column_tiles, blocks) if columns_fast else (blocks, column_tiles)
+
+
+# Up to this many pairs a counting sort in Triton orders them and lays out the experts' blocks in one
+# launch: each program takes the histogram of every pair's expert (where each expert's run starts) and
+# of the pairs before its own (where its pairs go in their runs). For 864 pairs over 257 experts it took
+# 7.1 us on the H200 against 38.4 for torch's radix sort and the binary-search align kernel behind it
+# (benchmarks/results/kernels_check_moe_align.json): a millisecond over the 40 layers of a short prefill
+# pass. Larger batches take torch's sort.
+COUNTING_SORT_MAX_PAIRS = 4096
+RANK_BLOCK = 64
+COMBINE_BLOCK = 1024
+
+
+@triton.jit
+def _count_and_rank_kernel(ids, order, offsets, block_start, num_pairs, EXPERTS: tl.constexpr,
+                           BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, ALL: tl.constexpr, BLOCK: tl.constexpr):
+    """A stable counting sort of this program's BLOCK pairs: pair i goes to rank(i) = (pairs of a smaller
+    expert) + (pairs of its expert before i); order[rank(i)] = i. Program 0 also writes offsets[e] (first
+    sorted pair of expert e) and block_start[e] (its first block), [E + 1]."""
+    # A bin past every expert and past the unrouted id (EXPERTS), for the lanes that hold no pair.
+    TRASH: tl.constexpr = BLOCK_E - 1
+    first_i = tl.program_id(0) * BLOCK
+    j = tl.arange(0, ALL)
+    id_j = tl.load(ids + j, mask=j < num_pairs, other=TRASH).to(tl.int32)
+    lanes = tl.arange(0, BLOCK_E)
+    counts = tl.where(lanes < EXPERTS, tl.histogram(id_j, BLOCK_E), 0)
+    run_start = tl.cumsum(counts, 0) - counts
+    earlier = tl.histogram(tl.where(j < first_i, id_j, TRASH), BLOCK_E)  # pairs of earlier programs
+    if tl.program_id(0) == 0:
+        blocks = (counts + BLOCK_M - 1) // BLOCK_M
+        tl.store(offsets + lanes, run_start, mask=lanes <= EXPERTS)
+        tl.store(block_start + lanes, tl.cumsum(blocks, 0) - blocks, mask=lanes <= EXPERTS)
+
+    i = first_i + tl.arange(0, BLOCK)
+    valid_i = i < num_pairs
+    id_i = tl.load(ids + i, mask=valid_i, other=TRASH).to(tl.int32)
+    before_block = tl.sum(tl.where(id_i[:, None] == lanes[None, :], (run_start + earlier)[None, :], 0), 1)
+    same_before = (id_i[None, :] == id_i[:, None]) & (i[None, :] < i[:, None])  # in this block
+    rank = before_block + tl.sum(same_before.to(tl.int32), 1)
+    tl.store(order + rank, i.to(tl.int64), mask=valid_i)
+
+
+@triton.jit
+def _combine_kernel(y, ids, out, stride_y, stride_out, TOP_K: tl.constexpr, HIDDEN: tl.constexpr,
+                    EXPERTS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[token] = the sum of its routed pairs' rows of y, in fp32, in choice order (unrouted pairs
+    were never computed: their rows of y hold nothing)."""
+    token, tile = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < HIDDEN
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for choice in tl.static_range(TOP_K):
+        pair = token * TOP_K + choice
+        routed = tl.load(ids + pair) < EXPERTS
+        acc += tl.load(y + pair * stride_y + offs, mask=mask & routed, other=0.0).to(tl.float32)
+    tl.store(out + token * stride_out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sort_pairs_kernel(ids, order, offsets, block_start, num_pairs, EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr,
+                       BLOCK_M: tl.constexpr, ALL: tl.constexpr):
+    """The same stable order and layout as _count_and_rank_kernel from one program: every pair's key
+    (expert, index) sorted in registers (a bitonic network); order[r] = the index of the r-th key."""
+    TRASH: tl.constexpr = BLOCK_E - 1
+    j = tl.arange(0, ALL)
+    valid = j < num_pairs
+    id_j = tl.load(ids + j, mask=valid, other=TRASH).to(tl.int32)
+    ranked = tl.sort(id_j * ALL + j)
+    tl.store(order + j, (ranked % ALL).to(tl.int64), mask=valid)
+    lanes = tl.arange(0, BLOCK_E)
+    counts = tl.where(lanes < EXPERTS, tl.histogram(id_j, BLOCK_E), 0)
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    tl.store(offsets + lanes, tl.cumsum(counts, 0) - counts, mask=lanes <= EXPERTS)
+    tl.store(block_start + lanes, tl.cumsum(blocks, 0) - blocks, mask=lanes <= EXPERTS)
+
+
+def _count_and_rank(flat_ids: torch.Tensor, num_experts: int, block_m: int, method: str = "count",
+                    rank_block: int = RANK_BLOCK, num_warps: int = 4):
+    """(order, offsets, block_start) by the counting sort (see COUNTING_SORT_MAX_PAIRS); method "sort":
+    by _sort_pairs_kernel instead."""
+    pairs, device = flat_ids.shape[0], flat_ids.device
+    order = torch.empty(pairs, dtype=torch.int64, device=device)
+    offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    block_e, every = triton.next_power_of_2(num_experts + 2), triton.next_power_of_2(pairs)
+    if method == "sort":
+        _sort_pairs_kernel[(1,)](flat_ids, order, offsets, block_start, pairs, EXPERTS=num_experts, BLOCK_E=block_e,
+                                 BLOCK_M=block_m, ALL=every, num_warps=num_warps)
+        return order, offsets, block_start
+    _count_and_rank_kernel[(triton.cdiv(pairs, rank_block),)](
+        flat_ids, order, offsets, block_start, pairs, EXPERTS=num_experts,
+        BLOCK_E=block_e, BLOCK_M=block_m, ALL=every, BLOCK=rank_block, num_warps=num_warps)
+    return order, offsets, block_start
+
+
+def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
+    """(order, offsets [E+1], block_start [E+1], max_blocks) for the flattened (token, choice) pairs."""
+    flat = ids.flatten()
+    pairs = flat.shape[0]
+    if pairs <= COUNTING_SORT_MAX_PAIRS:
+        order, offsets, block_start = _count_and_rank(flat, num_experts, block_m)
+    else:
+        sorted_ids, order = flat.sort(stable=True)
+        offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
+        block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
+        _moe_align_kernel[(1,)](sorted_ids, offsets, block_start, pairs, EXPERTS=num_experts,
+                                BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_M=block_m, num_warps=4)
+    # Each touched expert needs ceil(count / block_m) <= count blocks, and at most one partial one.
+    max_blocks = min(pairs, triton.cdiv(pairs, block_m) + min(num_experts, pairs))
+    return order, offsets, block_start, max_blocks
+
+
+def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                ids: torch.Tensor, tiles: tuple[int, ...] | None = None, path: str | None = None) -> torch.Tensor:
+    """Same contract as the reference: x [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; weights/ids [T, k].
+
+    path: "direct" (unsorted, per pair) or "sorted" (grouped GEMM); by default direct up to
+    DIRECT_MAX_PAIRS pairs. tiles overrides the chosen path's tiles (a prefix of them): for "sorted"
+    see SortedTiles, for "direct" see triton_moe_direct.DirectTiles."""
+    if path is None:
+        path = "direct" if ids.numel() <= DIRECT_MAX_PAIRS else "sorted"
+    if path == "direct":
+        return moe_experts_direct(x, w13, w2, weights, ids, tiles)
+    return moe_experts_sorted(x, w13, w2, weights, ids, tiles)
+
+
+def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                       ids: torch.Tensor, tiles: tuple[int, ...] | None = None) -> torch.Tensor:
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    tokens, hidden = x.shape
+    experts, inter_size = w13.shape[0], w13.shape[1] // 2
+    top_k = ids.shape[1]
+    if tokens == 0:
+        return torch.zeros_like(x)
+    assert w13.stride(-1) == 1 and w2.stride(-1) == 1
+    pairs = tokens * top_k
+    default = default_tiles(pairs, experts)
+    gu_n, gu_k, dn_n, dn_k, block_m, warps, stages, columns_fast = (
+        SortedTiles(*tiles, *default[len(tiles):]) if tiles else default)
+    order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
+    flat_weights = weights.reshape(-1).contiguous()
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    block_e = triton.next_power_of_2(experts + 1)
+    inter = torch.empty((pairs, inter_size), dtype=x.dtype, device=x.device)
+    _moe_gate_up_kernel[_grid(max_blocks, triton.cdiv(inter_size, gu_n), columns_fast)](
+        x, w13, order, offsets, block_start, inter, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
+        EXPERTS=experts, BLOCK_E=block_e, TOP_K=top_k, HIDDEN=hidden, INTER=inter_size,
+        BLOCK_M=block_m, BLOCK_N=gu_n, BLOCK_K=gu_k, PRECISION=precision, COLUMNS_FAST=columns_fast,
+        num_warps=warps, num_stages=stages,
+    )
+    y = torch.empty((pairs, hidden), dtype=x.dtype, device=x.device)
+    _moe_down_kernel[_grid(max_blocks, triton.cdiv(hidden, dn_n), columns_fast)](
+        inter, w2, flat_weights, order, offsets, block_start, y, inter.stride(0), w2.stride(0), w2.stride(1),
+        y.stride(0), EXPERTS=experts, BLOCK_E=block_e, HIDDEN=hidden, INTER=inter_size,
+        BLOCK_M=block_m, BLOCK_N=dn_n, BLOCK_K=dn_k, PRECISION=precision, COLUMNS_FAST=columns_fast,
+        num_warps=warps, num_stages=stages,
+    )
+    out = torch.empty_like(x)
+    _combine_kernel[(tokens, triton.cdiv(hidden, COMBINE_BLOCK))](
+        y, ids.contiguous(), out, y.stride(0), out.stride(0), TOP_K=top_k, HIDDEN=hidden, EXPERTS=experts,
+        BLOCK=COMBINE_BLOCK, num_warps=4)
+    return out

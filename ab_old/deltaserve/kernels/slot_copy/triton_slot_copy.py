@@ -1,0 +1,104 @@
+"""copy_slot (see reference.py) for two pools (the conv and the recurrent states) in one Triton launch
+over (layer, piece of the slot, pool).
+
+torch's copy of `pool[:, slot]` takes the strided elementwise path, and over a snapshot pool of many
+GiB it splits into several launches to keep 32-bit offsets: restoring the 30 GDN layers' states of a
+Qwen3.5-35B-A3B sequence (60 MiB) took eight launches and ~100 us on the H200, where reading and
+writing it once is ~30 us. Here each program copies one contiguous piece of one layer's slot with
+64-bit offsets, and one launch serves both pools: a restore sits on the host's path before a
+prefix-cache hit's pass starts. `copy_slot_at` reads the two slots from the device instead, so a
+graph-replayed pass can start with its own restore.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 4096
+
+
+@triton.jit
+def _copy_piece(src, dst, src_offset, dst_offset, stride_src_layer, stride_dst_layer, numel, layer, piece,
+                BLOCK: tl.constexpr):
+    offs = piece * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    values = tl.load(src + layer * stride_src_layer + src_offset + offs, mask=mask)
+    tl.store(dst + layer * stride_dst_layer + dst_offset + offs, values.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _copy_pools(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer_a, stride_dst_layer_a, numel_a,
+                src_b, dst_b, src_offset_b, dst_offset_b, stride_src_layer_b, stride_dst_layer_b, numel_b,
+                BLOCK: tl.constexpr):
+    """This program's piece of one layer's slot, of pool a or b (grid axis 2)."""
+    layer, piece = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    if tl.program_id(2) == 0:
+        _copy_piece(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer_a, stride_dst_layer_a, numel_a, layer,
+                    piece, BLOCK)
+    else:
+        _copy_piece(src_b, dst_b, src_offset_b, dst_offset_b, stride_src_layer_b, stride_dst_layer_b, numel_b, layer,
+                    piece, BLOCK)
+
+
+@triton.jit
+def _copy_slot_kernel(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer_a, stride_dst_layer_a, numel_a,
+                      src_b, dst_b, src_offset_b, dst_offset_b, stride_src_layer_b, stride_dst_layer_b, numel_b,
+                      BLOCK: tl.constexpr):
+    _copy_pools(src_a, dst_a, src_offset_a, dst_offset_a, stride_src_layer_a, stride_dst_layer_a, numel_a,
+                src_b, dst_b, src_offset_b, dst_offset_b, stride_src_layer_b, stride_dst_layer_b, numel_b, BLOCK)
+
+
+@triton.jit
+def _copy_slot_at_kernel(src_a, dst_a, stride_src_slot_a, stride_dst_slot_a, stride_src_layer_a, stride_dst_layer_a,
+                         numel_a, src_b, dst_b, stride_src_slot_b, stride_dst_slot_b, stride_src_layer_b,
+                         stride_dst_layer_b, numel_b, slots, BLOCK: tl.constexpr):
+    src_slot, dst_slot = tl.load(slots).to(tl.int64), tl.load(slots + 1).to(tl.int64)
+    if src_slot >= 0:  # a negative source slot: nothing to restore this time
+        _copy_pools(src_a, dst_a, src_slot * stride_src_slot_a, dst_slot * stride_dst_slot_a, stride_src_layer_a,
+                    stride_dst_layer_a, numel_a, src_b, dst_b, src_slot * stride_src_slot_b,
+                    dst_slot * stride_dst_slot_b, stride_src_layer_b, stride_dst_layer_b, numel_b, BLOCK)
+
+
+def slot_is_contiguous(pool: torch.Tensor) -> bool:
+    """Whether each layer's slot of `pool` [layers, slots, ...] is one contiguous run."""
+    expected = 1
+    for size, stride in zip(reversed(pool.shape[2:]), reversed(pool.stride()[2:])):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _operands(src: torch.Tensor, src_slot: int, dst: torch.Tensor, dst_slot: int) -> tuple:
+    src, dst, stride_src_slot, stride_dst_slot, *rest = _slot_operands(src, dst)
+    return src, dst, src_slot * stride_src_slot, dst_slot * stride_dst_slot, *rest
+
+
+def copy_slot(srcs: tuple[torch.Tensor, ...], src_slot: int, dsts: tuple[torch.Tensor, ...], dst_slot: int) -> None:
+    """Same contract as the reference, for two pools with the same layer count, each layer's slot
+    contiguous (see slot_is_contiguous)."""
+    (src_a, src_b), (dst_a, dst_b) = srcs, dsts
+    a, b = _operands(src_a, src_slot, dst_a, dst_slot), _operands(src_b, src_slot, dst_b, dst_slot)
+    _copy_slot_kernel[_grid(a, b)](*a, *b, BLOCK=BLOCK, num_warps=8)
+
+
+def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
+    """Same contract as the reference's copy_slot_at, for pools as copy_slot takes them."""
+    (src_a, src_b), (dst_a, dst_b) = srcs, dsts
+    a, b = _slot_operands(src_a, dst_a), _slot_operands(src_b, dst_b)
+    assert slots.numel() == 2 and slots.device == src_a.device
+    _copy_slot_at_kernel[_grid(a, b)](*a, *b, slots, BLOCK=BLOCK, num_warps=8)
+
+
+def _grid(a: tuple, b: tuple) -> tuple[int, int, int]:
+    """(layer, piece of a slot, pool) for the operands of two pools with the same layer count."""
+    assert a[0].shape[0] == b[0].shape[0]
+    return a[0].shape[0], triton.cdiv(max(a[-1], b[-1]), BLOCK), 2
+
+
+def _slot_operands(src: torch.Tensor, dst: torch.Tensor) -> tuple:
+    numel = math.prod(src.shape[2:])
+    assert math.prod(dst.shape[2:]) == numel and src.shape[0] == dst.shape[0]
+    return src, dst, src.stride(1), dst.stride(1), src.stride(0), dst.stride(0), numel

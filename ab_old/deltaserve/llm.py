@@ -1,0 +1,93 @@
+"""LLM: the synchronous front for offline use — generate over a list of prompts, or chat."""
+
+from __future__ import annotations
+
+import itertools
+
+from deltaserve.engine.llm_engine import LLMEngine
+from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError
+from deltaserve.outputs import RequestOutput
+from deltaserve.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "auto",
+                 max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 block_size: int = 16, num_kv_blocks: int | None = None, seed: int = 0, **engine_kwargs):
+        self.engine = LLMEngine.from_args(
+            model, dtype=dtype, device=device, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, num_kv_blocks=num_kv_blocks,
+            seed=seed, **engine_kwargs)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        prompts = _as_prompt_list(prompts)
+        params = _params_per_prompt(sampling_params, len(prompts))
+        return self._run([(p, sp, None) for p, sp in zip(prompts, params)])
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None, *, tools: list[dict] | None = None,
+             add_generation_prompt: bool = True, **template_kwargs) -> list[RequestOutput]:
+        """Renders each conversation with the checkpoint's chat template and generates its reply."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        params = _params_per_prompt(sampling_params, len(conversations))
+        tok = self.engine.tokenizer
+        jobs = []
+        for conversation, sp in zip(conversations, params):
+            text = tok.apply_chat_template(conversation, tools=tools, add_generation_prompt=add_generation_prompt,
+                                           **template_kwargs)
+            ids = tok.encode(text, add_special_tokens=False)
+            offsets = tok.message_offsets(conversation, tools=tools, add_generation_prompt=add_generation_prompt)
+            jobs.append((ids, sp, offsets, text))
+        return self._run([(ids, sp, offsets) for ids, sp, offsets, _ in jobs],
+                         texts=[text for *_, text in jobs])
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached KV block and state snapshot (the next requests run cold)."""
+        self.engine.reset_prefix_cache()
+
+    def _run(self, jobs, texts: list[str] | None = None) -> list[RequestOutput]:
+        ids = [str(next(self._ids)) for _ in jobs]
+        added = []
+        try:
+            for i, (request_id, (prompt, sp, offsets)) in enumerate(zip(ids, jobs)):
+                self.engine.add_request(request_id, prompt, sp, capture_points=offsets,
+                                        prompt_text=texts[i] if texts else None)
+                added.append(request_id)
+        except Exception:
+            for request_id in added:  # all or nothing: a bad prompt leaves nothing queued
+                self.engine.abort(request_id)
+            raise
+        finished: dict[str, RequestOutput] = {}
+        while len(finished) < len(ids):
+            for output in self.engine.step(final_only=True):
+                if output.finished:
+                    finished[output.request_id] = output
+        return [finished[i] for i in ids]
+
+
+def _as_prompt_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise InvalidPromptError("prompts must be a string, a list of token ids, or a non-empty list of those")
+    return list(prompts)
+
+
+def _params_per_prompt(params, count: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(count)]
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    if len(params) != count:
+        raise InvalidSamplingParamsError(f"{len(params)} sampling params for {count} prompts")
+    return list(params)

@@ -1,0 +1,58 @@
+"""Full attention over the paged KV cache: GQA, optional per-head q/k RMSNorm (Qwen3 family), partial
+rotary, and the sigmoid output gate that Qwen3-Next / Qwen3.5 emit from q_proj."""
+
+import torch
+from torch import nn
+
+from deltaserve import kernels
+from deltaserve.models.config import ModelConfig
+from deltaserve.models.layers.params import empty_param
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int, dtype: torch.dtype, device):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.gated = config.attn_output_gate
+        self.q_size = self.num_heads * self.head_dim * (2 if self.gated else 1)
+        self.kv_size = self.num_kv_heads * self.head_dim
+        rows = self.q_size + 2 * self.kv_size
+        # q, k and v projections fused into one GEMM; q rows hold [query | gate] per head when gated.
+        self.qkv_proj = empty_param(rows, config.hidden_size, dtype=dtype, device=device)
+        self.qkv_bias = empty_param(rows, dtype=dtype, device=device) if config.attention_bias else None
+        self.o_proj = empty_param(config.hidden_size, self.num_heads * self.head_dim, dtype=dtype, device=device)
+        self.o_bias = empty_param(config.hidden_size, dtype=dtype, device=device) if config.attention_bias else None
+        self.q_norm = self.k_norm = None
+        if config.qk_norm:
+            self.q_norm = empty_param(self.head_dim, dtype=dtype, device=device)
+            self.k_norm = empty_param(self.head_dim, dtype=dtype, device=device)
+        self.norm_eps, self.norm_offset = config.rms_norm_eps, config.norm_offset
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor, batch, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = kernels.linear(x, self.qkv_proj, self.qkv_bias).split([self.q_size, self.kv_size, self.kv_size], -1)
+        gate = None
+        if self.gated:
+            q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = batch.kv_cache(self.layer_idx)
+        if batch.fresh_query_start_loc is not None:  # long fresh prompts: attend within the chunk
+            if self.q_norm is not None:
+                q = kernels.rms_norm(q, self.q_norm, self.norm_eps, self.norm_offset)
+                k = kernels.rms_norm(k, self.k_norm, self.norm_eps, self.norm_offset)
+            q, k = kernels.apply_rotary(q, k, batch.positions, cos_sin_cache)
+            kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+            out = kernels.causal_attention_fresh(q, k, v, batch.fresh_query_start_loc, self.scale)
+        else:
+            q = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache,
+                                        batch.slot_mapping, self.q_norm, self.k_norm, self.norm_eps, self.norm_offset)
+            out = kernels.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
+                                          batch.block_tables, self.scale)
+        out = out.reshape(tokens, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.reshape(tokens, -1))
+        return kernels.linear(out, self.o_proj, self.o_bias)

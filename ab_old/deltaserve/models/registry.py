@@ -1,0 +1,95 @@
+"""Which architectures deltaserve runs, and how a model path becomes a loaded DecoderLM."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from deltaserve.errors import UnsupportedArchitectureError, WeightLoadError
+from deltaserve.models.config import ModelConfig, parse_model_config
+from deltaserve.models.decoder import DecoderLM
+from deltaserve.models.loader import load_weights
+from deltaserve.models.random_init import init_random_weights
+from deltaserve.models.weights import iterate_safetensors, safetensors_files
+
+log = logging.getLogger(__name__)
+
+# Every architecture maps onto DecoderLM; what differs (norm offset, q/k norm, output gate, GDN
+# packing, MoE) is read from the config by parse_model_config.
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
+
+
+@dataclass
+class ModelSource:
+    """Where a model comes from: a Hugging Face directory or a GGUF file."""
+
+    path: str
+    is_gguf: bool
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(os.path.normpath(self.path))
+
+
+def resolve_model_source(model: str | None) -> ModelSource:
+    if model is None:
+        from deltaserve.models.gguf_loader import demo_model_path
+
+        return ModelSource(demo_model_path(), True)
+    if not os.path.exists(model):
+        raise WeightLoadError(f"model path {model!r} does not exist (give a checkpoint directory or a .gguf file)")
+    if os.path.isfile(model):
+        if model.endswith(".gguf"):
+            return ModelSource(model, True)
+        raise WeightLoadError(f"{model!r} is a file but not a .gguf file; give a checkpoint directory or a .gguf file")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        raise WeightLoadError(f"{model!r} has no config.json")
+    return ModelSource(model, False)
+
+
+def read_architecture(raw: dict) -> str:
+    archs = raw.get("architectures") or []
+    for arch in archs:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return arch
+    raise UnsupportedArchitectureError(
+        f"architecture {archs or 'missing'} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def load_hf_config(model_dir: str) -> tuple[dict, ModelConfig]:
+    path = os.path.join(model_dir, "config.json")
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as e:
+        raise WeightLoadError(f"cannot read {path}: {e}") from e
+    return raw, parse_model_config(raw, read_architecture(raw))
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int) -> DecoderLM:
+    return DecoderLM(config, dtype, device, max_positions).eval()
+
+
+def load_model(source: ModelSource, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+               max_positions: int, gguf_tensors: dict | None = None, dummy: bool = False) -> DecoderLM:
+    model = build_model(config, dtype, device, max_positions)
+    if dummy:
+        init_random_weights(model)
+    elif source.is_gguf:
+        load_weights(model, gguf_tensors.items())
+    else:  # tensors are read straight onto the model's device
+        load_weights(model, iterate_safetensors(safetensors_files(source.path), device))
+    return model

@@ -1,0 +1,184 @@
+"""ModelRunner: executes a StepPlan — builds the flat batch, runs the model, samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from deltaserve.cache.kv_pool import KVPool
+from deltaserve.cache.snapshot_pool import SnapshotPool
+from deltaserve.cache.state_pool import StatePool
+from deltaserve.engine.request import PENDING_TOKEN
+from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
+from deltaserve.kernels.capture_rows import CaptureRows
+from deltaserve.models.decoder import DecoderLM
+from deltaserve.host_to_device import to_device
+from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_block_tables
+from deltaserve.runner.cuda_graphs import DecodeGraphs
+from deltaserve.runner.forward_batch import ForwardBatch
+from deltaserve.runner.launched_step import LaunchedStep
+from deltaserve.runner.prefill_graphs import PrefillGraphs
+from deltaserve.runner.sampler import Sampler, prompt_logprob_entries
+from deltaserve.runner.snapshot_steps import chunk_end_saves, mid_chunk_capture_rows, restore_pairs
+
+
+FRESH_PREFILL_MIN_TOKENS = 1024
+
+
+@dataclass
+class StepResult:
+    sampling: list[ScheduledChunk] = field(default_factory=list)  # chunks whose last row yielded a token
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list | None = None  # per sampling chunk, when any asked
+    # request -> (first prompt position predicted, entries), for requests asking prompt logprobs
+    prompt_logprobs: dict = field(default_factory=dict)
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM, kv_pool: KVPool | None, state_pool: StatePool | None, block_size: int,
+                 device: torch.device, sampler: Sampler, graphs: DecodeGraphs | None = None,
+                 snapshots: SnapshotPool | None = None, prefill_graphs: PrefillGraphs | None = None):
+        self.model = model
+        self.snapshots = snapshots  # prefix-cache GDN state snapshots; None without GDN layers or caching
+        self.graphs = graphs  # None: every step runs eagerly
+        self.prefill_graphs = prefill_graphs  # None: every prefill pass runs eagerly
+        self.kv_pool = kv_pool
+        self.state_pool = state_pool
+        self.block_size = block_size
+        self.device = device
+        self.sampler = sampler
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan):
+        """Runs one step: the sampled tokens of the chunks that reach their end, and logprobs asked for."""
+        sampling = [c for c in plan.chunks if c.samples]
+        prompt_logprobs = {}
+        decode_graph = self._replayable(plan)
+        captures = mid_chunk_capture_rows(plan) if self.snapshots is not None and not decode_graph else []
+        prefill_graph = not decode_graph and self._prefill_replayable(plan, captures)
+        restores = restore_pairs(plan)
+        # A prefill graph restores its one sequence's state and copies its KV tail itself (see PrefillGraphs).
+        self._prepare_states(plan, [] if prefill_graph else restores, copy_blocks=not prefill_graph)
+        host = build_host_batch(plan, self.block_size)
+        if decode_graph:
+            logits = self.graphs.run(host)
+        elif prefill_graph:
+            logits = self.prefill_graphs.run(host, captures, restores[0] if restores else None,
+                                             plan.block_copies[0].pair if plan.block_copies else None)
+        else:
+            batch = self.to_forward_batch(host, plan.is_decode)
+            if captures:  # the GDN kernels save these states as they pass the rows
+                batch.capture_rows, batch.snapshot_pool = CaptureRows(captures), self.snapshots
+            hidden = self.model(batch.input_ids, batch)
+            prompt_logprobs = self._prompt_logprobs(plan, host, hidden)
+            logits = self.model.compute_logits(hidden[batch.logits_indices]) if sampling else None
+        self._save_snapshots(plan)
+        if not sampling:
+            return StepResult(prompt_logprobs=prompt_logprobs)
+        tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
+        return StepResult(sampling, tokens, logprobs, prompt_logprobs)
+
+    def can_launch(self, plan: StepPlan) -> bool:
+        """Whether the plan can run without its tokens being read back before the next step is
+        planned: decode rows whose sampling needs only their logits."""
+        return plan.is_decode and all(c.samples and Sampler.device_only(c.request.params) for c in plan.chunks)
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan, previous: LaunchedStep | None) -> LaunchedStep:
+        """Queues a decode step (see can_launch) and returns without waiting for it. A row whose input
+        token is still pending takes it on the device from `previous`, the step that sampled it."""
+        self._prepare_states(plan, restore_pairs(plan))
+        host = build_host_batch(plan, self.block_size)
+        pending = [(row, previous.rows[c.request]) for row, c in enumerate(plan.chunks)
+                   if host.input_ids[row] == PENDING_TOKEN]
+        if self._replayable(plan):
+            logits = self.graphs.run(host, lambda ids: _take_pending(ids, pending, previous))
+        else:
+            batch = self.to_forward_batch(host, plan.is_decode)
+            _take_pending(batch.input_ids, pending, previous)
+            logits = self.model.compute_logits(self.model(batch.input_ids, batch)[batch.logits_indices])
+        self._save_snapshots(plan)
+        return LaunchedStep(plan, self.sampler.sample_on_device(logits, [c.request for c in plan.chunks]))
+
+    def _prepare_states(self, plan: StepPlan, restores: list[tuple[int, int]], copy_blocks: bool = True) -> None:
+        """Copies the cached tails that hits restore from into the requests' own blocks, zeroes the
+        state slots of sequences starting from their first token and copies the restored snapshots
+        `restores` (snapshot slot, state slot) into theirs (a one-token prompt, or one restored to its
+        last token, makes a plan that looks like decode)."""
+        if copy_blocks and plan.block_copies and self.kv_pool is not None:
+            self.kv_pool.copy_blocks([c.pair for c in plan.block_copies])
+        if self.state_pool is not None:
+            self.state_pool.reset(plan.reset_state_slots)
+        if self.snapshots is not None:
+            self.snapshots.restore(restores, self.state_pool)
+
+    def _prompt_logprobs(self, plan: StepPlan, host: HostBatch, hidden: torch.Tensor) -> dict:
+        """For requests that ask: the logprob of each prompt token their rows of this step predict
+        (the row at position p predicts the prompt token at p + 1)."""
+        found = {}
+        for chunk, row0 in zip(plan.chunks, host.query_start_loc):
+            request = chunk.request
+            top = request.params.prompt_logprobs
+            last = min(chunk.end, request.num_prompt_tokens - 1)  # positions whose next token is in the prompt
+            if top is None or chunk.start >= last:
+                continue
+            logits = self.model.compute_logits(hidden[row0 : row0 + last - chunk.start])
+            targets = request.prompt_token_ids[chunk.start + 1 : last + 1]
+            found[request] = (chunk.start + 1, prompt_logprob_entries(logits, targets, top))
+        return found
+
+    @torch.inference_mode()
+    def save_states(self, pairs: list[tuple[int, int]]) -> None:
+        """(state slot, snapshot slot): saves finished sequences' states, queued behind every step so far."""
+        if pairs:
+            self.snapshots.save(pairs, self.state_pool)
+
+    def _save_snapshots(self, plan: StepPlan) -> None:
+        if self.snapshots is not None:
+            self.snapshots.save(chunk_end_saves(plan), self.state_pool)
+
+    def _replayable(self, plan: StepPlan) -> bool:
+        return (self.graphs is not None and plan.is_decode and len(plan.chunks) <= self.graphs.max_batch
+                and all(c.samples for c in plan.chunks))
+
+    def _prefill_replayable(self, plan: StepPlan, captures: list[tuple[int, int]]) -> bool:
+        """One sequence's short prefill pass (a prefix-cache hit's tail, a short prompt)."""
+        if self.prefill_graphs is None or len(plan.chunks) != 1 or plan.is_decode:
+            return False
+        chunk = plan.chunks[0]
+        return (chunk.request.params.prompt_logprobs is None
+                and all(r.request is chunk.request for r in plan.restores)  # the graph restores its own
+                and all(c.request is chunk.request for c in plan.block_copies)  # and copies its own tail
+                and self.prefill_graphs.rung(chunk.num_tokens, captures) is not None)
+
+    def to_forward_batch(self, host: HostBatch, is_decode: bool) -> ForwardBatch:
+        dev = lambda values: to_device(values, self.device)  # noqa: E731
+        return ForwardBatch(
+            input_ids=dev(host.input_ids),
+            positions=dev(host.positions),
+            query_start_loc=dev(host.query_start_loc),
+            seq_lens=dev(host.seq_lens),
+            block_tables=dev(pad_block_tables(host.block_tables)),
+            slot_mapping=dev(host.slot_mapping),
+            state_slots=dev(host.state_slots),
+            logits_indices=dev(host.logits_indices),
+            is_decode=is_decode,
+            kv_pool=self.kv_pool,
+            state_pool=self.state_pool,
+            fresh_query_start_loc=host.query_start_loc if self._fresh_prefill(host) else None,
+        )
+
+    def _fresh_prefill(self, host: HostBatch) -> bool:
+        """Long prompts that all start at position 0: dense attention within each chunk beats paging."""
+        starts = host.query_start_loc
+        lengths = [end - start for start, end in zip(starts[:-1], starts[1:])]
+        return (self.device.type == "cuda" and max(lengths, default=0) >= FRESH_PREFILL_MIN_TOKENS
+                and all(n == seq_len for n, seq_len in zip(lengths, host.seq_lens)))
+
+
+def _take_pending(input_ids: torch.Tensor, pending: list[tuple[int, int]], previous: LaunchedStep | None) -> None:
+    """input_ids[row] = the token `previous` sampled in its row `source`, for each (row, source)."""
+    if pending:
+        rows, sources = to_device(list(zip(*pending)), input_ids.device)  # one copy: [2, len(pending)]
+        input_ids.index_copy_(0, rows, previous.tokens.index_select(0, sources))

@@ -1,0 +1,87 @@
+"""Short prefill passes of one sequence as CUDA graphs, captured once per rung of a ladder of row
+counts over StepBuffers.
+
+A prefix-cache hit leaves a few dozen tokens to compute (a follow-up turn's new message), and the
+pass that computes them runs every layer once: eagerly, the host's launches (about twenty per layer)
+take longer than the GPU's work. Replayed as a graph, the pass costs what its kernels cost. The
+pass's n rows are padded to the rung with a second, padding sequence (no KV written, the spare state
+slot), and its mid-pass snapshot captures to MAX_GRAPH_CAPTURES entries (the unused ones name rows
+past the pass, which the kernels skip); the logits come from row n - 1. A pass that restores its
+sequence's state from a snapshot does so inside the graph, from the slots in the buffers: launched
+from the host, that copy cost ~0.16 ms before the pass could start. So does a pass that restores
+from a cached tail copy the tail's KV block into its own (0.16 ms from the host too). The same pass
+replayed again runs the same graph, so exact replay of a prefix-cache hit holds as it does eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from deltaserve.models.decoder import DecoderLM
+from deltaserve.runner.batch_builder import HostBatch
+from deltaserve.runner.cuda_graphs import capture_graph
+from deltaserve.runner.step_buffers import MAX_GRAPH_CAPTURES, StepBuffers
+
+log = logging.getLogger(__name__)
+
+ROW_STEP = 16  # rungs every 16 rows (one KV block at the default block size)
+MAX_ROWS = 128  # longer passes run eagerly (a graph per rung costs start-up time and memory)
+
+
+def prefill_ladder(max_rows: int) -> list[int]:
+    return list(range(ROW_STEP, max_rows + 1, ROW_STEP))
+
+
+class PrefillGraphs:
+    def __init__(self, model: DecoderLM, buffers: StepBuffers, snapshots=None):
+        self.model = model
+        self.buffers = buffers
+        self.snapshots = snapshots  # SnapshotPool: captures on; None: the model or the engine keeps none
+        self.sizes = prefill_ladder(min(MAX_ROWS, buffers.max_rows))
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+
+    def capture(self, pool) -> None:
+        started, before = time.perf_counter(), torch.cuda.memory_allocated()
+        for size in reversed(self.sizes):
+            self.buffers.load_prefill(HostBatch([0], [0], [0, 1], [1], [[]], [-1], [self.buffers.padding_slot], [0]),
+                                      size, [], self._padding_snapshot_slot)
+            batch = self.buffers.prefill_view(size, self.snapshots)
+            self.graphs[size], self.logits[size] = capture_graph(lambda: self._forward(batch), pool)
+        log.info("captured %d prefill graphs (%d..%d rows) in %.1f s using %.0f MiB", len(self.sizes), self.sizes[0],
+                 self.sizes[-1], time.perf_counter() - started, (torch.cuda.memory_allocated() - before) / 2**20)
+
+    @property
+    def _padding_snapshot_slot(self) -> int:
+        return self.snapshots.padding_slot if self.snapshots is not None else 0
+
+    def _forward(self, batch) -> torch.Tensor:
+        if self.snapshots is not None:
+            self.snapshots.restore_at(self.buffers.restore, self.buffers.state_pool)
+        if self.buffers.kv_pool is not None:
+            self.buffers.kv_pool.copy_block_at(self.buffers.kv_copy)
+        hidden = self.model(batch.input_ids, batch)
+        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+
+    def rung(self, num_rows: int, captures: list[tuple[int, int]]) -> int | None:
+        """The smallest rung with room for the pass and a padding row; None when the pass does not fit or
+        its captures do not (too many, or a row captured twice)."""
+        if len(captures) > MAX_GRAPH_CAPTURES or len({row for row, _ in captures}) < len(captures):
+            return None
+        return next((s for s in self.sizes if s > num_rows), None)
+
+    def run(self, host: HostBatch, captures: list[tuple[int, int]], restore: tuple[int, int] | None = None,
+            kv_copy: tuple[int, int] | None = None) -> torch.Tensor:
+        """Runs the pass of host's one sequence (see rung), first restoring its state when `restore`
+        (snapshot slot, state slot) and copying a KV block when `kv_copy` (source, destination); returns
+        the logits of its last row [1, V]. Without a captured graph (CPU) the same padded batch runs
+        eagerly."""
+        size = self.rung(len(host.input_ids), captures)
+        pairs = self.buffers.load_prefill(host, size, captures, self._padding_snapshot_slot, restore, kv_copy)
+        if size in self.graphs:
+            self.graphs[size].replay()
+            return self.logits[size]
+        return self._forward(self.buffers.prefill_view(size, self.snapshots, pairs))

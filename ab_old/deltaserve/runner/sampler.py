@@ -1,0 +1,118 @@
+"""Sampler: turns the logits of the rows that sample into tokens (and logprobs when asked).
+
+Randomness: a row whose request has a seed draws its noise from a generator seeded by
+(seed, sample index, output position), so the same request gives the same text whatever runs beside
+it and whether or not it was preempted; other rows share the engine's generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from deltaserve import kernels
+from deltaserve.engine.request import Request
+from deltaserve.outputs import Logprob
+from deltaserve.host_to_device import to_device
+
+_MIX = 0x9E3779B97F4A7C15
+
+
+def row_seed(seed: int, sample_index: int, position: int) -> int:
+    """A 63-bit seed that differs for every (seed, sample, position)."""
+    value = (seed * _MIX + sample_index * 0x632BE59BD9B4E019 + position * 0x85EBCA77C2B2AE63) & (2**64 - 1)
+    return value >> 1
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device, seed: int):
+        self.vocab_size = vocab_size
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]):
+        """logits [B, V] fp32 for requests[b]. Returns (token ids, per-row logprob dicts or None)."""
+        params = [r.params for r in requests]
+        processed = logits[:, : self.vocab_size]
+        if any(_has_penalty(p) for p in params):
+            processed = self._penalise(processed, requests)
+        tokens = self.sample_on_device(processed, requests).tolist()
+        if not any(p.logprobs is not None for p in params):
+            return tokens, None
+        return tokens, self._logprobs(logits[:, : self.vocab_size], tokens, requests)
+
+    @staticmethod
+    def device_only(params) -> bool:
+        """Whether a row's sampling needs nothing but its logits on the device: no logprobs to read
+        back and no penalties over its past tokens (a step can then start before the last one's
+        tokens are read back)."""
+        return params.logprobs is None and params.prompt_logprobs is None and not _has_penalty(params)
+
+    def sample_on_device(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """The tokens [B] (int64, on the logits' device) of rows without penalties; nothing is read back."""
+        logits = logits[:, : self.vocab_size]
+        if all(r.params.temperature == 0 for r in requests):
+            return logits.argmax(-1)  # greedy rows need neither masks nor noise
+        params = [r.params for r in requests]
+        tensor = lambda values, dtype: to_device(values, self.device, dtype)  # noqa: E731
+        temperature = tensor([p.temperature for p in params], torch.float32)
+        top_k = tensor([p.top_k if p.top_k > 0 else 0 for p in params], torch.int64)
+        top_p = tensor([p.top_p for p in params], torch.float32)
+        min_p = tensor([p.min_p for p in params], torch.float32)
+        noise = self._noise(requests)
+        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, noise)
+
+    def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        rows, vocab = len(requests), logits.shape[1]
+        prompt_mask = torch.zeros(rows, vocab, dtype=torch.bool, device=self.device)
+        counts = torch.zeros(rows, vocab, dtype=torch.float32, device=self.device)
+        for i, r in enumerate(requests):
+            prompt_mask[i, torch.tensor(r.prompt_token_ids, device=self.device)] = True
+            if r.output_token_ids:
+                out = torch.tensor(r.output_token_ids, device=self.device)
+                counts[i].index_add_(0, out, torch.ones(len(out), device=self.device))
+        as_tensor = lambda name: torch.tensor([getattr(r.params, name) for r in requests],  # noqa: E731
+                                              dtype=torch.float32, device=self.device)
+        return kernels.apply_penalties(logits, prompt_mask, counts, as_tensor("repetition_penalty"),
+                                       as_tensor("frequency_penalty"), as_tensor("presence_penalty"))
+
+    def _noise(self, requests: list[Request]) -> torch.Tensor:
+        noise = torch.ones(len(requests), self.vocab_size, device=self.device)
+        shared = [i for i, r in enumerate(requests) if r.params.temperature > 0 and r.params.seed is None]
+        if shared:  # rows without a seed draw together from the engine's generator
+            rows = to_device(shared, self.device)
+            noise[rows] = torch.empty(len(shared), self.vocab_size, device=self.device).exponential_(
+                generator=self.generator)
+        for i, r in enumerate(requests):
+            if r.params.temperature > 0 and r.params.seed is not None:
+                g = torch.Generator(device=self.device)
+                g.manual_seed(row_seed(r.params.seed, r.sample_index, len(r.output_token_ids)))
+                noise[i].exponential_(generator=g)
+        return noise
+
+    def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]):
+        """Logprobs of the model's distribution (before penalties and temperature), as vLLM reports them."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        return [None if r.params.logprobs is None else logprob_entry(logprobs[i], tokens[i], r.params.logprobs)
+                for i, r in enumerate(requests)]
+
+
+def logprob_entry(row: torch.Tensor, token: int, top: int) -> dict[int, Logprob]:
+    """`token`'s logprob and rank in one row of log-probabilities, then the `top` best tokens."""
+    chosen = row[token]
+    entry = {token: Logprob(chosen.item(), int((row > chosen).sum().item()) + 1)}
+    if top:
+        values, ids = row.topk(top)
+        for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+            entry.setdefault(tid, Logprob(value, rank))
+    return entry
+
+
+def prompt_logprob_entries(logits: torch.Tensor, targets: list[int], top: int) -> list[dict[int, Logprob]]:
+    """Row i of `logits` predicts prompt token `targets[i]`: one entry per row."""
+    logprobs = torch.log_softmax(logits[:, : logits.shape[1]].float(), dim=-1)
+    return [logprob_entry(logprobs[i], t, top) for i, t in enumerate(targets)]
+
+
+def _has_penalty(p) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0

@@ -1,0 +1,200 @@
+"""StepBuffers: every device address that a graph-replayed step reads or writes.
+
+The metadata of a step (input ids, positions, sequence lengths, KV slot mapping, state slots, query
+start offsets, block tables, the row turned into logits, the rows whose GDN state is captured, the
+snapshot a prefill pass restores its sequence's state from) lives in buffers allocated once at
+start-up; a step only refreshes their contents, so CUDA graphs captured over them stay valid. The 1-D
+fields are views into one device tensor, filled by a single host-to-device copy from a pinned mirror;
+the block tables travel from a pinned mirror too. Two layouts share them: a decode step (one row per
+sequence) and a short prefill pass (one sequence's rows, then a padding sequence up to the graph's
+row count). The pools are referenced here too, and the buffers of speculative decoding (draft tokens
+and per-row verify metadata) have their place beside them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from deltaserve.cache.kv_pool import KVPool
+from deltaserve.cache.state_pool import StatePool
+from deltaserve.kernels.capture_rows import CaptureRows, GraphCaptureRows
+from deltaserve.runner.batch_builder import HostBatch
+from deltaserve.runner.forward_batch import ForwardBatch
+
+ROW_FIELDS = ("input_ids", "positions", "slot_mapping")
+SEQUENCE_FIELDS = ("seq_lens", "state_slots")
+
+# Mid-pass snapshot captures a graph-replayed prefill pass can make (its tables have this many
+# entries; the unused ones name rows past the pass, which every kernel skips).
+MAX_GRAPH_CAPTURES = 4
+
+
+def graph_capture_pairs(captures: list[tuple[int, int]], num_rows: int, padding_snapshot_slot: int
+                        ) -> list[tuple[int, int]]:
+    """A prefill pass's (row, snapshot slot) captures, sorted, then entries up to MAX_GRAPH_CAPTURES for
+    rows past the pass's num_rows: rows of no sequence, so no kernel computes or stores a state for them
+    (naming the padding sequence's rows instead would compute and store states nobody reads). Their
+    slot is the spare one all the same."""
+    spare = MAX_GRAPH_CAPTURES - len(captures)
+    return sorted(captures) + [(num_rows + i, padding_snapshot_slot) for i in range(spare)]
+
+
+class StepBuffers:
+    def __init__(self, max_batch: int, max_blocks_per_seq: int, kv_pool: KVPool | None,
+                 state_pool: StatePool | None, device: torch.device, num_speculative_tokens: int = 0,
+                 max_prefill_rows: int = 0):
+        self.max_batch = max(max_batch, 2)  # a prefill pass is two sequences: its own and the padding
+        self.max_rows = max(self.max_batch, max_prefill_rows)
+        self.max_blocks = max_blocks_per_seq
+        self.kv_pool, self.state_pool = kv_pool, state_pool
+        self.padding_slot = state_pool.padding_slot if state_pool is not None else 0
+        self._offsets = {}
+        offset = 0
+        for name, length in ([(f, self.max_rows) for f in ROW_FIELDS] + [(f, self.max_batch) for f in SEQUENCE_FIELDS]
+                             + [("query_start_loc", self.max_batch + 1), ("logits_index", 1), ("live_rows", 1),
+                                ("restore", 2), ("kv_copy", 2)]):
+            self._offsets[name] = (offset, offset + length)
+            offset += length
+        pin = device.type == "cuda"
+        # Two pinned mirrors, used in turn: with asynchronous scheduling a step is loaded while the one
+        # before may still be queued, and its copy must not read a mirror being rewritten.
+        self._mirrors = [(torch.zeros(offset, dtype=torch.int64, pin_memory=pin),
+                          torch.zeros(self.max_batch * max_blocks_per_seq, dtype=torch.int64, pin_memory=pin),
+                          torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, pin_memory=pin))
+                         for _ in range(2)]
+        self._turn = 0
+        self.meta = torch.zeros(offset, dtype=torch.int64, device=device)
+        for name, (start, end) in self._offsets.items():
+            setattr(self, name, self.meta[start:end])
+        self.block_tables = torch.zeros(self.max_batch, max_blocks_per_seq, dtype=torch.int64, device=device)
+        self.captures = torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, device=device)
+        # Speculative decoding (MTP drafts verified in one step): per-row draft tokens and their count.
+        self.draft_tokens = torch.zeros(self.max_batch, num_speculative_tokens, dtype=torch.int64, device=device)
+        self.num_draft_tokens = torch.zeros(self.max_batch, dtype=torch.int64, device=device)
+
+    def _next_mirror(self):
+        mirror = self._mirrors[self._turn]
+        self._turn ^= 1
+        return mirror
+
+    def _field(self, meta: np.ndarray, name: str) -> np.ndarray:
+        start, end = self._offsets[name]
+        return meta[start:end]
+
+    def load_decode(self, host: HostBatch, batch_size: int) -> None:
+        """Writes one decode row per sequence into rows [0, n) and padding into rows [n, batch_size):
+        padded rows write no KV (slot -1) and update only the spare state slot."""
+        n = len(host.input_ids)
+        mirror, mirror_blocks, _ = self._next_mirror()
+        meta = mirror.numpy()
+        fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0), "seq_lens": (host.seq_lens, 1),
+                "slot_mapping": (host.slot_mapping, -1), "state_slots": (host.state_slots, self.padding_slot)}
+        for name, (values, pad) in fill.items():
+            field = self._field(meta, name)
+            field[:n] = values
+            field[n:batch_size] = pad
+        self._field(meta, "query_start_loc")[: batch_size + 1] = np.arange(batch_size + 1)
+        self._field(meta, "live_rows")[0] = n
+        self.meta.copy_(mirror, non_blocking=True)
+        self._load_block_tables(mirror_blocks, host.block_tables, batch_size, contiguous_rows=False)
+
+    def load_prefill(self, host: HostBatch, num_rows: int, captures: list[tuple[int, int]],
+                     padding_snapshot_slot: int, restore: tuple[int, int] | None = None,
+                     kv_copy: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+        """Writes one sequence's prefill pass into rows [0, n) and a padding sequence into rows
+        [n, num_rows): it writes no KV and runs on the spare state slot. Row n - 1 gives the logits.
+        `captures` (row, snapshot slot), rows distinct and below n, are padded with entries past the pass
+        (see graph_capture_pairs) up to MAX_GRAPH_CAPTURES; returns them all. `restore` (snapshot slot,
+        state slot): the pass starts by copying that snapshot into the sequence's slot (None: -1, none);
+        `kv_copy` (source block, destination block): and that KV block into the sequence's (None: block 0
+        onto itself)."""
+        n = len(host.input_ids)
+        pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
+        assert len(host.seq_lens) == 1 and n < num_rows and all(row < n for row, _ in captures)
+        mirror, mirror_blocks, mirror_captures = self._next_mirror()
+        meta = mirror.numpy()
+        fill = {"input_ids": (host.input_ids, np.zeros(num_rows - n)),
+                "positions": (host.positions, np.arange(num_rows - n)),
+                "slot_mapping": (host.slot_mapping, np.full(num_rows - n, -1))}
+        for name, (values, padding) in fill.items():
+            field = self._field(meta, name)
+            field[:n] = values
+            field[n:num_rows] = padding
+        self._field(meta, "seq_lens")[:2] = (host.seq_lens[0], num_rows - n)
+        self._field(meta, "state_slots")[:2] = (host.state_slots[0], self.padding_slot)
+        self._field(meta, "query_start_loc")[:3] = (0, n, num_rows)
+        self._field(meta, "logits_index")[0] = n - 1
+        self._field(meta, "live_rows")[0] = n
+        self._field(meta, "restore")[:] = restore if restore is not None else (-1, self.padding_slot)
+        self._field(meta, "kv_copy")[:] = kv_copy if kv_copy is not None else (0, 0)
+        self.meta.copy_(mirror, non_blocking=True)
+        self._load_block_tables(mirror_blocks, host.block_tables, 2, contiguous_rows=True)
+        table = mirror_captures.numpy()
+        table[0] = table[2] = [row for row, _ in pairs]  # every capture's row is distinct: no repeats
+        table[1] = table[3] = [slot for _, slot in pairs]
+        self.captures.copy_(mirror_captures, non_blocking=True)
+        return pairs
+
+    def _load_block_tables(self, mirror_blocks: torch.Tensor, tables: list[list[int]], num_seqs: int,
+                           contiguous_rows: bool) -> None:
+        # Only the columns some row needs matter (a kernel never reads past a row's own length).
+        # contiguous_rows (a prefill pass: its sequence and the padding one): the rows travel at the
+        # device table's own row stride up to the last needed column, one plain copy. Otherwise (decode,
+        # up to max_batch rows, where that run would be mostly unused columns the GPU waits for) only the
+        # needed columns travel, packed here in the pinned mirror (torch copies a strided source through
+        # a pageable temporary), and are spread over the rows on the device.
+        width = max((len(t) for t in tables), default=1) or 1
+        if contiguous_rows:
+            stride = self.max_blocks
+            target = self.block_tables.view(-1)[: (num_seqs - 1) * stride + width]
+            source = mirror_blocks[: target.numel()]
+        else:
+            stride = width
+            target = self.block_tables[:num_seqs, :width]
+            source = mirror_blocks[: num_seqs * width].view(num_seqs, width)
+        blocks = mirror_blocks[: num_seqs * stride].view(num_seqs, stride).numpy()
+        blocks[:, :width] = 0
+        for row, table in enumerate(tables):
+            blocks[row, : len(table)] = table
+        target.copy_(source, non_blocking=True)
+
+    def view(self, batch_size: int) -> ForwardBatch:
+        """The decode layout at `batch_size` rows."""
+        return ForwardBatch(
+            input_ids=self.input_ids[:batch_size],
+            positions=self.positions[:batch_size],
+            query_start_loc=self.query_start_loc[: batch_size + 1],
+            seq_lens=self.seq_lens[:batch_size],
+            block_tables=self.block_tables[:batch_size],
+            slot_mapping=self.slot_mapping[:batch_size],
+            state_slots=self.state_slots[:batch_size],
+            logits_indices=None,  # a graph turns every row into logits
+            is_decode=True,
+            kv_pool=self.kv_pool,
+            state_pool=self.state_pool,
+            live_rows=self.live_rows,
+        )
+
+    def prefill_view(self, num_rows: int, snapshot_pool=None, captures: list[tuple[int, int]] | None = None
+                     ) -> ForwardBatch:
+        """The prefill layout at `num_rows` rows; with a snapshot pool its captures are on: read from the
+        device table (graphs), or from `captures`, the pairs load_prefill wrote there (eager)."""
+        batch = ForwardBatch(
+            input_ids=self.input_ids[:num_rows],
+            positions=self.positions[:num_rows],
+            query_start_loc=self.query_start_loc[:3],
+            seq_lens=self.seq_lens[:2],
+            block_tables=self.block_tables[:2],
+            slot_mapping=self.slot_mapping[:num_rows],
+            state_slots=self.state_slots[:2],
+            logits_indices=self.logits_index,
+            is_decode=False,
+            kv_pool=self.kv_pool,
+            state_pool=self.state_pool,
+            live_rows=self.live_rows,
+        )
+        if snapshot_pool is not None:
+            rows = GraphCaptureRows(self.captures) if captures is None else CaptureRows(captures)
+            batch.capture_rows, batch.snapshot_pool = rows, snapshot_pool
+        return batch

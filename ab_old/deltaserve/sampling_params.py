@@ -1,0 +1,101 @@
+"""SamplingParams: what a request asks of the sampler, with vLLM's meanings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deltaserve.errors import InvalidSamplingParamsError
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_tokens: int | None = 16
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None  # per prompt token: its logprob and the top ones (no prefix-cache hit)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    detokenize: bool = True  # False: token ids only (no text, so no stop strings)
+    stop_strings: list[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop_strings = []
+        elif isinstance(self.stop, str):
+            self.stop_strings = [self.stop]
+        else:
+            self.stop_strings = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(name: str, value, why: str) -> InvalidSamplingParamsError:
+            return InvalidSamplingParamsError(f"{name}={value!r}: {why}")
+
+        _check_int("n", self.n)
+        if self.n < 1:
+            raise bad("n", self.n, "must be at least 1")
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise bad("temperature", self.temperature, "must be >= 0 (0 means greedy)")
+        _check_number("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", self.top_p, "must be in (0, 1]")
+        _check_int("top_k", self.top_k)
+        if self.top_k == 0 or self.top_k < -1:
+            raise bad("top_k", self.top_k, "must be -1 (off) or a positive integer")
+        _check_number("min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", self.min_p, "must be in [0, 1]")
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens)
+            if self.max_tokens < 1:
+                raise bad("max_tokens", self.max_tokens, "must be at least 1")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise bad(name, value, "must be in [-2, 2]")
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise bad("repetition_penalty", self.repetition_penalty, "must be > 0")
+        if self.seed is not None:
+            _check_int("seed", self.seed)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value)
+                if not 0 <= value <= MAX_LOGPROBS:
+                    raise bad(name, value, f"must be in [0, {MAX_LOGPROBS}]")
+        if self.stop_strings and not self.detokenize:
+            raise bad("stop", self.stop, "stop strings need detokenize=True")
+        for s in self.stop_strings:
+            if not isinstance(s, str) or not s:
+                raise bad("stop", self.stop, "stop strings must be non-empty strings")
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t)
+
+
+def _check_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSamplingParamsError(f"{name}={value!r}: must be an integer")
+
+
+def _check_number(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidSamplingParamsError(f"{name}={value!r}: must be a number")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise InvalidSamplingParamsError(f"{name}={value!r}: must be finite")

@@ -1,0 +1,66 @@
+"""Anthropic Messages API request bodies."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from deltaserve.server.protocol import Number
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentBlock(_Lenient):
+    type: StrictStr
+    text: StrictStr | None = None
+    # tool_use
+    id: StrictStr | None = None
+    name: StrictStr | None = None
+    input: dict[str, Any] | None = None
+    # tool_result
+    tool_use_id: StrictStr | None = None
+    content: StrictStr | list[dict[str, Any]] | None = None
+    is_error: StrictBool | None = None
+    # thinking
+    thinking: StrictStr | None = None
+
+
+class AnthropicMessage(_Lenient):
+    role: Literal["user", "assistant"]
+    content: StrictStr | list[ContentBlock]
+
+
+class AnthropicTool(_Lenient):
+    name: StrictStr
+    description: StrictStr | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class AnthropicToolChoice(_Lenient):
+    type: Literal["auto", "any", "tool", "none"]
+    name: StrictStr | None = None
+
+
+class MessagesRequest(_Lenient):
+    model: StrictStr
+    max_tokens: StrictInt
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: StrictStr | list[ContentBlock] | None = None
+    stop_sequences: list[StrictStr] | None = None
+    stream: StrictBool = False
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: StrictInt | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class CountTokensRequest(_Lenient):
+    model: StrictStr
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: StrictStr | list[ContentBlock] | None = None
+    tools: list[AnthropicTool] | None = None

@@ -1,0 +1,169 @@
+"""build_app: the FastAPI application over one AsyncEngine."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deltaserve.engine.async_engine import AsyncEngine
+from deltaserve.server.context import ClientDisconnected, ServerContext
+from deltaserve.server.errors import APIError, from_exception
+from deltaserve.server.metrics import CONTENT_TYPE
+from deltaserve.server.serving_chat import ChatCompletions
+from deltaserve.server.serving_completions import Completions
+from deltaserve.server.serving_messages import Messages
+from deltaserve.server.serving_tokenize import detokenize, tokenize
+
+logger = logging.getLogger(__name__)
+
+_OPEN_PATHS = ("/health", "/metrics", "/ping", "/version")
+
+
+def _is_anthropic(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def error_response(path: str, error: APIError) -> JSONResponse:
+    body = error.anthropic_body() if _is_anthropic(path) else error.openai_body()
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
+
+
+class APIKeyMiddleware:
+    """Requires `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic's)."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.api_key = api_key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS or scope["method"] == "OPTIONS":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        given = headers.get(b"x-api-key", b"")
+        auth = headers.get(b"authorization", b"")
+        if auth[:7].lower() == b"bearer ":
+            given = auth[7:].strip()
+        if hmac.compare_digest(given, self.api_key):
+            return await self.app(scope, receive, send)
+        error = APIError(401, "Invalid or missing API key", type="authentication_error", code="invalid_api_key")
+        await error_response(scope["path"], error)(scope, receive, send)
+
+
+def _answering_errors(handler):
+    """Route wrapper: every failure becomes its error response here, not in the 500 middleware."""
+
+    async def route(request: Request):
+        try:
+            return await handler(request)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        except Exception as exc:
+            error = from_exception(exc)
+            if error.status >= 500 and error.status != 503:
+                logger.exception("request failed", exc_info=exc)
+            return error_response(request.url.path, error)
+
+    route.__name__ = getattr(handler, "__name__", "route")
+    return route
+
+
+def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, *, api_key: str | None = None,
+              reasoning: bool | None = None) -> FastAPI:
+    """The app; it starts the engine thread on startup and stops it on shutdown."""
+    ctx = ServerContext(engine, served_model_names or [engine.model_name], api_key=api_key, reasoning=reasoning)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app = FastAPI(title="deltaserve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.ctx = ctx
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return error_response(request.url.path, exc)
+
+    @app.exception_handler(ValidationError)
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: Exception):
+        if isinstance(exc, RequestValidationError):
+            first = exc.errors()[0] if exc.errors() else {}
+            loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+            error = APIError(400, f"Invalid request: {first.get('msg', 'invalid')}", param=loc or None)
+        else:
+            error = from_exception(exc)
+        return error_response(request.url.path, error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(request.url.path, APIError(exc.status_code, str(exc.detail), type=kind))
+
+    @app.exception_handler(ClientDisconnected)
+    async def _gone(request: Request, exc: ClientDisconnected):
+        return Response(status_code=499)
+
+    @app.exception_handler(Exception)
+    async def _any_error(request: Request, exc: Exception):
+        error = from_exception(exc)
+        if error.status >= 500 and error.status != 503:
+            logger.exception("request failed", exc_info=exc)
+        return error_response(request.url.path, error)
+
+    chat = ChatCompletions(ctx)
+    completions = Completions(ctx)
+    messages = Messages(ctx)
+
+    @app.get("/health")
+    async def health():
+        if not engine.is_alive:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
+
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": ctx.created, "owned_by": "deltaserve",
+                "root": engine.model_name, "max_model_len": ctx.max_model_len}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card(name) for name in ctx.served_model_names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        return model_card(ctx.check_model(model_id))
+
+    async def _tokenize(request: Request):
+        return await tokenize(ctx, request)
+
+    async def _detokenize(request: Request):
+        return await detokenize(ctx, request)
+
+    routes = {
+        "/v1/chat/completions": chat.__call__,
+        "/v1/completions": completions.__call__,
+        "/v1/messages": messages.__call__,
+        "/v1/messages/count_tokens": messages.count_tokens,
+        "/tokenize": _tokenize,
+        "/detokenize": _detokenize,
+    }
+    for path, handler in routes.items():
+        app.add_api_route(path, _answering_errors(handler), methods=["POST"])
+
+    return app

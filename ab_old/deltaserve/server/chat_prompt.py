@@ -1,0 +1,148 @@
+"""Chat messages and tools -> the prompt the model sees, through the checkpoint's template."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from deltaserve.server.errors import bad_request
+from deltaserve.server.protocol import ChatMessage, ToolDef
+from deltaserve.server.reasoning import prompt_opens_reasoning
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ChatPrompt:
+    text: str
+    token_ids: list[int]
+    capture_points: list[int] | None
+    opens_reasoning: bool
+
+
+def message_text(content: Any, param: str) -> str:
+    """String content, or the text parts of a list; other part types are refused."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        kind = part.type if hasattr(part, "type") else part.get("type")
+        text = part.text if hasattr(part, "text") else part.get("text")
+        if kind != "text" or text is None:
+            raise bad_request(f"content part of type {kind!r} is not supported: this model reads text only", param)
+        texts.append(text)
+    return "".join(texts)
+
+
+def _arguments_for_template(arguments: Any) -> Any:
+    """Templates iterate arguments as a mapping (Qwen3.5) or dump them (Qwen3): give a dict."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return arguments
+        return parsed if isinstance(parsed, dict) else arguments
+    return arguments
+
+
+def openai_messages_for_template(messages: list[ChatMessage]) -> list[dict]:
+    out = []
+    for i, msg in enumerate(messages):
+        entry: dict[str, Any] = {
+            "role": "system" if msg.role == "developer" else msg.role,
+            "content": message_text(msg.content, f"messages.{i}.content"),
+        }
+        if msg.name is not None:
+            entry["name"] = msg.name
+        if msg.tool_call_id is not None:
+            entry["tool_call_id"] = msg.tool_call_id
+        if msg.reasoning_content is not None:
+            entry["reasoning_content"] = msg.reasoning_content
+        if msg.tool_calls:
+            entry["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": _arguments_for_template(call.function.arguments)},
+                }
+                for call in msg.tool_calls
+            ]
+        out.append(entry)
+    return out
+
+
+def openai_tools_for_template(tools: list[ToolDef] | None) -> list[dict] | None:
+    if not tools:
+        return None
+    return [{"type": "function", "function": tool.function.model_dump(exclude_none=True)} for tool in tools]
+
+
+def tool_schemas(tools: list[dict] | None) -> dict[str, dict] | None:
+    """name -> JSON schema of the parameters, for typing parsed arguments; None: no tools."""
+    if not tools:
+        return None
+    return {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict],
+    tools: list[dict] | None,
+    template_kwargs: dict | None = None,
+) -> ChatPrompt:
+    kwargs = dict(template_kwargs or {})
+    kwargs.pop("tools", None)
+    kwargs.pop("add_generation_prompt", None)
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, **kwargs)
+    except Exception as exc:  # the template refused these messages (roles, order, fields)
+        raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
+    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    try:
+        capture_points = _message_offsets(tokenizer, messages, tools, kwargs, token_ids)
+    except Exception:  # prefix-cache capture points are an optimisation only
+        logger.debug("message_offsets failed", exc_info=True)
+        capture_points = None
+    return ChatPrompt(text=text, token_ids=token_ids, capture_points=capture_points, opens_reasoning=prompt_opens_reasoning(text))
+
+
+def _message_offsets(tokenizer: Any, messages: list[dict], tools: list[dict] | None, kwargs: dict,
+                     token_ids: list[int]) -> list[int]:
+    """Where each message starts in `token_ids`: the prefix-cache capture points of a chat prompt.
+
+    Without template options the tokenizer computes them; with options (which it does not
+    take) each earlier turn is rendered the same way and only its shared token prefix counts.
+    """
+    if not kwargs:
+        return list(tokenizer.message_offsets(messages, tools=tools))
+    offsets = [0]
+    for i in range(1, len(messages)):
+        try:
+            text = tokenizer.apply_chat_template(messages[:i], tools=tools, add_generation_prompt=False, **kwargs)
+            prefix = tokenizer.encode(text, add_special_tokens=False)
+        except Exception:
+            prefix = token_ids[: offsets[-1]]
+        shared = 0
+        for a, b in zip(prefix, token_ids):
+            if a != b:
+                break
+            shared += 1
+        offsets.append(shared)
+    for i in range(len(offsets) - 2, -1, -1):
+        offsets[i] = min(offsets[i], offsets[i + 1])
+    return offsets
+
+
+def template_has_reasoning(tokenizer: Any) -> bool:
+    """Does this model think in `<think>` blocks? The template says so, or the vocabulary does."""
+    template = getattr(tokenizer, "chat_template", None) or getattr(getattr(tokenizer, "hf", None), "chat_template", None)
+    if isinstance(template, str) and "</think>" in template:
+        return True
+    try:
+        return len(tokenizer.encode("</think>", add_special_tokens=False)) == 1
+    except Exception:
+        return False

@@ -1,0 +1,158 @@
+"""ServerContext: what every route needs, and the helpers they share."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import Request
+
+from deltaserve.engine.async_engine import AsyncEngine, RequestStream
+from deltaserve.outputs import RequestOutput
+from deltaserve.server.chat_prompt import template_has_reasoning
+from deltaserve.server.errors import APIError, bad_request
+from deltaserve.server.metrics import ServerMetrics
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before the response was ready."""
+
+
+@dataclass
+class ServerContext:
+    engine: AsyncEngine
+    served_model_names: list[str]
+    api_key: str | None = None
+    reasoning: bool | None = None  # None: decide from the chat template
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.tokenizer = self.engine.tokenizer
+        self.max_model_len = self.engine.max_model_len
+        if self.reasoning is None:
+            self.reasoning = template_has_reasoning(self.tokenizer)
+        self.metrics = ServerMetrics(lambda: self.engine.stats)
+        self.engine.listeners.append(self.metrics.observe)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, name: str | None) -> str:
+        if name is None or name in self.served_model_names:
+            return self.model_name if name is None else name
+        raise APIError(
+            404,
+            f"The model '{name}' does not exist. This server serves: {', '.join(self.served_model_names)}",
+            type="not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+
+    def admit(self) -> None:
+        """Refuse early (before tokenizing) when the engine cannot take a request."""
+        try:
+            self.engine.check_admission()
+        except Exception as exc:
+            self.metrics.requests_rejected.labels(type(exc).__name__).inc()
+            raise
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+async def read_json_object(request: Request) -> dict:
+    body = await request.body()
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"Malformed JSON body: {exc}", code="invalid_json") from exc
+    if not isinstance(data, dict):
+        raise bad_request("The request body must be a JSON object", code="invalid_json")
+    return data
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client goes away first (its streams then abort)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except BaseException:
+        pass
+    raise ClientDisconnected()
+
+
+async def last_output(stream: RequestStream) -> RequestOutput:
+    """Run a request to the end and return its final (cumulative) output."""
+    final = None
+    try:
+        async for output in stream:
+            final = output
+    finally:
+        stream.close()
+    assert final is not None
+    return final
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several requests' outputs as they come, tagged with the stream's position."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done_marker = object()
+
+    async def pump(k: int, stream: RequestStream) -> None:
+        try:
+            async for output in stream:
+                await queue.put((k, output))
+        except BaseException as exc:
+            await queue.put((k, exc))
+            return
+        await queue.put((k, done_marker))
+
+    tasks = [asyncio.ensure_future(pump(k, s)) for k, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            k, item = await queue.get()
+            if item is done_marker:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield k, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            stream.close()
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }

@@ -1,0 +1,121 @@
+"""APIError and the mapping from every failure to an HTTP status and an error body.
+
+OpenAI routes answer `{"error": {"message", "type", "param", "code"}}`; the Anthropic route
+answers `{"type": "error", "error": {"type", "message"}}`. Bad input is always a 4xx.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import ValidationError
+
+from deltaserve.engine.async_engine import QueueFullError, RequestFailedError, ServerShuttingDownError
+from deltaserve.errors import (
+    EngineDeadError,
+    InvalidPromptError,
+    InvalidSamplingParamsError,
+    PromptTooLongError,
+)
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def openai_body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def anthropic_body(self) -> dict:
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(self.status, "api_error"), "message": self.message}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def context_length_error(prompt_tokens: int, max_tokens: int, max_model_len: int, param: str = "messages") -> APIError:
+    return APIError(
+        400,
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
+        "completion). Please reduce the length of the prompt or of max_tokens.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+_TYPE_TAGS = {"int", "float", "str", "bool", "dict", "list", "none", "union", "literal", "tagged-union",
+              "function-after", "function-before", "function-wrap", "function-plain", "json-or-python"}
+
+
+def _field_path(loc: tuple) -> str:
+    """The request field an error is about: list indexes kept, pydantic's union-member tags dropped."""
+    parts = []
+    for part in loc:
+        if isinstance(part, int):
+            parts.append(str(part))
+        elif part != "body" and part.isidentifier() and part not in _TYPE_TAGS and not part[:1].isupper():
+            parts.append(part)
+    return ".".join(parts)
+
+
+def from_validation_error(exc: ValidationError) -> APIError:
+    first = exc.errors()[0]
+    loc = _field_path(tuple(first.get("loc", ())))
+    kind = first.get("type", "")
+    if kind == "missing":
+        message = f"Missing required field: '{loc}'"
+    else:
+        message = f"Invalid value for '{loc}': {first.get('msg', 'invalid')}"
+    return APIError(400, message, param=loc or None, code="missing_required_parameter" if kind == "missing" else "invalid_value")
+
+
+def from_exception(exc: BaseException) -> APIError:
+    """The APIError an exception stands for; unknown failures are a 500 (never bad input)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValidationError):
+        return from_validation_error(exc)
+    if isinstance(exc, InvalidSamplingParamsError):
+        match = re.match(r"(\w+)=", str(exc))
+        return APIError(400, str(exc), param=match.group(1) if match else None, code="invalid_value")
+    if isinstance(exc, PromptTooLongError):
+        return APIError(400, str(exc), param="prompt", code="context_length_exceeded")
+    if isinstance(exc, InvalidPromptError):
+        return APIError(400, str(exc), param="prompt", code="invalid_prompt")
+    if isinstance(exc, QueueFullError):
+        return APIError(503, str(exc), type="server_overloaded", code="queue_full", headers={"Retry-After": "1"})
+    if isinstance(exc, ServerShuttingDownError):
+        return APIError(503, str(exc), type="service_unavailable", code="shutting_down")
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, str(exc), type="service_unavailable", code="engine_dead")
+    if isinstance(exc, RequestFailedError):
+        return APIError(500, str(exc), type="internal_error", code="engine_step_failed")
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="internal_error")

@@ -1,0 +1,92 @@
+"""`deltaserve serve`: load the engine, run uvicorn, stop cleanly on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import uvicorn
+
+from deltaserve.engine.async_engine import AsyncEngine
+from deltaserve.server.app import build_app
+
+logger = logging.getLogger("deltaserve.server")
+
+API_KEY_ENV = "DELTASERVE_API_KEY"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, plus: print the URL once bound, end streams first on shutdown, and
+    exit normally after a signal instead of re-raising it."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, served: list[str]):
+        super().__init__(config)
+        self.engine = engine
+        self.served = served
+        self.url: str | None = None
+        self._streams_ended = False
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if not self.started or not self.servers:
+            return
+        host, port = self.servers[0].sockets[0].getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{port}"
+        print(f"deltaserve: serving {', '.join(self.served)} at {self.url}/v1 (Ctrl+C to stop)", flush=True)
+
+    async def on_tick(self, counter: int) -> bool:
+        should_exit = await super().on_tick(counter)
+        if should_exit and not self._streams_ended:
+            self._streams_ended = True
+            self.engine.begin_shutdown()  # streams end with an error event, then connections close
+        return should_exit
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        signals = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
+def engine_kwargs(args: Any) -> dict:
+    """The engine options given on the command line (the engine's defaults rule the rest)."""
+    names = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+             "num_kv_blocks", "seed", "enable_prefix_caching", "ssm_snapshot_slots", "ssm_snapshot_interval",
+             "gdn_state_dtype", "enforce_eager", "async_scheduling")
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def serve(args: Any) -> int:
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    print(f"deltaserve: loading {args.model or 'the demo model'} ...", file=sys.stderr, flush=True)
+    engine = AsyncEngine.from_args(args.model, max_queue=args.max_queue, **engine_kwargs(args))
+    served = args.served_model_name or [engine.model_name]
+    app = build_app(engine, served, api_key=api_key)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.log_level == "debug",
+        timeout_graceful_shutdown=10,
+        timeout_keep_alive=5,
+    )
+    server = _Server(config, engine, served)
+    server.run()
+    engine.stop()
+    print("deltaserve: stopped", file=sys.stderr, flush=True)
+    return 0 if server.started else 1

@@ -1,0 +1,68 @@
+"""The engine's per-token logprobs in OpenAI's two shapes (chat and legacy completions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deltaserve.outputs import Logprob
+
+
+class TokenText:
+    """Decodes single token ids for display, caching the answers."""
+
+    def __init__(self, tokenizer: Any):
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int, logprob: Logprob | None = None) -> str:
+        if logprob is not None and logprob.decoded_token is not None:
+            return logprob.decoded_token
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            self._cache[token_id] = text
+        return text
+
+
+def _ranked(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
+    return sorted(entry.items(), key=lambda item: item[1].rank)[:k]
+
+
+def _finite(value: float) -> float:
+    return max(value, -9999.0)  # -inf is not JSON
+
+
+def chat_logprobs(
+    token_ids: list[int], entries: list[dict[int, Logprob]], top: int, token_text: TokenText
+) -> dict[str, Any]:
+    content = []
+    for token_id, entry in zip(token_ids, entries):
+        chosen = entry.get(token_id)
+        text = token_text(token_id, chosen)
+        content.append(
+            {
+                "token": text,
+                "logprob": _finite(chosen.logprob) if chosen else -9999.0,
+                "bytes": list(text.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": (t := token_text(tid, lp)), "logprob": _finite(lp.logprob), "bytes": list(t.encode("utf-8"))}
+                    for tid, lp in _ranked(entry, top)
+                ],
+            }
+        )
+    return {"content": content}
+
+
+def completion_logprobs(
+    token_ids: list[int], entries: list[dict[int, Logprob]], top: int, token_text: TokenText, text_offset: int
+) -> dict[str, Any]:
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    for token_id, entry in zip(token_ids, entries):
+        chosen = entry.get(token_id)
+        text = token_text(token_id, chosen)
+        tokens.append(text)
+        token_logprobs.append(_finite(chosen.logprob) if chosen else -9999.0)
+        top_logprobs.append({token_text(tid, lp): _finite(lp.logprob) for tid, lp in _ranked(entry, top)})
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}

@@ -1,0 +1,123 @@
+"""OpenAI request bodies, validated with pydantic. Unknown fields are accepted and ignored.
+
+Only the shape and types are checked here; value ranges are SamplingParams' job, so one
+place states them. Responses are plain dicts built by the serving modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+Number = StrictInt | StrictFloat  # JSON numbers only: no strings, no booleans
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Lenient):
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class FunctionCallIn(_Lenient):
+    name: StrictStr
+    arguments: StrictStr | dict[str, Any] = "{}"
+
+
+class ToolCallIn(_Lenient):
+    id: StrictStr | None = None
+    type: StrictStr = "function"
+    function: FunctionCallIn
+
+
+class ChatMessage(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[ContentPart] | None = None
+    name: StrictStr | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
+
+
+class FunctionDef(_Lenient):
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(_Lenient):
+    name: StrictStr
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class StreamOptions(_Lenient):
+    include_usage: StrictBool | None = False
+
+
+class _SamplingFields(_Lenient):
+    """Fields chat and completions share (OpenAI's, plus vLLM's extras)."""
+
+    model: StrictStr | None = None
+    n: StrictInt = 1
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: StrictInt | None = None
+    min_p: Number | None = None
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    repetition_penalty: Number | None = None
+    ignore_eos: StrictBool = False
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: StrictStr | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = 16
+    echo: StrictBool = False
+    logprobs: StrictInt | None = None
+    suffix: StrictStr | None = None
+
+
+class TokenizeRequest(_Lenient):
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool = True
+    tools: list[ToolDef] | None = None
+
+
+class DetokenizeRequest(_Lenient):
+    model: StrictStr | None = None
+    tokens: list[StrictInt]

@@ -1,0 +1,79 @@
+"""ReasoningSplitter: separates `<think>...</think>` from the answer in streamed text.
+
+Qwen3-family templates may open the think block inside the prompt (the generation prompt
+ends with `<think>`), so the output starts inside reasoning without an opening tag; otherwise
+an output that begins (after whitespace) with `<think>` enters reasoning. Tags cut by chunk
+boundaries are held back until the next chunk decides them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deltaserve.server.tool_parsers.tags import held_suffix_len
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+
+
+@dataclass
+class ReasoningDelta:
+    reasoning: str = ""
+    content: str = ""
+
+
+def prompt_opens_reasoning(prompt_text: str) -> bool:
+    """True when the rendered prompt leaves a think block open for the model to continue."""
+    tail = prompt_text.rstrip()
+    return tail.endswith(THINK_OPEN)
+
+
+class ReasoningSplitter:
+    def __init__(self, start_in_reasoning: bool = False):
+        self._state = "reasoning" if start_in_reasoning else "start"
+        self._buffer = ""
+
+    def feed(self, chunk: str) -> ReasoningDelta:
+        out = ReasoningDelta()
+        self._buffer += chunk
+        while self._buffer:
+            if self._state == "start":
+                stripped = self._buffer.lstrip()
+                if stripped.startswith(THINK_OPEN):
+                    self._buffer = stripped[len(THINK_OPEN):]
+                    self._state = "reasoning"
+                elif THINK_OPEN.startswith(stripped):
+                    break  # only whitespace or a partial tag so far
+                else:
+                    self._state = "content"
+            elif self._state == "reasoning":
+                end = self._buffer.find(THINK_CLOSE)
+                if end >= 0:
+                    out.reasoning += self._buffer[:end]
+                    self._buffer = self._buffer[end + len(THINK_CLOSE):]
+                    self._state = "after_reasoning"
+                else:
+                    keep = held_suffix_len(self._buffer, THINK_CLOSE)
+                    out.reasoning += self._buffer[: len(self._buffer) - keep]
+                    self._buffer = self._buffer[len(self._buffer) - keep:]
+                    break
+            elif self._state == "after_reasoning":
+                stripped = self._buffer.lstrip("\n")
+                if not stripped:
+                    self._buffer = ""
+                    break
+                self._buffer = stripped
+                self._state = "content"
+            else:
+                out.content += self._buffer
+                self._buffer = ""
+        return out
+
+    def finish(self) -> ReasoningDelta:
+        out = ReasoningDelta()
+        if self._state == "reasoning":
+            out.reasoning = self._buffer
+        elif self._state in ("start", "content"):
+            out.content = self._buffer
+        self._buffer = ""
+        return out

@@ -1,0 +1,52 @@
+"""Request fields -> SamplingParams, with the context-length check that needs the prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deltaserve.sampling_params import SamplingParams
+from deltaserve.server.errors import context_length_error
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
+    """The number of tokens to generate; a request that cannot fit the context is refused.
+
+    Without a limit the request may use what the context has left after the prompt.
+    """
+    if requested is None:
+        if prompt_len >= max_model_len:
+            raise context_length_error(prompt_len, 1, max_model_len, param)
+        return max_model_len - prompt_len
+    if isinstance(requested, int) and requested >= 1 and prompt_len + requested > max_model_len:
+        raise context_length_error(prompt_len, requested, max_model_len, param)
+    return requested
+
+
+def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
+                          prompt_logprobs: int | None = None) -> SamplingParams:
+    """SamplingParams from the fields chat and completions share; range errors propagate."""
+
+    def pick(name: str, default):
+        value = getattr(req, name, None)
+        return default if value is None else value
+
+    top_k = pick("top_k", -1)
+    return SamplingParams(
+        n=req.n,
+        temperature=pick("temperature", 1.0),
+        top_p=pick("top_p", 1.0),
+        top_k=-1 if top_k == 0 else top_k,  # 0 means "off" to most OpenAI-style clients
+        min_p=pick("min_p", 0.0),
+        max_tokens=max_tokens,
+        stop=req.stop,
+        stop_token_ids=req.stop_token_ids,
+        ignore_eos=req.ignore_eos,
+        seed=req.seed,
+        presence_penalty=pick("presence_penalty", 0.0),
+        frequency_penalty=pick("frequency_penalty", 0.0),
+        repetition_penalty=pick("repetition_penalty", 1.0),
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
+    )

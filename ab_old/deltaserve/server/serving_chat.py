@@ -1,0 +1,203 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from deltaserve.engine.async_engine import RequestStream
+from deltaserve.outputs import CompletionOutput, RequestOutput
+from deltaserve.server.chat_prompt import (
+    ChatPrompt,
+    openai_messages_for_template,
+    openai_tools_for_template,
+    render_chat,
+    tool_schemas,
+)
+from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect, usage_dict
+from deltaserve.server.envelope import completion_envelope
+from deltaserve.server.errors import bad_request, from_exception
+from deltaserve.server.logprobs import TokenText, chat_logprobs
+from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
+from deltaserve.server.protocol import ChatCompletionRequest
+from deltaserve.server.sampling import build_sampling_params, resolve_max_tokens
+from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
+from deltaserve.server.streaming import EngineStreamResponse
+from deltaserve.server.tool_parsers import ToolCall
+
+
+def _select_tools(req: ChatCompletionRequest) -> list[dict] | None:
+    """The tools the template shows the model, after tool_choice."""
+    tools = openai_tools_for_template(req.tools)
+    choice = req.tool_choice
+    if tools is None or choice == "none":
+        return None
+    if choice is not None and not isinstance(choice, str):
+        named = [t for t in tools if t["function"]["name"] == choice.function.name]
+        if not named:
+            raise bad_request(f"tool_choice names {choice.function.name!r}, which is not in tools", "tool_choice")
+        return named
+    return tools
+
+
+def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+class ChatCompletions:
+    def __init__(self, ctx: ServerContext):
+        self.ctx = ctx
+        self.token_text = TokenText(ctx.tokenizer)
+
+    async def __call__(self, request: Request):
+        body = await read_json_object(request)
+        req = ChatCompletionRequest.model_validate(body)
+        model = self.ctx.check_model(req.model)
+        self.ctx.admit()
+        tools = _select_tools(req)
+        messages = openai_messages_for_template(req.messages)
+        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools, req.chat_template_kwargs)
+        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages")
+        top = None
+        if req.logprobs:
+            top = req.top_logprobs or 0
+        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top)
+        request_id = random_id("chatcmpl-")
+        stream = await self.ctx.engine.generate(
+            request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points
+        )
+        job = _ChatJob(self, req, model, request_id, prompt, tools)
+        if req.stream:
+            return EngineStreamResponse(job.stream(stream), stream, headers=SSE_HEADERS)
+        final = await until_disconnect(request, last_output(stream))
+        return JSONResponse(job.response(final))
+
+
+class _ChatJob:
+    """One chat request's output shaping, streamed or whole."""
+
+    def __init__(self, api: ChatCompletions, req: ChatCompletionRequest, model: str, request_id: str,
+                 prompt: ChatPrompt, tools: list[dict] | None):
+        self.api = api
+        self.req = req
+        self.model = model
+        self.request_id = request_id
+        self.created = int(time.time())
+        self.prompt = prompt
+        self.schemas = tool_schemas(tools)
+        self.top = (req.top_logprobs or 0) if req.logprobs else None
+
+    def _parser(self) -> ChoiceParser:
+        return ChoiceParser(
+            reasoning=bool(self.api.ctx.reasoning),
+            start_in_reasoning=self.prompt.opens_reasoning,
+            tool_schemas=self.schemas,
+        )
+
+    def _usage(self, output: RequestOutput) -> dict:
+        return usage_dict(
+            len(output.prompt_token_ids), sum(len(o.token_ids) for o in output.outputs), output.num_cached_tokens
+        )
+
+    def _logprobs(self, o: CompletionOutput, start: int, end: int) -> dict | None:
+        if self.top is None or o.logprobs is None:
+            return None
+        return chat_logprobs(o.token_ids[start:end], o.logprobs[start:end], self.top, self.api.token_text)
+
+    # ---- whole response ---------------------------------------------------------------------
+
+    def response(self, output: RequestOutput) -> dict:
+        choices = []
+        for o in sorted(output.outputs, key=lambda o: o.index):
+            parser = self._parser()
+            parsed = parser.feed(o.text)
+            parsed.extend(parser.finish())
+            message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+            if parsed.reasoning:
+                message["reasoning_content"] = parsed.reasoning
+            finish_reason = o.finish_reason
+            if parsed.tool_calls:
+                message["tool_calls"] = [_tool_call_json(c) for c in parsed.tool_calls]
+                message["content"] = parsed.content or None
+                finish_reason = "tool_calls"
+            choices.append(
+                {
+                    "index": o.index,
+                    "message": message,
+                    "logprobs": self._logprobs(o, 0, len(o.token_ids)),
+                    "finish_reason": finish_reason,
+                    "stop_reason": o.stop_reason,
+                }
+            )
+        return completion_envelope(self, "chat.completion", choices, self._usage(output))
+
+    # ---- streamed response ------------------------------------------------------------------
+
+    def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        return sse_data(completion_envelope(self, "chat.completion.chunk", choices, usage))
+
+    def _delta_json(self, delta: ChoiceDelta, tool_index: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if delta.reasoning:
+            out["reasoning_content"] = delta.reasoning
+        if delta.content:
+            out["content"] = delta.content
+        if delta.tool_calls:
+            out["tool_calls"] = [_tool_call_json(c, tool_index + k) for k, c in enumerate(delta.tool_calls)]
+        return out
+
+    async def stream(self, stream: RequestStream) -> AsyncIterator[str]:
+        n = self.req.n
+        parsers = [self._parser() for _ in range(n)]
+        sent_chars = [0] * n
+        sent_tokens = [0] * n
+        tools_sent = [0] * n
+        done = [False] * n
+        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        last = None
+        try:
+            yield self._chunk(
+                [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                 for i in range(n)]
+            )
+            async for output in stream:
+                last = output
+                for o in output.outputs:
+                    i = o.index
+                    if done[i]:
+                        continue
+                    delta = parsers[i].feed(o.text[sent_chars[i]:])
+                    sent_chars[i] = len(o.text)
+                    logprobs = self._logprobs(o, sent_tokens[i], len(o.token_ids))
+                    sent_tokens[i] = len(o.token_ids)
+                    if o.finish_reason is not None:
+                        delta.extend(parsers[i].finish())
+                    if delta or (logprobs and logprobs["content"]):
+                        yield self._chunk(
+                            [{"index": i, "delta": self._delta_json(delta, tools_sent[i]), "logprobs": logprobs,
+                              "finish_reason": None}]
+                        )
+                        tools_sent[i] += len(delta.tool_calls)
+                    if o.finish_reason is not None:
+                        done[i] = True
+                        reason = "tool_calls" if tools_sent[i] else o.finish_reason
+                        yield self._chunk(
+                            [{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
+                              "stop_reason": o.stop_reason}]
+                        )
+            if include_usage and last is not None:
+                yield self._chunk([], usage=self._usage(last))
+        except Exception as exc:  # engine gone or server stopping: end the stream with an error event
+            yield sse_data(from_exception(exc).openai_body())
+        finally:
+            stream.close()
+        yield DONE

@@ -1,0 +1,211 @@
+"""POST /v1/completions: string or token-id prompts, one or many, with echo and logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from deltaserve.engine.async_engine import RequestStream
+from deltaserve.outputs import CompletionOutput, RequestOutput
+from deltaserve.server.context import (
+    ServerContext,
+    last_output,
+    merge_streams,
+    random_id,
+    read_json_object,
+    until_disconnect,
+    usage_dict,
+)
+from deltaserve.server.envelope import completion_envelope
+from deltaserve.server.errors import bad_request, from_exception
+from deltaserve.server.logprobs import TokenText, completion_logprobs
+from deltaserve.server.protocol import CompletionRequest
+from deltaserve.server.sampling import build_sampling_params, resolve_max_tokens
+from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
+from deltaserve.server.streaming import EngineStreamResponse
+
+
+@dataclass
+class _Prompt:
+    text: str | None  # as given, for strings; None for token ids (decoded only for echo)
+    token_ids: list[int]
+
+
+def _split_prompts(prompt: Any) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+class Completions:
+    def __init__(self, ctx: ServerContext):
+        self.ctx = ctx
+        self.token_text = TokenText(ctx.tokenizer)
+
+    def _tokenize(self, prompt: str | list[int]) -> _Prompt:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise bad_request("prompt must not be an empty string", "prompt")
+            return _Prompt(prompt, self.ctx.tokenizer.encode(prompt, add_special_tokens=True))
+        if not prompt:
+            raise bad_request("a token-id prompt must not be empty", "prompt")
+        return _Prompt(None, list(prompt))
+
+    async def __call__(self, request: Request):
+        body = await read_json_object(request)
+        req = CompletionRequest.model_validate(body)
+        model = self.ctx.check_model(req.model)
+        if req.suffix:
+            raise bad_request("suffix is not supported", "suffix")
+        self.ctx.admit()
+        prompts = [self._tokenize(p) for p in _split_prompts(req.prompt)]
+        params = []
+        for p in prompts:
+            max_tokens = resolve_max_tokens(req.max_tokens, len(p.token_ids), self.ctx.max_model_len, "prompt")
+            params.append(build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
+                                                prompt_logprobs=req.logprobs if req.echo else None))
+        base_id = random_id("cmpl-")
+        streams: list[RequestStream] = []
+        try:
+            for k, (p, sp) in enumerate(zip(prompts, params)):
+                streams.append(await self.ctx.engine.generate(f"{base_id}-{k}", p.token_ids, sp, prompt_text=p.text))
+        except BaseException:
+            for s in streams:
+                s.close()
+            raise
+        job = _CompletionJob(self, req, model, base_id, prompts)
+        if req.stream:
+            return EngineStreamResponse(job.stream(streams), streams, headers=SSE_HEADERS)
+        finals = await until_disconnect(request, asyncio.gather(*(last_output(s) for s in streams)))
+        return JSONResponse(job.response(finals))
+
+
+class _CompletionJob:
+    def __init__(self, api: Completions, req: CompletionRequest, model: str, request_id: str, prompts: list[_Prompt]):
+        self.api = api
+        self.req = req
+        self.model = model
+        self.request_id = request_id
+        self.created = int(time.time())
+        self.prompts = prompts
+
+    def _echo_text(self, k: int) -> str:
+        p = self.prompts[k]
+        if p.text is None:
+            p.text = self.api.ctx.tokenizer.decode(p.token_ids, skip_special_tokens=False)
+        return p.text
+
+    def _logprobs(self, o: CompletionOutput, start: int, end: int, text_offset: int) -> dict | None:
+        if self.req.logprobs is None or o.logprobs is None:
+            return None
+        return completion_logprobs(o.token_ids[start:end], o.logprobs[start:end], self.req.logprobs,
+                                   self.api.token_text, text_offset)
+
+    def _prompt_logprobs(self, output: RequestOutput) -> dict | None:
+        """With echo: the prompt's tokens in the legacy logprobs shape (the first token has none)."""
+        if self.req.logprobs is None or not output.prompt_logprobs:
+            return None
+        ids = output.prompt_token_ids
+        first = self.api.token_text(ids[0])
+        rest = completion_logprobs(ids[1:], output.prompt_logprobs[1:], self.req.logprobs, self.api.token_text,
+                                   len(first))
+        return {"tokens": [first] + rest["tokens"], "token_logprobs": [None] + rest["token_logprobs"],
+                "top_logprobs": [None] + rest["top_logprobs"], "text_offset": [0] + rest["text_offset"]}
+
+    def _usage(self, outputs: list[RequestOutput]) -> dict:
+        return usage_dict(
+            sum(len(r.prompt_token_ids) for r in outputs),
+            sum(len(o.token_ids) for r in outputs for o in r.outputs),
+            sum(r.num_cached_tokens for r in outputs),
+        )
+
+    def response(self, finals: list[RequestOutput]) -> dict:
+        choices = []
+        for k, output in enumerate(finals):
+            prefix = self._echo_text(k) if self.req.echo else ""
+            for o in sorted(output.outputs, key=lambda o: o.index):
+                choices.append(
+                    {
+                        "index": k * self.req.n + o.index,
+                        "text": prefix + o.text,
+                        "logprobs": _joined(self._prompt_logprobs(output) if self.req.echo else None,
+                                            self._logprobs(o, 0, len(o.token_ids), len(prefix))),
+                        "finish_reason": o.finish_reason,
+                        "stop_reason": o.stop_reason,
+                    }
+                )
+        return completion_envelope(self, "text_completion", choices, self._usage(finals))
+
+    def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        return sse_data(completion_envelope(self, "text_completion", choices, usage))
+
+    def _echo_chunks(self, k: int, logprobs: dict | None, text_offset: list[int]) -> list[str]:
+        echo, n = self._echo_text(k), self.req.n
+        chunks = []
+        for i in range(n):
+            text_offset[k * n + i] = len(echo)
+            chunks.append(self._chunk([{"index": k * n + i, "text": echo, "logprobs": logprobs, "finish_reason": None}]))
+        return chunks
+
+    async def stream(self, streams: list[RequestStream]) -> AsyncIterator[str]:
+        n = self.req.n
+        total = len(streams) * n
+        sent_chars = [0] * total
+        sent_tokens = [0] * total
+        text_offset = [0] * total
+        done = [False] * total
+        lasts: dict[int, RequestOutput] = {}
+        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        try:
+            # With logprobs the echo waits for the prefill, which yields the prompt's logprobs.
+            echo_first = self.req.echo and self.req.logprobs is None
+            if echo_first:
+                for k in range(len(streams)):
+                    for chunk in self._echo_chunks(k, None, text_offset):
+                        yield chunk
+            async for k, output in merge_streams(streams):
+                if self.req.echo and not echo_first and k not in lasts:
+                    for chunk in self._echo_chunks(k, self._prompt_logprobs(output), text_offset):
+                        yield chunk
+                lasts[k] = output
+                for o in output.outputs:
+                    c = k * n + o.index
+                    if done[c]:
+                        continue
+                    text = o.text[sent_chars[c]:]
+                    sent_chars[c] = len(o.text)
+                    logprobs = self._logprobs(o, sent_tokens[c], len(o.token_ids), text_offset[c])
+                    sent_tokens[c] = len(o.token_ids)
+                    text_offset[c] += len(text)
+                    finished = o.finish_reason is not None
+                    if text or finished or (logprobs and logprobs["tokens"]):
+                        yield self._chunk(
+                            [{"index": c, "text": text, "logprobs": logprobs, "finish_reason": o.finish_reason,
+                              "stop_reason": o.stop_reason}]
+                        )
+                    done[c] = finished
+            if include_usage and lasts:
+                yield self._chunk([], usage=self._usage([lasts[k] for k in sorted(lasts)]))
+        except Exception as exc:
+            yield sse_data(from_exception(exc).openai_body())
+        finally:
+            for s in streams:
+                s.close()
+        yield DONE
+
+
+def _joined(first: dict | None, second: dict | None) -> dict | None:
+    """Two legacy logprobs objects one after the other (the echoed prompt, then the completion)."""
+    if first is None or second is None:
+        return second if first is None else first
+    return {key: first[key] + second[key] for key in first}

@@ -1,0 +1,269 @@
+"""POST /v1/messages (the Anthropic Messages API) and /v1/messages/count_tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from deltaserve.engine.async_engine import RequestStream
+from deltaserve.outputs import CompletionOutput, RequestOutput
+from deltaserve.sampling_params import SamplingParams
+from deltaserve.server.anthropic_protocol import AnthropicMessage, AnthropicTool, CountTokensRequest, MessagesRequest
+from deltaserve.server.chat_prompt import ChatPrompt, render_chat, tool_schemas
+from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
+from deltaserve.server.errors import bad_request, from_exception
+from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
+from deltaserve.server.sampling import resolve_max_tokens
+from deltaserve.server.sse import SSE_HEADERS, sse_event
+from deltaserve.server.streaming import EngineStreamResponse
+from deltaserve.server.tool_parsers import new_tool_call_id
+
+
+def _block_text(content: Any, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, dict) else block.type
+        text = block.get("text") if isinstance(block, dict) else block.text
+        if kind != "text" or text is None:
+            raise bad_request(f"content block of type {kind!r} is not supported here: this model reads text only", param)
+        texts.append(text)
+    return "".join(texts)
+
+
+def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage]) -> list[dict]:
+    out: list[dict] = []
+    if system:
+        out.append({"role": "system", "content": _block_text(system, "system")})
+    for i, msg in enumerate(messages):
+        if isinstance(msg.content, str):
+            out.append({"role": msg.role, "content": msg.content})
+            continue
+        texts, calls, results, thinking = [], [], [], []
+        for j, block in enumerate(msg.content):
+            where = f"messages.{i}.content.{j}"
+            if block.type == "text":
+                texts.append(block.text or "")
+            elif block.type == "tool_use" and msg.role == "assistant":
+                calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input or {}}})
+            elif block.type == "tool_result" and msg.role == "user":
+                results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _block_text(block.content, where)})
+            elif block.type in ("thinking", "redacted_thinking") and msg.role == "assistant":
+                thinking.append(block.thinking or "")
+            else:
+                raise bad_request(f"content block of type {block.type!r} is not supported in a {msg.role} message", where)
+        if msg.role == "user":
+            out.extend(results)
+            if texts or not results:
+                out.append({"role": "user", "content": "".join(texts)})
+        else:
+            entry: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+            if calls:
+                entry["tool_calls"] = calls
+            if thinking:
+                entry["reasoning_content"] = "".join(thinking)
+            out.append(entry)
+    return out
+
+
+def anthropic_tools_for_template(tools: list[AnthropicTool] | None, choice: Any) -> list[dict] | None:
+    if not tools or (choice is not None and choice.type == "none"):
+        return None
+    converted = [
+        {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
+        for t in tools
+    ]
+    if choice is not None and choice.type == "tool":
+        converted = [t for t in converted if t["function"]["name"] == choice.name]
+        if not converted:
+            raise bad_request(f"tool_choice names {choice.name!r}, which is not in tools", "tool_choice")
+    return converted
+
+
+def _stop_reason(o: CompletionOutput, stop_sequences: list[str], used_tools: bool) -> tuple[str, str | None]:
+    if used_tools:
+        return "tool_use", None
+    if o.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(o.stop_reason, str) and o.stop_reason in stop_sequences:
+        return "stop_sequence", o.stop_reason
+    return "end_turn", None
+
+
+class Messages:
+    def __init__(self, ctx: ServerContext):
+        self.ctx = ctx
+
+    async def _prompt(self, system: Any, messages: list[AnthropicMessage], tools: list[dict] | None) -> ChatPrompt:
+        converted = anthropic_messages_for_template(system, messages)
+        return await asyncio.to_thread(render_chat, self.ctx.tokenizer, converted, tools)
+
+    async def count_tokens(self, request: Request):
+        req = CountTokensRequest.model_validate(await read_json_object(request))
+        self.ctx.check_model(req.model)
+        prompt = await self._prompt(req.system, req.messages, anthropic_tools_for_template(req.tools, None))
+        return JSONResponse({"input_tokens": len(prompt.token_ids)})
+
+    async def __call__(self, request: Request):
+        req = MessagesRequest.model_validate(await read_json_object(request))
+        model = self.ctx.check_model(req.model)
+        self.ctx.admit()
+        tools = anthropic_tools_for_template(req.tools, req.tool_choice)
+        prompt = await self._prompt(req.system, req.messages, tools)
+        max_tokens = resolve_max_tokens(req.max_tokens, len(prompt.token_ids), self.ctx.max_model_len, "messages")
+        params = SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if not req.top_k else req.top_k,
+            max_tokens=max_tokens,
+            stop=req.stop_sequences or None,
+        )
+        request_id = random_id("msg_")
+        stream = await self.ctx.engine.generate(
+            request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points
+        )
+        job = _MessageJob(self.ctx, req, model, request_id, prompt, tools)
+        if req.stream:
+            return EngineStreamResponse(job.stream(stream), stream, headers=SSE_HEADERS)
+        final = await until_disconnect(request, last_output(stream))
+        return JSONResponse(job.response(final))
+
+
+class _MessageJob:
+    def __init__(self, ctx: ServerContext, req: MessagesRequest, model: str, request_id: str, prompt: ChatPrompt,
+                 tools: list[dict] | None):
+        self.ctx = ctx
+        self.req = req
+        self.model = model
+        self.request_id = request_id
+        self.prompt = prompt
+        self.parser = ChoiceParser(
+            reasoning=bool(ctx.reasoning), start_in_reasoning=prompt.opens_reasoning, tool_schemas=tool_schemas(tools)
+        )
+
+    def _usage(self, output: RequestOutput | None, output_tokens: int) -> dict:
+        prompt_tokens = len(output.prompt_token_ids) if output else len(self.prompt.token_ids)
+        cached = output.num_cached_tokens if output else 0
+        return {
+            "input_tokens": prompt_tokens - cached,
+            "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+        }
+
+    def response(self, output: RequestOutput) -> dict:
+        o = output.outputs[0]
+        parsed = self.parser.feed(o.text)
+        parsed.extend(self.parser.finish())
+        content: list[dict] = []
+        if parsed.reasoning:
+            content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
+        if parsed.content or not parsed.tool_calls:
+            content.append({"type": "text", "text": parsed.content})
+        for call in parsed.tool_calls:
+            content.append({"type": "tool_use", "id": "toolu_" + call.id[5:], "name": call.name,
+                            "input": json.loads(call.arguments)})
+        stop_reason, stop_sequence = _stop_reason(o, self.req.stop_sequences or [], bool(parsed.tool_calls))
+        return {
+            "id": self.request_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": self._usage(output, len(o.token_ids)),
+        }
+
+    async def stream(self, stream: RequestStream) -> AsyncIterator[str]:
+        blocks = _BlockWriter()
+        sent = 0
+        last = None
+        try:
+            yield sse_event("message_start", {"type": "message_start", "message": {
+                "id": self.request_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                "stop_reason": None, "stop_sequence": None, "usage": self._usage(None, 0)}})
+            yield sse_event("ping", {"type": "ping"})
+            async for output in stream:
+                last = output
+                o = output.outputs[0]
+                delta = self.parser.feed(o.text[sent:])
+                sent = len(o.text)
+                if o.finish_reason is not None:
+                    delta.extend(self.parser.finish())
+                for event in blocks.write(delta):
+                    yield event
+            for event in blocks.close():
+                yield event
+            o = last.outputs[0]
+            stop_reason, stop_sequence = _stop_reason(o, self.req.stop_sequences or [], blocks.used_tools)
+            usage = self._usage(last, len(o.token_ids))
+            yield sse_event("message_delta", {"type": "message_delta",
+                                              "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                                              "usage": usage})
+            yield sse_event("message_stop", {"type": "message_stop"})
+        except Exception as exc:
+            yield sse_event("error", from_exception(exc).anthropic_body())
+        finally:
+            stream.close()
+
+
+class _BlockWriter:
+    """Turns parsed deltas into content_block_start / _delta / _stop events, one block at a time."""
+
+    def __init__(self):
+        self.index = -1
+        self.open_kind: str | None = None
+        self.used_tools = False
+
+    def _switch(self, kind: str, start_block: dict) -> list[str]:
+        events = self._close_open()
+        self.index += 1
+        self.open_kind = kind
+        events.append(sse_event("content_block_start", {"type": "content_block_start", "index": self.index,
+                                                        "content_block": start_block}))
+        return events
+
+    def _delta(self, delta: dict) -> str:
+        return sse_event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
+
+    def write(self, delta: ChoiceDelta) -> list[str]:
+        events: list[str] = []
+        if delta.reasoning:
+            if self.open_kind != "thinking":
+                events += self._switch("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            events.append(self._delta({"type": "thinking_delta", "thinking": delta.reasoning}))
+        if delta.content:
+            if self.open_kind != "text":
+                events += self._switch("text", {"type": "text", "text": ""})
+            events.append(self._delta({"type": "text_delta", "text": delta.content}))
+        for call in delta.tool_calls:
+            self.used_tools = True
+            events += self._switch("tool_use", {"type": "tool_use", "id": "toolu_" + new_tool_call_id("")[:24],
+                                                "name": call.name, "input": {}})
+            events.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
+        return events
+
+    def close(self) -> list[str]:
+        """End of the message: close the open block (an empty text block if nothing came)."""
+        events = []
+        if self.index < 0:
+            events += self._switch("text", {"type": "text", "text": ""})
+        return events + self._close_open()
+
+    def _close_open(self) -> list[str]:
+        events = []
+        if self.open_kind is not None:
+            if self.open_kind == "thinking":
+                events.append(self._delta({"type": "signature_delta", "signature": ""}))
+            events.append(sse_event("content_block_stop", {"type": "content_block_stop", "index": self.index}))
+            self.open_kind = None
+        return events

@@ -1,0 +1,35 @@
+"""POST /tokenize and /detokenize (vLLM's shapes)."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from deltaserve.server.chat_prompt import openai_messages_for_template, openai_tools_for_template, render_chat
+from deltaserve.server.context import ServerContext, read_json_object
+from deltaserve.server.errors import bad_request
+from deltaserve.server.protocol import DetokenizeRequest, TokenizeRequest
+
+
+async def tokenize(ctx: ServerContext, request: Request) -> dict:
+    req = TokenizeRequest.model_validate(await read_json_object(request))
+    ctx.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
+    if req.messages is not None:
+        messages = openai_messages_for_template(req.messages)
+        tokens = render_chat(ctx.tokenizer, messages, openai_tools_for_template(req.tools)).token_ids
+    else:
+        tokens = ctx.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
+
+
+async def detokenize(ctx: ServerContext, request: Request) -> dict:
+    req = DetokenizeRequest.model_validate(await read_json_object(request))
+    ctx.check_model(req.model)
+    vocab = getattr(ctx.tokenizer, "vocab_size", None)
+    model_config = getattr(ctx.engine.engine, "model_config", None)
+    vocab = getattr(model_config, "vocab_size", None) or vocab
+    for i, token in enumerate(req.tokens):
+        if token < 0 or (vocab is not None and token >= vocab):
+            raise bad_request(f"token id {token} at position {i} is outside the vocabulary (size {vocab})", "tokens")
+    return {"prompt": ctx.tokenizer.decode(req.tokens, skip_special_tokens=False)}

@@ -1,0 +1,205 @@
+"""Compiles Triton kernels for the H200 (sm_90a) on a machine without a GPU, the way the JIT would on the
+card, with the production block sizes: it catches what the interpreter accepts and the compiler
+rejects (dot shapes, layouts, shared memory over the 227 KiB a block may use), and ptxas reports
+register spills. Run as a script, without TRITON_INTERPRET; prints one JSON line per kernel.
+
+    python tests/kernels/sm90_compile.py [names]   (SM90_DUMP=dir also writes each kernel's TTGIR there)
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
+
+
+def compile_sm90(kernel, types: dict, constexprs: dict, num_warps: int, num_stages: int = 1) -> dict:
+    """types: pointer / scalar types by argument name; unnamed arguments are i32 (strides, counts),
+    fp32 (`scale`) or *fp32. Pointers and strides are marked 16-divisible, as the JIT marks them."""
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        if name in types:
+            signature[name] = types[name]
+        elif name.startswith(("stride", "num_")):
+            signature[name] = "i32"
+        else:
+            signature[name] = "fp32" if name == "scale" else "*fp32"
+        if signature[name].startswith("*") or name.startswith("stride"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    if os.environ.get("SM90_DUMP"):
+        open(os.path.join(os.environ["SM90_DUMP"], kernel.__name__ + ".ttgir"), "w").write(compiled.asm["ttgir"])
+    return {"shared": compiled.metadata.shared, **_ptxas_usage(compiled.asm["ptx"])}
+
+
+def _ptxas_usage(ptx: str) -> dict:
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True).stderr
+    finally:
+        os.unlink(f.name)
+    usage = {}
+    for line in out.splitlines():
+        if "registers" in line:
+            usage["registers"] = int(line.split("Used")[1].split("registers")[0])
+        if "spill stores" in line:
+            usage["spill_bytes"] = int(line.split("bytes spill stores")[0].split(",")[-1])
+    return usage
+
+
+def cases():
+    """(name, kernel, types, constexprs, num_warps, num_stages) at the Qwen3.5 shapes, bf16."""
+    from deltaserve.kernels.gdn import triton_chunk as gdn
+    from deltaserve.kernels.moe import triton_moe_direct as direct
+    from deltaserve.kernels.moe import triton_moe_experts as sorted_moe
+    from deltaserve.kernels.moe import triton_moe_route as route
+
+    bf16 = "*bf16"
+    moe = dict(TOP_K=9, HIDDEN=2048, INTER=512)  # top-8 and the stacked shared expert
+    tiles = direct.DEFAULT_TILES
+    yield ("moe_route", route._moe_route_kernel, {"logits": bf16, "ids": "*i64", "live_rows": "*i64"},
+           dict(EXPERTS=256, TOP_K=8, CHOICES=9, BLOCK_E=256, BLOCK_K=16, RENORMALIZE=True, SHARED_GATE=True,
+                HAS_LIVE_ROWS=True, UNROUTED=257), 2, 1)
+    yield ("moe_direct_gate_up", direct._direct_gate_up_kernel, {"x": bf16, "w13": bf16, "ids": "*i64"},
+           dict(moe, BLOCK_N=tiles.gate_n, BLOCK_K=tiles.gate_k, STAGES=tiles.gate_stages, EXPERTS=257),
+           tiles.gate_warps, tiles.gate_stages)
+    yield ("moe_direct_down", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": bf16},
+           dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll, STAGES=tiles.down_stages,
+                EXPERTS=257), tiles.down_warps, tiles.down_stages)
+    yield ("moe_combine", sorted_moe._combine_kernel, {"y": bf16, "ids": "*i64", "out": bf16},
+           dict(TOP_K=9, HIDDEN=2048, EXPERTS=257, BLOCK=sorted_moe.COMBINE_BLOCK), 4, 1)
+    yield ("moe_count_and_rank", sorted_moe._count_and_rank_kernel,
+           {"ids": "*i64", "order": "*i64", "offsets": "*i32", "block_start": "*i32", "num_pairs": "i32"},
+           dict(EXPERTS=257, BLOCK_E=512, BLOCK_M=16, ALL=1024, BLOCK=sorted_moe.RANK_BLOCK), 4, 1)
+    yield from _sorted_moe_cases(moe)
+    yield from _skinny_gemm_cases()
+
+    from deltaserve.kernels.slot_copy import triton_slot_copy as slot_copy
+
+    pools = {}  # a conv pool (bf16) and a recurrent one (fp32); offsets and layer strides of a many-GiB pool
+    for part, dtype in (("a", bf16), ("b", "*fp32")):
+        pools |= {f"src_{part}": dtype, f"dst_{part}": dtype, f"src_offset_{part}": "i64", f"dst_offset_{part}": "i64",
+                  f"stride_src_layer_{part}": "i64", f"stride_dst_layer_{part}": "i64", f"numel_{part}": "i32"}
+    yield ("slot_copy", slot_copy._copy_slot_kernel, pools, dict(BLOCK=slot_copy.BLOCK), 8, 1)
+    pools_at = {"slots": "*i64"}
+    for part, dtype in (("a", bf16), ("b", "*fp32")):
+        pools_at |= {f"src_{part}": dtype, f"dst_{part}": dtype, f"stride_src_slot_{part}": "i64",
+                     f"stride_dst_slot_{part}": "i64", f"stride_src_layer_{part}": "i64",
+                     f"stride_dst_layer_{part}": "i64", f"numel_{part}": "i32"}
+    yield ("slot_copy_at", slot_copy._copy_slot_at_kernel, pools_at, dict(BLOCK=slot_copy.BLOCK), 8, 1)
+
+    from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
+
+    yield ("rotary_store_kv", rotary_kv._rotary_store_kv_kernel,
+           {n: bf16 for n in ("q", "k", "v", "q_out", "k_cache", "v_cache", "q_norm", "k_norm")}
+           | {"positions": "*i64", "slot_mapping": "*i64", "eps": "fp32", "offset": "fp32"},
+           dict(Q_HEADS=16, HEAD_DIM=256, HALF=32, PAGE=16, BLOCK_D=256, BLOCK_HALF=32, HAS_NORM=True), 2, 1)
+
+    from deltaserve.kernels.attention import triton_paged_attention as paged
+
+    # decode; prefill chunks; a short chunk over a long cached prefix
+    for block_m, block_n, splits, warps in ((16, 32, 16, 4), (64, 32, 1, 8), (128, 64, 11, 8)):
+        yield (f"paged_attention_m{block_m}", paged._paged_attention_kernel,
+               {"q": bf16, "k_cache": bf16, "v_cache": bf16, "query_start_loc": "*i64", "seq_lens": "*i64",
+                "block_tables": "*i64", "scale_log2": "fp32"},
+               dict(GROUP=8, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
+                    PRECISION="tf32", LOOP_FOR=True), warps, 2)
+    yield ("paged_attention_merge_11", paged._merge_splits_kernel, {"part": "*fp32", "lse": "*fp32", "o": bf16},
+           dict(Q_HEADS=16, HEAD_DIM=256, BLOCK_D=256, SPLITS=11, SPLITS_P2=16), 2, 1)
+
+    ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first", "cap_record",
+                                "cap_row0")}
+    inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
+    long = (gdn.CHUNK, 32, "", False, "tf32", gdn.LONG_PASS_PREPARE["sub"], gdn.LONG_PASS_PREPARE["precision"], 4, 2)
+    short = (16, 64, "_short", False, "tf32", 16, "tf32x3", 4, 2)
+    split_output = (gdn.CHUNK, 32, "_split", True, "bf16", 8, "tf32", 8, 3)  # an option kernels_check measures
+    for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages in (long, short, split_output):
+        heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
+        yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, dict(inputs, **ints),
+               dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32"), 4, 1)
+        for captures in (False, True):
+            yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}", gdn._chunk_state_kernel,
+                   dict(inputs, **ints), dict(heads, BV=bv, BLOCK_B=16, HAS_CAPTURES=captures, SPLIT_OUTPUT=split,
+                                              LOOP_FOR=True, PRECISION=precision), warps, stages)
+        yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
+               dict(heads, BV=bv, U_IS_V_NEW=split, PRECISION=precision), 4, 1)
+    yield ("gdn_chunk_output", gdn._chunk_output_kernel, dict(inputs, **ints),
+           dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
+                PRECISION="bf16"), 4, 2)
+
+    from deltaserve.kernels.gdn import triton_recurrent as recurrent
+
+    recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first")}
+    for varlen, bv, warps in ((False, 32, 4), (True, 16, 1)):
+        yield (f"gdn_recurrent{'_varlen' if varlen else ''}", recurrent._gdn_recurrent_kernel,
+               dict(inputs, **recurrent_ints), dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen,
+                                                    HAS_CAPTURES=varlen), warps, 2)
+
+    from deltaserve.kernels.gdn import triton_decode_fused as decode
+
+    yield ("gdn_decode_fused", decode._gdn_decode_fused_kernel,
+           {n: bf16 for n in ("mixed", "z", "a", "b", "conv_weight", "conv_state", "norm_weight", "out")}
+           | {"state_slots": "*i32", "eps": "fp32"},
+           dict(HK=16, HV=32, DK=128, DV=128, K=4, BK=128, BV=128, BLOCK_K=4), 8, 1)
+
+
+def _skinny_gemm_cases():
+    from deltaserve.kernels.linear import triton_skinny_gemm as skinny
+
+    for n, k in ((2048, 4096), (4096, 12288), (12352, 4096), (248320, 4096)):  # each default tile set
+        t = skinny.default_tiles(n)
+        yield (f"skinny_gemm_{n}x{k}", skinny._skinny_gemm_kernel, {"x": "*bf16", "w": "*bf16", "y": "*bf16",
+                                                                     "M": "i32", "N": "i32"},
+               dict(K=k, BLOCK_M=16, BLOCK_N=t.block_n, BLOCK_K=t.block_k, STAGES=t.stages, PRECISION="tf32"),
+               t.warps, 1)
+
+
+def _sorted_moe_cases(moe: dict):
+    from deltaserve.kernels.moe import triton_moe_experts as sorted_moe
+
+    bf16 = "*bf16"
+    ints = {"order": "*i64", "offsets": "*i32", "block_start": "*i32"}
+    experts = dict(moe, EXPERTS=257, BLOCK_E=512, PRECISION="tf32")
+    for size in ("SMALL", "MEDIUM", "LARGE"):
+        t = getattr(sorted_moe, f"{size}_TILES")
+        yield (f"moe_sorted_gate_up_{size.lower()}", sorted_moe._moe_gate_up_kernel,
+               dict(ints, x=bf16, w13=bf16, inter=bf16),
+               dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.gate_n, BLOCK_K=t.gate_k, COLUMNS_FAST=t.columns_fast),
+               t.warps, t.stages)
+        yield (f"moe_sorted_down_{size.lower()}", sorted_moe._moe_down_kernel,
+               dict(ints, inter=bf16, w2=bf16, y=bf16),
+               {k: v for k, v in dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.down_n, BLOCK_K=t.down_k,
+                                      COLUMNS_FAST=t.columns_fast).items() if k != "TOP_K"}, t.warps, t.stages)
+
+
+def main():
+    only = set(sys.argv[1:])
+    for name, kernel, types, constexprs, warps, stages in cases():
+        if only and name not in only:
+            continue
+        try:
+            result = {"name": name, **compile_sm90(kernel, types, constexprs, warps, stages)}
+        except Exception as exc:  # report and go on: one failure must not hide the others
+            result = {"name": name, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

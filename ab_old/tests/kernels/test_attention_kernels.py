@@ -1,0 +1,104 @@
+import pytest
+import torch
+
+from deltaserve.kernels.attention import reference
+from deltaserve.kernels.attention.triton_paged_attention import paged_attention
+from deltaserve.kernels.attention.triton_store_kv import store_kv
+from tests.kernels.conftest import assert_close
+
+pytestmark = pytest.mark.triton
+
+
+def _paged_pools(seq_lens, page, kv_heads, head_dim, spare=3):
+    blocks_per_seq = [-(-s // page) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + spare
+    k_cache = torch.randn(num_blocks, page, kv_heads, head_dim)
+    v_cache = torch.randn(num_blocks, page, kv_heads, head_dim)
+    perm = torch.randperm(num_blocks)  # pages scattered through the pool
+    tables = torch.zeros(len(seq_lens), max(blocks_per_seq) + 1, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(blocks_per_seq):
+        tables[b, :n] = perm[used:used + n]
+        used += n
+    return k_cache, v_cache, tables
+
+
+@pytest.mark.parametrize("q_heads,kv_heads,head_dim,page", [(4, 2, 24, 4), (8, 2, 16, 16), (3, 3, 32, 5)])
+def test_paged_attention_ragged_prefill_and_decode(q_heads, kv_heads, head_dim, page):
+    seq_lens = [1, 13, 7, 4, 30]
+    q_lens = [1, 13, 1, 0, 5]  # a fresh 1-token prompt, a whole prompt, a decode row, no rows, a chunk with history
+    k_cache, v_cache, tables = _paged_pools(seq_lens, page, kv_heads, head_dim)
+    starts = torch.tensor([0] + q_lens).cumsum(0)
+    q = torch.randn(sum(q_lens), q_heads, 2 * head_dim)[..., :head_dim]  # strided view, as the model passes
+    lens = torch.tensor(seq_lens)
+    expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3)
+    assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3), expected)
+    assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, block_m=16, block_n=16), expected)
+    assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, splits=4), expected)
+
+
+def test_paged_attention_short_chunks_over_a_long_cached_prefix():
+    # A prefix-cache hit's tail beside a graph's padding sequence: few programs, many rows, 128-row tiles.
+    seq_lens, q_lens = [300, 9], [37, 9]
+    k_cache, v_cache, tables = _paged_pools(seq_lens, 16, 1, 32)
+    starts = torch.tensor([0] + q_lens).cumsum(0)
+    q = torch.randn(sum(q_lens), 4, 32)
+    lens = torch.tensor(seq_lens)
+    expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.2)
+    assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.2), expected)
+
+
+@pytest.mark.parametrize("splits", [None, 1, 2, 3, 8])
+def test_paged_attention_decode_batch(splits):
+    seq_lens = [3, 17, 9, 40]  # with 8 splits of whole 16-key tiles, some splits get no keys
+    k_cache, v_cache, tables = _paged_pools(seq_lens, 8, 2, 16)
+    q = torch.randn(4, 8, 16)
+    starts, lens = torch.arange(5), torch.tensor(seq_lens)
+    expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.25)
+    out = paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.25, block_n=16, splits=splits)
+    assert_close(out, expected)
+
+
+def test_store_kv_skips_padding():
+    tokens, heads, dim, page, blocks = 7, 2, 24, 4, 5
+    k, v = torch.randn(tokens, heads, 2 * dim)[..., :dim], torch.randn(tokens, heads, dim)
+    slots = torch.randperm(page * blocks)[:tokens]
+    slots[3] = -1
+    k_cache, v_cache = torch.randn(blocks, page, heads, dim), torch.randn(blocks, page, heads, dim)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    reference.store_kv(k, v, expected_k, expected_v, slots)
+    store_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(k_cache, expected_k)
+    assert torch.equal(v_cache, expected_v)
+
+
+# partial rotary with a per-head norm (Qwen3.5), full rotary without one (Llama), one token (decode)
+@pytest.mark.parametrize("tokens,q_heads,kv_heads,head_dim,rotary_dim,norm", [
+    (5, 4, 2, 32, 8, True),
+    (3, 3, 1, 16, 16, False),
+    (1, 8, 2, 64, 16, True),
+])
+def test_rotary_store_kv_matches_the_unfused_ops(tokens, q_heads, kv_heads, head_dim, rotary_dim, norm):
+    from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
+
+    # q with its output gate interleaved per head, k and v: views into one fused projection
+    packed = torch.randn(tokens, q_heads * 2 * head_dim + 2 * kv_heads * head_dim)
+    q_gate, k, v = packed.split([q_heads * 2 * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    q = q_gate.view(tokens, q_heads, 2 * head_dim)[..., :head_dim]
+    k, v = k.view(tokens, kv_heads, head_dim), v.view(tokens, kv_heads, head_dim)
+    positions = torch.randint(0, 50, (tokens,))
+    inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    freqs = torch.arange(50).float()[:, None] * inv[None]
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1)
+    page = 4
+    k_cache, v_cache = torch.zeros(6, page, kv_heads, head_dim), torch.zeros(6, page, kv_heads, head_dim)
+    slots = torch.randperm(6 * page)[:tokens]
+    if tokens > 1:
+        slots[1] = -1  # a padding row: nothing stored
+    weights = dict(q_norm=torch.randn(head_dim), k_norm=torch.randn(head_dim), eps=1e-6, norm_offset=1.0) if norm else {}
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    expected_q = reference.rotary_store_kv(q, k, v, positions, cos_sin, expected_k, expected_v, slots, **weights)
+    out_q = rotary_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, **weights)
+    assert_close(out_q, expected_q)
+    assert_close(k_cache, expected_k)
+    assert torch.equal(v_cache, expected_v)

@@ -1,0 +1,189 @@
+import pytest
+import torch
+
+from deltaserve.kernels.gdn import reference
+from deltaserve.kernels.gdn.fla_chunk import split_at_captures
+from deltaserve.kernels.capture_rows import capture_tables
+from deltaserve.kernels.gdn.triton_chunk import CHUNK, chunk_gdn
+from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+from tests.kernels.conftest import assert_close
+
+pytestmark = pytest.mark.triton
+
+
+def _inputs(tokens, hk, hv, dk, dv, slots):
+    # q/k/v come sliced out of one projection in the model: pass strided views.
+    packed = torch.randn(tokens, 2 * hk * dk + hv * dv + 2 * hv)
+    q, k, v, a, b = packed.split([hk * dk, hk * dk, hv * dv, hv, hv], -1)
+    A_log, dt_bias = torch.randn(hv) * 0.5, torch.randn(hv)
+    h_pool = torch.randn(slots, hv, dk, dv) * 0.3
+    return (q.reshape(tokens, hk, dk), k.reshape(tokens, hk, dk), v.reshape(tokens, hv, dv), a, b, A_log, dt_bias,
+            h_pool)
+
+
+@pytest.mark.parametrize("hk,hv,dk,dv,block_v", [(2, 4, 16, 24, None), (1, 3, 12, 16, 8), (2, 2, 16, 16, 16)])
+def test_recurrent_decode_matches_reference(hk, hv, dk, dv, block_v):
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(3, hk, hv, dk, dv, slots=5)
+    slots = torch.tensor([3, 0, 4])
+    expected_pool, pool = h_pool.clone(), h_pool.clone()
+    expected = reference.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, slots)
+    out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, pool, slots, block_v=block_v)
+    assert_close(out, expected)
+    assert_close(pool, expected_pool)
+    assert torch.equal(pool[[1, 2]], h_pool[[1, 2]])  # untouched slots
+
+
+def test_a_bfloat16_state_is_read_and_written_as_the_reference_does():
+    # The kernels compute in fp32 whatever the pool holds and round the state back into it.
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(3, 2, 4, 16, 16, slots=5)
+    h_pool = h_pool.to(torch.bfloat16)
+    slots = torch.tensor([3, 0, 4])
+    expected_pool, pool = h_pool.clone(), h_pool.clone()
+    expected = reference.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, slots)
+    out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, pool, slots)
+    assert pool.dtype == torch.bfloat16
+    assert_close(out, expected)
+    assert_close(pool.float(), expected_pool.float(), tol=1e-2)
+    starts = torch.tensor([0, 70, 73], dtype=torch.int32)
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(73, 2, 4, 16, 16, slots=4)
+    h_pool = h_pool.to(torch.bfloat16)
+    snaps, expected_snaps = (torch.zeros(3, 4, 16, 16, dtype=torch.bfloat16) for _ in range(2))
+    expected_pool, pool = h_pool.clone(), h_pool.clone()
+    captures = [(40, 1), (71, 0)]
+    expected = reference.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, torch.tensor([2, 1]),
+                                                starts, captures, expected_snaps)
+    out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([2, 1]), starts, captures, snaps)
+    assert_close(out, expected)
+    assert_close(pool.float(), expected_pool.float(), tol=1e-2)
+    assert_close(snaps.float(), expected_snaps.float(), tol=1e-2)
+
+
+def test_recurrent_decode_skips_padding_slot():
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(2, 1, 2, 8, 8, slots=3)
+    pool = h_pool.clone()
+    out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([1, -1]))
+    expected_pool = h_pool.clone()
+    expected = reference.recurrent_gated_delta_rule(q[:1], k[:1], v[:1], a[:1], b[:1], A_log, dt_bias,
+                                                    expected_pool, torch.tensor([1]))
+    assert_close(out[:1], expected)
+    assert_close(pool, expected_pool)
+    assert torch.equal(pool[[0, 2]], h_pool[[0, 2]])  # the padding row wrote no state
+
+
+def _check_chunk(lens, hk, hv, dk, dv, slots, captures, kernel=chunk_gdn, **tiles):
+    starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    tokens = sum(lens)
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(tokens, hk, hv, dk, dv, slots=len(lens) + 3)
+    spare = h_pool.shape[0] - 1  # the reference runs a padding row (slot -1) from a zero state here
+    assert spare not in slots
+    expected_pool, pool = h_pool.clone(), h_pool.clone()
+    expected_pool[spare] = 0.0
+    snap_shape = (max([s for _, s in captures], default=0) + 2, hv, dk, dv)
+    expected_snaps, snaps = torch.zeros(snap_shape), torch.zeros(snap_shape)
+    ref_slots = torch.tensor([s if s >= 0 else spare for s in slots])
+    expected = reference.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, ref_slots, starts,
+                                                captures, expected_snaps)
+    out = kernel(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor(slots), starts, captures, snaps, **tiles)
+    assert_close(out, expected)
+    live = [s for s in slots if s >= 0]
+    assert_close(pool[live], expected_pool[live])
+    untouched = [s for s in range(pool.shape[0]) if s not in live]
+    assert torch.equal(pool[untouched], h_pool[untouched])
+    assert_close(snaps, expected_snaps)
+
+
+# Ragged lengths: 1, 0, under a chunk, one row past a chunk, several chunks; value heads grouped 1, 2, 3.
+@pytest.mark.parametrize("lens,hk,hv,dk,dv", [
+    ([1, 9, 0, 5], 2, 4, 16, 24),
+    ([70, 1, 3], 1, 3, 12, 16),
+    ([130, 64], 2, 2, 32, 16),
+])
+def test_chunk_prefill_matches_reference(lens, hk, hv, dk, dv):
+    slots = list(range(len(lens) + 1, 1, -1))  # reversed, leaving slots 0, 1 and the spare alone
+    _check_chunk(lens, hk, hv, dk, dv, slots, [])
+
+
+@pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])
+def test_prefill_captures_inside_and_at_the_edges_of_chunks(kernel):
+    lens = [150, 1, 66]  # rows 0-149, 150, 151-216
+    captures = [
+        (0, 0),  # first row of a sequence (and of its first chunk)
+        (40, 1),  # inside a chunk
+        (63, 2), (64, 3),  # last row of a chunk, first row of the next
+        (127, 4), (128, 5), (129, 6),  # three rows in a row, across a chunk edge
+        (149, 7),  # last row of a sequence, inside its last (short) chunk
+        (150, 8),  # a one-row sequence
+        (151 + 65, 9),  # last row of a sequence whose second chunk has two rows
+        (40, 10),  # the same row captured twice
+    ]
+    _check_chunk(lens, 1, 2, 16, 16, [3, 0, 4], captures, kernel)
+
+
+@pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])
+def test_prefill_reads_a_graphs_device_capture_table(kernel):
+    # A graph-replayed pass hands the kernels a fixed table [4, n]: pair rows and slots, then the same
+    # again as the distinct sorted rows (no row repeats there).
+    from deltaserve.kernels.capture_rows import GraphCaptureRows
+
+    lens, hv, dk, dv = [70, 9], 2, 16, 16
+    starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(sum(lens), 1, hv, dk, dv, slots=4)
+    # Mid-chunk, both sides of a chunk edge, a second sequence, and an unused entry: a row past the pass.
+    captures = [(15, 2), (63, 0), (64, 3), (78, 1), (80, 4)]
+    rows, slots = [r for r, _ in captures], [s for _, s in captures]
+    table = GraphCaptureRows(torch.tensor([rows, slots, rows, slots], dtype=torch.int32))
+    expected_pool, pool = h_pool.clone(), h_pool.clone()
+    expected_snaps, snaps = torch.zeros(5, hv, dk, dv), torch.zeros(5, hv, dk, dv)
+    expected = kernel(q, k, v, a, b, A_log, dt_bias, expected_pool, torch.tensor([1, 2]), starts, captures,
+                      expected_snaps)
+    out = kernel(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([1, 2]), starts, table, snaps)
+    assert torch.equal(out, expected) and torch.equal(pool, expected_pool) and torch.equal(snaps, expected_snaps)
+    assert snaps[:4].abs().sum(dim=(1, 2, 3)).min() > 0  # every capture in the pass wrote its slot
+    assert not snaps[4].any()  # the one past it wrote nothing
+
+
+@pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])
+def test_prefill_padding_sequence_reads_and_writes_no_state(kernel):
+    _check_chunk([5, 3, 70], 1, 2, 16, 16, [2, -1, 0], [(2, 0), (80, 1)], kernel)
+
+
+# The token loop on ragged prefill rows (short passes take it): lengths 1 and 0, grouped value heads.
+@pytest.mark.parametrize("lens,hk,hv,dk,dv,block_v", [
+    ([1, 9, 0, 5], 2, 4, 16, 24, None),
+    ([20, 1, 3], 1, 3, 12, 16, 8),
+])
+def test_token_loop_prefill_matches_reference(lens, hk, hv, dk, dv, block_v):
+    slots = list(range(len(lens) + 1, 1, -1))
+    _check_chunk(lens, hk, hv, dk, dv, slots, [(0, 0), (sum(lens) - 1, 1)], gdn_recurrent, block_v=block_v)
+
+
+@pytest.mark.parametrize("chunk", [16, 32])
+def test_chunk_prefill_with_shorter_chunks(chunk):
+    _check_chunk([40, 1, 17], 1, 2, 16, 16, [3, 0, 4], [(15, 0), (16, 1), (39, 2), (50, 3)], chunk=chunk)
+
+
+# The output off the state kernel's serial path, in its own kernel (an option the benchmarks measure).
+@pytest.mark.parametrize("chunk,split_output", [(64, True), (16, True)])
+def test_chunk_prefill_with_and_without_a_separate_output_kernel(chunk, split_output):
+    captures = [(15, 0), (64, 1), (100, 2), (131, 3)]
+    _check_chunk([130, 1, 20], 2, 4, 16, 16, [3, 0, 4], captures, chunk=chunk, split_output=split_output)
+
+
+def test_chunk_prefill_state_tiles_and_warps():
+    _check_chunk([67, 20], 2, 4, 16, 48, [1, 0], [(30, 0), (70, 1)], block_v=16, num_warps=2)
+
+
+def test_capture_tables_sort_rows_and_find_each_sequences_first_capture():
+    rows, snaps, first, repeats = capture_tables([(9, 4), (2, 1), (9, 5), (0, 2)], torch.tensor([0, 1, 5, 12]))
+    assert rows.tolist() == [0, 2, 9] and snaps.tolist() == [2, 1, 4]
+    assert first.tolist() == [0, 1, 2]
+    assert repeats == [(5, 4)]
+    assert CHUNK == 64
+
+
+def test_split_at_captures_cuts_after_each_capture_row():
+    starts, slots = [0, 1, 10, 10, 15], [4, 0, 5, 2]
+    rounds = split_at_captures(starts, slots, [(0, 7), (3, 8), (9, 9), (12, 10), (5, 11)])
+    assert rounds[0] == [(4, 0, 1, [7]), (0, 1, 4, [8]), (5, 10, 10, []), (2, 10, 13, [10])]
+    assert rounds[1] == [(0, 4, 6, [11]), (2, 13, 15, [])]
+    assert rounds[2] == [(0, 6, 10, [9])]

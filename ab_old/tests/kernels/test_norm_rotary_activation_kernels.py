@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+from deltaserve.kernels.activation import reference as act_reference
+from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul
+from deltaserve.kernels.norm import reference as norm_reference
+from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
+from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm, rms_norm
+from deltaserve.kernels.rotary import reference as rotary_reference
+from deltaserve.kernels.rotary.triton_rotary import apply_rotary
+from tests.kernels.conftest import assert_close
+
+pytestmark = pytest.mark.triton
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("width", [40, 64])
+def test_rms_norm_and_residual_add(offset, width):
+    x, residual, weight = torch.randn(5, width), torch.randn(5, width), torch.randn(width)
+    assert_close(rms_norm(x, weight, 1e-6, offset), norm_reference.rms_norm(x, weight, 1e-6, offset))
+    normed, summed = add_rms_norm(x, residual, weight, 1e-6, offset)
+    expected_normed, expected_summed = norm_reference.add_rms_norm(x, residual, weight, 1e-6, offset)
+    assert_close(normed, expected_normed)
+    assert torch.equal(summed, expected_summed)
+
+
+def test_rms_norm_per_head_on_strided_view():
+    packed = torch.randn(6, 3, 2 * 24)
+    q = packed[..., :24]  # [T, H, D] with the gate interleaved, as gated attention slices it
+    weight = torch.randn(24)
+    assert_close(rms_norm(q, weight, 1e-6, 1.0), norm_reference.rms_norm(q, weight, 1e-6, 1.0))
+
+
+def test_gated_rms_norm():
+    x = torch.randn(5, 3, 24)
+    gate = torch.randn(5, 3 * 24 + 7)[:, :72].reshape(5, 3, 24)
+    weight = torch.randn(24)
+    assert_close(gated_rms_norm(x, gate, weight, 1e-6), norm_reference.gated_rms_norm(x, gate, weight, 1e-6))
+
+
+@pytest.mark.parametrize("rotary_dim", [12, 20])
+def test_partial_rotary(rotary_dim):
+    tokens, head_dim = 6, 20
+    q = torch.randn(tokens, 4, 2 * head_dim)[..., :head_dim]
+    k = torch.randn(tokens, 2, head_dim)
+    positions = torch.tensor([0, 5, 3, 9, 1, 2])
+    cache = torch.randn(16, rotary_dim)
+    expected_q, expected_k = rotary_reference.apply_rotary(q, k, positions, cache)
+    out_q, out_k = apply_rotary(q, k, positions, cache)
+    assert_close(out_q, expected_q)
+    assert_close(out_k, expected_k)
+
+
+def test_silu_and_mul():
+    x = torch.randn(3, 4, 2 * 37)
+    assert_close(silu_and_mul(x), act_reference.silu_and_mul(x))

@@ -1,0 +1,48 @@
+import pytest
+import torch
+
+from deltaserve.kernels.slot_copy import reference
+from deltaserve.kernels.slot_copy.triton_slot_copy import BLOCK, copy_slot, copy_slot_at, slot_is_contiguous
+
+pytestmark = pytest.mark.triton
+
+
+def test_copy_slot_moves_one_slot_of_every_layer_in_both_pools():
+    # A conv-like pool (bf16, a slot of 105 elements) and a state-like one (fp32, a little over a
+    # program's piece); pools with other slot counts (a snapshot pool into a state pool and back).
+    layers = 3
+    srcs = (torch.randn(layers, 5, 3, 5, 7).to(torch.bfloat16), torch.randn(layers, 5, BLOCK + 9))
+    dsts = (torch.randn(layers, 4, 3, 5, 7).to(torch.bfloat16), torch.randn(layers, 4, BLOCK + 9))
+    src_slot, dst_slot = int(torch.randint(0, 5, ())), int(torch.randint(0, 4, ()))
+    expected = tuple(d.clone() for d in dsts)
+    reference.copy_slot(srcs, src_slot, expected, dst_slot)
+    copy_slot(srcs, src_slot, dsts, dst_slot)
+    for got, want, src in zip(dsts, expected, srcs):
+        assert torch.equal(got, want)  # a copy: bit for bit, and the other slots untouched
+        assert torch.equal(got[:, dst_slot], src[:, src_slot])
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_copy_slot_at_reads_the_slots_from_the_device(restore):
+    # The slots come from a tensor (a graph's fixed buffer); a negative source slot copies nothing.
+    layers = 2
+    srcs = (torch.randn(layers, 6, 4, 9).to(torch.bfloat16), torch.randn(layers, 6, BLOCK + 5))
+    dsts = (torch.randn(layers, 3, 4, 9).to(torch.bfloat16), torch.randn(layers, 3, BLOCK + 5))
+    src_slot, dst_slot = int(torch.randint(0, 6, ())), int(torch.randint(0, 3, ()))
+    slots = torch.tensor([src_slot if restore else -1, dst_slot])
+    before = tuple(d.clone() for d in dsts)
+    expected = tuple(d.clone() for d in dsts)
+    if restore:
+        reference.copy_slot(srcs, src_slot, expected, dst_slot)
+    by_reference = tuple(d.clone() for d in dsts)
+    reference.copy_slot_at(srcs, by_reference, slots)
+    copy_slot_at(srcs, dsts, slots)
+    for got, ref, want, old in zip(dsts, by_reference, expected, before):
+        assert torch.equal(ref, want) and torch.equal(got, want)
+        assert torch.equal(got, old) != restore  # a restore changes the slot (random values), none does not
+
+
+def test_slot_is_contiguous():
+    pool = torch.zeros(2, 3, 4, 5)
+    assert slot_is_contiguous(pool) and slot_is_contiguous(pool[:, :2])
+    assert not slot_is_contiguous(pool[..., :4]) and not slot_is_contiguous(pool.transpose(2, 3))

@@ -1,0 +1,102 @@
+"""Bad input gets an OpenAI-style 4xx with the right status, and the server goes on serving."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import API_KEY, MODEL
+
+pytestmark = pytest.mark.timeout(300)
+
+QUESTION = [{"role": "user", "content": "Hi"}]
+
+
+def _post(server, path, body=None, *, content=None, headers=None):
+    return httpx.post(server.url + path, json=body, content=content, timeout=60,
+                      headers={**server.headers, **(headers or {})})
+
+
+def _assert_error(r, status, param=None, text=None):
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    if text is not None:
+        assert text in error["message"], error
+    return error
+
+
+def _still_serves(server):
+    r = _post(server, "/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+CASES = {
+    "malformed json": ("/v1/chat/completions", None, b'{"model": "smollm2", "messages": [', None),
+    "body not an object": ("/v1/completions", None, b"[1, 2]", None),
+    "missing messages": ("/v1/chat/completions", {"model": MODEL, "max_tokens": 2}, None, "messages"),
+    "empty messages": ("/v1/chat/completions", {"model": MODEL, "messages": []}, None, "messages"),
+    "missing prompt": ("/v1/completions", {"model": MODEL}, None, "prompt"),
+    "wrongly typed max_tokens": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": "2"},
+                                 None, "max_tokens"),
+    "wrongly typed temperature": ("/v1/completions", {"model": MODEL, "prompt": "a", "temperature": "hot"}, None,
+                                  "temperature"),
+    "bad role": ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, None,
+                 "messages.0.role"),
+    "negative temperature": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "temperature": -1}, None,
+                             "temperature"),
+    "top_p above one": ("/v1/completions", {"model": MODEL, "prompt": "a", "top_p": 1.5}, None, "top_p"),
+    "zero max_tokens": ("/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 0}, None, "max_tokens"),
+    "n of zero": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "n": 0}, None, "n"),
+    "too many logprobs": ("/v1/completions", {"model": MODEL, "prompt": "a", "logprobs": 99}, None, "logprobs"),
+    "empty prompt": ("/v1/completions", {"model": MODEL, "prompt": ""}, None, "prompt"),
+    "token outside the vocabulary": ("/v1/completions", {"model": MODEL, "prompt": [1, 10_000_000]}, None, "prompt"),
+    "image part": ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}]}]}, None, "messages.0.content"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_request_is_400(server, case):
+    path, body, raw, param = CASES[case]
+    headers = {"content-type": "application/json"} if raw is not None else None
+    _assert_error(_post(server, path, body, content=raw, headers=headers), 400, param)
+    _still_serves(server)
+
+
+def test_context_overflow_names_both_numbers(server):
+    prompt = "hello " * 300
+    n_prompt = _post(server, "/tokenize", {"model": MODEL, "prompt": prompt}).json()["count"]
+    error = _assert_error(_post(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1000}),
+                          400, "prompt")
+    assert "1024" in error["message"] and str(n_prompt) in error["message"] and "1000" in error["message"]
+    error = _assert_error(_post(server, "/v1/completions", {"model": MODEL, "prompt": "hello " * 1100}), 400)
+    assert "1024" in error["message"]
+    _still_serves(server)
+
+
+def test_unknown_model_is_404(server):
+    client = openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-17", messages=QUESTION, max_tokens=2)
+    assert info.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-17")
+    _still_serves(server)
+
+
+def test_missing_or_wrong_key_is_401(server):
+    for key in ("wrong-key", ""):
+        client = openai.OpenAI(base_url=server.base_url, api_key=key or "x", max_retries=0,
+                               default_headers={} if key else {"Authorization": ""})
+        with pytest.raises(openai.AuthenticationError):
+            client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2)
+    r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": "a"}, timeout=30)
+    _assert_error(r, 401)
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # health needs no key
+    _still_serves(server)

@@ -1,0 +1,226 @@
+"""The OpenAI API of a live server on the demo model, driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import API_KEY, MODEL
+
+pytestmark = pytest.mark.timeout(300)
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def test_models_lists_the_served_names(client, server):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL, "demo"]
+    assert client.models.retrieve("demo").id == "demo"
+    assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_chat_answers_and_reports_usage(client):
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0)
+    choice = r.choices[0]
+    assert "Paris" in choice.message.content
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 5
+    assert 1 <= r.usage.completion_tokens <= 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+    # the other served name reaches the same model; max_completion_tokens is the newer spelling
+    r2 = client.chat.completions.create(model="demo", messages=QUESTION, max_completion_tokens=12, temperature=0)
+    assert r2.choices[0].message.content == choice.message.content
+
+
+def test_chat_stream_matches_the_whole_response(client):
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=10, temperature=0)
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=10, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_sampled_multibyte_text_streams_without_loss_or_repeats(client):
+    # high-temperature samples from a non-Latin prompt hit tokens that hold parts of a UTF-8 character
+    for seed in (11, 12):
+        kwargs = dict(model=MODEL, prompt="日本語の文章: こんにちは、", max_tokens=16, temperature=1.3, seed=seed)
+        whole = client.completions.create(**kwargs).choices[0].text
+        pieces = [c.choices[0].text for c in client.completions.create(**kwargs, stream=True) if c.choices]
+        assert "".join(pieces) == whole
+        assert all("\ufffd" not in piece for piece in pieces[:-1])
+
+
+def test_chat_accepts_system_text_parts_and_tool_turns(client):
+    messages = [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "colour."}]},
+    ]
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                                "parameters": {"type": "object",
+                                                               "properties": {"city": {"type": "string"}}}}}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0, tools=tools,
+                                       tool_choice="auto")
+    assert r.choices[0].message.content
+    follow_up = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    r = client.chat.completions.create(model=MODEL, messages=follow_up, max_tokens=4, temperature=0, tools=tools)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_completions_string_and_token_prompts(client, server):
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
+    text = r.choices[0].text
+    assert "Paris" in text
+    ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": PROMPT}, headers=server.headers,
+                     timeout=30).json()["tokens"]
+    r2 = client.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0)
+    assert r2.choices[0].text == text
+    assert r2.usage.prompt_tokens == len(ids) == r.usage.prompt_tokens
+    echo = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, echo=True)
+    assert echo.choices[0].text == PROMPT + text
+    streamed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == text
+    batch = client.completions.create(model=MODEL, prompt=[PROMPT, "1, 2, 3,"], max_tokens=6, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text == text
+
+
+def test_stop_strings_end_the_text_and_never_leak(client):
+    free = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
+    stop = free[len(free) // 2: len(free) // 2 + 3]
+    assert stop and stop.strip()
+    expected = free[: free.index(stop)]
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop, "zzzz"])
+    assert r.choices[0].text == expected
+    assert r.choices[0].finish_reason == "stop"
+    chunks = [c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=stop, stream=True) if c.choices]
+    assert "".join(chunks) == expected
+    assert all(stop not in "".join(chunks[: i + 1]) for i in range(len(chunks)))
+
+
+def test_seeded_sampling_is_reproducible(client):
+    def sample(seed):
+        return client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0,
+                                         seed=seed).choices[0].text
+
+    first = sample(1234)
+    assert sample(1234) == first
+    others = {sample(s) for s in (1, 2, 3)}
+    assert len(others | {first}) > 1  # different seeds do sample differently
+
+
+def test_n_gives_several_choices(client):
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=1.0, n=2, seed=7,
+                                       logprobs=True)
+    assert [c.index for c in r.choices] == [0, 1]
+    # usage counts the tokens of both choices
+    assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=1.0, n=2,
+                                            seed=7, stream=True)
+    texts = ["", ""]
+    finished = set()
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    assert texts == [c.message.content for c in r.choices]  # same seed, same samples
+    assert finished == {0, 1}
+
+
+def test_logprobs(client):
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=5, temperature=0, logprobs=True,
+                                       top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+        assert entry.top_logprobs[0].token == entry.token  # greedy picks the most likely token
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
+    assert "".join(e.token for e in content) == r.choices[0].message.content
+    c = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == c.usage.completion_tokens
+    assert all(len(top) <= 2 for top in lp.top_logprobs)
+    assert "".join(lp.tokens) == c.choices[0].text
+    assert lp.text_offset[0] == 0
+
+
+def test_sixteen_concurrent_streams_all_complete(server):
+    async def one(client, k):
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Write a word about the number {k}."}],
+            max_tokens=8, temperature=0.8, seed=k, stream=True, stream_options={"include_usage": True})
+        text, finish, usage = "", None, None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage
+        return text, finish, usage
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=240) as client:
+            return await asyncio.gather(*(one(client, k) for k in range(16)))
+
+    results = asyncio.run(main())
+    assert len(results) == 16
+    for text, finish, usage in results:
+        assert finish in ("stop", "length")
+        assert usage is not None and 1 <= usage.completion_tokens <= 8
+        assert text or finish == "stop"
+
+
+def test_tokenize_and_detokenize_round_trip(server):
+    post = lambda path, body: httpx.post(server.url + path, json=body, headers=server.headers, timeout=30)  # noqa: E731
+    tok = post("/tokenize", {"model": MODEL, "prompt": "Hello, world!", "add_special_tokens": False}).json()
+    assert tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] == 1024
+    assert post("/detokenize", {"model": MODEL, "tokens": tok["tokens"]}).json()["prompt"] == "Hello, world!"
+    chat = post("/tokenize", {"model": MODEL, "messages": QUESTION}).json()
+    r = post("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": 1}).json()
+    assert chat["count"] == r["usage"]["prompt_tokens"]
+
+
+def test_completions_echo_with_logprobs_scores_the_prompt(client, server):
+    ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": PROMPT}, headers=server.headers,
+                     timeout=30).json()["tokens"]
+    first = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0, logprobs=2)
+    next_token = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": first.choices[0].text,
+                                                            "add_special_tokens": False},
+                            headers=server.headers, timeout=30).json()["tokens"]
+    echoed = client.completions.create(model=MODEL, prompt=ids + next_token[:1], max_tokens=2, temperature=0,
+                                       logprobs=2, echo=True)
+    lp = echoed.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 1 + 2
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    if next_token[:1] and len(next_token) == 1:  # the generated text is exactly one token: same score both ways
+        assert abs(lp.token_logprobs[len(ids)] - first.choices[0].logprobs.token_logprobs[0]) < 1e-3
+    streamed = client.completions.create(model=MODEL, prompt=ids + next_token[:1], max_tokens=2, temperature=0,
+                                         logprobs=2, echo=True, stream=True)
+    tokens = [t for c in streamed if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert tokens == lp.tokens

@@ -1,0 +1,139 @@
+"""Request validation, error mapping, message conversion and event framing, without a model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from deltaserve.engine.async_engine import QueueFullError, RequestTiming, ServerShuttingDownError
+from deltaserve.errors import EngineDeadError, InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError
+from deltaserve.server.anthropic_protocol import MessagesRequest
+from deltaserve.server.chat_prompt import openai_messages_for_template
+from deltaserve.server.errors import context_length_error, from_exception
+from deltaserve.server.metrics import ServerMetrics
+from deltaserve.server.output_parser import ChoiceDelta
+from deltaserve.server.protocol import ChatCompletionRequest, CompletionRequest
+from deltaserve.server.serving_messages import _BlockWriter, anthropic_messages_for_template
+from deltaserve.server.sse import sse_data, sse_event
+from deltaserve.server.tool_parsers import ToolCall
+
+
+def _param_of(model, body) -> str | None:
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body)
+    error = from_exception(info.value)
+    assert error.status == 400
+    return error.param
+
+
+def test_validation_errors_name_the_field():
+    msgs = [{"role": "user", "content": "hi"}]
+    assert _param_of(ChatCompletionRequest, {"model": "m"}) == "messages"
+    assert _param_of(ChatCompletionRequest, {"messages": msgs, "temperature": "hot"}) == "temperature"
+    assert _param_of(ChatCompletionRequest, {"messages": msgs, "max_tokens": 2.5}) == "max_tokens"
+    assert _param_of(ChatCompletionRequest, {"messages": msgs, "stream": "yes"}) == "stream"
+    assert _param_of(ChatCompletionRequest, {"messages": [{"role": "user", "content": 3}]}) == "messages.0.content"
+    assert _param_of(CompletionRequest, {"prompt": [1, "a"]}) == "prompt"
+    assert _param_of(MessagesRequest, {"model": "m", "messages": msgs}) == "max_tokens"
+
+
+def test_requests_accept_unknown_fields_and_numbers():
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "temperature": 1,
+                                                "frobnicate": True, "top_p": 0.5})
+    assert req.temperature == 1 and req.top_p == 0.5
+
+
+def test_engine_errors_map_to_statuses():
+    assert from_exception(InvalidSamplingParamsError("top_p=2: must be in (0, 1]")).param == "top_p"
+    assert from_exception(InvalidPromptError("empty")).status == 400
+    too_long = from_exception(PromptTooLongError("too long", 5000, 4096))
+    assert too_long.status == 400 and too_long.code == "context_length_exceeded"
+    full = from_exception(QueueFullError("full"))
+    assert full.status == 503 and full.headers == {"Retry-After": "1"}
+    assert from_exception(ServerShuttingDownError("bye")).status == 503
+    assert from_exception(EngineDeadError("dead")).status == 503
+    assert from_exception(RuntimeError("boom")).status == 500
+    message = context_length_error(1000, 100, 1024).message
+    assert "1024" in message and "1100" in message and "1000" in message and "100 " in message
+    assert from_exception(QueueFullError("full")).anthropic_body()["error"]["type"] == "overloaded_error"
+
+
+def test_openai_tool_call_arguments_become_a_mapping_for_the_template():
+    req = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "developer", "content": "be brief"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
+    ]})
+    out = openai_messages_for_template(req.messages)
+    assert out[0] == {"role": "system", "content": "be brief"}
+    assert out[1]["content"] == "" and out[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+    assert out[2] == {"role": "tool", "content": "42", "tool_call_id": "c1"}
+
+
+def test_anthropic_messages_become_chat_messages():
+    req = MessagesRequest.model_validate({"model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "sys"}],
+                                          "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "t1", "name": "w", "input": {"c": "P"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
+                                     {"type": "text", "text": "thanks"}]},
+    ]})
+    out = anthropic_messages_for_template(req.system, req.messages)
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "tool", "user"]
+    assert out[2]["content"] == "Checking."
+    assert out[2]["tool_calls"][0]["function"] == {"name": "w", "arguments": {"c": "P"}}
+    assert out[3] == {"role": "tool", "tool_call_id": "t1", "content": "sunny"}
+
+
+def _events(frames: list[str]) -> list[tuple[str, dict]]:
+    out = []
+    for frame in frames:
+        name_line, data_line = frame.strip().split("\n")
+        out.append((name_line[len("event: "):], json.loads(data_line[len("data: "):])))
+    return out
+
+
+def test_anthropic_blocks_open_and_close_in_order():
+    writer = _BlockWriter()
+    frames = writer.write(ChoiceDelta(reasoning="hmm"))
+    frames += writer.write(ChoiceDelta(reasoning=" ok", content="Hi"))
+    frames += writer.write(ChoiceDelta(tool_calls=[ToolCall(name="w", arguments='{"c": "P"}')]))
+    frames += writer.close()
+    events = _events(frames)
+    kinds = [(name, data.get("index"), (data.get("content_block") or data.get("delta") or {}).get("type"))
+             for name, data in events]
+    assert kinds == [
+        ("content_block_start", 0, "thinking"), ("content_block_delta", 0, "thinking_delta"),
+        ("content_block_delta", 0, "thinking_delta"), ("content_block_delta", 0, "signature_delta"),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, "text"), ("content_block_delta", 1, "text_delta"), ("content_block_stop", 1, None),
+        ("content_block_start", 2, "tool_use"), ("content_block_delta", 2, "input_json_delta"),
+        ("content_block_stop", 2, None),
+    ]
+    assert writer.used_tools
+    empty = _events(_BlockWriter().close())
+    assert [name for name, _ in empty] == ["content_block_start", "content_block_stop"]
+
+
+def test_sse_framing():
+    assert sse_data({"a": "é"}) == 'data: {"a":"é"}\n\n'
+    assert sse_event("ping", {"type": "ping"}) == 'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def test_metrics_observe_request_timings():
+    metrics = ServerMetrics(lambda: None)
+    metrics.observe(RequestTiming("r", "length", arrival=0.0, first_token=0.5, finished=1.5, prompt_tokens=10,
+                                  generation_tokens=5))
+    metrics.observe(RequestTiming("s", "abort", arrival=0.0, first_token=None, finished=0.1, prompt_tokens=3,
+                                  generation_tokens=0))
+    text = metrics.render().decode()
+    assert 'deltaserve_requests_finished_total{reason="length"} 1.0' in text
+    assert 'deltaserve_requests_finished_total{reason="abort"} 1.0' in text
+    assert "deltaserve_time_to_first_token_seconds_count 1.0" in text
+    assert "deltaserve_time_per_output_token_seconds_sum 0.25" in text
+    assert "deltaserve_e2e_request_latency_seconds_count 1.0" in text
+    assert "deltaserve_prompt_tokens_total 13.0" in text  # counted by the server when the engine has no stats

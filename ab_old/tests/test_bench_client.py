@@ -1,0 +1,71 @@
+"""The bench client's statistics and report, on measurements written out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from deltaserve.bench.report import format_table
+from deltaserve.bench.serve import completions_url, make_prompts, parse_levels
+from deltaserve.bench.stats import RequestResult, percentile, summarize
+
+
+def test_percentile_matches_linear_interpolation():
+    values = [10.0, 1.0, 4.0, 7.0]  # sorted: 1 4 7 10
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 10.0
+    assert percentile(values, 50) == pytest.approx(5.5)
+    assert percentile(values, 90) == pytest.approx(9.1)
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([], 50) is None
+
+
+def test_tpot_excludes_the_first_token():
+    r = RequestResult(ok=True, output_tokens=5, latency=1.0, ttft=0.2)
+    assert r.tpot == pytest.approx(0.2)
+    assert RequestResult(ok=True, output_tokens=1, latency=1.0, ttft=0.2).tpot is None
+
+
+def test_summarize_counts_rates_and_distributions():
+    results = [
+        RequestResult(ok=True, prompt_tokens=8, output_tokens=4, latency=0.5, ttft=0.2, itls=[0.1, 0.1, 0.1]),
+        RequestResult(ok=True, prompt_tokens=8, output_tokens=4, latency=0.8, ttft=0.2, itls=[0.2, 0.2, 0.2]),
+        RequestResult(ok=False, prompt_tokens=8, error="HTTP 503: full"),
+    ]
+    s = summarize(2, results, duration=2.0, expected_output_len=4, expected_input_len=8)
+    assert s["concurrency"] == 2
+    assert (s["requests_ok"], s["requests_failed"]) == (2, 1)
+    assert s["output_tok_s"] == pytest.approx(4.0)  # 8 tokens / 2 s
+    assert s["total_tok_s"] == pytest.approx(12.0)  # (8 + 16) / 2 s
+    assert s["ttft_ms"]["p50"] == pytest.approx(200.0)
+    assert s["tpot_ms"]["p50"] == pytest.approx(150.0)  # (100 + 200) / 2
+    assert s["itl_ms"]["p90"] == pytest.approx(200.0)
+    assert s["itl_ms"]["mean"] == pytest.approx(150.0)
+    assert s["output_len_mismatches"] == 0 and s["input_len_mismatches"] == 0
+    assert s["errors"] == ["HTTP 503: full"]
+
+
+def test_report_table_has_a_row_per_level():
+    row = summarize(4, [RequestResult(ok=True, prompt_tokens=8, output_tokens=2, latency=0.3, ttft=0.1,
+                                      itls=[0.2])], 1.0, 2)
+    report = {"model": "m", "base_url": "http://127.0.0.1:1", "input_len": 8, "output_len": 2, "num_prompts": 1,
+              "results": [row, dict(row, concurrency=8)]}
+    lines = format_table(report).splitlines()
+    assert "TTFT ms p50/p90/p99" in lines[1]
+    assert lines[3].split()[0] == "4" and lines[4].split()[0] == "8"
+    assert "100.0/100.0/100.0" in lines[3]
+
+
+def test_prompts_have_exact_length_and_differ_by_seed():
+    a = make_prompts(3, 17, 1000, 2000, seed=1)
+    assert [len(p) for p in a] == [17, 17, 17]
+    assert all(1000 <= t < 2000 for p in a for t in p)
+    assert a == make_prompts(3, 17, 1000, 2000, seed=1)
+    assert a != make_prompts(3, 17, 1000, 2000, seed=2)
+
+
+def test_arguments():
+    assert parse_levels("1,2,4") == [1, 2, 4]
+    with pytest.raises(ValueError):
+        parse_levels("1,0")
+    assert completions_url("http://h:1") == "http://h:1/v1/completions"
+    assert completions_url("http://h:1/v1/") == "http://h:1/v1/completions"

@@ -1,0 +1,26 @@
+"""The command line's engine options reach the engine's configuration."""
+
+import pytest
+
+from deltaserve.cli import _build_parser
+from deltaserve.engine.engine_config import EngineConfig
+from deltaserve.errors import DeltaServeError
+from deltaserve.server.launcher import engine_kwargs
+
+
+def test_serve_options_become_engine_config_fields():
+    args = _build_parser().parse_args(["serve", "--gdn-state-dtype", "bfloat16", "--no-prefix-caching",
+                                       "--ssm-snapshot-interval", "512", "--enforce-eager", "--max-num-seqs", "8"])
+    kwargs = engine_kwargs(args)
+    assert kwargs == {"gdn_state_dtype": "bfloat16", "enable_prefix_caching": False, "ssm_snapshot_interval": 512,
+                      "enforce_eager": True, "max_num_seqs": 8}
+    config = EngineConfig(**kwargs)
+    assert config.gdn_state_dtype == "bfloat16" and config.max_num_seqs == 8
+    assert "gdn_state_dtype" not in engine_kwargs(_build_parser().parse_args(["serve"]))  # the default rules
+
+
+def test_an_unknown_state_dtype_is_refused():
+    with pytest.raises(SystemExit):
+        _build_parser().parse_args(["serve", "--gdn-state-dtype", "float16"])
+    with pytest.raises(DeltaServeError, match="gdn_state_dtype='int8'"):
+        EngineConfig(gdn_state_dtype="int8")

@@ -1,0 +1,61 @@
+"""Parity with transformers on tiny random checkpoints it writes itself, every architecture, fp32."""
+
+import random
+
+import pytest
+import torch
+
+from deltaserve import LLM, SamplingParams
+from tests.checkpoints import ARCHITECTURES
+from tests.reference import LogitsRecorder, hf_greedy
+
+NEW_TOKENS = 24
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_greedy_tokens_and_logits_match_transformers(arch, checkpoint_factory):
+    import transformers
+
+    path = checkpoint_factory(arch)
+    rng = random.Random()
+    prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, rng.randint(5, 20), rng.randint(40, 90))]
+    # Without the prefix cache every prompt prefills in one pass (the cache splits a prefill at its
+    # replay point), so each step samples one row per prompt; the cache has its own tests.
+    llm = LLM(path, device="cpu", enable_prefix_caching=False)
+    recorder = LogitsRecorder(llm.engine.runner.model)
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True))
+    # Rows of each step come in request order; only finished prefills sample, so regroup per prompt.
+    per_prompt = _logits_per_prompt(recorder.rows, len(prompts))
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for prompt, output, logits in zip(prompts, outputs, per_prompt):
+        tokens, ref_logits = hf_greedy(reference, prompt, NEW_TOKENS)
+        assert output.outputs[0].token_ids == tokens
+        assert torch.stack(logits).shape == ref_logits.shape
+        torch.testing.assert_close(torch.stack(logits), ref_logits, atol=1e-4, rtol=0)
+
+
+def _logits_per_prompt(rows, count):
+    """All prompts prefill in the first step and then decode together, so each step has one row per prompt."""
+    assert all(r.shape[0] == count for r in rows)
+    return [[step[i] for step in rows] for i in range(count)]
+
+
+def test_sharded_checkpoint_with_index_loads_the_same_model(tmp_path):
+    """Shards listed by model.safetensors.index.json give the same greedy tokens as one file."""
+    from tests.checkpoints import build_model, randomize, write_tokenizer
+
+    model = build_model("qwen3.5").float().eval()
+    randomize(model, seed=3)
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    model.save_pretrained(single)
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    for path in (single, sharded):
+        write_tokenizer(str(path))
+    assert (sharded / "model.safetensors.index.json").exists() and not (sharded / "model.safetensors").exists()
+    prompts = [[random.randrange(300) for _ in range(12)]]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+    one = LLM(str(single), device="cpu").generate(prompts, params)[0].outputs[0]
+    many = LLM(str(sharded), device="cpu").generate(prompts, params)[0].outputs[0]
+    assert one.token_ids == many.token_ids
+    assert [next(iter(e.values())).logprob for e in one.logprobs] == [next(iter(e.values())).logprob for e in many.logprobs]

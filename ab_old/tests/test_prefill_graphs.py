@@ -1,0 +1,98 @@
+"""The layout of graph-replayed prefill passes, run eagerly on CPU: a pass padded with a padding
+sequence and padding captures (what the GPU replays as a graph) gives what the unpadded pass gives,
+and saves the same snapshots."""
+
+import random
+
+import pytest
+import torch
+
+from deltaserve import LLM, SamplingParams
+from deltaserve.runner.prefill_graphs import PrefillGraphs
+from deltaserve.runner.step_buffers import StepBuffers
+from tests.checkpoints import every_expert
+
+PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
+
+
+def _with_padded_prefill_passes(llm: LLM) -> list[tuple[int, bool, bool]]:
+    """Gives the engine prefill graphs that were never captured (so each pass runs its padded batch
+    eagerly); returns a list that records (row count, whether it restored a snapshot, whether it copied a
+    cached tail's KV block) of every such pass."""
+    loaded = llm.engine.loaded
+    runner = loaded.runner
+    buffers = StepBuffers(llm.engine.config.max_num_seqs, -(-loaded.max_model_len // llm.engine.config.block_size),
+                          runner.kv_pool, runner.state_pool, runner.device, max_prefill_rows=128)
+    graphs = PrefillGraphs(runner.model, buffers, runner.snapshots)
+    passes, run = [], graphs.run
+
+    def counted(host, captures, restore=None, kv_copy=None):
+        passes.append((len(host.input_ids), restore is not None, kv_copy is not None))
+        return run(host, captures, restore, kv_copy)
+
+    graphs.run = counted
+    runner.prefill_graphs = graphs
+    return passes
+
+
+def _generate(llm: LLM, prompt, points):
+    engine = llm.engine
+    request_id = f"r{random.random()}"
+    engine.add_request(request_id, prompt, PARAMS, capture_points=points)
+    while True:
+        for out in engine.step():
+            if out.finished:
+                return out
+
+
+def _logprobs(out):
+    return torch.tensor([entry[t].logprob for entry, t in zip(out.outputs[0].logprobs, out.outputs[0].token_ids)])
+
+
+def _snapshots(llm: LLM) -> dict:
+    pool = llm.engine.loaded.snapshots
+    return {name: (torch.stack([conv[slot] for conv in pool.conv.values()]),
+                   torch.stack([h[slot] for h in pool.h.values()]))
+            for name, slot in pool.index._slot_of.items()}
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3.5-moe"])
+def test_padded_prefill_passes_equal_unpadded_ones(arch, checkpoint_factory):
+    path = checkpoint_factory(arch, **every_expert(arch))  # the two agree to rounding only
+    plain, padded = (LLM(path, device="cpu", max_num_batched_tokens=256) for _ in range(2))
+    passes = _with_padded_prefill_passes(padded)
+    rng = random.Random()
+    length = rng.randint(150, 220)
+    length += (length + PARAMS.max_tokens - 1) % 16 == 0  # the first turn ends inside a block: a tail
+    history = [rng.randrange(300) for _ in range(length)]
+    message = [rng.randrange(300) for _ in range(rng.randint(20, 90))]
+    outs = {}
+    for name, llm in (("plain", plain), ("padded", padded)):
+        first = _generate(llm, history, [0, 40])  # cold: a long pass, then a short one (padded)
+        follow_up = history + first.outputs[0].token_ids + message
+        # warm: one short pass from the first turn's tail (padded, with captures), then again
+        outs[name] = (first, _generate(llm, follow_up, [0, len(history) + 6]), _generate(llm, follow_up, []))
+    assert passes and all(n <= 124 for n, _, _ in passes)
+    # the warm passes restore from the first turn's tail inside the padded pass, its KV block copied there
+    assert any(restored and copied for _, restored, copied in passes)
+    for plain_out, padded_out in zip(outs["plain"], outs["padded"]):
+        assert plain_out.outputs[0].token_ids == padded_out.outputs[0].token_ids
+        assert plain_out.num_cached_tokens == padded_out.num_cached_tokens
+        torch.testing.assert_close(_logprobs(padded_out), _logprobs(plain_out), rtol=0, atol=1e-4)
+    saved, padded_saved = _snapshots(plain), _snapshots(padded)
+    assert saved.keys() == padded_saved.keys()
+    for name, (conv, h) in saved.items():
+        torch.testing.assert_close(padded_saved[name][0], conv, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(padded_saved[name][1], h, rtol=1e-4, atol=1e-4)
+
+
+def test_a_pass_takes_the_smallest_rung_with_room_for_a_padding_row():
+    buffers = StepBuffers(4, 8, None, None, torch.device("cpu"), max_prefill_rows=64)
+    graphs = PrefillGraphs(None, buffers)
+    assert graphs.sizes == [16, 32, 48, 64]
+    assert graphs.rung(12, []) == 16  # unused captures name rows past the pass: they take no room
+    assert graphs.rung(15, [(1, 0), (2, 1), (3, 2), (4, 3)]) == 16  # one padding row
+    assert graphs.rung(16, []) == 32
+    assert graphs.rung(63, []) == 64 and graphs.rung(64, []) is None  # past the last rung: eager
+    assert graphs.rung(8, [(1, 0)] * 5) is None  # more captures than the graphs hold
+    assert graphs.rung(8, [(1, 0), (1, 1)]) is None  # one row captured twice

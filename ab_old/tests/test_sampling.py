@@ -1,0 +1,108 @@
+"""Sampling: seeds reproduce alone and in a batch; the masks and penalties mean what vLLM means."""
+
+import random
+
+import torch
+
+from deltaserve import LLM, SamplingParams
+from deltaserve.kernels.sampling.reference import apply_penalties, mask_logits
+
+
+def test_same_seed_same_text_alone_and_in_batch(checkpoint_factory):
+    llm = LLM(checkpoint_factory("qwen3.5"), device="cpu")
+    rng = random.Random()
+    prompts = [[rng.randrange(300) for _ in range(rng.randint(3, 40))] for _ in range(5)]
+    seed = rng.randrange(2**31)
+    seeded = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, seed=seed, ignore_eos=True)
+    unseeded = SamplingParams(max_tokens=16, temperature=1.0, ignore_eos=True)
+    alone = llm.generate([prompts[0]], seeded)[0].outputs[0]
+    mixed = llm.generate(prompts, [seeded] + [unseeded] * 4)[0].outputs[0]
+    again = llm.generate([prompts[0]], seeded)[0].outputs[0]
+    assert alone.token_ids == mixed.token_ids == again.token_ids
+    assert alone.text == mixed.text
+    other = llm.generate([prompts[0]], SamplingParams(max_tokens=16, temperature=1.0, seed=seed + 1,
+                                                      ignore_eos=True))[0].outputs[0]
+    assert other.token_ids != alone.token_ids  # 16 draws from a random model's vocabulary: equal by chance ~never
+
+
+def test_n_samples_differ_and_count(checkpoint_factory):
+    llm = LLM(checkpoint_factory("llama"), device="cpu")
+    out = llm.generate([[1, 2, 3]], SamplingParams(n=3, max_tokens=12, temperature=1.0, seed=7, ignore_eos=True))[0]
+    assert [o.index for o in out.outputs] == [0, 1, 2]
+    assert len({tuple(o.token_ids) for o in out.outputs}) > 1
+
+
+def test_top_k_one_is_greedy_and_logprobs_are_reported(checkpoint_factory):
+    llm = LLM(checkpoint_factory("llama"), device="cpu")
+    prompt = [random.randrange(300) for _ in range(10)]
+    greedy = llm.generate([prompt], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=3))[0]
+    topk = llm.generate([prompt], SamplingParams(max_tokens=10, temperature=1.5, top_k=1, ignore_eos=True))[0]
+    assert greedy.outputs[0].token_ids == topk.outputs[0].token_ids
+    for token, entry in zip(greedy.outputs[0].token_ids, greedy.outputs[0].logprobs):
+        assert entry[token].rank == 1 and len(entry) == 3
+        assert max(e.logprob for e in entry.values()) == entry[token].logprob
+
+
+def test_mask_logits_matches_a_direct_definition():
+    logits = torch.randn(4, 50)
+    top_k = torch.tensor([0, 5, 0, 3])
+    top_p = torch.tensor([1.0, 1.0, 0.6, 0.9])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.2])
+    masked = mask_logits(logits, top_k, top_p, min_p)
+    for row in range(4):
+        keep = _direct_keep(logits[row], int(top_k[row]), float(top_p[row]), float(min_p[row]))
+        assert torch.equal(torch.isfinite(masked[row]), keep)
+
+
+def _direct_keep(row, k, p, min_p):
+    order = row.argsort(descending=True).tolist()
+    kept = order[:k] if k > 0 else order
+    probs = torch.softmax(row[kept], 0)
+    cumulative, chosen = 0.0, []
+    for token, prob in zip(kept, probs.tolist()):
+        if cumulative >= p and chosen:
+            break
+        chosen.append((token, prob))
+        cumulative += prob
+    best = chosen[0][1]
+    keep = torch.zeros_like(row, dtype=torch.bool)
+    for token, prob in chosen:
+        keep[token] = prob >= min_p * best
+    return keep
+
+
+def test_penalties_follow_vllm_definitions():
+    logits = torch.randn(2, 10)
+    prompt_mask = torch.zeros(2, 10, dtype=torch.bool)
+    prompt_mask[0, 1] = True
+    counts = torch.zeros(2, 10)
+    counts[0, 2] = 3
+    counts[1, 4] = 1
+    out = apply_penalties(logits, prompt_mask, counts, torch.tensor([2.0, 1.0]), torch.tensor([0.5, 0.0]),
+                          torch.tensor([0.0, 1.0]))
+    rep = lambda x: x / 2 if x > 0 else x * 2  # noqa: E731
+    assert torch.isclose(out[0, 1], torch.tensor(rep(logits[0, 1].item())))
+    assert torch.isclose(out[0, 2], torch.tensor(rep(logits[0, 2].item()) - 1.5))
+    assert torch.isclose(out[1, 4], logits[1, 4] - 1.0)
+    untouched = [i for i in range(10) if i not in (1, 2)]
+    assert torch.equal(out[0, untouched], logits[0, untouched])
+
+
+def test_prompt_logprobs_match_transformers(checkpoint_factory):
+    """Each prompt token's logprob under the model, as transformers computes it, also across chunks."""
+    import transformers
+
+    path = checkpoint_factory("qwen3.5")
+    prompt = [random.randrange(300) for _ in range(30)]
+    llm = LLM(path, device="cpu", max_num_batched_tokens=11)  # the prompt spans three chunks
+    out = llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2))[0]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = torch.log_softmax(reference(torch.tensor([prompt])).logits[0].float(), -1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for position in range(1, len(prompt)):
+        entry = out.prompt_logprobs[position]
+        token = prompt[position]
+        assert abs(entry[token].logprob - expected[position - 1, token].item()) < 1e-4
+        assert entry[token].rank == int((expected[position - 1] > expected[position - 1, token]).sum()) + 1
+        assert len([t for t, e in entry.items() if e.rank <= 2]) >= 2

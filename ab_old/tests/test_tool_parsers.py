@@ -1,0 +1,205 @@
+"""Tool-call and reasoning parsers on model outputs, whole and streamed in chunks cut anywhere."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
+from deltaserve.server.reasoning import ReasoningSplitter, prompt_opens_reasoning
+from deltaserve.server.tool_parsers import ToolCallParser, parse_tool_call_body
+from deltaserve.server.tool_parsers.tags import held_suffix_len
+
+WEATHER_SCHEMA = {
+    "get_weather": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "metric": {"type": "boolean"},
+            "zip": {"type": "string"},
+            "options": {"type": "object"},
+        },
+    },
+    "get_time": {"type": "object", "properties": {"tz": {"type": "string"}}},
+}
+
+# What Qwen3 writes: text, then one JSON object per <tool_call> block.
+QWEN3_OUTPUT = (
+    "I'll look that up for you.\n"
+    "<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "options": {"units": "°C"}}}\n'
+    "</tool_call>\n"
+    "<tool_call>\n"
+    '{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n'
+    "</tool_call>"
+)
+
+# What Qwen3.5 / Qwen3-Next write: reasoning, then the XML form.
+QWEN35_OUTPUT = (
+    "<think>\nThe user wants the weather in Paris; get_weather takes a city and a day count.\n</think>\n\n"
+    "<tool_call>\n"
+    "<function=get_weather>\n"
+    "<parameter=city>\nSaint-Étienne < Lyon\n</parameter>\n"
+    "<parameter=days>\n3\n</parameter>\n"
+    "<parameter=metric>\ntrue\n</parameter>\n"
+    "<parameter=zip>\n01234\n</parameter>\n"
+    '<parameter=options>\n{"units": "metric"}\n</parameter>\n'
+    "</function>\n"
+    "</tool_call>"
+)
+
+
+def _collect(parser, chunks):
+    out = ChoiceDelta()
+    for chunk in chunks:
+        out.extend(parser.feed(chunk))
+    out.extend(parser.finish())
+    return out
+
+
+def _chunkings(text: str, seed: int = 0):
+    """Whole, one character at a time, every single cut, and random cuts."""
+    yield [text]
+    yield list(text)
+    for cut in range(1, len(text)):
+        yield [text[:cut], text[cut:]]
+    rng = random.Random(seed)
+    for _ in range(50):
+        cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(2, 12))))
+        bounds = [0, *cuts, len(text)]
+        yield [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def test_held_suffix_len():
+    assert held_suffix_len("abc<tool_", "<tool_call>") == 6
+    assert held_suffix_len("abc<", "<tool_call>") == 1
+    assert held_suffix_len("abc", "<tool_call>") == 0
+    assert held_suffix_len("<tool_call>", "<tool_call>") == 0  # a whole tag is not held, it is found
+
+
+def test_qwen3_json_calls_in_every_chunking():
+    for chunks in _chunkings(QWEN3_OUTPUT):
+        got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), chunks)
+        assert got.content == "I'll look that up for you.\n", chunks
+        assert got.reasoning == ""
+        assert [c.name for c in got.tool_calls] == ["get_weather", "get_time"]
+        assert json.loads(got.tool_calls[0].arguments) == {"city": "Paris", "days": 3, "options": {"units": "°C"}}
+        assert json.loads(got.tool_calls[1].arguments) == {"tz": "Europe/Paris"}
+
+
+def test_qwen35_xml_call_with_reasoning_in_every_chunking():
+    for chunks in _chunkings(QWEN35_OUTPUT, seed=1):
+        got = _collect(ChoiceParser(reasoning=True, tool_schemas=WEATHER_SCHEMA), chunks)
+        assert got.reasoning == "\nThe user wants the weather in Paris; get_weather takes a city and a day count.\n"
+        assert got.content == ""
+        assert len(got.tool_calls) == 1
+        call = got.tool_calls[0]
+        assert call.name == "get_weather"
+        assert json.loads(call.arguments) == {
+            "city": "Saint-Étienne < Lyon",  # a string stays as written, '<' included
+            "days": 3,
+            "metric": True,
+            "zip": "01234",  # typed string by the schema: not read as a number
+            "options": {"units": "metric"},
+        }
+
+
+def test_calls_are_emitted_as_soon_as_they_close():
+    parser = ToolCallParser(WEATHER_SCHEMA)
+    first_close = QWEN3_OUTPUT.index("</tool_call>") + len("</tool_call>")
+    delta = parser.feed(QWEN3_OUTPUT[:first_close])
+    assert delta.text == "I'll look that up for you.\n"
+    assert [c.name for c in delta.tool_calls] == ["get_weather"]
+    rest = parser.feed(QWEN3_OUTPUT[first_close:])
+    assert [c.name for c in rest.tool_calls] == ["get_time"]
+    assert rest.text == ""  # the newline between calls is layout, not content
+
+
+def test_text_without_calls_passes_through_and_lookalikes_survive():
+    text = "Use <b>bold</b> or a <tool> tag; 3 < 4 and <tool_calls> is not ours."
+    for chunks in _chunkings(text):
+        got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), chunks)
+        assert got.content == text
+        assert got.tool_calls == []
+
+
+def test_malformed_call_is_returned_as_text():
+    text = 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": </tool_call> done'
+    for chunks in _chunkings(text):
+        got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), chunks)
+        assert got.content == text
+        assert got.tool_calls == []
+
+
+def test_unclosed_call_at_the_end():
+    complete = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n'
+    got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), [complete])
+    assert [c.name for c in got.tool_calls] == ["get_time"]  # cut off by max_tokens after a full body
+    cut = '<tool_call>\n{"name": "get_time", "argu'
+    got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), [cut])
+    assert got.tool_calls == [] and got.content == cut
+
+
+def test_xml_without_schema_reads_json_values_and_missing_close_tags():
+    body = "\n<function=set_volume>\n<parameter=level>\n7\n<parameter=label>\nloud music\n</function>\n"
+    call = parse_tool_call_body(body)
+    assert call.name == "set_volume"
+    assert json.loads(call.arguments) == {"level": 7, "label": "loud music"}
+
+
+def test_json_call_with_string_arguments_and_parameters_key():
+    call = parse_tool_call_body('{"name": "f", "arguments": "{\\"x\\": 1}"}')
+    assert json.loads(call.arguments) == {"x": 1}
+    call = parse_tool_call_body('{"name": "g", "parameters": {"y": [1, 2]}}')
+    assert json.loads(call.arguments) == {"y": [1, 2]}
+    assert parse_tool_call_body('["not", "a", "call"]') is None
+
+
+def test_tool_calls_not_parsed_without_tools():
+    got = _collect(ChoiceParser(tool_schemas=None), [QWEN3_OUTPUT])
+    assert got.content == QWEN3_OUTPUT and got.tool_calls == []
+
+
+REASONING_OUTPUT = "<think>\nFirst, 2+2.\nThat is 4.\n</think>\n\nThe answer is 4."
+
+
+@pytest.mark.parametrize("start_in_reasoning", [False, True])
+def test_reasoning_split_in_every_chunking(start_in_reasoning):
+    text = REASONING_OUTPUT
+    if start_in_reasoning:  # the template opened the block in the prompt
+        text = text[len("<think>"):]
+    for chunks in _chunkings(text, seed=2):
+        splitter = ReasoningSplitter(start_in_reasoning)
+        reasoning = content = ""
+        for chunk in chunks:
+            d = splitter.feed(chunk)
+            reasoning += d.reasoning
+            content += d.content
+        d = splitter.finish()
+        reasoning += d.reasoning
+        content += d.content
+        assert reasoning == "\nFirst, 2+2.\nThat is 4.\n", chunks
+        assert content == "The answer is 4."
+
+
+def test_reasoning_not_opened_means_plain_content():
+    for chunks in _chunkings("  The <think> tag mid-text is content."):
+        splitter = ReasoningSplitter(False)
+        content = "".join(splitter.feed(c).content for c in chunks) + splitter.finish().content
+        assert content == "  The <think> tag mid-text is content."
+
+
+def test_unfinished_reasoning_stays_reasoning():
+    splitter = ReasoningSplitter(False)
+    d = splitter.feed("<think>still thinking</thi")
+    assert d.reasoning == "still thinking" and d.content == ""
+    assert splitter.finish().reasoning == "</thi"
+
+
+def test_prompt_opens_reasoning():
+    assert prompt_opens_reasoning("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not prompt_opens_reasoning("<|im_start|>assistant\n")
