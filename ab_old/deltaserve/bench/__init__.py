@@ -1,1 +1,0 @@
-"""Benchmark clients (`deltaserve bench serve`)."""

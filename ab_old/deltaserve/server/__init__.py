@@ -1,1 +1,0 @@
-"""The OpenAI- and Anthropic-compatible HTTP server (see app.build_app and launcher.serve)."""
