@@ -756,8 +756,8 @@ def moe_align(tokens: int):
         res["variants"] = []
         for block, warps in ((32, 4), (64, 4), (128, 4), (64, 8), (32, 2)):
             run = lambda: experts_mod._count_and_rank(flat, EXPERTS + 1, 16, block, warps)  # noqa: E731
-            cfg = {"rank_block": block, "num_warps": warps,
-                   "same_as_counting_sort": all(torch.equal(x, y) for x, y in zip(run(), (order, offsets, block_start)))}
+            same = all(torch.equal(x, y) for x, y in zip(run(), (order, offsets, block_start)))
+            cfg = {"rank_block": block, "num_warps": warps, "same_as_counting_sort": same}
             if not SMOKE:
                 cfg["kernel_us"] = round(time_graph_us(run), 2)
             res["variants"].append(cfg)

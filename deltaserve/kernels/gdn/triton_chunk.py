@@ -275,17 +275,17 @@ def _chunk_state_kernel(
     if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
         for row0 in range(start, end, CHUNK):
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
-                stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
-                PRECISION)
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0, end,
+                head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
+                stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
             chunk += 1
     else:  # the interpreter cannot take loaded bounds in range()
         row0 = start
         while row0 < end:
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
-                stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
-                PRECISION)
+                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0, end,
+                head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
+                stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
             chunk += 1
             row0 += CHUNK
     tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & has_slot)

@@ -192,9 +192,9 @@ def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]
 # of the pairs before its own (where its pairs go in their runs). For 864 pairs over 257 experts it took
 # 7.1 us on the H200 against 38.4 for torch's radix sort and the binary-search align kernel behind it
 # (benchmarks/results/kernels_check_moe_align.json): a millisecond over the 40 layers of a short prefill
-# pass. Larger batches take torch's sort. Ranking 32 pairs a program took 720 pairs (an 80-row graph pass)
-# 6.1 us against 7.3 at 64 and 9.2 at 128; one program sorting every pair in registers (tl.sort) took 8.2
-# (H200, kernels_check_short_pass_tiles.json, moe_align_T80).
+# pass. Larger batches take torch's sort. With 32 pairs ranked per program, the 720 pairs of an 80-row graph
+# pass took 6.1 us against 7.3 at 64 and 9.2 at 128; one program sorting every pair in registers (tl.sort)
+# took 8.2 (H200, kernels_check_short_pass_tiles.json, moe_align_T80).
 COUNTING_SORT_MAX_PAIRS = 4096
 RANK_BLOCK = 32
 COMBINE_BLOCK = 1024
