@@ -51,11 +51,7 @@ class StepLog:
         return steps
 
 
-KERNEL_ROWS = 18  # rows of each kernel table (--rows)
-
-
-def kernel_table(fn, rows: int | None = None) -> list[dict]:
-    rows = rows or KERNEL_ROWS
+def kernel_table(fn, rows: int = 18) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -73,7 +69,7 @@ def kernel_table(fn, rows: int | None = None) -> list[dict]:
              "ms": round(total / 1e3, 3)}] + table + host_table
 
 
-def follow_up(engine: LLMEngine, log: StepLog, tokens, history_len: int) -> dict:
+def follow_up(engine: LLMEngine, log: StepLog, tokens, history_len: int, rows: int) -> dict:
     history = tokens(history_len)
     _, (turn1,) = prefill(engine, [history], 64)
     follow = history + turn1.outputs[0].token_ids + tokens(64)
@@ -87,9 +83,9 @@ def follow_up(engine: LLMEngine, log: StepLog, tokens, history_len: int) -> dict
     # The same two turns under the profiler (the cache now holds the cold run's blocks and snapshots).
     engine.reset_prefix_cache()
     _, (turn1,) = prefill(engine, [history], 64)
-    out["warm_kernels"] = kernel_table(lambda: prefill(engine, [follow]))
+    out["warm_kernels"] = kernel_table(lambda: prefill(engine, [follow]), rows)
     engine.reset_prefix_cache()
-    out["cold_kernels"] = kernel_table(lambda: prefill(engine, [follow]))
+    out["cold_kernels"] = kernel_table(lambda: prefill(engine, [follow]), rows)
     log.take()
     return out
 
@@ -201,8 +197,6 @@ def main() -> None:
     ap.add_argument("--no-prefix", action="store_true")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    global KERNEL_ROWS
-    KERNEL_ROWS = args.rows
     engine = dummy_engine(args.shape, max_num_seqs=128, max_model_len=16384, max_num_batched_tokens=8192)
     tokens = random_tokens(engine.model_config.vocab_size)
     result = {**results_io.header(), "shape": args.shape}
@@ -214,7 +208,7 @@ def main() -> None:
         result["warm_timelines"] = [warm_timeline(engine, tokens, args.history) for _ in range(3)]
         for line in result["warm_timelines"]:
             print(line, flush=True)
-        result["follow_up"] = follow_up(engine, log, tokens, args.history)
+        result["follow_up"] = follow_up(engine, log, tokens, args.history, args.rows)
         print({k: v for k, v in result["follow_up"].items() if "kernels" not in k}, flush=True)
         for key in ("warm_kernels", "cold_kernels"):
             print(key)

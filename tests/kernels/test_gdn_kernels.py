@@ -1,9 +1,12 @@
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.kernels.gdn import reference
 from deltaserve.kernels.gdn.fla_chunk import split_at_captures
-from deltaserve.kernels.capture_rows import capture_tables
+from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
 from deltaserve.kernels.gdn.triton_chunk import CHUNK, chunk_gdn
 from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
 from tests.kernels.conftest import assert_close
@@ -173,11 +176,20 @@ def test_chunk_prefill_state_tiles_and_warps():
     _check_chunk([67, 20], 2, 4, 16, 48, [1, 0], [(30, 0), (70, 1)], block_v=16, num_warps=2)
 
 
-def test_capture_tables_sort_rows_and_find_each_sequences_first_capture():
-    rows, snaps, first, repeats = capture_tables([(9, 4), (2, 1), (9, 5), (0, 2)], torch.tensor([0, 1, 5, 12]))
+@triton.jit
+def _first_captures_kernel(cap_rows, num_caps, query_start_loc, first, BLOCK_CAPS: tl.constexpr):
+    seq = tl.program_id(0)
+    tl.store(first + seq, captures_before(cap_rows, num_caps, tl.load(query_start_loc + seq), BLOCK_CAPS))
+
+
+def test_capture_table_sorts_rows_and_the_kernels_find_each_sequences_first_capture():
+    rows, snaps, repeats = CaptureRows([(9, 4), (2, 1), (9, 5), (0, 2)]).distinct_rows(torch.device("cpu"))
     assert rows.tolist() == [0, 2, 9] and snaps.tolist() == [2, 1, 4]
-    assert first.tolist() == [0, 1, 2]
     assert repeats == [(5, 4)]
+    starts = torch.tensor([0, 1, 5, 12], dtype=torch.int32)
+    first = torch.full((3,), -1, dtype=torch.int32)
+    _first_captures_kernel[(3,)](rows, rows.shape[0], starts, first, BLOCK_CAPS=block_caps(rows.shape[0]))
+    assert first.tolist() == [0, 1, 2]
     assert CHUNK == 64
 
 

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.capture_rows import as_capture_rows
+from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
 
 CHUNK = 64
 OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_output)
@@ -74,14 +75,6 @@ def _first_chunk(seq, query_start_loc, CHUNK: tl.constexpr, BLOCK_B: tl.constexp
     """The global index of sequence `seq`'s first chunk (the chunks of the sequences before it)."""
     lanes = tl.arange(0, BLOCK_B)
     return tl.sum(_chunk_counts(query_start_loc, lanes, lanes < seq, CHUNK)[2], 0)
-
-
-@triton.jit
-def _captures_before(cap_rows, num_caps, row, BLOCK_CAPS: tl.constexpr):
-    """How many of the distinct, sorted capture rows come before `row`: the index of the first capture
-    at or after it."""
-    c = tl.arange(0, BLOCK_CAPS)
-    return tl.sum((tl.load(cap_rows + c, mask=c < num_caps, other=2147483647) < row).to(tl.int32), 0)
 
 
 @triton.jit
@@ -271,7 +264,7 @@ def _chunk_state_kernel(
 
     cap_i = start * 0  # int32 index of the next capture, carried through the chunk loop
     if HAS_CAPTURES:
-        cap_i = _captures_before(cap_rows, num_caps, start, BLOCK_CAPS)  # the first at or after its first row
+        cap_i = captures_before(cap_rows, num_caps, start, BLOCK_CAPS)  # the first at or after its first row
     if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
         for row0 in range(start, end, CHUNK):
             state, cap_i = _chunk_step(
@@ -311,7 +304,7 @@ def _chunk_snapshot_kernel(
     if r < tl.load(query_start_loc + num_seqs):  # rows past the batch (a graph's spare entries): none
         key_head = head // (HV // HK)
         row0 = seq_start + (r - seq_start) // CHUNK * CHUNK
-        record = _captures_before(cap_rows, num_caps, row0, BLOCK_CAPS)
+        record = captures_before(cap_rows, num_caps, row0, BLOCK_CAPS)
         last = r - row0
         rows = tl.arange(0, CHUNK)
         live = rows <= last
@@ -434,20 +427,19 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     cap_rows = cap_snaps = cap_state = state_slots  # unused placeholders
     if has_captures:
         assert h_snapshots.is_contiguous()
-        # No launch besides the kernels' own: each finds a capture's chunk from the tables itself (a
-        # search and two fills per layer were 4 us of a short pass's ~45 per GDN layer on the H200).
+        # No launch besides the kernels' own: each finds a capture's chunk from the table itself (a
+        # search, a copy and two fills per layer were 4 us of a short pass's ~45 per GDN layer on the H200).
         cap_rows, cap_snaps, repeats = as_capture_rows(capture_rows).distinct_rows(dev)
         num_caps = cap_rows.shape[0]
         cap_state = torch.empty((num_caps, hv, dk, dv), dtype=torch.float32, device=dev)
     split = bool(split_output)
     block_b = max(16, triton.next_power_of_2(seqs))
-    block_caps = max(16, triton.next_power_of_2(num_caps))
     chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=torch.float32, device=dev) if split else w_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
         q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
         o, chunk_states, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=block_caps,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=block_caps(num_caps),
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
         num_warps=num_warps or 4, num_stages=num_stages or 2,
     )
@@ -463,7 +455,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
             k, w_buf, u_buf, g_buf, query_start_loc, seqs, cap_rows, cap_snaps, cap_state, num_caps, h_snapshots,
             k.stride(0), k.stride(1), h_snapshots.stride(0),
-            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=block_caps,
+            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=block_caps(num_caps),
             U_IS_V_NEW=split, PRECISION=precision,
             num_warps=4,
         )

@@ -47,13 +47,11 @@ class Attention(nn.Module):
             q, k = kernels.apply_rotary(q, k, batch.positions, cos_sin_cache)
             kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
             out = kernels.causal_attention_fresh(q, k, v, batch.fresh_query_start_loc, self.scale)
+            if gate is not None:
+                out = out * torch.sigmoid(gate)
         else:
             q = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache,
                                         batch.slot_mapping, self.q_norm, self.k_norm, self.norm_eps, self.norm_offset)
             out = kernels.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
-                                          batch.block_tables, self.scale, gate)
-            gate = None  # applied in the attention's last store
-        out = out.reshape(tokens, -1)
-        if gate is not None:
-            out = out * torch.sigmoid(gate.reshape(tokens, -1))
-        return kernels.linear(out, self.o_proj, self.o_bias)
+                                          batch.block_tables, self.scale, gate)  # the gate in its last store
+        return kernels.linear(out.reshape(tokens, -1), self.o_proj, self.o_bias)
