@@ -73,3 +73,14 @@ class GraphCaptureRows(CaptureRows):
 
     def _on(self, device: torch.device) -> tuple[torch.Tensor, int]:
         return self.table, self.table.shape[1]
+
+
+def capture_tables(capture_rows, query_start_loc: torch.Tensor):
+    """What the GDN kernels read: (rows, snapshot slots) over the distinct captured rows, sorted; the
+    index of each sequence's first capture; and the (slot, copy-from slot) pairs of rows captured more
+    than once (copied after the kernel). The search runs at every call, once per GDN layer: a graph
+    replays it against the capture table of each replay, which a result kept from an earlier call
+    would not see."""
+    rows_t, snaps_t, repeats = as_capture_rows(capture_rows).distinct_rows(query_start_loc.device)
+    first = torch.searchsorted(rows_t, query_start_loc[:-1].to(torch.int32), out_int32=True)
+    return rows_t, snaps_t, first, repeats

@@ -146,11 +146,11 @@ def cases():
 
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
 
-    recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps")}
+    recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first")}
     for varlen, bv, warps in ((False, 32, 4), (True, 16, 1)):
         yield (f"gdn_recurrent{'_varlen' if varlen else ''}", recurrent._gdn_recurrent_kernel,
                dict(inputs, **recurrent_ints), dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen,
-                                                    HAS_CAPTURES=varlen, BLOCK_CAPS=16), warps, 2)
+                                                    HAS_CAPTURES=varlen), warps, 2)
 
     from deltaserve.kernels.gdn import triton_decode_fused as decode
 

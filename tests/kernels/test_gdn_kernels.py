@@ -3,7 +3,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.capture_rows import CaptureRows
+from deltaserve.kernels.capture_rows import capture_tables
 from deltaserve.kernels.gdn import reference
 from deltaserve.kernels.gdn.fla_chunk import split_at_captures
 from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
@@ -176,21 +176,26 @@ def test_chunk_prefill_state_tiles_and_warps():
     _check_chunk([67, 20], 2, 4, 16, 48, [1, 0], [(30, 0), (70, 1)], block_v=16, num_warps=2)
 
 
+def test_capture_tables_sort_rows_and_find_each_sequences_first_capture():
+    rows, snaps, first, repeats = capture_tables([(9, 4), (2, 1), (9, 5), (0, 2)], torch.tensor([0, 1, 5, 12]))
+    assert rows.tolist() == [0, 2, 9] and snaps.tolist() == [2, 1, 4]
+    assert first.tolist() == [0, 1, 2]
+    assert repeats == [(5, 4)]
+    assert CHUNK == 64
+
+
 @triton.jit
 def _first_captures_kernel(cap_rows, num_caps, query_start_loc, first, BLOCK_CAPS: tl.constexpr):
     seq = tl.program_id(0)
     tl.store(first + seq, captures_before(cap_rows, num_caps, tl.load(query_start_loc + seq), BLOCK_CAPS))
 
 
-def test_capture_table_sorts_rows_and_the_kernels_find_each_sequences_first_capture():
-    rows, snaps, repeats = CaptureRows([(9, 4), (2, 1), (9, 5), (0, 2)]).distinct_rows(torch.device("cpu"))
-    assert rows.tolist() == [0, 2, 9] and snaps.tolist() == [2, 1, 4]
-    assert repeats == [(5, 4)]
+def test_the_chunk_kernels_search_of_the_table_finds_what_capture_tables_builds():
     starts = torch.tensor([0, 1, 5, 12], dtype=torch.int32)
-    first = torch.full((3,), -1, dtype=torch.int32)
-    _first_captures_kernel[(3,)](rows, rows.shape[0], starts, first, BLOCK_CAPS=block_caps(rows.shape[0]))
-    assert first.tolist() == [0, 1, 2]
-    assert CHUNK == 64
+    rows, _, first, _ = capture_tables([(9, 4), (2, 1), (9, 5), (0, 2)], starts)
+    found = torch.full((3,), -1, dtype=torch.int32)
+    _first_captures_kernel[(3,)](rows, rows.shape[0], starts, found, BLOCK_CAPS=block_caps(rows.shape[0]))
+    assert found.tolist() == first.tolist() == [0, 1, 2]
 
 
 def test_split_at_captures_cuts_after_each_capture_row():

@@ -4,10 +4,9 @@ sequence) and a ragged-batch form of the same loop for short prefill passes.
 One program per (sequence, value head, tile of Dv columns) loads its fp32 state tile [Dk, BV] from
 `h_pool[slot]` once, runs the sequence's tokens through it (gating from the raw a/b, L2 norm of q/k
 and the grouped key head all computed in the loop), and writes the tile back in place. A ragged batch
-may name capture rows (the distinct sorted rows of `capture_rows.CaptureRows`, as the chunk kernels
-read them): the state after such a row is also stored into its snapshot slot. The loop carries the
-index of the sequence's next capture, found in the table at its first row, so a capture costs a masked
-store and no per-row table.
+may name capture rows (the tables of `capture_rows.capture_tables`, as the chunk kernels read them):
+the state after such a row is also stored into its snapshot slot. The loop carries the index of the
+sequence's next capture, so a capture costs a masked store and no per-row table.
 
 The ragged loop loads row t + 1 before row t updates the state: the loads do not depend on the state,
 and waiting on each row's loads in turn cost about 1.2 us per token on the H200.
@@ -17,8 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.capture_rows import as_capture_rows
-from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
+from deltaserve.kernels.capture_rows import capture_tables
 
 
 @triton.jit
@@ -69,13 +67,12 @@ def _capture(state, t, cap_rows, cap_snaps, cap_i, num_caps, h_snapshots, stride
 
 @triton.jit
 def _gdn_recurrent_kernel(
-    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, cap_rows, cap_snaps,
+    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, cap_rows, cap_snaps, cap_first,
     h_snapshots, o, num_caps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
     stride_h_slot, stride_snap_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
-    BLOCK_CAPS: tl.constexpr,
 ):
     seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (HV // HK)
@@ -97,7 +94,7 @@ def _gdn_recurrent_kernel(
         end = tl.load(query_start_loc + seq + 1)
         cap_i = start * 0  # int32 index of the sequence's next capture
         if HAS_CAPTURES:
-            cap_i = captures_before(cap_rows, num_caps, start, BLOCK_CAPS)
+            cap_i = tl.load(cap_first + seq)
         # Row t + 1 is loaded before row t updates the state, so the loads' latency hides behind it.
         qt, kt, vt, at, bt = _load_row(q, k, v, a, b, start.to(tl.int64), start < end, head, key_head, offs_k,
                                        offs_v, mask_k, mask_v, stride_q_t, stride_q_h, stride_k_t, stride_k_h,
@@ -163,20 +160,20 @@ def gdn_recurrent(
         num_warps = 1 if varlen else 4 if block_v * block_k >= 4096 else 2
     has_captures = varlen and h_snapshots is not None and bool(capture_rows)
     num_caps, repeats = 0, []
-    cap_rows = cap_snaps = state_slots  # unused placeholders
+    cap_rows = cap_snaps = cap_first = state_slots  # unused placeholders
     if has_captures:
         assert h_snapshots.is_contiguous()
-        cap_rows, cap_snaps, repeats = as_capture_rows(capture_rows).distinct_rows(q.device)
+        cap_rows, cap_snaps, cap_first, repeats = capture_tables(capture_rows, query_start_loc)
         num_caps = cap_rows.shape[0]
     grid = (seqs, hv, triton.cdiv(dv, block_v))
     _gdn_recurrent_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
-        query_start_loc if query_start_loc is not None else state_slots, cap_rows, cap_snaps,
+        query_start_loc if query_start_loc is not None else state_slots, cap_rows, cap_snaps, cap_first,
         h_snapshots if has_captures else h_pool, o, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, BLOCK_CAPS=block_caps(num_caps),
+        IS_VARLEN=varlen, HAS_CAPTURES=has_captures,
         num_warps=num_warps, num_stages=num_stages or 2,
     )
     for slot, source in repeats:
