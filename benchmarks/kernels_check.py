@@ -343,8 +343,9 @@ def moe_inputs(tokens: int):
     return x, w13, w2, weights, ids, floor_us
 
 
-def moe_sweep(tokens: int, path: str, configs):
-    """Tile configs of one MoE path: error and time of each, against the weight-read floor."""
+def moe_sweep(tokens: int, path: str, configs, partial: bool = False):
+    """Tile configs of one MoE path: error and time of each, against the weight-read floor. partial:
+    the direct path's PartialSums (checked as their total; the add-norm that sums them is not timed)."""
     from deltaserve.kernels.moe.triton_moe_experts import moe_experts
 
     def body():
@@ -354,8 +355,9 @@ def moe_sweep(tokens: int, path: str, configs):
         for tiles in configs[:2] if SMOKE else configs:
             cfg = {"tiles": tiles}
             try:
-                fn = lambda: moe_experts(x, w13, w2, weights, ids, tiles=tiles, path=path)  # noqa: E731
-                cfg["rel_err"] = rel_err(fn(), expected)
+                fn = lambda: moe_experts(x, w13, w2, weights, ids, tiles=tiles, path=path, partial=partial)  # noqa: E731
+                out = fn()
+                cfg["rel_err"] = rel_err(out.total() if partial else out, expected)
                 if not SMOKE:
                     cfg["kernel_us"] = round(time_graph_us(fn), 2)
                     cfg["floor_ratio"] = round(cfg["kernel_us"] / floor_us, 2)
@@ -373,6 +375,13 @@ MOE_DIRECT_TILES = [(16, 256, 4, 3, 8, 512, 4, 2, 2), (16, 256, 4, 1, 8, 512, 4,
                     (16, 128, 4, 4, 8, 256, 4, 4, 2), (8, 512, 4, 3, 8, 512, 4, 1, 3), (8, 256, 4, 3, 8, 256, 4, 4, 2),
                     (16, 512, 8, 2, 16, 512, 8, 2, 2), (32, 128, 4, 3, 16, 128, 4, 2, 2), (8, 128, 2, 4, 4, 512, 2, 2, 2),
                     (16, 256, 4, 3, 16, 256, 4, 4, 2)]
+# With PartialSums: the default tiles with 1-9 groups of choices, other unroll steps and down tiles.
+MOE_DIRECT_PARTIAL_TILES = [(16, 256, 4, 3, 8, 512, 4, 2, 2, 3), (16, 256, 4, 3, 8, 512, 4, 2, 2, 1),
+                            (16, 256, 4, 3, 8, 512, 4, 1, 2, 9), (16, 256, 4, 3, 8, 512, 4, 3, 1, 3),
+                            (16, 256, 4, 3, 8, 512, 4, 2, 2, 5), (16, 256, 4, 3, 16, 512, 4, 3, 1, 3),
+                            (16, 256, 4, 3, 16, 256, 4, 3, 2, 3), (16, 256, 4, 3, 8, 256, 2, 3, 2, 3),
+                            (8, 256, 4, 3, 8, 512, 4, 3, 1, 3), (16, 128, 4, 4, 8, 512, 4, 3, 1, 3),
+                            (8, 512, 4, 2, 8, 512, 4, 3, 1, 3)]
 # triton_moe_experts.SortedTiles: (gate/up BLOCK_N, BLOCK_K, down BLOCK_N, BLOCK_K, BLOCK_M, warps, stages); a
 # shorter tuple keeps the defaults of the size for the rest.
 MOE_SORTED_TILES = [(16, 128, 32, 128), (32, 128, 64, 128), (16, 64, 32, 64), (32, 64, 32, 128), (64, 64, 64, 64)]
@@ -900,6 +909,8 @@ def main():
         run_case(report, f"moe_shared_T{tokens}", moe_shared(tokens))
     for tokens in (1, 8, 32):
         run_case(report, f"moe_direct_tiles_T{tokens}", moe_sweep(tokens, "direct", MOE_DIRECT_TILES))
+    for tokens in (1, 8, 16, 24):  # a shared expert's graph rungs: 9 choices, the direct path
+        run_case(report, f"moe_direct_partial_T{tokens}", moe_sweep(tokens, "direct", MOE_DIRECT_PARTIAL_TILES, True))
     for tokens in (64, 128):
         run_case(report, f"moe_sorted_tiles_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_TILES))
     for tokens in (8, 16) if SMOKE else (64, 2048, 8192):

@@ -18,6 +18,7 @@ from deltaserve.kernels.gdn import reference as _gdn
 from deltaserve.kernels.linear import reference as _linear
 from deltaserve.kernels.moe import reference as _moe
 from deltaserve.kernels.norm import reference as _norm
+from deltaserve.kernels.partial_sums import PartialSums, total
 from deltaserve.kernels.rotary import reference as _rotary
 from deltaserve.kernels.sampling import reference as _sampling
 from deltaserve.kernels.slot_copy import reference as _slot_copy
@@ -33,6 +34,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _linear.linear(x, weight, bias)
 
 
+def linear_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                   ) -> torch.Tensor | PartialSums:
+    """linear() for a consumer that takes PartialSums (add_rms_norm, moe_route): a few rows against a
+    weight too short to keep the GPU reading come back split along K, the sum left to the consumer."""
+    if bias is None and use_triton(x) and x.dim() == 2:
+        from deltaserve.kernels.linear import triton_skinny_gemm as skinny
+        if x.shape[0] <= skinny.MAX_ROWS and skinny.k_splits(*weight.shape) > 1:
+            return skinny.skinny_gemm_parts(x, weight)
+    return linear(x, weight, bias)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
     if use_triton(x):
         from deltaserve.kernels.norm.triton_rms_norm import rms_norm as kernel
@@ -40,12 +52,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     return _norm.rms_norm(x, weight, eps, offset)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+def add_rms_norm(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    if use_triton(x):
+    if use_triton(residual):
         from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm as kernel
         return kernel(x, residual, weight, eps, offset)
-    return _norm.add_rms_norm(x, residual, weight, eps, offset)
+    return _norm.add_rms_norm(total(x), residual, weight, eps, offset)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -159,22 +171,24 @@ def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_
                                         eps, state_slots)
 
 
-def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, shared_gate: bool = False,
+def moe_route(router_logits: torch.Tensor | PartialSums, top_k: int, renormalize: bool, shared_gate: bool = False,
               live_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """shared_gate: the last column is the shared expert's gate; it becomes choice k+1, expert E.
     live_rows ([1] on the device): rows at or after it get the id one past the stacked experts and
     weight 0, which moe_experts skips."""
-    if use_triton(router_logits):
+    if use_triton(router_logits.parts if isinstance(router_logits, PartialSums) else router_logits):
         from deltaserve.kernels.moe.triton_moe_route import moe_route as kernel
         return kernel(router_logits, top_k, renormalize, shared_gate, live_rows=live_rows)
-    return _moe.moe_route(router_logits, top_k, renormalize, shared_gate, live_rows)
+    return _moe.moe_route(total(router_logits), top_k, renormalize, shared_gate, live_rows)
 
 
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                ids: torch.Tensor) -> torch.Tensor:
+                ids: torch.Tensor, partial: bool = False) -> torch.Tensor | PartialSums:
+    """partial: the caller takes PartialSums (it feeds add_rms_norm), which the direct path of a few
+    tokens may return: its down projection split over groups of each token's choices."""
     if use_triton(x):
         from deltaserve.kernels.moe.triton_moe_experts import moe_experts as kernel
-        return kernel(x, w13, w2, weights, ids)
+        return kernel(x, w13, w2, weights, ids, partial=partial)
     return _moe.moe_experts(x, w13, w2, weights, ids)
 
 
@@ -209,6 +223,6 @@ sample_from_logits = _sampling.sample_from_logits
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
-    "gdn_decode_fused", "linear", "moe_route", "moe_experts", "copy_slot", "copy_slot_at", "apply_penalties",
-    "sample_from_logits",
+    "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
+    "copy_slot_at", "apply_penalties", "sample_from_logits",
 ]

@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -76,19 +77,30 @@ def cases():
     tiles = direct.DEFAULT_TILES
     yield ("moe_route", route._moe_route_kernel, {"logits": bf16, "ids": "*i64", "live_rows": "*i64"},
            dict(EXPERTS=256, TOP_K=8, CHOICES=9, BLOCK_E=256, BLOCK_K=16, RENORMALIZE=True, SHARED_GATE=True,
-                HAS_LIVE_ROWS=True, UNROUTED=257), 2, 1)
+                HAS_LIVE_ROWS=True, UNROUTED=257, PARTS=1, LOGIT_DTYPE=tl.bfloat16), 2, 1)
+    yield ("moe_route_partial_sums", route._moe_route_kernel, {"ids": "*i64", "live_rows": "*i64"},
+           dict(EXPERTS=256, TOP_K=8, CHOICES=9, BLOCK_E=256, BLOCK_K=16, RENORMALIZE=True, SHARED_GATE=True,
+                HAS_LIVE_ROWS=True, UNROUTED=257, PARTS=8, LOGIT_DTYPE=tl.bfloat16), 2, 1)
     yield ("moe_direct_gate_up", direct._direct_gate_up_kernel, {"x": bf16, "w13": bf16, "ids": "*i64"},
            dict(moe, BLOCK_N=tiles.gate_n, BLOCK_K=tiles.gate_k, STAGES=tiles.gate_stages, EXPERTS=257),
            tiles.gate_warps, tiles.gate_stages)
-    yield ("moe_direct_down", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": bf16},
-           dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll, STAGES=tiles.down_stages,
-                EXPERTS=257), tiles.down_warps, tiles.down_stages)
+    for group, out in ((9, bf16), (3, "*fp32")):  # the whole sum; PartialSums by groups of three choices
+        yield (f"moe_direct_down_group{group}", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": out},
+               dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll,
+                    STAGES=tiles.down_stages, EXPERTS=257, GROUP=group), tiles.down_warps, tiles.down_stages)
     yield ("moe_combine", sorted_moe._combine_kernel, {"y": bf16, "ids": "*i64", "out": bf16},
            dict(TOP_K=9, HIDDEN=2048, EXPERTS=257, BLOCK=sorted_moe.COMBINE_BLOCK), 4, 1)
     yield ("moe_count_and_rank", sorted_moe._count_and_rank_kernel,
            {"ids": "*i64", "order": "*i64", "offsets": "*i32", "block_start": "*i32", "num_pairs": "i32"},
            dict(EXPERTS=257, BLOCK_E=512, BLOCK_M=16, ALL=1024, BLOCK=sorted_moe.RANK_BLOCK), 4, 1)
     yield from _sorted_moe_cases(moe)
+
+    from deltaserve.kernels.norm import triton_rms_norm as norm
+
+    for parts, x in ((1, bf16), (4, "*fp32")):  # x as a tensor; as PartialSums of four parts
+        yield (f"add_rms_norm_parts{parts}", norm._rms_norm_kernel,
+               {"x": x, "residual": bf16, "weight": bf16, "out": bf16, "summed": bf16, "inner": "i32", "eps": "fp32",
+                "offset": "fp32"}, dict(N=2048, BLOCK=2048, HAS_RESIDUAL=True, PARTS=parts), 8, 1)
     yield from _skinny_gemm_cases()
 
     from deltaserve.kernels.slot_copy import triton_slot_copy as slot_copy
@@ -167,8 +179,14 @@ def _skinny_gemm_cases():
         t = skinny.default_tiles(n)
         yield (f"skinny_gemm_{n}x{k}", skinny._skinny_gemm_kernel, {"x": "*bf16", "w": "*bf16", "y": "*bf16",
                                                                      "M": "i32", "N": "i32"},
-               dict(K=k, BLOCK_M=16, BLOCK_N=t.block_n, BLOCK_K=t.block_k, STAGES=t.stages, PRECISION="tf32"),
-               t.warps, 1)
+               dict(K=k, K_PER_SPLIT=k, BLOCK_M=16, BLOCK_N=t.block_n, BLOCK_K=t.block_k, STAGES=t.stages,
+                    PRECISION="tf32"), t.warps, 1)
+    t = skinny.SPLIT_TILES
+    for n, k in ((2048, 4096), (264, 2048)):  # split along K into fp32 parts
+        yield (f"skinny_gemm_parts_{n}x{k}", skinny._skinny_gemm_kernel, {"x": "*bf16", "w": "*bf16", "y": "*fp32",
+                                                                           "M": "i32", "N": "i32"},
+               dict(K=k, K_PER_SPLIT=k // skinny.k_splits(n, k), BLOCK_M=16, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                    STAGES=t.stages, PRECISION="tf32"), t.warps, 1)
 
 
 def _sorted_moe_cases(moe: dict):

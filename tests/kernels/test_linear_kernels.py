@@ -1,4 +1,5 @@
-"""The skinny GEMM (a few rows of x against a wide weight, as in decode) against x @ W^T."""
+"""The skinny GEMM (a few rows of x against a wide weight, as in decode) against x @ W^T, whole and split
+along K into partial sums."""
 
 import random
 
@@ -7,7 +8,9 @@ import torch
 
 from deltaserve import kernels
 from deltaserve.kernels.linear import reference
-from deltaserve.kernels.linear.triton_skinny_gemm import default_tiles, faster_than_cublas, skinny_gemm
+from deltaserve.kernels.linear.triton_skinny_gemm import (MAX_SPLIT_ROWS, MIN_SPLIT_PROGRAMS, SPLIT_K, SPLIT_PROGRAMS,
+                                                         SPLIT_TILES, default_tiles, faster_than_cublas, k_splits,
+                                                         skinny_gemm, skinny_gemm_parts)
 from tests.kernels.conftest import assert_close
 
 pytestmark = pytest.mark.triton
@@ -43,3 +46,33 @@ def test_skinny_gemm_is_chosen_where_it_measured_faster():
     # benchmarks/results/skinny_gemm.json: faster for these weights, slower for the second list
     assert all(faster_than_cublas(n) for n in (2048, 4096, 12352, 248320))
     assert not any(faster_than_cublas(n) for n in (264, 9216, 10240, 24576))
+
+
+# splits of K: one slice and several; one row and the most; N off the tile
+@pytest.mark.parametrize("rows,n,k,splits", [(1, 40, 64, 2), (3, 100, 128, 4), (16, 33, 256, 8), (2, 20, 96, 1)])
+def test_skinny_gemm_parts_sum_to_the_product(rows, n, k, splits):
+    x, weight = torch.randn(rows, k), torch.randn(n, k)
+    partial = skinny_gemm_parts(x, weight, splits, tiles=(16, 32, 2, 4))
+    assert partial.parts.shape == (splits, rows, n) and partial.parts.dtype == torch.float32
+    slice_k = k // splits
+    for s in range(splits):  # each part is its own K slice's product
+        cols = slice(s * slice_k, (s + 1) * slice_k)
+        assert_close(partial.parts[s], reference.linear(x[:, cols], weight[:, cols]))
+    assert_close(partial.total(), reference.linear(x, weight))
+
+
+def test_k_splits_cut_short_weights_into_whole_slices():
+    for _ in range(50):
+        n, k = random.randint(16, 8192), 256 * random.randint(1, 64)
+        splits = k_splits(n, k)
+        if n > MAX_SPLIT_ROWS:
+            assert splits == 1
+        programs = -(-n // SPLIT_TILES.block_n) * splits
+        assert splits == 1 or (k % (splits * SPLIT_K) == 0 and MIN_SPLIT_PROGRAMS <= programs <= SPLIT_PROGRAMS)
+    # the 2048-wide shapes: output projections (2048 x 4096) in four slices, the MoE router (264 x 2048) in eight
+    assert k_splits(2048, 4096) == 4 and k_splits(264, 2048) == 8 and k_splits(4096, 4096) == 1
+
+
+def test_linear_partial_stays_a_tensor_on_the_reference():
+    x, weight = torch.randn(2, 4096), torch.randn(2048, 4096)
+    assert_close(kernels.linear_partial(x, weight), x @ weight.T)

@@ -6,6 +6,7 @@ from deltaserve.kernels.moe import reference
 from deltaserve.kernels.moe.triton_moe_direct import DirectTiles
 from deltaserve.kernels.moe.triton_moe_experts import moe_experts
 from deltaserve.kernels.moe.triton_moe_route import moe_route
+from deltaserve.kernels.partial_sums import PartialSums, first_columns
 from tests.kernels.conftest import assert_close
 
 pytestmark = pytest.mark.triton
@@ -71,6 +72,32 @@ def test_direct_experts(tokens, experts, hidden, inter, top_k, tiles):
     assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
     again = moe_experts(x, w13, w2, weights, ids, tiles=tiles, path="direct")
     assert torch.equal(out, again)
+
+
+# groups of choices: 9 choices in three groups of three, 5 in groups of 2, 2, 1; a group per choice
+@pytest.mark.parametrize("top_k,groups", [(9, 3), (5, 3), (3, 4)])
+def test_direct_experts_partial_sums_by_groups_of_choices(top_k, groups):
+    tokens, experts = 3, 12
+    x, w13, w2, weights, ids = _experts_inputs(tokens, experts, 40, 24, top_k)
+    tiles = DirectTiles(16, 32, 4, 2, 16, 16, 4, 2, 2, groups)
+    partial = moe_experts(x, w13, w2, weights, ids, tiles=tiles, path="direct", partial=True)
+    group = -(-top_k // min(groups, top_k))
+    assert partial.parts.shape == (-(-top_k // group), tokens, 40) and partial.dtype == x.dtype
+    for g, part in enumerate(partial.parts):  # part g: the group's choices alone (the others unrouted)
+        others = torch.ones(top_k, dtype=torch.bool)
+        others[g * group:(g + 1) * group] = False
+        alone = torch.where(others, experts, ids)
+        assert_close(part, reference.moe_experts(x, w13, w2, weights, alone))
+    assert_close(partial.total(), reference.moe_experts(x, w13, w2, weights, ids))
+
+
+def test_route_sums_partial_logits():
+    parts = torch.randn(4, 6, 72) * 2
+    partial = first_columns(PartialSums(parts, torch.float32), 65)  # 64 router columns and the shared gate
+    weights, ids = moe_route(partial, 8, True, shared_gate=True)
+    expected_weights, expected_ids = reference.moe_route(partial.total(), 8, True, shared_gate=True)
+    assert torch.equal(ids, expected_ids)
+    assert_close(weights, expected_weights)
 
 
 def test_direct_sum_order_does_not_depend_on_the_unroll_step():

@@ -1,11 +1,13 @@
 import pytest
 import torch
 
+from deltaserve import kernels
 from deltaserve.kernels.activation import reference as act_reference
 from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul
 from deltaserve.kernels.norm import reference as norm_reference
 from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
 from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm, rms_norm
+from deltaserve.kernels.partial_sums import PartialSums
 from deltaserve.kernels.rotary import reference as rotary_reference
 from deltaserve.kernels.rotary.triton_rotary import apply_rotary
 from tests.kernels.conftest import assert_close
@@ -22,6 +24,23 @@ def test_rms_norm_and_residual_add(offset, width):
     expected_normed, expected_summed = norm_reference.add_rms_norm(x, residual, weight, 1e-6, offset)
     assert_close(normed, expected_normed)
     assert torch.equal(summed, expected_summed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_add_sums_partial_sums_first(dtype):
+    parts = torch.randn(3, 4, 40)
+    residual, weight = torch.randn(4, 40).to(dtype), torch.randn(40).to(dtype)
+    partial = PartialSums(parts, dtype)
+    normed, summed = add_rms_norm(partial, residual, weight, 1e-6, 1.0)
+    # the sum of the parts, rounded to the stream's dtype, then the residual add, as the reference does it
+    expected_normed, expected_summed = norm_reference.add_rms_norm(partial.total(), residual, weight, 1e-6, 1.0)
+    assert normed.dtype == summed.dtype == dtype
+    if dtype == torch.float32:
+        assert torch.equal(summed, expected_summed)
+    else:  # Triton's interpreter rounds fp32 to bf16 its own way: a bf16 ulp apart at most
+        assert_close(summed, expected_summed, 1e-2)
+    assert_close(normed, expected_normed, 1e-2 if dtype == torch.bfloat16 else 1e-4)
+    assert torch.equal(kernels.add_rms_norm(partial, residual, weight, 1e-6, 1.0)[1], expected_summed)  # CPU: reference
 
 
 def test_rms_norm_per_head_on_strided_view():

@@ -2,9 +2,13 @@
 
 One program per BLOCK_N rows of W walks the whole K dimension, its loads pipelined (num_stages), and
 multiplies the tile by the rows of x padded to 16 on the tensor cores (the padding costs nothing the
-memory does not already pay for). No split of K, so no second reduction pass and no atomics: a row's
-sum is taken in the same order every time. cuBLAS picks split-K kernels and a reduction for some
-of these shapes at one row and stays below the bandwidth the matrix reads allow.
+memory does not already pay for). No atomics: a row's sum is taken in the same order every time.
+cuBLAS picks split-K kernels and a reduction for some of these shapes at one row and stays below
+the bandwidth the matrix reads allow.
+
+A weight of few rows (a 2048-wide model's output projections, an MoE router) leaves too few programs
+to read at full bandwidth. `skinny_gemm_parts` splits its K into slices, one program per (n tile,
+slice), and returns the slices' sums as PartialSums for the consumer to add up (partial_sums.py).
 """
 
 from typing import NamedTuple
@@ -13,17 +17,22 @@ import torch
 import triton
 import triton.language as tl
 
+from deltaserve.kernels.partial_sums import PartialSums
+
 
 @triton.jit
-def _skinny_gemm_kernel(x, w, y, M, N, stride_xm, stride_wn, stride_ym, K: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                        PRECISION: tl.constexpr):
+def _skinny_gemm_kernel(x, w, y, M, N, stride_xm, stride_wn, stride_ym, stride_ys, K: tl.constexpr,
+                        K_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PRECISION: tl.constexpr):
+    """Program (n tile, split): K columns [split * K_PER_SPLIT, +K_PER_SPLIT) into y[split]."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     mask_n = offs_n < N
     mask_m = offs_m < M
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    k_first = split * K_PER_SPLIT
+    for k0 in tl.range(k_first, k_first + K_PER_SPLIT, BLOCK_K, num_stages=STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
         a = tl.load(x + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
@@ -31,7 +40,7 @@ def _skinny_gemm_kernel(x, w, y, M, N, stride_xm, stride_wn, stride_ym, K: tl.co
         b = tl.load(w + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
                     mask=mask_n[:, None] & mask_k[None, :], other=0.0)
         acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
-    tl.store(y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y.dtype.element_ty),
+    tl.store(y + split * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y.dtype.element_ty),
              mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -78,16 +87,59 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, ...] | 
     """x [M <= 128, K]; weight [N, K] (last dim contiguous); returns [M, N] in x's dtype."""
     m, k = x.shape
     n = weight.shape[0]
-    assert m <= MAX_TILE_ROWS and weight.stride(-1) == 1
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    block_n, block_k, stages, warps = SkinnyTiles(*tiles) if tiles else default_tiles(n)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0:
-        return y
-    _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, y, m, n, x.stride(0), weight.stride(0), y.stride(0), K=k,
-        BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
-        STAGES=stages,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
-    )
+    _launch(x, weight, y, 1, SkinnyTiles(*tiles) if tiles else default_tiles(n))
     return y
+
+
+# Weights of at most this many rows are too short to keep every SM reading: split along K, they give
+# up to SPLIT_PROGRAMS (n tile, split) programs, each reading a whole number of SPLIT_K columns.
+MAX_SPLIT_ROWS = 2048
+SPLIT_PROGRAMS = 512
+MIN_SPLIT_PROGRAMS = 128  # fewer than about one per SM: leave the weight to cuBLAS
+SPLIT_K = 256
+SPLIT_TILES = SkinnyTiles(16, SPLIT_K, 4, 4)
+
+
+def k_splits(n: int, k: int) -> int:
+    """How many K slices the skinny GEMM of a weight [n, k] runs as (1: unsplit). Slices are equal
+    multiples of SPLIT_K; splits double while the programs stay within SPLIT_PROGRAMS."""
+    if n > MAX_SPLIT_ROWS:
+        return 1
+    n_tiles, splits = triton.cdiv(n, SPLIT_TILES.block_n), 1
+    while n_tiles * splits * 2 <= SPLIT_PROGRAMS and k % (splits * 2 * SPLIT_K) == 0:
+        splits *= 2
+    return splits if n_tiles * splits >= MIN_SPLIT_PROGRAMS else 1
+
+
+def skinny_gemm_parts(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None,
+                      tiles: tuple[int, ...] | None = None) -> PartialSums:
+    """x @ weight^T as PartialSums: one fp32 part per K slice, left for the consumer to add up."""
+    m, k = x.shape
+    n = weight.shape[0]
+    tiles = SkinnyTiles(*tiles) if tiles else SPLIT_TILES
+    splits = splits or k_splits(n, k)
+    assert k % splits == 0, (k, splits)
+    parts = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    _launch(x, weight, parts, splits, tiles)
+    return PartialSums(parts, x.dtype)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, splits: int, tiles: SkinnyTiles) -> None:
+    """y [splits, M, N] (or [M, N] when unsplit): slice s of K into y[s]."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert m <= MAX_TILE_ROWS and weight.stride(-1) == 1
+    if m == 0:
+        return
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    k_per_split = k // splits
+    block_k = min(tiles.block_k, triton.next_power_of_2(k_per_split))
+    # A slice must be whole BLOCK_K steps, or two programs would read the columns between them.
+    assert splits == 1 or k_per_split % block_k == 0, (k_per_split, block_k)
+    _skinny_gemm_kernel[(triton.cdiv(n, tiles.block_n), splits)](
+        x, weight, y, m, n, x.stride(0), weight.stride(0), y.stride(-2), y.stride(0) if splits > 1 else 0, K=k,
+        K_PER_SPLIT=k_per_split, BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=tiles.block_n,
+        BLOCK_K=block_k, STAGES=tiles.stages, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=tiles.warps,
+    )

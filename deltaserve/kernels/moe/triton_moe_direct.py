@@ -7,7 +7,10 @@ combine), and a pair rarely shares its expert with another. So:
      row against the expert's gate and up rows; it writes weight * silu(gate) * up (fp32) for its pair.
   2. down: one program per (token, tile of BLOCK_N output columns) runs the down GEMV of each of the
      token's k choices in turn, summed in registers in a fixed order (no atomics: a run reproduces
-     itself bit for bit), and writes the token's output row once.
+     itself bit for bit), and writes the token's output row once. When the caller takes PartialSums
+     (`partial`), the choices are split into groups, one program per (token, tile, group), each
+     writing its group's fp32 sum: three times the programs reading at once, and the consumer (the
+     residual add-norm) adds the groups up.
 The pair (token) index is the fast grid axis, so pairs that share an expert read the same weight tile
 at about the same time and the second read comes from L2. Grids and buffers depend only on the shapes,
 so a decode step with this path can be captured in a CUDA graph.
@@ -18,6 +21,8 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+
+from deltaserve.kernels.partial_sums import PartialSums
 
 
 @triton.jit
@@ -54,20 +59,23 @@ def _direct_gate_up_kernel(
 
 @triton.jit
 def _direct_down_kernel(
-    inter, w2, ids, out, stride_we, stride_wn, stride_out,
+    inter, w2, ids, out, stride_we, stride_wn, stride_out, stride_group,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UNROLL: tl.constexpr, STAGES: tl.constexpr, EXPERTS: tl.constexpr,
+    UNROLL: tl.constexpr, STAGES: tl.constexpr, EXPERTS: tl.constexpr, GROUP: tl.constexpr,
 ):
-    token, ntile = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    """Program (token, tile, group): choices [group * GROUP, +GROUP) into out[group]."""
+    token, ntile, group = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < HIDDEN
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    first_choice = group * GROUP
+    end = tl.minimum(first_choice + GROUP, TOP_K)
     # UNROLL choices per step: their weight loads are in flight together. The sum runs over the
     # choices in order whatever UNROLL is, so the result does not depend on it.
-    for first in tl.range(0, TOP_K, UNROLL, num_stages=STAGES):
+    for first in tl.range(first_choice, first_choice + GROUP, UNROLL, num_stages=STAGES):
         for j in tl.static_range(UNROLL):
             choice = first + j
-            live = choice < TOP_K
+            live = choice < end
             pair = token * TOP_K + choice
             expert = tl.load(ids + pair, mask=live, other=0).to(tl.int64)
             live = live & (expert < EXPERTS)  # an unrouted pair adds nothing
@@ -79,7 +87,7 @@ def _direct_down_kernel(
                 w = tl.load(rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
                 acc += w.to(tl.float32) * h[None, :]
     y = tl.sum(acc, 1)
-    tl.store(out + token * stride_out + offs_n, y.to(out.dtype.element_ty), mask=mask_n)
+    tl.store(out + group * stride_group + token * stride_out + offs_n, y.to(out.dtype.element_ty), mask=mask_n)
 
 
 class DirectTiles(NamedTuple):
@@ -92,37 +100,43 @@ class DirectTiles(NamedTuple):
     down_warps: int = 4
     down_unroll: int = 2  # choices per step
     down_stages: int = 2
+    down_groups: int = 3  # with `partial`: groups of choices, each its own program and fp32 part
 
 
 DEFAULT_TILES = DirectTiles()
 
 
 def moe_experts_direct(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                       ids: torch.Tensor, tiles: tuple[int, ...] | None = None) -> torch.Tensor:
-    """Same contract as the reference: x [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; weights/ids [T, k]."""
+                       ids: torch.Tensor, tiles: tuple[int, ...] | None = None,
+                       partial: bool = False) -> torch.Tensor | PartialSums:
+    """Same contract as the reference: x [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; weights/ids [T, k].
+    partial: return PartialSums, one fp32 part per group of choices (DirectTiles.down_groups)."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     assert w13.stride(-1) == 1 and w2.stride(-1) == 1
     tokens, hidden = x.shape
     inter_size = w13.shape[1] // 2
     top_k = ids.shape[1]
-    out = torch.empty_like(x)
-    if tokens == 0:
-        return out
-    ids = ids.reshape(-1).contiguous()
-    weights = weights.reshape(-1).contiguous()
-    gu_n, gu_k, gu_warps, gu_stages, dn_n, dn_k, dn_warps, unroll, dn_stages = DirectTiles(*(tiles or ()))
-    gu_k = min(gu_k, triton.next_power_of_2(hidden))
-    dn_k = min(dn_k, triton.next_power_of_2(inter_size))
-    inter = torch.empty((tokens * top_k, inter_size), dtype=torch.float32, device=x.device)
-    _direct_gate_up_kernel[(tokens * top_k, triton.cdiv(inter_size, gu_n))](
-        x, w13, weights, ids, inter, x.stride(0), w13.stride(0), w13.stride(1),
-        TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=gu_n, BLOCK_K=gu_k, STAGES=gu_stages,
-        EXPERTS=w13.shape[0], num_warps=gu_warps,
-    )
-    _direct_down_kernel[(tokens, triton.cdiv(hidden, dn_n))](
-        inter, w2, ids, out, w2.stride(0), w2.stride(1), out.stride(0),
-        TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=dn_n, BLOCK_K=dn_k, UNROLL=min(unroll, top_k),
-        STAGES=dn_stages, EXPERTS=w13.shape[0],
-        num_warps=dn_warps,
-    )
-    return out
+    gu_n, gu_k, gu_warps, gu_stages, dn_n, dn_k, dn_warps, unroll, dn_stages, groups = DirectTiles(*(tiles or ()))
+    group = triton.cdiv(top_k, min(groups, top_k)) if partial else top_k  # choices per group
+    groups = triton.cdiv(top_k, group)
+    if partial:
+        out = torch.empty((groups, tokens, hidden), dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty_like(x)
+    if tokens:
+        ids = ids.reshape(-1).contiguous()
+        weights = weights.reshape(-1).contiguous()
+        gu_k = min(gu_k, triton.next_power_of_2(hidden))
+        dn_k = min(dn_k, triton.next_power_of_2(inter_size))
+        inter = torch.empty((tokens * top_k, inter_size), dtype=torch.float32, device=x.device)
+        _direct_gate_up_kernel[(tokens * top_k, triton.cdiv(inter_size, gu_n))](
+            x, w13, weights, ids, inter, x.stride(0), w13.stride(0), w13.stride(1),
+            TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=gu_n, BLOCK_K=gu_k, STAGES=gu_stages,
+            EXPERTS=w13.shape[0], num_warps=gu_warps,
+        )
+        _direct_down_kernel[(tokens, triton.cdiv(hidden, dn_n), groups)](
+            inter, w2, ids, out, w2.stride(0), w2.stride(1), out.stride(-2), out.stride(0) if partial else 0,
+            TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=dn_n, BLOCK_K=dn_k,
+            UNROLL=min(unroll, group), STAGES=dn_stages, EXPERTS=w13.shape[0], GROUP=group, num_warps=dn_warps,
+        )
+    return PartialSums(out, x.dtype) if partial else out

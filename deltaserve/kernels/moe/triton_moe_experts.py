@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.moe.triton_moe_direct import moe_experts_direct
+from deltaserve.kernels.partial_sums import PartialSums
 
 # Up to this many (token, choice) pairs the unsorted path runs. Each pair streams its expert's weights
 # through the SMs (from L2 when another pair read them just before), so the limit counts pairs: 32
@@ -277,16 +278,18 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
 
 
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                ids: torch.Tensor, tiles: tuple[int, ...] | None = None, path: str | None = None) -> torch.Tensor:
+                ids: torch.Tensor, tiles: tuple[int, ...] | None = None, path: str | None = None,
+                partial: bool = False) -> torch.Tensor | PartialSums:
     """Same contract as the reference: x [T, H]; w13 [E, 2I, H]; w2 [E, H, I]; weights/ids [T, k].
 
     path: "direct" (unsorted, per pair) or "sorted" (grouped GEMM); by default direct up to
     DIRECT_MAX_PAIRS pairs. tiles overrides the chosen path's tiles (a prefix of them): for "sorted"
-    see SortedTiles, for "direct" see triton_moe_direct.DirectTiles."""
+    see SortedTiles, for "direct" see triton_moe_direct.DirectTiles. partial: the caller takes
+    PartialSums, which the direct path returns (the sorted path's combine sums the choices itself)."""
     if path is None:
         path = "direct" if ids.numel() <= DIRECT_MAX_PAIRS else "sorted"
     if path == "direct":
-        return moe_experts_direct(x, w13, w2, weights, ids, tiles)
+        return moe_experts_direct(x, w13, w2, weights, ids, tiles, partial)
     return moe_experts_sorted(x, w13, w2, weights, ids, tiles)
 
 

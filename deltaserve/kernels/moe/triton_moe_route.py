@@ -8,22 +8,36 @@ probabilities go to the lowest index, as before, without a second reduction to f
 With a shared gate the logits' last column is the shared expert's gate: the token gets one more
 choice, expert E (stacked after the routed ones) weighted by sigmoid(gate), so the experts kernels
 run the shared expert with the routed ones (see the reference). Rows at or after `live_rows` (a graph's
-padding) are unrouted: every choice gets the id one past the stacked experts, and weight 0."""
+padding) are unrouted: every choice gets the id one past the stacked experts, and weight 0.
+
+The logits may come as PartialSums (the router GEMM split along K): the parts are added up on load
+and rounded to the logits' dtype, as an unsplit GEMM's output would have been."""
 
 import torch
 import triton
 import triton.language as tl
 
+from deltaserve.kernels.partial_sums import PartialSums
+
 
 @triton.jit
-def _moe_route_kernel(logits, weights, ids, live_rows, stride_l, EXPERTS: tl.constexpr, TOP_K: tl.constexpr,
-                      CHOICES: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+def _load_logits(ptrs, mask, stride_part, PARTS: tl.constexpr, LOGIT_DTYPE: tl.constexpr):
+    """fp32 logits (masked: -inf) from the tensor, or summed from its PARTS parts and rounded as it would be."""
+    z = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    for part in tl.static_range(1, PARTS):
+        z += tl.load(ptrs + part * stride_part, mask=mask, other=0.0)
+    return tl.where(mask, z.to(LOGIT_DTYPE).to(tl.float32), float("-inf"))
+
+
+@triton.jit
+def _moe_route_kernel(logits, weights, ids, live_rows, stride_l, stride_part, EXPERTS: tl.constexpr,
+                      TOP_K: tl.constexpr, CHOICES: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
                       RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr, HAS_LIVE_ROWS: tl.constexpr,
-                      UNROUTED: tl.constexpr):
+                      UNROUTED: tl.constexpr, PARTS: tl.constexpr, LOGIT_DTYPE: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     valid = offs < EXPERTS
-    z = tl.load(logits + token * stride_l + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    z = _load_logits(logits + token * stride_l + offs, valid, stride_part, PARTS, LOGIT_DTYPE)
     p = tl.exp(z - tl.max(z, 0))
     p = p / tl.sum(p, 0)
     bits = p.to(tl.int32, bitcast=True).to(tl.int64)
@@ -39,7 +53,7 @@ def _moe_route_kernel(logits, weights, ids, live_rows, stride_l, EXPERTS: tl.con
     if RENORMALIZE:
         top_p = top_p / tl.sum(tl.where(slots < TOP_K, top_p, 0.0), 0)
     if SHARED_GATE:  # choice k: the shared expert (id EXPERTS), after the renormalisation
-        gate = tl.load(logits + token * stride_l + EXPERTS).to(tl.float32)
+        gate = _load_logits(logits + token * stride_l + EXPERTS, True, stride_part, PARTS, LOGIT_DTYPE)
         top_p = tl.where(slots == TOP_K, 1.0 / (1.0 + tl.exp(-gate)), top_p)
         top_i = tl.where(slots == TOP_K, EXPERTS, top_i)
     if HAS_LIVE_ROWS:  # a graph's padding row: unrouted (the id past every stacked expert, weight 0)
@@ -50,20 +64,28 @@ def _moe_route_kernel(logits, weights, ids, live_rows, stride_l, EXPERTS: tl.con
     tl.store(ids + token * CHOICES + slots, top_i, mask=slots < CHOICES)
 
 
-def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool, shared_gate: bool = False,
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+def moe_route(router_logits: torch.Tensor | PartialSums, top_k: int, renormalize: bool, shared_gate: bool = False,
               num_warps: int | None = None, live_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
-    tokens, columns = logits.shape
+    if isinstance(router_logits, PartialSums):
+        parts, dtype = router_logits.parts, router_logits.dtype
+    else:
+        parts, dtype = router_logits[None], router_logits.dtype
+    if parts.stride(-1) != 1:
+        parts = parts.contiguous()
+    _, tokens, columns = parts.shape
     experts = columns - 1 if shared_gate else columns
     choices = top_k + 1 if shared_gate else top_k
-    weights = torch.empty((tokens, choices), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((tokens, choices), dtype=torch.int64, device=logits.device)
+    weights = torch.empty((tokens, choices), dtype=torch.float32, device=parts.device)
+    ids = torch.empty((tokens, choices), dtype=torch.int64, device=parts.device)
     if tokens:
         _moe_route_kernel[(tokens,)](
-            logits, weights, ids, live_rows if live_rows is not None else ids, logits.stride(0), EXPERTS=experts,
-            TOP_K=top_k, CHOICES=choices, BLOCK_E=triton.next_power_of_2(experts),
+            parts, weights, ids, live_rows if live_rows is not None else ids, parts.stride(1), parts.stride(0),
+            EXPERTS=experts, TOP_K=top_k, CHOICES=choices, BLOCK_E=triton.next_power_of_2(experts),
             BLOCK_K=triton.next_power_of_2(choices), RENORMALIZE=renormalize, SHARED_GATE=shared_gate,
-            HAS_LIVE_ROWS=live_rows is not None, UNROUTED=experts + int(shared_gate),
-            num_warps=num_warps or (2 if experts >= 256 else 1),
+            HAS_LIVE_ROWS=live_rows is not None, UNROUTED=experts + int(shared_gate), PARTS=parts.shape[0],
+            LOGIT_DTYPE=_TL_DTYPES[dtype], num_warps=num_warps or (2 if experts >= 256 else 1),
         )
     return weights, ids

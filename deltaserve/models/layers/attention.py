@@ -30,7 +30,8 @@ class Attention(nn.Module):
         self.norm_eps, self.norm_offset = config.rms_norm_eps, config.norm_offset
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, batch, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch, cos_sin_cache: torch.Tensor) -> torch.Tensor | kernels.PartialSums:
+        """The output feeds the residual add-norm only, so it may be PartialSums."""
         tokens = x.shape[0]
         q, k, v = kernels.linear(x, self.qkv_proj, self.qkv_bias).split([self.q_size, self.kv_size, self.kv_size], -1)
         gate = None
@@ -54,4 +55,4 @@ class Attention(nn.Module):
                                         batch.slot_mapping, self.q_norm, self.k_norm, self.norm_eps, self.norm_offset)
             out = kernels.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
                                           batch.block_tables, self.scale, gate)  # the gate in its last store
-        return kernels.linear(out.reshape(tokens, -1), self.o_proj, self.o_bias)
+        return kernels.linear_partial(out.reshape(tokens, -1), self.o_proj, self.o_bias)

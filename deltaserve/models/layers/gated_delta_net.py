@@ -32,7 +32,8 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = empty_param(config.hidden_size, self.value_size, dtype=dtype, device=device)
         self.norm_eps = config.rms_norm_eps
 
-    def forward(self, x: torch.Tensor, batch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch) -> torch.Tensor | kernels.PartialSums:
+        """The output feeds the residual add-norm only, so it may be PartialSums."""
         tokens = x.shape[0]
         mixed, z, b, a = kernels.linear(x, self.in_proj).split(
             [self.conv_dim, self.value_size, self.num_v_heads, self.num_v_heads], -1
@@ -60,4 +61,4 @@ class GatedDeltaNet(nn.Module):
             )
         z = z.reshape(tokens, self.num_v_heads, self.v_dim)
         out = kernels.gated_rms_norm(out, z, self.norm_weight, self.norm_eps)
-        return kernels.linear(out.reshape(tokens, self.value_size), self.out_proj)
+        return kernels.linear_partial(out.reshape(tokens, self.value_size), self.out_proj)

@@ -15,6 +15,7 @@ class GatedMLP(nn.Module):
         self.gate_up_bias = empty_param(2 * intermediate, dtype=dtype, device=device) if bias else None
         self.down_bias = empty_param(hidden, dtype=dtype, device=device) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | kernels.PartialSums:
+        """The output feeds the next residual add-norm only, so it may be PartialSums."""
         hidden = kernels.silu_and_mul(kernels.linear(x, self.gate_up_proj, self.gate_up_bias))
-        return kernels.linear(hidden, self.down_proj, self.down_bias)
+        return kernels.linear_partial(hidden, self.down_proj, self.down_bias)

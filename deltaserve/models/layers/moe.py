@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from deltaserve import kernels
+from deltaserve.kernels.partial_sums import first_columns
 from deltaserve.models.config import ModelConfig
 from deltaserve.models.layers.params import empty_param
 
@@ -65,14 +66,17 @@ class SparseMoE(nn.Module):
         """No checkpoint tensor fills the alignment rows; zero keeps them harmless (no NaN, no cost)."""
         self.in_proj[self.rows.padding].zero_()
 
-    def forward(self, x: torch.Tensor, live_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """live_rows: rows at or after it (a graph's padding) are routed to no expert; their output is 0."""
-        projected = kernels.linear(x, self.in_proj)
+    def forward(self, x: torch.Tensor, live_rows: torch.Tensor | None = None) -> torch.Tensor | kernels.PartialSums:
+        """live_rows: rows at or after it (a graph's padding) are routed to no expert; their output is 0.
+        The output feeds the next residual add-norm only, so it may be PartialSums."""
         rows = self.rows
         if self.fused_shared:  # router logits then the shared gate: one more choice per token, expert E
-            weights, ids = kernels.moe_route(projected[:, : rows.shared_gate.stop], self.top_k, self.renormalize,
-                                             shared_gate=True, live_rows=live_rows)
-            return kernels.moe_experts(x, self.w13, self.w2, weights, ids)
+            projected = kernels.linear_partial(x, self.in_proj)  # the router takes PartialSums
+            logits = first_columns(projected, rows.shared_gate.stop)
+            weights, ids = kernels.moe_route(logits, self.top_k, self.renormalize, shared_gate=True,
+                                             live_rows=live_rows)
+            return kernels.moe_experts(x, self.w13, self.w2, weights, ids, partial=True)
+        projected = kernels.linear(x, self.in_proj)
         weights, ids = kernels.moe_route(projected[:, rows.router], self.top_k, self.renormalize, live_rows=live_rows)
         out = kernels.moe_experts(x, self.w13, self.w2, weights, ids)
         if self.shared_down is None:

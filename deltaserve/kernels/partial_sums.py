@@ -1,0 +1,41 @@
+"""A result left as fp32 parts that its consumer adds up: the reduction of a split costs no launch.
+
+A GEMM of a few rows against a weight of few rows keeps too few programs reading to reach the
+memory's bandwidth; split along K (or, for the MoE, over groups of a token's choices) it has enough,
+but the parts must then be summed. The ops that read such results (the residual add-norm after
+every mixer and feed-forward block, the MoE router) take the parts and sum them as they load them:
+part 0 first, in fp32, then rounded to `dtype` as an unsplit result would have been. The order is
+fixed, so a run reproduces itself bit for bit.
+"""
+
+from typing import NamedTuple
+
+import torch
+
+
+class PartialSums(NamedTuple):
+    parts: torch.Tensor  # [S, M, N] fp32
+    dtype: torch.dtype  # what the sum stands for (the dtype an unsplit op would have returned)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts.shape[1:]
+
+    def total(self) -> torch.Tensor:
+        """The sum as the consumers take it: part 0 first, fp32, rounded to dtype once."""
+        acc = self.parts[0]
+        for part in self.parts[1:]:
+            acc = acc + part
+        return acc.to(self.dtype)
+
+
+def total(x: "torch.Tensor | PartialSums") -> torch.Tensor:
+    """x itself, or the sum of its parts: for the torch references, which take both."""
+    return x.total() if isinstance(x, PartialSums) else x
+
+
+def first_columns(x: "torch.Tensor | PartialSums", stop: int) -> "torch.Tensor | PartialSums":
+    """x[:, :stop] of a tensor or of each part (views)."""
+    if isinstance(x, PartialSums):
+        return PartialSums(x.parts[..., :stop], x.dtype)
+    return x[..., :stop]
