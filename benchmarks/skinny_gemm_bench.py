@@ -52,7 +52,7 @@ def sweep(x, weight, expected) -> list[dict]:
 # (splits, (block_n, block_k, stages, warps)) for skinny_gemm_parts; None: k_splits and SPLIT_TILES
 SPLIT_SWEEP = [(2, (16, 256, 4, 4)), (4, (16, 256, 4, 4)), (8, (16, 256, 4, 4)), (4, (16, 512, 2, 4)),
                (4, (16, 1024, 1, 4)), (4, (32, 256, 4, 4)), (8, (16, 256, 2, 4)), (16, (16, 128, 2, 4)),
-               (8, (32, 128, 4, 4)), (4, (16, 128, 4, 2))]
+               (8, (32, 128, 4, 4)), (4, (16, 128, 4, 2)), (16, (16, 128, 4, 2)), (8, (16, 128, 4, 2))]
 
 
 def split_rows(x, weight, expected) -> dict:

@@ -84,10 +84,10 @@ def cases():
     yield ("moe_direct_gate_up", direct._direct_gate_up_kernel, {"x": bf16, "w13": bf16, "ids": "*i64"},
            dict(moe, BLOCK_N=tiles.gate_n, BLOCK_K=tiles.gate_k, STAGES=tiles.gate_stages, EXPERTS=257),
            tiles.gate_warps, tiles.gate_stages)
-    for group, out in ((9, bf16), (3, "*fp32")):  # the whole sum; PartialSums by groups of three choices
+    for group, out, t in ((9, bf16, tiles), (3, "*fp32", direct.PARTIAL_TILES)):  # whole; PartialSums of 3 choices
         yield (f"moe_direct_down_group{group}", direct._direct_down_kernel, {"w2": bf16, "ids": "*i64", "out": out},
-               dict(moe, BLOCK_N=tiles.down_n, BLOCK_K=tiles.down_k, UNROLL=tiles.down_unroll,
-                    STAGES=tiles.down_stages, EXPERTS=257, GROUP=group), tiles.down_warps, tiles.down_stages)
+               dict(moe, BLOCK_N=t.down_n, BLOCK_K=t.down_k, UNROLL=t.down_unroll, STAGES=t.down_stages, EXPERTS=257,
+                    GROUP=group), t.down_warps, t.down_stages)
     yield ("moe_combine", sorted_moe._combine_kernel, {"y": bf16, "ids": "*i64", "out": bf16},
            dict(TOP_K=9, HIDDEN=2048, EXPERTS=257, BLOCK=sorted_moe.COMBINE_BLOCK), 4, 1)
     yield ("moe_count_and_rank", sorted_moe._count_and_rank_kernel,

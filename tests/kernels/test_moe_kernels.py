@@ -91,6 +91,17 @@ def test_direct_experts_partial_sums_by_groups_of_choices(top_k, groups):
     assert_close(partial.total(), reference.moe_experts(x, w13, w2, weights, ids))
 
 
+def test_direct_experts_stay_whole_above_the_partial_sums_tokens():
+    from deltaserve.kernels.moe.triton_moe_direct import PARTIAL_MAX_TOKENS
+
+    for tokens in (1, PARTIAL_MAX_TOKENS + 1):
+        x, w13, w2, weights, ids = _experts_inputs(tokens, 6, 32, 16, 3)
+        out = moe_experts(x, w13, w2, weights, ids, path="direct", partial=True)
+        assert isinstance(out, PartialSums) == (tokens <= PARTIAL_MAX_TOKENS)
+        assert_close(out.total() if isinstance(out, PartialSums) else out,
+                     reference.moe_experts(x, w13, w2, weights, ids))
+
+
 def test_route_sums_partial_logits():
     parts = torch.randn(4, 6, 72) * 2
     partial = first_columns(PartialSums(parts, torch.float32), 65)  # 64 router columns and the shared gate
