@@ -405,6 +405,35 @@ MOE_SORTED_TAIL_TILES = [(64, 64, 64, 64, 64, 4, 3, True), (64, 64, 64, 128, 64,
                          (64, 64, 32, 512, 32, 4, 2, True), (64, 64, 128, 256, 32, 4, 3, True)]
 
 
+def partial_sums_consumers(tokens: int):
+    """The MoE router and the residual add-norm reading PartialSums of 1-16 parts (1: a plain bf16
+    tensor), at the 35B-A3B shape: time per call, and agreement with the references on the parts' total."""
+    from deltaserve.kernels.moe.triton_moe_route import moe_route
+    from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm
+    from deltaserve.kernels.partial_sums import PartialSums, first_columns
+
+    def body():
+        res = {"shape": f"T={tokens} experts={EXPERTS}+1 hidden={MOE_HIDDEN}", "route": [], "add_norm": []}
+        for count in (1, 4, 8, 16):
+            parts = torch.randn(count, tokens, EXPERTS + 8, device=DEV) * 2 / count ** 0.5
+            logits = first_columns(PartialSums(parts, BF16), EXPERTS + 1)
+            arg = logits.total() if count == 1 else logits
+            fn = lambda: moe_route(arg, TOP_K, True, shared_gate=True)  # noqa: E731
+            expected = moe_ref.moe_route(logits.total(), TOP_K, True, shared_gate=True)
+            res["route"].append({"parts": count, "ids_match": bool(torch.equal(fn()[1], expected[1])),
+                                 "weights_err": rel_err(fn()[0], expected[0]), **timing(fn)})
+        for count in (1, 3, 4):
+            partial = PartialSums(torch.randn(count, tokens, MOE_HIDDEN, device=DEV), BF16)
+            residual = torch.randn(tokens, MOE_HIDDEN, device=DEV, dtype=BF16)
+            weight = torch.randn(MOE_HIDDEN, device=DEV, dtype=BF16)
+            arg = partial.total() if count == 1 else partial
+            fn = lambda: add_rms_norm(arg, residual, weight, 1e-6, 1.0)  # noqa: E731
+            expected = norm_ref.add_rms_norm(*f32(partial.total(), residual, weight), 1e-6, 1.0)
+            res["add_norm"].append({"parts": count, "rel_err": rel_err(fn()[0], expected[0]), **timing(fn)})
+        return res
+    return body
+
+
 def store_kv_case(tokens):
     from deltaserve.kernels.attention.triton_store_kv import store_kv
 
@@ -909,6 +938,8 @@ def main():
         run_case(report, f"moe_shared_T{tokens}", moe_shared(tokens))
     for tokens in (1, 8, 32):
         run_case(report, f"moe_direct_tiles_T{tokens}", moe_sweep(tokens, "direct", MOE_DIRECT_TILES))
+    for tokens in (1, 16):
+        run_case(report, f"partial_sums_consumers_T{tokens}", partial_sums_consumers(tokens))
     for tokens in (1, 8, 16, 24):  # a shared expert's graph rungs: 9 choices, the direct path
         run_case(report, f"moe_direct_partial_T{tokens}", moe_sweep(tokens, "direct", MOE_DIRECT_PARTIAL_TILES, True))
     for tokens in (64, 128):

@@ -3,9 +3,9 @@
 A GEMM of a few rows against a weight of few rows keeps too few programs reading to reach the
 memory's bandwidth; split along K (or, for the MoE, over groups of a token's choices) it has enough,
 but the parts must then be summed. The ops that read such results (the residual add-norm after
-every mixer and feed-forward block, the MoE router) take the parts and sum them as they load them:
-part 0 first, in fp32, then rounded to `dtype` as an unsplit result would have been. The order is
-fixed, so a run reproduces itself bit for bit.
+every mixer and feed-forward block, the MoE router) take the parts and sum them as they load them,
+in fp32, then round the sum to `dtype` as an unsplit result would have been. The kernels add the
+parts in a fixed tree (triton_partial_sums.py), so a run reproduces itself bit for bit.
 """
 
 from typing import NamedTuple
@@ -22,7 +22,7 @@ class PartialSums(NamedTuple):
         return self.parts.shape[1:]
 
     def total(self) -> torch.Tensor:
-        """The sum as the consumers take it: part 0 first, fp32, rounded to dtype once."""
+        """The sum in fp32 (part 0 first), rounded to dtype once: the torch references' reading."""
         acc = self.parts[0]
         for part in self.parts[1:]:
             acc = acc + part

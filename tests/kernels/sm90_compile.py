@@ -77,10 +77,10 @@ def cases():
     tiles = direct.DEFAULT_TILES
     yield ("moe_route", route._moe_route_kernel, {"logits": bf16, "ids": "*i64", "live_rows": "*i64"},
            dict(EXPERTS=256, TOP_K=8, CHOICES=9, BLOCK_E=256, BLOCK_K=16, RENORMALIZE=True, SHARED_GATE=True,
-                HAS_LIVE_ROWS=True, UNROUTED=257, PARTS=1, LOGIT_DTYPE=tl.bfloat16), 2, 1)
+                HAS_LIVE_ROWS=True, UNROUTED=257, PARTS=1, BLOCK_P=1, LOGIT_DTYPE=tl.bfloat16), 2, 1)
     yield ("moe_route_partial_sums", route._moe_route_kernel, {"ids": "*i64", "live_rows": "*i64"},
            dict(EXPERTS=256, TOP_K=8, CHOICES=9, BLOCK_E=256, BLOCK_K=16, RENORMALIZE=True, SHARED_GATE=True,
-                HAS_LIVE_ROWS=True, UNROUTED=257, PARTS=8, LOGIT_DTYPE=tl.bfloat16), 2, 1)
+                HAS_LIVE_ROWS=True, UNROUTED=257, PARTS=16, BLOCK_P=16, LOGIT_DTYPE=tl.bfloat16), 2, 1)
     yield ("moe_direct_gate_up", direct._direct_gate_up_kernel, {"x": bf16, "w13": bf16, "ids": "*i64"},
            dict(moe, BLOCK_N=tiles.gate_n, BLOCK_K=tiles.gate_k, STAGES=tiles.gate_stages, EXPERTS=257),
            tiles.gate_warps, tiles.gate_stages)
@@ -97,10 +97,11 @@ def cases():
 
     from deltaserve.kernels.norm import triton_rms_norm as norm
 
-    for parts, x in ((1, bf16), (4, "*fp32")):  # x as a tensor; as PartialSums of four parts
+    for parts, x in ((1, bf16), (4, "*fp32"), (3, "*fp32")):  # x as a tensor; PartialSums of 4 and 3 parts
         yield (f"add_rms_norm_parts{parts}", norm._rms_norm_kernel,
                {"x": x, "residual": bf16, "weight": bf16, "out": bf16, "summed": bf16, "inner": "i32", "eps": "fp32",
-                "offset": "fp32"}, dict(N=2048, BLOCK=2048, HAS_RESIDUAL=True, PARTS=parts), 8, 1)
+                "offset": "fp32"}, dict(N=2048, BLOCK=2048, HAS_RESIDUAL=True, PARTS=parts,
+                                                     BLOCK_P=triton.next_power_of_2(parts)), 8, 1)
     yield from _skinny_gemm_cases()
 
     from deltaserve.kernels.slot_copy import triton_slot_copy as slot_copy

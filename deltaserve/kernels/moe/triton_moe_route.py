@@ -11,21 +11,20 @@ run the shared expert with the routed ones (see the reference). Rows at or after
 padding) are unrouted: every choice gets the id one past the stacked experts, and weight 0.
 
 The logits may come as PartialSums (the router GEMM split along K): the parts are added up on load
-and rounded to the logits' dtype, as an unsplit GEMM's output would have been."""
+(triton_partial_sums.py) and rounded to the logits' dtype, as an unsplit GEMM's output would have been."""
 
 import torch
 import triton
 import triton.language as tl
 
 from deltaserve.kernels.partial_sums import PartialSums
+from deltaserve.kernels.triton_partial_sums import load_summed
 
 
 @triton.jit
-def _load_logits(ptrs, mask, stride_part, PARTS: tl.constexpr, LOGIT_DTYPE: tl.constexpr):
-    """fp32 logits (masked: -inf) from the tensor, or summed from its PARTS parts and rounded as it would be."""
-    z = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    for part in tl.static_range(1, PARTS):
-        z += tl.load(ptrs + part * stride_part, mask=mask, other=0.0)
+def _load_logits(ptrs, mask, stride_part, PARTS: tl.constexpr, BLOCK_P: tl.constexpr, LOGIT_DTYPE: tl.constexpr):
+    """fp32 logits (masked: -inf) from the tensor, or summed from its parts and rounded as they would be."""
+    z = load_summed(ptrs, mask, stride_part, PARTS, BLOCK_P)
     return tl.where(mask, z.to(LOGIT_DTYPE).to(tl.float32), float("-inf"))
 
 
@@ -33,11 +32,14 @@ def _load_logits(ptrs, mask, stride_part, PARTS: tl.constexpr, LOGIT_DTYPE: tl.c
 def _moe_route_kernel(logits, weights, ids, live_rows, stride_l, stride_part, EXPERTS: tl.constexpr,
                       TOP_K: tl.constexpr, CHOICES: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
                       RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr, HAS_LIVE_ROWS: tl.constexpr,
-                      UNROUTED: tl.constexpr, PARTS: tl.constexpr, LOGIT_DTYPE: tl.constexpr):
+                      UNROUTED: tl.constexpr, PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
+                      LOGIT_DTYPE: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     valid = offs < EXPERTS
-    z = _load_logits(logits + token * stride_l + offs, valid, stride_part, PARTS, LOGIT_DTYPE)
+    z = _load_logits(logits + token * stride_l + offs, valid, stride_part, PARTS, BLOCK_P, LOGIT_DTYPE)
+    if SHARED_GATE:  # loaded with the logits, before the picks: its load is not left to the end
+        gate = _load_logits(logits + token * stride_l + EXPERTS, token >= 0, stride_part, PARTS, BLOCK_P, LOGIT_DTYPE)
     p = tl.exp(z - tl.max(z, 0))
     p = p / tl.sum(p, 0)
     bits = p.to(tl.int32, bitcast=True).to(tl.int64)
@@ -53,7 +55,6 @@ def _moe_route_kernel(logits, weights, ids, live_rows, stride_l, stride_part, EX
     if RENORMALIZE:
         top_p = top_p / tl.sum(tl.where(slots < TOP_K, top_p, 0.0), 0)
     if SHARED_GATE:  # choice k: the shared expert (id EXPERTS), after the renormalisation
-        gate = _load_logits(logits + token * stride_l + EXPERTS, True, stride_part, PARTS, LOGIT_DTYPE)
         top_p = tl.where(slots == TOP_K, 1.0 / (1.0 + tl.exp(-gate)), top_p)
         top_i = tl.where(slots == TOP_K, EXPERTS, top_i)
     if HAS_LIVE_ROWS:  # a graph's padding row: unrouted (the id past every stacked expert, weight 0)
@@ -86,6 +87,7 @@ def moe_route(router_logits: torch.Tensor | PartialSums, top_k: int, renormalize
             EXPERTS=experts, TOP_K=top_k, CHOICES=choices, BLOCK_E=triton.next_power_of_2(experts),
             BLOCK_K=triton.next_power_of_2(choices), RENORMALIZE=renormalize, SHARED_GATE=shared_gate,
             HAS_LIVE_ROWS=live_rows is not None, UNROUTED=experts + int(shared_gate), PARTS=parts.shape[0],
+            BLOCK_P=triton.next_power_of_2(parts.shape[0]),
             LOGIT_DTYPE=_TL_DTYPES[dtype], num_warps=num_warps or (2 if experts >= 256 else 1),
         )
     return weights, ids

@@ -1,13 +1,14 @@
 """RMSNorm, `w * x_hat` or `(1 + w) * x_hat`, one program per row; with a residual, the sum
 `x + residual` is written out and normalised in the same pass (the pre-norm block's two streams).
-x may come as PartialSums (a split projection's fp32 parts): they are added up on load, part 0 first,
-and rounded to the stream's dtype before the residual is added, as an unsplit x would have been."""
+x may come as PartialSums (a split projection's fp32 parts): they are added up on load
+(triton_partial_sums.py) and rounded to the stream's dtype before the residual is added, as an unsplit x would have been."""
 
 import torch
 import triton
 import triton.language as tl
 
 from deltaserve.kernels.partial_sums import PartialSums
+from deltaserve.kernels.triton_partial_sums import load_summed
 
 
 def as_rows_3d(x: torch.Tensor) -> torch.Tensor:
@@ -28,19 +29,17 @@ def as_rows_3d(x: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _rms_norm_kernel(
     x, residual, weight, out, summed, inner, stride_x0, stride_x1, stride_r0, stride_r1, stride_part, eps, offset,
-    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr,
+    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     row = tl.program_id(0)
     outer, within = (row // inner).to(tl.int64), (row % inner).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
-    xs = tl.load(x + outer * stride_x0 + within * stride_x1 + cols, mask=mask, other=0.0)
     if PARTS > 1:
-        xs = xs.to(tl.float32)
-        for part in tl.static_range(1, PARTS):
-            xs += tl.load(x + part * stride_part + outer * stride_x0 + within * stride_x1 + cols, mask=mask,
-                          other=0.0)
+        xs = load_summed(x + outer * stride_x0 + within * stride_x1 + cols, mask, stride_part, PARTS, BLOCK_P)
         xs = xs.to(summed.dtype.element_ty)
+    else:
+        xs = tl.load(x + outer * stride_x0 + within * stride_x1 + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         rs = tl.load(residual + outer * stride_r0 + within * stride_r1 + cols, mask=mask, other=0.0)
         xs = (xs.to(tl.float32) + rs.to(tl.float32)).to(summed.dtype.element_ty)  # rounded as the stream is
@@ -65,7 +64,7 @@ def _launch(x, residual, weight, eps, offset):
         _rms_norm_kernel[(rows,)](
             x3, r3, weight, out, summed, x3.shape[1], x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
             parts.stride(0), eps, float(offset), N=n, BLOCK=block, HAS_RESIDUAL=residual is not None,
-            PARTS=parts.shape[0], num_warps=min(max(block // 256, 1), 8),
+            PARTS=parts.shape[0], BLOCK_P=triton.next_power_of_2(parts.shape[0]), num_warps=min(max(block // 256, 1), 8),
         )
     return out, summed
 
