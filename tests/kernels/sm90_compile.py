@@ -188,6 +188,10 @@ def _skinny_gemm_cases():
                                                                            "M": "i32", "N": "i32"},
                dict(K=k, K_PER_SPLIT=k // skinny.k_splits(n, k), BLOCK_M=16, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                     STAGES=t.stages, PRECISION="tf32"), t.warps, 1)
+    yield ("skinny_gemm_parts_2048x4096_pdl", skinny._skinny_gemm_kernel,  # launched as a dependent grid
+           {"x": "*bf16", "w": "*bf16", "y": "*fp32", "M": "i32", "N": "i32"},
+           dict(K=4096, K_PER_SPLIT=1024, BLOCK_M=16, BLOCK_N=t.block_n, BLOCK_K=t.block_k, STAGES=t.stages,
+                PRECISION="tf32", USE_PDL=True), t.warps, 1)
 
 
 def _sorted_moe_cases(moe: dict):

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
+
 
 @lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
@@ -70,7 +72,9 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
     LOOP_FOR: tl.constexpr, HAS_GATE: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_prior_grid(USE_PDL)
     seq, kv_head = tl.program_id(0), tl.program_id(1)
     tile, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
     q_start = tl.load(query_start_loc + seq)
@@ -129,8 +133,9 @@ def _paged_attention_kernel(
 @triton.jit
 def _merge_splits_kernel(part, lse, o, gate, stride_o_t, stride_o_h, stride_g_t, stride_g_h, Q_HEADS: tl.constexpr,
                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
-                         SPLITS_P2: tl.constexpr, HAS_GATE: tl.constexpr):
+                         SPLITS_P2: tl.constexpr, HAS_GATE: tl.constexpr, USE_PDL: tl.constexpr = False):
     """One (token, head): the splits' outputs weighted by their share of the softmax mass."""
+    wait_for_prior_grid(USE_PDL)
     token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     row = token * Q_HEADS + head
     splits = tl.arange(0, SPLITS_P2)
@@ -205,11 +210,12 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         LOOP_FOR=q.is_cuda if loop_for is None else loop_for, HAS_GATE=gate is not None and splits == 1,
         num_warps=num_warps or (8 if block_m * head_dim >= 64 * 256 else 4), num_stages=num_stages,
+        **launch_options(q),
     )
     if splits > 1:
         _merge_splits_kernel[(tokens, q_heads)](
             target, lse, o, gate if gate is not None else o, o.stride(0), o.stride(1), *gate_args, Q_HEADS=q_heads,
             HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
-            HAS_GATE=gate is not None, num_warps=2,
+            HAS_GATE=gate is not None, num_warps=2, **launch_options(q),
         )
     return o

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
+
 
 @triton.jit
 def _normed_part(src, weight, offs, mask, rstd, offset, HAS_NORM: tl.constexpr):
@@ -52,7 +54,9 @@ def _rotary_store_kv_kernel(
     stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos, stride_vc_head,
     Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_prior_grid(USE_PDL)
     token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     pos = tl.load(positions + token).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)
@@ -97,6 +101,6 @@ def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions
             v_cache.stride(2),
             Q_HEADS=q_heads, HEAD_DIM=head_dim, HALF=half, PAGE=k_cache.shape[1],
             BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_HALF=triton.next_power_of_2(half), HAS_NORM=has_norm,
-            num_warps=1 if head_dim <= 128 else 2,
+            num_warps=1 if head_dim <= 128 else 2, **launch_options(q),
         )
     return q_out

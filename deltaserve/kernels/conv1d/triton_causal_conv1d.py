@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.capture_rows import as_capture_rows
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 
 @triton.jit
@@ -59,7 +60,9 @@ def _causal_conv1d_kernel(
     num_captures, stride_x, stride_out, stride_w, stride_s_slot, stride_s_c, stride_snap_slot, stride_snap_c,
     CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
     BLOCK_KM1: tl.constexpr, IS_VARLEN: tl.constexpr, DO_CONV: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_prior_grid(USE_PDL)
     seq, ctile = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
         start = tl.load(query_start_loc + seq)
@@ -177,6 +180,6 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_r
         snaps.stride(0), snaps.stride(1),
         CHANNELS=channels, K=kernel, BLOCK_T=block_t, BLOCK_C=block_c,
         BLOCK_KM1=triton.next_power_of_2(max(kernel - 1, 1)), IS_VARLEN=query_start_loc is not None,
-        DO_CONV=not by_rows, num_warps=4,
+        DO_CONV=not by_rows, num_warps=4, **launch_options(x),
     )
     return out

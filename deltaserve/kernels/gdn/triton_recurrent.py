@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.capture_rows import capture_tables
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 
 @triton.jit
@@ -73,7 +74,9 @@ def _gdn_recurrent_kernel(
     stride_h_slot, stride_snap_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_prior_grid(USE_PDL)
     seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (HV // HK)
     slot = tl.load(state_slots + seq).to(tl.int64)
@@ -174,7 +177,7 @@ def gdn_recurrent(
         h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
         IS_VARLEN=varlen, HAS_CAPTURES=has_captures,
-        num_warps=num_warps, num_stages=num_stages or 2,
+        num_warps=num_warps, num_stages=num_stages or 2, **launch_options(q),
     )
     for slot, source in repeats:
         h_snapshots[slot].copy_(h_snapshots[source])

@@ -18,13 +18,16 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.partial_sums import PartialSums
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 
 @triton.jit
 def _skinny_gemm_kernel(x, w, y, M, N, stride_xm, stride_wn, stride_ym, stride_ys, K: tl.constexpr,
                         K_PER_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PRECISION: tl.constexpr):
+                        BLOCK_K: tl.constexpr, STAGES: tl.constexpr, PRECISION: tl.constexpr,
+                        USE_PDL: tl.constexpr = False):
     """Program (n tile, split): K columns [split * K_PER_SPLIT, +K_PER_SPLIT) into y[split]."""
+    wait_for_prior_grid(USE_PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -144,5 +147,5 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, splits: int,
         x, weight, y, m, n, x.stride(0), weight.stride(0), y.stride(-2), y.stride(0) if splits > 1 else 0, K=k,
         K_PER_SPLIT=k_per_split, BLOCK_M=max(16, triton.next_power_of_2(m)), BLOCK_N=tiles.block_n,
         BLOCK_K=block_k, STAGES=tiles.stages, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=tiles.warps,
+        num_warps=tiles.warps, **launch_options(x),
     )

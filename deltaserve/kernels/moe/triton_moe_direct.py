@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.partial_sums import PartialSums
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 
 @triton.jit
@@ -30,7 +31,9 @@ def _direct_gate_up_kernel(
     x, w13, weights, ids, inter, stride_x, stride_we, stride_wn,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     STAGES: tl.constexpr, EXPERTS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_prior_grid(USE_PDL)
     pair, ntile = tl.program_id(0), tl.program_id(1)
     token = (pair // TOP_K).to(tl.int64)
     expert = tl.load(ids + pair).to(tl.int64)
@@ -62,8 +65,10 @@ def _direct_down_kernel(
     inter, w2, ids, out, stride_we, stride_wn, stride_out, stride_group,
     TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     UNROLL: tl.constexpr, STAGES: tl.constexpr, EXPERTS: tl.constexpr, GROUP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """Program (token, tile, group): choices [group * GROUP, +GROUP) into out[group]."""
+    wait_for_prior_grid(USE_PDL)
     token, ntile, group = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     offs_n = ntile * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < HIDDEN
@@ -141,11 +146,12 @@ def moe_experts_direct(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
         _direct_gate_up_kernel[(tokens * top_k, triton.cdiv(inter_size, gu_n))](
             x, w13, weights, ids, inter, x.stride(0), w13.stride(0), w13.stride(1),
             TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=gu_n, BLOCK_K=gu_k, STAGES=gu_stages,
-            EXPERTS=w13.shape[0], num_warps=gu_warps,
+            EXPERTS=w13.shape[0], num_warps=gu_warps, **launch_options(x),
         )
         _direct_down_kernel[(tokens, triton.cdiv(hidden, dn_n), groups)](
             inter, w2, ids, out, w2.stride(0), w2.stride(1), out.stride(-2), out.stride(0) if partial else 0,
             TOP_K=top_k, HIDDEN=hidden, INTER=inter_size, BLOCK_N=dn_n, BLOCK_K=dn_k,
             UNROLL=min(unroll, group), STAGES=dn_stages, EXPERTS=w13.shape[0], GROUP=group, num_warps=dn_warps,
+            **launch_options(x),
         )
     return PartialSums(out, x.dtype) if partial else out

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.partial_sums import PartialSums
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 from deltaserve.kernels.triton_partial_sums import load_summed
 
 
@@ -33,7 +34,8 @@ def _moe_route_kernel(logits, weights, ids, live_rows, stride_l, stride_part, EX
                       TOP_K: tl.constexpr, CHOICES: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
                       RENORMALIZE: tl.constexpr, SHARED_GATE: tl.constexpr, HAS_LIVE_ROWS: tl.constexpr,
                       UNROUTED: tl.constexpr, PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
-                      LOGIT_DTYPE: tl.constexpr):
+                      LOGIT_DTYPE: tl.constexpr, USE_PDL: tl.constexpr = False):
+    wait_for_prior_grid(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     valid = offs < EXPERTS
@@ -89,5 +91,6 @@ def moe_route(router_logits: torch.Tensor | PartialSums, top_k: int, renormalize
             HAS_LIVE_ROWS=live_rows is not None, UNROUTED=experts + int(shared_gate), PARTS=parts.shape[0],
             BLOCK_P=triton.next_power_of_2(parts.shape[0]),
             LOGIT_DTYPE=_TL_DTYPES[dtype], num_warps=num_warps or (2 if experts >= 256 else 1),
+            **launch_options(parts),
         )
     return weights, ids

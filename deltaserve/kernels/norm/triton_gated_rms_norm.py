@@ -5,13 +5,16 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.norm.triton_rms_norm import as_rows_3d
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 
 @triton.jit
 def _gated_rms_norm_kernel(
     x, gate, weight, out, inner, stride_x0, stride_x1, stride_g0, stride_g1, eps,
     N: tl.constexpr, BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_prior_grid(USE_PDL)
     row = tl.program_id(0)
     outer, within = (row // inner).to(tl.int64), (row % inner).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -33,6 +36,6 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
         block = triton.next_power_of_2(n)
         _gated_rms_norm_kernel[(rows,)](
             x3, g3, weight, out, x3.shape[1], x3.stride(0), x3.stride(1), g3.stride(0), g3.stride(1), eps,
-            N=n, BLOCK=block, num_warps=min(max(block // 256, 1), 8),
+            N=n, BLOCK=block, num_warps=min(max(block // 256, 1), 8), **launch_options(x),
         )
     return out

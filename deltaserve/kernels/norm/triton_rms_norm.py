@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.partial_sums import PartialSums
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 from deltaserve.kernels.triton_partial_sums import load_summed
 
 
@@ -30,7 +31,9 @@ def as_rows_3d(x: torch.Tensor) -> torch.Tensor:
 def _rms_norm_kernel(
     x, residual, weight, out, summed, inner, stride_x0, stride_x1, stride_r0, stride_r1, stride_part, eps, offset,
     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    wait_for_prior_grid(USE_PDL)
     row = tl.program_id(0)
     outer, within = (row // inner).to(tl.int64), (row % inner).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -64,7 +67,8 @@ def _launch(x, residual, weight, eps, offset):
         _rms_norm_kernel[(rows,)](
             x3, r3, weight, out, summed, x3.shape[1], x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
             parts.stride(0), eps, float(offset), N=n, BLOCK=block, HAS_RESIDUAL=residual is not None,
-            PARTS=parts.shape[0], BLOCK_P=triton.next_power_of_2(parts.shape[0]), num_warps=min(max(block // 256, 1), 8),
+            PARTS=parts.shape[0], BLOCK_P=triton.next_power_of_2(parts.shape[0]),
+            num_warps=min(max(block // 256, 1), 8), **launch_options(parts),
         )
     return out, summed
 

@@ -1,0 +1,41 @@
+"""Programmatic dependent launch (sm_90 and later) for the kernels of a decode step.
+
+A decode step of a 2048-wide MoE model at one sequence is some 440 short kernels; between two of them
+the GPU drains one grid and only then launches the next. Launched with `launch_pdl`, a kernel's grid
+is set up while the one before it still runs: its programs start once every program of the one before
+has signalled (`gdc_launch_dependents`), and wait (`gdc_wait`) until that grid has finished and its
+writes are visible before they touch memory. Every kernel that takes part waits first thing, so what
+it reads and overwrites is as a plain launch would find it; one launched without it waits as before.
+CUDA graphs capture the dependency, so replayed steps keep it.
+"""
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@functools.cache
+def _capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def launch_options(x: torch.Tensor) -> dict:
+    """Keyword arguments for a participating kernel's launch: PDL where the GPU has it (and not under
+    Triton's interpreter, nor with DELTASERVE_PDL=0)."""
+    if not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("DELTASERVE_PDL") == "0":
+        return {}
+    if not _capable(x.device.index if x.device.index is not None else torch.cuda.current_device()):
+        return {}
+    return {"USE_PDL": True, "launch_pdl": True}
+
+
+@triton.jit
+def wait_for_prior_grid(USE_PDL: tl.constexpr):
+    """First statement of a participating kernel: wait for the grid before to finish, then let the next
+    one start launching."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
