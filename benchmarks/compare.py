@@ -30,23 +30,23 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
-        "C=1: 4.73 ms per step (211.5 tok/s, 0.797 of the 3.77 ms floor) in this run; earlier runs gave "
-        "4.70 ms (0.803) and 4.62 ms (216.4 and 216.3 tok/s, 0.815-0.816; engine_qwen3.5-9b_second_run.json, "
-        "side_by_side_qwen3.5-9b.json): runs differ by about 2%, and the 0.8-of-floor target (215 tok/s) sits "
-        "inside that spread, missed in this run by 0.4%. The GDN decode kernel measured the same before and "
-        "after this run's changes (kernels_check gdn_decode_B1: 3.0-3.2 us). Beside vLLM in one command: 4.62 "
-        "against 5.31 ms per step (1.15x). The projections are most of the step; the host's work is hidden by "
-        "asynchronous scheduling.",
-        "C=2-16: 1.09-1.70x vLLM on closed batches.",
-        "C=32-128, on vLLM's instrument (closed batches, prefill included): 0.99x, 0.95x and 0.89x of the "
-        "issue's figures in this run (1.00x, 0.96x, 0.89x before); measured beside vLLM in one command 1.01x, "
-        "0.93x and 0.93x. The decode step is where deltaserve loses: 7.39 against 6.61 ms at C=64 and 10.06 against 8.99 ms at C=128 "
-        "(side_by_side_qwen3.5-9b.json), while its batch prefill is faster (0.21 against 0.27 s at C=64). "
-        "At C=64 the graph's GEMMs run at 81% of their floor and the GDN recurrent decode (24 layers reading "
-        "and writing 64 fp32 states) at 82% of the bandwidth (profile_qwen3.5-9b.json); the step is at 0.73 "
-        "of its floor where vLLM's is at 0.82. Earlier comparisons set deltaserve's decode-only rate (C over "
-        "the step time) against vLLM's prefill-inclusive aggregate and overstated deltaserve by 5-15% at "
-        "these concurrencies.",
+        "C=1: 4.52 ms per step (221.2 tok/s, 0.834 of the 3.77 ms floor; commit 2c5926b), against 4.62-4.73 "
+        "ms (0.797-0.816) in four runs before programmatic dependent launch, which lets each of a step's "
+        "Triton kernels be launched while the one before it finishes (measured on and off on the same code "
+        "on the 35B-A3B shape only: engine_qwen3.5-35b-a3b_pdl.json). Beside vLLM in one command before it (commit 0015780): "
+        "4.62 against 5.31 ms per step (1.15x). The projections are most of the step; the host's work is "
+        "hidden by asynchronous scheduling.",
+        "C=2-16: 1.12-1.78x the issue's vLLM figures on closed batches (1.09x at C=8 and C=16 before).",
+        "C=32-128, on vLLM's instrument (closed batches, prefill included): 1.01x, 0.96x and 0.90x of the "
+        "issue's figures (0.99x, 0.95x, 0.89x at commit 0015780, engine_qwen3.5-9b_at_0015780.json); "
+        "measured beside vLLM in one command then 1.01x, 0.93x and 0.93x. The decode step is where "
+        "deltaserve loses: 7.39 against 6.61 ms at C=64 and 10.06 against 8.99 ms at C=128 "
+        "(side_by_side_qwen3.5-9b.json; 7.39 and 10.18 ms in this run), while its batch prefill is faster "
+        "(0.21 against 0.27 s at C=64). At C=64 the graph's GEMMs run at 81% of their floor and the GDN "
+        "recurrent decode (24 layers reading and writing 64 fp32 states) at 82% of the bandwidth "
+        "(profile_qwen3.5-9b.json); the step is at 0.73 of its floor where vLLM's is at 0.82. The split "
+        "GEMMs and the dependent launches of this round do not reach these sizes: above 16 rows the "
+        "projections are cuBLAS's, and the 9B shape's 4096-wide weights are not split.",
         "Part of that step gap is state precision: the vLLM runs keep the GDN recurrent state in bf16 (the "
         "shapes' configs name no mamba_ssm_dtype, so vLLM takes the model dtype, as its Qwen3.5 config hook "
         "reads), deltaserve in fp32 by default, which doubles the state bytes of a decode step (1.5 of the "
@@ -63,23 +63,30 @@ NOTES = {
         "state's error: not taken.",
     ],
     "qwen3.5-35b-a3b": [
-        "C=1: 333.3 tok/s (3.00 ms) against the 400 tok/s target (2.5 ms) and a 1.42 ms floor; 1.43x the "
-        "issue's vLLM figure, 1.45x vLLM beside it (4.34 ms per step). A step replays about 12 kernels per "
-        "layer over 40 layers; the MoE direct path (8 routed experts and the shared one stacked as a ninth) "
-        "measured 20 us per layer at one token against a 12 us floor before the shared expert was folded in.",
-        "On vLLM's instrument (closed batches, prefill included), this run (commit e4e03ef): C=32 1.31x, C=64 "
-        "1.01x, C=128 1.17x of the issue's figures. Beside vLLM in one command at commit 9263d26 "
+        "C=1: 408.0 tok/s (2.45 ms a step; 408.3 twice in engine_qwen3.5-35b-a3b_pdl.json) against the 400 "
+        "tok/s target and a 1.42 ms floor (0.58 of it), 1.75x the issue's vLLM figure (4.30 ms). A step is "
+        "about 440 short kernels; two changes of this round took it from 2.94 ms (340 tok/s), each measured "
+        "before and after in one command: partial sums (2.94 to 2.73 ms, then 2.68 with the parts loaded in "
+        "one piece; engine_qwen3.5-35b-a3b_partial_sums_same_machine.json, _partial_sums_one_load.json): "
+        "the 2048-wide output projections and the MoE router run as K-split skinny GEMMs (5.2 against 7.3 "
+        "us and 2.1 against 5.1 us for cuBLAS, skinny_gemm_split.json) and the MoE's down projection over "
+        "groups of choices (14.3 against 15.6 us, kernels_check_moe_direct_partial.json), their fp32 parts "
+        "summed by the residual add-norm and the router as they load them; and programmatic dependent launch "
+        "(2.68 to 2.45 ms with it on and off on the same code, engine_qwen3.5-35b-a3b_pdl.json).",
+        "On vLLM's instrument (closed batches, prefill included), at commit 2c5926b: C=32 1.31x, C=64 1.01x, "
+        "C=128 1.16x of the issue's figures. Beside vLLM in one command at commit 9263d26 "
         "(side_by_side_qwen3.5-35b-a3b.json), where vLLM with its decode warm-up ran faster than the issue's "
         "figures at C=128 (5448 against 4512 tok/s): C=32 1.07x, C=64 1.00x (18.47 against 18.34 ms per "
-        "step), C=128 0.94x (23.86 against 22.24 ms). Since then the small MoE tiles cover 128 sequences "
-        "(kernels_check_moe_tail_T144.json: 393 against 413 us per layer): 23.18 ms per step and 5269 tok/s "
-        "here, 0.97x vLLM's 5448, C=64 unchanged at 18.45 ms. At 64 tokens the sorted grouped GEMM took "
-        "about 380 us per layer against the 326 us of reading the touched experts "
-        "(kernels_check_moe_sorted_tiles.json): about 15 ms of the 18.5 ms step.",
-        "Prefill (engine_qwen3.5-35b-a3b_prefill.json, commit 4b0ed87): 0.150 s at 8k and 0.655 s at 32k, "
-        "1.02x and 1.04x the issue's vLLM times against the 0.9x target (the ladder's run at e4e03ef: 0.153 "
-        "and 0.655 s; beside vLLM at 8k 1.06x then, 0.151 against 0.143 s). The 1k prompt took 0.054 s in "
-        "that run against 0.038-0.043 s in the runs before it: one sample each, not explained. At 8k the "
+        "step), C=128 0.94x (23.86 against 22.24 ms); this run's steps are 18.58 ms at C=64 and 23.38 ms at "
+        "C=128. At C=64 the step is at 0.87 of its floor: 64 tokens touch most of the experts, whose "
+        "reading takes about 13 ms at the bandwidth (profile_qwen3.5-35b-a3b.json: gate/up 8.8 and down 4.5 "
+        "ms a step), and the GDN recurrent decode reads and writes 64 fp32 states per layer (2.3 ms; the "
+        "vLLM runs keep the state in bf16).",
+        "Prefill: 0.154 s at 8k and 0.660 s at 32k in this ladder (commit 2c5926b), 1.05x and 1.05x the "
+        "issue's vLLM times against the 0.9x target; 0.150 and 0.655 s in the prefill run at 4b0ed87 "
+        "(engine_qwen3.5-35b-a3b_prefill.json; beside vLLM at 8k 1.06x at e4e03ef, 0.151 against 0.143 s). "
+        "The 1k prompt took 0.054 s in "
+        "the 4b0ed87 run against 0.038-0.043 s in the runs before it: one sample each, not explained. At 8k the "
         "grouped expert GEMMs take about 1.3 ms per layer (315 TFLOP/s with the column tiles on the grid's "
         "fast axis), the GDN chunked prefill 1.12 ms per layer (1.27 before the prepare kernel's change; "
         "kernels_check_gdn_prefill.json), then the GDN input GEMM and attention. With bf16 operands on the "
@@ -112,9 +119,14 @@ def compare(shape: str, suffix: str = "") -> dict:
             entry["ratio_to_vllm"] = round(entry["deltaserve_tok_s"] / peer["decode"][c], 3)
             entry["meets_1_1x"] = entry["ratio_to_vllm"] >= 1.1
         rows.append(entry)
-    # A later prefill-only run (engine_<shape>_prefill.json) replaces the ladder's prefill rows.
+    # The prefill rows come from the later of the ladder (when it has them) and a prefill-only run
+    # (engine_<shape>_prefill.json).
     prefill_path = os.path.join(RESULTS, f"engine_{shape}_prefill.json")
-    prefill_run = json.load(open(prefill_path)) if not suffix and os.path.exists(prefill_path) else ours
+    prefill_run = ours
+    if not suffix and os.path.exists(prefill_path):
+        separate = json.load(open(prefill_path))
+        if not ours["prefill"] or separate["date"] > ours["date"]:
+            prefill_run = separate
     prefill = []
     for row in prefill_run["prefill"]:
         entry = {"tokens": row["tokens"], "deltaserve_s": row["ttft_s"]}
@@ -140,13 +152,11 @@ PREFIX_NOTES = [
     "as a CUDA graph (the 80-row rung of the prefill graphs) whose first nodes restore the snapshot and copy "
     "the block. Restoring at the last block boundary instead, 8240, recomputed 80 tokens and took 19.3-19.5 "
     "ms (9.79x and 9.87x at commit 9263d26).",
-    "Warm and cold are medians of five runs on fresh prompts. At commit 1ce1a2a two runs on one machine gave "
-    "10.40x and 10.35x (prefix_cache_qwen3.5-35b-a3b_at_1ce1a2a.json and its second run; cold 0.1883 / "
-    "0.1874 s, warm 18.1 / 18.1 ms). Then the GDN prefill's prepare kernel got faster (1.27 to 1.12 ms per "
-    "layer at 8k), and with it the cold turn, whose first pass is 8192 tokens: at commit 4f7086f two runs "
-    "gave 9.85x and 9.97x (prefix_cache_qwen3.5-35b-a3b.json and its second run; cold 0.1822 / 0.1795 s, "
-    "warm 18.5 / 18.0 ms), and at 4b0ed87 9.9x and 10.1x on another machine. The warm turn did not change; "
-    "the target is missed by up to 1.5%.",
+    "Warm and cold are medians of five runs on fresh prompts. At commit 2c5926b (this file): 10.5x, cold "
+    "0.1895 s, warm 18.0 ms. Earlier: 10.40x and 10.35x at 1ce1a2a (prefix_cache_qwen3.5-35b-a3b_at_1ce1a2a"
+    ".json and its second run); 9.85x and 9.97x at 4f7086f, after the GDN prefill's prepare kernel made the "
+    "cold turn's 8192-token pass faster; 10.2x and 10.2x at d6fbe4a (_at_d6fbe4a.json and its second run); "
+    "10.4x at 784cf1f. Runs on different machines differ by about 3% in the cold time.",
     "Where the warm turn's 18 ms go (profile_qwen3.5-35b-a3b.json, commit 4b0ed87): 17.0 ms of kernels, "
     "12.4 of them the expert GEMMs reading the experts that 65 tokens touch, at about the bandwidth floor "
     "(about 223 of 257 per layer; the graph's padding rows route to none). The rest: dense GEMMs 1.25 ms "
@@ -167,7 +177,7 @@ PREFIX_NOTES = [
 def _prefix_speedups(shape: str) -> list[float]:
     """cold / warm of each recorded run (the main file and a second run where there is one), unrounded."""
     runs = []
-    for suffix in ("", "_second_run"):
+    for suffix in ("", "_second_run"):  # a second run at the same commit, where there is one
         path = os.path.join(RESULTS, f"prefix_cache_{shape}{suffix}.json")
         if os.path.exists(path):
             turn = json.load(open(path))["follow_up_turn"]
