@@ -375,7 +375,8 @@ MOE_DIRECT_TILES = [(16, 256, 4, 3, 8, 512, 4, 2, 2), (16, 256, 4, 1, 8, 512, 4,
                     (16, 128, 4, 4, 8, 256, 4, 4, 2), (8, 512, 4, 3, 8, 512, 4, 1, 3), (8, 256, 4, 3, 8, 256, 4, 4, 2),
                     (16, 512, 8, 2, 16, 512, 8, 2, 2), (32, 128, 4, 3, 16, 128, 4, 2, 2), (8, 128, 2, 4, 4, 512, 2, 2, 2),
                     (16, 256, 4, 3, 16, 256, 4, 4, 2)]
-# With PartialSums: the default tiles with 1-9 groups of choices, other unroll steps and down tiles.
+# With PartialSums: the whole-sum default tiles with 1-9 groups of choices, other unroll steps and down
+# tiles; the fourth is triton_moe_direct.PARTIAL_TILES.
 MOE_DIRECT_PARTIAL_TILES = [(16, 256, 4, 3, 8, 512, 4, 2, 2, 3), (16, 256, 4, 3, 8, 512, 4, 2, 2, 1),
                             (16, 256, 4, 3, 8, 512, 4, 1, 2, 9), (16, 256, 4, 3, 8, 512, 4, 3, 1, 3),
                             (16, 256, 4, 3, 8, 512, 4, 2, 2, 5), (16, 256, 4, 3, 16, 512, 4, 3, 1, 3),
