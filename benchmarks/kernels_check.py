@@ -355,7 +355,8 @@ def moe_sweep(tokens: int, path: str, configs, partial: bool = False):
         for tiles in configs[:2] if SMOKE else configs:
             cfg = {"tiles": tiles}
             try:
-                fn = lambda: moe_experts(x, w13, w2, weights, ids, tiles=tiles, path=path, partial=partial)  # noqa: E731
+                fn = lambda: moe_experts(  # noqa: E731
+                    x, w13, w2, weights, ids, tiles=tiles, path=path, partial=partial)
                 out = fn()
                 cfg["rel_err"] = rel_err(out.total() if partial else out, expected)
                 if not SMOKE:

@@ -1,7 +1,8 @@
 """RMSNorm, `w * x_hat` or `(1 + w) * x_hat`, one program per row; with a residual, the sum
 `x + residual` is written out and normalised in the same pass (the pre-norm block's two streams).
 x may come as PartialSums (a split projection's fp32 parts): they are added up on load
-(triton_partial_sums.py) and rounded to the stream's dtype before the residual is added, as an unsplit x would have been."""
+(triton_partial_sums.py) and rounded to the stream's dtype before the residual is added, as an
+unsplit x would have been."""
 
 import torch
 import triton
