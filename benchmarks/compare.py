@@ -32,8 +32,9 @@ NOTES = {
     "qwen3.5-9b": [
         "C=1: 4.52 ms per step (221.2 tok/s, 0.834 of the 3.77 ms floor; commit 2c5926b), against 4.62-4.73 "
         "ms (0.797-0.816) in four runs before programmatic dependent launch, which lets each of a step's "
-        "Triton kernels be launched while the one before it finishes (measured on and off on the same code "
-        "on the 35B-A3B shape only: engine_qwen3.5-35b-a3b_pdl.json). Beside vLLM in one command before "
+        "Triton kernels be launched while the one before it finishes. On and off on the same code "
+        "(engine_qwen3.5-9b_pdl.json, commit 56b9c1e): 4.52 against 4.63 ms (221.3 against 215.8 tok/s, "
+        "0.834 against 0.813 of the floor), and 5.07 against 5.17 ms at C=8. Beside vLLM in one command before "
         "it (commit 0015780): "
         "4.62 against 5.31 ms per step (1.15x). The projections are most of the step; the host's work is "
         "hidden by asynchronous scheduling.",
