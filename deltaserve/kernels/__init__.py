@@ -54,7 +54,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
 
 def add_rms_norm(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    if use_triton(residual):
+    if use_triton(x):
         from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm as kernel
         return kernel(x, residual, weight, eps, offset)
     return _norm.add_rms_norm(total(x), residual, weight, eps, offset)
@@ -176,7 +176,7 @@ def moe_route(router_logits: torch.Tensor | PartialSums, top_k: int, renormalize
     """shared_gate: the last column is the shared expert's gate; it becomes choice k+1, expert E.
     live_rows ([1] on the device): rows at or after it get the id one past the stacked experts and
     weight 0, which moe_experts skips."""
-    if use_triton(router_logits.parts if isinstance(router_logits, PartialSums) else router_logits):
+    if use_triton(router_logits):
         from deltaserve.kernels.moe.triton_moe_route import moe_route as kernel
         return kernel(router_logits, top_k, renormalize, shared_gate, live_rows=live_rows)
     return _moe.moe_route(total(router_logits), top_k, renormalize, shared_gate, live_rows)

@@ -22,4 +22,5 @@ def triton_available() -> bool:
 
 
 def use_triton(tensor: torch.Tensor) -> bool:
+    """tensor: anything with is_cuda (a tensor, or kernels.PartialSums)."""
     return tensor.is_cuda and triton_available()

@@ -21,6 +21,10 @@ class PartialSums(NamedTuple):
     def shape(self) -> torch.Size:
         return self.parts.shape[1:]
 
+    @property
+    def is_cuda(self) -> bool:  # for the dispatch, which asks it of a tensor
+        return self.parts.is_cuda
+
     def total(self) -> torch.Tensor:
         """The sum in fp32 (part 0 first), rounded to dtype once: the torch references' reading."""
         acc = self.parts[0]
@@ -32,6 +36,11 @@ class PartialSums(NamedTuple):
 def total(x: "torch.Tensor | PartialSums") -> torch.Tensor:
     """x itself, or the sum of its parts: for the torch references, which take both."""
     return x.total() if isinstance(x, PartialSums) else x
+
+
+def as_parts(x: "torch.Tensor | PartialSums") -> tuple[torch.Tensor, torch.dtype]:
+    """(parts [S, ...], dtype of the sum) for the kernels that take both: a tensor is its one part."""
+    return (x.parts, x.dtype) if isinstance(x, PartialSums) else (x[None], x.dtype)
 
 
 def first_columns(x: "torch.Tensor | PartialSums", stop: int) -> "torch.Tensor | PartialSums":

@@ -18,18 +18,21 @@ import triton.language as tl
 
 
 @functools.cache
-def _capable(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
+def _options(device_index: int) -> dict:
+    """Read once per device: the environment is the process's, the capability the card's."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("DELTASERVE_PDL") == "0":
+        return {}
+    if torch.cuda.get_device_capability(device_index)[0] < 9:
+        return {}
+    return {"USE_PDL": True, "launch_pdl": True}
 
 
 def launch_options(x: torch.Tensor) -> dict:
-    """Keyword arguments for a participating kernel's launch: PDL where the GPU has it (and not under
-    Triton's interpreter, nor with DELTASERVE_PDL=0)."""
-    if not x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("DELTASERVE_PDL") == "0":
+    """Keyword arguments for a participating kernel's launch (splat, never changed): PDL where the GPU
+    has it, not under Triton's interpreter, nor with DELTASERVE_PDL=0."""
+    if not x.is_cuda:
         return {}
-    if not _capable(x.device.index if x.device.index is not None else torch.cuda.current_device()):
-        return {}
-    return {"USE_PDL": True, "launch_pdl": True}
+    return _options(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
 @triton.jit

@@ -434,12 +434,13 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         cap_state = torch.empty((num_caps, hv, dk, dv), dtype=torch.float32, device=dev)
     split = bool(split_output)
     block_b = max(16, triton.next_power_of_2(seqs))
+    caps_block = block_caps(num_caps)
     chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=torch.float32, device=dev) if split else w_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
         q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
         o, chunk_states, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=block_caps(num_caps),
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=caps_block,
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
         num_warps=num_warps or 4, num_stages=num_stages or 2,
     )
@@ -455,7 +456,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
             k, w_buf, u_buf, g_buf, query_start_loc, seqs, cap_rows, cap_snaps, cap_state, num_caps, h_snapshots,
             k.stride(0), k.stride(1), h_snapshots.stride(0),
-            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=block_caps(num_caps),
+            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=caps_block,
             U_IS_V_NEW=split, PRECISION=precision,
             num_warps=4,
         )

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.partial_sums import PartialSums
+from deltaserve.kernels.partial_sums import PartialSums, as_parts
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 from deltaserve.kernels.triton_partial_sums import load_summed
 
@@ -72,10 +72,7 @@ _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.floa
 
 def moe_route(router_logits: torch.Tensor | PartialSums, top_k: int, renormalize: bool, shared_gate: bool = False,
               num_warps: int | None = None, live_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(router_logits, PartialSums):
-        parts, dtype = router_logits.parts, router_logits.dtype
-    else:
-        parts, dtype = router_logits[None], router_logits.dtype
+    parts, dtype = as_parts(router_logits)
     if parts.stride(-1) != 1:
         parts = parts.contiguous()
     _, tokens, columns = parts.shape

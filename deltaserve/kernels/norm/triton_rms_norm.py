@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.partial_sums import PartialSums
+from deltaserve.kernels.partial_sums import PartialSums, as_parts
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 from deltaserve.kernels.triton_partial_sums import load_summed
 
@@ -55,8 +55,7 @@ def _rms_norm_kernel(
 
 
 def _launch(x, residual, weight, eps, offset):
-    parts = x.parts if isinstance(x, PartialSums) else x[None]
-    dtype = x.dtype
+    parts, dtype = as_parts(x)
     x3 = as_rows_3d(parts[0])
     r3 = as_rows_3d(residual) if residual is not None else x3
     n = x.shape[-1]
