@@ -49,6 +49,40 @@ def test_rms_norm_per_head_on_strided_view():
     assert_close(rms_norm(q, weight, 1e-6, 1.0), norm_reference.rms_norm(q, weight, 1e-6, 1.0))
 
 
+@pytest.mark.parametrize("block_rows", [4, 8])
+def test_norms_over_row_tiles(block_rows):
+    """Several narrow rows a program (as prefill's per-head norms run), rows not a multiple of the tile, on
+    strided per-head views; with a residual and with PartialSums too."""
+    tokens, heads, dim = 7, 3, 24  # 21 rows
+    packed = torch.randn(tokens, heads, 2 * dim)
+    q, gate = packed[..., :dim], packed[..., dim:]
+    weight = torch.randn(dim)
+    assert_close(rms_norm(q, weight, 1e-6, 1.0, block_rows=block_rows),
+                 norm_reference.rms_norm(q, weight, 1e-6, 1.0))
+    assert_close(gated_rms_norm(q, gate, weight, 1e-6, block_rows=block_rows),
+                 norm_reference.gated_rms_norm(q, gate, weight, 1e-6))
+    x, residual = torch.randn(tokens * heads, dim), torch.randn(tokens * heads, dim)
+    normed, summed = add_rms_norm(x, residual, weight, 1e-6, block_rows=block_rows)
+    expected_normed, expected_summed = norm_reference.add_rms_norm(x, residual, weight, 1e-6)
+    assert_close(normed, expected_normed)
+    assert torch.equal(summed, expected_summed)
+    partial = PartialSums(torch.randn(3, tokens * heads, dim), torch.float32)
+    normed, summed = add_rms_norm(partial, residual, weight, 1e-6, block_rows=block_rows)
+    expected_normed, expected_summed = norm_reference.add_rms_norm(partial.total(), residual, weight, 1e-6)
+    assert_close(summed, expected_summed, 1e-6)
+    assert_close(normed, expected_normed)
+
+
+def test_rows_per_program_packs_only_narrow_rows_of_large_batches():
+    from deltaserve.kernels.norm.rows_per_program import TILE_ELEMENTS, rows_per_program
+
+    assert rows_per_program(32, 128) == 1  # a decode step's GDN norm at one sequence
+    assert rows_per_program(8192, 2048) == 1  # the hidden stream: one wide row a program
+    tiled = rows_per_program(8192 * 32, 128)  # an 8k-token prompt's GDN norm
+    assert tiled * 128 == TILE_ELEMENTS and tiled & (tiled - 1) == 0
+    assert all(rows // rows_per_program(rows, 128) >= 512 for rows in (600, 2048, 5000, 10**6))
+
+
 def test_gated_rms_norm():
     x = torch.randn(5, 3, 24)
     gate = torch.randn(5, 3 * 24 + 7)[:, :72].reshape(5, 3, 24)

@@ -1,13 +1,14 @@
-"""RMSNorm, `w * x_hat` or `(1 + w) * x_hat`, one program per row; with a residual, the sum
-`x + residual` is written out and normalised in the same pass (the pre-norm block's two streams).
-x may come as PartialSums (a split projection's fp32 parts): they are added up on load
-(triton_partial_sums.py) and rounded to the stream's dtype before the residual is added, as an
-unsplit x would have been."""
+"""RMSNorm, `w * x_hat` or `(1 + w) * x_hat`, over a tile of rows per program (one wide row, or
+several narrow ones: rows_per_program.py); with a residual, the sum `x + residual` is written out and
+normalised in the same pass (the pre-norm block's two streams). x may come as PartialSums (a split
+projection's fp32 parts): they are added up on load (triton_partial_sums.py) and rounded to the
+stream's dtype before the residual is added, as an unsplit x would have been."""
 
 import torch
 import triton
 import triton.language as tl
 
+from deltaserve.kernels.norm.rows_per_program import rows_per_program, warps_for
 from deltaserve.kernels.partial_sums import PartialSums, as_parts
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 from deltaserve.kernels.triton_partial_sums import load_summed
@@ -29,32 +30,43 @@ def as_rows_3d(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def row_tile(program, rows, inner, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, N: tl.constexpr):
+    """This program's rows of an [A, inner, N] view: (outer, within) indices [BLOCK_R] (int64), the row
+    numbers, the columns and the tile's mask."""
+    row = program * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK)
+    mask = (row < rows)[:, None] & (cols < N)[None, :]
+    return (row // inner).to(tl.int64), (row % inner).to(tl.int64), row.to(tl.int64), cols, mask
+
+
+@triton.jit
 def _rms_norm_kernel(
-    x, residual, weight, out, summed, inner, stride_x0, stride_x1, stride_r0, stride_r1, stride_part, eps, offset,
-    N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    x, residual, weight, out, summed, rows, inner, stride_x0, stride_x1, stride_r0, stride_r1, stride_part, eps,
+    offset, N: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    PARTS: tl.constexpr, BLOCK_P: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
-    row = tl.program_id(0)
-    outer, within = (row // inner).to(tl.int64), (row % inner).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    if PARTS > 1:
-        xs = load_summed(x + outer * stride_x0 + within * stride_x1 + cols, mask, stride_part, PARTS, BLOCK_P)
-        xs = xs.to(summed.dtype.element_ty)
+    outer, within, row, cols, mask = row_tile(tl.program_id(0), rows, inner, BLOCK_R, BLOCK, N)
+    x_ptrs = x + (outer * stride_x0 + within * stride_x1)[:, None] + cols[None, :]
+    if PARTS > 1:  # the parts' loader takes a 1-D block
+        flat = tl.reshape(x_ptrs, [BLOCK_R * BLOCK])
+        xs = load_summed(flat, tl.reshape(mask, [BLOCK_R * BLOCK]), stride_part, PARTS, BLOCK_P)
+        xs = tl.reshape(xs, [BLOCK_R, BLOCK]).to(summed.dtype.element_ty)
     else:
-        xs = tl.load(x + outer * stride_x0 + within * stride_x1 + cols, mask=mask, other=0.0)
+        xs = tl.load(x_ptrs, mask=mask, other=0.0)
+    out_offs = row[:, None] * N + cols[None, :]
     if HAS_RESIDUAL:
-        rs = tl.load(residual + outer * stride_r0 + within * stride_r1 + cols, mask=mask, other=0.0)
+        rs = tl.load(residual + (outer * stride_r0 + within * stride_r1)[:, None] + cols[None, :], mask=mask,
+                     other=0.0)
         xs = (xs.to(tl.float32) + rs.to(tl.float32)).to(summed.dtype.element_ty)  # rounded as the stream is
-        tl.store(summed + row.to(tl.int64) * N + cols, xs, mask=mask)
+        tl.store(summed + out_offs, xs, mask=mask)
     xf = xs.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / N + eps)
-    w = tl.load(weight + cols, mask=mask, other=0.0).to(tl.float32) + offset
-    tl.store(out + row.to(tl.int64) * N + cols, (xf * rstd * w).to(out.dtype.element_ty), mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / N + eps)
+    w = tl.load(weight + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
+    tl.store(out + out_offs, (xf * rstd[:, None] * w[None, :]).to(out.dtype.element_ty), mask=mask)
 
 
-def _launch(x, residual, weight, eps, offset):
+def _launch(x, residual, weight, eps, offset, block_rows=None):
     parts, dtype = as_parts(x)
     x3 = as_rows_3d(parts[0])
     r3 = as_rows_3d(residual) if residual is not None else x3
@@ -64,19 +76,22 @@ def _launch(x, residual, weight, eps, offset):
     rows = x3.shape[0] * x3.shape[1]
     if rows:
         block = triton.next_power_of_2(n)
-        _rms_norm_kernel[(rows,)](
-            x3, r3, weight, out, summed, x3.shape[1], x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
-            parts.stride(0), eps, float(offset), N=n, BLOCK=block, HAS_RESIDUAL=residual is not None,
-            PARTS=parts.shape[0], BLOCK_P=triton.next_power_of_2(parts.shape[0]),
-            num_warps=min(max(block // 256, 1), 8), **launch_options(parts),
+        block_rows = block_rows or rows_per_program(rows, block)
+        _rms_norm_kernel[(triton.cdiv(rows, block_rows),)](
+            x3, r3, weight, out, summed, rows, x3.shape[1], x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
+            parts.stride(0), eps, float(offset), N=n, BLOCK=block, BLOCK_R=block_rows,
+            HAS_RESIDUAL=residual is not None, PARTS=parts.shape[0], BLOCK_P=triton.next_power_of_2(parts.shape[0]),
+            num_warps=warps_for(block_rows, block), **launch_options(parts),
         )
     return out, summed
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
-    return _launch(x, None, weight, eps, offset)[0]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
+             block_rows: int | None = None) -> torch.Tensor:
+    """block_rows (a power of two) overrides rows_per_program: tests use it to cover the row tiles."""
+    return _launch(x, None, weight, eps, offset, block_rows)[0]
 
 
 def add_rms_norm(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch(x, residual, weight, eps, offset)
+                 offset: float = 0.0, block_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch(x, residual, weight, eps, offset, block_rows)
