@@ -59,8 +59,10 @@ def test_single_token_update():
         assert_close(out_state, expected_state)
 
 
-def test_long_prefill_by_row_tiles():
-    channels, kernel = 20, 4
+@pytest.mark.parametrize("kernel,row_tiles", [(4, None), (4, (8, 16, 2, 1)), (4, (3, 16, 1, 2)), (3, (8, 16, 1, 2))])
+def test_long_prefill_by_row_tiles(kernel, row_tiles):
+    """Runs of rows inside one sequence, across a sequence start, and across several; empty sequences."""
+    channels = 20
     weight = torch.randn(channels, kernel)
     state = torch.randn(5, channels, kernel - 1)
     lens = [70, 1, 0, 2, 5]  # past 64 rows the conv runs over global row tiles
@@ -71,7 +73,7 @@ def test_long_prefill_by_row_tiles():
     expected_state, out_state = state.clone(), state.clone()
     expected_snaps, snaps = torch.zeros(4, channels, kernel - 1), torch.zeros(4, channels, kernel - 1)
     expected = reference.causal_conv1d(x, weight, expected_state, slots, starts, captures, expected_snaps)
-    out = causal_conv1d(x, weight, out_state, slots, starts, captures, snaps)
+    out = causal_conv1d(x, weight, out_state, slots, starts, captures, snaps, row_tiles=row_tiles)
     assert_close(out, expected)
     assert_close(out_state, expected_state)
     assert_close(snaps, expected_snaps)

@@ -6,9 +6,12 @@ windows of the same "history" (old state then x).
 
 Short sequences (decode, verify): one program per (sequence, tile of channels) walks its rows, then
 gathers the snapshots and the new state; a barrier keeps the in-place state write behind every read
-of the old state. Long ones (prefill): the conv runs one program per (tile of global rows, tile of
-channels), each row finding its sequence by a binary search over query_start_loc, and the
-per-sequence kernel then only writes the snapshots and the state, after every read of the old state.
+of the old state. Long ones (prefill): the conv runs one program per (run of global rows, tile of
+channels), which walks its rows one at a time with the K-1 inputs before the row in registers, so
+each input is read once; the per-sequence kernel then only writes the snapshots and the state, after
+every read of the old state. (A 2-D tile of rows per program, each tap loaded as its own tile, held
+some 170 registers a thread and took 170 us for an 8k-token prompt on the H200, 267 us with the old
+state's gathers in every tile; walking the rows took 108-118 us, kernels_check conv1d_row_tiles.)
 """
 
 import torch
@@ -108,41 +111,96 @@ def _causal_conv1d_kernel(
 
 
 @triton.jit
+def _input_row(x, conv_state, src, start, state_base, live, channels, mask_c, stride_x, stride_s_c, KM1: tl.constexpr):
+    """Input row `src` of a sequence starting at `start`, fp32 [BLOCK_C]: from x, or from the old state
+    (column src - start + K-1) before the sequence's first row; zeros where not live or before the
+    state's K-1 inputs."""
+    if src >= start:
+        row = tl.load(x + src.to(tl.int64) * stride_x + channels, mask=mask_c, other=0.0)
+    else:
+        column = src - start + KM1
+        row = tl.load(conv_state + state_base + channels * stride_s_c + column, mask=mask_c & live & (column >= 0),
+                      other=0.0)
+    return row.to(tl.float32)
+
+
+@triton.jit
 def _conv_rows_kernel(
     x, weight, conv_state, state_slots, query_start_loc, out, num_seqs, tokens,
     stride_x, stride_out, stride_w, stride_s_slot, stride_s_c,
-    CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, AHEAD: tl.constexpr,
 ):
-    """The conv over one tile of global rows (any mix of sequences); writes no state."""
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    row_ok = rows < tokens
-    # sequence of each row: the number of sequence ends query_start_loc[1..B] at or before it
-    lo = tl.zeros([BLOCK_T], dtype=tl.int32)
-    hi = tl.zeros([BLOCK_T], dtype=tl.int32) + num_seqs
-    active = lo < hi
-    while tl.max(active.to(tl.int32), 0) > 0:
-        mid = (lo + hi) // 2
-        before = tl.load(query_start_loc + 1 + mid, mask=active, other=0) <= rows
-        lo = tl.where(active & before, mid + 1, lo)
-        hi = tl.where(active & ~before, mid, hi)
-        active = lo < hi
-    seq = tl.minimum(lo, num_seqs - 1)
-    start = tl.load(query_start_loc + seq)
-    slot = tl.load(state_slots + seq).to(tl.int64)
-    live = slot >= 0
-    state_base = tl.where(live, slot, 0) * stride_s_slot
+    """The conv over BLOCK_T consecutive global rows (any mix of sequences) for BLOCK_C channels, one row
+    at a time: the inputs before the row stay in registers (h1, h2, h3: lags 1 to 3, so K <= 4) and
+    the loads of the next AHEAD (1 or 2) rows are in flight while a row is computed. Writes no state."""
+    t0 = tl.program_id(0) * BLOCK_T
     channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = channels < CHANNELS
-    y = _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, state_base, live, channels, mask_c,
-                        stride_x, stride_s_c, stride_w, K, BLOCK_T, BLOCK_C)
-    tl.store(out + rows.to(tl.int64)[:, None] * stride_out + channels[None, :], y.to(out.dtype.element_ty),
-             mask=row_ok[:, None] & mask_c[None, :])
+    # tap weights by lag: w_j multiplies input row t - j (zero past the kernel's K taps)
+    w0 = tl.load(weight + channels * stride_w + (K - 1), mask=mask_c, other=0.0).to(tl.float32)
+    w1 = tl.load(weight + channels * stride_w + (K - 2), mask=mask_c & (K > 1), other=0.0).to(tl.float32)
+    w2 = tl.load(weight + channels * stride_w + (K - 3), mask=mask_c & (K > 2), other=0.0).to(tl.float32)
+    w3 = tl.load(weight + channels * stride_w + (K - 4), mask=mask_c & (K > 3), other=0.0).to(tl.float32)
+    # the sequence of row t0: the number of sequence ends query_start_loc[1..B] at or before it
+    lo, hi = t0 * 0, t0 * 0 + num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc + 1 + mid) <= t0:
+            lo = mid + 1
+        else:
+            hi = mid
+    seq = tl.minimum(lo, num_seqs - 1)
+    next_start = t0 * 0 - 1  # negative: the first row loads its lags as a sequence's first row does
+    start = tl.load(query_start_loc + seq)
+    state_base = tl.zeros([], dtype=tl.int64)
+    live = seq >= 0
+    h1 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    h2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    h3 = tl.zeros([BLOCK_C], dtype=tl.float32)
+    x_ptrs = x + t0.to(tl.int64) * stride_x + channels
+    x_next = tl.load(x_ptrs, mask=mask_c & (t0 < tokens), other=0.0)
+    x_after = x_next
+    if AHEAD == 2:
+        x_after = tl.load(x_ptrs + stride_x, mask=mask_c & (t0 + 1 < tokens) & (BLOCK_T > 1), other=0.0)
+    for i in range(BLOCK_T):  # constant bounds; rows past the last are masked
+        t = t0 + i
+        in_rows = t < tokens
+        xt = x_next.to(tl.float32)
+        ahead = mask_c & (t + AHEAD < tokens) & (i + AHEAD < BLOCK_T)
+        if AHEAD == 2:
+            x_next = x_after
+            x_after = tl.load(x_ptrs + (i + 2) * stride_x, mask=ahead, other=0.0)
+        else:
+            x_next = tl.load(x_ptrs + (i + 1) * stride_x, mask=ahead, other=0.0)
+        if in_rows & ((t == next_start) | (next_start < 0)):  # a new sequence, or the program's first row
+            while tl.load(query_start_loc + seq + 1) <= t:  # past empty sequences
+                seq += 1
+            start = tl.load(query_start_loc + seq)
+            next_start = tl.load(query_start_loc + seq + 1)
+            slot = tl.load(state_slots + seq).to(tl.int64)
+            live = slot >= 0
+            state_base = tl.where(live, slot, 0) * stride_s_slot
+            lags = (start, state_base, live, channels, mask_c, stride_x, stride_s_c)
+            h1 = _input_row(x, conv_state, t - 1, *lags, K - 1)
+            h2 = _input_row(x, conv_state, t - 2, *lags, K - 1)
+            h3 = _input_row(x, conv_state, t - 3, *lags, K - 1)
+        acc = w0 * xt + w1 * h1 + w2 * h2 + w3 * h3
+        y = acc / (1.0 + tl.exp(-acc))
+        tl.store(out + t.to(tl.int64) * stride_out + channels, y.to(out.dtype.element_ty), mask=mask_c & in_rows)
+        h3, h2, h1 = h2, h1, xt
+
+
+# The row kernel's (rows, channels, warps, rows loaded ahead) per program.
+ROW_TILES = (128, 256, 1, 2)
+ROW_KERNEL_MAX_K = 4  # its lags are three registers
 
 
 def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows=None, conv_snapshots=None,
-                  block_c: int | None = None, block_t: int | None = None) -> torch.Tensor:
+                  block_c: int | None = None, block_t: int | None = None,
+                  row_tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """Same contract as the reference. A graph-captured decode step may pass query_start_loc=None: one row
-    per sequence. Giving block_t forces the per-sequence kernel (tests use it to cover both paths)."""
+    per sequence. Giving block_t forces the per-sequence kernel (tests use it to cover both paths);
+    row_tiles overrides ROW_TILES (benchmarks sweep it)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     tokens, channels = x.shape
@@ -160,13 +218,13 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_r
         cap_rows = cap_slots = state_slots
         snaps = conv_state
     max_len = max(tokens - seqs + 1, 1)  # the longest any sequence can be
-    by_rows = query_start_loc is not None and max_len > 64 and block_t is None
+    by_rows = query_start_loc is not None and max_len > 64 and block_t is None and kernel <= ROW_KERNEL_MAX_K
     if by_rows:
-        rows_t, rows_c = 32, 128
+        rows_t, rows_c, rows_warps, ahead = row_tiles or ROW_TILES
         _conv_rows_kernel[(triton.cdiv(tokens, rows_t), triton.cdiv(channels, rows_c))](
             x, weight, conv_state, state_slots, query_start_loc, out, seqs, tokens,
             x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1),
-            CHANNELS=channels, K=kernel, BLOCK_T=rows_t, BLOCK_C=rows_c, num_warps=4,
+            CHANNELS=channels, K=kernel, BLOCK_T=rows_t, BLOCK_C=rows_c, AHEAD=ahead, num_warps=rows_warps,
         )
     if block_t is None:
         block_t = 1 if max_len == 1 else min(32, triton.next_power_of_2(max_len))
