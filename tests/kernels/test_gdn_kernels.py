@@ -24,7 +24,8 @@ def _inputs(tokens, hk, hv, dk, dv, slots):
             h_pool)
 
 
-@pytest.mark.parametrize("hk,hv,dk,dv,block_v", [(2, 4, 16, 24, None), (1, 3, 12, 16, 8), (2, 2, 16, 16, 16)])
+@pytest.mark.parametrize("hk,hv,dk,dv,block_v", [(2, 4, 16, 24, None), (1, 3, 12, 16, 8), (2, 2, 16, 16, 16),
+                                                 (1, 2, 16, 72, 64)])
 def test_recurrent_decode_matches_reference(hk, hv, dk, dv, block_v):
     q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(3, hk, hv, dk, dv, slots=5)
     slots = torch.tensor([3, 0, 4])
@@ -34,6 +35,14 @@ def test_recurrent_decode_matches_reference(hk, hv, dk, dv, block_v):
     assert_close(out, expected)
     assert_close(pool, expected_pool)
     assert torch.equal(pool[[1, 2]], h_pool[[1, 2]])  # untouched slots
+
+
+def test_decode_tiles_widen_with_the_batch():
+    from deltaserve.kernels.gdn.triton_recurrent import decode_tiles
+
+    assert decode_tiles(32, 4) == (16, 2)  # one sequence of 32 value heads: many narrow programs
+    assert decode_tiles(16 * 32, 4) == (32, 4)
+    assert decode_tiles(64 * 32, 4) == (64, 4) and decode_tiles(64 * 32, 2) == (64, 2)
 
 
 def test_a_bfloat16_state_is_read_and_written_as_the_reference_does():
