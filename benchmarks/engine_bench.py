@@ -95,8 +95,9 @@ def main() -> None:
     ladder = [int(c) for c in args.concurrency.split(",") if c]
     prefills = [int(p) for p in args.prefill.split(",") if p]
     started = time.perf_counter()
-    engine = dummy_engine(args.shape, device=args.device, max_num_seqs=max(ladder),
-                          max_num_batched_tokens=max(prefills + [PROMPT * max(ladder)]),
+    widest = max(ladder, default=1)  # an empty ladder: prefill only
+    engine = dummy_engine(args.shape, device=args.device, max_num_seqs=widest,
+                          max_num_batched_tokens=max(prefills + [PROMPT * widest]),
                           max_model_len=args.max_model_len, enable_prefix_caching=False,
                           gdn_state_dtype=args.gdn_state_dtype)
     weights = weight_bytes(engine.runner.model)

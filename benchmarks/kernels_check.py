@@ -488,6 +488,107 @@ def norms(tokens):
     return body
 
 
+def norm_row_tiles(tokens):
+    """The per-head norms of a prefill (the GDN output norm, the attention q norm) with the default row
+    tiles against one row a program, and the hidden stream's add-norm, whose rows stay one a program."""
+    from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
+    from deltaserve.kernels.norm.triton_rms_norm import rms_norm
+
+    def body():
+        o = torch.randn(tokens, HV, DV, device=DEV, dtype=BF16)
+        z = torch.randn(tokens, CONV_DIM + HV * DV, device=DEV, dtype=BF16)[:, CONV_DIM:].reshape(tokens, HV, DV)
+        wg = torch.randn(DV, device=DEV, dtype=BF16)
+        q = torch.randn(tokens, HEADS, 2 * HEAD_DIM, device=DEV, dtype=BF16)[..., :HEAD_DIM]
+        wq = torch.randn(HEAD_DIM, device=DEV, dtype=BF16)
+        expected_gated = norm_ref.gated_rms_norm(*f32(o, z, wg), 1e-6)
+        expected_q = norm_ref.rms_norm(*f32(q, wq), 1e-6, 1.0)
+        res = {"shape": f"T={tokens} gated [{HV}x{DV}] q [{HEADS}x{HEAD_DIM}]", "configs": []}
+        for block_rows in (None, 1, 8, 16, 32):
+            cfg = {"block_rows": block_rows or "default"}
+            gated = lambda: gated_rms_norm(o, z, wg, 1e-6, block_rows=block_rows)  # noqa: E731
+            head = lambda: rms_norm(q, wq, 1e-6, 1.0, block_rows=block_rows)  # noqa: E731
+            cfg["rel_err_gated"], cfg["rel_err_q"] = rel_err(gated(), expected_gated), rel_err(head(), expected_q)
+            if not SMOKE:
+                cfg["gated_us"], cfg["q_us"] = round(time_graph_us(gated), 2), round(time_graph_us(head), 2)
+                cfg["gated_tb_s"] = round(o.numel() * 2 * 3 / cfg["gated_us"] / 1e6, 2)
+                cfg["q_tb_s"] = round(q.numel() * 2 * 2 / cfg["q_us"] / 1e6, 2)
+            res["configs"].append(cfg)
+        return res
+    return body
+
+
+def conv_row_tiles(tokens):
+    """The conv1d row kernel of a long prompt by its tiles (CONV_ROW_TILES)."""
+    from deltaserve.kernels.conv1d.triton_causal_conv1d import ROW_TILES, causal_conv1d
+
+    def body():
+        w = torch.randn(CONV_DIM, CONV_K, device=DEV, dtype=BF16) * 0.5
+        state = torch.randn(4, CONV_DIM, CONV_K - 1, device=DEV, dtype=BF16)
+        slots = torch.tensor([2], device=DEV, dtype=torch.int32)
+        starts = torch.tensor([0, tokens], device=DEV, dtype=torch.int32)
+        x = torch.randn(tokens, CONV_DIM + HV * DV + 2 * HV, device=DEV, dtype=BF16)[:, :CONV_DIM]  # in_proj's slice
+        expected = conv_ref.causal_conv1d(x.float(), w.float(), state.float().clone(), slots.long(), starts)
+        res = {"shape": f"T={tokens} C={CONV_DIM}", "default": list(ROW_TILES), "configs": []}
+        for tiles in CONV_ROW_TILES[:2] if SMOKE else CONV_ROW_TILES:
+            cfg = {"tiles": list(tiles)}
+            try:
+                fn = lambda: causal_conv1d(x, w, state.clone(), slots, starts, row_tiles=tiles)  # noqa: E731
+                cfg["rel_err"] = rel_err(fn(), expected)
+                if not SMOKE:
+                    s2 = state.clone()
+                    cfg["us"] = round(time_graph_us(lambda: causal_conv1d(x, w, s2, slots, starts, row_tiles=tiles)), 2)
+                    cfg["tb_s"] = round(x.numel() * 2 * 2 / cfg["us"] / 1e6, 2)
+            except Exception as exc:
+                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            res["configs"].append(cfg)
+        return res
+    return body
+
+
+# (rows, channels, warps, rows loaded ahead) of the conv1d row kernel; the first is the default.
+CONV_ROW_TILES = [(128, 256, 1, 2), (128, 256, 1, 1), (64, 256, 1, 1), (64, 256, 1, 2), (256, 256, 1, 2),
+                  (128, 128, 1, 2), (64, 128, 1, 2), (128, 512, 2, 2), (256, 512, 2, 2), (128, 512, 1, 2),
+                  (256, 128, 1, 2), (32, 256, 1, 2)]
+
+
+def gdn_decode_tiles(batch: int, state_dtype):
+    """The decode delta rule's (block_v, warps) at one batch size, the state in state_dtype."""
+    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+
+    def body():
+        slots_total = 2 * batch
+        q, k = torch.randn(batch, HK, DK, device=DEV, dtype=BF16), torch.randn(batch, HK, DK, device=DEV, dtype=BF16)
+        v = torch.randn(batch, HV, DV, device=DEV, dtype=BF16)
+        a, b = torch.randn(batch, HV, device=DEV, dtype=BF16), torch.randn(batch, HV, device=DEV, dtype=BF16)
+        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
+        pool = (torch.randn(slots_total, HV, DK, DV, device=DEV) * 0.1).to(state_dtype)
+        slots = torch.randperm(slots_total, device=DEV)[:batch].to(torch.int32)
+        ref_pool = pool.float().clone()  # the reference updates it in place
+        expected = gdn_ref.recurrent_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long())
+        state_bytes = batch * HV * DK * DV * pool.element_size() * 2
+        res = {"shape": f"B={batch} state {str(state_dtype).split('.')[-1]}", "configs": []}
+        for block_v, warps in GDN_DECODE_TILES[:2] if SMOKE else GDN_DECODE_TILES:
+            cfg = {"block_v": block_v, "warps": warps}
+            try:
+                p = pool.clone()
+                out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps)
+                cfg["rel_err_out"], cfg["rel_err_state"] = rel_err(out, expected), rel_err(p, ref_pool)
+                if not SMOKE:
+                    cfg["us"] = round(time_graph_us(
+                        lambda: gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v,
+                                              num_warps=warps)), 2)
+                    cfg["tb_s"] = round(state_bytes / cfg["us"] / 1e6, 2)
+            except Exception as exc:
+                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            res["configs"].append(cfg)
+        return res
+    return body
+
+
+GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (32, 4), (64, 4), (128, 4),
+                    (64, 8), (128, 8)]
+
+
 def rotary(tokens):
     from deltaserve.kernels.rotary.triton_rotary import apply_rotary
 
@@ -913,6 +1014,10 @@ def main():
         run_case(report, f"gdn_decode_B{batch}", gdn_decode(batch))
     for batch in batches:
         run_case(report, f"gdn_decode_fused_B{batch}", gdn_decode_fused_case(batch))
+    for batch in (3,) if SMOKE else (32, 64, 128):
+        for state_dtype in (torch.float32, BF16):
+            run_case(report, f"gdn_decode_tiles_B{batch}_{str(state_dtype).split('.')[-1]}",
+                     gdn_decode_tiles(batch, state_dtype))
     for batch in batches:
         run_case(report, f"paged_attention_decode_B{batch}_ctx384",
                  attention([384] * batch, [1] * batch, f"B={batch} ctx=384 Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM}"))
@@ -931,6 +1036,9 @@ def main():
         run_case(report, f"rotary_T{tokens}", rotary(tokens))
         run_case(report, f"rotary_store_kv_T{tokens}", rotary_store(tokens))
         run_case(report, f"silu_and_mul_T{tokens}", silu_mul(tokens))
+    long_prompt = 100 if SMOKE else 8192
+    run_case(report, f"norm_row_tiles_T{long_prompt}", norm_row_tiles(long_prompt))
+    run_case(report, f"conv1d_row_tiles_T{long_prompt}", conv_row_tiles(long_prompt))
     run_case(report, "conv1d_decode_B1", conv([1], "B=1 decode"))
     run_case(report, "conv1d_decode_B128", conv([1] * (4 if SMOKE else 128), "B=128 decode"))
     ragged = [10, 1, 7] if SMOKE else [300, 1, 77]

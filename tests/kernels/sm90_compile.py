@@ -95,13 +95,24 @@ def cases():
            dict(EXPERTS=257, BLOCK_E=512, BLOCK_M=16, ALL=1024, BLOCK=sorted_moe.RANK_BLOCK), 4, 1)
     yield from _sorted_moe_cases(moe)
 
+    from deltaserve.kernels.norm import triton_gated_rms_norm as gated_norm
     from deltaserve.kernels.norm import triton_rms_norm as norm
+    from deltaserve.kernels.norm.rows_per_program import rows_per_program, warps_for
 
+    norm_types = {"residual": bf16, "weight": bf16, "out": bf16, "summed": bf16, "rows": "i32", "inner": "i32",
+                  "eps": "fp32", "offset": "fp32"}
     for parts, x in ((1, bf16), (4, "*fp32"), (3, "*fp32")):  # x as a tensor; PartialSums of 4 and 3 parts
-        yield (f"add_rms_norm_parts{parts}", norm._rms_norm_kernel,
-               {"x": x, "residual": bf16, "weight": bf16, "out": bf16, "summed": bf16, "inner": "i32", "eps": "fp32",
-                "offset": "fp32"}, dict(N=2048, BLOCK=2048, HAS_RESIDUAL=True, PARTS=parts,
-                                                     BLOCK_P=triton.next_power_of_2(parts)), 8, 1)
+        yield (f"add_rms_norm_parts{parts}", norm._rms_norm_kernel, dict(norm_types, x=x),
+               dict(N=2048, BLOCK=2048, BLOCK_R=1, HAS_RESIDUAL=True, PARTS=parts,
+                    BLOCK_P=triton.next_power_of_2(parts)), 8, 1)
+    head_rows = rows_per_program(8192 * 16, 256)  # an 8k-token prompt's per-head q norm
+    yield ("rms_norm_head_tiles", norm._rms_norm_kernel, dict(norm_types, x=bf16),
+           dict(N=256, BLOCK=256, BLOCK_R=head_rows, HAS_RESIDUAL=False, PARTS=1, BLOCK_P=1),
+           warps_for(head_rows, 256), 1)
+    gdn_rows = rows_per_program(8192 * 32, 128)
+    yield ("gated_rms_norm_tiles", gated_norm._gated_rms_norm_kernel,
+           {"x": bf16, "gate": bf16, "weight": bf16, "out": bf16, "rows": "i32", "inner": "i32", "eps": "fp32"},
+           dict(N=128, BLOCK=128, BLOCK_R=gdn_rows), warps_for(gdn_rows, 128), 1)
     yield from _skinny_gemm_cases()
 
     from deltaserve.kernels.slot_copy import triton_slot_copy as slot_copy
@@ -157,11 +168,24 @@ def cases():
            dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
                 PRECISION="bf16"), 4, 2)
 
+    from deltaserve.kernels.conv1d import triton_causal_conv1d as conv
+
+    conv_types = {"x": bf16, "weight": bf16, "conv_state": bf16, "state_slots": "*i32", "query_start_loc": "*i32",
+                  "out": bf16, "tokens": "i32"}
+    rows_t, rows_c, rows_warps, ahead = conv.ROW_TILES
+    yield ("conv1d_rows", conv._conv_rows_kernel, conv_types,
+           dict(CHANNELS=8192, K=4, BLOCK_T=rows_t, BLOCK_C=rows_c, AHEAD=ahead), rows_warps, 1)
+    for block_t, block_c, varlen in ((1, 256, False), (32, 64, True)):  # decode; a short prefill pass
+        yield (f"conv1d_sequence_t{block_t}", conv._causal_conv1d_kernel,
+               dict(conv_types, capture_rows="*i32", capture_slots="*i32", snapshots=bf16),
+               dict(CHANNELS=8192, K=4, BLOCK_T=block_t, BLOCK_C=block_c, BLOCK_KM1=4, IS_VARLEN=varlen,
+                    DO_CONV=True), 4, 1)
+
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
 
     recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first")}
-    for varlen, bv, warps in ((False, 32, 4), (True, 16, 1)):
-        yield (f"gdn_recurrent{'_varlen' if varlen else ''}", recurrent._gdn_recurrent_kernel,
+    for varlen, bv, warps in ((False, 32, 4), (False, 64, 4), (True, 16, 1)):
+        yield (f"gdn_recurrent{'_varlen' if varlen else ''}_bv{bv}", recurrent._gdn_recurrent_kernel,
                dict(inputs, **recurrent_ints), dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen,
                                                     HAS_CAPTURES=varlen), warps, 2)
 
