@@ -545,10 +545,9 @@ def conv_row_tiles(tokens):
     return body
 
 
-# (rows, channels, warps, rows loaded ahead) of the conv1d row kernel; the first is the default.
-CONV_ROW_TILES = [(128, 256, 1, 2), (128, 256, 1, 1), (64, 256, 1, 1), (64, 256, 1, 2), (256, 256, 1, 2),
-                  (128, 128, 1, 2), (64, 128, 1, 2), (128, 512, 2, 2), (256, 512, 2, 2), (128, 512, 1, 2),
-                  (256, 128, 1, 2), (32, 256, 1, 2)]
+# (rows, channels, warps) of the conv1d row kernel; the first is the default.
+CONV_ROW_TILES = [(128, 256, 1), (64, 256, 1), (256, 256, 1), (128, 128, 1), (64, 128, 1), (128, 512, 2),
+                  (128, 512, 1), (32, 256, 1)]
 
 
 def gdn_decode_tiles(batch: int, state_dtype):

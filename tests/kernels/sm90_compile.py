@@ -172,9 +172,11 @@ def cases():
 
     conv_types = {"x": bf16, "weight": bf16, "conv_state": bf16, "state_slots": "*i32", "query_start_loc": "*i32",
                   "out": bf16, "tokens": "i32"}
-    rows_t, rows_c, rows_warps, ahead = conv.ROW_TILES
-    yield ("conv1d_rows", conv._conv_rows_kernel, conv_types,
-           dict(CHANNELS=8192, K=4, BLOCK_T=rows_t, BLOCK_C=rows_c, AHEAD=ahead), rows_warps, 1)
+    rows_t, rows_c, rows_warps = conv.ROW_TILES
+    for index in ("i32", "i64"):  # the engine's batches hold int64 metadata
+        yield (f"conv1d_rows_{index}", conv._conv_rows_kernel,
+               dict(conv_types, state_slots=f"*{index}", query_start_loc=f"*{index}"),
+               dict(CHANNELS=8192, K=4, BLOCK_T=rows_t, BLOCK_C=rows_c), rows_warps, 1)
     for block_t, block_c, varlen in ((1, 256, False), (32, 64, True)):  # decode; a short prefill pass
         yield (f"conv1d_sequence_t{block_t}", conv._causal_conv1d_kernel,
                dict(conv_types, capture_rows="*i32", capture_slots="*i32", snapshots=bf16),

@@ -59,7 +59,7 @@ def test_single_token_update():
         assert_close(out_state, expected_state)
 
 
-@pytest.mark.parametrize("kernel,row_tiles", [(4, None), (4, (8, 16, 2, 1)), (4, (3, 16, 1, 2)), (3, (8, 16, 1, 2))])
+@pytest.mark.parametrize("kernel,row_tiles", [(4, None), (4, (8, 16, 2)), (4, (3, 16, 1)), (3, (8, 16, 1))])
 def test_long_prefill_by_row_tiles(kernel, row_tiles):
     """Runs of rows inside one sequence, across a sequence start, and across several; empty sequences."""
     channels = 20

@@ -11,7 +11,7 @@ channels), which walks its rows one at a time with the K-1 inputs before the row
 each input is read once; the per-sequence kernel then only writes the snapshots and the state, after
 every read of the old state. (A 2-D tile of rows per program, each tap loaded as its own tile, held
 some 170 registers a thread and took 170 us for an 8k-token prompt on the H200, 267 us with the old
-state's gathers in every tile; walking the rows took 108-118 us, kernels_check conv1d_row_tiles.)
+state's gathers in every tile; walking the rows takes 108 us, kernels_check conv1d_row_tiles.)
 """
 
 import torch
@@ -116,23 +116,24 @@ def _input_row(x, conv_state, src, start, state_base, live, channels, mask_c, st
     (column src - start + K-1) before the sequence's first row; zeros where not live or before the
     state's K-1 inputs."""
     if src >= start:
-        row = tl.load(x + src.to(tl.int64) * stride_x + channels, mask=mask_c, other=0.0)
+        row = tl.load(x + src.to(tl.int64) * stride_x + channels, mask=mask_c, other=0.0).to(tl.float32)
     else:
         column = src - start + KM1
         row = tl.load(conv_state + state_base + channels * stride_s_c + column, mask=mask_c & live & (column >= 0),
-                      other=0.0)
-    return row.to(tl.float32)
+                      other=0.0).to(tl.float32)
+    return row
 
 
 @triton.jit
 def _conv_rows_kernel(
     x, weight, conv_state, state_slots, query_start_loc, out, num_seqs, tokens,
     stride_x, stride_out, stride_w, stride_s_slot, stride_s_c,
-    CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, AHEAD: tl.constexpr,
+    CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """The conv over BLOCK_T consecutive global rows (any mix of sequences) for BLOCK_C channels, one row
-    at a time: the inputs before the row stay in registers (h1, h2, h3: lags 1 to 3, so K <= 4) and
-    the loads of the next AHEAD (1 or 2) rows are in flight while a row is computed. Writes no state."""
+    at a time: the inputs before the row stay in registers (h1, h2, h3: lags 1 to 3, so K <= 4) and the
+    next row's load is in flight while a row is computed (two rows ahead measured the same on the H200).
+    Writes no state."""
     t0 = tl.program_id(0) * BLOCK_T
     channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = channels < CHANNELS
@@ -150,8 +151,8 @@ def _conv_rows_kernel(
         else:
             hi = mid
     seq = tl.minimum(lo, num_seqs - 1)
-    next_start = t0 * 0 - 1  # negative: the first row loads its lags as a sequence's first row does
     start = tl.load(query_start_loc + seq)
+    next_start = start * 0 - 1  # negative: the first row loads its lags as a sequence's first row does
     state_base = tl.zeros([], dtype=tl.int64)
     live = seq >= 0
     h1 = tl.zeros([BLOCK_C], dtype=tl.float32)
@@ -159,19 +160,11 @@ def _conv_rows_kernel(
     h3 = tl.zeros([BLOCK_C], dtype=tl.float32)
     x_ptrs = x + t0.to(tl.int64) * stride_x + channels
     x_next = tl.load(x_ptrs, mask=mask_c & (t0 < tokens), other=0.0)
-    x_after = x_next
-    if AHEAD == 2:
-        x_after = tl.load(x_ptrs + stride_x, mask=mask_c & (t0 + 1 < tokens) & (BLOCK_T > 1), other=0.0)
     for i in range(BLOCK_T):  # constant bounds; rows past the last are masked
         t = t0 + i
         in_rows = t < tokens
         xt = x_next.to(tl.float32)
-        ahead = mask_c & (t + AHEAD < tokens) & (i + AHEAD < BLOCK_T)
-        if AHEAD == 2:
-            x_next = x_after
-            x_after = tl.load(x_ptrs + (i + 2) * stride_x, mask=ahead, other=0.0)
-        else:
-            x_next = tl.load(x_ptrs + (i + 1) * stride_x, mask=ahead, other=0.0)
+        x_next = tl.load(x_ptrs + (i + 1) * stride_x, mask=mask_c & (t + 1 < tokens) & (i + 1 < BLOCK_T), other=0.0)
         if in_rows & ((t == next_start) | (next_start < 0)):  # a new sequence, or the program's first row
             while tl.load(query_start_loc + seq + 1) <= t:  # past empty sequences
                 seq += 1
@@ -190,14 +183,16 @@ def _conv_rows_kernel(
         h3, h2, h1 = h2, h1, xt
 
 
-# The row kernel's (rows, channels, warps, rows loaded ahead) per program.
-ROW_TILES = (128, 256, 1, 2)
+# The row kernel's (rows, channels, warps) per program: 107.9 us for an 8k-token prompt of the Qwen3.5
+# shape on the H200 (2.49 TB/s); 64 rows 111.8, 256 rows 162.7 (too few programs), 128 channels 149.0
+# (kernels_check conv1d_row_tiles).
+ROW_TILES = (128, 256, 1)
 ROW_KERNEL_MAX_K = 4  # its lags are three registers
 
 
 def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows=None, conv_snapshots=None,
                   block_c: int | None = None, block_t: int | None = None,
-                  row_tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                  row_tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Same contract as the reference. A graph-captured decode step may pass query_start_loc=None: one row
     per sequence. Giving block_t forces the per-sequence kernel (tests use it to cover both paths);
     row_tiles overrides ROW_TILES (benchmarks sweep it)."""
@@ -220,11 +215,11 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_r
     max_len = max(tokens - seqs + 1, 1)  # the longest any sequence can be
     by_rows = query_start_loc is not None and max_len > 64 and block_t is None and kernel <= ROW_KERNEL_MAX_K
     if by_rows:
-        rows_t, rows_c, rows_warps, ahead = row_tiles or ROW_TILES
+        rows_t, rows_c, rows_warps = row_tiles or ROW_TILES
         _conv_rows_kernel[(triton.cdiv(tokens, rows_t), triton.cdiv(channels, rows_c))](
             x, weight, conv_state, state_slots, query_start_loc, out, seqs, tokens,
             x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1),
-            CHANNELS=channels, K=kernel, BLOCK_T=rows_t, BLOCK_C=rows_c, AHEAD=ahead, num_warps=rows_warps,
+            CHANNELS=channels, K=kernel, BLOCK_T=rows_t, BLOCK_C=rows_c, num_warps=rows_warps,
         )
     if block_t is None:
         block_t = 1 if max_len == 1 else min(32, triton.next_power_of_2(max_len))
