@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.norm.rows_per_program import rows_per_program, warps_for
-from deltaserve.kernels.norm.triton_rms_norm import as_rows_3d, row_tile
+from deltaserve.kernels.norm.triton_rms_norm import as_rows_3d, row_sums, row_tile
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 
@@ -18,14 +18,12 @@ def _gated_rms_norm_kernel(
 ):
     wait_for_prior_grid(USE_PDL)
     outer, within, row, cols, mask = row_tile(tl.program_id(0), rows, inner, BLOCK_R, BLOCK, N)
-    xf = tl.load(x + (outer * stride_x0 + within * stride_x1)[:, None] + cols[None, :], mask=mask,
-                 other=0.0).to(tl.float32)
-    g = tl.load(gate + (outer * stride_g0 + within * stride_g1)[:, None] + cols[None, :], mask=mask,
-                other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / N + eps)
+    xf = tl.load(x + outer * stride_x0 + within * stride_x1 + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(gate + outer * stride_g0 + within * stride_g1 + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(row_sums(xf * xf, BLOCK_R) / N + eps)
     w = tl.load(weight + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = xf * rstd[:, None] * w[None, :] * (g / (1.0 + tl.exp(-g)))
-    tl.store(out + row[:, None] * N + cols[None, :], y.to(out.dtype.element_ty), mask=mask)
+    y = xf * rstd * w * (g / (1.0 + tl.exp(-g)))
+    tl.store(out + row * N + cols, y.to(out.dtype.element_ty), mask=mask)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -31,12 +31,29 @@ def as_rows_3d(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def row_tile(program, rows, inner, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr, N: tl.constexpr):
-    """This program's rows of an [A, inner, N] view: (outer, within) indices [BLOCK_R] (int64), the row
-    numbers, the columns and the tile's mask."""
-    row = program * BLOCK_R + tl.arange(0, BLOCK_R)
+    """This program's rows of an [A, inner, N] view: (outer, within) indices and row numbers (int64), the
+    columns and the tile's mask, shaped so that they broadcast to the tile: scalars and [BLOCK] for one
+    row (1-D as the one-row kernels always were: a decode step's norms take no layout conversion),
+    [BLOCK_R, 1] and [1, BLOCK] for several."""
     cols = tl.arange(0, BLOCK)
-    mask = (row < rows)[:, None] & (cols < N)[None, :]
+    if BLOCK_R == 1:  # a constexpr test: only one branch is compiled, so the shapes may differ
+        row = program
+        mask = cols < N
+    else:
+        row = (program * BLOCK_R + tl.arange(0, BLOCK_R))[:, None]
+        mask = (row < rows) & (cols < N)[None, :]
+        cols = cols[None, :]
     return (row // inner).to(tl.int64), (row % inner).to(tl.int64), row.to(tl.int64), cols, mask
+
+
+@triton.jit
+def row_sums(x, BLOCK_R: tl.constexpr):
+    """Each row's sum of a row_tile-shaped tile, broadcastable against it."""
+    if BLOCK_R == 1:
+        sums = tl.sum(x, 0)
+    else:
+        sums = tl.sum(x, 1, keep_dims=True)
+    return sums
 
 
 @triton.jit
@@ -45,25 +62,23 @@ def _rms_norm_kernel(
     offset, N: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     PARTS: tl.constexpr, BLOCK_P: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    tl.static_assert(PARTS == 1 or BLOCK_R == 1, "PartialSums come one row a program")
     wait_for_prior_grid(USE_PDL)
     outer, within, row, cols, mask = row_tile(tl.program_id(0), rows, inner, BLOCK_R, BLOCK, N)
-    x_ptrs = x + (outer * stride_x0 + within * stride_x1)[:, None] + cols[None, :]
-    if PARTS > 1:  # the parts' loader takes a 1-D block
-        flat = tl.reshape(x_ptrs, [BLOCK_R * BLOCK])
-        xs = load_summed(flat, tl.reshape(mask, [BLOCK_R * BLOCK]), stride_part, PARTS, BLOCK_P)
-        xs = tl.reshape(xs, [BLOCK_R, BLOCK]).to(summed.dtype.element_ty)
+    x_ptrs = x + outer * stride_x0 + within * stride_x1 + cols
+    if PARTS > 1:
+        xs = load_summed(x_ptrs, mask, stride_part, PARTS, BLOCK_P).to(summed.dtype.element_ty)
     else:
         xs = tl.load(x_ptrs, mask=mask, other=0.0)
-    out_offs = row[:, None] * N + cols[None, :]
+    out_offs = row * N + cols
     if HAS_RESIDUAL:
-        rs = tl.load(residual + (outer * stride_r0 + within * stride_r1)[:, None] + cols[None, :], mask=mask,
-                     other=0.0)
+        rs = tl.load(residual + outer * stride_r0 + within * stride_r1 + cols, mask=mask, other=0.0)
         xs = (xs.to(tl.float32) + rs.to(tl.float32)).to(summed.dtype.element_ty)  # rounded as the stream is
         tl.store(summed + out_offs, xs, mask=mask)
     xf = xs.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / N + eps)
+    rstd = 1.0 / tl.sqrt(row_sums(xf * xf, BLOCK_R) / N + eps)
     w = tl.load(weight + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
-    tl.store(out + out_offs, (xf * rstd[:, None] * w[None, :]).to(out.dtype.element_ty), mask=mask)
+    tl.store(out + out_offs, (xf * rstd * w).to(out.dtype.element_ty), mask=mask)
 
 
 def _launch(x, residual, weight, eps, offset, block_rows=None):
@@ -76,7 +91,7 @@ def _launch(x, residual, weight, eps, offset, block_rows=None):
     rows = x3.shape[0] * x3.shape[1]
     if rows:
         block = triton.next_power_of_2(n)
-        block_rows = block_rows or rows_per_program(rows, block)
+        block_rows = 1 if parts.shape[0] > 1 else block_rows or rows_per_program(rows, block)
         _rms_norm_kernel[(triton.cdiv(rows, block_rows),)](
             x3, r3, weight, out, summed, rows, x3.shape[1], x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1),
             parts.stride(0), eps, float(offset), N=n, BLOCK=block, BLOCK_R=block_rows,
