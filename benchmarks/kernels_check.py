@@ -517,20 +517,21 @@ def norm_row_tiles(tokens):
     return body
 
 
-def conv_row_tiles(tokens):
-    """The conv1d row kernel of a long prompt by its tiles (CONV_ROW_TILES)."""
-    from deltaserve.kernels.conv1d.triton_causal_conv1d import ROW_TILES, causal_conv1d
+def conv_row_tiles(lens, configs):
+    """The conv1d row kernel over sequences of `lens` rows by its tiles (None: row_tiles_for's)."""
+    from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d, row_tiles_for
 
     def body():
+        tokens = sum(lens)
         w = torch.randn(CONV_DIM, CONV_K, device=DEV, dtype=BF16) * 0.5
-        state = torch.randn(4, CONV_DIM, CONV_K - 1, device=DEV, dtype=BF16)
-        slots = torch.tensor([2], device=DEV, dtype=torch.int32)
-        starts = torch.tensor([0, tokens], device=DEV, dtype=torch.int32)
+        state = torch.randn(len(lens) + 2, CONV_DIM, CONV_K - 1, device=DEV, dtype=BF16)
+        slots = torch.arange(len(lens), device=DEV, dtype=torch.int32) + 1
+        starts = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
         x = torch.randn(tokens, CONV_DIM + HV * DV + 2 * HV, device=DEV, dtype=BF16)[:, :CONV_DIM]  # in_proj's slice
         expected = conv_ref.causal_conv1d(x.float(), w.float(), state.float().clone(), slots.long(), starts)
-        res = {"shape": f"T={tokens} C={CONV_DIM}", "default": list(ROW_TILES), "configs": []}
-        for tiles in CONV_ROW_TILES[:2] if SMOKE else CONV_ROW_TILES:
-            cfg = {"tiles": list(tiles)}
+        res = {"shape": f"lens={lens} C={CONV_DIM}", "default": list(row_tiles_for(tokens, CONV_DIM)), "configs": []}
+        for tiles in configs[:2] if SMOKE else configs:
+            cfg = {"tiles": list(tiles) if tiles else "default"}
             try:
                 fn = lambda: causal_conv1d(x, w, state.clone(), slots, starts, row_tiles=tiles)  # noqa: E731
                 cfg["rel_err"] = rel_err(fn(), expected)
@@ -543,6 +544,11 @@ def conv_row_tiles(tokens):
             res["configs"].append(cfg)
         return res
     return body
+
+
+# A graph-replayed short pass (a prefix-cache hit's tail and the padding sequence): the row runs that
+# row_tiles_for picks beside longer and shorter ones.
+SHORT_PASS_ROW_TILES = [None, (128, 256, 1), (32, 256, 1), (16, 256, 1), (8, 256, 1), (4, 256, 1), (8, 128, 1)]
 
 
 # (rows, channels, warps) of the conv1d row kernel; the first is the default.
@@ -1037,7 +1043,9 @@ def main():
         run_case(report, f"silu_and_mul_T{tokens}", silu_mul(tokens))
     long_prompt = 100 if SMOKE else 8192
     run_case(report, f"norm_row_tiles_T{long_prompt}", norm_row_tiles(long_prompt))
-    run_case(report, f"conv1d_row_tiles_T{long_prompt}", conv_row_tiles(long_prompt))
+    run_case(report, f"conv1d_row_tiles_T{long_prompt}", conv_row_tiles([long_prompt], CONV_ROW_TILES))
+    for lens in ([20, 4],) if SMOKE else ([80, 16], [112, 16]):
+        run_case(report, f"conv1d_short_pass_row_tiles_{lens[0]}", conv_row_tiles(lens, SHORT_PASS_ROW_TILES))
     run_case(report, "conv1d_decode_B1", conv([1], "B=1 decode"))
     run_case(report, "conv1d_decode_B128", conv([1] * (4 if SMOKE else 128), "B=128 decode"))
     ragged = [10, 1, 7] if SMOKE else [300, 1, 77]

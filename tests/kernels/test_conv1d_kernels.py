@@ -77,3 +77,13 @@ def test_long_prefill_by_row_tiles(kernel, row_tiles):
     assert_close(out, expected)
     assert_close(out_state, expected_state)
     assert_close(snaps, expected_snaps)
+
+
+def test_row_runs_shorten_for_short_passes():
+    from deltaserve.kernels.conv1d.triton_causal_conv1d import MIN_ROW_PROGRAMS, ROW_TILES, row_tiles_for
+
+    assert row_tiles_for(8192, 8192) == ROW_TILES  # a long prompt: the measured tiles
+    rows, block_c, _ = row_tiles_for(96, 8192)  # a graph-replayed prefix-cache tail
+    assert rows == 8 and -(-96 // rows) * (8192 // block_c) >= 256
+    rows, block_c, _ = row_tiles_for(1024, 8192)
+    assert rows < ROW_TILES[0] and -(-1024 // rows) * (8192 // block_c) >= MIN_ROW_PROGRAMS

@@ -188,6 +188,18 @@ def _conv_rows_kernel(
 # (kernels_check conv1d_row_tiles).
 ROW_TILES = (128, 256, 1)
 ROW_KERNEL_MAX_K = 4  # its lags are three registers
+MIN_ROW_PROGRAMS = 512
+
+
+def row_tiles_for(tokens: int, channels: int) -> tuple[int, int, int]:
+    """ROW_TILES with fewer rows a program while the grid would have fewer than MIN_ROW_PROGRAMS programs
+    (down to 8 rows): a program walks its rows in turn, so a short pass (a prefix-cache hit's tail of
+    some 80 rows) wants many short runs rather than a few long ones."""
+    rows, block_c, warps = ROW_TILES
+    channel_tiles = triton.cdiv(channels, block_c)
+    while rows > 8 and triton.cdiv(tokens, rows) * channel_tiles < MIN_ROW_PROGRAMS:
+        rows //= 2
+    return rows, block_c, warps
 
 
 def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows=None, conv_snapshots=None,
@@ -195,7 +207,7 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_r
                   row_tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Same contract as the reference. A graph-captured decode step may pass query_start_loc=None: one row
     per sequence. Giving block_t forces the per-sequence kernel (tests use it to cover both paths);
-    row_tiles overrides ROW_TILES (benchmarks sweep it)."""
+    row_tiles overrides row_tiles_for (benchmarks sweep it)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     tokens, channels = x.shape
@@ -215,7 +227,7 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_r
     max_len = max(tokens - seqs + 1, 1)  # the longest any sequence can be
     by_rows = query_start_loc is not None and max_len > 64 and block_t is None and kernel <= ROW_KERNEL_MAX_K
     if by_rows:
-        rows_t, rows_c, rows_warps = row_tiles or ROW_TILES
+        rows_t, rows_c, rows_warps = row_tiles or row_tiles_for(tokens, channels)
         _conv_rows_kernel[(triton.cdiv(tokens, rows_t), triton.cdiv(channels, rows_c))](
             x, weight, conv_state, state_slots, query_start_loc, out, seqs, tokens,
             x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1),
