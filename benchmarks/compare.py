@@ -30,70 +30,64 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
-        "C=1: 4.52 ms per step (221.2 tok/s, 0.834 of the 3.77 ms floor; commit 2c5926b), against 4.62-4.73 "
-        "ms (0.797-0.816) in four runs before programmatic dependent launch, which lets each of a step's "
-        "Triton kernels be launched while the one before it finishes. On and off on the same code "
-        "(engine_qwen3.5-9b_pdl.json, commit 56b9c1e): 4.52 against 4.63 ms (221.3 against 215.8 tok/s, "
-        "0.834 against 0.813 of the floor), and 5.07 against 5.17 ms at C=8. Beside vLLM in one command before "
-        "it (commit 0015780): "
-        "4.62 against 5.31 ms per step (1.15x). The projections are most of the step; the host's work is "
-        "hidden by asynchronous scheduling.",
-        "C=2-16: 1.12-1.78x the issue's vLLM figures on closed batches (1.09x at C=8 and C=16 before).",
-        "C=32-128, on vLLM's instrument (closed batches, prefill included): 1.01x, 0.96x and 0.90x of the "
-        "issue's figures (0.99x, 0.95x, 0.89x at commit 0015780, engine_qwen3.5-9b_at_0015780.json); "
-        "measured beside vLLM in one command then 1.01x, 0.93x and 0.93x. The decode step is where "
-        "deltaserve loses: 7.39 against 6.61 ms at C=64 and 10.06 against 8.99 ms at C=128 "
-        "(side_by_side_qwen3.5-9b.json; 7.39 and 10.18 ms in this run), while its batch prefill is faster "
-        "(0.21 against 0.27 s at C=64). At C=64 the graph's GEMMs run at 81% of their floor and the GDN "
-        "recurrent decode (24 layers reading and writing 64 fp32 states) at 82% of the bandwidth "
-        "(profile_qwen3.5-9b.json); the step is at 0.73 of its floor where vLLM's is at 0.82. The split "
-        "GEMMs and the dependent launches of this round do not reach these sizes: above 16 rows the "
-        "projections are cuBLAS's, and the 9B shape's 4096-wide weights are not split.",
-        "Part of that step gap is state precision: the vLLM runs keep the GDN recurrent state in bf16 (the "
-        "shapes' configs name no mamba_ssm_dtype, so vLLM takes the model dtype, as its Qwen3.5 config hook "
-        "reads), deltaserve in fp32 by default, which doubles the state bytes of a decode step (1.5 of the "
-        "5.4 ms floor at C=64). With --gdn-state-dtype bfloat16 (engine_qwen3.5-9b_bf16_state.json) the step "
-        "is 6.86 ms at C=64 and 9.52 ms at C=128 (vLLM 6.61 and 8.99 beside it), 1.05x / 1.02x / 0.95x of "
-        "the issue's figures at C=32 / 64 / 128 on closed batches: still short of 1.1x.",
-        "Prefill (engine_qwen3.5-9b_prefill.json, commit 4b0ed87): 0.218 s at 8k and 0.982 s at 32k, 1.02x "
-        "and 1.08x the issue's vLLM times against the 0.9x target (the ladder's run at 0015780: 0.223 and "
-        "0.993 s; 1.04x at 8k beside vLLM then), at about 600 TFLOP/s; the GEMMs (cuBLAS) take most of it. "
-        "The GDN chunked prefill takes 1.12 ms per layer at 8k (kernels_check_gdn_prefill.json: 1.27 ms "
-        "before its prepare kernel took tf32 w and u and 8-row diagonal blocks). Rounding the state kernel's "
-        "dot operands to bf16, with the output in its own kernel, measured 0.93 ms per layer (and 0.213 s "
-        "for the 8k prompt at commit a5fa298, engine_qwen3.5-9b_prefill_bf16_gdn_dots.json) with 2.4x the "
-        "state's error: not taken.",
+        "C=1: 4.534 ms per step (220.5 tok/s, 0.831 of the 3.77 ms floor; commit 095568f); 4.462 ms (224.1 "
+        "tok/s, 0.845) at ce53437 on another machine, 4.52 ms at 2c5926b (engine_qwen3.5-9b_at_2c5926b.json). "
+        "Programmatic dependent launch took it from 4.63 to 4.52 ms on the same code (engine_qwen3.5-9b_pdl.json, "
+        "commit 56b9c1e). Beside vLLM in one command at 0015780: 4.62 against 5.31 ms per step (1.15x). The "
+        "projections are most of the step; the host's work is hidden by asynchronous scheduling.",
+        "C=2-16: 1.12-1.78x the issue's vLLM figures on closed batches at 2c5926b (engine_qwen3.5-9b_at_2c5926b"
+        ".json). Their decode steps run the same kernels since; their batch prefill is faster (not measured).",
+        "C=32-128, on vLLM's instrument (closed batches, prefill included), at 095568f: 1.03x, 0.99x and 0.95x "
+        "of the issue's figures (1.04x, 1.00x, 0.96x at ce53437 on another machine; 1.01x, 0.96x, 0.90x at "
+        "2c5926b). The steps are 6.09 / 7.15 / 9.63 ms against 6.19 / 7.39 / 10.18 at 2c5926b: the GDN decode "
+        "reads its fp32 states in 64-column tiles from 32 sequences, 72.5 against 83.1 us a layer at 64 "
+        "sequences and 141.3 against 164.3 at 128 (3.8 TB/s, 24 layers; kernels_check_decode_norm_conv_tiles"
+        ".json), and the batch prefill is faster (the norms' row tiles, the conv1d row walk). vLLM beside "
+        "deltaserve at fe99c3f took 6.61 and 8.99 ms a step at C=64 and C=128 (side_by_side_qwen3.5-9b.json). "
+        "What is left over the 5.4 ms floor at C=64: the GEMMs at 64-128 rows are cuBLAS's, at about 81% of "
+        "their floor (profile_qwen3.5-9b.json; the out projection, 4096 x 4096, 14.3 us a call against its 7.9 "
+        "us floor), and the fp32 state doubles the state's bytes (1.5 ms of the floor).",
+        "The vLLM runs keep the GDN recurrent state in bf16 (the shapes' configs name no mamba_ssm_dtype, so "
+        "vLLM takes the model dtype, as its Qwen3.5 config hook reads); deltaserve keeps fp32 unless "
+        "--gdn-state-dtype bfloat16. At that precision (engine_qwen3.5-9b_bf16_state.json, 095568f) the closed "
+        "batches reach 1.08x / 1.06x / 1.04x of the issue's figures at C=32 / 64 / 128 (1.09x / 1.08x / 1.07x "
+        "at ce53437 on another machine; 1.05x / 1.02x / 0.95x at eca0aa7), steps 5.83 / 6.58 / 8.56 ms: the bf16 "
+        "state's decode tiles took 96.5 against 147.7 us a layer at 128 sequences. Still short of 1.1x.",
+        "Prefill at 095568f: 0.214 s at 8k and 0.946 s at 32k, 1.00x and 1.04x the issue's vLLM times against "
+        "the 0.9x target (0.2098 and 0.9338 s at ce53437 on another machine; 0.2178 and 0.9823 at 4b0ed87). In "
+        "one command, fd21be1 against the norms' row tiles: 0.2236 against 0.2149 s at 8k "
+        "(engine_qwen3.5-9b_prefill_same_machine_norm_tiles.json). The GEMMs (cuBLAS) take most of the time: "
+        "0.9x of vLLM is 0.193 s, about 700 TFLOP/s over the whole prompt where cuBLAS's own rate is about 790. "
+        "The GDN chunked prefill takes 1.12 ms per layer at 8k (kernels_check_gdn_prefill.json), the conv1d "
+        "0.11 ms (0.27 before its row walk), the GDN output norm 0.05 ms (0.32 with one row a program). "
+        "Rounding the state kernel's dot operands to bf16, with the output in its own kernel, measured 0.93 "
+        "ms per layer with 2.4x the state's error: not taken.",
     ],
     "qwen3.5-35b-a3b": [
-        "C=1: 408.0 tok/s (2.45 ms a step; 408.3 twice in engine_qwen3.5-35b-a3b_pdl.json) against the 400 "
-        "tok/s target and a 1.42 ms floor (0.58 of it), 1.75x the issue's vLLM figure (4.30 ms). A step is "
-        "about 440 short kernels; two changes of this round took it from 2.94 ms (340 tok/s), each measured "
-        "before and after in one command: partial sums (2.94 to 2.73 ms, then 2.68 with the parts loaded in "
-        "one piece; engine_qwen3.5-35b-a3b_partial_sums_same_machine.json, _partial_sums_one_load.json): "
-        "the 2048-wide output projections and the MoE router run as K-split skinny GEMMs (5.2 against 7.3 "
-        "us and 2.1 against 5.1 us for cuBLAS, skinny_gemm_split.json) and the MoE's down projection over "
-        "groups of choices (14.3 against 15.6 us, kernels_check_moe_direct_partial.json), their fp32 parts "
-        "summed by the residual add-norm and the router as they load them; and programmatic dependent launch "
-        "(2.68 to 2.45 ms with it on and off on the same code, engine_qwen3.5-35b-a3b_pdl.json).",
-        "On vLLM's instrument (closed batches, prefill included), at commit 2c5926b: C=32 1.31x, C=64 1.01x, "
-        "C=128 1.16x of the issue's figures. Beside vLLM in one command at commit 9263d26 "
-        "(side_by_side_qwen3.5-35b-a3b.json), where vLLM with its decode warm-up ran faster than the issue's "
-        "figures at C=128 (5448 against 4512 tok/s): C=32 1.07x, C=64 1.00x (18.47 against 18.34 ms per "
-        "step), C=128 0.94x (23.86 against 22.24 ms); this run's steps are 18.58 ms at C=64 and 23.38 ms at "
-        "C=128. At C=64 the step is at 0.87 of its floor: 64 tokens touch most of the experts, whose "
-        "reading takes about 13 ms at the bandwidth (profile_qwen3.5-35b-a3b.json: gate/up 8.8 and down 4.5 "
-        "ms a step), and the GDN recurrent decode reads and writes 64 fp32 states per layer (2.3 ms; the "
-        "vLLM runs keep the state in bf16).",
-        "Prefill: 0.154 s at 8k and 0.660 s at 32k in this ladder (commit 2c5926b), 1.05x and 1.05x the "
-        "issue's vLLM times against the 0.9x target; 0.150 and 0.655 s in the prefill run at 4b0ed87 "
-        "(engine_qwen3.5-35b-a3b_prefill.json; beside vLLM at 8k 1.06x at e4e03ef, 0.151 against 0.143 s). "
-        "The 1k prompt took 0.054 s in "
-        "the 4b0ed87 run against 0.038-0.043 s in the runs before it: one sample each, not explained. At 8k the "
-        "grouped expert GEMMs take about 1.3 ms per layer (315 TFLOP/s with the column tiles on the grid's "
-        "fast axis), the GDN chunked prefill 1.12 ms per layer (1.27 before the prepare kernel's change; "
-        "kernels_check_gdn_prefill.json), then the GDN input GEMM and attention. With bf16 operands on the "
-        "state's dots (not taken, 2.4x the state's error) the 8k prompt took 0.145 s at commit a5fa298 "
-        "(engine_qwen3.5-35b-a3b_prefill_bf16_gdn_dots.json).",
+        "C=1: 407.6 tok/s (2.453 ms a step, 095568f; 408.0 at 2c5926b) against the 400 tok/s target and a 1.42 "
+        "ms floor (0.58 of it), 1.75x the issue's vLLM figure (4.30 ms). The kernels of a step are those of "
+        "fd21be1: in one command the graph replayed in 2.427 ms at fd21be1 and 2.428 ms at 095568f "
+        "(profile_qwen3.5-35b-a3b_c1_fd21be1_vs_095568f.json). A step is about 440 short kernels; partial sums "
+        "(2.94 to 2.68 ms) and programmatic dependent launch (2.68 to 2.45 ms) got it there.",
+        "On vLLM's instrument (closed batches, prefill included), at 095568f: C=32 1.32x, C=64 1.03x, C=128 "
+        "1.20x of the issue's figures (1.34x, 1.04x, 1.21x at ce53437 on another machine; 1.31x, 1.01x, 1.16x "
+        "at 2c5926b); steps 13.47 / 18.24 / 22.63 ms against 13.60 / 18.58 / 23.38 at 2c5926b (the GDN decode "
+        "tiles: 30 layers). Beside vLLM in one command at 9263d26 (side_by_side_qwen3.5-35b-a3b.json), where "
+        "vLLM with its decode warm-up ran faster than the issue's figures at C=128 (5448 against 4512 tok/s): "
+        "C=32 1.07x, C=64 1.00x (18.47 against 18.34 ms per step), C=128 0.94x (23.86 against 22.24 ms). At "
+        "C=64 the step is at 0.885 of its 16.1 ms floor: 64 tokens touch most of the experts, whose reading "
+        "takes about 13 ms at the bandwidth (profile_qwen3.5-35b-a3b.json: gate/up 8.8 and down 4.5 ms a step), "
+        "and the GDN decode reads and writes 64 fp32 states per layer. 1.1x at C=64 needs the closed batch in "
+        "4.50 s, a step of about 17.1 ms, 0.94 of the floor. With the state in bf16, as the vLLM runs keep it "
+        "(engine_qwen3.5-35b-a3b_bf16_state.json): C=64 1.07x (17.59 ms a step), C=128 1.28x.",
+        "Prefill at 095568f: 0.139 s at 8k and 0.619 s at 32k, 0.95x and 0.98x the issue's vLLM times against "
+        "the 0.9x target (0.140 and 0.607 s at ce53437 on another machine; 0.154 and 0.660 s at 2c5926b). In "
+        "one command, fd21be1 against the norms' row tiles: 0.1542 against 0.1415 s at 8k, 0.659 against 0.626 "
+        "at 32k (engine_qwen3.5-35b-a3b_prefill_same_machine_norm_tiles.json); the conv1d row walk came after. "
+        "At 8k the grouped expert GEMMs take about 1.6 ms per layer (gate/up 1.0, down 0.6; about 290 TFLOP/s "
+        "with the stacked shared expert), the GDN chunked prefill about 1.2 ms, the GDN input GEMM 0.52 ms "
+        "(cuBLAS near its peak), attention 0.86 ms per attention layer (profile_qwen3.5-35b-a3b_follow_up.json, "
+        "cold turn, at 2c5926b). 0.9x is 0.132 s: the expert GEMMs are where the rest would come from.",
     ],
 }
 
@@ -137,12 +131,14 @@ def compare(shape: str, suffix: str = "") -> dict:
             entry["ratio_to_vllm"] = round(row["ttft_s"] / peer["prefill"][row["tokens"]], 3)
             entry["meets_0_9x"] = entry["ratio_to_vllm"] <= 0.9
         prefill.append(entry)
-    c1_row = next(r for r in ours["decode"] if r["concurrency"] == 1)
-    c1 = c1_row["aggregate_tok_s"]
-    return {"commit": ours["commit"], "date": ours["date"], "decode": rows, "prefill": prefill,
-            "prefill_commit": prefill_run["commit"],
-            "c1_tok_s": c1, "c1_floor_ratio": c1_row["floor_ratio"], "c1_target": C1_TARGET[shape],
-            "c1_meets_target": c1 >= C1_TARGET[shape], "where_the_time_goes": NOTES[shape]}
+    out = {"commit": ours["commit"], "date": ours["date"], "decode": rows, "prefill": prefill,
+           "prefill_commit": prefill_run["commit"], "where_the_time_goes": NOTES[shape]}
+    c1_row = next((r for r in ours["decode"] if r["concurrency"] == 1), None)  # a bf16-state run may have none
+    if c1_row is not None:
+        c1 = c1_row["aggregate_tok_s"]
+        out.update(c1_tok_s=c1, c1_floor_ratio=c1_row["floor_ratio"], c1_target=C1_TARGET[shape],
+                   c1_meets_target=c1 >= C1_TARGET[shape])
+    return out
 
 
 PREFIX_TARGET = 10.0  # warm follow-up turn at least this many times faster than cold
@@ -154,11 +150,17 @@ PREFIX_NOTES = [
     "as a CUDA graph (the 80-row rung of the prefill graphs) whose first nodes restore the snapshot and copy "
     "the block. Restoring at the last block boundary instead, 8240, recomputed 80 tokens and took 19.3-19.5 "
     "ms (9.79x and 9.87x at commit 9263d26).",
-    "Warm and cold are medians of five runs on fresh prompts. At commit 2c5926b (this file): 10.5x, cold "
-    "0.1895 s, warm 18.0 ms. Earlier: 10.40x and 10.35x at 1ce1a2a (prefix_cache_qwen3.5-35b-a3b_at_1ce1a2a"
-    ".json and its second run); 9.85x and 9.97x at 4f7086f, after the GDN prefill's prepare kernel made the "
-    "cold turn's 8192-token pass faster; 10.2x and 10.2x at d6fbe4a (_at_d6fbe4a.json and its second run); "
-    "10.4x at 784cf1f. Runs on different machines differ by about 3% in the cold time.",
+    "Warm and cold are medians of five runs on fresh prompts. At commit 51610a2 (this file): 9.7x, cold "
+    "0.1734 s, warm 17.9 ms; in one command with 095568f on a slower host, 9.7x against 9.3x (warm 18.4 "
+    "against 18.9 ms; prefix_cache_qwen3.5-35b-a3b_same_machine_095568f_vs_51610a2.json). The warm turn is "
+    "where it was (18.0 ms at 2c5926b, 10.5x, prefix_cache_qwen3.5-35b-a3b_at_2c5926b.json); the cold "
+    "turn's 8192-token first pass got faster with the norms' row tiles and the conv1d row walk (0.1895 -> "
+    "0.1734 s), so the ratio fell under 10x. At 095568f the conv1d row kernel ran an 80-row pass as 32 "
+    "programs walking every row (31.8 us a layer; 5.8 us with the short runs of 51610a2, "
+    "kernels_check_conv_short_pass_rows.json) and the warm turn took 18.5 ms (9.5x, _at_095568f.json). "
+    "Earlier: 10.40x and 10.35x at 1ce1a2a; 9.85x and 9.97x at 4f7086f, after the GDN prefill's prepare "
+    "kernel made the cold turn faster; 10.2x and 10.2x at d6fbe4a; 10.4x at 784cf1f. Runs on different "
+    "machines differ by about 3% in the cold time.",
     "Where the warm turn's 18 ms go (profile_qwen3.5-35b-a3b.json, commit 4b0ed87): 17.0 ms of kernels, "
     "12.4 of them the expert GEMMs reading the experts that 65 tokens touch, at about the bandwidth floor "
     "(about 223 of 257 per layer; the graph's padding rows route to none). The rest: dense GEMMs 1.25 ms "
@@ -172,7 +174,9 @@ PREFIX_NOTES = [
     "differ. Exactness holds for the same request sent again: gpu_correctness.json checks it byte for byte, "
     "with graphs, on every architecture.",
     "Eight requests sharing a 2k prefix: each restores the prefix and runs its 64-token ending, all eight "
-    "in one eager pass, bound by the host's launches (warm 0.041 and 0.040 s in the two runs): 4.6x and 4.8x.",
+    "in one eager pass, bound by the host's launches, so the warm time follows the machine's host: 0.038 s "
+    "(4.8x) at 095568f, 0.046 s (4.0x) at 51610a2 on another machine, 0.076 and 0.087 s for the two "
+    "commits on a third (the same-machine file above); 0.040-0.041 s at 2c5926b.",
 ]
 
 
