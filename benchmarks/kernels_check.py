@@ -490,7 +490,7 @@ def norms(tokens):
 
 def norm_row_tiles(tokens):
     """The per-head norms of a prefill (the GDN output norm, the attention q norm) with the default row
-    tiles against one row a program, and the hidden stream's add-norm, whose rows stay one a program."""
+    tiles against one row a program and other tiles."""
     from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
     from deltaserve.kernels.norm.triton_rms_norm import rms_norm
 

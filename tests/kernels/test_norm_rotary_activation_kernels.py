@@ -52,7 +52,7 @@ def test_rms_norm_per_head_on_strided_view():
 @pytest.mark.parametrize("block_rows", [4, 8])
 def test_norms_over_row_tiles(block_rows):
     """Several narrow rows a program (as prefill's per-head norms run), rows not a multiple of the tile, on
-    strided per-head views; with a residual and with PartialSums too."""
+    strided per-head views; with a residual; PartialSums keep one row a program whatever is asked."""
     tokens, heads, dim = 7, 3, 24  # 21 rows
     packed = torch.randn(tokens, heads, 2 * dim)
     q, gate = packed[..., :dim], packed[..., dim:]

@@ -153,7 +153,7 @@ def _conv_rows_kernel(
     seq = tl.minimum(lo, num_seqs - 1)
     start = tl.load(query_start_loc + seq)
     next_start = start * 0 - 1  # negative: the first row loads its lags as a sequence's first row does
-    state_base = tl.zeros([], dtype=tl.int64)
+    state_base = tl.zeros([], dtype=tl.int64)  # this and the rest: set by the first row
     live = seq >= 0
     h1 = tl.zeros([BLOCK_C], dtype=tl.float32)
     h2 = tl.zeros([BLOCK_C], dtype=tl.float32)
