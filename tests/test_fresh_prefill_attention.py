@@ -2,15 +2,17 @@
 
 import random
 
+import pytest
 import torch
 
 from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh
 from deltaserve.kernels.attention.reference import paged_attention, store_kv
 
 
-def test_fresh_chunks_equal_paged_reference():
+@pytest.mark.parametrize("sequences", [1, 4])  # one sequence returns sdpa's output uncopied
+def test_fresh_chunks_equal_paged_reference(sequences):
     rng = random.Random()
-    lengths = [rng.randint(1, 40) for _ in range(3)] + [1]
+    lengths = [rng.randint(1, 40) for _ in range(sequences - 1)] + [rng.randint(1, 40) if sequences == 1 else 1]
     heads, kv_heads, dim, page = 4, 2, 16, 8
     total = sum(lengths)
     q, k, v = torch.randn(total, heads, dim), torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
