@@ -82,6 +82,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return _act.silu_and_mul(x)
 
 
+def output_gate(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    if use_triton(out):
+        from deltaserve.kernels.attention.triton_output_gate import output_gate as kernel
+        return kernel(out, gate)
+    return _attn.output_gate(out, gate)
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     if use_triton(k):
@@ -222,7 +229,7 @@ sample_from_logits = _sampling.sample_from_logits
 
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
-    "paged_attention", "causal_attention_fresh", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
+    "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule", "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
     "copy_slot_at", "apply_penalties", "sample_from_logits",
 ]

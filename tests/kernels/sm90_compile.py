@@ -136,6 +136,11 @@ def cases():
            | {"positions": "*i64", "slot_mapping": "*i64", "eps": "fp32", "offset": "fp32"},
            dict(Q_HEADS=16, HEAD_DIM=256, HALF=32, PAGE=16, BLOCK_D=256, BLOCK_HALF=32, HAS_NORM=True), 2, 1)
 
+    from deltaserve.kernels.attention import triton_output_gate as output_gate
+
+    yield ("output_gate", output_gate._output_gate_kernel, {"out": bf16, "gate": bf16, "y": bf16},
+           dict(HEADS=16, HEAD_DIM=256, BLOCK_H=16, BLOCK_D=256), 4, 1)
+
     from deltaserve.kernels.attention import triton_paged_attention as paged
 
     # decode; prefill chunks; a short chunk over a long cached prefix

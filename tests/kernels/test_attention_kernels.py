@@ -61,6 +61,20 @@ def test_paged_attention_applies_the_output_gate_in_its_last_store(splits):
     assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, splits=splits, gate=gate), expected)
 
 
+@pytest.mark.parametrize("heads,head_dim,dtype", [(4, 16, torch.float32), (3, 24, torch.bfloat16),
+                                                  (20, 256, torch.bfloat16)])
+def test_output_gate_reads_strided_views_and_writes_contiguous_rows(heads, head_dim, dtype):
+    from deltaserve.kernels.attention.triton_output_gate import output_gate
+
+    tokens = 37
+    out = torch.randn(heads, tokens, head_dim, dtype=dtype).transpose(0, 1)  # sdpa's output through a transpose
+    _, gate = torch.randn(tokens, heads, 2 * head_dim, dtype=dtype).chunk(2, dim=-1)  # sliced out of q_proj's
+    got = output_gate(out, gate)
+    assert got.is_contiguous() and got.shape == (tokens, heads, head_dim) and got.dtype == dtype
+    assert_close(got, reference.output_gate(out, gate), tol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+    assert_close(reference.output_gate(out, gate), out.float() * torch.sigmoid(gate.float()), tol=1e-2)
+
+
 @pytest.mark.parametrize("splits", [None, 1, 2, 3, 8])
 def test_paged_attention_decode_batch(splits):
     seq_lens = [3, 17, 9, 40]  # with 8 splits of whole 16-key tiles, some splits get no keys

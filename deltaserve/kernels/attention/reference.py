@@ -48,6 +48,12 @@ def paged_attention(
     return out if gate is None else out * torch.sigmoid(gate)
 
 
+def output_gate(out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """out * sigmoid(gate) for out, gate [T, Hq, D] (the output gate of Qwen3-Next / Qwen3.5), in fp32 and
+    rounded once, as the paged attention kernel applies it in its last store."""
+    return (out.float() * torch.sigmoid(gate.float())).to(out.dtype)
+
+
 def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [Q, Hq, D] are the last Q positions of a sequence whose keys are k/v [S, Hk, D]."""
     q_len, seq_len = q.shape[0], k.shape[0]

@@ -49,7 +49,7 @@ class Attention(nn.Module):
             kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
             out = kernels.causal_attention_fresh(q, k, v, batch.fresh_query_start_loc, self.scale)
             if gate is not None:
-                out = out * torch.sigmoid(gate)
+                out = kernels.output_gate(out, gate)
         else:
             q = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache,
                                         batch.slot_mapping, self.q_norm, self.k_norm, self.norm_eps, self.norm_offset)
