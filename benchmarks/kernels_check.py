@@ -394,7 +394,7 @@ MOE_SORTED_LARGE_TILES = [(64, 64, 64, 64, 64, 4, 3), (64, 64, 64, 64, 128, 8, 3
                           (64, 64, 64, 64, 64, 4, 3, True), (128, 64, 128, 64, 128, 8, 3, True),
                           (128, 64, 128, 64, 64, 4, 3, True), (64, 64, 128, 64, 128, 4, 4, True),
                           (128, 64, 128, 64, 128, 8, 4, True), (128, 64, 256, 64, 128, 8, 3, True),
-                          (128, 32, 128, 64, 128, 8, 4, True)]
+                          (128, 32, 128, 64, 128, 8, 4, True), (128, 64, 256, 64, 128, 8, 4, True)]
 # A prefix-cache hit's tail (~80 rows, ~2.5 pairs per expert): the medium tiles first, then other down
 # tiles (its K, the 512 intermediate columns, is short), smaller blocks and the small tiles.
 MOE_SORTED_TAIL_TILES = [(64, 64, 64, 64, 64, 4, 3, True), (64, 64, 64, 128, 64, 4, 3, True),

@@ -164,10 +164,13 @@ class SortedTiles(NamedTuple):
 # moe_sorted_large_tiles_T* for the others (8 choices over 256 experts). With the column tiles on the
 # grid's fast axis the medium tiles took 631 us at 2048 tokens (684 with the blocks fast) and the
 # large ones 1.31 ms at 8192 tokens (1.51 ms for the best tiles with the blocks fast); at 64 tokens
-# every order and tile measured about the same (377-390 us for the 64-row blocks).
+# every order and tile measured about the same (377-390 us for the 64-row blocks). The large tiles load
+# four steps ahead: at 8192 tokens (9 choices over 257 experts) the gate/up kernel took 672-675 us
+# against 685-686 with three, the down kernel 444-447 against 455-457 (twice each); at 32768 tokens no
+# different beyond the spread of repeated runs.
 SMALL_TILES = SortedTiles(32, 128, 64, 128, 16, 4, 3)  # a few pairs per expert
 MEDIUM_TILES = SortedTiles(64, 64, 64, 64, 64, 4, 3, True)
-LARGE_TILES = SortedTiles(128, 64, 256, 64, 128, 8, 3, True)
+LARGE_TILES = SortedTiles(128, 64, 256, 64, 128, 8, 4, True)
 LARGE_MIN_PAIRS_PER_EXPERT = 128
 
 
