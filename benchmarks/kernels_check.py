@@ -880,40 +880,47 @@ def gdn_short_pass(lens):
 
 
 def moe_align(tokens: int):
-    """Ordering a short pass's (token, choice) pairs by expert and laying out the blocks: the counting sort
-    (one launch) against torch's sort and the binary-search align kernel."""
-    import triton
-
+    """Ordering a pass's (token, choice) pairs by expert and laying out the blocks: align_pairs (the one-launch
+    counting sort up to COUNTING_SORT_MAX_PAIRS, the block-wise one past it) against the block-wise sort at
+    the same size and torch's stable sort alone (what larger batches took before, with an align kernel)."""
     from deltaserve.kernels.moe import triton_moe_experts as experts_mod
 
     def body():
         choices = TOP_K + 1
         ids = torch.randint(0, EXPERTS + 1, (tokens, choices), device=DEV)
         flat = ids.flatten()
+        one_launch = flat.shape[0] <= experts_mod.COUNTING_SORT_MAX_PAIRS
+        expected = flat.sort(stable=True).indices
         order, offsets, block_start, _ = experts_mod.align_pairs(ids, EXPERTS + 1, 16)
         res = {"shape": f"{tokens} tokens x {choices} choices over {EXPERTS + 1} experts",
-               "order_is_stable_sort": bool(torch.equal(order, flat.sort(stable=True).indices))}
-
-        def sorted_path():
-            sorted_ids, _ = flat.sort(stable=True)
-            experts_mod._moe_align_kernel[(1,)](sorted_ids, offsets, block_start, flat.shape[0], EXPERTS=EXPERTS + 1,
-                                                BLOCK_E=triton.next_power_of_2(EXPERTS + 2), BLOCK_M=16,
-                                                num_warps=4)
+               "align_pairs_path": "one launch" if one_launch else "block-wise",
+               "order_is_stable_sort": bool(torch.equal(order, expected))}
+        block_sort = lambda: experts_mod._block_counting_sort(flat, EXPERTS + 1, 16)  # noqa: E731
+        res["block_sort_same_as_align_pairs"] = all(
+            torch.equal(x, y) for x, y in zip(block_sort(), (order, offsets, block_start)))
         if not SMOKE:
-            res["counting_sort_kernel_us"] = round(
-                time_graph_us(lambda: experts_mod.align_pairs(ids, EXPERTS + 1, 16)), 2)
-            res["torch_sort_and_align_kernel_us"] = round(time_graph_us(sorted_path), 2)
-        # (pairs ranked by each program, warps) of the counting sort
+            res["align_pairs_us"] = round(time_graph_us(lambda: experts_mod.align_pairs(ids, EXPERTS + 1, 16)), 2)
+            res["block_sort_us"] = round(time_graph_us(block_sort), 2)
+            res["torch_sort_us"] = round(time_graph_us(lambda: flat.sort(stable=True)), 2)
         res["variants"] = []
-        for block, warps in ((32, 4), (64, 4), (128, 4), (64, 8), (32, 2)):
-            run = lambda: experts_mod._count_and_rank(flat, EXPERTS + 1, 16, block, warps)  # noqa: E731
-            same = all(torch.equal(x, y) for x, y in zip(run(), (order, offsets, block_start)))
-            cfg = {"rank_block": block, "num_warps": warps, "same_as_counting_sort": same}
-            if not SMOKE:
-                cfg["kernel_us"] = round(time_graph_us(run), 2)
-            res["variants"].append(cfg)
+        if one_launch:  # (pairs ranked by each program, warps) of the one-launch counting sort
+            for block, warps in ((32, 4), (64, 4), (128, 4), (64, 8), (32, 2)):
+                run = lambda: experts_mod._count_and_rank(flat, EXPERTS + 1, 16, block, warps)  # noqa: E731
+                res["variants"].append(_align_variant(run, (order, offsets, block_start),
+                                                      {"rank_block": block, "num_warps": warps}))
+        for block, tile, warps in ((256, 64, 4), (512, 64, 4), (512, 128, 4), (1024, 128, 8), (128, 32, 4)):
+            run = lambda: experts_mod._block_counting_sort(flat, EXPERTS + 1, 16, block, tile, warps)  # noqa: E731
+            res["variants"].append(_align_variant(run, (order, offsets, block_start),
+                                                  {"sort_block": block, "rank_tile": tile, "num_warps": warps}))
         return res
     return body
+
+
+def _align_variant(run, expected: tuple, cfg: dict) -> dict:
+    cfg["same_as_align_pairs"] = all(torch.equal(x, y) for x, y in zip(run(), expected))
+    if not SMOKE:
+        cfg["kernel_us"] = round(time_graph_us(run), 2)
+    return cfg
 
 
 def moe(tokens):
@@ -1076,7 +1083,7 @@ def main():
                                                                                   1 if SMOKE else 2))
     for lens in ([12, 4],) if SMOKE else ([16, 16], [48, 16], [80, 16], [112, 16]):
         run_case(report, f"gdn_short_pass_{lens[0]}", gdn_short_pass(lens))
-    for tokens in (4,) if SMOKE else (80, 96, 128):
+    for tokens in (4, 1400) if SMOKE else (80, 96, 128, 2048, 8192):  # short passes; long prompts' chunks
         run_case(report, f"moe_align_T{tokens}", moe_align(tokens))
     for impl in ("triton", "triton_tf32x3", "recurrent"):
         run_case(report, f"gdn_prefill_{impl}_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", impl))

@@ -1,13 +1,14 @@
 """The experts' SwiGLU MLPs as two grouped GEMMs over (token, choice) pairs sorted by expert; batches of
 a few tokens take the unsorted path of `triton_moe_direct.py` instead (see `moe_experts`).
 
-Pairs are sorted by expert on the device, and one small kernel lays each expert's run of pairs out as
-blocks of BLOCK_M rows (`block_start[e]`: the first block of expert e; nothing is read back to the
-host, so a decode step can be graph-captured). One program per (block, tile of output columns): only
-touched experts get programs, and at decode sizes (an expert's pairs fit in one block) each touched
-expert's weights are read once per step. The grid's fast axis decides what the programs running
-together share through L2: the blocks of one expert (its weight tile) or the column tiles of one
-block (its gathered input rows).
+Pairs are sorted by expert on the device by a stable counting sort (`align_pairs`: one launch for a
+short pass, three for a long one), which also lays each expert's run of pairs out as blocks of BLOCK_M
+rows (`block_start[e]`: the first block of expert e; nothing is read back to the host, so a decode
+step can be graph-captured). One program per (block, tile of output columns): only touched experts
+get programs, and at decode sizes (an expert's pairs fit in one block) each touched expert's weights
+are read once per step. The grid's fast axis decides what the programs running together share
+through L2: the blocks of one expert (its weight tile) or the column tiles of one block (its gathered
+input rows).
   1. gate/up: inter[pair] = silu(x[token] @ W_gate^T) * (x[token] @ W_up^T), both halves in one program.
   2. down:    y[token, choice] = weight * (inter[pair] @ W_down^T), written to the pair's own row.
 The k rows of each token are then summed in fp32 in a fixed order: no atomics, so results are exact
@@ -32,39 +33,6 @@ from deltaserve.kernels.partial_sums import PartialSums
 # sorted one. At top-8 alone the paths crossed between 16 and 32 tokens on the H200 (kernels_check
 # moe_T16: direct 172 us, sorted 175; moe_T32: 311 against 291).
 DIRECT_MAX_PAIRS = 256
-
-
-@triton.jit
-def _moe_align_kernel(sorted_ids, offsets, block_start, num_pairs, EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr,
-                      BLOCK_M: tl.constexpr):
-    """offsets[e] = first sorted pair of expert e (a vectorised binary search, one lane per expert);
-    block_start[e] = first block of expert e; both [E + 1]."""
-    lanes = tl.arange(0, BLOCK_E)
-    lo = tl.zeros([BLOCK_E], dtype=tl.int32)
-    hi = tl.zeros([BLOCK_E], dtype=tl.int32) + num_pairs
-    active = lo < hi
-    while tl.max(active.to(tl.int32), 0) > 0:  # lower_bound(sorted_ids, lane) in every lane at once
-        mid = (lo + hi) // 2
-        below = tl.load(sorted_ids + mid, mask=active, other=0) < lanes
-        lo = tl.where(active & below, mid + 1, lo)
-        hi = tl.where(active & ~below, mid, hi)
-        active = lo < hi
-    is_expert = lanes <= EXPERTS
-    tl.store(offsets + lanes, lo, mask=is_expert)
-    # counts[e] = (pairs with id <= e) - (pairs with id < e): a second search instead of a lane shift.
-    lo2 = tl.zeros([BLOCK_E], dtype=tl.int32)
-    hi2 = tl.zeros([BLOCK_E], dtype=tl.int32) + num_pairs
-    active = lo2 < hi2
-    while tl.max(active.to(tl.int32), 0) > 0:  # upper_bound(sorted_ids, lane)
-        mid = (lo2 + hi2) // 2
-        at_most = tl.load(sorted_ids + mid, mask=active, other=0) <= lanes
-        lo2 = tl.where(active & at_most, mid + 1, lo2)
-        hi2 = tl.where(active & ~at_most, mid, hi2)
-        active = lo2 < hi2
-    counts = tl.where(lanes < EXPERTS, lo2 - lo, 0)
-    blocks = (counts + BLOCK_M - 1) // BLOCK_M
-    first = tl.cumsum(blocks, 0) - blocks
-    tl.store(block_start + lanes, first, mask=is_expert)
 
 
 @triton.jit
@@ -196,9 +164,9 @@ def _grid(blocks: int, column_tiles: int, columns_fast: bool) -> tuple[int, int]
 # of the pairs before its own (where its pairs go in their runs). For 864 pairs over 257 experts it took
 # 7.1 us on the H200 against 38.4 for torch's radix sort and the binary-search align kernel behind it
 # (benchmarks/results/kernels_check_moe_align.json): a millisecond over the 40 layers of a short prefill
-# pass. Larger batches take torch's sort. With 32 pairs ranked per program, the 720 pairs of an 80-row graph
-# pass took 6.1 us against 7.3 at 64 and 9.2 at 128; one program sorting every pair in registers (tl.sort)
-# took 8.2 (H200, kernels_check_short_pass_tiles.json, moe_align_T80).
+# pass. Larger batches take the block-wise sort below. With 32 pairs ranked per program, the 720 pairs
+# of an 80-row graph pass took 6.1 us against 7.3 at 64 and 9.2 at 128; one program sorting every pair
+# in registers (tl.sort) took 8.2 (H200, kernels_check_short_pass_tiles.json, moe_align_T80).
 COUNTING_SORT_MAX_PAIRS = 4096
 RANK_BLOCK = 32
 COMBINE_BLOCK = 1024
@@ -263,18 +231,99 @@ def _count_and_rank(flat_ids: torch.Tensor, num_experts: int, block_m: int, rank
     return order, offsets, block_start
 
 
+# Past COUNTING_SORT_MAX_PAIRS every program taking every pair's histogram would cost O(pairs) a program,
+# so the pairs are sorted by blocks of SORT_BLOCK, in three launches linear in the pairs with nothing
+# read back: each block takes its histogram; a scan over the blocks gives each (block, expert) the pairs
+# of that expert in earlier blocks; each block then ranks its pairs RANK_TILE at a time, carrying each
+# expert's next rank from tile to tile. An 8192-token prompt's 73728 pairs are 288 blocks.
+SORT_BLOCK = 256
+RANK_TILE = 64  # a [64, 64] compare in a tile: 80 registers at 4 warps on sm_90 (a [128, 128] one: 210)
+SCAN_EXPERTS = 32  # bins per scan program: 16 programs for 257 experts' 512 bins
+SCAN_ROWS = 128  # blocks per scan step
+
+
+@triton.jit
+def _block_histogram_kernel(ids, counts, num_pairs, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
+    """counts[b, e] = the pairs of expert e among block b's BLOCK pairs (bin EXPERTS: the unrouted ones)."""
+    # Lanes past the last pair go to the last bin, past every expert and the unrouted id.
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    id_i = tl.load(ids + i, mask=i < num_pairs, other=BLOCK_E - 1).to(tl.int32)
+    tl.store(counts + tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E), tl.histogram(id_i, BLOCK_E))
+
+
+@triton.jit
+def _block_scan_kernel(counts, num_blocks, BLOCK_E: tl.constexpr, TILE_E: tl.constexpr, ROWS: tl.constexpr):
+    """In place, counts[b, e] becomes the pairs of expert e in the blocks before b, for b <= num_blocks:
+    row num_blocks gets each expert's total. A program per TILE_E bins walks the blocks ROWS at a time."""
+    bins = tl.program_id(0) * TILE_E + tl.arange(0, TILE_E)
+    carry = tl.zeros([TILE_E], dtype=tl.int32)
+    for first in range(0, num_blocks, ROWS):
+        rows = first + tl.arange(0, ROWS)
+        at = counts + rows[:, None] * BLOCK_E + bins[None, :]
+        mask = rows[:, None] < num_blocks
+        here = tl.load(at, mask=mask, other=0)
+        tl.store(at, carry[None, :] + tl.cumsum(here, 0) - here, mask=mask)
+        carry += tl.sum(here, 0)
+    tl.store(counts + num_blocks * BLOCK_E + bins, carry)
+
+
+@triton.jit
+def _block_scatter_kernel(ids, counts, order, offsets, block_start, num_pairs, num_blocks, EXPERTS: tl.constexpr,
+                          BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """order[rank(i)] = i for this block's pairs, rank(i) = (pairs of smaller experts) + (pairs of its
+    expert in earlier blocks) + (pairs of its expert before i in this block). Program 0 also writes
+    offsets[e] (first sorted pair of expert e) and block_start[e] (its first block), [E + 1]."""
+    TRASH: tl.constexpr = BLOCK_E - 1  # the lanes past the last pair, as in the histogram
+    block = tl.program_id(0)
+    bins = tl.arange(0, BLOCK_E)
+    totals = tl.load(counts + num_blocks * BLOCK_E + bins, mask=bins < EXPERTS, other=0)
+    run_start = tl.cumsum(totals, 0) - totals
+    if block == 0:
+        blocks = (totals + BLOCK_M - 1) // BLOCK_M
+        tl.store(offsets + bins, run_start, mask=bins <= EXPERTS)
+        tl.store(block_start + bins, tl.cumsum(blocks, 0) - blocks, mask=bins <= EXPERTS)
+
+    next_rank = run_start + tl.load(counts + block * BLOCK_E + bins)  # of each expert's next pair
+    t = tl.arange(0, TILE)
+    for first in range(block * BLOCK, tl.minimum(block * BLOCK + BLOCK, num_pairs), TILE):
+        i = first + t
+        valid = i < num_pairs
+        id_i = tl.load(ids + i, mask=valid, other=TRASH).to(tl.int32)
+        same_before = (id_i[None, :] == id_i[:, None]) & (t[None, :] < t[:, None])  # in this tile
+        rank = tl.gather(next_rank, id_i, 0) + tl.sum(same_before.to(tl.int32), 1)
+        tl.store(order + rank, i.to(tl.int64), mask=valid)
+        next_rank += tl.histogram(id_i, BLOCK_E)
+
+
+def _block_counting_sort(flat_ids: torch.Tensor, num_experts: int, block_m: int, block: int = SORT_BLOCK,
+                         tile: int = RANK_TILE, num_warps: int = 4):
+    """(order, offsets, block_start) by the block-wise counting sort (see SORT_BLOCK)."""
+    pairs, device = flat_ids.shape[0], flat_ids.device
+    bins = triton.next_power_of_2(num_experts + 2)
+    blocks = max(1, triton.cdiv(pairs, block))
+    counts = torch.empty((blocks + 1, bins), dtype=torch.int32, device=device)
+    order = torch.empty(pairs, dtype=torch.int64, device=device)
+    offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=device)
+    _block_histogram_kernel[(blocks,)](flat_ids, counts, pairs, BLOCK_E=bins, BLOCK=block, num_warps=num_warps)
+    scan_bins = min(SCAN_EXPERTS, bins)
+    _block_scan_kernel[(bins // scan_bins,)](counts, blocks, BLOCK_E=bins, TILE_E=scan_bins, ROWS=SCAN_ROWS,
+                                             num_warps=4)
+    _block_scatter_kernel[(blocks,)](flat_ids, counts, order, offsets, block_start, pairs, blocks,
+                                     EXPERTS=num_experts, BLOCK_E=bins, BLOCK_M=block_m, BLOCK=block,
+                                     TILE=tile, num_warps=num_warps)
+    return order, offsets, block_start
+
+
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
-    """(order, offsets [E+1], block_start [E+1], max_blocks) for the flattened (token, choice) pairs."""
+    """(order, offsets [E+1], block_start [E+1], max_blocks) for the flattened (token, choice) pairs:
+    order lists the pairs stably sorted by expert (as `sort(stable=True).indices`), unrouted ones last."""
     flat = ids.flatten()
     pairs = flat.shape[0]
     if pairs <= COUNTING_SORT_MAX_PAIRS:
         order, offsets, block_start = _count_and_rank(flat, num_experts, block_m)
     else:
-        sorted_ids, order = flat.sort(stable=True)
-        offsets = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
-        block_start = torch.empty(num_experts + 1, dtype=torch.int32, device=ids.device)
-        _moe_align_kernel[(1,)](sorted_ids, offsets, block_start, pairs, EXPERTS=num_experts,
-                                BLOCK_E=triton.next_power_of_2(num_experts + 1), BLOCK_M=block_m, num_warps=4)
+        order, offsets, block_start = _block_counting_sort(flat, num_experts, block_m)
     # Each touched expert needs ceil(count / block_m) <= count blocks, and at most one partial one.
     max_blocks = min(pairs, triton.cdiv(pairs, block_m) + min(num_experts, pairs))
     return order, offsets, block_start, max_blocks
