@@ -145,20 +145,44 @@ def test_grouped_experts_in_either_grid_order(columns_fast):
     assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
 
 
-@pytest.mark.parametrize("pairs,block_m", [(1, 16), (63, 16), (64, 4), (300, 16), (4100, 64)])
-def test_align_pairs_sorts_stably_and_lays_out_blocks(pairs, block_m):
-    # 4100 pairs take torch's sort and the binary-search align kernel; fewer, the counting sort.
-    from deltaserve.kernels.moe.triton_moe_experts import align_pairs
-
-    experts = 9
-    ids = torch.randint(0, experts - 1, (pairs, 1))  # few experts: many ties; the last one gets no pair
-    order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
-    assert torch.equal(order, ids.flatten().sort(stable=True).indices)
-    counts = torch.bincount(ids.flatten(), minlength=experts)
+def _assert_stably_sorted_in_blocks(ids, experts, block_m, order, offsets, block_start):
+    """order as torch's stable sort; offsets and block_start [E + 1] over the routed pairs (id < experts)."""
+    assert torch.equal(order, ids.sort(stable=True).indices)
+    counts = torch.bincount(ids, minlength=experts + 1)[:experts]
     assert offsets.tolist() == [0] + counts.cumsum(0).tolist()
     blocks = (counts + block_m - 1) // block_m
     assert block_start.tolist() == [0] + blocks.cumsum(0).tolist()
-    assert max_blocks >= blocks.sum().item()
+    return blocks.sum().item()
+
+
+# Up to COUNTING_SORT_MAX_PAIRS (4096) pairs the one-launch counting sort; past it the block-wise one:
+# just past (4097), partial last blocks, unrouted pairs (id = experts), 3 experts (many ties) and the
+# 35B-A3B's 257 experts x 9 choices.
+@pytest.mark.parametrize("tokens,choices,experts,block_m,unrouted", [
+    (1, 1, 9, 16, False), (63, 1, 9, 16, False), (64, 1, 9, 4, False), (300, 1, 9, 16, False),
+    (100, 9, 257, 16, True), (4100, 1, 9, 64, False), (4097, 1, 9, 16, True), (1000, 5, 3, 16, True),
+    (911, 9, 257, 16, True), (456, 9, 257, 64, False)])
+def test_align_pairs_sorts_stably_and_lays_out_blocks(tokens, choices, experts, block_m, unrouted):
+    from deltaserve.kernels.moe.triton_moe_experts import align_pairs
+
+    # Without unrouted pairs the last expert gets none either.
+    ids = torch.randint(0, experts + 1 if unrouted else experts - 1, (tokens, choices))
+    order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
+    blocks = _assert_stably_sorted_in_blocks(ids.flatten(), experts, block_m, order, offsets, block_start)
+    assert max_blocks >= blocks
+
+
+# The block-wise sort at small blocks: several blocks of several tiles, a partial last block or tile,
+# one partial block, ids as int32.
+@pytest.mark.parametrize("pairs,experts,block,tile,dtype", [
+    (100, 4, 16, 4, torch.int64), (97, 20, 16, 8, torch.int32), (5, 4, 16, 16, torch.int64),
+    (64, 3, 16, 16, torch.int64)])
+def test_block_counting_sort_across_blocks_and_tiles(pairs, experts, block, tile, dtype):
+    from deltaserve.kernels.moe.triton_moe_experts import _block_counting_sort
+
+    ids = torch.randint(0, experts + 1, (pairs,), dtype=dtype)  # some unrouted
+    order, offsets, block_start = _block_counting_sort(ids, experts, 4, block, tile)
+    _assert_stably_sorted_in_blocks(ids.long(), experts, 4, order, offsets, block_start)
 
 
 def test_align_pairs_blocks():
