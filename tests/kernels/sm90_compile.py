@@ -93,6 +93,7 @@ def cases():
     yield ("moe_count_and_rank", sorted_moe._count_and_rank_kernel,
            {"ids": "*i64", "order": "*i64", "offsets": "*i32", "block_start": "*i32", "num_pairs": "i32"},
            dict(EXPERTS=257, BLOCK_E=512, BLOCK_M=16, ALL=1024, BLOCK=sorted_moe.RANK_BLOCK), 4, 1)
+    yield from _block_sort_cases()
     yield from _sorted_moe_cases(moe)
 
     from deltaserve.kernels.norm import triton_gated_rms_norm as gated_norm
@@ -223,6 +224,21 @@ def _skinny_gemm_cases():
            {"x": "*bf16", "w": "*bf16", "y": "*fp32", "M": "i32", "N": "i32"},
            dict(K=4096, K_PER_SPLIT=1024, BLOCK_M=16, BLOCK_N=t.block_n, BLOCK_K=t.block_k, STAGES=t.stages,
                 PRECISION="tf32", USE_PDL=True), t.warps, 1)
+
+
+def _block_sort_cases():
+    """The large batches' counting sort, at 257 experts (512 bins), for the engine's int64 ids and int32 ones."""
+    from deltaserve.kernels.moe import triton_moe_experts as sorted_moe
+
+    bins, block = 512, sorted_moe.SORT_BLOCK
+    for ids, suffix in (("*i64", ""), ("*i32", "_i32")):
+        yield (f"moe_block_histogram{suffix}", sorted_moe._block_histogram_kernel, {"ids": ids, "counts": "*i32"},
+               dict(BLOCK_E=bins, BLOCK=block), 4, 1)
+        yield (f"moe_block_scatter{suffix}", sorted_moe._block_scatter_kernel,
+               {"ids": ids, "counts": "*i32", "order": "*i64", "offsets": "*i32", "block_start": "*i32"},
+               dict(EXPERTS=257, BLOCK_E=bins, BLOCK_M=16, BLOCK=block, TILE=sorted_moe.RANK_TILE), 4, 1)
+    yield ("moe_block_scan", sorted_moe._block_scan_kernel, {"counts": "*i32"},
+           dict(BLOCK_E=bins, TILE_E=sorted_moe.SCAN_EXPERTS, ROWS=sorted_moe.SCAN_ROWS), 4, 1)
 
 
 def _sorted_moe_cases(moe: dict):
