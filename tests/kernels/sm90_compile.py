@@ -132,10 +132,12 @@ def cases():
 
     from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
 
-    yield ("rotary_store_kv", rotary_kv._rotary_store_kv_kernel,
-           {n: bf16 for n in ("q", "k", "v", "q_out", "k_cache", "v_cache", "q_norm", "k_norm")}
-           | {"positions": "*i64", "slot_mapping": "*i64", "eps": "fp32", "offset": "fp32"},
-           dict(Q_HEADS=16, HEAD_DIM=256, HALF=32, PAGE=16, BLOCK_D=256, BLOCK_HALF=32, HAS_NORM=True), 2, 1)
+    for k_out in (False, True):  # decode and paged prefill; a long prompt's first chunk
+        yield (f"rotary_store_kv{'_k_out' if k_out else ''}", rotary_kv._rotary_store_kv_kernel,
+               {n: bf16 for n in ("q", "k", "v", "q_out", "k_out", "k_cache", "v_cache", "q_norm", "k_norm")}
+               | {"positions": "*i64", "slot_mapping": "*i64", "eps": "fp32", "offset": "fp32"},
+               dict(Q_HEADS=16, HEAD_DIM=256, HALF=32, PAGE=16, BLOCK_D=256, BLOCK_HALF=32, HAS_NORM=True,
+                    HAS_K_OUT=k_out), 2, 1)
 
     from deltaserve.kernels.attention import triton_output_gate as output_gate
 

@@ -129,3 +129,33 @@ def test_rotary_store_kv_matches_the_unfused_ops(tokens, q_heads, kv_heads, head
     assert_close(out_q, expected_q)
     assert_close(k_cache, expected_k)
     assert torch.equal(v_cache, expected_v)
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_rotary_store_kv_also_returns_the_rotated_k_rows(norm):
+    # The fresh-prefill path attends over its own k rows: every row of k comes back rotated (padding too),
+    # and the cache holds the same rows.
+    from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
+
+    tokens, q_heads, kv_heads, head_dim, rotary_dim, page = 9, 4, 2, 32, 16, 4
+    q, k, v = torch.randn(tokens, q_heads, head_dim), torch.randn(tokens, kv_heads, head_dim), torch.randn(
+        tokens, kv_heads, head_dim)
+    positions = torch.arange(tokens)
+    inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    freqs = torch.arange(tokens).float()[:, None] * inv[None]
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1)
+    slots = torch.randperm(4 * page)[:tokens]
+    slots[3] = -1
+    weights = dict(q_norm=torch.randn(head_dim), k_norm=torch.randn(head_dim), eps=1e-6, norm_offset=1.0) if norm else {}
+    k_cache, v_cache = torch.zeros(4, page, kv_heads, head_dim), torch.zeros(4, page, kv_heads, head_dim)
+    expected_k_cache = k_cache.clone()
+    expected_q, expected_k = reference.rotary_store_kv(q, k, v, positions, cos_sin, expected_k_cache, v_cache.clone(),
+                                                       slots, **weights, k_out=True)
+    out_q, out_k = rotary_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, **weights, k_out=True)
+    assert out_k.shape == k.shape and out_k.is_contiguous()
+    assert_close(out_q, expected_q)
+    assert_close(out_k, expected_k)
+    assert_close(k_cache, expected_k_cache)
+    live = slots >= 0
+    stored = k_cache.reshape(-1, kv_heads, head_dim)[slots[live]]
+    assert torch.equal(stored, out_k[live])  # the cache and the returned rows are the same rows

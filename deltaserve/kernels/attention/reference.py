@@ -71,11 +71,11 @@ def rotary_store_kv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
     q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 1e-6,
-    norm_offset: float = 0.0,
-) -> torch.Tensor:
+    norm_offset: float = 0.0, k_out: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """What an attention layer does to its new q/k/v rows before attending, as one op: the per-head RMSNorm
     of q and k (when weights are given), rotary on both, and k (rotated) and v stored in their slots.
-    Returns the rotated q; k leaves only through the cache."""
+    Returns the rotated q; k leaves only through the cache unless k_out asks for it too: (q, k)."""
     from deltaserve.kernels.norm.reference import rms_norm
     from deltaserve.kernels.rotary.reference import apply_rotary
 
@@ -84,4 +84,4 @@ def rotary_store_kv(
         k = rms_norm(k, k_norm, eps, norm_offset)
     q, k = apply_rotary(q, k, positions, cos_sin_cache)
     store_kv(k, v, k_cache, v_cache, slot_mapping)
-    return q
+    return (q, k) if k_out else q

@@ -1,7 +1,8 @@
 """Per-head RMSNorm (optional), rotary and the KV store of an attention layer's new rows in one kernel:
 one program per (token, head) over the q heads then the k heads. A q head is written to the returned
-tensor; a k head goes straight to its cache slot, with the matching v head beside it. At decode this is
-one launch where the unfused path takes four (q norm, k norm, rotary, store).
+tensor; a k head goes straight to its cache slot, with the matching v head beside it, and with k_out
+also to a [T, Hk, D] tensor (a long prompt's first chunk attends over its own k rows, not the cache).
+At decode this is one launch where the unfused path takes four (q norm, k norm, rotary, store).
 
 Rounding follows the unfused ops: the normalised row is rounded to the input dtype before it is rotated,
 and the rotated row to the input dtype before it is stored.
@@ -49,11 +50,11 @@ def _rotated_row(src, weight, dst, cos, sin, offset, eps, HEAD_DIM: tl.constexpr
 
 @triton.jit
 def _rotary_store_kv_kernel(
-    q, k, v, q_out, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm, eps, offset,
-    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_cache,
+    q, k, v, q_out, k_out, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm, eps, offset,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_ko_t, stride_cache,
     stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos, stride_vc_head,
     Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_NORM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_NORM: tl.constexpr, HAS_K_OUT: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
@@ -68,6 +69,9 @@ def _rotary_store_kv_kernel(
                      HEAD_DIM, HALF, BLOCK_D, BLOCK_HALF, HAS_NORM)
     else:
         kh = head - Q_HEADS
+        if HAS_K_OUT:  # every row, padding or not: the caller attends over them
+            _rotated_row(k + token * stride_k_t + kh * stride_k_h, k_norm, k_out + token * stride_ko_t + kh * HEAD_DIM,
+                         cos, sin, offset, eps, HEAD_DIM, HALF, BLOCK_D, BLOCK_HALF, HAS_NORM)
         slot = tl.load(slot_mapping + token).to(tl.int64)
         if slot >= 0:  # -1: a padding row, stored nowhere
             block, at = slot // PAGE, slot % PAGE
@@ -84,23 +88,27 @@ def _rotary_store_kv_kernel(
 def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                     cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
-                    k_norm: torch.Tensor | None = None, eps: float = 1e-6, norm_offset: float = 0.0) -> torch.Tensor:
-    """Same contract as the reference: q [T, Hq, D], k/v [T, Hk, D] (strided views welcome); returns q rotated."""
+                    k_norm: torch.Tensor | None = None, eps: float = 1e-6, norm_offset: float = 0.0,
+                    k_out: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as the reference: q [T, Hq, D], k/v [T, Hk, D] (strided views welcome); returns q rotated
+    (and with k_out, k rotated too)."""
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     tokens, q_heads, head_dim = q.shape
     k_heads = k.shape[1]
     half = cos_sin_cache.shape[-1] // 2
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_rotated = torch.empty(k.shape, dtype=k.dtype, device=k.device) if k_out else q_out
     if tokens:
         has_norm = q_norm is not None
         _rotary_store_kv_kernel[(tokens, q_heads + k_heads)](
-            q, k, v, q_out, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+            q, k, v, q_out, k_rotated, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
             q_norm if has_norm else q, k_norm if has_norm else k, eps, float(norm_offset),
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_rotated.stride(0),
+            cos_sin_cache.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2),
             Q_HEADS=q_heads, HEAD_DIM=head_dim, HALF=half, PAGE=k_cache.shape[1],
             BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_HALF=triton.next_power_of_2(half), HAS_NORM=has_norm,
-            num_warps=1 if head_dim <= 128 else 2, **launch_options(q),
+            HAS_K_OUT=k_out, num_warps=1 if head_dim <= 128 else 2, **launch_options(q),
         )
-    return q_out
+    return (q_out, k_rotated) if k_out else q_out

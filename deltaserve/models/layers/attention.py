@@ -42,11 +42,9 @@ class Attention(nn.Module):
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = batch.kv_cache(self.layer_idx)
         if batch.fresh_query_start_loc is not None:  # long fresh prompts: attend within the chunk
-            if self.q_norm is not None:
-                q = kernels.rms_norm(q, self.q_norm, self.norm_eps, self.norm_offset)
-                k = kernels.rms_norm(k, self.k_norm, self.norm_eps, self.norm_offset)
-            q, k = kernels.apply_rotary(q, k, batch.positions, cos_sin_cache)
-            kernels.store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+            q, k = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache,
+                                           batch.slot_mapping, self.q_norm, self.k_norm, self.norm_eps,
+                                           self.norm_offset, k_out=True)
             out = kernels.causal_attention_fresh(q, k, v, batch.fresh_query_start_loc, self.scale)
             if gate is not None:
                 out = kernels.output_gate(out, gate)
