@@ -49,10 +49,11 @@ NOTES = {
         "(skinny_gemm_tall.json).",
         "The vLLM runs keep the GDN recurrent state in bf16 (the shapes' configs name no mamba_ssm_dtype, so "
         "vLLM takes the model dtype, as its Qwen3.5 config hook reads); deltaserve keeps fp32 unless "
-        "--gdn-state-dtype bfloat16. At that precision (engine_qwen3.5-9b_bf16_state.json, 095568f) the closed "
-        "batches reach 1.08x / 1.06x / 1.04x of the issue's figures at C=32 / 64 / 128 (1.09x / 1.08x / 1.07x "
-        "at ce53437 on another machine; 1.05x / 1.02x / 0.95x at eca0aa7), steps 5.83 / 6.58 / 8.56 ms: the bf16 "
-        "state's decode tiles took 96.5 against 147.7 us a layer at 128 sequences. Still short of 1.1x.",
+        "--gdn-state-dtype bfloat16. At that precision (engine_qwen3.5-9b_bf16_state.json, d4e0e1f) the closed "
+        "batches reach 1.08x / 1.06x / 1.04x of the issue's figures at C=32 / 64 / 128 (the same at 095568f; "
+        "1.09x / 1.08x / 1.07x at ce53437 on another machine; 1.05x / 1.02x / 0.95x at eca0aa7), steps 5.83 / "
+        "6.59 / 8.58 ms: the bf16 state's decode tiles took 96.5 against 147.7 us a layer at 128 sequences. "
+        "Still short of 1.1x.",
         "Prefill at c2bd54a: 0.2057 s at 8k and 0.918 s at 32k, 0.96x and 1.01x the issue's vLLM times against "
         "the 0.9x target (0.214 and 0.946 s at 095568f on another machine). In one command 3374b95 took 0.2056 "
         "s and c2bd54a 0.2052 at 8k (prefill_same_machine_3374b95_vs_c2bd54a.json). Where 8k goes "
@@ -78,7 +79,7 @@ NOTES = {
         "(profile_qwen3.5-35b-a3b.json: gate/up 8.8 and down 4.5 ms a step, both at the floor), and the GDN "
         "decode reads and writes 64 fp32 states per layer. 1.1x at C=64 needs the closed batch in 4.50 s, a "
         "step of about 17.1 ms, 0.94 of the floor. With the state in bf16, as the vLLM runs keep it "
-        "(engine_qwen3.5-35b-a3b_bf16_state.json, 095568f): C=64 1.07x (17.59 ms a step), C=128 1.28x.",
+        "(engine_qwen3.5-35b-a3b_bf16_state.json, d4e0e1f): C=64 1.07x (17.60 ms a step), C=128 1.27x.",
         "Prefill at c2bd54a: 0.1321 s at 8k (0.899x the issue's vLLM time: the 0.9x target met) and 0.592 s at "
         "32k (0.94x; 0.9x is 0.568). In one command 3374b95 took 0.1368 / 0.1384 s and c2bd54a 0.1317 / 0.1315 at "
         "8k, alternated (prefill_same_machine_3374b95_vs_c2bd54a.json; 0.139 s at 095568f on another machine). "
