@@ -809,7 +809,11 @@ def gdn_prefill_sweep(seq_len: int):
         old = {"precision": "tf32x3", "sub": 16}  # the prepare kernel before it took the long passes' options
         configs = [((32, 4, 2, "tf32", False), old), (fast, old), (fast, {}), (fast, {"sub": 16}),
                    (fast, {"precision": "tf32x3"}), ((32, 8, 3, "tf32", True), {}), ((16, 8, 3, "bf16", True), {}),
-                   ((64, 8, 3, "bf16", True), {}), ((32, 8, 2, "tf32", False), {})]
+                   ((64, 8, 3, "bf16", True), {}), ((32, 8, 2, "tf32", False), {}),
+                   # the default state tiles under prepare kernels of more warps and wider w / u column tiles
+                   ((32, 4, 2, "tf32", False), {}), ((32, 4, 2, "tf32", False), {"warps": 8}),
+                   ((32, 4, 2, "tf32", False), {"bv": 64}), ((32, 4, 2, "tf32", False), {"bv": 64, "warps": 8}),
+                   ((32, 4, 2, "tf32", False), {"bv": 128, "warps": 8})]
         for (bv, warps, stages, precision, split), prep in configs[:2] if SMOKE else configs:
             tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, precision=precision, split_output=split,
                          prepare=prep)

@@ -181,6 +181,12 @@ def test_chunk_prefill_with_and_without_a_separate_output_kernel(chunk, split_ou
     _check_chunk([130, 1, 20], 2, 4, 16, 16, [3, 0, 4], captures, chunk=chunk, split_output=split_output)
 
 
+@pytest.mark.parametrize("prepare", [{"bv": 16}, {"bv": 64, "warps": 8}])
+def test_chunk_prefill_prepare_kernel_tiles(prepare):
+    # w and u in narrower or wider column tiles than Dk and Dv (32) per dot; the result is the same.
+    _check_chunk([70, 9], 1, 2, 32, 32, [1, 0], [(30, 0)], prepare=prepare)
+
+
 def test_chunk_prefill_state_tiles_and_warps():
     _check_chunk([67, 20], 2, 4, 16, 48, [1, 0], [(30, 0), (70, 1)], block_v=16, num_warps=2)
 

@@ -377,7 +377,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     serial path). block_v, num_warps and num_stages tune the state kernel; precision is the state and
     output kernels' dot precision: by default "tf32" for 16-bit inputs (relative error ~1e-3, under the
     bf16 rounding of o) and "tf32x3" (about fp32) for fp32 inputs; "bf16" rounds the operands to bf16
-    (the state itself stays fp32). `prepare` overrides the prepare kernel's options (LONG_PASS_PREPARE).
+    (the state itself stays fp32). `prepare` overrides the prepare kernel's options (LONG_PASS_PREPARE:
+    "sub", "precision", "inverse_precision", "warps", and "bv", the columns of w and u per dot).
     split_output takes the output off the state kernel's serial path: that kernel keeps the state
     before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once.
 
@@ -416,7 +417,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     _chunk_prepare_kernel[(max_chunks, hv)](
         q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, seqs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-        dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=32, CHUNK=chunk,
+        dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=prepare.get("bv", 32), CHUNK=chunk,
         BLOCK_B=max(16, triton.next_power_of_2(seqs)),
         SUB=min(prepare.get("sub", 16), chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision,
         num_warps=prepare.get("warps", 4), num_stages=1,
