@@ -61,8 +61,9 @@ NOTES = {
         "prefill 26.0 (its state kernel 717 us a layer, the prepare kernel 367), attention 7.9, SiLU-and-mul "
         "4.5, norms 5.8, conv1d 2.6. 0.9x is 0.193 s: at cuBLAS's rate the GEMMs leave 43 ms for everything "
         "else, which takes about 51. The GDN state kernel at 8 warps took 781 against 740 us "
-        "(kernels_check_gdn_state_warps.json); rounding its dot operands to bf16, with the output in its own "
-        "kernel, 547 us with 2.4x the state's error: not taken.",
+        "(kernels_check_gdn_state_warps.json); the prepare kernel at 8 warps 708 against 385 us, with w and u "
+        "in 64-column tiles 393 (kernels_check_gdn_prepare_tiles.json); rounding the state kernel's dot operands "
+        "to bf16, with the output in its own kernel, 547 us with 2.4x the state's error: not taken.",
     ],
     "qwen3.5-35b-a3b": [
         "C=1: 409.7 tok/s (2.441 ms a step, c2bd54a; 407.6 at 095568f) against the 400 tok/s target and a 1.42 "

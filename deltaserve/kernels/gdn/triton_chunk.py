@@ -40,6 +40,7 @@ OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_out
 # The prepare kernel on the long passes of 16-bit inputs: tf32 for w and u and 8-row diagonal blocks in the
 # inverse took it from 535 to 385 us on one 8192-token prompt of the Qwen3.5 shapes on the H200 (relative
 # error of o 4.1e-3 against 3.8e-3; kernels_check_gdn_prefill.json, gdn_prefill_tiles_8192).
+# 8 warps took 708 us and w and u in 64-column tiles 393 (kernels_check_gdn_prepare_tiles.json).
 LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32"}
 # On short passes (chunk 16), 4-row diagonal blocks: forward substitution over 3 rows instead of 15, the
 # rest in three small dots. The prepare kernel of an 80-row pass took 8.4 us against 11.5, with the same
