@@ -58,8 +58,10 @@ def _ptxas_usage(ptx: str) -> dict:
         os.unlink(f.name)
     usage = {}
     for line in out.splitlines():
-        if "registers" in line:
+        if "Used" in line and "registers" in line:  # not ptxas's notes, e.g. C7519 on registers in wgmma
             usage["registers"] = int(line.split("Used")[1].split("registers")[0])
+        elif "(C75" in line:  # wgmma notes: the kernel serialises or synchronises its tensor-core ops
+            usage.setdefault("wgmma_notes", []).append(line.split("(")[1].split(")")[0])
         if "spill stores" in line:
             usage["spill_bytes"] = int(line.split("bytes spill stores")[0].split(",")[-1])
     return usage
