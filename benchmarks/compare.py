@@ -59,8 +59,11 @@ NOTES = {
         "s and c2bd54a 0.2052 at 8k (prefill_same_machine_3374b95_vs_c2bd54a.json). Where 8k goes "
         "(profile_prefill_qwen3.5-9b.json, 3374b95, 200.7 ms of kernels): cuBLAS GEMMs 149.6 ms, the GDN chunked "
         "prefill 26.0 (its state kernel 717 us a layer, the prepare kernel 367), attention 7.9, SiLU-and-mul "
-        "4.5, norms 5.8, conv1d 2.6. 0.9x is 0.193 s: at cuBLAS's rate the GEMMs leave 43 ms for everything "
-        "else, which takes about 51. The GDN state kernel at 8 warps took 781 against 740 us "
+        "4.5, norms 5.8, conv1d 2.6. At 68332f1 on another machine (profile_prefill_qwen3.5-9b_68332f1.json) the "
+        "attention layers' q/k preparation and output gate take 1.97 ms (rotary_store_kv 1.59, the gate 0.38) "
+        "where 3374b95's copies, rotary, norms, sigmoid and product took about 4.1; the GEMMs there ran 1% "
+        "slower, so the pass's kernels total the same 200 ms. 0.9x is 0.193 s: at cuBLAS's rate the GEMMs leave "
+        "43 ms for everything else, which takes about 51. The GDN state kernel at 8 warps took 781 against 740 us "
         "(kernels_check_gdn_state_warps.json); the prepare kernel at 8 warps 708 against 385 us, with w and u "
         "in 64-column tiles 393 (kernels_check_gdn_prepare_tiles.json); rounding the state kernel's dot operands "
         "to bf16, with the output in its own kernel, 547 us with 2.4x the state's error: not taken.",
