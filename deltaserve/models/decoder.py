@@ -77,4 +77,4 @@ class DecoderLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return kernels.linear(hidden, self.lm_head).float()
+        return kernels.logits(hidden, self.lm_head)

@@ -76,3 +76,17 @@ def test_k_splits_cut_short_weights_into_whole_slices():
 def test_linear_partial_stays_a_tensor_on_the_reference():
     x, weight = torch.randn(2, 4096), torch.randn(2048, 4096)
     assert_close(kernels.linear_partial(x, weight), x @ weight.T)
+
+
+def test_skinny_gemm_writes_its_accumulator_in_the_dtype_asked():
+    x, weight = torch.randn(3, 96).half(), torch.randn(70, 96).half()  # 16-bit in, fp32 out unrounded
+    out = skinny_gemm(x, weight, (16, 32, 2, 4), out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert_close(out, x.float() @ weight.float().T)
+
+
+def test_logits_are_fp32_on_the_reference():
+    x, weight = torch.randn(4, 32), torch.randn(50, 32)
+    out = kernels.logits(x, weight)
+    assert out.dtype == torch.float32
+    assert_close(out, x @ weight.T)

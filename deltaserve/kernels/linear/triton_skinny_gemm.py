@@ -86,11 +86,13 @@ def default_tiles(n: int) -> SkinnyTiles:
     return SkinnyTiles(64, 128, 5, 4)
 
 
-def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, ...] | None = None) -> torch.Tensor:
-    """x [M <= 128, K]; weight [N, K] (last dim contiguous); returns [M, N] in x's dtype."""
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, ...] | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [M <= 128, K]; weight [N, K] (last dim contiguous); returns [M, N] in out_dtype (x's dtype by
+    default; the fp32 accumulator is rounded once, to it)."""
     m, k = x.shape
     n = weight.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     _launch(x, weight, y, 1, SkinnyTiles(*tiles) if tiles else default_tiles(n))
     return y
 
