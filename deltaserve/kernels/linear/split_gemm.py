@@ -12,12 +12,12 @@ import torch
 from deltaserve.kernels.partial_sums import PartialSums
 
 # From more than the skinny GEMM's rows up to MAX_ROWS, weights of at most MAX_N rows and at least MIN_K
-# columns run in SPLITS slices. On the H200 (benchmarks/results/split_gemm.json; a slice's time, then
-# the add-norm's extra read of the second part): the 9B shape's 4096 x 12288 down projection at 32 / 64 /
-# 128 rows 26.9 / 29.6 / 29.9 us against cuBLAS's 29.5 / 31.9 / 33.5, plus 0.4-0.5 us; its 4096 x 4096
-# out projection 11.2 / 12.0 / 12.3 against 13.0 / 11.7 / 13.6; the 35B-A3B shape's 2048 x 4096 out
-# projection 7.1 / 7.2 / 8.0 against 9.6 / 10.0 / 9.6. Wider weights (the gate/up, qkv and GDN input
-# projections) measured slower split.
+# columns run in SPLITS slices. On the H200 (benchmarks/results/split_gemm.json), split against whole at
+# 32 / 64 / 128 rows: the 9B shape's 4096 x 12288 down projection 26.9 / 29.6 / 29.9 against 29.5 / 31.9 /
+# 33.5 us, its 4096 x 4096 out projection 11.2 / 12.0 / 12.3 against 13.0 / 11.7 / 13.6 (one rule for both:
+# 0.3 us lost at 64 rows), the 35B-A3B shape's 2048 x 4096 out projection 7.1 / 7.2 / 8.0 against 9.6 /
+# 10.0 / 9.6; the add-norm reads the second part in 0.1-0.5 us more. The wider weights (gate/up, qkv, the
+# GDN input projection) measured slower split.
 MAX_ROWS = 128
 MAX_N = 4096
 MIN_K = 4096
