@@ -7,7 +7,7 @@ from deltaserve.kernels.capture_rows import capture_tables
 from deltaserve.kernels.gdn import reference
 from deltaserve.kernels.gdn.fla_chunk import split_at_captures
 from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
-from deltaserve.kernels.gdn.triton_chunk import CHUNK, chunk_gdn
+from deltaserve.kernels.gdn.triton_chunk import CHUNK, _unit_lower_inverse, chunk_gdn
 from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
 from tests.kernels.conftest import assert_close
 
@@ -179,6 +179,27 @@ def test_chunk_prefill_with_shorter_chunks(chunk):
 def test_chunk_prefill_with_and_without_a_separate_output_kernel(chunk, split_output):
     captures = [(15, 0), (64, 1), (100, 2), (131, 3)]
     _check_chunk([130, 1, 20], 2, 4, 16, 16, [3, 0, 4], captures, chunk=chunk, split_output=split_output)
+
+
+@triton.jit
+def _inverse_kernel(a, out, CHUNK: tl.constexpr, SUB: tl.constexpr):
+    rows = tl.arange(0, CHUNK)
+    tile = rows[:, None] * CHUNK + rows[None, :]
+    tl.store(out + tile, _unit_lower_inverse(tl.load(a + tile), CHUNK, SUB, "ieee"))
+
+
+# Diagonal blocks of 64, 32, 16, 8 and 4 rows: 1, 2, 4, 8 and 16 blocks, the product form of the block
+# series taking 0, 0, 1, 2 and 3 squarings. Entries of order 0.2 leave every power of the series in.
+@pytest.mark.parametrize("sub", [64, 32, 16, 8, 4])
+def test_unit_lower_inverse_in_diagonal_blocks(sub):
+    A = torch.tril(torch.randn(CHUNK, CHUNK) * 0.2, -1)
+    inverse = torch.empty(CHUNK, CHUNK)
+    _inverse_kernel[(1,)](A, inverse, CHUNK=CHUNK, SUB=sub)
+    assert_close(inverse @ (torch.eye(CHUNK) + A), torch.eye(CHUNK))
+
+
+def test_chunk_prefill_inverse_in_8_row_blocks():  # the long passes' blocks on the GPU
+    _check_chunk([150, 7], 1, 2, 16, 16, [1, 0], [(70, 0)], prepare={"sub": 8})
 
 
 @pytest.mark.parametrize("prepare", [{"bv": 16}, {"bv": 64, "warps": 8}])
