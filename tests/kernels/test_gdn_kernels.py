@@ -188,8 +188,8 @@ def _inverse_kernel(a, out, CHUNK: tl.constexpr, SUB: tl.constexpr):
     tl.store(out + tile, _unit_lower_inverse(tl.load(a + tile), CHUNK, SUB, "ieee"))
 
 
-# Diagonal blocks of 64, 32, 16, 8 and 4 rows: 1, 2, 4, 8 and 16 blocks, the product form of the block
-# series taking 0, 0, 1, 2 and 3 squarings. Entries of order 0.2 leave every power of the series in.
+# Diagonal blocks of 64, 32, 16, 8 and 4 rows: 1, 2, 4, 8 and 16 blocks, the block series summing up to
+# 14 powers of M. Entries of order 0.2 leave every power of the series in the result.
 @pytest.mark.parametrize("sub", [64, 32, 16, 8, 4])
 def test_unit_lower_inverse_in_diagonal_blocks(sub):
     A = torch.tril(torch.randn(CHUNK, CHUNK) * 0.2, -1)

@@ -96,10 +96,8 @@ def _unit_lower_inverse(A, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl
     The diagonal blocks are inverted together by forward substitution in fp32 (SUB - 1 steps, row s of
     every block at once): D = (I + A_diag)^-1. With L the blocks below the diagonal,
     I + A = (I + A_diag)(I + M) for M = D L, strictly block-lower, so M^NB = 0 and
-    (I + A)^-1 = (I + S) D with I + S = sum_{p < NB} (-M)^p = (I - M)(I + M^2)(I + M^4)...(I + M^(NB/2)):
-    log2(NB) - 1 squarings and as many products rather than the sum's NB - 2 dots in a row. S has
-    no diagonal blocks, so D's stay exact."""
-    NB: tl.constexpr = CHUNK // SUB  # a power of two, as CHUNK and SUB are
+    (I + A)^-1 = D + (-M + M^2 - ...) D; the correction has no diagonal blocks, so D's stay exact."""
+    NB: tl.constexpr = CHUNK // SUB
     rows = tl.arange(0, CHUNK)
     block_i = tl.arange(0, NB)[:, None, None, None]
     block_j = tl.arange(0, NB)[None, None, :, None]
@@ -113,13 +111,12 @@ def _unit_lower_inverse(A, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl
     D = tl.reshape(tl.where(block_i == block_j, tl.expand_dims(D, 2), 0.0), [CHUNK, CHUNK])
     below = (rows // SUB)[:, None] > (rows // SUB)[None, :]
     M = tl.dot(D, tl.where(below, A, 0.0), input_precision=PRECISION)
-    S = -M  # I + S = I - M
-    power = M
-    for i in tl.static_range(1, 7):  # I + S <- (I + S)(I + P) for P = M^2, M^4, ... up to M^(NB/2)
-        if (1 << i) < NB:
-            power = tl.dot(power, power, input_precision=PRECISION)
-            S = tl.dot(S, power, S + power, input_precision=PRECISION)
-    return tl.dot(S, D, D, input_precision=PRECISION)
+    power = -M
+    series = power
+    for _ in tl.static_range(2, NB):  # + (-M)^p
+        power = -tl.dot(power, M, input_precision=PRECISION)
+        series += power
+    return tl.dot(series, D, D, input_precision=PRECISION)
 
 
 @triton.jit
