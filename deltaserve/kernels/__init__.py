@@ -24,42 +24,36 @@ from deltaserve.kernels.sampling import reference as _sampling
 from deltaserve.kernels.slot_copy import reference as _slot_copy
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T (+ bias). A few rows (decode) against a weight where the skinny GEMM reads faster than
-    cuBLAS take it; everything else is cuBLAS through torch."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x @ weight^T (+ bias), in out_dtype (x's by default). A few rows (decode) against a weight where the
+    skinny GEMM reads faster than cuBLAS take it; everything else is cuBLAS through torch. A wider
+    out_dtype is written by the GEMM itself from its fp32 accumulator, not cast after: the logits, at
+    128 rows of the 9B shape's 248320 x 4096 head 540 against 608 us (benchmarks/results/split_gemm.json)."""
+    out_dtype = out_dtype or x.dtype
     if bias is None and use_triton(x) and x.dim() == 2:
         from deltaserve.kernels.linear import triton_skinny_gemm as skinny
         if x.shape[0] <= skinny.MAX_ROWS and skinny.faster_than_cublas(weight.shape[0]):
-            return skinny.skinny_gemm(x, weight)
-    return _linear.linear(x, weight, bias)
+            return skinny.skinny_gemm(x, weight, out_dtype=out_dtype)
+        if out_dtype != x.dtype:
+            return torch.mm(x, weight.T, out_dtype=out_dtype)
+    return _linear.linear(x, weight, bias).to(out_dtype)
 
 
 def linear_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                    ) -> torch.Tensor | PartialSums:
     """linear() for a consumer that takes PartialSums (add_rms_norm, moe_route): a few rows against a
     weight too short to keep the GPU reading come back split along K, the sum left to the consumer.
-    Up to skinny.MAX_ROWS rows the skinny GEMM splits; up to split_gemm.MAX_ROWS, cuBLAS."""
+    Up to skinny.MAX_ROWS rows the skinny GEMM splits; above, up to split_gemm.MAX_ROWS, cuBLAS."""
     if bias is None and use_triton(x) and x.dim() == 2:
         from deltaserve.kernels.linear import split_gemm
         from deltaserve.kernels.linear import triton_skinny_gemm as skinny
-        if x.shape[0] <= skinny.MAX_ROWS and skinny.k_splits(*weight.shape) > 1:
-            return skinny.skinny_gemm_parts(x, weight)
-        splits = split_gemm.cublas_splits(x.shape[0], *weight.shape)
-        if x.shape[0] > skinny.MAX_ROWS and splits > 1:
+        if x.shape[0] <= skinny.MAX_ROWS:
+            if skinny.k_splits(*weight.shape) > 1:
+                return skinny.skinny_gemm_parts(x, weight)
+        elif (splits := split_gemm.cublas_splits(x.shape[0], *weight.shape)) > 1:
             return split_gemm.split_gemm_parts(x, weight, splits)
     return linear(x, weight, bias)
-
-
-def logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight^T in fp32, the sampler's input. On the GPU the GEMM writes fp32 itself (its fp32
-    accumulator unrounded) instead of a 16-bit result and a cast: at 128 rows of the 9B shape's
-    248320 x 4096 head 540 against 608 us (benchmarks/results/split_gemm.json)."""
-    if use_triton(x) and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16):
-        from deltaserve.kernels.linear import triton_skinny_gemm as skinny
-        if x.shape[0] <= skinny.MAX_ROWS and skinny.faster_than_cublas(weight.shape[0]):
-            return skinny.skinny_gemm(x, weight, out_dtype=torch.float32)
-        return torch.mm(x, weight.T, out_dtype=torch.float32)
-    return _linear.linear(x, weight).float()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
@@ -250,6 +244,6 @@ __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
-    "gdn_decode_fused", "linear", "linear_partial", "logits", "PartialSums", "moe_route", "moe_experts", "copy_slot",
+    "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
     "copy_slot_at", "apply_penalties", "sample_from_logits",
 ]
