@@ -5,7 +5,8 @@
 1. Every engine step of a prefix-cache follow-up turn (the scenario of prefix_cache_bench.py), warm
    and cold: the chunks it ran and its wall time; then the CUDA kernels of each turn, by total time.
 2. Decode at a few concurrencies: the engine's wall time per step against the replay of the step's
-   CUDA graph alone (what the host adds).
+   CUDA graph alone (what the host adds), and what the GPU does and waits for between two steps'
+   graphs in the engine's own loop (step_gaps).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from benchmarks import results_io  # noqa: E402
 from benchmarks.prefix_cache_bench import _warm_up, prefill  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.llm_engine import LLMEngine  # noqa: E402
+from deltaserve.runner.launched_step import LaunchedStep  # noqa: E402
 from deltaserve.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -160,7 +162,8 @@ def warm_timeline(engine: LLMEngine, tokens, history_len: int) -> dict:
 
 
 def decode_overhead(engine: LLMEngine, tokens, concurrency: int, steps: int = 48) -> dict:
-    params = SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True, detokenize=False)
+    # Room for the timed steps, the graph timing and the profiled ones: no request finishes before.
+    params = SamplingParams(max_tokens=2 * steps + 32, temperature=0, ignore_eos=True, detokenize=False)
     for i in range(concurrency):
         engine.add_request(f"d{concurrency}-{i}-{time.monotonic_ns()}", tokens(128), params)
     engine.step()
@@ -181,11 +184,94 @@ def decode_overhead(engine: LLMEngine, tokens, concurrency: int, steps: int = 48
     end.record()
     torch.cuda.synchronize()
     replay_ms = begin.elapsed_time(end) / steps
+    in_engine = graph_times_in_engine(engine, graph, steps)
     kernels = kernel_table(lambda: [graph.replay() for _ in range(10)], rows=30)
+    gaps = step_gaps(engine, graph, steps=10)
     while engine.has_unfinished_requests():
         engine.step(final_only=True)
     return {"concurrency": concurrency, "step_wall_ms": round(wall_ms, 3), "graph_replay_ms": round(replay_ms, 3),
-            "host_ms": round(wall_ms - replay_ms, 3), "kernels_of_10_replays": kernels}
+            "host_ms": round(wall_ms - replay_ms, 3), **in_engine, "kernels_of_10_replays": kernels,
+            "step_gaps": gaps}
+
+
+def graph_times_in_engine(engine: LLMEngine, graph, steps: int) -> dict:
+    """Events recorded on the stream just before and after each replay of `graph` in the engine's own
+    loop: the graph's GPU time there, and the GPU time from one graph's end to the next one's start."""
+    marks = []
+    inner = graph.replay
+
+    def replay():
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        inner()
+        end.record()
+        marks.append((begin, end))
+    graph.replay = replay
+    line = Timeline()
+    line.wrap(engine.scheduler, "schedule", "schedule")
+    line.wrap(engine.runner, "launch", "runner.launch")
+    line.wrap(graph, "replay", "graph.replay")
+    line.wrap(LaunchedStep, "token_ids", "wait for the tokens")
+    line.wrap(engine, "_finish_step", "finish_step")
+    try:
+        line.start = time.perf_counter()
+        for _ in range(steps):
+            engine.step(final_only=True)
+        host_ms = (time.perf_counter() - line.start) * 1e3 / steps
+        torch.cuda.synchronize()
+    finally:
+        line.restore()
+        del graph.replay
+    inside = [b.elapsed_time(e) for b, e in marks]
+    between = [e.elapsed_time(b) for (_, e), (b, _) in zip(marks, marks[1:])]
+    host = {}
+    for call in line.report():
+        host[call["call"]] = host.get(call["call"], 0.0) + (call["to_ms"] - call["from_ms"]) / steps
+    return {"graph_in_engine_ms": round(sum(inside) / len(inside), 3),
+            "between_graphs_ms": round(sum(between) / len(between), 3),
+            "host_ms_per_step": {"engine.step": round(host_ms, 3), **{k: round(v, 3) for k, v in host.items()}}}
+
+
+def step_gaps(engine: LLMEngine, graph, steps: int) -> dict:
+    """GPU activity (kernels and copies) of `steps` engine steps, each kernel's start and end from the
+    profiler: the graph's kernels are those whose names a replay of the graph alone runs; the rest ran
+    between graphs. Idle time is the span minus the union of all activity, split by what came before
+    and after each idle stretch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    in_graph = {e.name for e in prof.events() if e.device_type.name == "CUDA"}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step(final_only=True)
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    outside: dict[str, list[float]] = {}
+    idle: dict[str, list[float]] = {}
+    reach, before = spans[0][0], None
+    for start, end, name in spans:
+        label = "graph" if name in in_graph else name[:70]
+        if label != "graph":
+            outside.setdefault(label, [0, 0.0])
+            outside[label][0] += 1
+            outside[label][1] += end - start
+        if start > reach and before is not None:
+            key = f"{before} -> {label}"
+            idle.setdefault(key, [0, 0.0])
+            idle[key][0] += 1
+            idle[key][1] += start - reach
+        if end >= reach:
+            reach, before = end, label
+    span_us = reach - spans[0][0]
+    rows = lambda table: [{"what": k, "count": n, "us_per_step": round(us / steps, 1)}  # noqa: E731
+                          for k, (n, us) in sorted(table.items(), key=lambda kv: -kv[1][1])][:12]
+    return {"steps": steps, "span_ms_per_step": round(span_us / steps / 1e3, 3),
+            "idle_ms_per_step": round(sum(us for _, us in idle.values()) / steps / 1e3, 3),
+            "outside_graph_ms_per_step": round(sum(us for _, us in outside.values()) / steps / 1e3, 3),
+            "outside_graph": rows(outside), "idle_between": rows(idle)}
 
 
 def main() -> None:
@@ -222,7 +308,12 @@ def main() -> None:
         log.take()
         result["decode"].append(decode_overhead(engine, tokens, c))
         log.take()
-        print({k: v for k, v in result["decode"][-1].items() if k != "kernels_of_10_replays"}, flush=True)
+        print({k: v for k, v in result["decode"][-1].items() if k not in ("kernels_of_10_replays", "step_gaps")},
+              flush=True)
+        gaps = result["decode"][-1]["step_gaps"]
+        print({k: v for k, v in gaps.items() if not isinstance(v, list)})
+        for row in gaps["outside_graph"] + gaps["idle_between"]:
+            print(f"  {row['us_per_step']:8.1f} us/step {row['count']:5d}  {row['what']}")
         for row in result["decode"][-1]["kernels_of_10_replays"]:
             if not row["name"].startswith("HOST"):
                 print(f"  {row['ms']:9.3f} ms {row['calls']:6d}  {row['name']}")
