@@ -1,5 +1,6 @@
-"""StepBuffers on CPU: what a graph-replayed step reads from the fixed buffers after load_decode and
-load_prefill, against the host batch it came from (fresh random batches)."""
+"""StepBuffers on CPU: what a graph-replayed step reads from the fixed buffers after load_decode (and
+the unpacking a decode graph starts with) and load_prefill, against the host batch it came from (fresh
+random batches)."""
 
 import random
 
@@ -23,9 +24,14 @@ def test_decode_layout_holds_each_row_and_pads_the_rest():
         host = HostBatch([rng.randrange(500) for _ in range(n)], [rng.randrange(100) for _ in range(n)],
                          list(range(n + 1)), [rng.randrange(1, 100) for _ in range(n)], tables,
                          [rng.randrange(5000) for _ in range(n)], [rng.randrange(8) for _ in range(n)], list(range(n)))
-        buffers.load_decode(host, size)
+        # Some rows take their input id from the tokens the step before sampled (still on the device).
+        buffers.sampled_tokens.copy_(torch.randint(0, 500, buffers.sampled_tokens.shape))
+        sources = [rng.randrange(16) if rng.random() < 0.5 else -1 for _ in range(n)]
+        buffers.load_decode(host, size, sources)
+        buffers.unpack_decode(size)
         view = buffers.view(size)
-        assert view.input_ids[:n].tolist() == host.input_ids and view.input_ids[n:].eq(0).all()
+        expected_ids = [int(buffers.sampled_tokens[s]) if s >= 0 else i for s, i in zip(sources, host.input_ids)]
+        assert view.input_ids[:n].tolist() == expected_ids and view.input_ids[n:].eq(0).all()
         assert view.positions[:n].tolist() == host.positions
         assert view.seq_lens[:n].tolist() == host.seq_lens and view.seq_lens[n:].eq(1).all()
         assert view.slot_mapping[:n].tolist() == host.slot_mapping and view.slot_mapping[n:].eq(-1).all()
@@ -50,6 +56,7 @@ def test_prefill_layout_holds_the_pass_its_padding_captures_and_restore():
                          [table], [rng.randrange(5000) for _ in range(n)], [rng.randrange(4)], [n - 1])
         # a decode step before it leaves nonzero tables in the rows the pass's padding sequence uses
         buffers.load_decode(HostBatch([1, 2], [3, 4], [0, 1, 2], [4, 5], _tables(rng, 2, 40), [6, 7], [0, 1], [0, 1]), 2)
+        buffers.unpack_decode(2)
         rows = rng.sample(range(n), rng.randint(0, min(n, MAX_GRAPH_CAPTURES)))
         captures = [(row, rng.randrange(9)) for row in rows]
         pairs = buffers.load_prefill(host, num_rows, captures, 8, restore)

@@ -67,7 +67,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=min(PREFILL_GRAPH_MAX_ROWS, config.max_num_batched_tokens))
         pool = torch.cuda.graph_pool_handle()
-        graphs = DecodeGraphs(model, buffers, config.max_num_seqs)
+        graphs = DecodeGraphs(model, buffers, config.max_num_seqs, model_config.vocab_size)
         graphs.capture(pool)
         prefill_graphs = PrefillGraphs(model, buffers, snapshots)
         prefill_graphs.capture(pool)

@@ -12,6 +12,7 @@ from deltaserve.kernels.activation import reference as _act
 from deltaserve.kernels.attention import reference as _attn
 from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh
 from deltaserve.kernels.conv1d import reference as _conv
+from deltaserve.kernels.decode_inputs import reference as _decode_inputs
 from deltaserve.kernels.dispatch import use_triton
 from deltaserve.kernels.gdn import decode_fused_reference as _gdn_decode
 from deltaserve.kernels.gdn import reference as _gdn
@@ -237,6 +238,17 @@ def _triton_slot_copy(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, 
     return triton_copy if all(triton_copy.slot_is_contiguous(pool) for pool in (*srcs, *dsts)) else None
 
 
+def unpack_decode_inputs(input_ids: torch.Tensor, token_sources: torch.Tensor, sampled_tokens: torch.Tensor,
+                         packed_blocks: torch.Tensor, block_width: torch.Tensor, block_tables: torch.Tensor) -> None:
+    """A decode graph's inputs completed on the device: pending input ids from the tokens the step before
+    sampled, block table rows from their packed copy (see decode_inputs/reference.py)."""
+    if use_triton(input_ids):
+        from deltaserve.kernels.decode_inputs.triton_unpack_decode_inputs import unpack_decode_inputs as kernel
+        return kernel(input_ids, token_sources, sampled_tokens, packed_blocks, block_width, block_tables)
+    return _decode_inputs.unpack_decode_inputs(input_ids, token_sources, sampled_tokens, packed_blocks, block_width,
+                                               block_tables)
+
+
 apply_penalties = _sampling.apply_penalties
 sample_from_logits = _sampling.sample_from_logits
 
@@ -245,5 +257,5 @@ __all__ = [
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
-    "copy_slot_at", "apply_penalties", "sample_from_logits",
+    "copy_slot_at", "unpack_decode_inputs", "apply_penalties", "sample_from_logits",
 ]

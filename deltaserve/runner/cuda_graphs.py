@@ -1,5 +1,11 @@
 """Decode steps as CUDA graphs: captured once per rung of a ladder of batch sizes over StepBuffers,
-then replayed after the step's metadata has been written into those buffers."""
+then replayed after the step's metadata has been written into those buffers.
+
+A graph starts by completing its inputs on the device (StepBuffers.unpack_decode) and ends by writing
+each row's greedy token (the argmax of its logits, as the sampler takes it) into the buffers'
+`sampled_tokens`: a greedy step needs nothing launched around its graph but the copies of its metadata
+in and its tokens out, and the next step reads its pending input ids from there. Rows that sample
+otherwise take the logits, the argmax unused."""
 
 from __future__ import annotations
 
@@ -41,9 +47,10 @@ def capture_graph(forward, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: DecoderLM, buffers: StepBuffers, max_num_seqs: int):
+    def __init__(self, model: DecoderLM, buffers: StepBuffers, max_num_seqs: int, vocab_size: int):
         self.model = model
         self.buffers = buffers
+        self.vocab_size = vocab_size  # the logits' columns the sampler reads
         self.sizes = batch_size_ladder(max_num_seqs)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -57,22 +64,35 @@ class DecodeGraphs:
         empty = HostBatch([], [], [0], [], [], [], [], [])
         for size in reversed(self.sizes):  # largest first, so the smaller ones reuse its memory
             self.buffers.load_decode(empty, size)
-            batch = self.buffers.view(size)
-            self.graphs[size], self.logits[size] = capture_graph(
-                lambda: self.model.compute_logits(self.model(batch.input_ids, batch)), pool)
+            self.graphs[size], self.logits[size] = capture_graph(lambda: self._forward(size), pool)
         log.info("captured %d decode graphs (batch %d..%d) in %.1f s using %.0f MiB", len(self.sizes), self.sizes[0],
                  self.sizes[-1], time.perf_counter() - started, (torch.cuda.memory_allocated() - before) / 2**20)
 
     def rung(self, batch: int) -> int | None:
         return next((s for s in self.sizes if s >= batch), None)
 
-    def run(self, host: HostBatch, fill_inputs=None) -> torch.Tensor:
-        """Replays the graph of the smallest rung that fits; returns the logits of the real rows.
-        fill_inputs(input_ids), when given, completes the input ids on the device before the replay."""
+    def _forward(self, size: int) -> torch.Tensor:
+        self.buffers.unpack_decode(size)
+        batch = self.buffers.view(size)
+        logits = self.model.compute_logits(self.model(batch.input_ids, batch))
+        torch.argmax(logits[:, : self.vocab_size], dim=-1, out=self.buffers.sampled_tokens[:size])
+        return logits
+
+    def run(self, host: HostBatch, token_sources: list[int] | None = None, fill_inputs=None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replays the graph of the smallest rung that fits; returns the logits of the real rows and their
+        greedy tokens (a view of the buffers' sampled_tokens, until the next replay). token_sources[r] >= 0:
+        row r's input id is the token the previous replay sampled in that row. fill_inputs(input_ids), when
+        given, writes input ids on the device before the replay (those of rows whose source is -1).
+        Without a captured graph (CPU) the same padded step runs eagerly."""
         n = len(host.input_ids)
         size = self.rung(n)
-        self.buffers.load_decode(host, size)
+        self.buffers.load_decode(host, size, token_sources)
         if fill_inputs is not None:
             fill_inputs(self.buffers.input_ids[:n])
-        self.graphs[size].replay()
-        return self.logits[size][:n]
+        if size in self.graphs:
+            self.graphs[size].replay()
+            logits = self.logits[size]
+        else:
+            logits = self._forward(size)
+        return logits[:n], self.buffers.sampled_tokens[:n]

@@ -62,7 +62,7 @@ class ModelRunner:
         self._prepare_states(plan, [] if prefill_graph else restores, copy_blocks=not prefill_graph)
         host = build_host_batch(plan, self.block_size)
         if decode_graph:
-            logits = self.graphs.run(host)
+            logits, _ = self.graphs.run(host)
         elif prefill_graph:
             logits = self.prefill_graphs.run(host, captures, restores[0] if restores else None,
                                              plan.block_copies[0].pair if plan.block_copies else None)
@@ -92,14 +92,24 @@ class ModelRunner:
         host = build_host_batch(plan, self.block_size)
         pending = [(row, previous.rows[c.request]) for row, c in enumerate(plan.chunks)
                    if host.input_ids[row] == PENDING_TOKEN]
+        requests = [c.request for c in plan.chunks]
         if self._replayable(plan):
-            logits = self.graphs.run(host, lambda ids: _take_pending(ids, pending, previous))
+            if pending and previous.in_graph_buffer:  # the graph takes them from where the last one left them
+                sources = [-1] * len(plan.chunks)
+                for row, source in pending:
+                    sources[row] = source
+                logits, greedy = self.graphs.run(host, sources)
+            else:
+                logits, greedy = self.graphs.run(host, fill_inputs=lambda ids: _take_pending(ids, pending, previous))
+            self._save_snapshots(plan)
+            if Sampler.greedy(requests):
+                return LaunchedStep(plan, greedy, in_graph_buffer=True)
         else:
             batch = self.to_forward_batch(host, plan.is_decode)
             _take_pending(batch.input_ids, pending, previous)
             logits = self.model.compute_logits(self.model(batch.input_ids, batch)[batch.logits_indices])
-        self._save_snapshots(plan)
-        return LaunchedStep(plan, self.sampler.sample_on_device(logits, [c.request for c in plan.chunks]))
+            self._save_snapshots(plan)
+        return LaunchedStep(plan, self.sampler.sample_on_device(logits, requests))
 
     def _prepare_states(self, plan: StepPlan, restores: list[tuple[int, int]], copy_blocks: bool = True) -> None:
         """Copies the cached tails that hits restore from into the requests' own blocks, zeroes the

@@ -48,10 +48,15 @@ class Sampler:
         tokens are read back)."""
         return params.logprobs is None and params.prompt_logprobs is None and not _has_penalty(params)
 
+    @staticmethod
+    def greedy(requests: list[Request]) -> bool:
+        """Whether every row takes its logits' argmax (what a decode graph computes itself)."""
+        return all(r.params.temperature == 0 for r in requests)
+
     def sample_on_device(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """The tokens [B] (int64, on the logits' device) of rows without penalties; nothing is read back."""
         logits = logits[:, : self.vocab_size]
-        if all(r.params.temperature == 0 for r in requests):
+        if self.greedy(requests):
             return logits.argmax(-1)  # greedy rows need neither masks nor noise
         params = [r.params for r in requests]
         tensor = lambda values, dtype: to_device(values, self.device, dtype)  # noqa: E731

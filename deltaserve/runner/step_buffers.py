@@ -4,11 +4,20 @@ The metadata of a step (input ids, positions, sequence lengths, KV slot mapping,
 start offsets, block tables, the row turned into logits, the rows whose GDN state is captured, the
 snapshot a prefill pass restores its sequence's state from) lives in buffers allocated once at
 start-up; a step only refreshes their contents, so CUDA graphs captured over them stay valid. The 1-D
-fields are views into one device tensor, filled by a single host-to-device copy from a pinned mirror;
-the block tables travel from a pinned mirror too. Two layouts share them: a decode step (one row per
-sequence) and a short prefill pass (one sequence's rows, then a padding sequence up to the graph's
-row count). The pools are referenced here too, and the buffers of speculative decoding (draft tokens
-and per-row verify metadata) have their place beside them.
+fields are views into one device tensor, filled by a single host-to-device copy from a pinned mirror.
+Two layouts share them: a decode step (one row per sequence) and a short prefill pass (one sequence's
+rows, then a padding sequence up to the graph's row count).
+
+A decode step's one copy also brings its block tables, packed at the step's width behind the fields,
+and for each row where its input id comes from: the host's, or the token the step before sampled in
+some row, still on the device (asynchronous scheduling). The decode graph's first kernel completes
+both (kernels.unpack_decode_inputs), and its last writes the rows' greedy tokens into `sampled_tokens`,
+which the next step reads them from. Between two decode graphs the GPU then has one copy in and one
+out: each small operation launched there cost more than its own work, the 9B shape's graphs at 128
+rows lay 0.36 ms apart with seven of them and an argmax.
+
+The pools are referenced here too, and the buffers of speculative decoding (draft tokens and per-row
+verify metadata) have their place beside them.
 """
 
 from __future__ import annotations
@@ -16,13 +25,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from deltaserve import kernels
 from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.state_pool import StatePool
 from deltaserve.kernels.capture_rows import CaptureRows, GraphCaptureRows
 from deltaserve.runner.batch_builder import HostBatch
 from deltaserve.runner.forward_batch import ForwardBatch
 
-ROW_FIELDS = ("input_ids", "positions", "slot_mapping")
+ROW_FIELDS = ("input_ids", "positions", "slot_mapping", "token_sources")
 SEQUENCE_FIELDS = ("seq_lens", "state_slots")
 
 # Mid-pass snapshot captures a graph-replayed prefill pass can make (its tables have this many
@@ -53,14 +63,17 @@ class StepBuffers:
         offset = 0
         for name, length in ([(f, self.max_rows) for f in ROW_FIELDS] + [(f, self.max_batch) for f in SEQUENCE_FIELDS]
                              + [("query_start_loc", self.max_batch + 1), ("logits_index", 1), ("live_rows", 1),
-                                ("restore", 2), ("kv_copy", 2)]):
+                                ("restore", 2), ("kv_copy", 2), ("block_width", 1)]):
             self._offsets[name] = (offset, offset + length)
             offset += length
+        self._fields_end = offset  # a decode step's packed block tables follow (what its copy needs of them)
+        self._offsets["packed_blocks"] = (offset, offset + self.max_batch * max_blocks_per_seq)
+        offset += self.max_batch * max_blocks_per_seq
         pin = device.type == "cuda"
         # Two pinned mirrors, used in turn: with asynchronous scheduling a step is loaded while the one
         # before may still be queued, and its copy must not read a mirror being rewritten.
         self._mirrors = [(torch.zeros(offset, dtype=torch.int64, pin_memory=pin),
-                          torch.zeros(self.max_batch * max_blocks_per_seq, dtype=torch.int64, pin_memory=pin),
+                          torch.zeros(2 * max_blocks_per_seq, dtype=torch.int64, pin_memory=pin),  # a prefill pass's
                           torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, pin_memory=pin))
                          for _ in range(2)]
         self._turn = 0
@@ -69,6 +82,7 @@ class StepBuffers:
             setattr(self, name, self.meta[start:end])
         self.block_tables = torch.zeros(self.max_batch, max_blocks_per_seq, dtype=torch.int64, device=device)
         self.captures = torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, device=device)
+        self.sampled_tokens = torch.zeros(self.max_batch, dtype=torch.int64, device=device)  # by the last decode graph
         # Speculative decoding (MTP drafts verified in one step): per-row draft tokens and their count.
         self.draft_tokens = torch.zeros(self.max_batch, num_speculative_tokens, dtype=torch.int64, device=device)
         self.num_draft_tokens = torch.zeros(self.max_batch, dtype=torch.int64, device=device)
@@ -82,22 +96,36 @@ class StepBuffers:
         start, end = self._offsets[name]
         return meta[start:end]
 
-    def load_decode(self, host: HostBatch, batch_size: int) -> None:
+    def load_decode(self, host: HostBatch, batch_size: int, token_sources: list[int] | None = None) -> None:
         """Writes one decode row per sequence into rows [0, n) and padding into rows [n, batch_size):
-        padded rows write no KV (slot -1) and update only the spare state slot."""
+        padded rows write no KV (slot -1) and update only the spare state slot. token_sources[r] >= 0:
+        row r's input id is sampled_tokens[that row] (None: every row's id is the host's). The block
+        tables and these sources take effect when unpack_decode runs (the decode graph's first kernel)."""
         n = len(host.input_ids)
-        mirror, mirror_blocks, _ = self._next_mirror()
+        mirror, _, _ = self._next_mirror()
         meta = mirror.numpy()
         fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0), "seq_lens": (host.seq_lens, 1),
-                "slot_mapping": (host.slot_mapping, -1), "state_slots": (host.state_slots, self.padding_slot)}
+                "slot_mapping": (host.slot_mapping, -1), "state_slots": (host.state_slots, self.padding_slot),
+                "token_sources": (token_sources if token_sources is not None else -1, -1)}
         for name, (values, pad) in fill.items():
             field = self._field(meta, name)
             field[:n] = values
             field[n:batch_size] = pad
         self._field(meta, "query_start_loc")[: batch_size + 1] = np.arange(batch_size + 1)
         self._field(meta, "live_rows")[0] = n
-        self.meta.copy_(mirror, non_blocking=True)
-        self._load_block_tables(mirror_blocks, host.block_tables, batch_size, contiguous_rows=False)
+        width = max((len(t) for t in host.block_tables), default=1) or 1
+        self._field(meta, "block_width")[0] = width
+        packed = self._field(meta, "packed_blocks")[: batch_size * width].reshape(batch_size, width)
+        packed[:] = 0  # rows past a table's length, and the padding rows: block 0, never read
+        for row, table in enumerate(host.block_tables):
+            packed[row, : len(table)] = table
+        used = self._fields_end + batch_size * width
+        self.meta[:used].copy_(mirror[:used], non_blocking=True)
+
+    def unpack_decode(self, batch_size: int) -> None:
+        """Completes the input ids and block tables of the decode step load_decode wrote (on the device)."""
+        kernels.unpack_decode_inputs(self.input_ids[:batch_size], self.token_sources[:batch_size], self.sampled_tokens,
+                                     self.packed_blocks, self.block_width, self.block_tables[:batch_size])
 
     def load_prefill(self, host: HostBatch, num_rows: int, captures: list[tuple[int, int]],
                      padding_snapshot_slot: int, restore: tuple[int, int] | None = None,
@@ -128,36 +156,26 @@ class StepBuffers:
         self._field(meta, "live_rows")[0] = n
         self._field(meta, "restore")[:] = restore if restore is not None else (-1, self.padding_slot)
         self._field(meta, "kv_copy")[:] = kv_copy if kv_copy is not None else (-1, 0)
-        self.meta.copy_(mirror, non_blocking=True)
-        self._load_block_tables(mirror_blocks, host.block_tables, 2, contiguous_rows=True)
+        self.meta[: self._fields_end].copy_(mirror[: self._fields_end], non_blocking=True)
+        self._load_block_tables(mirror_blocks, host.block_tables, 2)
         table = mirror_captures.numpy()
         table[0] = table[2] = [row for row, _ in pairs]  # every capture's row is distinct: no repeats
         table[1] = table[3] = [slot for _, slot in pairs]
         self.captures.copy_(mirror_captures, non_blocking=True)
         return pairs
 
-    def _load_block_tables(self, mirror_blocks: torch.Tensor, tables: list[list[int]], num_seqs: int,
-                           contiguous_rows: bool) -> None:
-        # Only the columns some row needs matter (a kernel never reads past a row's own length).
-        # contiguous_rows (a prefill pass: its sequence and the padding one): the rows travel at the
-        # device table's own row stride up to the last needed column, one plain copy. Otherwise (decode,
-        # up to max_batch rows, where that run would be mostly unused columns the GPU waits for) only the
-        # needed columns travel, packed here in the pinned mirror (torch copies a strided source through
-        # a pageable temporary), and are spread over the rows on the device.
+    def _load_block_tables(self, mirror_blocks: torch.Tensor, tables: list[list[int]], num_seqs: int) -> None:
+        # A prefill pass (its sequence and the padding one): the rows travel at the device table's own row
+        # stride up to the last column some row needs (a kernel never reads past a row's own length), one
+        # plain copy.
         width = max((len(t) for t in tables), default=1) or 1
-        if contiguous_rows:
-            stride = self.max_blocks
-            target = self.block_tables.view(-1)[: (num_seqs - 1) * stride + width]
-            source = mirror_blocks[: target.numel()]
-        else:
-            stride = width
-            target = self.block_tables[:num_seqs, :width]
-            source = mirror_blocks[: num_seqs * width].view(num_seqs, width)
+        stride = self.max_blocks
+        target = self.block_tables.view(-1)[: (num_seqs - 1) * stride + width]
         blocks = mirror_blocks[: num_seqs * stride].view(num_seqs, stride).numpy()
         blocks[:, :width] = 0
         for row, table in enumerate(tables):
             blocks[row, : len(table)] = table
-        target.copy_(source, non_blocking=True)
+        target.copy_(mirror_blocks[: target.numel()], non_blocking=True)
 
     def view(self, batch_size: int) -> ForwardBatch:
         """The decode layout at `batch_size` rows."""
