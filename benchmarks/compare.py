@@ -48,7 +48,7 @@ NOTES = {
         "5.90-5.91 / 6.98-6.99 / 9.42-9.44, alternated twice (engine_qwen3.5-9b_graph_inputs_same_machine.json). At 52dc02c two "
         "graphs at 128 rows lay 0.355 ms apart in the engine's loop (0.041 at one row) while the host waited "
         "7.2 ms a step for tokens (profile_qwen3.5-9b_c1_c128_between_graphs_52dc02c.json): between them ran "
-        "the argmax, three copies in and one out, and four small kernels completing the input ids and block "
+        "the argmax, three copies in and one out, and three small kernels completing the input ids and block "
         "tables. Now the graph starts by completing its inputs and ends with the argmax (9.35 -> 9.43 ms "
         "replayed alone), and between graphs there is one copy in and one out, 4 us of GPU time "
         "(profile_qwen3.5-9b_c128_between_graphs_2ddc3ef.json). At 4df8766: 1.045x, 0.997x and 0.951x (1.05x, "
