@@ -1,7 +1,8 @@
 """GPU correctness of the whole engine on tiny random checkpoints written by transformers:
 
 - greedy tokens on the GPU in fp32 identical to the CPU reference path, every architecture;
-- in bf16, decode steps replayed as CUDA graphs give the same tokens as the same steps run eagerly;
+- in bf16, decode steps replayed as CUDA graphs give the same tokens as the same steps run eagerly,
+  greedy and with seeded sampled rows beside greedy ones;
 - each prompt sent alone (its short prefill passes replayed as graphs) gives in fp32 the CPU's tokens;
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
   byte-identical tokens and logprobs.
@@ -26,10 +27,14 @@ from tests.checkpoints import ARCHITECTURES, make_checkpoint  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 WITH_LOGPROBS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2)
+# Greedy rows beside seeded sampled ones: the steps' tokens come from the sampler, not the graph's argmax,
+# and the next graph reads them where the sampler's tokens were copied.
+MIXED = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True),
+         GREEDY, SamplingParams(max_tokens=24, temperature=1.0, top_k=40, seed=12, ignore_eos=True)]
 
 
-def tokens(llm: LLM, prompts) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+def tokens(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
 def alone(llm: LLM, prompts) -> list[list[int]]:
@@ -57,15 +62,17 @@ def main() -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, 17, 90, 33)]
     result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
-              "graph_vs_eager_bf16": {}, "fp32_alone_gpu_vs_cpu": {}, "bf16_graph_cache_hit_byte_identical": {}}
+              "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
+              "bf16_graph_cache_hit_byte_identical": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp())
         cpu_llm = LLM(path, device="cpu", **state)
         gpu_llm = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, **state)
         cpu, gpu = tokens(cpu_llm, prompts), tokens(gpu_llm, prompts)
-        eager = tokens(LLM(path, device="cuda", dtype="bfloat16", enforce_eager=True, max_num_seqs=8, **state), prompts)
+        eager_llm = LLM(path, device="cuda", dtype="bfloat16", enforce_eager=True, max_num_seqs=8, **state)
+        eager, eager_mixed = tokens(eager_llm, prompts), tokens(eager_llm, prompts, MIXED)
         graph_llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=8, **state)
-        graph = tokens(graph_llm, prompts)
+        graph, graph_mixed = tokens(graph_llm, prompts), tokens(graph_llm, prompts, MIXED)
         cpu_llm.reset_prefix_cache()
         gpu_llm.reset_prefix_cache()
         result["fp32_alone_gpu_vs_cpu"][arch] = {"identical": alone(gpu_llm, prompts) == alone(cpu_llm, prompts)}
@@ -74,7 +81,8 @@ def main() -> None:
                                            "matching_tokens": sum(a == b for x, y in zip(gpu, cpu) for a, b in zip(x, y)),
                                            "total_tokens": sum(len(x) for x in cpu)}
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
-        print(arch, *(result[key][arch] for key in list(result)[-4:]), flush=True)
+        result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
+        print(arch, *(result[key][arch] for key in list(result)[-5:]), flush=True)
         results_io.write(args.out, result)
 
 

@@ -5,7 +5,7 @@ A graph starts by completing its inputs on the device (StepBuffers.unpack_decode
 each row's greedy token (the argmax of its logits, as the sampler takes it) into the buffers'
 `sampled_tokens`: a greedy step needs nothing launched around its graph but the copies of its metadata
 in and its tokens out, and the next step reads its pending input ids from there. Rows that sample
-otherwise take the logits, the argmax unused."""
+otherwise take the logits, the argmax unused, and their tokens are copied into `sampled_tokens`."""
 
 from __future__ import annotations
 
@@ -78,18 +78,14 @@ class DecodeGraphs:
         torch.argmax(logits[:, : self.vocab_size], dim=-1, out=self.buffers.sampled_tokens[:size])
         return logits
 
-    def run(self, host: HostBatch, token_sources: list[int] | None = None, fill_inputs=None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, host: HostBatch, token_sources: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Replays the graph of the smallest rung that fits; returns the logits of the real rows and their
         greedy tokens (a view of the buffers' sampled_tokens, until the next replay). token_sources[r] >= 0:
-        row r's input id is the token the previous replay sampled in that row. fill_inputs(input_ids), when
-        given, writes input ids on the device before the replay (those of rows whose source is -1).
-        Without a captured graph (CPU) the same padded step runs eagerly."""
+        row r's input id is sampled_tokens[that row] as the step before left it. Without a captured graph
+        (CPU) the same padded step runs eagerly."""
         n = len(host.input_ids)
         size = self.rung(n)
         self.buffers.load_decode(host, size, token_sources)
-        if fill_inputs is not None:
-            fill_inputs(self.buffers.input_ids[:n])
         if size in self.graphs:
             self.graphs[size].replay()
             logits = self.logits[size]

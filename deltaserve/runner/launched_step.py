@@ -11,12 +11,11 @@ from deltaserve.engine.step_plan import StepPlan
 
 
 class LaunchedStep:
-    def __init__(self, plan: StepPlan, tokens: torch.Tensor, in_graph_buffer: bool = False):
+    def __init__(self, plan: StepPlan, tokens: torch.Tensor):
         self.plan = plan  # a decode plan: every chunk samples, row i is chunk i
-        self.tokens = tokens  # [rows] int64 on the device: the next step's input ids come from here
-        # Whether `tokens` is the decode graphs' sampled_tokens, which the next graph reads its pending
-        # input ids from itself (it is rewritten by that graph: read it before any other replay).
-        self.in_graph_buffer = in_graph_buffer
+        # [rows] int64 on the device: the next eager step's input ids come from here (a decode graph's
+        # from the same tokens in StepBuffers.sampled_tokens; for a greedy graph step, this is that buffer)
+        self.tokens = tokens
         self.rows = {chunk.request: row for row, chunk in enumerate(plan.chunks)}
         on_gpu = tokens.is_cuda
         self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=on_gpu)

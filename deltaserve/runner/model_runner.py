@@ -93,23 +93,24 @@ class ModelRunner:
         pending = [(row, previous.rows[c.request]) for row, c in enumerate(plan.chunks)
                    if host.input_ids[row] == PENDING_TOKEN]
         requests = [c.request for c in plan.chunks]
-        if self._replayable(plan):
-            if pending and previous.in_graph_buffer:  # the graph takes them from where the last one left them
-                sources = [-1] * len(plan.chunks)
-                for row, source in pending:
-                    sources[row] = source
-                logits, greedy = self.graphs.run(host, sources)
-            else:
-                logits, greedy = self.graphs.run(host, fill_inputs=lambda ids: _take_pending(ids, pending, previous))
-            self._save_snapshots(plan)
-            if Sampler.greedy(requests):
-                return LaunchedStep(plan, greedy, in_graph_buffer=True)
-        else:
+        if not self._replayable(plan):
             batch = self.to_forward_batch(host, plan.is_decode)
             _take_pending(batch.input_ids, pending, previous)
             logits = self.model.compute_logits(self.model(batch.input_ids, batch)[batch.logits_indices])
             self._save_snapshots(plan)
-        return LaunchedStep(plan, self.sampler.sample_on_device(logits, requests))
+            return LaunchedStep(plan, self.sampler.sample_on_device(logits, requests))
+        # With graphs every launched step is replayed (it has at most max_num_seqs rows), and each leaves
+        # its tokens in the buffers' sampled_tokens: the graph takes the pending ones from there itself.
+        sources = [-1] * len(plan.chunks)
+        for row, source in pending:
+            sources[row] = source
+        logits, greedy = self.graphs.run(host, sources)
+        self._save_snapshots(plan)
+        if Sampler.greedy(requests):
+            return LaunchedStep(plan, greedy)
+        tokens = self.sampler.sample_on_device(logits, requests)
+        greedy.copy_(tokens)  # rows sampled otherwise: where the next graph reads them
+        return LaunchedStep(plan, tokens)
 
     def _prepare_states(self, plan: StepPlan, restores: list[tuple[int, int]], copy_blocks: bool = True) -> None:
         """Copies the cached tails that hits restore from into the requests' own blocks, zeroes the
