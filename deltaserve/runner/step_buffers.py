@@ -12,7 +12,7 @@ A decode step's one copy also brings its block tables, packed at the step's widt
 and for each row where its input id comes from: the host's, or the token the step before sampled in
 some row, still on the device (asynchronous scheduling). The decode graph's first kernel completes
 both (kernels.unpack_decode_inputs), and its last writes the rows' greedy tokens into `sampled_tokens`,
-which the next step reads them from. Between two decode graphs the GPU then has one copy in and one
+which the next step reads them from (a step that samples otherwise copies its tokens there). Between two decode graphs the GPU then has one copy in and one
 out: each small operation launched there cost more than its own work, and with the argmax, three
 copies in, one out and three small kernels the 9B shape's graphs at 128 rows lay 0.36 ms apart.
 
