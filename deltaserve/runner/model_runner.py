@@ -90,20 +90,18 @@ class ModelRunner:
         token is still pending takes it on the device from `previous`, the step that sampled it."""
         self._prepare_states(plan, restore_pairs(plan))
         host = build_host_batch(plan, self.block_size)
-        pending = [(row, previous.rows[c.request]) for row, c in enumerate(plan.chunks)
-                   if host.input_ids[row] == PENDING_TOKEN]
+        # Row r's input id, where pending: the token `previous` sampled in its row sources[r] (else -1).
+        sources = [previous.rows[c.request] if token == PENDING_TOKEN else -1
+                   for c, token in zip(plan.chunks, host.input_ids)]
         requests = [c.request for c in plan.chunks]
         if not self._replayable(plan):
             batch = self.to_forward_batch(host, plan.is_decode)
-            _take_pending(batch.input_ids, pending, previous)
+            _take_pending(batch.input_ids, sources, previous)
             logits = self.model.compute_logits(self.model(batch.input_ids, batch)[batch.logits_indices])
             self._save_snapshots(plan)
             return LaunchedStep(plan, self.sampler.sample_on_device(logits, requests))
         # With graphs every launched step is replayed (it has at most max_num_seqs rows), and each leaves
         # its tokens in the buffers' sampled_tokens: the graph takes the pending ones from there itself.
-        sources = [-1] * len(plan.chunks)
-        for row, source in pending:
-            sources[row] = source
         logits, greedy = self.graphs.run(host, sources)
         self._save_snapshots(plan)
         if Sampler.greedy(requests):
@@ -188,8 +186,9 @@ class ModelRunner:
                 and all(n == seq_len for n, seq_len in zip(lengths, host.seq_lens)))
 
 
-def _take_pending(input_ids: torch.Tensor, pending: list[tuple[int, int]], previous: LaunchedStep | None) -> None:
-    """input_ids[row] = the token `previous` sampled in its row `source`, for each (row, source)."""
+def _take_pending(input_ids: torch.Tensor, sources: list[int], previous: LaunchedStep | None) -> None:
+    """input_ids[row] = the token `previous` sampled in its row sources[row], for each row whose source is >= 0."""
+    pending = [(row, source) for row, source in enumerate(sources) if source >= 0]
     if pending:
-        rows, sources = to_device(list(zip(*pending)), input_ids.device)  # one copy: [2, len(pending)]
-        input_ids.index_copy_(0, rows, previous.tokens.index_select(0, sources))
+        rows, taken = to_device(list(zip(*pending)), input_ids.device)  # one copy: [2, len(pending)]
+        input_ids.index_copy_(0, rows, previous.tokens.index_select(0, taken))
