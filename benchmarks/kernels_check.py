@@ -343,9 +343,10 @@ def moe_inputs(tokens: int):
     return x, w13, w2, weights, ids, floor_us
 
 
-def moe_sweep(tokens: int, path: str, configs, partial: bool = False):
+def moe_sweep(tokens: int, path: str, configs, partial: bool = False, per_kernel: bool = False):
     """Tile configs of one MoE path: error and time of each, against the weight-read floor. partial:
-    the direct path's PartialSums (checked as their total; the add-norm that sums them is not timed)."""
+    the direct path's PartialSums (checked as their total; the add-norm that sums them is not timed).
+    per_kernel: also each kernel's own time, from the profiler."""
     from deltaserve.kernels.moe.triton_moe_experts import moe_experts
 
     def body():
@@ -363,6 +364,8 @@ def moe_sweep(tokens: int, path: str, configs, partial: bool = False):
                     cfg["kernel_us"] = round(time_graph_us(fn), 2)
                     cfg["floor_ratio"] = round(cfg["kernel_us"] / floor_us, 2)
                     cfg["tflops"] = round(2 * ids.numel() * 3 * MOE_INTER * MOE_HIDDEN / cfg["kernel_us"] / 1e6, 1)
+                    if per_kernel:
+                        cfg["per_kernel_us"] = _per_kernel_us(fn)
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             res["configs"].append(cfg)
@@ -395,6 +398,13 @@ MOE_SORTED_LARGE_TILES = [(64, 64, 64, 64, 64, 4, 3), (64, 64, 64, 64, 128, 8, 3
                           (128, 64, 128, 64, 64, 4, 3, True), (64, 64, 128, 64, 128, 4, 4, True),
                           (128, 64, 128, 64, 128, 8, 4, True), (128, 64, 256, 64, 128, 8, 3, True),
                           (128, 32, 128, 64, 128, 8, 4, True), (128, 64, 256, 64, 128, 8, 4, True)]
+# A long prompt's down kernel under its own warps and stages (K, the 512 intermediate columns, is 8 steps
+# of 64: at one program a multiprocessor nothing overlaps a tile's stores; these fit two), gate/up as the
+# large tiles.
+MOE_SORTED_DOWN_TILES = [(128, 64, 256, 64, 128, 8, 4, True), (128, 64, 128, 64, 128, 8, 4, True, 4, 3),
+                         (128, 64, 128, 64, 128, 8, 4, True, 8, 3), (128, 64, 64, 64, 128, 8, 4, True, 4, 3),
+                         (128, 64, 256, 64, 128, 8, 4, True, 8, 3), (128, 64, 128, 128, 128, 8, 4, True, 8, 2),
+                         (128, 64, 256, 32, 128, 8, 4, True, 8, 4)]
 # A prefix-cache hit's tail (~80 rows, ~2.5 pairs per expert): the medium tiles first, then other down
 # tiles (its K, the 512 intermediate columns, is short), smaller blocks and the small tiles.
 MOE_SORTED_TAIL_TILES = [(64, 64, 64, 64, 64, 4, 3, True), (64, 64, 64, 128, 64, 4, 3, True),
@@ -833,6 +843,46 @@ def gdn_prefill_sweep(seq_len: int):
     return body
 
 
+# (prepare kernel's register cap, state kernel's (block_v, warps, stages)); the first is the default. At 175
+# registers two prepare programs of 4 warps share a multiprocessor, at 168 three; the state kernel's
+# two stages take 196 KB of shared memory (one program a multiprocessor), one stage 74 KB.
+GDN_OCCUPANCY = [(None, (32, 4, 2)), (168, (32, 4, 2)), (160, (32, 4, 2)), (128, (32, 4, 2)),
+                 (168, (32, 4, 1)), (168, (64, 4, 2)), (168, (64, 8, 2)), (168, (16, 4, 2))]
+
+
+def gdn_prefill_occupancy(lens, label):
+    """The chunk kernels' occupancy on a long pass: the prepare kernel under register caps, the state
+    kernel under tiles that fit more programs a multiprocessor; error and per-kernel time of each."""
+    def body():
+        inputs = gdn_prefill_inputs(lens)
+        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
+        ref_pool = pool.clone()
+        expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
+        res = {"shape": label, "configs": []}
+        for maxnreg, (bv, warps, stages) in GDN_OCCUPANCY[:2] if SMOKE else GDN_OCCUPANCY:
+            prepare = dict(triton_chunk_long_prepare(), **({"maxnreg": maxnreg} if maxnreg else {}))
+            tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, prepare=prepare)
+            cfg = dict(tiles)
+            try:
+                p = pool.clone()
+                fn = gdn_prefill_fn("triton", inputs, tiles)
+                cfg["rel_err_out"] = rel_err(fn(p), expected)
+                cfg["rel_err_state"] = rel_err(p, ref_pool)
+                if not SMOKE:
+                    cfg["kernel_us"] = round(time_graph_us(lambda: fn(p), calls=2, replays=5), 1)
+                    cfg["per_kernel_us"] = _per_kernel_us(lambda: fn(p))
+            except Exception as exc:
+                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            res["configs"].append(cfg)
+        return res
+    return body
+
+
+def triton_chunk_long_prepare() -> dict:
+    from deltaserve.kernels.gdn.triton_chunk import LONG_PASS_PREPARE
+    return dict(LONG_PASS_PREPARE)
+
+
 def gdn_short_pass(lens):
     """A short prefill pass as a graph replays it (a prefix-cache hit's tail plus the padding sequence,
     four captures from a device table): the chunk kernels against the token loop, over their tiles."""
@@ -1095,6 +1145,13 @@ def main():
         for impl in ("triton", "triton_tf32x3"):
             run_case(report, f"gdn_prefill_{impl}_{length}", gdn_prefill([length], f"one {length}-token prompt", impl))
     run_case(report, f"gdn_prefill_tiles_{big}", gdn_prefill_sweep(big))
+    occupancy = ([40], [8] * 6) if SMOKE else ([8192], [32768], [128] * 128, [128] * 32)
+    for lens in occupancy:
+        run_case(report, f"gdn_prefill_occupancy_{len(lens)}x{lens[0]}",
+                 gdn_prefill_occupancy(lens, f"{len(lens)} prompts of {lens[0]} tokens"))
+    for tokens in (16,) if SMOKE else (8192, 16384):
+        run_case(report, f"moe_sorted_down_tiles_T{tokens}",
+                 moe_sweep(tokens, "sorted", MOE_SORTED_DOWN_TILES, per_kernel=True))
     if not (args.skip_fla or SMOKE) and fla_available():  # last: fla-core autotunes on first use
         for impl in ("fla", "fla_fp32"):
             run_case(report, f"gdn_prefill_{impl}_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", impl))

@@ -1,9 +1,10 @@
 """Where a long prefill's time goes: the CUDA kernels of one prompt's first token, by total time.
 
     python benchmarks/profile_prefill.py qwen3.5-35b-a3b --tokens 8192 --out benchmarks/results/profile_prefill_SHAPE.json
+    python benchmarks/profile_prefill.py qwen3.5-9b --tokens 128 --prompts 128 --out ...   (a closed batch's prefill)
 
 The engine is the one engine_bench.py measures prefill on (random weights, no prefix cache, the whole
-prompt in one pass). Each length runs once to compile its kernels, once timed, once under the profiler.
+batch in one pass). Each length runs once to compile its kernels, once timed, once under the profiler.
 """
 
 from __future__ import annotations
@@ -24,20 +25,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("shape")
     ap.add_argument("--tokens", default="8192", help="prompt lengths, comma-separated")
+    ap.add_argument("--prompts", type=int, default=1, help="prompts of each length, prefilled together")
     ap.add_argument("--rows", type=int, default=40, help="rows of each kernel table")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     lengths = [int(n) for n in args.tokens.split(",")]
-    engine = dummy_engine(args.shape, max_num_seqs=1, max_num_batched_tokens=max(lengths),
+    batch = args.prompts
+    engine = dummy_engine(args.shape, max_num_seqs=batch, max_num_batched_tokens=max(lengths) * batch,
                           max_model_len=max(lengths) + 256, enable_prefix_caching=False)
     tokens = random_tokens(engine.model_config.vocab_size)
     result = {**results_io.header(), "shape": args.shape, "prefill": []}
     for n in lengths:
-        run_batch(engine, [tokens(n)], 1)  # compiles this length's kernels
-        ttft = run_batch(engine, [tokens(n)], 1)["prefill_s"]
-        table = kernel_table(lambda: run_batch(engine, [tokens(n)], 1), args.rows)
-        result["prefill"].append({"tokens": n, "ttft_s": round(ttft, 4), "kernels": table})
-        print(f"{args.shape} {n} tokens: {ttft * 1e3:.1f} ms", flush=True)
+        prompts = lambda: [tokens(n) for _ in range(batch)]  # noqa: E731
+        run_batch(engine, prompts(), 1)  # compiles this length's kernels
+        ttft = run_batch(engine, prompts(), 1)["prefill_s"]
+        table = kernel_table(lambda: run_batch(engine, prompts(), 1), args.rows)
+        result["prefill"].append({"tokens": n, "prompts": batch, "ttft_s": round(ttft, 4), "kernels": table})
+        print(f"{args.shape} {batch} x {n} tokens: {ttft * 1e3:.1f} ms", flush=True)
         for row in table:
             if not row["name"].startswith("HOST"):
                 print(f"  {row['ms']:9.3f} ms {row['calls']:6d}  {row['name']}", flush=True)

@@ -379,7 +379,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     output kernels' dot precision: by default "tf32" for 16-bit inputs (relative error ~1e-3, under the
     bf16 rounding of o) and "tf32x3" (about fp32) for fp32 inputs; "bf16" rounds the operands to bf16
     (the state itself stays fp32). `prepare` overrides the prepare kernel's options (LONG_PASS_PREPARE:
-    "sub", "precision", "inverse_precision", "warps", and "bv", the columns of w and u per dot).
+    "sub", "precision", "inverse_precision", "warps", "bv", the columns of w and u per dot, and "maxnreg",
+    a cap on each thread's registers, which decides how many of its programs share a multiprocessor).
     split_output takes the output off the state kernel's serial path: that kernel keeps the state
     before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once.
 
@@ -421,7 +422,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=prepare.get("bv", 32), CHUNK=chunk,
         BLOCK_B=max(16, triton.next_power_of_2(seqs)),
         SUB=min(prepare.get("sub", 16), chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision,
-        num_warps=prepare.get("warps", 4), num_stages=1,
+        num_warps=prepare.get("warps", 4), num_stages=1, maxnreg=prepare.get("maxnreg"),
     )
     block_v = max(16, min(block_v or 32, triton.next_power_of_2(dv)))
     has_captures = bool(capture_rows) and h_snapshots is not None

@@ -126,6 +126,8 @@ class SortedTiles(NamedTuple):
     warps: int
     stages: int
     columns_fast: bool = False  # grid order: column tiles (not row blocks) on the fast axis
+    down_warps: int = 0  # the down kernel's warps and stages where they differ (0: the gate/up kernel's)
+    down_stages: int = 0
 
 
 # From the H200 sweeps of benchmarks/kernels_check.py: moe_sorted_tiles_T* for the small tiles,
@@ -358,7 +360,7 @@ def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
     assert w13.stride(-1) == 1 and w2.stride(-1) == 1
     pairs = tokens * top_k
     default = default_tiles(pairs, experts)
-    gu_n, gu_k, dn_n, dn_k, block_m, warps, stages, columns_fast = (
+    gu_n, gu_k, dn_n, dn_k, block_m, warps, stages, columns_fast, down_warps, down_stages = (
         SortedTiles(*tiles, *default[len(tiles):]) if tiles else default)
     order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
     flat_weights = weights.reshape(-1).contiguous()
@@ -376,7 +378,7 @@ def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
         inter, w2, flat_weights, order, offsets, block_start, y, inter.stride(0), w2.stride(0), w2.stride(1),
         y.stride(0), EXPERTS=experts, BLOCK_E=block_e, HIDDEN=hidden, INTER=inter_size,
         BLOCK_M=block_m, BLOCK_N=dn_n, BLOCK_K=dn_k, PRECISION=precision, COLUMNS_FAST=columns_fast,
-        num_warps=warps, num_stages=stages,
+        num_warps=down_warps or warps, num_stages=down_stages or stages,
     )
     out = torch.empty_like(x)
     _combine_kernel[(tokens, triton.cdiv(hidden, COMBINE_BLOCK))](
