@@ -5,7 +5,7 @@ whatever it is stored in). One extra slot at the end absorbs padded rows of a gr
 import torch
 
 from deltaserve.host_to_device import to_device
-from deltaserve.kernels import copy_slot, copy_slot_at
+from deltaserve.kernels import copy_slot, copy_slot_at, zero_slots
 
 
 class StatePool:
@@ -26,9 +26,7 @@ class StatePool:
         """Zeroes the states of sequences that start from their first token."""
         if not slots:
             return
-        index = to_device(slots, self.h_all.device)
-        self.conv_all.index_fill_(1, index, 0)
-        self.h_all.index_fill_(1, index, 0)
+        zero_slots((self.conv_all, self.h_all), to_device(slots, self.h_all.device))
 
     def copy_slots(self, pairs: list[tuple[int, int]], destination: "StatePool") -> None:
         """(slot here, slot there): copies every layer's states of each slot into `destination`."""

@@ -126,11 +126,13 @@ def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                    gate: torch.Tensor | None = None) -> torch.Tensor:
-    """gate: the output is multiplied by sigmoid(gate) [T, Hq, D] (in the kernel's last store)."""
+                    gate: torch.Tensor | None = None, max_query_len: int | None = None) -> torch.Tensor:
+    """gate: the output is multiplied by sigmoid(gate) [T, Hq, D] (in the kernel's last store).
+    max_query_len: the longest chunk, where the host knows it (the kernel's grid; None in a graph)."""
     if use_triton(q):
         from deltaserve.kernels.attention.triton_paged_attention import paged_attention as kernel
-        return kernel(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, gate=gate)
+        return kernel(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, gate=gate,
+                      max_query_len=max_query_len)
     return _attn.paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, gate)
 
 
@@ -230,6 +232,14 @@ def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...],
     return _slot_copy.copy_slot_at(srcs, dsts, slots)
 
 
+def zero_slots(pools: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
+    """pool[:, slot] = 0 for each layer-major state pool and each slot in the device tensor `slots`."""
+    triton_copy = _triton_slot_copy(pools, pools)
+    if triton_copy is not None:
+        return triton_copy.zero_slots(pools, slots)
+    return _slot_copy.zero_slots(pools, slots)
+
+
 def _triton_slot_copy(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...]):
     """The Triton slot-copy module where it takes these pools (two pairs, each layer's slot contiguous)."""
     if not (use_triton(srcs[0]) and len(srcs) == 2):
@@ -257,5 +267,5 @@ __all__ = [
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
-    "copy_slot_at", "unpack_decode_inputs", "apply_penalties", "sample_from_logits",
+    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "sample_from_logits",
 ]

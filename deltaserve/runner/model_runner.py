@@ -163,6 +163,7 @@ class ModelRunner:
 
     def to_forward_batch(self, host: HostBatch, is_decode: bool) -> ForwardBatch:
         dev = lambda values: to_device(values, self.device)  # noqa: E731
+        starts = host.query_start_loc
         return ForwardBatch(
             input_ids=dev(host.input_ids),
             positions=dev(host.positions),
@@ -176,6 +177,7 @@ class ModelRunner:
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
             fresh_query_start_loc=host.query_start_loc if self._fresh_prefill(host) else None,
+            max_query_len=max((end - start for start, end in zip(starts[:-1], starts[1:])), default=0),
         )
 
     def _fresh_prefill(self, host: HostBatch) -> bool:

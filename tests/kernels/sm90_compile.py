@@ -22,9 +22,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
 
 
-def compile_sm90(kernel, types: dict, constexprs: dict, num_warps: int, num_stages: int = 1) -> dict:
+def compile_sm90(kernel, types: dict, constexprs: dict, num_warps: int, num_stages: int = 1,
+                 maxnreg: int | None = None) -> dict:
     """types: pointer / scalar types by argument name; unnamed arguments are i32 (strides, counts),
-    fp32 (`scale`) or *fp32. Pointers and strides are marked 16-divisible, as the JIT marks them."""
+    fp32 (`scale`) or *fp32. Pointers and strides are marked 16-divisible, as the JIT marks them.
+    maxnreg: the launch's cap on registers a thread, where the kernel is launched with one."""
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
@@ -40,7 +42,7 @@ def compile_sm90(kernel, types: dict, constexprs: dict, num_warps: int, num_stag
             attrs[(i,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+                              options={"num_warps": num_warps, "num_stages": num_stages, "maxnreg": maxnreg})
     if os.environ.get("SM90_DUMP"):
         open(os.path.join(os.environ["SM90_DUMP"], kernel.__name__ + ".ttgir"), "w").write(compiled.asm["ttgir"])
     return {"shared": compiled.metadata.shared, **_ptxas_usage(compiled.asm["ptx"])}
@@ -68,7 +70,7 @@ def _ptxas_usage(ptx: str) -> dict:
 
 
 def cases():
-    """(name, kernel, types, constexprs, num_warps, num_stages) at the Qwen3.5 shapes, bf16."""
+    """(name, kernel, types, constexprs, num_warps, num_stages[, maxnreg]) at the Qwen3.5 shapes, bf16."""
     from deltaserve.kernels.gdn import triton_chunk as gdn
     from deltaserve.kernels.moe import triton_moe_direct as direct
     from deltaserve.kernels.moe import triton_moe_experts as sorted_moe
@@ -131,6 +133,11 @@ def cases():
                      f"stride_dst_slot_{part}": "i64", f"stride_src_layer_{part}": "i64",
                      f"stride_dst_layer_{part}": "i64", f"numel_{part}": "i32"}
     yield ("slot_copy_at", slot_copy._copy_slot_at_kernel, pools_at, dict(BLOCK=slot_copy.BLOCK), 8, 1)
+    zero = {"slots": "*i64"}
+    for part, dtype in (("a", bf16), ("b", "*fp32")):
+        zero |= {f"pool_{part}": dtype, f"stride_slot_{part}": "i64", f"stride_layer_{part}": "i64",
+                 f"numel_{part}": "i32"}
+    yield ("slot_zero", slot_copy._zero_slots_kernel, zero, dict(BLOCK=slot_copy.BLOCK), 8, 1)
 
     from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
 
@@ -166,14 +173,20 @@ def cases():
     split_output = (gdn.CHUNK, 32, "_split", True, "bf16", 8, "tf32", 8, 3)  # an option kernels_check measures
     for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages in (long, short, split_output):
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
+        prepare_cap = gdn.LONG_PASS_PREPARE["maxnreg"] if chunk == gdn.CHUNK else None
         yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, dict(inputs, **ints),
-               dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32"), 4, 1)
+               dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32"), 4, 1,
+               prepare_cap)
         for captures in (False, True):
             yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}", gdn._chunk_state_kernel,
                    dict(inputs, **ints), dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=captures,
                                               SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision), warps, stages)
         yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
                dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, U_IS_V_NEW=split, PRECISION=precision), 4, 1)
+    # many sequences at once: the state kernel's wide tiles (never with captures, see STATE_WIDE_BLOCK_V)
+    yield ("gdn_chunk_state_wide", gdn._chunk_state_kernel, dict(inputs, **ints),
+           dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.STATE_WIDE_BLOCK_V, BLOCK_B=16,
+                BLOCK_CAPS=16, HAS_CAPTURES=False, SPLIT_OUTPUT=False, LOOP_FOR=True, PRECISION="tf32"), 4, 2)
     yield ("gdn_chunk_output", gdn._chunk_output_kernel, dict(inputs, **ints),
            dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
                 PRECISION="bf16"), 4, 2)
@@ -265,11 +278,11 @@ def _sorted_moe_cases(moe: dict):
 
 def main():
     only = set(sys.argv[1:])
-    for name, kernel, types, constexprs, warps, stages in cases():
+    for name, kernel, types, constexprs, warps, stages, *maxnreg in cases():
         if only and name not in only:
             continue
         try:
-            result = {"name": name, **compile_sm90(kernel, types, constexprs, warps, stages)}
+            result = {"name": name, **compile_sm90(kernel, types, constexprs, warps, stages, *maxnreg)}
         except Exception as exc:  # report and go on: one failure must not hide the others
             result = {"name": name, "error": f"{type(exc).__name__}: {str(exc)[:500]}"}
         print(json.dumps(result), flush=True)

@@ -48,6 +48,19 @@ def test_paged_attention_short_chunks_over_a_long_cached_prefix():
     assert_close(paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.2), expected)
 
 
+def test_paged_attention_sized_by_the_longest_chunk_matches_the_bound():
+    # Many prompts prefilled together: the grid sized by the longest chunk (the host knows it outside a
+    # graph) instead of the bound T - B + 1 leaves out only empty programs, so every row is the same.
+    q_lens = torch.randint(1, 20, (9,)).tolist()
+    k_cache, v_cache, tables = _paged_pools(q_lens, 4, 2, 16)
+    starts, lens = torch.tensor([0] + q_lens).cumsum(0), torch.tensor(q_lens)
+    q = torch.randn(sum(q_lens), 4, 16)
+    expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3)
+    sized = paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, max_query_len=max(q_lens))
+    assert_close(sized, expected)
+    assert torch.equal(sized, paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3))
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_paged_attention_applies_the_output_gate_in_its_last_store(splits):
     # Qwen3.5's gate: the second half of each head's q projection, a strided view like q itself.

@@ -208,6 +208,17 @@ def test_chunk_prefill_prepare_kernel_tiles(prepare):
     _check_chunk([70, 9], 1, 2, 32, 32, [1, 0], [(30, 0)], prepare=prepare)
 
 
+def test_chunk_prefill_of_many_sequences_takes_the_wide_state_tiles():
+    # Enough sequences that 64-column tiles fill an H200's multiprocessors (the interpreter counts its 132):
+    # the state kernel takes them, with the same result as the reference.
+    from deltaserve.kernels.gdn import triton_chunk
+
+    lens = torch.randint(1, 70, (34,)).tolist()
+    assert triton_chunk._state_block_v(len(lens), 4, 64, torch.device("cpu")) == triton_chunk.STATE_WIDE_BLOCK_V
+    assert triton_chunk._state_block_v(1, 4, 64, torch.device("cpu")) == triton_chunk.STATE_BLOCK_V
+    _check_chunk(lens, 2, 4, 16, 64, list(range(len(lens) + 1, 1, -1)), [])
+
+
 def test_chunk_prefill_state_tiles_and_warps():
     _check_chunk([67, 20], 2, 4, 16, 48, [1, 0], [(30, 0), (70, 1)], block_v=16, num_warps=2)
 

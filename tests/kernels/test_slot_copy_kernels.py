@@ -58,3 +58,18 @@ def test_slot_is_contiguous():
     pool = torch.zeros(2, 3, 4, 5)
     assert slot_is_contiguous(pool) and slot_is_contiguous(pool[:, :2])
     assert not slot_is_contiguous(pool[..., :4]) and not slot_is_contiguous(pool.transpose(2, 3))
+
+
+def test_zero_slots_clears_those_slots_of_every_layer_in_both_pools():
+    from deltaserve.kernels.slot_copy.triton_slot_copy import zero_slots
+
+    layers = 3
+    pools = (torch.randn(layers, 6, 3, 5, 7).to(torch.bfloat16), torch.randn(layers, 6, 2 * BLOCK + 9))
+    slots = torch.randperm(6)[: int(torch.randint(1, 6, ()))]
+    expected = tuple(p.clone() for p in pools)
+    reference.zero_slots(expected, slots)
+    zero_slots(pools, slots)
+    kept = [s for s in range(6) if s not in slots.tolist()]
+    for got, want in zip(pools, expected):
+        assert torch.equal(got, want)
+        assert not got[:, slots].any() and got[:, kept].ne(0).any()

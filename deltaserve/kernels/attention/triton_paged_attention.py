@@ -5,27 +5,22 @@ pairs of one KV head's group, token-major, so at decode the whole GQA group shar
 KV pages: each K/V page is read once per KV head. Keys are gathered page by page through the block
 table; an online softmax (base 2) carries the running max and sum. Nothing is read from the host, so
 the launch can be captured in a CUDA graph: the tile count is bounded by the largest possible q_len,
-`T - B + 1`, and tiles past a sequence's rows return at once.
+`T - B + 1`, and tiles past a sequence's rows return at once. A caller outside a graph, which knows the
+longest q_len, passes it: over 128 prompts of 128 tokens the bound made 1017 tiles a (sequence, KV
+head) where 8 hold rows, and the empty programs alone took 1.8 ms a layer on the H200
+(profile_prefill_qwen3.5-9b_128x128.json).
 
 Where there are few programs (decode, or a short chunk over a long cached prefix) most of the GPU
 would sit idle, so the keys are split into `splits` ranges (flash-decoding): each program writes its range's normalised
 output and log-sum-exp, and a second kernel merges the ranges.
 """
 
-from functools import lru_cache
-
 import torch
 import triton
 import triton.language as tl
 
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
-
-
-@lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # the interpreter: an H200's count, so tests split the keys as the GPU does
-    return torch.cuda.get_device_properties(device).multi_processor_count
+from deltaserve.kernels.sm_count import num_sms
 
 
 @triton.jit
@@ -153,11 +148,12 @@ def _merge_splits_kernel(part, lse, o, gate, stride_o_t, stride_o_h, stride_g_t,
 def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
                     block_m: int | None = None, block_n: int | None = None, splits: int | None = None,
                     num_warps: int | None = None, num_stages: int = 2, loop_for: bool | None = None,
-                    gate: torch.Tensor | None = None) -> torch.Tensor:
+                    gate: torch.Tensor | None = None, max_query_len: int | None = None) -> torch.Tensor:
     """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D],
     times sigmoid(gate) when given (applied in the last store: a Qwen3.5 attention layer's gate took three
     elementwise launches after it). loop_for: walk the keys in a for loop (pipelined) rather than a while
-    loop; by default on the GPU."""
+    loop; by default on the GPU. max_query_len: the longest q_len of the batch, where the caller knows it
+    (None: the bound T - B + 1, as a graph needs)."""
     if q.stride(-1) != 1:
         q = q.contiguous()
     if gate is not None and gate.stride(-1) != 1:
@@ -170,7 +166,8 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
     o = torch.empty((tokens, q_heads, head_dim), dtype=q.dtype, device=q.device)
     if tokens == 0 or seqs == 0:
         return o
-    max_rows = max(tokens - seqs + 1, 1) * group  # the longest q_len any sequence can have, times the group
+    longest = max_query_len if max_query_len is not None else tokens - seqs + 1  # the longest q_len possible
+    max_rows = max(min(longest, tokens), 1) * group
     tuned = block_m is not None or block_n is not None or splits is not None
     if block_m is None:
         block_m = 16 if max_rows <= 16 else 64
@@ -188,7 +185,7 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         block_m, block_n = 128, 64
         tiles = triton.cdiv(max_rows, block_m)
         work_tiles = kv_heads * triton.cdiv(tokens * group, block_m)
-        splits = max(1, min(32, _num_sms(q.device) // work_tiles))
+        splits = max(1, min(32, num_sms(q.device) // work_tiles))
     if splits is None:
         # Split the keys only where the (sequence, KV head, tile) programs leave the SMs idle: decode, and
         # short chunks over a long cached prefix, which would otherwise walk the whole prefix in a few

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from deltaserve.kernels.capture_rows import as_capture_rows
 from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
+from deltaserve.kernels.sm_count import num_sms
 
 CHUNK = 64
 OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_output)
@@ -41,11 +42,22 @@ OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_out
 # inverse took it from 535 to 385 us on one 8192-token prompt of the Qwen3.5 shapes on the H200 (relative
 # error of o 4.1e-3 against 3.8e-3; kernels_check_gdn_prefill.json, gdn_prefill_tiles_8192).
 # 8 warps took 708 us and w and u in 64-column tiles 393 (kernels_check_gdn_prepare_tiles.json).
-LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32"}
+# At 175 registers two of its 4-warp programs share a multiprocessor; capped at 168, three, and it took 313
+# against 385 us at 8192 tokens, 1255 against 1491 at 32768 and 639 against 781 over 128 prompts of 128
+# tokens, with the same output (kernels_check_occupancy.json, gdn_prefill_occupancy_*).
+LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32", "maxnreg": 168}
 # On short passes (chunk 16), 4-row diagonal blocks: forward substitution over 3 rows instead of 15, the
 # rest in three small dots. The prepare kernel of an 80-row pass took 8.4 us against 11.5, with the same
 # errors (H200, kernels_check_short_pass_tiles.json, gdn_short_pass_80).
 SHORT_PASS_PREPARE = {"sub": 4}
+# The state kernel's programs walk their sequence's chunks in order, one program a multiprocessor (its two
+# stages take 196 KB of shared memory). One long prompt has few sequences to spread, so 32-column tiles
+# give the GPU twice the programs: 742 us against 774 with 64 at 8192 tokens. Once the 64-column tiles
+# alone fill the multiprocessors they win, each reading a chunk's w, q and k for twice the columns:
+# 1040 against 1739 us over 128 prompts of 128 tokens, 268 against 440 over 32 (kernels_check_occupancy.json).
+# Not with captures: that kernel's wide tiles spill registers on sm_90, and were not measured.
+STATE_BLOCK_V = 32
+STATE_WIDE_BLOCK_V = 64
 
 
 @triton.jit
@@ -363,6 +375,11 @@ def _chunk_output_kernel(
         tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
 
 
+def _state_block_v(seqs: int, hv: int, dv: int, device: torch.device) -> int:
+    """The state kernel's columns a program: the wide tiles once their programs fill the multiprocessors."""
+    return STATE_WIDE_BLOCK_V if seqs * hv * triton.cdiv(dv, STATE_WIDE_BLOCK_V) >= num_sms(device) else STATE_BLOCK_V
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -424,8 +441,9 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         SUB=min(prepare.get("sub", 16), chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision,
         num_warps=prepare.get("warps", 4), num_stages=1, maxnreg=prepare.get("maxnreg"),
     )
-    block_v = max(16, min(block_v or 32, triton.next_power_of_2(dv)))
     has_captures = bool(capture_rows) and h_snapshots is not None
+    block_v = block_v or (STATE_BLOCK_V if has_captures else _state_block_v(seqs, hv, dv, dev))
+    block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
     num_caps = 0
     cap_rows = cap_snaps = cap_state = state_slots  # unused placeholders
     if has_captures:

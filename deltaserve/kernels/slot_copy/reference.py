@@ -20,3 +20,9 @@ def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...],
         moved = src.index_select(1, source.clamp(min=0)).to(dst.dtype)
         kept = dst.index_select(1, destination)
         dst.index_copy_(1, destination, torch.where(restore.view([1] * dst.dim()), moved, kept))
+
+
+def zero_slots(pools: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
+    """pool[:, slot] = 0 for every pool [layers, slots, ...] and every slot in the device tensor `slots`."""
+    for pool in pools:
+        pool.index_fill_(1, slots, 0)

@@ -52,5 +52,6 @@ class Attention(nn.Module):
             q = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache,
                                         batch.slot_mapping, self.q_norm, self.k_norm, self.norm_eps, self.norm_offset)
             out = kernels.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
-                                          batch.block_tables, self.scale, gate)  # the gate in its last store
+                                          batch.block_tables, self.scale, gate,  # the gate in its last store
+                                          max_query_len=batch.max_query_len)
         return kernels.linear_partial(out.reshape(tokens, -1), self.o_proj, self.o_bias)
