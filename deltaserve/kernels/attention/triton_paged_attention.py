@@ -8,7 +8,7 @@ the launch can be captured in a CUDA graph: the tile count is bounded by the lar
 `T - B + 1`, and tiles past a sequence's rows return at once. A caller outside a graph, which knows the
 longest q_len, passes it: over 128 prompts of 128 tokens the bound made 1017 tiles a (sequence, KV
 head) where 8 hold rows, and the empty programs alone took 1.8 ms a layer on the H200
-(profile_prefill_qwen3.5-9b_128x128.json).
+(profile_prefill_qwen3.5-9b_128x128_f3df3cd.json).
 
 Where there are few programs (decode, or a short chunk over a long cached prefix) most of the GPU
 would sit idle, so the keys are split into `splits` ranges (flash-decoding): each program writes its range's normalised

@@ -12,7 +12,7 @@ graph-replayed pass can start with its own restore.
 `zero_slots` clears the slots of sequences that start from their first token the same way, a program
 per (layer, piece of a slot, slot and pool). torch's index_fill over the pools' slot dimension wrote
 at about 1.1 TB/s: 5.8 ms before the prefill of 128 new prompts of the Qwen3.5-9B shape (6 GiB of
-fp32 states) on the H200 (profile_prefill_qwen3.5-9b_128x128.json).
+fp32 states) on the H200 (profile_prefill_qwen3.5-9b_128x128_f3df3cd.json).
 """
 
 import math
