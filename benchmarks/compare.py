@@ -30,6 +30,25 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At d844645 (engine_qwen3.5-9b.json, on a host 1-2% slower than 2ddc3ef's: 4.484 against 4.398 ms a "
+        "step at C=1): C=1 223.0 tok/s; closed batches 1.064x / 1.012x / 0.963x the issue's figures at C=32 / 64 "
+        "/ 128 (steps 5.90 / 7.01 / 9.45 ms); prefill 0.2114 s at 8k (0.99x) and 0.944 s at 32k (1.04x). Beside "
+        "vLLM in one command on that host (side_by_side_qwen3.5-9b.json): closed batches 1.209x / 1.074x / "
+        "1.018x / 0.916x vLLM's at C=1 / 32 / 64 / 128; steps 4.48 against 5.31 ms, 5.91 / 6.15, 7.00 / 6.89, "
+        "9.44 / 8.22; the batches' prefills 0.100 / 0.200 / 0.420 s against 0.164 / 0.271 / 0.503; one prompt "
+        "0.2107 against 0.2104 s at 8k and 0.9455 against 0.9493 at 32k. That vLLM run, with its decode "
+        "warm-up, gave 12602 tok/s at C=128 where the issue quotes 11953. What d844645 changed is the prefill "
+        "of many short prompts (a closed batch's first step). Over 128 prompts of 128 tokens the pass's kernels "
+        "took 389.4 against 423.9 ms (profile_prefill_qwen3.5-9b_128x128_d844645.json against _f3df3cd.json): the "
+        "GDN state kernel 29.0 against 42.6 ms in 64-column tiles, the prepare kernel 18.6 against 22.6 under "
+        "its register cap, paged attention 4.0 against 14.6 with its grid sized by the longest prompt, the state "
+        "slots' clearing 1.6 against 5.8. The batch's first token moved less: 0.4153-0.4165 against 0.4281-0.4305 "
+        "s at C=128, 0.196-0.197 against 0.205-0.208 at C=64 and 0.098-0.099 against 0.100-0.104 at C=32, "
+        "alternated twice in one command (engine_qwen3.5-9b_occupancy_same_machine.json); the profiled pass's "
+        "wall time, 405 ms, lies 16 ms above its kernels where f3df3cd's lay 1.6 above (not examined). The "
+        "closed batches moved 0.3-0.5%. One long prompt did not move beyond the spread of runs (8k 0.2075-0.2090 "
+        "against 0.2063-0.2102 s, 32k 0.925-0.928 against 0.925-0.927), though the prepare kernel alone took 313 "
+        "against 385 us at 8k and 1255 against 1491 at 32k (kernels_check_occupancy.json).",
         "C=1: 4.398 ms per step (227.4 tok/s, 0.86 of the 3.77 ms floor) at 2ddc3ef; 4.485 ms (223.0 tok/s) on "
         "a second host (engine_qwen3.5-9b_at_2ddc3ef_second_host.json). In one command 52dc02c took 4.532 / "
         "4.531 ms and 2ddc3ef 4.477 / 4.480, alternated (engine_qwen3.5-9b_graph_inputs_same_machine.json): "
@@ -65,7 +84,7 @@ NOTES = {
         "norms 0.44, SiLU-and-mul 0.09; the host added 0.29 ms a step then (the work between graphs, above). 1.1x needs the closed batch in 2.49 s, "
         "a step of about 8.0 ms after its 0.44 s prefill: 0.89 of the step's 7.11 ms floor, of which the fp32 "
         "states' reading and writing alone is 3.04 ms. vLLM beside deltaserve at fe99c3f took 6.61 and 8.99 ms "
-        "a step at C=64 and C=128 (side_by_side_qwen3.5-9b.json). The Triton skinny GEMM measured slower than "
+        "a step at C=64 and C=128 (side_by_side_qwen3.5-9b_at_fe99c3f.json). The Triton skinny GEMM measured slower than "
         "cuBLAS at 64 and 128 rows on 19 of the 20 projections (skinny_gemm_tall.json); a split of the wider "
         "projections (gate/up, qkv, the GDN input) measured slower than cuBLAS whole (split_gemm.json).",
         "The vLLM runs keep the GDN recurrent state in bf16 (the shapes' configs name no mamba_ssm_dtype, so "
@@ -95,6 +114,19 @@ NOTES = {
         "/ 0.615 s against 0.133 / 0.600 with 1024-row pieces).",
     ],
     "qwen3.5-35b-a3b": [
+        "At d844645 (engine_qwen3.5-35b-a3b.json): C=1 414.8 tok/s (2.411 ms a step); closed batches 1.351x / "
+        "1.043x / 1.216x the issue's figures at C=32 / 64 / 128 (steps 13.21 / 18.04 / 22.40 ms); prefill 0.1368 "
+        "s at 8k (0.931x) and 0.611 s at 32k (0.968x). In one command, alternated twice "
+        "(engine_qwen3.5-35b-a3b_occupancy_same_machine.json), the batch prefill took 0.1258-0.1262 against "
+        "0.1317-0.1323 s at C=64 and 0.2348-0.2373 against 0.2542-0.2576 at C=128; at C=32 0.082-0.088 against "
+        "0.072-0.074, and 0.069 in the ladder run: that pass is bound by the host's launches "
+        "(profile_prefill_qwen3.5-35b-a3b_32x128_d844645.json: 64.1 ms of kernels, 72.4 ms to the first token, "
+        "the host never waiting for the GPU), so its time follows the host's. One prompt: 8k 0.1344 / 0.1362 "
+        "against 0.1344 / 0.1353 s, 32k 0.601 / 0.602 against 0.600 / 0.607, not moved beyond the spread; 0.9x "
+        "at 8k (0.1323 s) is met on some hosts and runs and missed on others. The sorted MoE's down kernel "
+        "under its own warps and stages (tiles that fit two programs a multiprocessor) measured 447-543 us "
+        "against 454 at 8192 tokens and 811-1286 against 807 at 16384 (kernels_check_occupancy.json, "
+        "moe_sorted_down_tiles_*): kept as it was.",
         "C=1: 416.7 tok/s (2.400 ms a step, 2ddc3ef; 410.3 at 4df8766, 409.7 at c2bd54a) against the 400 tok/s "
         "target and a 1.42 ms floor (0.59 of it), 1.79x the issue's vLLM figure (4.30 ms). In one command "
         "52dc02c took 2.435 / 2.433 ms and 2ddc3ef 2.400 / 2.401 (engine_qwen3.5-35b-a3b_graph_inputs_same_"
