@@ -4,7 +4,8 @@
     python benchmarks/profile_prefill.py qwen3.5-9b --tokens 128 --prompts 128 --out ...   (a closed batch's prefill)
 
 The engine is the one engine_bench.py measures prefill on (random weights, no prefix cache, the whole
-batch in one pass). Each length runs once to compile its kernels, once timed, once under the profiler.
+batch in one pass). Each length runs once to compile its kernels, once timed, once under the profiler
+(and with --gaps once more, for the GPU's idle gaps).
 """
 
 from __future__ import annotations
@@ -21,12 +22,35 @@ from benchmarks.profile_steps import kernel_table  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 
 
+def idle_gaps(fn, min_us: float = 50.0, rows: int = 10) -> dict:
+    """Where the GPU waits during fn: its kernels' and copies' busy time and span, and the gaps between
+    them longer than min_us (with what ran before and after each), from one profiled run."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    work = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if e.device_type.name == "CUDA")
+    gaps, end, before = [], work[0][1], work[0][2]
+    for start, stop, name in work[1:]:
+        if start - end > min_us:
+            gaps.append({"ms": round((start - end) / 1e3, 3), "after": before[:60], "before": name[:60]})
+        if stop > end:
+            end, before = stop, name
+    gaps.sort(key=lambda g: -g["ms"])
+    return {"busy_ms": round(sum(b - a for a, b, _ in work) / 1e3, 2), "span_ms": round((end - work[0][0]) / 1e3, 2),
+            f"idle_ms_in_gaps_over_{int(min_us)}_us": round(sum(g["ms"] for g in gaps), 2), "gaps": gaps[:rows]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("shape")
     ap.add_argument("--tokens", default="8192", help="prompt lengths, comma-separated")
     ap.add_argument("--prompts", type=int, default=1, help="prompts of each length, prefilled together")
     ap.add_argument("--rows", type=int, default=40, help="rows of each kernel table")
+    ap.add_argument("--gaps", action="store_true", help="also where the GPU idles during the pass")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     lengths = [int(n) for n in args.tokens.split(",")]
@@ -40,11 +64,16 @@ def main() -> None:
         run_batch(engine, prompts(), 1)  # compiles this length's kernels
         ttft = run_batch(engine, prompts(), 1)["prefill_s"]
         table = kernel_table(lambda: run_batch(engine, prompts(), 1), args.rows)
-        result["prefill"].append({"tokens": n, "prompts": batch, "ttft_s": round(ttft, 4), "kernels": table})
+        entry = {"tokens": n, "prompts": batch, "ttft_s": round(ttft, 4), "kernels": table}
+        if args.gaps:
+            entry["idle"] = idle_gaps(lambda: run_batch(engine, prompts(), 1))
+        result["prefill"].append(entry)
         print(f"{args.shape} {batch} x {n} tokens: {ttft * 1e3:.1f} ms", flush=True)
         for row in table:
             if not row["name"].startswith("HOST"):
                 print(f"  {row['ms']:9.3f} ms {row['calls']:6d}  {row['name']}", flush=True)
+        if args.gaps:
+            print("  idle:", {k: v for k, v in entry["idle"].items() if k != "gaps"}, flush=True)
         results_io.write(args.out, result)
 
 
