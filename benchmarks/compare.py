@@ -44,8 +44,11 @@ NOTES = {
         "its register cap, paged attention 4.0 against 14.6 with its grid sized by the longest prompt, the state "
         "slots' clearing 1.6 against 5.8. The batch's first token moved less: 0.4153-0.4165 against 0.4281-0.4305 "
         "s at C=128, 0.196-0.197 against 0.205-0.208 at C=64 and 0.098-0.099 against 0.100-0.104 at C=32, "
-        "alternated twice in one command (engine_qwen3.5-9b_occupancy_same_machine.json); the profiled pass's "
-        "wall time, 405 ms, lies 16 ms above its kernels where f3df3cd's lay 1.6 above (not examined). The "
+        "alternated twice in one command (engine_qwen3.5-9b_occupancy_same_machine.json). Part of the gain went to "
+        "the host: the step's first launch clears the state slots, and while index_fill took 5.8 ms the host "
+        "built the pass's input tensors behind it; now the GPU waits 8.4 ms in gaps over 50 us, nearly all "
+        "between the first copies of those tensors (profile_prefill_qwen3.5-9b_128x128_gaps_461ac63.json: 390.0 "
+        "ms busy over a 398.9 ms span, 405.9 ms to the first token, 3.2 ms waiting after the clearing). The "
         "closed batches moved 0.3-0.5%. One long prompt did not move beyond the spread of runs (8k 0.2075-0.2090 "
         "against 0.2063-0.2102 s, 32k 0.925-0.928 against 0.925-0.927), though the prepare kernel alone took 313 "
         "against 385 us at 8k and 1255 against 1491 at 32k (kernels_check_occupancy.json).",
