@@ -827,25 +827,30 @@ def gdn_prefill_sweep(seq_len: int):
         for (bv, warps, stages, precision, split), prep in configs[:2] if SMOKE else configs:
             tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, precision=precision, split_output=split,
                          prepare=prep)
-            cfg = dict(tiles)
-            try:
-                p = pool.clone()
-                fn = gdn_prefill_fn("triton", inputs, tiles)
-                cfg["rel_err_out"] = rel_err(fn(p), expected)
-                cfg["rel_err_state"] = rel_err(p, ref_pool)
-                if not SMOKE:
-                    cfg["kernel_us"] = round(time_graph_us(lambda: fn(p), calls=2, replays=5), 1)
-                    cfg["per_kernel_us"] = _per_kernel_us(lambda: fn(p))
-            except Exception as exc:
-                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            res["configs"].append(cfg)
+            res["configs"].append(_gdn_prefill_config(inputs, expected, ref_pool, tiles))
         return res
     return body
 
 
-# (prepare kernel's register cap, state kernel's (block_v, warps, stages)); the first is the default. At 175
-# registers two prepare programs of 4 warps share a multiprocessor, at 168 three; the state kernel's
-# two stages take 196 KB of shared memory (one program a multiprocessor), one stage 74 KB.
+def _gdn_prefill_config(inputs, expected, ref_pool, tiles: dict) -> dict:
+    """One set of chunk-kernel options against the reference: errors, time and each kernel's time."""
+    cfg = dict(tiles)
+    try:
+        p = inputs[7].clone()  # the state pool
+        fn = gdn_prefill_fn("triton", inputs, tiles)
+        cfg["rel_err_out"] = rel_err(fn(p), expected)
+        cfg["rel_err_state"] = rel_err(p, ref_pool)
+        if not SMOKE:
+            cfg["kernel_us"] = round(time_graph_us(lambda: fn(p), calls=2, replays=5), 1)
+            cfg["per_kernel_us"] = _per_kernel_us(lambda: fn(p))
+    except Exception as exc:
+        cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return cfg
+
+
+# (prepare kernel's register cap, state kernel's (block_v, warps, stages)); None: no cap. At 175 registers
+# two prepare programs of 4 warps share a multiprocessor, at 168 three (LONG_PASS_PREPARE's cap); the
+# state kernel's two stages take 196 KB of shared memory (one program a multiprocessor), one stage 74 KB.
 GDN_OCCUPANCY = [(None, (32, 4, 2)), (168, (32, 4, 2)), (160, (32, 4, 2)), (128, (32, 4, 2)),
                  (168, (32, 4, 1)), (168, (64, 4, 2)), (168, (64, 8, 2)), (168, (16, 4, 2))]
 
@@ -860,27 +865,16 @@ def gdn_prefill_occupancy(lens, label):
         expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
         res = {"shape": label, "configs": []}
         for maxnreg, (bv, warps, stages) in GDN_OCCUPANCY[:2] if SMOKE else GDN_OCCUPANCY:
-            prepare = dict(triton_chunk_long_prepare(), **({"maxnreg": maxnreg} if maxnreg else {}))
+            prepare = dict(_uncapped_long_prepare(), **({"maxnreg": maxnreg} if maxnreg else {}))
             tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, prepare=prepare)
-            cfg = dict(tiles)
-            try:
-                p = pool.clone()
-                fn = gdn_prefill_fn("triton", inputs, tiles)
-                cfg["rel_err_out"] = rel_err(fn(p), expected)
-                cfg["rel_err_state"] = rel_err(p, ref_pool)
-                if not SMOKE:
-                    cfg["kernel_us"] = round(time_graph_us(lambda: fn(p), calls=2, replays=5), 1)
-                    cfg["per_kernel_us"] = _per_kernel_us(lambda: fn(p))
-            except Exception as exc:
-                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            res["configs"].append(cfg)
+            res["configs"].append(_gdn_prefill_config(inputs, expected, ref_pool, tiles))
         return res
     return body
 
 
-def triton_chunk_long_prepare() -> dict:
+def _uncapped_long_prepare() -> dict:
     from deltaserve.kernels.gdn.triton_chunk import LONG_PASS_PREPARE
-    return dict(LONG_PASS_PREPARE)
+    return {k: v for k, v in LONG_PASS_PREPARE.items() if k != "maxnreg"}
 
 
 def gdn_short_pass(lens):
