@@ -164,6 +164,7 @@ class ModelRunner:
     def to_forward_batch(self, host: HostBatch, is_decode: bool) -> ForwardBatch:
         dev = lambda values: to_device(values, self.device)  # noqa: E731
         starts = host.query_start_loc
+        lengths = [end - start for start, end in zip(starts[:-1], starts[1:])]
         return ForwardBatch(
             input_ids=dev(host.input_ids),
             positions=dev(host.positions),
@@ -176,14 +177,13 @@ class ModelRunner:
             is_decode=is_decode,
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
-            fresh_query_start_loc=host.query_start_loc if self._fresh_prefill(host) else None,
-            max_query_len=max((end - start for start, end in zip(starts[:-1], starts[1:])), default=0),
+            fresh_query_start_loc=starts if self._fresh_prefill(host, lengths) else None,
+            max_query_len=max(lengths, default=0),
         )
 
-    def _fresh_prefill(self, host: HostBatch) -> bool:
-        """Long prompts that all start at position 0: dense attention within each chunk beats paging."""
-        starts = host.query_start_loc
-        lengths = [end - start for start, end in zip(starts[:-1], starts[1:])]
+    def _fresh_prefill(self, host: HostBatch, lengths: list[int]) -> bool:
+        """Long prompts that all start at position 0: dense attention within each chunk beats paging.
+        lengths: each sequence's rows in this step."""
         return (self.device.type == "cuda" and max(lengths, default=0) >= FRESH_PREFILL_MIN_TOKENS
                 and all(n == seq_len for n, seq_len in zip(lengths, host.seq_lens)))
 
