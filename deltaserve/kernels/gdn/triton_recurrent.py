@@ -138,6 +138,15 @@ def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int]:
     return 64, 4 if state_bytes >= 4 else 2
 
 
+TWO_PASS_MIN_SEQ_HEADS = 1024
+
+
+def two_pass_decode(seq_heads: int) -> bool:
+    """Whether a decode step of seq_heads (sequence, value head) pairs streams its state in two passes
+    (triton_decode_two_pass) rather than holding each tile in registers."""
+    return seq_heads >= TWO_PASS_MIN_SEQ_HEADS
+
+
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -158,6 +167,10 @@ def gdn_recurrent(
     CaptureRows) names the rows whose state is also stored into h_snapshots. Returns o [T, Hv, Dv] in
     v's dtype.
     """
+    varlen = query_start_loc is not None
+    if not varlen and block_v is None and two_pass_decode(state_slots.shape[0] * v.shape[1]):
+        from deltaserve.kernels.gdn.triton_decode_two_pass import gdn_decode_two_pass
+        return gdn_decode_two_pass(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
     tokens, hk, dk = q.shape
@@ -167,7 +180,6 @@ def gdn_recurrent(
     if seqs == 0 or tokens == 0:
         return o
     block_k = triton.next_power_of_2(dk)
-    varlen = query_start_loc is not None
     # The ragged loop is bound by each token's latency: narrow tiles, one warp (kernels_check gdn_short_pass).
     tiles = (8, 1) if varlen else decode_tiles(seqs * hv, h_pool.element_size())
     block_v = min(block_v or tiles[0], triton.next_power_of_2(dv))
