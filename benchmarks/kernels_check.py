@@ -604,13 +604,13 @@ GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (6
                     (64, 8), (128, 8)]
 
 
-def gdn_decode_two_pass_case(batch: int, state_dtype):
-    """The decode delta rule in two passes over the state (triton_decode_two_pass) against the one-pass
-    kernel as the step runs it, at one batch size. Each timed call takes the next of three disjoint sets
-    of slots, so no call finds the state it reads in L2 from the call before."""
+def gdn_decode_persistent_case(batch: int, state_dtype):
+    """The decode delta rule on the persistent, pipelined grid (triton_decode_persistent) against one
+    program per tile as the step ran it, at one batch size. Each timed call takes the next of three
+    disjoint sets of slots, so no call finds the state it reads in L2 from the call before."""
     import itertools
 
-    from deltaserve.kernels.gdn.triton_decode_two_pass import gdn_decode_two_pass
+    from deltaserve.kernels.gdn.triton_decode_persistent import gdn_decode_persistent
     from deltaserve.kernels.gdn.triton_recurrent import decode_tiles, gdn_recurrent
 
     def body():
@@ -625,17 +625,17 @@ def gdn_decode_two_pass_case(batch: int, state_dtype):
         expected = gdn_ref.recurrent_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long())
         state_bytes = batch * HV * DK * DV * pool.element_size() * 2
         res = {"shape": f"B={batch} state {str(state_dtype).split('.')[-1]}", "configs": []}
-        for cfg_tiles in GDN_DECODE_TWO_PASS_TILES[:2] if SMOKE else GDN_DECODE_TWO_PASS_TILES:
-            cfg = dict(zip(("block_v", "block_k", "warps", "unroll"), cfg_tiles))
-            if cfg["block_k"] is None:
+        for tiles in GDN_DECODE_PERSISTENT_TILES[:2] if SMOKE else GDN_DECODE_PERSISTENT_TILES:
+            cfg = dict(zip(("block_v", "warps", "stages", "programs_per_sm"), tiles))
+            if cfg["stages"] is None:
                 block_v, warps = decode_tiles(batch * HV, pool.element_size())
                 cfg = {"kernel": "one_pass", "block_v": block_v, "warps": warps}
                 run = lambda p, s: gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, s,  # noqa: E731
                                                  block_v=block_v, num_warps=warps)
             else:
-                run = lambda p, s, c=cfg: gdn_decode_two_pass(  # noqa: E731
-                    q, k, v, a, b, A_log, dt_bias, p, s, block_v=c["block_v"], block_k=c["block_k"],
-                    num_warps=c["warps"], unroll=c["unroll"])
+                run = lambda p, s, c=cfg: gdn_decode_persistent(  # noqa: E731
+                    q, k, v, a, b, A_log, dt_bias, p, s, block_v=c["block_v"], num_warps=c["warps"],
+                    stages=c["stages"], programs_per_sm=c["programs_per_sm"])
             try:
                 p = pool.clone()
                 out = run(p, slots)
@@ -651,11 +651,10 @@ def gdn_decode_two_pass_case(batch: int, state_dtype):
     return body
 
 
-# (block_v, block_k, warps, unroll); the first row is the one-pass kernel with its own tiles.
-GDN_DECODE_TWO_PASS_TILES = [(None, None, None, None), (64, 32, 4, False), (64, 32, 4, True), (64, 64, 4, False),
-                             (64, 64, 4, True), (128, 32, 4, False), (128, 32, 4, True), (128, 64, 8, False),
-                             (128, 64, 8, True), (32, 32, 2, False), (32, 32, 2, True), (64, 16, 2, False),
-                             (128, 16, 4, False), (32, 64, 2, True), (32, 128, 4, True)]
+# (block_v, warps, stages, programs per multiprocessor); the first row is one program per tile.
+GDN_DECODE_PERSISTENT_TILES = [(None, None, None, None), (32, 4, 2, 4), (32, 4, 2, 5), (32, 4, 3, 4), (32, 4, 3, 2),
+                               (32, 4, 2, 8), (64, 4, 2, 2), (64, 4, 2, 3), (64, 4, 3, 3), (16, 2, 3, 8),
+                               (16, 2, 3, 4), (32, 2, 2, 4), (128, 8, 2, 1), (16, 2, 2, 8)]
 
 
 def rotary(tokens):
@@ -1134,8 +1133,8 @@ def main():
                      gdn_decode_tiles(batch, state_dtype))
     for batch in (3,) if SMOKE else (32, 64, 128):
         for state_dtype in (torch.float32, BF16):
-            run_case(report, f"gdn_decode_two_pass_B{batch}_{str(state_dtype).split('.')[-1]}",
-                     gdn_decode_two_pass_case(batch, state_dtype))
+            run_case(report, f"gdn_decode_persistent_B{batch}_{str(state_dtype).split('.')[-1]}",
+                     gdn_decode_persistent_case(batch, state_dtype))
     for batch in batches:
         run_case(report, f"paged_attention_decode_B{batch}_ctx384",
                  attention([384] * batch, [1] * batch, f"B={batch} ctx=384 Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM}"))

@@ -138,13 +138,13 @@ def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int]:
     return 64, 4 if state_bytes >= 4 else 2
 
 
-TWO_PASS_MIN_SEQ_HEADS = 1024
+PERSISTENT_MIN_SEQ_HEADS = 1024
 
 
-def two_pass_decode(seq_heads: int) -> bool:
-    """Whether a decode step of seq_heads (sequence, value head) pairs streams its state in two passes
-    (triton_decode_two_pass) rather than holding each tile in registers."""
-    return seq_heads >= TWO_PASS_MIN_SEQ_HEADS
+def persistent_decode(seq_heads: int) -> bool:
+    """Whether a decode step of seq_heads (sequence, value head) pairs runs on the persistent grid of
+    triton_decode_persistent rather than one program per tile."""
+    return seq_heads >= PERSISTENT_MIN_SEQ_HEADS
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -168,9 +168,9 @@ def gdn_recurrent(
     v's dtype.
     """
     varlen = query_start_loc is not None
-    if not varlen and block_v is None and two_pass_decode(state_slots.shape[0] * v.shape[1]):
-        from deltaserve.kernels.gdn.triton_decode_two_pass import gdn_decode_two_pass
-        return gdn_decode_two_pass(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
+    if not varlen and block_v is None and persistent_decode(state_slots.shape[0] * v.shape[1]):
+        from deltaserve.kernels.gdn.triton_decode_persistent import gdn_decode_persistent
+        return gdn_decode_persistent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
     tokens, hk, dk = q.shape
