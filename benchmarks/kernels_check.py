@@ -604,59 +604,6 @@ GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (6
                     (64, 8), (128, 8)]
 
 
-def gdn_decode_persistent_case(batch: int, state_dtype):
-    """The decode delta rule on the persistent, pipelined grid (triton_decode_persistent) against one
-    program per tile as the step ran it, at one batch size. Each timed call takes the next of three
-    disjoint sets of slots, so no call finds the state it reads in L2 from the call before."""
-    import itertools
-
-    from deltaserve.kernels.gdn.triton_decode_persistent import gdn_decode_persistent
-    from deltaserve.kernels.gdn.triton_recurrent import decode_tiles, gdn_recurrent
-
-    def body():
-        q, k = torch.randn(batch, HK, DK, device=DEV, dtype=BF16), torch.randn(batch, HK, DK, device=DEV, dtype=BF16)
-        v = torch.randn(batch, HV, DV, device=DEV, dtype=BF16)
-        a, b = torch.randn(batch, HV, device=DEV, dtype=BF16), torch.randn(batch, HV, device=DEV, dtype=BF16)
-        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
-        pool = (torch.randn(3 * batch + 1, HV, DK, DV, device=DEV) * 0.1).to(state_dtype)
-        slot_sets = torch.randperm(3 * batch + 1, device=DEV)[:3 * batch].to(torch.int32).view(3, batch)
-        slots = slot_sets[0]
-        ref_pool = pool.float().clone()
-        expected = gdn_ref.recurrent_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long())
-        state_bytes = batch * HV * DK * DV * pool.element_size() * 2
-        res = {"shape": f"B={batch} state {str(state_dtype).split('.')[-1]}", "configs": []}
-        for tiles in GDN_DECODE_PERSISTENT_TILES[:2] if SMOKE else GDN_DECODE_PERSISTENT_TILES:
-            cfg = dict(zip(("block_v", "warps", "stages", "programs_per_sm"), tiles))
-            if cfg["stages"] is None:
-                block_v, warps = decode_tiles(batch * HV, pool.element_size())
-                cfg = {"kernel": "one_pass", "block_v": block_v, "warps": warps}
-                run = lambda p, s: gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, s,  # noqa: E731
-                                                 block_v=block_v, num_warps=warps)
-            else:
-                run = lambda p, s, c=cfg: gdn_decode_persistent(  # noqa: E731
-                    q, k, v, a, b, A_log, dt_bias, p, s, block_v=c["block_v"], num_warps=c["warps"],
-                    stages=c["stages"], programs_per_sm=c["programs_per_sm"])
-            try:
-                p = pool.clone()
-                out = run(p, slots)
-                cfg["rel_err_out"], cfg["rel_err_state"] = rel_err(out, expected), rel_err(p, ref_pool)
-                if not SMOKE:
-                    sets = itertools.cycle(slot_sets)
-                    cfg["us"] = round(time_graph_us(lambda: run(p, next(sets)), calls=9), 2)
-                    cfg["tb_s"] = round(state_bytes / cfg["us"] / 1e6, 2)
-            except Exception as exc:
-                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            res["configs"].append(cfg)
-        return res
-    return body
-
-
-# (block_v, warps, stages, programs per multiprocessor); the first row is one program per tile.
-GDN_DECODE_PERSISTENT_TILES = [(None, None, None, None), (32, 4, 2, 4), (32, 4, 2, 5), (32, 4, 3, 4), (32, 4, 3, 2),
-                               (32, 4, 2, 8), (64, 4, 2, 2), (64, 4, 2, 3), (64, 4, 3, 3), (16, 2, 3, 8),
-                               (16, 2, 3, 4), (32, 2, 2, 4), (128, 8, 2, 1), (16, 2, 2, 8)]
-
-
 def rotary(tokens):
     from deltaserve.kernels.rotary.triton_rotary import apply_rotary
 
@@ -1131,10 +1078,6 @@ def main():
         for state_dtype in (torch.float32, BF16):
             run_case(report, f"gdn_decode_tiles_B{batch}_{str(state_dtype).split('.')[-1]}",
                      gdn_decode_tiles(batch, state_dtype))
-    for batch in (3,) if SMOKE else (32, 64, 128):
-        for state_dtype in (torch.float32, BF16):
-            run_case(report, f"gdn_decode_persistent_B{batch}_{str(state_dtype).split('.')[-1]}",
-                     gdn_decode_persistent_case(batch, state_dtype))
     for batch in batches:
         run_case(report, f"paged_attention_decode_B{batch}_ctx384",
                  attention([384] * batch, [1] * batch, f"B={batch} ctx=384 Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM}"))
@@ -1160,9 +1103,6 @@ def main():
         run_case(report, f"conv1d_short_pass_row_tiles_{lens[0]}", conv_row_tiles(lens, SHORT_PASS_ROW_TILES))
     run_case(report, "conv1d_decode_B1", conv([1], "B=1 decode"))
     run_case(report, "conv1d_decode_B128", conv([1] * (4 if SMOKE else 128), "B=128 decode"))
-    for batch in (3,) if SMOKE else (32, 64, 128):  # the decode kernel's channel tiles
-        run_case(report, f"conv1d_decode_tiles_B{batch}",
-                 conv([1] * batch, f"B={batch} decode", [(1, 128), (1, 256), (1, 512), (1, 1024), (1, 2048)]))
     ragged = [10, 1, 7] if SMOKE else [300, 1, 77]
     run_case(report, "conv1d_prefill_ragged", conv(ragged, f"ragged prefill {ragged} with captures"))
     run_case(report, f"conv1d_prefill_{big}", conv([big], f"one {big}-token prompt"))

@@ -130,21 +130,16 @@ def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int]:
     shape (32 value heads, 128 x 128 states) 64-column tiles read the state fastest on the H200: fp32
     state 37.6 / 72.5 / 141.3 us at 32 / 64 / 128 sequences (3.8 TB/s) against 41.8 / 83.1 / 164.3 with
     32 columns and 4 warps; a bf16 state with 2 warps 19.2 / 50.8 / 96.5 against 26.0 / 66.1 / 147.7
-    (kernels_check gdn_decode_tiles)."""
+    (kernels_check gdn_decode_tiles). Two ways of keeping more of the state in flight measured slower
+    at every batch and dtype: two passes over the tile in chunks, the second reading them back from L2
+    (151.5 / 131.6 us for 128 fp32 / bf16 states, kernels_check_gdn_decode_two_pass.json), and a
+    persistent grid prefetching its next tiles through shared memory (166.2 / 115.8 us,
+    kernels_check_gdn_decode_persistent.json)."""
     if seq_heads < 256:
         return 16, 2
     if seq_heads < 1024:
         return 32, 4
     return 64, 4 if state_bytes >= 4 else 2
-
-
-PERSISTENT_MIN_SEQ_HEADS = 1024
-
-
-def persistent_decode(seq_heads: int) -> bool:
-    """Whether a decode step of seq_heads (sequence, value head) pairs runs on the persistent grid of
-    triton_decode_persistent rather than one program per tile."""
-    return seq_heads >= PERSISTENT_MIN_SEQ_HEADS
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -167,10 +162,6 @@ def gdn_recurrent(
     CaptureRows) names the rows whose state is also stored into h_snapshots. Returns o [T, Hv, Dv] in
     v's dtype.
     """
-    varlen = query_start_loc is not None
-    if not varlen and block_v is None and persistent_decode(state_slots.shape[0] * v.shape[1]):
-        from deltaserve.kernels.gdn.triton_decode_persistent import gdn_decode_persistent
-        return gdn_decode_persistent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
     tokens, hk, dk = q.shape
@@ -180,6 +171,7 @@ def gdn_recurrent(
     if seqs == 0 or tokens == 0:
         return o
     block_k = triton.next_power_of_2(dk)
+    varlen = query_start_loc is not None
     # The ragged loop is bound by each token's latency: narrow tiles, one warp (kernels_check gdn_short_pass).
     tiles = (8, 1) if varlen else decode_tiles(seqs * hv, h_pool.element_size())
     block_v = min(block_v or tiles[0], triton.next_power_of_2(dv))
