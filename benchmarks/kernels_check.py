@@ -715,43 +715,6 @@ def conv(lens, label, tiles=()):
     return body
 
 
-def conv_decode_tiles(batch: int):
-    """The decode kernel (one row per sequence, no captures) by (channels, warps) a program, against the
-    per-sequence kernel that decode steps ran before it. Each timed call takes the next of three
-    disjoint sets of slots, so no call finds the state it reads in L2 from the call before."""
-    import itertools
-
-    from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d
-
-    def body():
-        w = torch.randn(CONV_DIM, CONV_K, device=DEV, dtype=BF16) * 0.5
-        state = torch.randn(3 * batch + 1, CONV_DIM, CONV_K - 1, device=DEV, dtype=BF16)
-        slot_sets = torch.randperm(3 * batch + 1, device=DEV)[:3 * batch].to(torch.int32).view(3, batch)
-        x = torch.randn(batch, CONV_DIM + 512, device=DEV, dtype=BF16)[:, :CONV_DIM]
-        starts = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
-        ref_state = state.float().clone()
-        expected = conv_ref.causal_conv1d(x.float(), w.float(), ref_state, slot_sets[0].long(), starts)
-        nbytes = batch * CONV_DIM * (2 * (CONV_K - 1) + 2) * 2  # state read and written, x in, out
-        res = {"shape": f"B={batch} channels={CONV_DIM}", "configs": []}
-        for tiles in [None] + (CONV_DECODE_TILES[:1] if SMOKE else CONV_DECODE_TILES):
-            cfg = {"kernel": "per_sequence"} if tiles is None else {"block_c": tiles[0], "warps": tiles[1]}
-            run = (lambda s, slots: causal_conv1d(x, w, s, slots, starts)) if tiles is None else (  # noqa: E731
-                lambda s, slots, t=tiles: causal_conv1d(x, w, s, slots, None, decode_tiles=t))
-            s2 = state.clone()
-            got = run(s2, slot_sets[0])
-            cfg["rel_err_out"], cfg["rel_err_state"] = rel_err(got, expected), rel_err(s2, ref_state)
-            if not SMOKE:
-                sets = itertools.cycle(slot_sets)
-                cfg["us"] = round(time_graph_us(lambda: run(s2, next(sets)), calls=9), 2)
-                cfg["tb_s"] = round(nbytes / cfg["us"] / 1e6, 2)
-            res["configs"].append(cfg)
-        return res
-    return body
-
-
-CONV_DECODE_TILES = [(128, 1), (256, 2), (512, 4), (1024, 4), (1024, 8), (2048, 8), (2048, 4), (4096, 8)]
-
-
 def gdn_prefill_inputs(lens):
     tokens = sum(lens)
     q, k = torch.randn(tokens, HK, DK, device=DEV, dtype=BF16), torch.randn(tokens, HK, DK, device=DEV, dtype=BF16)
@@ -1140,8 +1103,6 @@ def main():
         run_case(report, f"conv1d_short_pass_row_tiles_{lens[0]}", conv_row_tiles(lens, SHORT_PASS_ROW_TILES))
     run_case(report, "conv1d_decode_B1", conv([1], "B=1 decode"))
     run_case(report, "conv1d_decode_B128", conv([1] * (4 if SMOKE else 128), "B=128 decode"))
-    for batch in (3,) if SMOKE else (32, 64, 128):
-        run_case(report, f"conv1d_decode_kernel_B{batch}", conv_decode_tiles(batch))
     ragged = [10, 1, 7] if SMOKE else [300, 1, 77]
     run_case(report, "conv1d_prefill_ragged", conv(ragged, f"ragged prefill {ragged} with captures"))
     run_case(report, f"conv1d_prefill_{big}", conv([big], f"one {big}-token prompt"))

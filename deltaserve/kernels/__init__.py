@@ -137,7 +137,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, state_slots: torch.Tensor,
-                  query_start_loc: torch.Tensor | None, capture_rows: list[tuple[int, int]] | None = None,
+                  query_start_loc: torch.Tensor, capture_rows: list[tuple[int, int]] | None = None,
                   conv_snapshots: torch.Tensor | None = None) -> torch.Tensor:
     if use_triton(x):
         from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d as kernel

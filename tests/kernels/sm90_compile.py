@@ -200,10 +200,6 @@ def cases():
         yield (f"conv1d_rows_{index}", conv._conv_rows_kernel,
                dict(conv_types, state_slots=f"*{index}", query_start_loc=f"*{index}"),
                dict(CHANNELS=8192, K=4, BLOCK_T=rows_t, BLOCK_C=rows_c), rows_warps, 1)
-    from deltaserve.kernels.conv1d.triton_causal_conv1d import DECODE_TILES
-
-    yield ("conv1d_decode", conv._conv_decode_kernel, dict(conv_types, state_slots="*i32"),
-           dict(CHANNELS=8192, K=4, BLOCK_C=DECODE_TILES[0]), DECODE_TILES[1], 1)
     for block_t, block_c, varlen in ((1, 256, False), (32, 64, True)):  # decode; a short prefill pass
         yield (f"conv1d_sequence_t{block_t}", conv._causal_conv1d_kernel,
                dict(conv_types, capture_rows="*i32", capture_slots="*i32", snapshots=bf16),

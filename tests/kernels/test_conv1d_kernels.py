@@ -59,30 +59,6 @@ def test_single_token_update():
         assert_close(out_state, expected_state)
 
 
-@pytest.mark.parametrize("kernel,tiles", [(4, None), (4, (32, 1)), (3, (64, 2)), (2, (32, 1))])
-def test_decode_kernel_shifts_the_state_in_place(kernel, tiles):
-    # query_start_loc=None and no captures: _conv_decode_kernel, on a channel count no tile divides.
-    channels = 100
-    weight = torch.randn(channels, kernel)
-    state = torch.randn(6, channels, kernel - 1)
-    x = torch.randn(4, 2 * channels)[:, :channels]  # a slice of the fused projection
-    slots = torch.tensor([5, 0, -1, 2])  # the third row is padding
-    live = torch.tensor([0, 1, 3])
-    expected_state = state.clone()
-    expected = reference.causal_conv1d(x[live], weight, expected_state, slots[live], torch.arange(4))
-    out_state = state.clone()
-    out = causal_conv1d(x, weight, out_state, slots, None, decode_tiles=tiles)
-    assert_close(out[live], expected)
-    assert_close(out_state, expected_state)  # slots 1, 3 and 4 (no live row) untouched
-    assert torch.equal(out_state[[1, 3, 4]], state[[1, 3, 4]])
-
-
-def test_decode_tiles_give_each_channel_one_owner():
-    weight, state, x = torch.randn(64, 4), torch.randn(2, 64, 3), torch.randn(1, 64)
-    with pytest.raises(AssertionError, match="one owner"):
-        causal_conv1d(x, weight, state, torch.tensor([1]), None, decode_tiles=(32, 2))
-
-
 @pytest.mark.parametrize("kernel,row_tiles", [(4, None), (4, (8, 16, 2)), (4, (3, 16, 1)), (3, (8, 16, 1))])
 def test_long_prefill_by_row_tiles(kernel, row_tiles):
     """Runs of rows inside one sequence, across a sequence start, and across several; empty sequences."""

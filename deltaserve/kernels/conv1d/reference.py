@@ -12,20 +12,19 @@ def causal_conv1d(
     weight: torch.Tensor,
     conv_state: torch.Tensor,
     state_slots: torch.Tensor,
-    query_start_loc: torch.Tensor | None,
+    query_start_loc: torch.Tensor,
     capture_rows: list[tuple[int, int]] | None = None,
     conv_snapshots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [T, C] rows of all sequences; weight: [C, K]; conv_state: [S, C, K-1] updated in place.
-    Returns silu(conv(x)) [T, C]. query_start_loc None: one row per sequence (a decode step).
+    Returns silu(conv(x)) [T, C].
 
     capture_rows: (row, snapshot_slot) pairs: the conv state as it stands after `row` (a global row
     index) is copied into `conv_snapshots[snapshot_slot]`.
     """
     out = torch.empty_like(x)
     kernel = weight.shape[1]
-    slots = state_slots.tolist()
-    starts = list(range(len(slots) + 1)) if query_start_loc is None else query_start_loc.tolist()
+    starts, slots = query_start_loc.tolist(), state_slots.tolist()
     for b, slot in enumerate(slots):
         start, end = starts[b], starts[b + 1]
         if end == start:

@@ -12,6 +12,8 @@ each input is read once; the per-sequence kernel then only writes the snapshots 
 every read of the old state. (A 2-D tile of rows per program, each tap loaded as its own tile, held
 some 170 registers a thread and took 170 us for an 8k-token prompt on the H200, 267 us with the old
 state's gathers in every tile; walking the rows takes 108 us, kernels_check conv1d_row_tiles.)
+A decode kernel of its own (each channel's old inputs loaded once, no barrier) measured no faster than
+the per-sequence kernel at 32-128 sequences (kernels_check_conv1d_decode_kernel.json).
 """
 
 import torch
@@ -111,49 +113,6 @@ def _causal_conv1d_kernel(
 
 
 @triton.jit
-def _conv_decode_kernel(
-    x, weight, conv_state, state_slots, out, stride_x, stride_out, stride_w, stride_s_slot, stride_s_c,
-    CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr = False,
-):
-    """One token per sequence, no captures: row `seq` is sequence `seq`. Each channel's K-1 old inputs
-    (h1, h2, h3: lags 1 to 3, so K <= 4) are loaded once, and the thread that read them writes the
-    shifted state, so no barrier orders the in-place write (the wrapper keeps BLOCK_C a multiple of the
-    program's threads: no channel has two owners). A negative slot marks padding: zero state, none
-    written."""
-    wait_for_prior_grid(USE_PDL)
-    seq = tl.program_id(0)
-    channels = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask_c = channels < CHANNELS
-    slot = tl.load(state_slots + seq).to(tl.int64)
-    live = slot >= 0
-    state = conv_state + tl.where(live, slot, 0) * stride_s_slot + channels * stride_s_c
-    in_state = mask_c & live
-    w = weight + channels * stride_w
-    xt = tl.load(x + seq.to(tl.int64) * stride_x + channels, mask=mask_c, other=0.0).to(tl.float32)
-    acc = xt * tl.load(w + (K - 1), mask=mask_c, other=0.0).to(tl.float32)
-    h1 = xt * 0.0
-    h2 = h1
-    if K >= 2:
-        h1 = tl.load(state + (K - 2), mask=in_state, other=0.0).to(tl.float32)
-        acc += h1 * tl.load(w + (K - 2), mask=mask_c, other=0.0).to(tl.float32)
-    if K >= 3:
-        h2 = tl.load(state + (K - 3), mask=in_state, other=0.0).to(tl.float32)
-        acc += h2 * tl.load(w + (K - 3), mask=mask_c, other=0.0).to(tl.float32)
-    if K >= 4:
-        h3 = tl.load(state + (K - 4), mask=in_state, other=0.0).to(tl.float32)
-        acc += h3 * tl.load(w + (K - 4), mask=mask_c, other=0.0).to(tl.float32)
-    y = acc / (1.0 + tl.exp(-acc))
-    tl.store(out + seq.to(tl.int64) * stride_out + channels, y.to(out.dtype.element_ty), mask=mask_c)
-    dtype = conv_state.dtype.element_ty
-    if K >= 2:
-        tl.store(state + (K - 2), xt.to(dtype), mask=in_state)
-    if K >= 3:
-        tl.store(state + (K - 3), h1.to(dtype), mask=in_state)
-    if K >= 4:
-        tl.store(state + (K - 4), h2.to(dtype), mask=in_state)
-
-
-@triton.jit
 def _input_row(x, conv_state, src, start, state_base, live, channels, mask_c, stride_x, stride_s_c, KM1: tl.constexpr):
     """Input row `src` of a sequence starting at `start`, fp32 [BLOCK_C]: from x, or from the old state
     (column src - start + K-1) before the sequence's first row; zeros where not live or before the
@@ -230,8 +189,7 @@ def _conv_rows_kernel(
 # shape on the H200 (2.49 TB/s); 64 rows 111.8, 256 rows 162.7 (too few programs), 128 channels 149.0
 # (kernels_check conv1d_row_tiles).
 ROW_TILES = (128, 256, 1)
-ROW_KERNEL_MAX_K = 4  # its lags are three registers (and the decode kernel's)
-DECODE_TILES = (1024, 4)  # (channels, warps) a program of the decode kernel
+ROW_KERNEL_MAX_K = 4  # its lags are three registers
 MIN_ROW_PROGRAMS = 512
 
 
@@ -248,12 +206,10 @@ def row_tiles_for(tokens: int, channels: int) -> tuple[int, int, int]:
 
 def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows=None, conv_snapshots=None,
                   block_c: int | None = None, block_t: int | None = None,
-                  row_tiles: tuple[int, int, int] | None = None,
-                  decode_tiles: tuple[int, int] | None = None) -> torch.Tensor:
-    """Same contract as the reference. A decode step may pass query_start_loc=None: one row per sequence
-    (without captures, _conv_decode_kernel). Giving block_t forces the per-sequence kernel (tests use it
-    to cover both paths); row_tiles and decode_tiles (block_c, warps) override the defaults (benchmarks
-    sweep them)."""
+                  row_tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """Same contract as the reference. A graph-captured decode step may pass query_start_loc=None: one row
+    per sequence. Giving block_t forces the per-sequence kernel (tests use it to cover both paths);
+    row_tiles overrides row_tiles_for (benchmarks sweep it)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     tokens, channels = x.shape
@@ -270,15 +226,6 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_r
     else:
         cap_rows = cap_slots = state_slots
         snaps = conv_state
-    if query_start_loc is None and not captures and block_t is None and kernel <= ROW_KERNEL_MAX_K:
-        block_c, warps = decode_tiles if decode_tiles is not None else DECODE_TILES
-        assert block_c % (32 * warps) == 0, "each channel needs one owner: the state is written in place"
-        _conv_decode_kernel[(seqs, triton.cdiv(channels, block_c))](
-            x, weight, conv_state, state_slots, out, x.stride(0), out.stride(0), weight.stride(0),
-            conv_state.stride(0), conv_state.stride(1),
-            CHANNELS=channels, K=kernel, BLOCK_C=block_c, num_warps=warps, **launch_options(x),
-        )
-        return out
     max_len = max(tokens - seqs + 1, 1)  # the longest any sequence can be
     by_rows = query_start_loc is not None and max_len > 64 and block_t is None and kernel <= ROW_KERNEL_MAX_K
     if by_rows:

@@ -42,8 +42,8 @@ class GatedDeltaNet(nn.Module):
         # Decode keeps three launches (conv update, delta rule, gated norm): kernels.gdn_decode_fused does
         # them in one, but its one program per key head measured slower from batch 16 up on the H200.
         conv_snap, h_snap = batch.gdn_snapshots(self.layer_idx)
-        mixed = kernels.causal_conv1d(  # a decode step's rows are one per sequence: no row table
-            mixed, self.conv_weight, conv_state, batch.state_slots, None if batch.is_decode else batch.query_start_loc,
+        mixed = kernels.causal_conv1d(
+            mixed, self.conv_weight, conv_state, batch.state_slots, batch.query_start_loc,
             batch.capture_rows, conv_snap,
         )
         q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], -1)
