@@ -30,7 +30,25 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
-        "At d844645 (engine_qwen3.5-9b.json, on a host 1-2% slower than 2ddc3ef's: 4.484 against 4.398 ms a "
+        "At 83c41b9 (engine_qwen3.5-9b.json; its kernels are d844645's): C=1 223.0 tok/s (4.485 ms a step, 0.84 "
+        "of its floor); closed batches 1.067x / 1.014x / 0.968x vLLM's figures at C=32 / 64 / 128 (1.106x the "
+        "issue's 4608 at C=32; steps 5.91 / 6.98 / 9.41 ms); prefill 0.2101 s at 8k (0.98x) and 0.9425 s at 32k "
+        "(1.03x). gpu_correctness.json at 83c41b9: all seven architectures pass. With the state in bf16 and the "
+        "same kernels (the base runs of kernels_check_conv1d_decode_kernel.json): 5320 / 8913 / 12879 tok/s, "
+        "1.114x / 1.097x / 1.077x. Three ways of taking time off a large batch's decode step measured slower, "
+        "each against the running kernels in one command, and were not kept. The GDN decode in two passes over "
+        "each state tile, the second reading its chunks back from L2 (kernels_check_gdn_decode_two_pass.json): "
+        "at 128 sequences 151.5 against 141.6 us a layer with fp32 states and 131.6 against 95.9 with bf16, the "
+        "step at C=128 9.87 against 9.43 ms. The same on a persistent grid whose programs prefetch their next "
+        "tiles through shared memory (kernels_check_gdn_decode_persistent.json): 166.2 against 141.6 and 115.8 "
+        "against 95.6 us, 9.86 against 9.40 ms. A conv1d decode kernel of its own "
+        "(kernels_check_conv1d_decode_kernel.json): 9.98-18.77 against 10.45 us at 128 sequences, slower at 32 "
+        "and 64, 9.53 against 9.40 ms. The bf16 state moves at 2.8 TB/s in the running kernel where fp32 moves "
+        "at 3.8: what a multiprocessor holds in flight is bound by its registers, and neither way of walking the "
+        "state raised it. torch's cuBLASLt backend and fp32 reductions move no projection of the step by more "
+        "than 1 us at 64 and 128 rows but for the LM head at 128 rows, which each setting makes slower "
+        "(gemm_backends.json: cuBLASLt 673, fp32 reductions 615 and 586, against 583 us).",
+        "At d844645 (engine_qwen3.5-9b_at_d844645.json, on a host 1-2% slower than 2ddc3ef's: 4.484 against 4.398 ms a "
         "step at C=1): C=1 223.0 tok/s; closed batches 1.064x / 1.012x / 0.963x the issue's figures at C=32 / 64 "
         "/ 128 (steps 5.90 / 7.01 / 9.45 ms); prefill 0.2114 s at 8k (0.99x) and 0.944 s at 32k (1.04x). Beside "
         "vLLM in one command on that host (side_by_side_qwen3.5-9b.json): closed batches 1.209x / 1.074x / "
@@ -117,7 +135,10 @@ NOTES = {
         "/ 0.615 s against 0.133 / 0.600 with 1024-row pieces).",
     ],
     "qwen3.5-35b-a3b": [
-        "At d844645 (engine_qwen3.5-35b-a3b.json): C=1 414.8 tok/s (2.411 ms a step); closed batches 1.351x / "
+        "At 83c41b9 (engine_qwen3.5-35b-a3b.json; its kernels are d844645's): C=1 414.5 tok/s (2.413 ms a step); "
+        "closed batches 1.344x / 1.042x / 1.219x the issue's figures at C=32 / 64 / 128 (steps 13.23 / 18.06 / "
+        "22.34 ms); prefill 0.0598 s at 1k, 0.1338 s at 8k (0.910x) and 0.606 s at 32k (0.960x).",
+        "At d844645 (engine_qwen3.5-35b-a3b_at_d844645.json): C=1 414.8 tok/s (2.411 ms a step); closed batches 1.351x / "
         "1.043x / 1.216x the issue's figures at C=32 / 64 / 128 (steps 13.21 / 18.04 / 22.40 ms); prefill 0.1368 "
         "s at 8k (0.931x) and 0.611 s at 32k (0.968x). In one command, alternated twice "
         "(engine_qwen3.5-35b-a3b_occupancy_same_machine.json), the batch prefill took 0.1258-0.1262 against "
