@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -9,6 +10,18 @@ def to_device(values, device: torch.device, dtype=torch.int64) -> torch.Tensor:
     """A host list as a device tensor. On CUDA it travels from pinned memory without blocking: a copy
     from pageable memory would first wait for all the GPU work queued before it, which would undo
     asynchronous scheduling (and hold the host back mid-step)."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    host = host_tensor(values, dtype, pin=device.type == "cuda")
+    return host.to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+
+def host_tensor(values, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
+    """A (nested) list as a host tensor, through numpy: torch.tensor walks a list of Python ints about
+    four times slower, some 1.6 ms for each 16384-row list of a long eager pass."""
+    array = np.asarray(values, dtype=_numpy_dtype(dtype))
+    tensor = torch.empty(array.shape, dtype=dtype, pin_memory=pin)
+    tensor.numpy()[...] = array
+    return tensor
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype

@@ -32,7 +32,7 @@ def build_host_batch(plan: StepPlan, block_size: int) -> HostBatch:
         else:
             batch.input_ids += request.token_ids_slice(start, end)
             batch.positions += range(start, end)
-            batch.slot_mapping += [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
+            _extend_slots(batch.slot_mapping, blocks, start, end, block_size)
         rows += end - start
         batch.query_start_loc.append(rows)
         batch.seq_lens.append(end)
@@ -41,6 +41,18 @@ def build_host_batch(plan: StepPlan, block_size: int) -> HostBatch:
         if chunk.samples:
             batch.logits_indices.append(rows - 1)
     return batch
+
+
+def _extend_slots(slots: list[int], blocks: list[int], start: int, end: int, block_size: int) -> None:
+    """The KV slots of positions start..end-1: one range per block they cross, not one Python step per
+    position (128 prompts of 128 tokens took about 1.6 ms position by position on the host)."""
+    position = start
+    while position < end:
+        block, offset = divmod(position, block_size)
+        run = min(block_size - offset, end - position)
+        first = blocks[block] * block_size + offset
+        slots += range(first, first + run)
+        position += run
 
 
 def pad_block_tables(tables: list[list[int]], width: int | None = None) -> list[list[int]]:
