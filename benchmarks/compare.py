@@ -47,7 +47,12 @@ NOTES = {
         "at 3.8: what a multiprocessor holds in flight is bound by its registers, and neither way of walking the "
         "state raised it. torch's cuBLASLt backend and fp32 reductions move no projection of the step by more "
         "than 1 us at 64 and 128 rows but for the LM head at 128 rows, which each setting makes slower "
-        "(gemm_backends.json: cuBLASLt 673, fp32 reductions 615 and 586, against 583 us).",
+        "(gemm_backends.json: cuBLASLt 673, fp32 reductions 615 and 586, against 583 us). 1b37803 builds a step's "
+        "host lists faster (KV slots by block runs, tensors through numpy): against 9593884 in one command on "
+        "a faster host (engine_host_batch_same_machine.json), 32k prompts took 0.9191 / 0.9193 against 0.923 / "
+        "0.9307 s; 8k prompts (0.206 both) and the closed batches' prefill did not move beyond the spread; the "
+        "profiled pass of 128 prompts of 128 tokens waits 4.68 ms in gaps over 50 us "
+        "(profile_prefill_qwen3.5-9b_128x128_gaps_1b37803.json).",
         "At d844645 (engine_qwen3.5-9b_at_d844645.json, on a host 1-2% slower than 2ddc3ef's: 4.484 against 4.398 ms a "
         "step at C=1): C=1 223.0 tok/s; closed batches 1.064x / 1.012x / 0.963x the issue's figures at C=32 / 64 "
         "/ 128 (steps 5.90 / 7.01 / 9.45 ms); prefill 0.2114 s at 8k (0.99x) and 0.944 s at 32k (1.04x). Beside "
@@ -137,7 +142,10 @@ NOTES = {
     "qwen3.5-35b-a3b": [
         "At 83c41b9 (engine_qwen3.5-35b-a3b.json; its kernels are d844645's): C=1 414.5 tok/s (2.413 ms a step); "
         "closed batches 1.344x / 1.042x / 1.219x the issue's figures at C=32 / 64 / 128 (steps 13.23 / 18.06 / "
-        "22.34 ms); prefill 0.0598 s at 1k, 0.1338 s at 8k (0.910x) and 0.606 s at 32k (0.960x).",
+        "22.34 ms); prefill 0.0598 s at 1k, 0.1338 s at 8k (0.910x) and 0.606 s at 32k (0.960x). On a faster "
+        "host, 9593884 against 1b37803 (its host lists built faster) in one command, alternated twice "
+        "(engine_host_batch_same_machine.json): 8k 0.1315 / 0.1304 against 0.1318 / 0.1297 s (0.88-0.90x, "
+        "the same code there), 32k 0.602 / 0.5987 against 0.5952 / 0.5929 (0.94x).",
         "At d844645 (engine_qwen3.5-35b-a3b_at_d844645.json): C=1 414.8 tok/s (2.411 ms a step); closed batches 1.351x / "
         "1.043x / 1.216x the issue's figures at C=32 / 64 / 128 (steps 13.21 / 18.04 / 22.40 ms); prefill 0.1368 "
         "s at 8k (0.931x) and 0.611 s at 32k (0.968x). In one command, alternated twice "
