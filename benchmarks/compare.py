@@ -144,9 +144,9 @@ NOTES = {
         "At 83c41b9 (engine_qwen3.5-35b-a3b.json; its kernels are d844645's): C=1 414.5 tok/s (2.413 ms a step); "
         "closed batches 1.344x / 1.042x / 1.219x the issue's figures at C=32 / 64 / 128 (steps 13.23 / 18.06 / "
         "22.34 ms); prefill 0.0598 s at 1k, 0.1338 s at 8k (0.910x) and 0.606 s at 32k (0.960x). On a faster "
-        "host, 9593884 against 1b37803 (its host lists built faster) in one command, alternated twice "
-        "(engine_host_batch_same_machine.json): 8k 0.1315 / 0.1304 against 0.1318 / 0.1297 s (0.88-0.90x, "
-        "the same code there), 32k 0.602 / 0.5987 against 0.5952 / 0.5929 (0.94x).",
+        "host, 1b37803 (its host lists built faster) against 9593884 in one command, alternated twice "
+        "(engine_host_batch_same_machine.json): 8k 0.1318 / 0.1297 against 0.1315 / 0.1304 s (0.88-0.90x "
+        "either way), 32k 0.5952 / 0.5929 against 0.602 / 0.5987 (0.94x).",
         "At d844645 (engine_qwen3.5-35b-a3b_at_d844645.json): C=1 414.8 tok/s (2.411 ms a step); closed batches 1.351x / "
         "1.043x / 1.216x the issue's figures at C=32 / 64 / 128 (steps 13.21 / 18.04 / 22.40 ms); prefill 0.1368 "
         "s at 8k (0.931x) and 0.611 s at 32k (0.968x). In one command, alternated twice "
