@@ -22,35 +22,13 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
+from benchmarks.kernels_check import time_graph_us  # noqa: E402
 
 # (name, N, K) of the Qwen3.5-9B shape's decode projections: hidden 4096, intermediate 12288,
 # GDN projection 2 * 16 * 128 + 2 * 32 * 128 + 2 * 32, attention q (gated) / k / v 2 * 4096 + 2 * 1024.
 PROJECTIONS = [("gate_up", 24576, 4096), ("down", 4096, 12288), ("gdn_in_proj", 12352, 4096),
                ("out_proj", 4096, 4096), ("qkv", 10240, 4096), ("lm_head", 248320, 4096)]
 SETTINGS = [("cublas", True), ("cublaslt", True), ("cublas", False), ("cublaslt", False)]
-
-
-def time_us(fn, calls: int = 12, replays: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(calls):
-                fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (calls * replays)
 
 
 def run(rows: list[int]) -> list[dict]:
@@ -73,7 +51,7 @@ def run(rows: list[int]) -> list[dict]:
                 got = got.parts.sum(0) if hasattr(got, "parts") else got.float()
                 reference = got if reference is None else reference
                 cycle = itertools.cycle(weights)
-                us = time_us(lambda: op(next(cycle)))
+                us = time_graph_us(lambda: op(next(cycle)), calls=12)
                 key = f"{library}{'' if reduced else '_fp32_reduction'}"
                 row[key] = {"us": round(us, 2), "tb_s": round(n * k * 2 / us / 1e6, 2),
                             "max_abs_diff": float((got - reference).abs().max())}
