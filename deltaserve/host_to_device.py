@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -17,11 +19,15 @@ def to_device(values, device: torch.device, dtype=torch.int64) -> torch.Tensor:
 def host_tensor(values, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
     """A (nested) list as a host tensor, through numpy: torch.tensor walks a list of Python ints about
     four times slower, some 1.6 ms for each 16384-row list of a long eager pass."""
-    array = np.asarray(values, dtype=_numpy_dtype(dtype))
-    tensor = torch.empty(array.shape, dtype=dtype, pin_memory=pin)
+    array = np.array(values, dtype=_numpy_dtype(dtype))
+    if not pin:
+        return torch.from_numpy(array)
+    tensor = torch.empty(array.shape, dtype=dtype, pin_memory=True)
     tensor.numpy()[...] = array
     return tensor
 
 
+@functools.cache
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """Read once per dtype: every step converts its lists through here."""
     return torch.empty(0, dtype=dtype).numpy().dtype
