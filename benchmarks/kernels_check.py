@@ -848,6 +848,39 @@ def _gdn_prefill_config(inputs, expected, ref_pool, tiles: dict) -> dict:
     return cfg
 
 
+# The long passes' state kernel options with the buffers between the kernels in bf16 or fp32 (the same numbers
+# under bf16 dots) and the earlier default (tf32 dots, the output in the state kernel): (block_v, warps,
+# stages, precision, split, buffer dtype).
+GDN_LONG_PASS_STATE = [(32, 4, 2, "tf32", False, None), (32, 8, 3, "bf16", True, torch.float32),
+                       (32, 8, 3, "bf16", True, None), (32, 4, 2, "bf16", True, None), (32, 4, 3, "bf16", True, None),
+                       (64, 8, 3, "bf16", True, None), (64, 4, 2, "bf16", True, None), (16, 4, 2, "bf16", True, None)]
+
+
+def gdn_prefill_long_pass_state(lens, label):
+    """The state kernel's options on a long pass, each against the fp32 reference: errors, per-kernel time."""
+    def body():
+        inputs = gdn_prefill_inputs(lens)
+        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
+        ref_pool = pool.clone()
+        expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
+        res = {"shape": label, "configs": []}
+        for bv, warps, stages, precision, split, buffers in GDN_LONG_PASS_STATE[:2] if SMOKE else GDN_LONG_PASS_STATE:
+            tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, precision=precision, split_output=split,
+                         buffer_dtype=buffers)
+            cfg = _gdn_prefill_config(inputs, expected, ref_pool, tiles)
+            cfg["buffer_dtype"] = str(buffers or "default").replace("torch.", "")
+            res["configs"].append(cfg)
+        # bf16 dots round what they read from a buffer: bf16 buffers should give the bytes of fp32 ones
+        outs = []
+        for buffers in (torch.float32, None):
+            p = pool.clone()
+            fn = gdn_prefill_fn("triton", inputs, dict(precision="bf16", split_output=True, buffer_dtype=buffers))
+            outs.append((fn(p), p))
+        res["bf16_buffers_same_bytes"] = all(torch.equal(x, y) for x, y in zip(*outs))
+        return res
+    return body
+
+
 # (prepare kernel's register cap, state kernel's (block_v, warps, stages)); None: no cap. At 175 registers
 # two prepare programs of 4 warps share a multiprocessor, at 168 three (LONG_PASS_PREPARE's cap); the
 # state kernel's two stages take 196 KB of shared memory (one program a multiprocessor), one stage 74 KB.
@@ -1139,6 +1172,9 @@ def main():
         for impl in ("triton", "triton_tf32x3"):
             run_case(report, f"gdn_prefill_{impl}_{length}", gdn_prefill([length], f"one {length}-token prompt", impl))
     run_case(report, f"gdn_prefill_tiles_{big}", gdn_prefill_sweep(big))
+    for lens in ([40], [8] * 6) if SMOKE else ([8192], [32768], [128] * 128):
+        run_case(report, f"gdn_prefill_long_pass_state_{len(lens)}x{lens[0]}",
+                 gdn_prefill_long_pass_state(lens, f"{len(lens)} prompts of {lens[0]} tokens"))
     occupancy = ([40], [8] * 6) if SMOKE else ([8192], [32768], [128] * 128, [128] * 32)
     for lens in occupancy:
         run_case(report, f"gdn_prefill_occupancy_{len(lens)}x{lens[0]}",

@@ -168,28 +168,34 @@ def cases():
 
     ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps")}
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
-    long = (gdn.CHUNK, 32, "", False, "tf32", gdn.LONG_PASS_PREPARE["sub"], gdn.LONG_PASS_PREPARE["precision"], 4, 2)
-    short = (16, 64, "_short", False, "tf32", gdn.SHORT_PASS_PREPARE["sub"], "tf32x3", 4, 2)
-    split_output = (gdn.CHUNK, 32, "_split", True, "bf16", 8, "tf32", 8, 3)  # an option kernels_check measures
-    for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages in (long, short, split_output):
+    state = gdn.LONG_PASS_STATE
+    # (chunk, block_v, name, split, precision, sub, prepare precision, warps, stages, buffers between kernels)
+    long = (gdn.CHUNK, 32, "", state["split_output"], state["precision"], gdn.LONG_PASS_PREPARE["sub"],
+            gdn.LONG_PASS_PREPARE["precision"], state["num_warps"], state["num_stages"], bf16)
+    short = (16, 64, "_short", False, "tf32", gdn.SHORT_PASS_PREPARE["sub"], "tf32x3", 4, 2, "*fp32")
+    for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages, buffers in (long, short):
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
+        types = dict(inputs, **ints, **{n: buffers for n in ("w_buf", "chunk_states", "v_new_buf")})
         prepare_cap = gdn.LONG_PASS_PREPARE["maxnreg"] if chunk == gdn.CHUNK else None
-        yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, dict(inputs, **ints),
+        yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, types,
                dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32"), 4, 1,
                prepare_cap)
         for captures in (False, True):
             yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}", gdn._chunk_state_kernel,
-                   dict(inputs, **ints), dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=captures,
-                                              SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision), warps, stages)
-        yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, dict(inputs, **ints),
+                   types, dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=captures,
+                               SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision), warps, stages)
+        # with the output split off, the snapshot kernel reads v_new (its u_buf) from the narrow buffer
+        snapshot_types = dict(types, u_buf=buffers if split else "*fp32")
+        yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, snapshot_types,
                dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, U_IS_V_NEW=split, PRECISION=precision), 4, 1)
-    # many sequences at once: the state kernel's wide tiles (never with captures, see STATE_WIDE_BLOCK_V)
-    yield ("gdn_chunk_state_wide", gdn._chunk_state_kernel, dict(inputs, **ints),
-           dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.STATE_WIDE_BLOCK_V, BLOCK_B=16,
-                BLOCK_CAPS=16, HAS_CAPTURES=False, SPLIT_OUTPUT=False, LOOP_FOR=True, PRECISION="tf32"), 4, 2)
-    yield ("gdn_chunk_output", gdn._chunk_output_kernel, dict(inputs, **ints),
+        # many sequences at once: the state kernel's wide tiles (never with captures, see STATE_WIDE_BLOCK_V)
+        yield (f"gdn_chunk_state_wide{name}", gdn._chunk_state_kernel, types,
+               dict(heads, BV=gdn.STATE_WIDE_BLOCK_V, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=False,
+                    SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision), warps, stages)
+    output_types = dict(inputs, **ints, v_new_buf=bf16, chunk_states=bf16)
+    yield ("gdn_chunk_output", gdn._chunk_output_kernel, output_types,
            dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
-                PRECISION="bf16"), 4, 2)
+                PRECISION=gdn.LONG_PASS_STATE["precision"]), 4, 2)
 
     from deltaserve.kernels.conv1d import triton_causal_conv1d as conv
 

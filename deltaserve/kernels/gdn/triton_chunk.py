@@ -58,6 +58,9 @@ SHORT_PASS_PREPARE = {"sub": 4}
 # Not with captures: that kernel's wide tiles spill registers on sm_90, and were not measured.
 STATE_BLOCK_V = 32
 STATE_WIDE_BLOCK_V = 64
+# Long passes of 16-bit inputs: bf16 dots on the state, the output in its own kernel, and the buffers
+# between the kernels in bf16 (see chunk_gdn).
+LONG_PASS_STATE = {"precision": "bf16", "split_output": True, "num_warps": 8, "num_stages": 3}
 
 
 @triton.jit
@@ -93,11 +96,11 @@ def _first_chunk(seq, query_start_loc, CHUNK: tl.constexpr, BLOCK_B: tl.constexp
 @triton.jit
 def _dot(a, b, acc, PRECISION: tl.constexpr):
     """a @ b + acc in fp32; PRECISION "bf16" rounds both operands to bf16 first, else it is tl.dot's
-    input precision for fp32 operands."""
+    input precision for the operands in fp32 (a 16-bit buffer's operand widened)."""
     if PRECISION == "bf16":
         out = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
     else:
-        out = tl.dot(a, b, acc, input_precision=PRECISION)
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PRECISION)
     return out
 
 
@@ -169,7 +172,8 @@ def _chunk_prepare_kernel(
         qk = tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
         on_or_below = (cols[None, :] <= rows[:, None]) & live[:, None]
         aqk = tl.where(on_or_below, qk * (rq * scale)[:, None] * rk[None, :] * decay, 0.0)
-        tl.store(aqk_buf + (t[:, None] * HV + head) * CHUNK + cols[None, :], aqk, mask=live[:, None])
+        tl.store(aqk_buf + (t[:, None] * HV + head) * CHUNK + cols[None, :], aqk.to(aqk_buf.dtype.element_ty),
+                 mask=live[:, None])
         kk = tl.dot(kr, tl.trans(kr), input_precision=PRECISION)
         below = (cols[None, :] < rows[:, None]) & live[:, None]
         A = tl.where(below, kk * (beta * rk)[:, None] * rk[None, :] * decay, 0.0)
@@ -182,7 +186,7 @@ def _chunk_prepare_kernel(
             mask_w = live[:, None] & (offs_w < DK)[None, :]
             kt = tl.load(k + t[:, None] * stride_k_t + key_head * stride_k_h + offs_w[None, :], mask=mask_w, other=0.0)
             w = tl.dot(T, kt.to(tl.float32) * row_scale[:, None], input_precision=PRECISION)
-            tl.store(w_buf + (t[:, None] * HV + head) * DK + offs_w[None, :], w, mask=mask_w)
+            tl.store(w_buf + (t[:, None] * HV + head) * DK + offs_w[None, :], w.to(w_buf.dtype.element_ty), mask=mask_w)
         for v0 in tl.static_range(0, DV, BV):  # u = T (beta v)
             offs_v = v0 + tl.arange(0, BV)
             mask_v = live[:, None] & (offs_v < DV)[None, :]
@@ -200,13 +204,14 @@ def _normalized_rows(x, t, live, head_offset, offs_k, mask_k, stride_t):
 
 
 @triton.jit
-def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
+def _chunk_step(q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
                 state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
                 stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale,
                 HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, CHUNK: tl.constexpr,
                 HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PRECISION: tl.constexpr):
     """One chunk (global index `chunk`) through the state tile [BK, BV]: its output rows, or with
-    SPLIT_OUTPUT the state before it and v_new for the output kernel; and the state after it."""
+    SPLIT_OUTPUT the state before it and v_new (into v_new_buf) for the output kernel; and the state
+    after it."""
     rows = tl.arange(0, CHUNK)
     count = tl.minimum(end - row0, CHUNK)
     live = rows < count
@@ -228,14 +233,14 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_
 
     w = tl.load(w_buf + (t[:, None] * HV + head) * DK + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
                 other=0.0)
-    u_ptrs = u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :]
-    u = tl.load(u_ptrs, mask=mask_ov, other=0.0)
+    u = tl.load(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0)
     v_new = u - _dot(w, state, None, PRECISION)  # what the carried state does not predict
 
-    if SPLIT_OUTPUT:  # the output kernel computes o from the state before the chunk and v_new (over u)
+    if SPLIT_OUTPUT:  # the output kernel computes o from the state before the chunk and v_new
         tl.store(chunk_states + (chunk.to(tl.int64) * HV + head) * DK * DV + offs_k[:, None] * DV + offs_v[None, :],
-                 state, mask=mask_k[:, None] & mask_v[None, :])
-        tl.store(u_ptrs, v_new, mask=mask_ov)
+                 state.to(chunk_states.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :])
+        tl.store(v_new_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], v_new.to(v_new_buf.dtype.element_ty),
+                 mask=mask_ov)
     else:
         qt = _normalized_rows(q, t, live, key_head * stride_q_h, offs_k, mask_k, stride_q_t)
         qt = qt * (scale * tl.exp(G))[:, None]
@@ -252,7 +257,7 @@ def _chunk_step(q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_
 
 @triton.jit
 def _chunk_state_kernel(
-    q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
+    q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
     o, chunk_states, num_caps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -281,16 +286,16 @@ def _chunk_state_kernel(
     if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
         for row0 in range(start, end, CHUNK):
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0, end,
-                head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
+                q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0,
+                end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
                 stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
             chunk += 1
     else:  # the interpreter cannot take loaded bounds in range()
         row0 = start
         while row0 < end:
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0, end,
-                head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
+                q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0,
+                end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
                 stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
             chunk += 1
             row0 += CHUNK
@@ -307,7 +312,7 @@ def _chunk_snapshot_kernel(
 ):
     """Per (capture, value head, tile of BV columns): the state after the capture row r,
     exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before the chunk
-    (U_IS_V_NEW: the state kernel left v_new in u_buf). The state kernel kept S under the index of the
+    (U_IS_V_NEW: u_buf holds the v_new the state kernel stored). The state kernel kept S under the index of the
     chunk's first capture; both find the chunk from query_start_loc alone."""
     cap, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = tl.load(cap_rows + cap)
@@ -387,7 +392,8 @@ def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows=None,
               h_snapshots=None, block_v: int | None = None, num_warps: int | None = None,
               num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
-              split_output: bool | None = None, prepare: dict | None = None) -> torch.Tensor:
+              split_output: bool | None = None, prepare: dict | None = None,
+              buffer_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
@@ -400,11 +406,10 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     a cap on each thread's registers, which decides how many of its programs share a multiprocessor).
     split_output takes the output off the state kernel's serial path: that kernel keeps the state
     before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once.
+    buffer_dtype overrides the dtype of the buffers that only feed dots (w, the states before each chunk,
+    v_new): by default bf16 under bf16 dots, else fp32.
 
-    Not the defaults: bf16 operands with the output split off took the state and output kernels from
-    737 to 351 + 195 us on one 8192-token prompt (H200, gdn_prefill_tiles_8192), with 2.4x the state's
-    relative error (3.1e-3 against 1.3e-3) and 1.7x the output's; with tf32 operands the split alone
-    gained nothing (448 + 281 us). The prefill keeps the precision."""
+    Long passes of 16-bit inputs take LONG_PASS_STATE."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
     tokens, hk, dk = q.shape
@@ -417,20 +422,28 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     long_16bit_pass = chunk >= CHUNK and not interpret and q.dtype != torch.float32
     prepare = dict(LONG_PASS_PREPARE if long_16bit_pass else SHORT_PASS_PREPARE if chunk < CHUNK else {},
                    **(prepare or {}))
+    state_options = LONG_PASS_STATE if long_16bit_pass else {}
+    split_output = state_options.get("split_output", False) if split_output is None else split_output
+    num_warps = num_warps or state_options.get("num_warps", 4)
+    num_stages = num_stages or state_options.get("num_stages", 2)
     if interpret:
         precision = prepare_precision = inverse_precision = "ieee"
     elif q.dtype == torch.float32:
         precision = prepare_precision = inverse_precision = precision or "tf32x3"
     else:
-        # tf32 on the state (errors ~1e-3, under o's own bf16 rounding); tf32x3 where it is cheap.
-        precision = precision or "tf32"
+        # tf32 on the short passes' state (errors ~1e-3, under o's own bf16 rounding); tf32x3 where it is cheap.
+        precision = precision or state_options.get("precision", "tf32")
         prepare_precision = prepare.get("precision", "tf32x3")
         inverse_precision = prepare.get("inverse_precision", "tf32")
     block_k = max(16, triton.next_power_of_2(dk))  # tl.dot needs every dimension >= 16
     dev = q.device
-    w_buf = torch.empty((tokens, hv, dk), dtype=torch.float32, device=dev)
     u_buf = torch.empty((tokens, hv, dv), dtype=torch.float32, device=dev)
     g_buf = torch.empty((tokens, hv), dtype=torch.float32, device=dev)
+    # A buffer that only ever feeds a dot is stored in the dot's operand dtype: under bf16 dots it is
+    # rounded there anyway (the same numbers in half the bytes). u takes part in a subtraction, and Aqk
+    # in bf16 spills the prepare kernel's registers under its cap (68 bytes at 168 on sm_90): both fp32.
+    narrow = buffer_dtype or (torch.bfloat16 if precision == "bf16" else torch.float32)
+    w_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev)
     aqk_buf = torch.empty((tokens, hv, chunk), dtype=torch.float32, device=dev)
     max_chunks = tokens // chunk + seqs
     _chunk_prepare_kernel[(max_chunks, hv)](
@@ -456,26 +469,28 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     split = bool(split_output)
     block_b = max(16, triton.next_power_of_2(seqs))
     caps_block = block_caps(num_caps)
-    chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=torch.float32, device=dev) if split else w_buf
+    chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=narrow, device=dev) if split else w_buf
+    v_new_buf = torch.empty((tokens, hv, dv), dtype=narrow, device=dev) if split else u_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
-        q, k, w_buf, u_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
+        q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
         o, chunk_states, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=caps_block,
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
-        num_warps=num_warps or 4, num_stages=num_stages or 2,
+        num_warps=num_warps, num_stages=num_stages,
     )
-    if split:  # u_buf holds v_new now
+    if split:
         block_o = max(16, min(OUTPUT_BLOCK_V, triton.next_power_of_2(dv)))
         _chunk_output_kernel[(max_chunks, hv, triton.cdiv(dv, block_o))](
-            q, g_buf, aqk_buf, u_buf, chunk_states, query_start_loc, o, seqs,
+            q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, seqs,
             q.stride(0), q.stride(1), o.stride(0), dk**-0.5,
             HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_o, CHUNK=chunk, BLOCK_B=block_b,
             PRECISION=precision, num_warps=4, num_stages=2,
         )
     if has_captures:
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
-            k, w_buf, u_buf, g_buf, query_start_loc, seqs, cap_rows, cap_snaps, cap_state, num_caps, h_snapshots,
+            k, w_buf, v_new_buf if split else u_buf, g_buf, query_start_loc, seqs, cap_rows, cap_snaps, cap_state,
+            num_caps, h_snapshots,
             k.stride(0), k.stride(1), h_snapshots.stride(0),
             HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=caps_block,
             U_IS_V_NEW=split, PRECISION=precision,
