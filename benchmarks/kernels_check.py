@@ -853,7 +853,10 @@ def _gdn_prefill_config(inputs, expected, ref_pool, tiles: dict) -> dict:
 # stages, precision, split, buffer dtype).
 GDN_LONG_PASS_STATE = [(32, 4, 2, "tf32", False, None), (32, 8, 3, "bf16", True, torch.float32),
                        (32, 8, 3, "bf16", True, None), (32, 4, 2, "bf16", True, None), (32, 4, 3, "bf16", True, None),
-                       (64, 8, 3, "bf16", True, None), (64, 4, 2, "bf16", True, None), (16, 4, 2, "bf16", True, None)]
+                       (64, 8, 3, "bf16", True, None), (64, 4, 2, "bf16", True, None), (64, 4, 3, "bf16", True, None),
+                       (16, 4, 2, "bf16", True, None)]
+# The output kernel's (columns, warps, stages) under the long passes' default state options.
+GDN_OUTPUT_TILES = [(64, 4, 2), (128, 4, 2), (128, 8, 2), (128, 8, 3), (64, 8, 2), (32, 4, 2)]
 
 
 def gdn_prefill_long_pass_state(lens, label):
@@ -870,6 +873,9 @@ def gdn_prefill_long_pass_state(lens, label):
             cfg = _gdn_prefill_config(inputs, expected, ref_pool, tiles)
             cfg["buffer_dtype"] = str(buffers or "default").replace("torch.", "")
             res["configs"].append(cfg)
+        for bv, warps, stages in GDN_OUTPUT_TILES[:2] if SMOKE else GDN_OUTPUT_TILES:
+            tiles = dict(output=dict(bv=bv, warps=warps, stages=stages), split_output=True)
+            res["configs"].append(_gdn_prefill_config(inputs, expected, ref_pool, tiles))
         # bf16 dots round what they read from a buffer: bf16 buffers should give the bytes of fp32 ones
         outs = []
         for buffers in (torch.float32, None):

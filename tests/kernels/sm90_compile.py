@@ -169,11 +169,13 @@ def cases():
     ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps")}
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
     state = gdn.LONG_PASS_STATE
-    # (chunk, block_v, name, split, precision, sub, prepare precision, warps, stages, buffers between kernels)
+    # (chunk, block_v, name, split, precision, sub, prepare precision, warps, stages by block_v, buffers between
+    # the kernels)
     long = (gdn.CHUNK, 32, "", state["split_output"], state["precision"], gdn.LONG_PASS_PREPARE["sub"],
-            gdn.LONG_PASS_PREPARE["precision"], state["num_warps"], state["num_stages"], bf16)
-    short = (16, 64, "_short", False, "tf32", gdn.SHORT_PASS_PREPARE["sub"], "tf32x3", 4, 2, "*fp32")
-    for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages, buffers in (long, short):
+            gdn.LONG_PASS_PREPARE["precision"], state["num_warps"], gdn.LONG_PASS_STAGES, bf16)
+    short = (16, 64, "_short", False, "tf32", gdn.SHORT_PASS_PREPARE["sub"], "tf32x3", 4, {}, "*fp32")
+    for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages_of, buffers in (long, short):
+        stages = stages_of.get(bv, 2)
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
         types = dict(inputs, **ints, **{n: buffers for n in ("w_buf", "chunk_states", "v_new_buf")})
         prepare_cap = gdn.LONG_PASS_PREPARE["maxnreg"] if chunk == gdn.CHUNK else None
@@ -191,7 +193,8 @@ def cases():
         # many sequences at once: the state kernel's wide tiles (never with captures, see STATE_WIDE_BLOCK_V)
         yield (f"gdn_chunk_state_wide{name}", gdn._chunk_state_kernel, types,
                dict(heads, BV=gdn.STATE_WIDE_BLOCK_V, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=False,
-                    SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision), warps, stages)
+                    SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision), warps,
+               stages_of.get(gdn.STATE_WIDE_BLOCK_V, 2))
     output_types = dict(inputs, **ints, v_new_buf=bf16, chunk_states=bf16)
     yield ("gdn_chunk_output", gdn._chunk_output_kernel, output_types,
            dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,

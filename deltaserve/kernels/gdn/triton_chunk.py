@@ -59,8 +59,9 @@ SHORT_PASS_PREPARE = {"sub": 4}
 STATE_BLOCK_V = 32
 STATE_WIDE_BLOCK_V = 64
 # Long passes of 16-bit inputs: bf16 dots on the state, the output in its own kernel, and the buffers
-# between the kernels in bf16 (see chunk_gdn).
-LONG_PASS_STATE = {"precision": "bf16", "split_output": True, "num_warps": 8, "num_stages": 3}
+# between the kernels in bf16 (see chunk_gdn), 4 warps; 3 stages on the narrow tiles, 2 on the wide.
+LONG_PASS_STATE = {"precision": "bf16", "split_output": True, "num_warps": 4}
+LONG_PASS_STAGES = {STATE_BLOCK_V: 3, STATE_WIDE_BLOCK_V: 2}
 
 
 @triton.jit
@@ -393,7 +394,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
               h_snapshots=None, block_v: int | None = None, num_warps: int | None = None,
               num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
               split_output: bool | None = None, prepare: dict | None = None,
-              buffer_dtype: torch.dtype | None = None) -> torch.Tensor:
+              buffer_dtype: torch.dtype | None = None, output: dict | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
@@ -407,7 +408,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     split_output takes the output off the state kernel's serial path: that kernel keeps the state
     before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once.
     buffer_dtype overrides the dtype of the buffers that only feed dots (w, the states before each chunk,
-    v_new): by default bf16 under bf16 dots, else fp32.
+    v_new): by default bf16 under bf16 dots, else fp32. `output` overrides the output kernel's "bv",
+    "warps" and "stages".
 
     Long passes of 16-bit inputs take LONG_PASS_STATE."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
@@ -425,7 +427,6 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     state_options = LONG_PASS_STATE if long_16bit_pass else {}
     split_output = state_options.get("split_output", False) if split_output is None else split_output
     num_warps = num_warps or state_options.get("num_warps", 4)
-    num_stages = num_stages or state_options.get("num_stages", 2)
     if interpret:
         precision = prepare_precision = inverse_precision = "ieee"
     elif q.dtype == torch.float32:
@@ -457,6 +458,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     has_captures = bool(capture_rows) and h_snapshots is not None
     block_v = block_v or (STATE_BLOCK_V if has_captures else _state_block_v(seqs, hv, dv, dev))
     block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
+    num_stages = num_stages or (LONG_PASS_STAGES.get(block_v, 2) if long_16bit_pass else 2)
     num_caps = 0
     cap_rows = cap_snaps = cap_state = state_slots  # unused placeholders
     if has_captures:
@@ -480,12 +482,13 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         num_warps=num_warps, num_stages=num_stages,
     )
     if split:
-        block_o = max(16, min(OUTPUT_BLOCK_V, triton.next_power_of_2(dv)))
+        output = output or {}
+        block_o = max(16, min(output.get("bv", OUTPUT_BLOCK_V), triton.next_power_of_2(dv)))
         _chunk_output_kernel[(max_chunks, hv, triton.cdiv(dv, block_o))](
             q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, seqs,
             q.stride(0), q.stride(1), o.stride(0), dk**-0.5,
             HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_o, CHUNK=chunk, BLOCK_B=block_b,
-            PRECISION=precision, num_warps=4, num_stages=2,
+            PRECISION=precision, num_warps=output.get("warps", 4), num_stages=output.get("stages", 2),
         )
     if has_captures:
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
