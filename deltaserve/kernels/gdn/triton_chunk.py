@@ -37,7 +37,7 @@ from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_be
 from deltaserve.kernels.sm_count import num_sms
 
 CHUNK = 64
-OUTPUT_BLOCK_V = 64  # state columns per program of the output kernel (split_output)
+OUTPUT_BLOCK_V = 128  # state columns per program of the output kernel (split_output)
 # The prepare kernel on the long passes of 16-bit inputs: tf32 for w and u and 8-row diagonal blocks in the
 # inverse took it from 535 to 385 us on one 8192-token prompt of the Qwen3.5 shapes on the H200 (relative
 # error of o 4.1e-3 against 3.8e-3; kernels_check_gdn_prefill.json, gdn_prefill_tiles_8192).
@@ -112,7 +112,10 @@ def _unit_lower_inverse(A, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl
     The diagonal blocks are inverted together by forward substitution in fp32 (SUB - 1 steps, row s of
     every block at once): D = (I + A_diag)^-1. With L the blocks below the diagonal,
     I + A = (I + A_diag)(I + M) for M = D L, strictly block-lower, so M^NB = 0 and
-    (I + A)^-1 = D + (-M + M^2 - ...) D; the correction has no diagonal blocks, so D's stay exact."""
+    (I + A)^-1 = (I - M + M^2 - ...) D; the correction has no diagonal blocks, so D's stay exact. The
+    sum of the NB powers is the product (I - M)(I + M^2)(I + M^4)...: log2(NB) factors, 2 log2(NB) - 2
+    dots of which each square and the product before it are independent, where the powers one by one
+    are NB - 2 dots in a chain."""
     NB: tl.constexpr = CHUNK // SUB
     rows = tl.arange(0, CHUNK)
     block_i = tl.arange(0, NB)[:, None, None, None]
@@ -126,12 +129,12 @@ def _unit_lower_inverse(A, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl
         D = tl.where(row_is == s, D - tl.sum(a_s[:, :, None] * D, 1)[:, None, :], D)
     D = tl.reshape(tl.where(block_i == block_j, tl.expand_dims(D, 2), 0.0), [CHUNK, CHUNK])
     below = (rows // SUB)[:, None] > (rows // SUB)[None, :]
-    M = tl.dot(D, tl.where(below, A, 0.0), input_precision=PRECISION)
-    power = -M
-    series = power
-    for _ in tl.static_range(2, NB):  # + (-M)^p
-        power = -tl.dot(power, M, input_precision=PRECISION)
-        series += power
+    power = -tl.dot(D, tl.where(below, A, 0.0), input_precision=PRECISION)  # -M
+    series = power  # (I + series) = (I - M), then times (I + M^2), (I + M^4), ...
+    for j in tl.static_range(1, 6):  # NB <= 64
+        if (1 << j) < NB:
+            power = tl.dot(power, power, input_precision=PRECISION)  # (-M)^(2^j)
+            series = tl.dot(series, power, series + power, input_precision=PRECISION)  # (I + s)(I + P) - I
     return tl.dot(series, D, D, input_precision=PRECISION)
 
 
