@@ -1,0 +1,95 @@
+"""Device time of each chunked-GDN prefill kernel, for one or more source trees in one command.
+
+    python benchmarks/gdn_prefill_kernels.py --trees .base=19d5b97,.=edcc4d4 --rounds 2 --out results/x.json
+
+Each (round, tree) runs in a fresh process that imports deltaserve from that tree, so commits are
+compared on the same card, alternated. The inputs are laid out as the engine's are: q, k and v strided
+views of one conv1d output, a and b of the input projection's. Per kernel: the profiler's mean over 5 calls.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HK, HV, DK, DV = 16, 32, 128, 128  # the Qwen3.5 GDN shape
+IN_PROJ = 2 * HK * DK + 2 * HV * DV  # the projection's rows before b and a
+
+
+def packed_inputs(tokens: int, seqs: int):
+    import torch
+
+    dev = "cuda"
+    mixed = torch.randn(tokens, 2 * HK * DK + HV * DV, device=dev, dtype=torch.bfloat16)
+    q, k, v = mixed.split([HK * DK, HK * DK, HV * DV], -1)
+    proj = torch.randn(tokens, IN_PROJ + 2 * HV, device=dev, dtype=torch.bfloat16)
+    b, a = proj[:, IN_PROJ:].split([HV, HV], -1)
+    A_log, dt_bias = torch.randn(HV, device=dev) * 0.5, torch.randn(HV, device=dev)
+    pool = torch.randn(seqs + 2, HV, DK, DV, device=dev) * 0.1
+    slots = torch.arange(seqs, device=dev, dtype=torch.int32) + 1
+    starts = torch.arange(seqs + 1, device=dev, dtype=torch.int32) * (tokens // seqs)
+    return (q.reshape(tokens, HK, DK), k.reshape(tokens, HK, DK), v.reshape(tokens, HV, DV), a, b, A_log, dt_bias,
+            pool, slots, starts)
+
+
+def per_kernel_us(fn, calls: int = 5) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total and event.count and "_chunk_" in event.key:
+            out[event.key] = round(total / calls, 1)
+    return out
+
+
+def worker(tree: str, shapes: list[tuple[int, int]]) -> dict:
+    sys.path.insert(0, os.path.abspath(tree))
+    from deltaserve.kernels.gdn import triton_chunk
+
+    rows = {}
+    for tokens, seqs in shapes:
+        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = packed_inputs(tokens, seqs)
+        kernels = per_kernel_us(lambda: triton_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, slots, starts))
+        rows[f"{seqs}x{tokens // seqs}"] = {"kernels_us": kernels, "total_us": round(sum(kernels.values()), 1)}
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trees", required=True, help="comma-separated dir=label, e.g. .base=19d5b97,.=edcc4d4")
+    ap.add_argument("--shapes", default="8192x1,32768x1,16384x128", help="tokens x sequences, comma-separated")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
+    if args.worker:
+        print(json.dumps(worker(args.worker, shapes)))
+        return
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import results_io
+
+    trees = [t.split("=") for t in args.trees.split(",")]
+    result = {**results_io.header(), "shapes": args.shapes, "trees": dict(trees), "runs": []}
+    for round_ in range(args.rounds):
+        for tree, label in trees:
+            run = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", tree, "--shapes", args.shapes,
+                                  "--trees", args.trees], capture_output=True, text=True, check=True)
+            rows = json.loads(run.stdout.strip().splitlines()[-1])
+            result["runs"].append({"round": round_ + 1, "tree": label, "rows": rows})
+            print(label, {name: row["kernels_us"] for name, row in rows.items()}, flush=True)
+            if args.out:
+                results_io.write(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
