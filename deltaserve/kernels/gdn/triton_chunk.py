@@ -16,9 +16,9 @@ and, carrying the state S [Dk, Dv] from chunk to chunk:
 2. `_chunk_state_kernel`, one program per (sequence, value head, tile of BV state columns): reads its
    state tile from `h_pool[state_slots[b]]`, runs the sequence's chunks in order, writes o, and writes
    the state back in place. For a chunk holding capture rows it also keeps the state before the chunk.
-   With split_output the output leaves this serial path: the kernel keeps the state before every
-   chunk and writes v_new over u, and `_chunk_output_kernel`, one program per (chunk, value head,
-   tile), then computes o = exp(G) q S + Aqk v_new for every chunk at once (see chunk_gdn).
+   With split_output (the long passes' default) the output leaves this serial path: the kernel keeps
+   the state before every chunk and v_new, and `_chunk_output_kernel`, one program per (chunk, value
+   head, tile), then computes o = exp(G) q S + Aqk v_new for every chunk at once (see chunk_gdn).
 3. `_chunk_snapshot_kernel`, one program per (capture row r, value head, tile), only when there are
    captures: exp(G_r) S + (exp(G_r - G) k)^T v_new over the chunk's rows up to r, S the state before
    the chunk: the state after r, taken without ending the chunk (the state kernel's loop stays free of
@@ -37,14 +37,19 @@ from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_be
 from deltaserve.kernels.sm_count import num_sms
 
 CHUNK = 64
-OUTPUT_BLOCK_V = 128  # state columns per program of the output kernel (split_output)
+# State columns per program of the output kernel (split_output): 128 took 131 against 140 us with 64 at 8192
+# tokens, 507 against 550 at 32768, 293 against 321 over 128 prompts of 128 (H200, Qwen3.5 GDN shape,
+# gdn_prefill_kernels_same_machine.json); 8 warps measured slower (kernels_check_gdn_long_pass_state.json).
+OUTPUT_BLOCK_V = 128
 # The prepare kernel on the long passes of 16-bit inputs: tf32 for w and u and 8-row diagonal blocks in the
 # inverse took it from 535 to 385 us on one 8192-token prompt of the Qwen3.5 shapes on the H200 (relative
 # error of o 4.1e-3 against 3.8e-3; kernels_check_gdn_prefill.json, gdn_prefill_tiles_8192).
 # 8 warps took 708 us and w and u in 64-column tiles 393 (kernels_check_gdn_prepare_tiles.json).
 # At 175 registers two of its 4-warp programs share a multiprocessor; capped at 168, three, and it took 313
 # against 385 us at 8192 tokens, 1255 against 1491 at 32768 and 639 against 781 over 128 prompts of 128
-# tokens, with the same output (kernels_check_occupancy.json, gdn_prefill_occupancy_*).
+# tokens, with the same output (kernels_check_occupancy.json, gdn_prefill_occupancy_*). The inverse's series
+# as a product (_unit_lower_inverse) took it from 302.5 to 292.0 us at 8192, 1214 to 1181 at 32768 and 621 to
+# 604 over 128 prompts of 128 (gdn_prefill_kernels_same_machine.json).
 LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32", "maxnreg": 168}
 # On short passes (chunk 16), 4-row diagonal blocks: forward substitution over 3 rows instead of 15, the
 # rest in three small dots. The prepare kernel of an 80-row pass took 8.4 us against 11.5, with the same
@@ -59,7 +64,13 @@ SHORT_PASS_PREPARE = {"sub": 4}
 STATE_BLOCK_V = 32
 STATE_WIDE_BLOCK_V = 64
 # Long passes of 16-bit inputs: bf16 dots on the state, the output in its own kernel, and the buffers
-# between the kernels in bf16 (see chunk_gdn), 4 warps; 3 stages on the narrow tiles, 2 on the wide.
+# between the kernels in bf16 (see chunk_gdn), 4 warps; 3 stages on the narrow tiles, 2 on the wide. H200,
+# Qwen3.5 GDN shape, the engine's input layout (gdn_prefill_kernels_same_machine.json): the chunk kernels took
+# 681 us against 1057 for tf32 dots with the output on the serial path at 8192 tokens, 2701 against 4205 at
+# 32768 and 1412 against 1714 over 128 prompts of 128 tokens. Relative errors 6.8e-3 (output) and 3.1e-3
+# (state) against 4.1e-3 and 1.3e-3 on the same inputs at 8192 (kernels_check_gdn_long_pass_state.json,
+# where the bf16 buffers alone took the state kernel at 8 warps from 350 to 276 us, the same bytes out;
+# 8 warps, or 3 stages on the wide tiles, measured slower).
 LONG_PASS_STATE = {"precision": "bf16", "split_output": True, "num_warps": 4}
 LONG_PASS_STAGES = {STATE_BLOCK_V: 3, STATE_WIDE_BLOCK_V: 2}
 
