@@ -5,6 +5,7 @@
 Each (round, tree) runs in a fresh process that imports deltaserve from that tree, so commits are
 compared on the same card, alternated. The inputs are laid out as the engine's are: q, k and v strided
 views of one conv1d output, a and b of the input projection's. Per kernel: the profiler's mean over 5 calls.
+It imports nothing of kernels_check, which puts its own tree's deltaserve first on the path.
 """
 
 import argparse
