@@ -806,13 +806,19 @@ def _per_kernel_us(fn, calls: int = 3) -> dict:
     return out
 
 
+def _gdn_prefill_reference(lens):
+    """Fresh inputs over prompts of `lens`, the fp32 reference's output and the state pool it leaves."""
+    inputs = gdn_prefill_inputs(lens)
+    q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
+    ref_pool = pool.clone()
+    expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
+    return inputs, expected, ref_pool
+
+
 def gdn_prefill_sweep(seq_len: int):
     """State-kernel tiles of our chunk prefill on one prompt: error and time of each."""
     def body():
-        inputs = gdn_prefill_inputs([seq_len])
-        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
-        ref_pool = pool.clone()
-        expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
+        inputs, expected, ref_pool = _gdn_prefill_reference([seq_len])
         res = {"shape": f"one {seq_len}-token prompt", "configs": []}
         # ((block_v, warps, stages, precision, output in its own kernel), the prepare kernel's options)
         fast = (32, 8, 3, "bf16", True)  # the fastest state tiles measured (bf16 operands: not the default)
@@ -862,10 +868,7 @@ GDN_OUTPUT_TILES = [(64, 4, 2), (128, 4, 2), (128, 8, 2), (128, 8, 3), (64, 8, 2
 def gdn_prefill_long_pass_state(lens, label):
     """The state kernel's options on a long pass, each against the fp32 reference: errors, per-kernel time."""
     def body():
-        inputs = gdn_prefill_inputs(lens)
-        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
-        ref_pool = pool.clone()
-        expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
+        inputs, expected, ref_pool = _gdn_prefill_reference(lens)
         res = {"shape": label, "configs": []}
         for bv, warps, stages, precision, split, buffers in GDN_LONG_PASS_STATE[:2] if SMOKE else GDN_LONG_PASS_STATE:
             tiles = dict(block_v=bv, num_warps=warps, num_stages=stages, precision=precision, split_output=split,
@@ -879,7 +882,7 @@ def gdn_prefill_long_pass_state(lens, label):
         # bf16 dots round what they read from a buffer: bf16 buffers should give the bytes of fp32 ones
         outs = []
         for buffers in (torch.float32, None):
-            p = pool.clone()
+            p = inputs[7].clone()  # the state pool
             fn = gdn_prefill_fn("triton", inputs, dict(precision="bf16", split_output=True, buffer_dtype=buffers))
             outs.append((fn(p), p))
         res["bf16_buffers_same_bytes"] = all(torch.equal(x, y) for x, y in zip(*outs))
@@ -898,10 +901,7 @@ def gdn_prefill_occupancy(lens, label):
     """The chunk kernels' occupancy on a long pass: the prepare kernel under register caps, the state
     kernel under tiles that fit more programs a multiprocessor; error and per-kernel time of each."""
     def body():
-        inputs = gdn_prefill_inputs(lens)
-        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
-        ref_pool = pool.clone()
-        expected = gdn_ref.chunk_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long(), starts)
+        inputs, expected, ref_pool = _gdn_prefill_reference(lens)
         res = {"shape": label, "configs": []}
         for maxnreg, (bv, warps, stages) in GDN_OCCUPANCY[:2] if SMOKE else GDN_OCCUPANCY:
             prepare = dict(_uncapped_long_prepare(), **({"maxnreg": maxnreg} if maxnreg else {}))
