@@ -728,7 +728,7 @@ def gdn_prefill_inputs(lens):
 
 
 GDN_PREFILL_IMPLS = {
-    "triton": "our chunk kernels (tf32 dots on the state)",
+    "triton": "our chunk kernels, their defaults (bf16 dots on a long pass's state, tf32 on a short one's)",
     "triton_tf32x3": "our chunk kernels (tf32x3 dots on the state)",
     "fla": "fla-core chunk (bf16 inputs)",
     "fla_fp32": "fla-core chunk (fp32 copies of q, k, v)",
