@@ -5,7 +5,8 @@
 Each (round, tree) runs in a fresh process that imports deltaserve from that tree, so commits are
 compared on the same card, alternated. The inputs are laid out as the engine's are: q, k and v strided
 views of one conv1d output, a and b of the input projection's. Per kernel: the profiler's mean over 5 calls.
-It imports nothing of kernels_check, which puts its own tree's deltaserve first on the path.
+Its imports (kernel_times, results_io) hold no deltaserve: kernels_check would put its own tree's first
+on the path.
 """
 
 import argparse
@@ -13,6 +14,9 @@ import json
 import os
 import subprocess
 import sys
+
+import results_io  # this directory's modules: first on the path of a script
+from kernel_times import per_kernel_us
 
 HK, HV, DK, DV = 16, 32, 128, 128  # the Qwen3.5 GDN shape
 IN_PROJ = 2 * HK * DK + 2 * HV * DV  # the projection's rows before b and a
@@ -34,24 +38,6 @@ def packed_inputs(tokens: int, seqs: int):
             pool, slots, starts)
 
 
-def per_kernel_us(fn, calls: int = 5) -> dict:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for event in prof.key_averages():
-        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-        if total and event.count and "_chunk_" in event.key:
-            out[event.key] = round(total / calls, 1)
-    return out
-
-
 def worker(tree: str, shapes: list[tuple[int, int]]) -> dict:
     sys.path.insert(0, os.path.abspath(tree))
     from deltaserve.kernels.gdn import triton_chunk
@@ -59,7 +45,8 @@ def worker(tree: str, shapes: list[tuple[int, int]]) -> dict:
     rows = {}
     for tokens, seqs in shapes:
         q, k, v, a, b, A_log, dt_bias, pool, slots, starts = packed_inputs(tokens, seqs)
-        kernels = per_kernel_us(lambda: triton_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, slots, starts))
+        fn = lambda: triton_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, slots, starts)  # noqa: E731
+        kernels = {name: us for name, us in per_kernel_us(fn, calls=5).items() if "_chunk_" in name}
         rows[f"{seqs}x{tokens // seqs}"] = {"kernels_us": kernels, "total_us": round(sum(kernels.values()), 1)}
     return rows
 
@@ -76,9 +63,6 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, shapes)))
         return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import results_io
-
     trees = [t.split("=") for t in args.trees.split(",")]
     result = {**results_io.header(), "shapes": args.shapes, "trees": dict(trees), "runs": []}
     for round_ in range(args.rounds):

@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from benchmarks.kernel_times import per_kernel_us  # noqa: E402
 from deltaserve.kernels.activation import reference as act_ref  # noqa: E402
 from deltaserve.kernels.attention import reference as attn_ref  # noqa: E402
 from deltaserve.kernels.conv1d import reference as conv_ref  # noqa: E402
@@ -789,21 +790,8 @@ def gdn_prefill(lens, label, impl: str, check_max_tokens: int = 8192):
 
 
 def _per_kernel_us(fn, calls: int = 3) -> dict:
-    """Mean device time of each kernel `fn` launches, from the profiler."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for e in prof.key_averages():
-        total = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if total and e.count:
-            out[e.key[:40]] = round(total / calls, 1)
-    return out
+    """Mean device time of each kernel `fn` launches, by the first 40 characters of its name."""
+    return {name[:40]: us for name, us in per_kernel_us(fn, calls).items()}
 
 
 def _gdn_prefill_reference(lens):
