@@ -7,15 +7,13 @@ import torch
 
 from deltaserve import LLM, SamplingParams
 from tests.checkpoints import ARCHITECTURES
-from tests.reference import LogitsRecorder, hf_greedy
+from tests.reference import LogitsRecorder, hf_greedy, load_reference
 
 NEW_TOKENS = 24
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_greedy_tokens_and_logits_match_transformers(arch, checkpoint_factory):
-    import transformers
-
     path = checkpoint_factory(arch)
     rng = random.Random()
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, rng.randint(5, 20), rng.randint(40, 90))]
@@ -27,7 +25,7 @@ def test_greedy_tokens_and_logits_match_transformers(arch, checkpoint_factory):
     # Rows of each step come in request order; only finished prefills sample, so regroup per prompt.
     per_prompt = _logits_per_prompt(recorder.rows, len(prompts))
 
-    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    reference = load_reference(path)
     for prompt, output, logits in zip(prompts, outputs, per_prompt):
         tokens, ref_logits = hf_greedy(reference, prompt, NEW_TOKENS)
         assert output.outputs[0].token_ids == tokens

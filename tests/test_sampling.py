@@ -90,13 +90,13 @@ def test_penalties_follow_vllm_definitions():
 
 def test_prompt_logprobs_match_transformers(checkpoint_factory):
     """Each prompt token's logprob under the model, as transformers computes it, also across chunks."""
-    import transformers
+    from tests.reference import load_reference
 
     path = checkpoint_factory("qwen3.5")
     prompt = [random.randrange(300) for _ in range(30)]
     llm = LLM(path, device="cpu", max_num_batched_tokens=11)  # the prompt spans three chunks
     out = llm.generate([prompt], SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=2))[0]
-    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    reference = load_reference(path)
     with torch.no_grad():
         expected = torch.log_softmax(reference(torch.tensor([prompt])).logits[0].float(), -1)
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
