@@ -1,24 +1,91 @@
-"""The host side of a step's batch: KV slots by block runs, and lists to tensors through numpy."""
+"""The host side of a step's batch: its columns built from decode rows and numpy runs, and lists to
+tensors through numpy."""
 
 import random
+from array import array
 
+import numpy as np
 import pytest
 import torch
 
+from deltaserve.engine.request import Request
+from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.host_to_device import host_tensor, to_device
-from deltaserve.runner.batch_builder import _extend_slots
+from deltaserve.runner.batch_builder import RowColumn, build_host_batch, kv_slots
+from deltaserve.sampling_params import SamplingParams
+
+
+def _slot(blocks, position, block_size):
+    return blocks[position // block_size] * block_size + position % block_size
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_slots_by_block_runs_match_position_by_position(block_size):
+def test_slots_of_a_run_match_position_by_position(block_size):
     rng = random.Random()
     for _ in range(50):
         blocks = rng.sample(range(1000), 40)
-        start = rng.randrange(0, 40 * block_size)
-        end = rng.randrange(start, 40 * block_size + 1)
-        slots = [7]  # extended in place, after what is there
-        _extend_slots(slots, blocks, start, end, block_size)
-        assert slots == [7] + [blocks[p // block_size] * block_size + p % block_size for p in range(start, end)]
+        start = rng.randrange(0, 40 * block_size - 1)
+        end = rng.randrange(start + 1, 40 * block_size + 1)
+        slots = kv_slots(blocks, start, end, block_size)
+        assert slots.dtype == np.int64
+        assert slots.tolist() == [_slot(blocks, p, block_size) for p in range(start, end)]
+
+
+def test_row_column_keeps_order_across_values_and_runs():
+    rng = random.Random()
+    for _ in range(30):
+        column, expected = RowColumn(), []
+        for _ in range(rng.randrange(0, 8)):
+            if rng.random() < 0.5:
+                value = rng.randrange(1 << 40)
+                column.append(value)
+                expected.append(value)
+            else:
+                run = np.array([rng.randrange(1 << 40) for _ in range(rng.randrange(1, 20))], dtype=np.int64)
+                column.extend(run)
+                expected += run.tolist()
+        values = column.values()
+        assert list(values) == expected
+        assert isinstance(values, list) or values.dtype == np.int64
+
+
+def _request(rng, prompt_len, outputs, block_size, with_bytes):
+    prompt = [rng.randrange(1000) for _ in range(prompt_len)]
+    request = Request(f"r{rng.random()}", prompt, SamplingParams(), 16,
+                      prompt_bytes=array("q", prompt).tobytes() if with_bytes else b"")
+    request.output_token_ids = [rng.randrange(1000) for _ in range(outputs)]
+    request.block_ids = rng.sample(range(5000), (prompt_len + outputs) // block_size + 1)
+    request.state_slot = rng.choice([None, rng.randrange(64)])  # None: a plain attention model's
+    return request
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_host_batch_matches_row_by_row(block_size):
+    """Mixed steps (decode rows, prompt chunks, chunks reaching into the output) against the batch
+    written out position by position."""
+    rng = random.Random()
+    for _ in range(20):
+        chunks = []
+        for _ in range(rng.randrange(1, 6)):
+            prompt_len, outputs = rng.randrange(1, 200), rng.choice([0, 0, rng.randrange(1, 40)])
+            request = _request(rng, prompt_len, outputs, block_size, with_bytes=rng.random() < 0.7)
+            total = prompt_len + outputs
+            start = rng.randrange(total) if rng.random() < 0.5 else total - 1
+            end = rng.randrange(start + 1, total + 1)
+            chunks.append(ScheduledChunk(request, start, end - start))
+        host = build_host_batch(StepPlan(chunks), block_size)
+        ids, positions, slots, starts = [], [], [], [0]
+        for c in chunks:
+            ids += [c.request.token_at(p) for p in range(c.start, c.end)]
+            positions += range(c.start, c.end)
+            slots += [_slot(c.request.block_ids, p, block_size) for p in range(c.start, c.end)]
+            starts.append(starts[-1] + c.end - c.start)
+        assert list(host.input_ids) == ids and list(host.positions) == positions and list(host.slot_mapping) == slots
+        assert host.query_start_loc == starts and host.seq_lens == [c.end for c in chunks]
+        assert host.state_slots == [c.request.state_slot or 0 for c in chunks]
+        assert host.logits_indices == [starts[i + 1] - 1 for i, c in enumerate(chunks) if c.samples]
+        if all(c.end - c.start == 1 for c in chunks):  # a decode step keeps its lists
+            assert isinstance(host.input_ids, list) and isinstance(host.slot_mapping, list)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32, torch.bool])
