@@ -406,6 +406,13 @@ MOE_SORTED_DOWN_TILES = [(128, 64, 256, 64, 128, 8, 4, True), (128, 64, 128, 64,
                          (128, 64, 128, 64, 128, 8, 4, True, 8, 3), (128, 64, 64, 64, 128, 8, 4, True, 4, 3),
                          (128, 64, 256, 64, 128, 8, 4, True, 8, 3), (128, 64, 128, 128, 128, 8, 4, True, 8, 2),
                          (128, 64, 256, 32, 128, 8, 4, True, 8, 4)]
+# Through TMA descriptors (SortedTiles.tma), against the same tiles without: the large and medium
+# defaults, then other stages and tiles that the descriptors' smaller register need may favour.
+MOE_SORTED_TMA_TILES = [(128, 64, 256, 64, 128, 8, 4, True), (128, 64, 256, 64, 128, 8, 4, True, 0, 0, True),
+                        (128, 64, 256, 64, 128, 8, 3, True, 0, 0, True), (128, 64, 128, 64, 128, 8, 4, True, 0, 0, True),
+                        (128, 128, 256, 64, 128, 8, 2, True, 0, 0, True), (128, 64, 256, 64, 128, 8, 4, True, 8, 3, True),
+                        (64, 64, 64, 64, 64, 4, 3, True), (64, 64, 64, 64, 64, 4, 3, True, 0, 0, True),
+                        (64, 64, 128, 64, 64, 4, 4, True, 0, 0, True)]
 # A prefix-cache hit's tail (~80 rows, ~2.5 pairs per expert): the medium tiles first, then other down
 # tiles (its K, the 512 intermediate columns, is short), smaller blocks and the small tiles.
 MOE_SORTED_TAIL_TILES = [(64, 64, 64, 64, 64, 4, 3, True), (64, 64, 64, 128, 64, 4, 3, True),
@@ -1176,6 +1183,8 @@ def main():
     for tokens in (16,) if SMOKE else (8192, 16384):
         run_case(report, f"moe_sorted_down_tiles_T{tokens}",
                  moe_sweep(tokens, "sorted", MOE_SORTED_DOWN_TILES, per_kernel=True))
+    for tokens in (16,) if SMOKE else (2048, 8192, 32768):
+        run_case(report, f"moe_sorted_tma_T{tokens}", moe_sweep(tokens, "sorted", MOE_SORTED_TMA_TILES, per_kernel=True))
     if not (args.skip_fla or SMOKE) and fla_available():  # last: fla-core autotunes on first use
         for impl in ("fla", "fla_fp32"):
             run_case(report, f"gdn_prefill_{impl}_ragged", gdn_prefill(ragged, f"ragged {ragged} with captures", impl))

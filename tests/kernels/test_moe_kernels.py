@@ -145,6 +145,27 @@ def test_grouped_experts_in_either_grid_order(columns_fast):
     assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
 
 
+@pytest.mark.parametrize("columns_fast", [False, True])
+def test_grouped_experts_through_tma_descriptors(columns_fast):
+    """Weights (and the down kernel's rows) through descriptors: K steps past the hidden and intermediate
+    columns read zeros, a block's box reaches into the next expert's rows; the same bytes as the loads."""
+    x, w13, w2, weights, ids = _experts_inputs(70, 5, 80, 48, 2, True)
+    tiles = (16, 32, 16, 32, 16, 4, 1, columns_fast)
+    out = moe_experts(x, w13, w2, weights, ids, tiles=(*tiles, 0, 0, True), path="sorted")
+    assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
+    assert torch.equal(out, moe_experts(x, w13, w2, weights, ids, tiles=tiles, path="sorted"))
+
+
+def test_tma_tiles_that_would_cross_experts_take_the_loads():
+    from deltaserve.kernels.moe.triton_moe_experts import _tma_fits
+
+    x, w13, w2, weights, ids = _experts_inputs(30, 4, 80, 40, 2, False)
+    assert _tma_fits(w13, w2, 8, 16) and not _tma_fits(w13, w2, 16, 16) and not _tma_fits(w13, w2, 8, 32)
+    assert not _tma_fits(w13[::2], w2, 8, 16)  # one expert's rows not right after the previous one's
+    out = moe_experts(x, w13, w2, weights, ids, tiles=(16, 32, 32, 32, 16, 4, 1, False, 0, 0, True), path="sorted")
+    assert_close(out, reference.moe_experts(x, w13, w2, weights, ids))
+
+
 def _assert_stably_sorted_in_blocks(ids, experts, block_m, order, offsets, block_start):
     """order as torch's stable sort; offsets and block_start [E + 1] over the routed pairs (id < experts)."""
     assert torch.equal(order, ids.sort(stable=True).indices)

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deltaserve.kernels.moe.triton_moe_direct import moe_experts_direct
 from deltaserve.kernels.partial_sums import PartialSums
@@ -56,11 +57,13 @@ def _block_and_column_tile(COLUMNS_FAST: tl.constexpr):
 
 @triton.jit
 def _moe_gate_up_kernel(
-    x, w13, order, offsets, block_start, inter, stride_x, stride_we, stride_wn, stride_inter,
+    x, w13, w13_desc, order, offsets, block_start, inter, stride_x, stride_we, stride_wn, stride_inter,
     EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    COLUMNS_FAST: tl.constexpr,
+    COLUMNS_FAST: tl.constexpr, TMA: tl.constexpr,
 ):
+    """TMA: the weight tiles come through w13_desc, a descriptor of w13 as [E * 2I, H] in [BLOCK_N, BLOCK_K]
+    boxes (BLOCK_N divides I, so a box never crosses from the gate rows into the up rows)."""
     block, ntile = _block_and_column_tile(COLUMNS_FAST)
     expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
     if lo < hi:
@@ -77,9 +80,15 @@ def _moe_gate_up_kernel(
             mask_k = offs_k < HIDDEN
             a = tl.load(x + tokens[:, None] * stride_x + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :],
                         other=0.0)
-            w_mask = mask_n[:, None] & mask_k[None, :]
-            w_gate = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
-            w_up = tl.load(w_base + (INTER + offs_n)[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
+            if TMA:
+                row = expert * (2 * INTER) + ntile * BLOCK_N
+                w_gate = w13_desc.load([row, k0])
+                w_up = w13_desc.load([row + INTER, k0])
+            else:
+                w_mask = mask_n[:, None] & mask_k[None, :]
+                w_gate = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
+                w_up = tl.load(w_base + (INTER + offs_n)[:, None] * stride_wn + offs_k[None, :], mask=w_mask,
+                               other=0.0)
             acc_gate = tl.dot(a, tl.trans(w_gate), acc_gate, input_precision=PRECISION)
             acc_up = tl.dot(a, tl.trans(w_up), acc_up, input_precision=PRECISION)
         h = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
@@ -89,11 +98,14 @@ def _moe_gate_up_kernel(
 
 @triton.jit
 def _moe_down_kernel(
-    inter, w2, weights, order, offsets, block_start, y, stride_inter, stride_we, stride_wn, stride_y,
-    EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+    inter, inter_desc, w2, w2_desc, weights, order, offsets, block_start, y, stride_inter, stride_we, stride_wn,
+    stride_y, EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, HIDDEN: tl.constexpr, INTER: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-    COLUMNS_FAST: tl.constexpr,
+    COLUMNS_FAST: tl.constexpr, TMA: tl.constexpr,
 ):
+    """TMA: the tiles come through descriptors, of inter in [BLOCK_M, BLOCK_K] boxes (a block's pairs are
+    consecutive rows; the rows past its last belong to the next expert or lie past the end, where the box
+    reads zeros, and are not stored) and of w2 as [E * H, I] in [BLOCK_N, BLOCK_K] boxes (BLOCK_N divides H)."""
     block, ntile = _block_and_column_tile(COLUMNS_FAST)
     expert, lo, hi = _block_rows(block, offsets, block_start, EXPERTS, BLOCK_E, BLOCK_M)
     if lo < hi:
@@ -106,10 +118,14 @@ def _moe_down_kernel(
         for k0 in range(0, INTER, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mask_k = offs_k < INTER
-            a = tl.load(inter + pairs.to(tl.int64)[:, None] * stride_inter + offs_k[None, :],
-                        mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
-                        other=0.0)
+            if TMA:
+                a = inter_desc.load([lo, k0])
+                w = w2_desc.load([expert * HIDDEN + ntile * BLOCK_N, k0])
+            else:
+                a = tl.load(inter + pairs.to(tl.int64)[:, None] * stride_inter + offs_k[None, :],
+                            mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+                w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :],
+                            mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
         dest = tl.load(order + pairs, mask=mask_m, other=0).to(tl.int64)  # token * k + choice
         weight = tl.load(weights + dest, mask=mask_m, other=0.0).to(tl.float32)
@@ -128,6 +144,7 @@ class SortedTiles(NamedTuple):
     columns_fast: bool = False  # grid order: column tiles (not row blocks) on the fast axis
     down_warps: int = 0  # the down kernel's warps and stages where they differ (0: the gate/up kernel's)
     down_stages: int = 0
+    tma: bool = False  # the weight tiles (and the down kernel's input rows) through TMA descriptors
 
 
 # From the H200 sweeps of benchmarks/kernels_check.py: moe_sorted_tiles_T* for the small tiles,
@@ -349,6 +366,20 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
     return moe_experts_sorted(x, w13, w2, weights, ids, tiles)
 
 
+def _tma_fits(w13: torch.Tensor, w2: torch.Tensor, gate_n: int, down_n: int) -> bool:
+    """Whether the weights can be read through descriptors of [E * rows, columns]: each expert's rows
+    right after the previous one's, rows of 16-byte multiples, and column tiles that never cross from one
+    expert (or from the gate half into the up half) into the next."""
+    def stacked(w):
+        return w.stride(0) == w.shape[1] * w.stride(1) and (w.stride(1) * w.element_size()) % 16 == 0
+    return stacked(w13) and stacked(w2) and (w13.shape[1] // 2) % gate_n == 0 and w2.shape[1] % down_n == 0
+
+
+def _rows_descriptor(w: torch.Tensor, block_rows: int, block_cols: int) -> TensorDescriptor:
+    """w [E, R, C] as one [E * R, C] matrix read in [block_rows, block_cols] boxes."""
+    return TensorDescriptor(w, [w.shape[0] * w.shape[1], w.shape[2]], [w.stride(1), 1], [block_rows, block_cols])
+
+
 def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
                        ids: torch.Tensor, tiles: tuple[int, ...] | None = None) -> torch.Tensor:
     x = x if x.stride(-1) == 1 else x.contiguous()
@@ -360,24 +391,29 @@ def moe_experts_sorted(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, wei
     assert w13.stride(-1) == 1 and w2.stride(-1) == 1
     pairs = tokens * top_k
     default = default_tiles(pairs, experts)
-    gu_n, gu_k, dn_n, dn_k, block_m, warps, stages, columns_fast, down_warps, down_stages = (
+    gu_n, gu_k, dn_n, dn_k, block_m, warps, stages, columns_fast, down_warps, down_stages, tma = (
         SortedTiles(*tiles, *default[len(tiles):]) if tiles else default)
+    tma = tma and _tma_fits(w13, w2, gu_n, dn_n)
     order, offsets, block_start, max_blocks = align_pairs(ids, experts, block_m)
     flat_weights = weights.reshape(-1).contiguous()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     block_e = triton.next_power_of_2(experts + 1)
     inter = torch.empty((pairs, inter_size), dtype=x.dtype, device=x.device)
+    # Without TMA the kernels take their tensors in the descriptors' places (and never read them there).
+    w13_desc = _rows_descriptor(w13, gu_n, gu_k) if tma else w13
     _moe_gate_up_kernel[_grid(max_blocks, triton.cdiv(inter_size, gu_n), columns_fast)](
-        x, w13, order, offsets, block_start, inter, x.stride(0), w13.stride(0), w13.stride(1), inter.stride(0),
-        EXPERTS=experts, BLOCK_E=block_e, TOP_K=top_k, HIDDEN=hidden, INTER=inter_size,
-        BLOCK_M=block_m, BLOCK_N=gu_n, BLOCK_K=gu_k, PRECISION=precision, COLUMNS_FAST=columns_fast,
+        x, w13, w13_desc, order, offsets, block_start, inter, x.stride(0), w13.stride(0), w13.stride(1),
+        inter.stride(0), EXPERTS=experts, BLOCK_E=block_e, TOP_K=top_k, HIDDEN=hidden, INTER=inter_size,
+        BLOCK_M=block_m, BLOCK_N=gu_n, BLOCK_K=gu_k, PRECISION=precision, COLUMNS_FAST=columns_fast, TMA=tma,
         num_warps=warps, num_stages=stages,
     )
     y = torch.empty((pairs, hidden), dtype=x.dtype, device=x.device)
+    inter_desc = TensorDescriptor.from_tensor(inter, [block_m, dn_k]) if tma else inter
+    w2_desc = _rows_descriptor(w2, dn_n, dn_k) if tma else w2
     _moe_down_kernel[_grid(max_blocks, triton.cdiv(hidden, dn_n), columns_fast)](
-        inter, w2, flat_weights, order, offsets, block_start, y, inter.stride(0), w2.stride(0), w2.stride(1),
-        y.stride(0), EXPERTS=experts, BLOCK_E=block_e, HIDDEN=hidden, INTER=inter_size,
-        BLOCK_M=block_m, BLOCK_N=dn_n, BLOCK_K=dn_k, PRECISION=precision, COLUMNS_FAST=columns_fast,
+        inter, inter_desc, w2, w2_desc, flat_weights, order, offsets, block_start, y, inter.stride(0), w2.stride(0),
+        w2.stride(1), y.stride(0), EXPERTS=experts, BLOCK_E=block_e, HIDDEN=hidden, INTER=inter_size,
+        BLOCK_M=block_m, BLOCK_N=dn_n, BLOCK_K=dn_k, PRECISION=precision, COLUMNS_FAST=columns_fast, TMA=tma,
         num_warps=down_warps or warps, num_stages=down_stages or stages,
     )
     out = torch.empty_like(x)
