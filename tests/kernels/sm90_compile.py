@@ -275,14 +275,18 @@ def _sorted_moe_cases(moe: dict):
     experts = dict(moe, EXPERTS=257, BLOCK_E=512, PRECISION="tf32")
     for size in ("SMALL", "MEDIUM", "LARGE"):
         t = getattr(sorted_moe, f"{size}_TILES")
+        # with TMA the weight tiles (and the down kernel's rows) come through descriptors of these boxes
+        desc = (lambda rows, cols: f"tensordesc<bf16[{rows}, {cols}]>") if t.tma else (lambda rows, cols: bf16)
         yield (f"moe_sorted_gate_up_{size.lower()}", sorted_moe._moe_gate_up_kernel,
-               dict(ints, x=bf16, w13=bf16, inter=bf16),
-               dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.gate_n, BLOCK_K=t.gate_k, COLUMNS_FAST=t.columns_fast),
-               t.warps, t.stages)
+               dict(ints, x=bf16, w13=bf16, inter=bf16, w13_desc=desc(t.gate_n, t.gate_k)),
+               dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.gate_n, BLOCK_K=t.gate_k, COLUMNS_FAST=t.columns_fast,
+                    TMA=t.tma), t.warps, t.stages)
         yield (f"moe_sorted_down_{size.lower()}", sorted_moe._moe_down_kernel,
-               dict(ints, inter=bf16, w2=bf16, y=bf16),
+               dict(ints, inter=bf16, w2=bf16, y=bf16, inter_desc=desc(t.block_m, t.down_k),
+                    w2_desc=desc(t.down_n, t.down_k)),
                {k: v for k, v in dict(experts, BLOCK_M=t.block_m, BLOCK_N=t.down_n, BLOCK_K=t.down_k,
-                                      COLUMNS_FAST=t.columns_fast).items() if k != "TOP_K"}, t.warps, t.stages)
+                                      COLUMNS_FAST=t.columns_fast, TMA=t.tma).items() if k != "TOP_K"},
+               t.down_warps or t.warps, t.down_stages or t.stages)
 
 
 def main():

@@ -154,10 +154,12 @@ class SortedTiles(NamedTuple):
 # every order and tile measured about the same (377-390 us for the 64-row blocks). The large tiles load
 # four steps ahead: at 8192 tokens (9 choices over 257 experts) the gate/up kernel took 672-675 us
 # against 685-686 with three, the down kernel 444-447 against 455-457 (twice each); at 32768 tokens no
-# different beyond the spread of repeated runs.
+# different beyond the spread of repeated runs. Through TMA descriptors the large tiles took 3775 us
+# against 4145 at 32768 tokens (gate/up 2005 against 2507, down 1466 against 1665) and 1127 against 1211 at
+# 8192, the same output (kernels_check_moe_tma.json, moe_sorted_tma_T*).
 SMALL_TILES = SortedTiles(32, 128, 64, 128, 16, 4, 3)  # a few pairs per expert
 MEDIUM_TILES = SortedTiles(64, 64, 64, 64, 64, 4, 3, True)
-LARGE_TILES = SortedTiles(128, 64, 256, 64, 128, 8, 4, True)
+LARGE_TILES = SortedTiles(128, 64, 256, 64, 128, 8, 4, True, tma=True)
 LARGE_MIN_PAIRS_PER_EXPERT = 128
 
 
