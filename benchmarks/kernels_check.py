@@ -671,6 +671,49 @@ def rotary_store(tokens):
     return body
 
 
+# rotary_store_kv's (tokens a program, warps) on a long prompt's first chunk (k_out); (1, 2) is the kernel
+# before token tiles, (LONG_BLOCK_T, LONG_WARPS) its long-pass default.
+ROTARY_STORE_TILES = [(1, 2), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8), (16, 4), (16, 8), (32, 8)]
+
+
+def rotary_store_tiles(tokens, configs):
+    """The fused q/k norm + rotary + KV store in token tiles: the bytes out against a token a program's,
+    and the time against the floor of its bytes (q, k and v read; q, k, the k and v caches written)."""
+    from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
+
+    def body():
+        q = torch.randn(tokens, HEADS, 2 * HEAD_DIM, device=DEV, dtype=BF16)[..., :HEAD_DIM]  # gate interleaved
+        k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        v = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+        qw, kw = torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1, torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1
+        positions = torch.arange(tokens, device=DEV)
+        inv = 1.0 / (10000 ** (torch.arange(0, ROTARY, 2, device=DEV).float() / ROTARY))
+        freqs = torch.arange(tokens, device=DEV).float()[:, None] * inv[None]
+        cache = torch.cat([freqs.cos(), freqs.sin()], -1)
+        pages = tokens // PAGE + 8
+        slots = torch.randperm(pages * PAGE, device=DEV)[:tokens]
+
+        def run(block_t, warps, caches):
+            return rotary_store_kv(q, k, v, positions, cache, *caches, slots, qw, kw, 1e-6, 1.0, k_out=True,
+                                   block_t=block_t, num_warps=warps)
+        new_caches = lambda: [torch.zeros(pages, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16) for _ in "kv"]  # noqa: E731
+        one = new_caches()
+        expected = (*run(1, 2, one), *one)
+        nbytes = (q.numel() * 2 + k.numel() * 4 + v.numel() * 2) * 2
+        res = {"shape": f"T={tokens} Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM} rotary_dim={ROTARY}",
+               "floor_us": round(nbytes / 4.24e6, 1), "configs": []}
+        for block_t, warps in configs[:2] if SMOKE else configs:
+            caches = new_caches()
+            out = (*run(block_t, warps, caches), *caches)
+            cfg = {"block_t": block_t, "warps": warps,
+                   "same_bytes": all(torch.equal(a, b) for a, b in zip(out, expected))}
+            if not SMOKE:
+                cfg["kernel_us"] = round(time_graph_us(lambda: run(block_t, warps, caches)), 1)
+            res["configs"].append(cfg)
+        return res
+    return body
+
+
 def silu_mul(tokens):
     from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul
 
@@ -1130,6 +1173,8 @@ def main():
         run_case(report, f"rotary_T{tokens}", rotary(tokens))
         run_case(report, f"rotary_store_kv_T{tokens}", rotary_store(tokens))
         run_case(report, f"silu_and_mul_T{tokens}", silu_mul(tokens))
+    for tokens in (40,) if SMOKE else (8192, 32768):
+        run_case(report, f"rotary_store_kv_tiles_T{tokens}", rotary_store_tiles(tokens, ROTARY_STORE_TILES))
     long_prompt = 100 if SMOKE else 8192
     run_case(report, f"norm_row_tiles_T{long_prompt}", norm_row_tiles(long_prompt))
     run_case(report, f"conv1d_row_tiles_T{long_prompt}", conv_row_tiles([long_prompt], CONV_ROW_TILES))

@@ -23,14 +23,17 @@ from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 
 
 def idle_gaps(fn, min_us: float = 50.0, rows: int = 10) -> dict:
-    """Where the GPU waits during fn: its kernels' and copies' busy time and span, and the gaps between
-    them longer than min_us (with what ran before and after each), from one profiled run."""
+    """Where the GPU waits during fn: its kernels' and copies' busy time and span, the gaps between them
+    longer than min_us (with what ran before and after each), and the host's time before the first and
+    after the last (lead_ms, tail_ms: fn's own span on the host against the GPU's), from one profiled run."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+        with record_function("idle_gaps_call"):
+            fn()
+            torch.cuda.synchronize()
+    call = next(e for e in prof.events() if e.name == "idle_gaps_call" and e.device_type.name == "CPU")
     work = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                   if e.device_type.name == "CUDA")
     gaps, end, before = [], work[0][1], work[0][2]
@@ -41,6 +44,9 @@ def idle_gaps(fn, min_us: float = 50.0, rows: int = 10) -> dict:
             end, before = stop, name
     gaps.sort(key=lambda g: -g["ms"])
     return {"busy_ms": round(sum(b - a for a, b, _ in work) / 1e3, 2), "span_ms": round((end - work[0][0]) / 1e3, 2),
+            "call_ms": round((call.time_range.end - call.time_range.start) / 1e3, 2),
+            "lead_ms": round((work[0][0] - call.time_range.start) / 1e3, 2),
+            "tail_ms": round((call.time_range.end - end) / 1e3, 2),
             f"idle_ms_in_gaps_over_{int(min_us)}_us": round(sum(g["ms"] for g in gaps), 2), "gaps": gaps[:rows]}
 
 

@@ -112,13 +112,16 @@ def test_store_kv_skips_padding():
     assert torch.equal(v_cache, expected_v)
 
 
-# partial rotary with a per-head norm (Qwen3.5), full rotary without one (Llama), one token (decode)
-@pytest.mark.parametrize("tokens,q_heads,kv_heads,head_dim,rotary_dim,norm", [
-    (5, 4, 2, 32, 8, True),
-    (3, 3, 1, 16, 16, False),
-    (1, 8, 2, 64, 16, True),
+# partial rotary with a per-head norm (Qwen3.5), full rotary without one (Llama), one token (decode);
+# tiles of 4 tokens (a long pass's), the last one partial
+@pytest.mark.parametrize("tokens,q_heads,kv_heads,head_dim,rotary_dim,norm,block_t", [
+    (5, 4, 2, 32, 8, True, None),
+    (3, 3, 1, 16, 16, False, None),
+    (1, 8, 2, 64, 16, True, None),
+    (10, 4, 2, 32, 8, True, 4),
+    (7, 3, 1, 16, 16, False, 4),
 ])
-def test_rotary_store_kv_matches_the_unfused_ops(tokens, q_heads, kv_heads, head_dim, rotary_dim, norm):
+def test_rotary_store_kv_matches_the_unfused_ops(tokens, q_heads, kv_heads, head_dim, rotary_dim, norm, block_t):
     from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
 
     # q with its output gate interleaved per head, k and v: views into one fused projection
@@ -138,14 +141,18 @@ def test_rotary_store_kv_matches_the_unfused_ops(tokens, q_heads, kv_heads, head
     weights = dict(q_norm=torch.randn(head_dim), k_norm=torch.randn(head_dim), eps=1e-6, norm_offset=1.0) if norm else {}
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     expected_q = reference.rotary_store_kv(q, k, v, positions, cos_sin, expected_k, expected_v, slots, **weights)
-    out_q = rotary_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, **weights)
+    out_q = rotary_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, **weights, block_t=block_t)
     assert_close(out_q, expected_q)
     assert_close(k_cache, expected_k)
     assert torch.equal(v_cache, expected_v)
+    if block_t:  # the same bytes as a token a program
+        one_k, one_v = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+        assert torch.equal(out_q, rotary_store_kv(q, k, v, positions, cos_sin, one_k, one_v, slots, **weights))
+        assert torch.equal(k_cache, one_k) and torch.equal(v_cache, one_v)
 
 
-@pytest.mark.parametrize("norm", [True, False])
-def test_rotary_store_kv_also_returns_the_rotated_k_rows(norm):
+@pytest.mark.parametrize("norm,block_t", [(True, None), (False, None), (True, 4)])
+def test_rotary_store_kv_also_returns_the_rotated_k_rows(norm, block_t):
     # The fresh-prefill path attends over its own k rows: every row of k comes back rotated (padding too),
     # and the cache holds the same rows.
     from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
@@ -164,7 +171,8 @@ def test_rotary_store_kv_also_returns_the_rotated_k_rows(norm):
     expected_k_cache = k_cache.clone()
     expected_q, expected_k = reference.rotary_store_kv(q, k, v, positions, cos_sin, expected_k_cache, v_cache.clone(),
                                                        slots, **weights, k_out=True)
-    out_q, out_k = rotary_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, **weights, k_out=True)
+    out_q, out_k = rotary_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, **weights, k_out=True,
+                                   block_t=block_t)
     assert out_k.shape == k.shape and out_k.is_contiguous()
     assert_close(out_q, expected_q)
     assert_close(out_k, expected_k)
