@@ -30,6 +30,16 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At 938b7ae (a long chunk's host batch built as numpy runs, bc7563b; the MoE tiles change nothing here), "
+        "against f753d9b in one command, alternated base, new, new, base "
+        "(engine_prefill_host_and_moe_tma_same_machine.json): 8k 0.2058 / 0.2057 against 0.2074 / 0.2066 s, "
+        "0.96x vLLM's time. That card ran f753d9b, whose GPU path is edcc4d4's, 2-3% slower than the card of "
+        "edcc4d4's run, whose 0.2015 s (8k) and 0.9087 s (32k) stay the comparison's prefill row. On the host "
+        "(timeit, CPU) one 32768-token prompt's batch took 0.11 ms to build against 3.7 and 0.15 ms to become "
+        "device tensors against 2.1; 8192 tokens 0.04 and 0.05 against 0.53 and 0.52. The GDN state kernel's "
+        "tiles (gdn_state_tiles.json): 16-column tiles, two programs a multiprocessor, took 393-425 us at 8k "
+        "against 258 for the default 32 columns at 3 stages, and a GEMM of the MLP's shape before each call "
+        "did not slow it, so that alone does not reproduce the pass's 393.",
         "At edcc4d4 the long prefill passes' GDN state kernel takes bf16 dots (the state stays fp32) with the "
         "output in a kernel of its own, the buffers that only feed dots are bf16 (the same bytes as fp32 ones "
         "under those dots), the prepare kernel sums its inverse's series as a product and the output kernel "
@@ -158,6 +168,19 @@ NOTES = {
         "/ 0.615 s against 0.133 / 0.600 with 1024-row pieces).",
     ],
     "qwen3.5-35b-a3b": [
+        "At 938b7ae against f753d9b in one command, alternated base, new, new, base "
+        "(engine_prefill_host_and_moe_tma_same_machine.json): 8k 0.1236 / 0.1238 against 0.1290 / 0.1279 s "
+        "(0.84x vLLM's time), 32k 0.5756 / 0.5751 against 0.5916 / 0.5963 (0.911x: 0.9x is 0.568 s, missed by "
+        "7 ms). Two changes: a long chunk's host batch as numpy runs (bc7563b), and the sorted MoE's large "
+        "tiles through TMA descriptors (938b7ae: 3775 against 4145 us at 32768 tokens, gate/up 2005 against "
+        "2507 and down 1466 against 1665, the same output; kernels_check_moe_tma.json). Where the 32k pass "
+        "went before them (profile_prefill_qwen3.5-35b-a3b_32768_gaps_571e85c.json, 556.7 ms of kernels, 2.85 "
+        "in idle gaps): cuDNN attention 126.7 ms, the MoE's gate/up 97.9 and down 65.9, the dense GEMMs 111.1, "
+        "the GDN chunk kernels 99.0 (state 43.2, prepare 39.0, output 16.8), the MoE's combine 12.5, conv 12.2, "
+        "RMSNorm 10.1, rotary with the KV store 7.1 (711 us a layer, some 4x its bytes' time), the gated norm "
+        "6.0. The rotary and KV store in 8-token tiles (55a4a2b) is checked in the interpreter (the same bytes "
+        "as a token a program) and compiled for sm_90, and not yet timed on the GPU. The GDN state kernel took "
+        "1439 us a layer inside that pass against 1014 timed alone at 32k.",
         "At edcc4d4 (the GDN prefill kernels of the 9B notes' first paragraph), against 19d5b97 alternated twice "
         "in one command (engine_gdn_prefill_same_machine.json): 8k 0.1250 / 0.1258 against 0.1312 / 0.1303 s "
         "(0.85-0.86x vLLM's time, the 0.9x target met), 32k 0.5779 / 0.5773 against 0.5928 / 0.5984 (0.92x; "
