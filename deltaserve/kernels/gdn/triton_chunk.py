@@ -60,7 +60,9 @@ SHORT_PASS_PREPARE = {"sub": 4}
 # give the GPU twice the programs: 742 us against 774 with 64 at 8192 tokens. Once the 64-column tiles
 # alone fill the multiprocessors they win, each reading a chunk's w, q and k for twice the columns:
 # 1040 against 1739 us over 128 prompts of 128 tokens, 268 against 440 over 32 (kernels_check_occupancy.json).
-# Not with captures: that kernel's wide tiles spill registers on sm_90, and were not measured.
+# Not with captures: that kernel's wide tiles spill registers on sm_90, and were not measured. Under the long
+# passes' bf16 dots, 16-column tiles (two programs a multiprocessor) took 393-425 us against 258 at 8192
+# tokens and 1564-1964 against 1014-1138 at 32768 (gdn_state_tiles.json).
 STATE_BLOCK_V = 32
 STATE_WIDE_BLOCK_V = 64
 # Long passes of 16-bit inputs: bf16 dots on the state, the output in its own kernel, and the buffers
