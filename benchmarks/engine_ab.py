@@ -1,0 +1,59 @@
+"""engine_bench.py of two or more source trees on one GPU, alternated in one command.
+
+    python benchmarks/engine_ab.py qwen3.5-35b-a3b --trees .base=f753d9b,.=938b7ae --prefill 8192,32768 \
+        --rounds 2 --out benchmarks/results/engine_prefill_X_same_machine.json
+
+Each run is that tree's own benchmarks/engine_bench.py in a fresh process, with DELTASERVE_COMMIT set
+to the tree's label. Odd rounds run the trees in the order given and even rounds in reverse (A B B A),
+so that the card's drift over the command (its clocks, its temperature) falls on every tree alike.
+`--concurrency` (empty by default: prefill only), `--prefill`, `--gdn-state-dtype` and `--max-model-len`
+pass through.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import results_io  # this directory's module: first on the path of a script
+
+
+def run_tree(tree: str, label: str, args) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        out = os.path.join(scratch, "run.json")
+        command = [sys.executable, "benchmarks/engine_bench.py", args.shape, "--concurrency", args.concurrency,
+                   "--prefill", args.prefill, "--gdn-state-dtype", args.gdn_state_dtype,
+                   "--max-model-len", str(args.max_model_len), "--out", out]
+        subprocess.run(command, cwd=tree, env=dict(os.environ, DELTASERVE_COMMIT=label), check=True,
+                       stdout=subprocess.DEVNULL)
+        return json.load(open(out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape")
+    ap.add_argument("--trees", required=True, help="comma-separated dir=label, the base first")
+    ap.add_argument("--concurrency", default="")
+    ap.add_argument("--prefill", default="8192,32768")
+    ap.add_argument("--gdn-state-dtype", default="float32")
+    ap.add_argument("--max-model-len", type=int, default=33024)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    trees = [t.split("=") for t in args.trees.split(",")]
+    result = {**results_io.header(), "shape": args.shape, "trees": dict(trees), "runs": []}
+    for round_ in range(1, args.rounds + 1):
+        for tree, label in trees if round_ % 2 else trees[::-1]:
+            run = run_tree(tree, label, args)
+            entry = {"round": round_, "commit": label, "startup_s": run["startup_s"],
+                     "decode": run["decode"], "prefill": run["prefill"]}
+            result["runs"].append(entry)
+            print(label, round_, [(r["tokens"], r["ttft_s"]) for r in run["prefill"]],
+                  [(r["concurrency"], r["step_ms"], r["closed_batch_tok_s"]) for r in run["decode"]], flush=True)
+            results_io.write(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
