@@ -928,6 +928,20 @@ def gdn_prefill_long_pass_state(lens, label):
     return body
 
 
+def gdn_prefill_u_dtype(lens, label):
+    """u in bf16 against fp32 on a long pass, the kernels' defaults otherwise: errors against the fp32
+    reference and per-kernel times (u is the prepare kernel's largest write and the state kernel's largest
+    read, and a 16-bit u rounds what no dot rounds)."""
+    def body():
+        inputs, expected, ref_pool = _gdn_prefill_reference(lens)
+        configs = [{}, {"u_dtype": torch.bfloat16}]
+        res = {"shape": label, "configs": [_gdn_prefill_config(inputs, expected, ref_pool, c) for c in configs]}
+        for cfg in res["configs"]:
+            cfg["u_dtype"] = str(cfg.pop("u_dtype", torch.float32)).replace("torch.", "")
+        return res
+    return body
+
+
 # (prepare kernel's register cap, state kernel's (block_v, warps, stages)); None: no cap. At 175 registers
 # two prepare programs of 4 warps share a multiprocessor, at 168 three (LONG_PASS_PREPARE's cap); the
 # state kernel's two stages take 196 KB of shared memory (one program a multiprocessor), one stage 74 KB.
@@ -1221,6 +1235,9 @@ def main():
     for lens in ([40], [8] * 6) if SMOKE else ([8192], [32768], [128] * 128):
         run_case(report, f"gdn_prefill_long_pass_state_{len(lens)}x{lens[0]}",
                  gdn_prefill_long_pass_state(lens, f"{len(lens)} prompts of {lens[0]} tokens"))
+    for lens in ([40],) if SMOKE else ([8192], [32768], [128] * 128):
+        run_case(report, f"gdn_prefill_u_dtype_{len(lens)}x{lens[0]}",
+                 gdn_prefill_u_dtype(lens, f"{len(lens)} prompts of {lens[0]} tokens"))
     occupancy = ([40], [8] * 6) if SMOKE else ([8192], [32768], [128] * 128, [128] * 32)
     for lens in occupancy:
         run_case(report, f"gdn_prefill_occupancy_{len(lens)}x{lens[0]}",

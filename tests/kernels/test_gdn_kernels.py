@@ -190,6 +190,14 @@ def test_chunk_prefill_with_16_bit_buffers_between_the_kernels(split_output):
                  buffer_dtype=torch.float16, tol=3e-3)
 
 
+# u in 16 bits too (an option the benchmarks measure), with and without the output kernel and captures.
+@pytest.mark.parametrize("split_output", [False, True])
+def test_chunk_prefill_with_u_in_16_bits(split_output):
+    captures = [(15, 0), (64, 1), (100, 2), (131, 3)]
+    _check_chunk([130, 1, 20], 2, 4, 16, 16, [3, 0, 4], captures, split_output=split_output,
+                 buffer_dtype=torch.float16, u_dtype=torch.float16, tol=3e-3)
+
+
 @triton.jit
 def _inverse_kernel(a, out, CHUNK: tl.constexpr, SUB: tl.constexpr):
     rows = tl.arange(0, CHUNK)

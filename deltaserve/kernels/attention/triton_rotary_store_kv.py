@@ -1,7 +1,8 @@
 """Per-head RMSNorm (optional), rotary and the KV store of an attention layer's new rows in one kernel:
-one program per (token, head) over the q heads then the k heads (on a long pass, per (tokens, head)). A q head is written to the returned
-tensor; a k head goes straight to its cache slot, with the matching v head beside it, and with k_out
-also to a [T, Hk, D] tensor (a long prompt's first chunk attends over its own k rows, not the cache).
+one program per (token, head) over the q heads then the k heads (on a long pass, per (tokens, head)). A q
+head is written to the returned tensor; a k head goes straight to its cache slot, with the matching v
+head beside it, and with k_out also to a [T, Hk, D] tensor (a long prompt's first chunk attends over
+its own k rows, not the cache).
 At decode this is one launch where the unfused path takes four (q norm, k norm, rotary, store).
 
 Rounding follows the unfused ops: the normalised row is rounded to the input dtype before it is rotated,

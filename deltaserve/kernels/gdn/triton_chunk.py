@@ -209,7 +209,7 @@ def _chunk_prepare_kernel(
             mask_v = live[:, None] & (offs_v < DV)[None, :]
             vt = tl.load(v + t[:, None] * stride_v_t + head * stride_v_h + offs_v[None, :], mask=mask_v, other=0.0)
             u = tl.dot(T, vt.to(tl.float32) * beta[:, None], input_precision=PRECISION)
-            tl.store(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], u, mask=mask_v)
+            tl.store(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], u.to(u_buf.dtype.element_ty), mask=mask_v)
 
 
 @triton.jit
@@ -250,7 +250,7 @@ def _chunk_step(q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, 
 
     w = tl.load(w_buf + (t[:, None] * HV + head) * DK + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
                 other=0.0)
-    u = tl.load(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0)
+    u = tl.load(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0).to(tl.float32)
     v_new = u - _dot(w, state, None, PRECISION)  # what the carried state does not predict
 
     if SPLIT_OUTPUT:  # the output kernel computes o from the state before the chunk and v_new
@@ -355,7 +355,7 @@ def _chunk_snapshot_kernel(
         w = tl.load(w_buf + (t[:, None] * HV + head) * DK + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
                     other=0.0)
         u = tl.load(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=live[:, None] & mask_v[None, :],
-                    other=0.0)
+                    other=0.0).to(tl.float32)
         v_new = u if U_IS_V_NEW else u - _dot(w, state, None, PRECISION)
         kt = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
         kt = kt * tl.exp(tl.minimum(G_r - G, 0.0))[:, None]
@@ -410,7 +410,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
               h_snapshots=None, block_v: int | None = None, num_warps: int | None = None,
               num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
               split_output: bool | None = None, prepare: dict | None = None,
-              buffer_dtype: torch.dtype | None = None, output: dict | None = None) -> torch.Tensor:
+              buffer_dtype: torch.dtype | None = None, output: dict | None = None,
+              u_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
@@ -425,7 +426,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once.
     buffer_dtype overrides the dtype of the buffers that only feed dots (w, the states before each chunk,
     v_new): by default bf16 under bf16 dots, else fp32. `output` overrides the output kernel's "bv",
-    "warps" and "stages".
+    "warps" and "stages". u_dtype stores u in that dtype rather than fp32 (an option the benchmarks
+    measure: u takes part in v_new = u - w S, so a 16-bit u rounds what no dot rounds).
 
     Long passes of 16-bit inputs take LONG_PASS_STATE."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
@@ -454,7 +456,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         inverse_precision = prepare.get("inverse_precision", "tf32")
     block_k = max(16, triton.next_power_of_2(dk))  # tl.dot needs every dimension >= 16
     dev = q.device
-    u_buf = torch.empty((tokens, hv, dv), dtype=torch.float32, device=dev)
+    u_buf = torch.empty((tokens, hv, dv), dtype=u_dtype or torch.float32, device=dev)
     g_buf = torch.empty((tokens, hv), dtype=torch.float32, device=dev)
     # A buffer that only ever feeds a dot is stored in the dot's operand dtype: under bf16 dots it is
     # rounded there anyway (the same numbers in half the bytes). u takes part in a subtraction, and Aqk
