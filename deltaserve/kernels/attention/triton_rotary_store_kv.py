@@ -22,6 +22,7 @@ LONG_MIN_TOKENS = 512
 LONG_BLOCK_T = 8
 LONG_WARPS = 4
 
+
 @triton.jit
 def _normed_part(src, weight, cols, mask, rstd, offset, HAS_NORM: tl.constexpr):
     """Channels `cols` [1, C] of the rows `src` [R, 1], normalised and rounded as the RMSNorm op rounds

@@ -370,11 +370,13 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: t
 
 def _tma_fits(w13: torch.Tensor, w2: torch.Tensor, gate_n: int, down_n: int) -> bool:
     """Whether the weights can be read through descriptors of [E * rows, columns]: each expert's rows
-    right after the previous one's, rows of 16-byte multiples, and column tiles that never cross from one
-    expert (or from the gate half into the up half) into the next."""
+    right after the previous one's, rows of 16-byte multiples (the intermediate rows' too), and column
+    tiles that never cross from one expert (or from the gate half into the up half) into the next."""
     def stacked(w):
         return w.stride(0) == w.shape[1] * w.stride(1) and (w.stride(1) * w.element_size()) % 16 == 0
-    return stacked(w13) and stacked(w2) and (w13.shape[1] // 2) % gate_n == 0 and w2.shape[1] % down_n == 0
+    inter_rows_aligned = (w2.shape[2] * w2.element_size()) % 16 == 0
+    return (stacked(w13) and stacked(w2) and inter_rows_aligned and (w13.shape[1] // 2) % gate_n == 0
+            and w2.shape[1] % down_n == 0)
 
 
 def _rows_descriptor(w: torch.Tensor, block_rows: int, block_cols: int) -> TensorDescriptor:
