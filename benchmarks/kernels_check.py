@@ -631,6 +631,22 @@ def rotary(tokens):
     return body
 
 
+def _rotary_store_inputs(tokens):
+    """q (its output gate interleaved), k, v, the q and k norms' weights, positions, the cos/sin cache, the
+    KV pages and a slot for each token, for rotary_store_kv."""
+    q = torch.randn(tokens, HEADS, 2 * HEAD_DIM, device=DEV, dtype=BF16)[..., :HEAD_DIM]
+    k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+    v = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
+    qw, kw = torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1, torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1
+    positions = torch.randint(0, 4096, (tokens,), device=DEV)
+    inv = 1.0 / (10000 ** (torch.arange(0, ROTARY, 2, device=DEV).float() / ROTARY))
+    freqs = torch.arange(4096, device=DEV).float()[:, None] * inv[None]
+    cache = torch.cat([freqs.cos(), freqs.sin()], -1)
+    pages = tokens // PAGE + 8
+    slots = torch.randperm(pages * PAGE, device=DEV)[:tokens]
+    return q, k, v, qw, kw, positions, cache, pages, slots
+
+
 def rotary_store(tokens):
     """The fused q/k norm + rotary + KV store against the four unfused kernels it replaces."""
     from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
@@ -639,18 +655,9 @@ def rotary_store(tokens):
     from deltaserve.kernels.rotary.triton_rotary import apply_rotary
 
     def body():
-        q = torch.randn(tokens, HEADS, 2 * HEAD_DIM, device=DEV, dtype=BF16)[..., :HEAD_DIM]  # gate interleaved
-        k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
-        v = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
-        qw, kw = torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1, torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1
-        positions = torch.randint(0, 4096, (tokens,), device=DEV)
-        inv = 1.0 / (10000 ** (torch.arange(0, ROTARY, 2, device=DEV).float() / ROTARY))
-        freqs = torch.arange(4096, device=DEV).float()[:, None] * inv[None]
-        cache = torch.cat([freqs.cos(), freqs.sin()], -1)
-        pages = tokens // PAGE + 8
+        q, k, v, qw, kw, positions, cache, pages, slots = _rotary_store_inputs(tokens)
         k_cache = torch.zeros(pages, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
         v_cache = torch.zeros_like(k_cache)
-        slots = torch.randperm(pages * PAGE, device=DEV)[:tokens]
         rk, rv = k_cache.float(), v_cache.float()
         eq = attn_ref.rotary_store_kv(*f32(q, k, v), positions, cache, rk, rv, slots, *f32(qw, kw), 1e-6, 1.0)
         oq = rotary_store_kv(q, k, v, positions, cache, k_cache, v_cache, slots, qw, kw, 1e-6, 1.0)
@@ -682,16 +689,7 @@ def rotary_store_tiles(tokens, configs):
     from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
 
     def body():
-        q = torch.randn(tokens, HEADS, 2 * HEAD_DIM, device=DEV, dtype=BF16)[..., :HEAD_DIM]  # gate interleaved
-        k = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
-        v = torch.randn(tokens, KV_HEADS, HEAD_DIM, device=DEV, dtype=BF16)
-        qw, kw = torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1, torch.randn(HEAD_DIM, device=DEV, dtype=BF16) * 0.1
-        positions = torch.arange(tokens, device=DEV)
-        inv = 1.0 / (10000 ** (torch.arange(0, ROTARY, 2, device=DEV).float() / ROTARY))
-        freqs = torch.arange(tokens, device=DEV).float()[:, None] * inv[None]
-        cache = torch.cat([freqs.cos(), freqs.sin()], -1)
-        pages = tokens // PAGE + 8
-        slots = torch.randperm(pages * PAGE, device=DEV)[:tokens]
+        q, k, v, qw, kw, positions, cache, pages, slots = _rotary_store_inputs(tokens)
 
         def run(block_t, warps, caches):
             return rotary_store_kv(q, k, v, positions, cache, *caches, slots, qw, kw, 1e-6, 1.0, k_out=True,

@@ -19,9 +19,9 @@ def to_device(values, device: torch.device, dtype=torch.int64) -> torch.Tensor:
 def host_tensor(values, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
     """A (nested) list as a host tensor, through numpy: torch.tensor walks a list of Python ints about
     four times slower, some 1.6 ms for each 16384-row list of a long eager pass."""
-    array = np.array(values, dtype=_numpy_dtype(dtype))
-    if not pin:
-        return torch.from_numpy(array)
+    if not pin:  # a copy: the tensor must not share (or be refused) a read-only view such as a prompt's bytes
+        return torch.from_numpy(np.array(values, dtype=_numpy_dtype(dtype)))
+    array = np.asarray(values, dtype=_numpy_dtype(dtype))  # an array of the dtype already: copied once, below
     tensor = torch.empty(array.shape, dtype=dtype, pin_memory=True)
     tensor.numpy()[...] = array
     return tensor
