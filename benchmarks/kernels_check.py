@@ -704,7 +704,8 @@ def rotary_store_tiles(tokens, configs):
             caches = new_caches()
             out = (*run(block_t, warps, caches), *caches)
             cfg = {"block_t": block_t, "warps": warps,
-                   "same_bytes": all(torch.equal(a, b) for a, b in zip(out, expected))}
+                   "same_bytes": all(torch.equal(a, b) for a, b in zip(out, expected)),
+                   "max_abs_diff": max((a.float() - b.float()).abs().max().item() for a, b in zip(out, expected))}
             if not SMOKE:
                 cfg["kernel_us"] = round(time_graph_us(lambda: run(block_t, warps, caches)), 1)
             res["configs"].append(cfg)
