@@ -5,13 +5,16 @@ kernel took 393 us a layer inside a Qwen3.5-9B 8192-token pass and 258 us timed 
     python benchmarks/gdn_state_tiles.py --out benchmarks/results/gdn_state_tiles.json
 
 Per shape and configuration: each chunk kernel's device time (the profiler's mean over 5 calls), with
-and without a GEMM of the MLP's shape ([tokens, 4096] x [4096, 24576], bf16) before each call, and the
-largest difference of the output and of the final states from the default configuration's (the state
-columns are independent, so a tiling should change no byte).
+and without GEMMs of the MLP's shape ([tokens, 4096] x [4096, 24576], bf16) before each call (one, and
+`--heat` of them: whether tens of milliseconds of GEMMs, as a pass runs them, slow the kernel where one
+does not, as a card held at its power limit would), the SM clock and power nvidia-smi samples meanwhile, and the largest difference of the
+output and of the final states from the default configuration's (the state columns are independent, so
+a tiling should change no byte).
 """
 
 import argparse
 import os
+import subprocess
 import sys
 
 import torch
@@ -38,7 +41,37 @@ def configs(spec: str) -> list[dict]:
     return out
 
 
-def measure(tokens: int, seqs: int, options: list[dict]) -> list[dict]:
+class ClockSamples:
+    """nvidia-smi's SM clock and power every 10 ms while the block runs: their spread (None where
+    nvidia-smi cannot run)."""
+
+    def __enter__(self):
+        try:
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw",
+                                          "--format=csv,noheader,nounits", "-lms", "10"],
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc):
+        self.summary = None
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        rows = []
+        for line in self.proc.communicate()[0].splitlines():
+            try:
+                rows.append([float(x) for x in line.split(",")])
+            except ValueError:
+                continue
+        if rows:
+            clocks = sorted(r[0] for r in rows)
+            self.summary = {"samples": len(rows), "sm_mhz_min": clocks[0], "sm_mhz_median": clocks[len(clocks) // 2],
+                            "power_w_max": max(r[1] for r in rows)}
+
+
+def measure(tokens: int, seqs: int, options: list[dict], heat: int) -> list[dict]:
     q, k, v, a, b, A_log, dt_bias, pool0, slots, starts = packed_inputs(tokens, seqs)
     x = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(HIDDEN, MLP, device="cuda", dtype=torch.bfloat16) * HIDDEN**-0.5
@@ -55,16 +88,18 @@ def measure(tokens: int, seqs: int, options: list[dict]) -> list[dict]:
         row = {"options": opts or "default",
                "max_abs_diff_output": float((out.float() - reference.float()).abs().max()),
                "max_abs_diff_state": float((pool - reference_pool).abs().max())}
-        for heat in (False, True):
+        for label, gemms in (("alone", 0), ("after_gemm", 1), (f"after_{heat}_gemms", heat)):
             scratch = pool0.clone()
 
             def call():
-                if heat:
+                for _ in range(gemms):
                     x @ w
                 run(scratch, opts)
 
-            times = per_kernel_us(call, calls=5)
-            row["after_gemm" if heat else "alone"] = {name[:40]: us for name, us in times.items() if us >= 1.0}
+            with ClockSamples() as clocks:
+                times = per_kernel_us(call, calls=5)
+            row[label] = {name[:40]: us for name, us in times.items() if us >= 1.0}
+            row[label]["clocks"] = clocks.summary
         rows.append(row)
         print(tokens, seqs, row, flush=True)
     return rows
@@ -74,12 +109,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="8192x1,32768x1,16384x128", help="tokens x sequences, comma-separated")
     ap.add_argument("--configs", default="default,16:2:4,16:3:4,32:2:4,32:3:4,64:2:4,16:2:2,32:3:8")
+    ap.add_argument("--heat", type=int, default=40, help="GEMMs before each call in the third timing")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = {**results_io.header(), "shapes": args.shapes, "rows": {}}
     for shape in args.shapes.split(","):
         tokens, seqs = (int(n) for n in shape.split("x"))
-        result["rows"][shape] = measure(tokens, seqs, configs(args.configs))
+        result["rows"][shape] = measure(tokens, seqs, configs(args.configs), args.heat)
         results_io.write(args.out, result)
 
 
