@@ -685,11 +685,15 @@ ROTARY_STORE_TILES = [(1, 2), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8), (16, 4), (
 
 def rotary_store_tiles(tokens, configs):
     """The fused q/k norm + rotary + KV store in token tiles: the bytes out against a token a program's,
-    and the time against the floor of its bytes (q, k and v read; q, k, the k and v caches written)."""
+    the error against the fp32 reference, and the time against the floor of its bytes (q, k and v read;
+    q, k, the k and v caches written)."""
     from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
 
     def body():
         q, k, v, qw, kw, positions, cache, pages, slots = _rotary_store_inputs(tokens)
+        ref_k_cache = torch.zeros(pages, PAGE, KV_HEADS, HEAD_DIM, device=DEV, dtype=torch.float32)
+        ref_q = attn_ref.rotary_store_kv(*f32(q, k, v), positions, cache, ref_k_cache, torch.zeros_like(ref_k_cache),
+                                         slots, *f32(qw, kw), 1e-6, 1.0)
 
         def run(block_t, warps, caches):
             return rotary_store_kv(q, k, v, positions, cache, *caches, slots, qw, kw, 1e-6, 1.0, k_out=True,
@@ -705,7 +709,8 @@ def rotary_store_tiles(tokens, configs):
             out = (*run(block_t, warps, caches), *caches)
             cfg = {"block_t": block_t, "warps": warps,
                    "same_bytes": all(torch.equal(a, b) for a, b in zip(out, expected)),
-                   "max_abs_diff": max((a.float() - b.float()).abs().max().item() for a, b in zip(out, expected))}
+                   "max_abs_diff": max((a.float() - b.float()).abs().max().item() for a, b in zip(out, expected)),
+                   "rel_err_q": rel_err(out[0], ref_q), "rel_err_k_cache": rel_err(caches[0], ref_k_cache)}
             if not SMOKE:
                 cfg["kernel_us"] = round(time_graph_us(lambda: run(block_t, warps, caches)), 1)
             res["configs"].append(cfg)
