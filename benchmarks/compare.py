@@ -43,8 +43,8 @@ NOTES = {
         "(258.8). Over the 9B prefills of engine_prefill_rotary_tiles_same_machine_9b.json the samples drawn "
         "over 400 W have a median SM clock of 1560 MHz (1245 the lowest). The chunk kernels' time follows the "
         "clock the GEMMs leave them, and the GEMMs run at that limit (in edcc4d4's profiled 8k pass 152 of 196.5 "
-        "ms of kernels, the MLP's at 749 and 765 TFLOP/s): 0.9x vLLM's 8k time on that card is 0.191 s. In that command 0f66749 "
-        "(rotary_store_kv's token tiles: 63 against 202 us a layer at 8k alone, kernels_check_rotary_store_kv."
+        "ms of kernels, the MLP's at 749 and 765 TFLOP/s): 0.9x vLLM's 8k time on that card is 0.191 s. In "
+        "that command 0f66749 (rotary_store_kv's token tiles: 63 against 202 us a layer at 8k alone, kernels_check_rotary_store_kv."
         "json) against 938b7ae: 8k 0.2018 / 0.1995 against 0.1989 / 0.1999 s, 32k 0.9022 / 0.9003 against "
         "0.9034 / 0.8965, within the spread (eight layers of 1.1 ms in all at 8k). gpu_correctness.json at "
         "4b88ed1: all seven architectures pass.",

@@ -1,15 +1,15 @@
 """The chunked-GDN state kernel's tiles, stages and warps on one GPU, timed alone and as inside a prefill
 pass, where each GDN layer's kernels follow the input projection's GEMM and the MLP's before it: the
-kernel took 393 us a layer inside a Qwen3.5-9B 8192-token pass and 258 us timed alone.
+kernel took 393 us a layer inside a Qwen3.5-9B 8192-token pass, 258 us timed alone and 340 after forty
+GEMMs, which hold the card at its power limit and its SM clock near 1500 MHz (gdn_state_tiles_heat.json).
 
     python benchmarks/gdn_state_tiles.py --out benchmarks/results/gdn_state_tiles.json
 
-Per shape and configuration: each chunk kernel's device time (the profiler's mean over 5 calls), with
-and without GEMMs of the MLP's shape ([tokens, 4096] x [4096, 24576], bf16) before each call (one, and
-`--heat` of them: whether tens of milliseconds of GEMMs, as a pass runs them, slow the kernel where one
-does not, as a card held at its power limit would), the SM clock and power nvidia-smi samples meanwhile, and the largest difference of the
-output and of the final states from the default configuration's (the state columns are independent, so
-a tiling should change no byte).
+Per shape and configuration: each chunk kernel's device time (the profiler's mean over 5 calls) alone,
+after one GEMM of the MLP's shape ([tokens, 4096] x [4096, 24576], bf16) before each call and after
+`--heat` of them; the SM clock and power that nvidia-smi samples meanwhile; and the largest difference
+of the output and of the final states from the default configuration's (the state columns are
+independent, so a tiling should change no byte).
 """
 
 import argparse
