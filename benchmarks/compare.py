@@ -46,8 +46,12 @@ NOTES = {
         "ms of kernels, the MLP's at 749 and 765 TFLOP/s): 0.9x vLLM's 8k time on that card is 0.191 s. In "
         "that command 0f66749 (rotary_store_kv's token tiles: 63 against 202 us a layer at 8k alone, kernels_check_rotary_store_kv."
         "json) against 938b7ae: 8k 0.2018 / 0.1995 against 0.1989 / 0.1999 s, 32k 0.9022 / 0.9003 against "
-        "0.9034 / 0.8965, within the spread (eight layers of 1.1 ms in all at 8k). gpu_correctness.json at "
-        "4b88ed1: all seven architectures pass.",
+        "0.9034 / 0.8965, within the spread (eight layers of 1.1 ms in all at 8k). The 8k pass's kernels at "
+        "645b574 (profile_prefill_qwen3.5-9b_8192_gaps_645b574.json): 193.9 ms, the cuBLAS GEMMs 150.9 of them, "
+        "the GDN chunk kernels 21.0 (state 9.4, prepare 8.2, output 3.4), sdpa 7.9, SiLU-and-mul 4.6, RMSNorm "
+        "4.1, conv 2.6, gated norm 1.3, rotary with the KV store 0.53 (1.59 at edcc4d4). Its idle figures are "
+        "void (see the file's idle_note); profile_prefill.py --gaps now profiles the prefilling step alone. "
+        "gpu_correctness.json at 4b88ed1: all seven architectures pass.",
         "At 938b7ae (a long chunk's host batch built as numpy runs, bc7563b; the MoE tiles change nothing here), "
         "against f753d9b in one command, alternated base, new, new, base "
         "(engine_prefill_host_and_moe_tma_same_machine.json): 8k 0.2058 / 0.2057 against 0.2074 / 0.2066 s, "
@@ -202,7 +206,13 @@ NOTES = {
         "chunk kernels 652 against 676 us at 8k and 2578 against 2678 at 32k, the output's error 5.7e-3 "
         "against 5.6e-3 and 5.9e-3 against 5.2e-3: left off. C=64 misses 1.1x: 1.1x the issue's 3312 tok/s is "
         "the closed batch in 4.50 s, a step of about 17.2 ms, 0.94 of its 16.14 ms floor, where it takes 18.05 "
-        "(the experts' GEMMs are at their floor; the GDN decode's fp32 states are 2.1 ms of the step).",
+        "(the experts' GEMMs are at their floor; the GDN decode's fp32 states are 2.1 ms of the step). Where a C=64 "
+        "step goes at 645b574 (profile_qwen3.5-35b-a3b_c64_645b574.json, 18.34 ms a step, 18.18 of graph "
+        "replay): 18.23 ms of kernels, the expert GEMMs 13.30 (gate/up 8.82, down 4.49), the GDN decode 2.07, "
+        "the other cuBLAS GEMMs 1.43 (0.49 in 30 calls a step, 0.33 and 0.22 in 40 each, the LM head 0.27, "
+        "0.12 in 10), paged attention 0.25, the counting sort 0.23, gated norm 0.21, conv1d 0.20, RMSNorm 0.18, combine 0.16, route "
+        "0.13; the GPU idles 0.38 ms a step, 0.25 between the graph's kernels and 0.13 between the input copy "
+        "and the graph's first kernel.",
         "At 938b7ae against f753d9b in one command, alternated base, new, new, base "
         "(engine_prefill_host_and_moe_tma_same_machine.json): 8k 0.1236 / 0.1238 against 0.1290 / 0.1279 s "
         "(0.84x vLLM's time), 32k 0.5756 / 0.5751 against 0.5916 / 0.5963 (0.911x: 0.9x is 0.568 s, missed by "

@@ -5,7 +5,8 @@
 
 The engine is the one engine_bench.py measures prefill on (random weights, no prefix cache, the whole
 batch in one pass). Each length runs once to compile its kernels, once timed, once under the profiler
-(and with --gaps once more, for the GPU's idle gaps).
+(and with --gaps once more, for the GPU's idle gaps in the step that prefills, the requests added before
+it, as engine_bench.py times it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -20,6 +22,10 @@ from benchmarks import results_io  # noqa: E402
 from benchmarks.engine_bench import run_batch  # noqa: E402
 from benchmarks.profile_steps import kernel_table  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
+from deltaserve.sampling_params import SamplingParams  # noqa: E402
+
+
+CALL = "idle_gaps_call"  # the profiled call's range; on the GPU it also spans all of the call's work
 
 
 def idle_gaps(fn, min_us: float = 50.0, rows: int = 10) -> dict:
@@ -30,12 +36,14 @@ def idle_gaps(fn, min_us: float = 50.0, rows: int = 10) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        with record_function("idle_gaps_call"):
+        with record_function(CALL):
             fn()
             torch.cuda.synchronize()
-    call = next(e for e in prof.events() if e.name == "idle_gaps_call" and e.device_type.name == "CPU")
+    call = next(e for e in prof.events() if e.name == CALL and e.device_type.name == "CPU")
+    # The profiler mirrors the call's range on the GPU (a user annotation over all its work): counted as
+    # work it would double the busy time and close every gap.
     work = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                  if e.device_type.name == "CUDA")
+                  if e.device_type.name == "CUDA" and e.name != CALL)
     gaps, end, before = [], work[0][1], work[0][2]
     for start, stop, name in work[1:]:
         if start - end > min_us:
@@ -48,6 +56,18 @@ def idle_gaps(fn, min_us: float = 50.0, rows: int = 10) -> dict:
             "lead_ms": round((work[0][0] - call.time_range.start) / 1e3, 2),
             "tail_ms": round((call.time_range.end - end) / 1e3, 2),
             f"idle_ms_in_gaps_over_{int(min_us)}_us": round(sum(g["ms"] for g in gaps), 2), "gaps": gaps[:rows]}
+
+
+def first_step_gaps(engine, prompts: list[list[int]]) -> dict:
+    """idle_gaps of the engine step that prefills `prompts` (one step: the token budget covers them), the
+    requests added before it, as engine_bench.py times it; then the batch is run out."""
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"gaps{time.monotonic_ns()}-{i}", prompt, params)
+    gaps = idle_gaps(engine.step)
+    while engine.has_unfinished_requests():
+        engine.step(final_only=True)
+    return gaps
 
 
 def main() -> None:
@@ -72,7 +92,7 @@ def main() -> None:
         table = kernel_table(lambda: run_batch(engine, prompts(), 1), args.rows)
         entry = {"tokens": n, "prompts": batch, "ttft_s": round(ttft, 4), "kernels": table}
         if args.gaps:
-            entry["idle"] = idle_gaps(lambda: run_batch(engine, prompts(), 1))
+            entry["idle"] = first_step_gaps(engine, prompts())
         result["prefill"].append(entry)
         print(f"{args.shape} {batch} x {n} tokens: {ttft * 1e3:.1f} ms", flush=True)
         for row in table:
