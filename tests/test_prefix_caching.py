@@ -183,16 +183,38 @@ def test_a_follow_up_turn_restores_from_the_end_of_the_reply(arch, async_schedul
     _assert_byte_identical(warm, again)
     # Stopped by a token: with asynchronous scheduling the row after it ran before the stop was known,
     # and that row counts too (its input was the stop token), unless the prefill itself sampled the stop
-    # token (its step reads its token back before the next is planned).
+    # token in a step that reads its token back before the next is planned: one of more than one row. A
+    # prompt sent again that restores to its last token recomputes one row, a step that looks like decode
+    # and is launched as one.
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, stop_token_ids=[reply[3]])
     stop_at = reply.index(reply[3])
-    on.generate([prompt], params)
+    one_row_pass = on.generate([prompt], params)[0].num_cached_tokens == len(prompt) - 1
     follow_up = prompt + reply[: stop_at + 1] + new_tokens()
     (warm,), (cold,) = on.generate([follow_up], GREEDY), off.generate([follow_up], GREEDY)
     # (When the stop token ends a block, the first turn's decode saved that block and its state: better.)
     ends_a_block = (len(prompt) + stop_at + 1) // BS * BS
-    ran_on = async_scheduling and stop_at > 0
+    ran_on = async_scheduling and (stop_at > 0 or one_row_pass)
     assert warm.num_cached_tokens == max(len(prompt) + stop_at + ran_on, ends_a_block)
+    _assert_same([warm], [cold])
+    _pools_are_clean(on)
+
+
+def test_a_prompt_restored_to_its_last_token_runs_on_past_a_stop_like_decode(checkpoint_factory):
+    """The corner of the test above where the stop token is the first one sampled and the prompt sent again
+    restores to its last token: that one-row pass is launched like a decode step, so the row after the
+    stop token runs before the stop is known, and its state is cached too."""
+    path = _checkpoint(checkpoint_factory, "qwen3.5")
+    on = LLM(path, device="cpu", max_num_batched_tokens=64, async_scheduling=True)
+    off = LLM(path, device="cpu", enable_prefix_caching=False)
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(2, 4) * BS + 1)]
+    reply = on.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, stop_token_ids=[reply[0]])
+    stopped = on.generate([prompt], params)[0]
+    assert stopped.num_cached_tokens == len(prompt) - 1 and stopped.outputs[0].token_ids == reply[:1]
+    follow_up = prompt + reply[:1] + [rng.randrange(300) for _ in range(rng.randint(3, 20))]
+    (warm,), (cold,) = on.generate([follow_up], GREEDY), off.generate([follow_up], GREEDY)
+    assert warm.num_cached_tokens == len(prompt) + 1
     _assert_same([warm], [cold])
     _pools_are_clean(on)
 
