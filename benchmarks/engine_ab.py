@@ -20,12 +20,14 @@ import tempfile
 import results_io  # this directory's module: first on the path of a script
 
 
-def run_tree(tree: str, label: str, args) -> dict:
+def run_tree(tree: str, label: str, shape: str, concurrency: str, prefill: str, gdn_state_dtype: str = "float32",
+             max_model_len: int = 33024) -> dict:
+    """One run of the tree's own engine_bench.py in a fresh process: its result."""
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "run.json")
-        command = [sys.executable, "benchmarks/engine_bench.py", args.shape, "--concurrency", args.concurrency,
-                   "--prefill", args.prefill, "--gdn-state-dtype", args.gdn_state_dtype,
-                   "--max-model-len", str(args.max_model_len), "--out", out]
+        command = [sys.executable, "benchmarks/engine_bench.py", shape, "--concurrency", concurrency,
+                   "--prefill", prefill, "--gdn-state-dtype", gdn_state_dtype,
+                   "--max-model-len", str(max_model_len), "--out", out]
         subprocess.run(command, cwd=tree, env=dict(os.environ, DELTASERVE_COMMIT=label), check=True,
                        stdout=subprocess.DEVNULL)
         return json.load(open(out))
@@ -46,7 +48,8 @@ def main() -> None:
     result = {**results_io.header(), "shape": args.shape, "trees": dict(trees), "runs": []}
     for round_ in range(1, args.rounds + 1):
         for tree, label in trees if round_ % 2 else trees[::-1]:
-            run = run_tree(tree, label, args)
+            run = run_tree(tree, label, args.shape, args.concurrency, args.prefill, args.gdn_state_dtype,
+                           args.max_model_len)
             entry = {"round": round_, "commit": label, "startup_s": run["startup_s"],
                      "decode": run["decode"], "prefill": run["prefill"]}
             result["runs"].append(entry)

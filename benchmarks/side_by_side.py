@@ -14,26 +14,17 @@ tokens, and single long prompts' time to the first token.
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 
-import results_io  # this directory's module: first on the path of a script
+import results_io  # this directory's modules: first on the path of a script
+from engine_ab import run_tree
 
 VLLM_SHAPES = {"qwen3.5-9b": "qwen3.5-9b-shape", "qwen3.5-35b-a3b": "qwen3.5-35b-a3b-shape"}
 INSTRUMENT = ("closed batches of C requests, 128-token prompts, 256 generated tokens. step: decode time per "
               "step after the prefill (vLLM: tpot_ms of its bench.py). closed batch: wall time of the whole "
               "batch, prefill included (vLLM: tokens / aggregate_tok_s; deltaserve: batch prefill + 255 steps); "
               "closed_batch_tok_s is the figure the issue quotes as vLLM's aggregate tok/s.")
-
-
-def run_deltaserve(shape: str, concurrency: str, prefill: str) -> dict:
-    with tempfile.TemporaryDirectory() as scratch:
-        out = os.path.join(scratch, "run.json")
-        subprocess.run([sys.executable, "benchmarks/engine_bench.py", shape, "--concurrency", concurrency,
-                        "--prefill", prefill, "--out", out], check=True, stdout=subprocess.DEVNULL)
-        return json.load(open(out))
 
 
 def run_vllm(peer: str, shape: str, concurrency: str, prefill: str, log: str) -> list[dict]:
@@ -89,12 +80,13 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = {**results_io.header(), "instrument": INSTRUMENT}
-    ours = run_deltaserve(args.shape, args.concurrency, args.prefill)
+    commit = results_io.commit()
+    ours = run_tree(".", commit, args.shape, args.concurrency, args.prefill)
     print("deltaserve", ours["decode"], ours["prefill"], flush=True)
     results_io.write(args.out, {**result, "deltaserve_raw": ours})  # kept should vLLM fail
     theirs = run_vllm(args.peer, args.shape, args.concurrency, args.prefill, args.out + ".vllm.log")
     print("vLLM", theirs, flush=True)
-    again = run_deltaserve(args.shape, "", args.prefill) if args.prefill_again and args.prefill else None
+    again = run_tree(".", commit, args.shape, "", args.prefill) if args.prefill_again and args.prefill else None
     result.update({"decode": decode_rows(ours, theirs), **prefill_rows(ours, theirs, again),
                    "vllm_start_s": next((round(r["seconds"], 1) for r in theirs if r["what"] == "vllm_start"), None),
                    "deltaserve_raw": ours, "vllm_raw": theirs})

@@ -19,9 +19,9 @@ from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 # 32768-token Qwen3.5-35B-A3B prompt were 590k programs of a few hundred bytes each, and the kernel took
 # 711 us a layer on the H200, some 4x its bytes' time. 8 tokens at 2 warps: 242 us at 32768 tokens
 # against 805 (floor 222), 62 at 8192 against 201 (kernels_check_rotary_tiles_u_dtype.json).
-# On the GPU the token tiles round some rows apart from a token a program (the row's layout, and with it
-# the order its norm sums in, differs), so a long pass's rows may round apart from a short pass's; the same
-# pass over the same rows (exact replay) still gives the same bytes.
+# On the GPU the token tiles put some values one bf16 step from a token a program's, at the same error
+# against fp32 (kernels_check_rotary_store_kv.json): a long pass's rows may round apart from a short pass's,
+# while the same pass over the same rows (exact replay) gives the same bytes.
 LONG_MIN_TOKENS = 512
 LONG_BLOCK_T = 8
 LONG_WARPS = 2
