@@ -1,0 +1,169 @@
+"""What a decode step costs between its CUDA graphs: the step's graph replayed alone, then with each
+thing the engine's loop adds around it, one at a time, and the engine's loop itself.
+
+    python benchmarks/graph_gaps.py qwen3.5-9b --concurrency 32,128 --out benchmarks/results/graph_gaps_SHAPE.json
+
+In the engine the 9B shape's step at 128 rows takes 9.574 ms against 9.34 for its graph replayed back to
+back (profile_qwen3.5-9b_c128_b9f4b93.json), and the profiler puts most of the difference between the
+step's copy in and its graph's first kernel. Each variant below runs `--steps` steps queued without a
+host wait (but `depth1` and `engine`), timed on the host's clock between two synchronisations:
+
+- replay: the rung's graph alone; replay_two_execs: alternating with a second capture of the same rung;
+- copy_in: the step's one copy in (StepBuffers' pinned mirrors, in turn), then the replay; the same with
+  two graphs alternating (copy_in_two_execs), and with the copy made by a kernel that reads the pinned
+  mirror in place (copy_in_by_kernel: no copy engine between the graphs);
+- copy_in_out: and the tokens' copy out into one pinned buffer; copy_in_out_fresh: into a fresh pinned
+  tensor with a fresh event each step, as LaunchedStep does;
+- depth1: copy_in_out_fresh, the host waiting for the step before before it queues the next (the
+  engine's asynchronous scheduling without its bookkeeping); engine: LLMEngine.step itself.
+
+The graphs replay over the buffers of the engine's last step (the same positions again): the work of a
+step, not its result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from benchmarks import results_io  # noqa: E402
+from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
+from deltaserve.runner.cuda_graphs import capture_graph  # noqa: E402
+from deltaserve.sampling_params import SamplingParams  # noqa: E402
+
+
+class _DeviceArray:
+    """A pinned host tensor described as device memory (__cuda_array_interface__): with unified
+    addressing its host address is also its device address, so torch can wrap it as a CUDA tensor that
+    kernels read over the bus."""
+
+    def __init__(self, pinned: torch.Tensor):
+        assert pinned.is_pinned() and pinned.dtype == torch.int64 and pinned.dim() == 1
+        self.__cuda_array_interface__ = {"data": (pinned.data_ptr(), False), "shape": tuple(pinned.shape),
+                                         "typestr": "<i8", "version": 3, "strides": None}
+
+
+def device_view(pinned: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(_DeviceArray(pinned), device="cuda")
+
+
+def variants(engine, concurrency: int) -> dict:
+    """name -> a function queueing one step of that variant."""
+    graphs = engine.runner.graphs
+    size = graphs.rung(concurrency)
+    graph, buffers = graphs.graphs[size], graphs.buffers
+    second, _ = capture_graph(lambda: graphs._forward(size), torch.cuda.graph_pool_handle())
+    mirrors = [m[0] for m in buffers._mirrors]
+    width = max(int(buffers._field(m.numpy(), "block_width")[0]) for m in mirrors)  # as the engine's last steps
+    used = buffers._fields_end + size * width
+    views = []
+    try:
+        views = [device_view(m) for m in mirrors]
+    except Exception as error:  # reported, and that variant left out
+        print(f"no device view of the pinned mirrors: {error!r}", flush=True)
+    tokens_out = torch.empty(concurrency, dtype=torch.int64, pin_memory=True)
+    turn = {"k": 0, "previous": None}
+
+    def next_turn() -> int:
+        turn["k"] += 1
+        return turn["k"] % 2
+
+    def copy_in(k: int) -> None:
+        buffers.meta[:used].copy_(mirrors[k][:used], non_blocking=True)
+
+    def copy_in_by_kernel(k: int) -> None:
+        torch.add(views[k][:used], 0, out=buffers.meta[:used])
+
+    def fresh_out() -> torch.cuda.Event:
+        host = torch.empty(concurrency, dtype=torch.int64, pin_memory=True)
+        host.copy_(buffers.sampled_tokens[:concurrency], non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return ready
+
+    def depth1() -> None:
+        copy_in(next_turn())
+        graph.replay()
+        ready, previous = fresh_out(), turn["previous"]
+        if previous is not None:
+            previous.synchronize()
+        turn["previous"] = ready
+
+    table = {
+        "replay": lambda: graph.replay(),
+        "replay_two_execs": lambda: (graph if next_turn() else second).replay(),
+        "copy_in": lambda: (copy_in(next_turn()), graph.replay()),
+        "copy_in_two_execs": lambda: (copy_in(k := next_turn()), (graph if k else second).replay()),
+        "copy_in_out": lambda: (copy_in(next_turn()), graph.replay(),
+                                tokens_out.copy_(buffers.sampled_tokens[:concurrency], non_blocking=True)),
+        "copy_in_out_fresh": lambda: (copy_in(next_turn()), graph.replay(), fresh_out()),
+        "depth1": depth1,
+        "engine": lambda: engine.step(final_only=True),
+    }
+    if views:
+        table["copy_in_by_kernel"] = lambda: (copy_in_by_kernel(next_turn()), graph.replay())
+    return table
+
+
+def per_step_ms(step, steps: int) -> float:
+    for _ in range(4):
+        step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3 / steps
+
+
+def measure(engine, tokens, concurrency: int, steps: int, rounds: int) -> dict:
+    params = SamplingParams(max_tokens=(rounds * 10 + 4) * (steps + 4) + 64, temperature=0, ignore_eos=True,
+                            detokenize=False)
+    ids = [f"gaps{concurrency}-{i}-{time.monotonic_ns()}" for i in range(concurrency)]
+    for request_id in ids:
+        engine.add_request(request_id, tokens(128), params)
+    for _ in range(8):  # the prompts' pass, then decode steps
+        engine.step(final_only=True)
+    table = variants(engine, concurrency)
+    row = {"concurrency": concurrency, "rung": engine.runner.graphs.rung(concurrency), "ms_per_step": {}}
+    for _ in range(rounds):
+        for name, step in table.items():
+            row["ms_per_step"].setdefault(name, []).append(round(per_step_ms(step, steps), 4))
+    for request_id in ids:
+        engine.abort(request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+    base = min(row["ms_per_step"]["replay"])
+    row["over_replay_ms"] = {name: round(min(times) - base, 4) for name, times in row["ms_per_step"].items()}
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape")
+    ap.add_argument("--concurrency", default="32,128")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    engine = dummy_engine(args.shape, max_num_seqs=128, max_model_len=4096, max_num_batched_tokens=16384)
+    tokens = random_tokens(engine.model_config.vocab_size)
+    result = {**results_io.header(), "shape": args.shape, "steps": args.steps, "rows": []}
+    for concurrency in (int(c) for c in args.concurrency.split(",") if c):
+        row = measure(engine, tokens, concurrency, args.steps, args.rounds)
+        result["rows"].append(row)
+        results_io.write(args.out, result)
+        print(f"C={concurrency} (rung {row['rung']})", flush=True)
+        for name, times in row["ms_per_step"].items():
+            print(f"  {name:22s} {' '.join(f'{t:8.4f}' for t in times)}  +{row['over_replay_ms'][name]:.4f} ms",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
