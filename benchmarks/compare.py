@@ -30,6 +30,19 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At b9f4b93, with profile_prefill --gaps fixed (profile_prefill_qwen3.5-9b_8192_gaps_b9f4b93.json): the "
+        "8k prefilling step took 195.0 ms on the host's clock under the profiler (198.9 timed without it), its GPU "
+        "work 189.7 ms busy in a 191.7 ms span; 2.74 ms passed from the call to its first GPU work, and 1.16 ms "
+        "in gaps over 50 us, all around the pass's first copies and the state reset. Of the lead, the profiler's "
+        "request for its first activity buffer took 1.9 ms of host time in the same file's kernel-table run: "
+        "profile_prefill now makes that request before the call. On the CPU, the engine's host work for one "
+        "8192-token prompt (scheduling with the prefix cache, the batch, its device tensors, the step's end) "
+        "took about 1 ms under cProfile. The pass is its kernels: 194.0 ms of them in that run. Decode at 128 "
+        "rows (profile_qwen3.5-9b_c128_b9f4b93.json): 9.574 ms a step in the engine against 9.34 for its graph "
+        "replayed back to back; between two graphs the GPU waits 82.8 us a step from the input copy's end to "
+        "the graph's first kernel (the copies themselves take 4.2 us), and 0.265 ms pass between graphs on "
+        "CUDA events. benchmarks/graph_gaps.py (new) replays the graph alone and with each thing the engine's "
+        "loop adds around it, to find that difference; it has not run on the GPU yet.",
         "At 0f66749 beside vLLM in one command (side_by_side_qwen3.5-9b.json, vLLM with its decode warm-up): "
         "closed batches 1.203x / 1.095x / 1.014x / 1.002x vLLM's tok/s at C=1 / 32 / 64 / 128 (steps 4.467 / "
         "5.873 / 6.946 / 9.303 ms against 5.313 / 6.218 / 6.844 / 9.071); prefill 0.2016 s against 0.2126 at 8k "
@@ -190,6 +203,10 @@ NOTES = {
         "/ 0.615 s against 0.133 / 0.600 with 1024-row pieces).",
     ],
     "qwen3.5-35b-a3b": [
+        "At b9f4b93 (profile_prefill_qwen3.5-35b-a3b_32768_gaps_b9f4b93.json): the 32k prefilling step took "
+        "533.8 ms under the profiler (550.2 timed without it), its GPU work 526.1 ms busy in a 529.2 ms span, "
+        "3.59 ms from the call to its first GPU work (the profiler's first activity buffer took 2.8 ms of host "
+        "time in the kernel-table run) and 2.13 ms in gaps over 50 us, around the pass's first copies.",
         "At 891831d beside vLLM in one command (side_by_side_qwen3.5-35b-a3b.json): closed batches 1.782x / "
         "1.137x / 1.072x / 1.012x vLLM's tok/s at C=1 / 32 / 64 / 128 (steps 2.414 / 13.225 / 18.049 / 22.369 "
         "ms against 4.442 / 14.012 / 18.743 / 22.232); prefill 0.1218 s against 0.1472 at 8k (0.827x; 0.1213, "
