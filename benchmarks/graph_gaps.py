@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
+from benchmarks.kernels_check import time_eager_us  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.runner.cuda_graphs import capture_graph  # noqa: E402
 from deltaserve.sampling_params import SamplingParams  # noqa: E402
@@ -116,14 +117,9 @@ def variants(engine, concurrency: int) -> dict:
 
 
 def per_step_ms(step, steps: int) -> float:
-    for _ in range(4):
+    for _ in range(3):  # and one more in time_eager_us
         step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3 / steps
+    return time_eager_us(step, steps) / 1e3
 
 
 def measure(engine, tokens, concurrency: int, steps: int, rounds: int) -> dict:
