@@ -16,7 +16,13 @@ host wait (but `depth1` and `engine`), timed on the host's clock between two syn
   tensor with a fresh event each step, as LaunchedStep does;
 - depth1: copy_in_out_fresh, the host then waiting for the step queued before this one (the engine's
   asynchronous scheduling without its bookkeeping); engine: LLMEngine.step itself, set against
-  the replay timed before it and again after it (its steps lengthen the sequences).
+  the replay timed before it and again after it (its steps lengthen the sequences); engine_gc_off:
+  the same with Python's garbage collector off while it is timed.
+
+Then the engine's steps once more, with events around each of its replays (`engine_timeline`): the GPU
+time between one graph's end and the next one's start, step by step, and how many graphs the host
+launched only after the graph before had already finished on the GPU (the host late), against what it
+spent on each step.
 
 The graphs replay over the buffers of the engine's last step (the same positions again): the work of a
 step, not its result.
@@ -25,6 +31,7 @@ step, not its result.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -112,19 +119,67 @@ def variants(engine, concurrency: int) -> dict:
     # Last: the engine's steps lengthen every sequence, so the graph is timed again after them (replay_after,
     # over the contexts the engine ended at) and the engine is set against the mean of both replays.
     table["engine"] = lambda: engine.step(final_only=True)
+    table["engine_gc_off"] = lambda: engine.step(final_only=True)  # measure() turns the collector off
     table["replay_after"] = lambda: graph.replay()
     return table
 
 
-def per_step_ms(step, steps: int) -> float:
-    for _ in range(3):  # and one more in time_eager_us
-        step()
-    return time_eager_us(step, steps) / 1e3
+def per_step_ms(step, steps: int, gc_off: bool = False) -> float:
+    if gc_off:
+        gc.disable()
+    try:
+        for _ in range(3):  # and one more in time_eager_us
+            step()
+        return time_eager_us(step, steps) / 1e3
+    finally:
+        gc.enable()
+
+
+def quantiles(values: list[float]) -> dict:
+    ordered = sorted(values)
+    at = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)  # noqa: E731
+    return {"min": at(0), "p50": at(0.5), "p90": at(0.9), "max": at(1.0),
+            "mean": round(sum(ordered) / len(ordered), 4)}
+
+
+def engine_timeline(engine, concurrency: int, steps: int) -> dict:
+    """The engine's steps with CUDA events around each replay of the rung's graph: the GPU time from a
+    graph's end to the next one's start, the host's time per step, and how many graphs were launched
+    after the one before had already finished on the GPU (that graph's end event done at the launch)."""
+    graphs = engine.runner.graphs
+    graph = graphs.graphs[graphs.rung(concurrency)]
+    marks, late, host_ms = [], [], []
+    inner = graph.replay
+
+    def replay():
+        if marks:
+            late.append(marks[-1][1].query())
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        inner()
+        end.record()
+        marks.append((begin, end))
+    graph.replay = replay
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            engine.step(final_only=True)
+            host_ms.append((time.perf_counter() - start) * 1e3)
+        torch.cuda.synchronize()
+    finally:
+        del graph.replay
+    between = [end.elapsed_time(begin) for (_, end), (begin, _) in zip(marks, marks[1:])]
+    largest = sorted(range(len(between)), key=lambda i: -between[i])[:5]
+    return {"steps": steps, "between_graphs_ms": quantiles(between), "graph_ms": quantiles(
+                [b.elapsed_time(e) for b, e in marks]), "host_step_ms": quantiles(host_ms),
+            "late_launches": sum(late),
+            "largest_gaps": [{"step": i + 1, "ms": round(between[i], 4), "launched_late": late[i]} for i in largest]}
 
 
 def measure(engine, tokens, concurrency: int, steps: int, rounds: int) -> dict:
-    # Only the engine variant generates: 8 steps here, then steps + 4 a round (time_eager_us's warm-ups too).
-    params = SamplingParams(max_tokens=8 + rounds * (steps + 4) + 16, temperature=0, ignore_eos=True,
+    # Only the engine variants generate: 8 steps here, then steps + 4 each a round (time_eager_us's warm-ups
+    # too), and the timeline's steps.
+    params = SamplingParams(max_tokens=8 + rounds * 2 * (steps + 4) + steps + 16, temperature=0, ignore_eos=True,
                             detokenize=False)
     ids = [f"gaps{concurrency}-{i}-{time.monotonic_ns()}" for i in range(concurrency)]
     for request_id in ids:
@@ -135,15 +190,19 @@ def measure(engine, tokens, concurrency: int, steps: int, rounds: int) -> dict:
     row = {"concurrency": concurrency, "rung": engine.runner.graphs.rung(concurrency), "ms_per_step": {}}
     for _ in range(rounds):
         for name, step in table.items():
-            row["ms_per_step"].setdefault(name, []).append(round(per_step_ms(step, steps), 4))
+            ms = per_step_ms(step, steps, gc_off=name.endswith("_gc_off"))
+            row["ms_per_step"].setdefault(name, []).append(round(ms, 4))
+    row["engine_timeline"] = engine_timeline(engine, concurrency, steps)
     for request_id in ids:
         engine.abort(request_id)
     while engine.has_unfinished_requests():
         engine.step()
     times = row["ms_per_step"]
     # Per round, each variant over the replay of that round (the engine over the mean of the round's two).
-    over = {name: [t - r for t, r in zip(times[name], times["replay"])] for name in times if name != "engine"}
-    over["engine"] = [t - (r + a) / 2 for t, r, a in zip(times["engine"], times["replay"], times["replay_after"])]
+    over = {name: [t - r for t, r in zip(times[name], times["replay"])] for name in times
+            if not name.startswith("engine")}
+    for name in ("engine", "engine_gc_off"):
+        over[name] = [t - (r + a) / 2 for t, r, a in zip(times[name], times["replay"], times["replay_after"])]
     row["over_replay_ms"] = {name: round(min(values), 4) for name, values in over.items()}
     return row
 
@@ -167,6 +226,7 @@ def main() -> None:
         for name, times in row["ms_per_step"].items():
             print(f"  {name:22s} {' '.join(f'{t:8.4f}' for t in times)}  {row['over_replay_ms'][name]:+.4f} ms",
                   flush=True)
+        print("  engine timeline", row["engine_timeline"], flush=True)
 
 
 if __name__ == "__main__":
