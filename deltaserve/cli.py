@@ -25,6 +25,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="GDN state snapshots the prefix cache keeps (default: sized to memory)")
     p.add_argument("--ssm-snapshot-interval", type=int, default=None,
                    help="save a GDN state snapshot every N prompt tokens (default: 1024)")
+    p.add_argument("--decode-snapshot-interval", type=int, default=None,
+                   help="save a GDN state snapshot every N tokens while decoding (default: 256)")
     p.add_argument("--gdn-state-dtype", choices=("float32", "bfloat16"), default=None,
                    help="dtype of the GDN layers' recurrent state and its snapshots (default: float32)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")

@@ -105,7 +105,7 @@ def test_async_scheduling_multi_turn_prefix_hits_match(checkpoint_factory):
     messages = [[rng.randrange(300) for _ in range(5)] for _ in range(3)]
     turns = {}
     for overlap in (False, True):
-        llm = LLM(path, device="cpu", async_scheduling=overlap)
+        llm = LLM(path, device="cpu", async_scheduling=overlap, decode_snapshot_interval=16)  # every block
         conversation, outputs = list(history), []
         for message in messages:
             out = llm.generate([conversation], params)[0]

@@ -141,9 +141,10 @@ def test_snapshot_index_promote_makes_a_snapshot_the_last_to_evict():
 
 
 # -- scheduler planning ---------------------------------------------------------------------------
-def _scheduler(num_blocks=64, snapshot_slots=16, budget=64, hybrid=True, interval=1024, max_seqs=4):
+def _scheduler(num_blocks=64, snapshot_slots=16, budget=64, hybrid=True, interval=1024, max_seqs=4,
+               decode_interval=BS):
     blocks = BlockAllocator(num_blocks)
-    cache = PrefixCache(blocks, SnapshotIndex(snapshot_slots) if hybrid else None, BS, interval)
+    cache = PrefixCache(blocks, SnapshotIndex(snapshot_slots) if hybrid else None, BS, interval, decode_interval)
     return Scheduler(blocks, SlotAllocator(max_seqs) if hybrid else None, BS, max_seqs, budget, cache)
 
 
@@ -393,6 +394,20 @@ def test_snapshot_interval_adds_capture_points_in_long_prompts():
     assert [p for p, _ in _captures(plans[0])] == [16, 32, 48, 64, 68]
 
 
+def test_decode_captures_come_every_decode_interval_and_at_a_prompt_end_on_a_block():
+    rng = random.Random()
+    interval = BS * rng.randrange(2, 5)
+    sched = _scheduler(num_blocks=128, snapshot_slots=64, budget=256, decode_interval=interval + 1)  # floored
+    length = BS * rng.randrange(3, 8)  # on a block boundary: its last pass ends there
+    max_tokens = 4 * interval
+    plans = _run(sched, _request([rng.randrange(1000) for _ in range(length)], max_tokens=max_tokens))
+    decoded = [c.position for p in plans for c in p.captures if c.position > length]
+    # The last token sampled is never an input: the sequence ends at length + max_tokens - 1 computed
+    expected = [p for p in range(length + 1, length + max_tokens) if p % interval == 0]
+    assert decoded == expected and len(expected) >= 3
+    assert length in [c.position for p in plans for c in p.captures]
+
+
 def test_with_few_slots_the_latest_points_are_kept():
     sched = _scheduler(snapshot_slots=2)
     plans = _run(sched, _request(list(range(1000, 1030)), capture_points=[5, 9, 13], max_tokens=1))
@@ -423,7 +438,7 @@ def test_a_follow_up_turn_takes_the_names_of_the_turn_before():
     # The names a request gets from the sequence it continues are the ones hashing its tokens gives.
     bs = 4
     blocks = BlockAllocator(64)
-    cache = PrefixCache(blocks, None, bs, 1024)
+    cache = PrefixCache(blocks, None, bs, 1024, 256)
     rng = random.Random()
     prompt = [rng.randrange(50) for _ in range(22)]
     first = Request("a", prompt, SamplingParams(max_tokens=8), 8, prompt_bytes=array("q", prompt).tobytes())

@@ -166,6 +166,26 @@ def test_demo_model_follow_up_turn_reuses_the_first(demo_llm):
     _assert_same([warm], [cold])
 
 
+def test_a_reply_that_ends_on_a_block_boundary_is_restored_whole(checkpoint_factory):
+    """No tail, and no decode capture there (they come every 256 tokens): the finished request's state
+    is saved under its last full block's name."""
+    path = _checkpoint(checkpoint_factory, "qwen3.5")
+    on = LLM(path, device="cpu", async_scheduling=False)
+    off = LLM(path, device="cpu", enable_prefix_caching=False)
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(40, 70))]
+    max_tokens = 2 + (-(len(prompt) + 1)) % BS  # the tokens it computes, prompt and reply, fill whole blocks
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=0)
+    reply = on.generate([prompt], params)[0].outputs[0].token_ids
+    computed = len(prompt) + len(reply) - 1
+    assert computed % BS == 0 and computed % on.engine.config.decode_snapshot_interval
+    follow_up = prompt + reply + [rng.randrange(300) for _ in range(rng.randint(3, 20))]
+    (warm,), (cold,) = on.generate([follow_up], GREEDY), off.generate([follow_up], GREEDY)
+    assert warm.num_cached_tokens == computed
+    _assert_same([warm], [cold])
+    _pools_are_clean(on)
+
+
 @pytest.mark.parametrize("arch,async_scheduling", [("qwen3.5", True), ("qwen3.5-moe", False), ("llama", True)])
 def test_a_follow_up_turn_restores_from_the_end_of_the_reply(arch, async_scheduling, checkpoint_factory):
     path = _checkpoint(checkpoint_factory, arch)
@@ -191,8 +211,10 @@ def test_a_follow_up_turn_restores_from_the_end_of_the_reply(arch, async_schedul
     one_row_pass = on.generate([prompt], params)[0].num_cached_tokens == len(prompt) - 1
     follow_up = prompt + reply[: stop_at + 1] + new_tokens()
     (warm,), (cold,) = on.generate([follow_up], GREEDY), off.generate([follow_up], GREEDY)
-    # (When the stop token ends a block, the first turn's decode saved that block and its state: better.)
-    ends_a_block = (len(prompt) + stop_at + 1) // BS * BS
+    # (When the stop token ends a decode snapshot's interval, the greedy turn's decode saved that block and
+    # its state: better.)
+    interval = on.engine.config.decode_snapshot_interval
+    ends_a_block = (len(prompt) + stop_at + 1) // interval * interval
     ran_on = async_scheduling and (stop_at > 0 or one_row_pass)
     assert warm.num_cached_tokens == max(len(prompt) + stop_at + ran_on, ends_a_block)
     _assert_same([warm], [cold])
@@ -245,7 +267,8 @@ def test_eight_chats_sharing_a_long_history_recompute_only_their_last_message(ar
 
 def test_snapshots_mid_chunk_at_chunk_edges_at_zero_and_at_the_last_token(checkpoint_factory):
     path = checkpoint_factory("qwen3.5")
-    on = LLM(path, device="cpu", max_num_batched_tokens=48)  # passes [0, 48) [48, 96) [96, 100)
+    # passes [0, 48) [48, 96) [96, 100); decode captures at every block
+    on = LLM(path, device="cpu", max_num_batched_tokens=48, decode_snapshot_interval=BS)
     off = LLM(path, device="cpu", enable_prefix_caching=False)
     rng = random.Random()
     prompt = [rng.randrange(300) for _ in range(100)]
@@ -358,6 +381,8 @@ def test_prefix_caching_knobs_are_validated(checkpoint_factory):
         LLM(path, device="cpu", ssm_snapshot_slots=-1)
     with pytest.raises(DeltaServeError, match="ssm_snapshot_interval"):
         LLM(path, device="cpu", ssm_snapshot_interval=0)
+    with pytest.raises(DeltaServeError, match="decode_snapshot_interval"):
+        LLM(path, device="cpu", decode_snapshot_interval=-16)
     llm = LLM(path, device="cpu", ssm_snapshot_slots=3)
     assert llm.engine.stats().snapshot_slots_total == 3
     assert LLM(path, device="cpu", enable_prefix_caching=False).engine.loaded.snapshots is None

@@ -23,6 +23,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     ssm_snapshot_slots: int | None = None  # GDN state snapshots for the prefix cache (default: sized to memory)
     ssm_snapshot_interval: int = 1024  # also save a snapshot every this many prompt tokens
+    # While decoding, a snapshot every this many tokens: each copies the sequence's whole state (48 MiB
+    # on the 9B shape in fp32; 3.96 ms for 128 sequences, 2.5% of their decode at every 16-token block).
+    decode_snapshot_interval: int = 256
     # The GDN layers' recurrent state (and its snapshots): float32 by default; bfloat16 halves the bytes
     # a decode step reads and writes for it (what vLLM keeps when a config names no mamba_ssm_dtype).
     gdn_state_dtype: str = "float32"
@@ -33,7 +36,8 @@ class EngineConfig:
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "ssm_snapshot_interval"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "ssm_snapshot_interval",
+                     "decode_snapshot_interval"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise DeltaServeError(f"{name}={value!r}: must be a positive integer")

@@ -73,7 +73,8 @@ class LLMEngine:
         prefix_cache = None
         if config.enable_prefix_caching:
             snapshots = loaded.snapshots.index if loaded.snapshots is not None else None
-            prefix_cache = PrefixCache(loaded.blocks, snapshots, config.block_size, config.ssm_snapshot_interval)
+            prefix_cache = PrefixCache(loaded.blocks, snapshots, config.block_size, config.ssm_snapshot_interval,
+                                       config.decode_snapshot_interval)
         self.scheduler = Scheduler(loaded.blocks, loaded.slots, config.block_size, config.max_num_seqs,
                                    config.max_num_batched_tokens, prefix_cache)
         self.runner = loaded.runner

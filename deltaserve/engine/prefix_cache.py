@@ -16,8 +16,9 @@ what each step computed; the ModelRunner moves the tensors.
   inside its last pass.
 - Snapshot capture points, block-aligned: the last block boundary strictly below the prompt's length
   and one block before it, the start of each message (`Request.capture_points`, floored to a
-  block), every `snapshot_interval` tokens, and each block boundary reached at the end of a step
-  once the prompt is done (decode).
+  block), every `snapshot_interval` tokens, a prompt's end where it is a block boundary, and while
+  decoding every `decode_snapshot_interval` tokens (each capture copies the sequence's whole state:
+  at every block it took 3.96 ms of each 16 decode steps of 128 sequences on the 9B shape).
 - Tails: a request that finishes (stop or length) leaves its partly filled last block cached under
   a tail name (block_hash.tail_name) and, for a hybrid model, a snapshot of its state at its very end
   under the same name. The next turn of a conversation resends that request's tokens: its hit ends
@@ -69,11 +70,12 @@ class PrefixHit:
 
 class PrefixCache:
     def __init__(self, blocks: BlockAllocator, snapshots: SnapshotIndex | None, block_size: int,
-                 snapshot_interval: int):
+                 snapshot_interval: int, decode_snapshot_interval: int):
         self.blocks = blocks
         self.snapshots = snapshots  # None: no recurrent state, KV blocks alone restore a prefix
         self.block_size = block_size
         self.snapshot_step = max(block_size, snapshot_interval // block_size * block_size)
+        self.decode_snapshot_step = max(block_size, decode_snapshot_interval // block_size * block_size)
         self.num_queries = 0  # tokens looked up
         self.num_hits = 0  # tokens found
         self.replay_points: OrderedDict[BlockHash, int] = OrderedDict()
@@ -203,9 +205,10 @@ class PrefixCache:
     def _capture_positions(self, chunk) -> list[int]:
         request = chunk.request
         points = [p for p in request.snapshot_positions if chunk.start < p <= chunk.end]
-        end = chunk.end
-        if end % self.block_size == 0 and end >= request.num_prompt_tokens and end not in points:
-            points.append(end)  # a block boundary reached once the prompt is done
+        end, prompt = chunk.end, request.num_prompt_tokens
+        step = self.block_size if end == prompt else self.decode_snapshot_step
+        if end >= prompt and end % step == 0 and end not in points:
+            points.append(end)  # the prompt's end on a block boundary, or a decode step's on the interval
         return sorted(points, reverse=True)
 
     def commit(self, plan: StepPlan) -> None:
@@ -250,13 +253,17 @@ class PrefixCache:
         """A request finished (stop or length), before its blocks are freed: caches its partly filled
         last block under its tail name and, for a hybrid model, queues a copy of its state slot, which
         holds the state after exactly its computed tokens, into a snapshot of that name (`state_saves`:
-        the engine hands them to the runner before any later step can reuse the state slot). In
+        the engine hands them to the runner before any later step can reuse the state slot). A request
+        that ends on a block boundary has no tail: its last block is cached under its own name, and the
+        state snapshot goes under that name unless a decode capture saved it there already. In
         asynchronous scheduling a row run after the last token was read back counts as computed: its
         input was that token, so the state and KV cover it too."""
         end, size = request.num_computed_tokens, self.block_size
         index = end // size
-        if (end % size == 0 or end > request.num_tokens - request.num_pending_tokens
-                or index >= len(request.block_ids) or (self.snapshots is not None and request.state_slot is None)):
+        on_boundary = end % size == 0
+        if (end == 0 or end > request.num_tokens - request.num_pending_tokens
+                or index + (not on_boundary) > len(request.block_ids)
+                or (self.snapshots is not None and request.state_slot is None)):
             return
         name = self._name_at(request, end)
         if self.snapshots is not None and self.snapshots.find(name) is None:
@@ -267,7 +274,7 @@ class PrefixCache:
                 return
             self.snapshots.commit(slot, name)
             self.state_saves.append((request.state_slot, slot))
-        self.blocks.register(request.block_ids[index], name)
+        self.blocks.register(request.block_ids[index - 1 if on_boundary else index], name)
 
     def _name_at(self, request: Request, position: int) -> BlockHash:
         """The name of the request's prefix [0, position): its block's, or a tail's inside a block."""
