@@ -30,6 +30,20 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "Between decode graphs, at 669afae and 5f5aba9 (graph_gaps_qwen3.5-9b_669afae.json, _timeline_669afae, "
+        "_5f5aba9): the engine's step is its graph. With prefix caching off, as engine_bench.py and vLLM's "
+        "bench.py run, every figure above already had it so; the 0.23 ms by which profile_steps found the engine's "
+        "C=128 step longer than its graph replayed came from its engine, which had prefix caching on. There the "
+        "decode-time snapshot captures, at every 16-token block, put one gap every 16 steps between two graphs "
+        "(0.99 ms at C=32, 3.96 ms at C=128) and nothing else stood between them (0.014 ms at the median, no "
+        "graph launched after the one before had finished). 5f5aba9 captures every 256 decode tokens: between "
+        "graphs 0.014 ms on average and 0.022 at most at C=32 and C=128, the engine's step within 0.016 ms of "
+        "its graph replayed. Replayed alone and in turn with a second capture of the rung, the graph takes the "
+        "same time; the copies in and out and the depth-1 wait add at most 0.09 ms; copying the step's inputs "
+        "with a kernel that reads the pinned mirror over the bus instead of the copy engine made the engine's "
+        "steps slower, 6.012 / 9.50 ms against 5.911 / 9.41 at C=32 / 128, and two captures a rung in the "
+        "engine gave 5.909 / 9.40 (engine_qwen3.5-9b_between_graphs_same_machine.json). gpu_correctness_at_"
+        "5f5aba9.json: all seven architectures pass.",
         "At b9f4b93, with profile_prefill --gaps fixed (profile_prefill_qwen3.5-9b_8192_gaps_b9f4b93.json): the "
         "8k prefilling step took 195.0 ms on the host's clock under the profiler (198.9 timed without it), its GPU "
         "work 189.7 ms busy in a 191.7 ms span; 2.74 ms passed from the call to its first GPU work, and 1.16 ms "
@@ -203,6 +217,11 @@ NOTES = {
         "/ 0.615 s against 0.133 / 0.600 with 1024-row pieces).",
     ],
     "qwen3.5-35b-a3b": [
+        "Between decode graphs at C=64 (graph_gaps_qwen3.5-35b-a3b_669afae.json and _5f5aba9.json): with "
+        "prefix caching on and decode captures at every block the engine's step was 0.19 ms longer than its "
+        "graph replayed; with them every 256 tokens, 0.005 ms (0.014 ms between graphs on average, 0.021 at "
+        "most). The closed-batch figures, with prefix caching off, are unchanged: the miss at C=64 is the "
+        "graph's own 18.0 ms.",
         "At b9f4b93 (profile_prefill_qwen3.5-35b-a3b_32768_gaps_b9f4b93.json): the 32k prefilling step took "
         "533.8 ms under the profiler (550.2 timed without it), its GPU work 526.1 ms busy in a 529.2 ms span, "
         "3.59 ms from the call to its first GPU work (the profiler's first activity buffer took 2.8 ms of host "
