@@ -30,20 +30,22 @@ def shape_config(name: str) -> dict:
     return cfg
 
 
-def write_shape(name: str, directory: str) -> str:
+def write_shape(name: str, directory: str, every_id_a_word: bool = False) -> str:
+    """every_id_a_word: the tokenizer names every token id of the model (a server streams their text)."""
     os.makedirs(directory, exist_ok=True)
+    config = shape_config(name)
     with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(shape_config(name), f)
-    _write_tokenizer(directory)
+        json.dump(config, f)
+    _write_tokenizer(directory, config["vocab_size"] if every_id_a_word else 256)
     return directory
 
 
-def _write_tokenizer(directory: str) -> None:
-    """A word-level tokenizer: benchmarks send token ids and ask for no text."""
+def _write_tokenizer(directory: str, size: int) -> None:
+    """A word-level tokenizer of `size` ids: benchmarks send token ids, and only a server asks for text."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i + 2 for i in range(254)}}
+    vocab = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i + 2 for i in range(size - 2)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(directory)
