@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 
 import jinja2
+import tokenizers
 
 from deltaserve.errors import InvalidPromptError, WeightLoadError
 
@@ -19,6 +20,11 @@ from deltaserve.errors import InvalidPromptError, WeightLoadError
 class Tokenizer:
     def __init__(self, hf_tokenizer, extra_eos_ids: Iterable[int] = ()):
         self.hf = hf_tokenizer
+        # The Rust tokenizer under a fast tokenizer: decoding through it directly skips
+        # transformers' per-call argument handling, most of a short decode's cost (the
+        # incremental detokenizer decodes twice per generated token).
+        backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+        self._rust = backend if isinstance(backend, tokenizers.Tokenizer) else None
         eos = {hf_tokenizer.eos_token_id} if hf_tokenizer.eos_token_id is not None else set()
         self.eos_token_ids: set[int] = eos | {int(i) for i in extra_eos_ids}
 
@@ -74,6 +80,8 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         # No space clean-up: it drops spaces before punctuation, so decode(encode(s)) != s.
+        if self._rust is not None:
+            return self._rust.decode(ids if isinstance(ids, list) else list(ids), skip_special_tokens=skip_special_tokens)
         return self.hf.decode(
             list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
