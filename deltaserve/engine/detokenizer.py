@@ -20,6 +20,7 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special = params.skip_special_tokens
         self.stop_strings = params.stop_strings
+        self.longest_stop = max((len(s) for s in self.stop_strings), default=0)
         self.include_stop = params.include_stop_str_in_output
         self.ids = list(prompt_token_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0
@@ -34,7 +35,7 @@ class IncrementalDetokenizer:
         after = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip_special)
         if len(after) <= len(before) or after.endswith(REPLACEMENT):
             return None  # an unfinished character (or nothing printable) so far
-        searched_from = max(0, len(self.text) - max((len(s) for s in self.stop_strings), default=0))
+        searched_from = max(0, len(self.text) - self.longest_stop)
         self.text += after[len(before):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return self._find_stop(searched_from)

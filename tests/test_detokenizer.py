@@ -1,0 +1,59 @@
+"""IncrementalDetokenizer token by token against one decode of the whole output (the demo tokenizer)."""
+
+import os
+import random
+
+import pytest
+
+from deltaserve.engine.detokenizer import IncrementalDetokenizer
+from deltaserve.models.gguf_loader import demo_model_path
+from deltaserve.sampling_params import SamplingParams
+from deltaserve.tokenizer import Tokenizer
+
+PIECES = ["Hello", " world", ",", " 日本語", " 🙂", "\n", " é", "ß", " 12", " + 30", " stop", "STOP", " the end", "!"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.from_gguf(demo_model_path())
+
+
+def _random_text(rng: random.Random) -> str:
+    return "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 20)))
+
+
+def test_text_grows_by_whole_characters_to_the_full_decode(tokenizer):
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    for _ in range(30):
+        prompt = tokenizer.encode(_random_text(rng), add_special_tokens=False)
+        output = tokenizer.encode(_random_text(rng), add_special_tokens=False)
+        detok = IncrementalDetokenizer(tokenizer, prompt, SamplingParams(max_tokens=len(output)))
+        # Byte-level BPE decodes a concatenation to the concatenation of the texts.
+        full = tokenizer.decode(output)
+        for n, token in enumerate(output, start=1):
+            assert detok.append(token) is None
+            assert full.startswith(detok.text), (seed, output[:n])
+            assert "\ufffd" not in detok.text, (seed, output[:n])
+        assert detok.visible_text(True) == full, seed
+
+
+def test_a_stop_string_cuts_the_text_at_its_first_match(tokenizer):
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    for _ in range(30):
+        stops = rng.sample(["STOP", " the end", "日本", "\n\n"], rng.randint(1, 2))
+        include = rng.random() < 0.5
+        output = tokenizer.encode(_random_text(rng) + rng.choice(stops) + _random_text(rng), add_special_tokens=False)
+        params = SamplingParams(max_tokens=len(output), stop=stops, include_stop_str_in_output=include)
+        detok = IncrementalDetokenizer(tokenizer, [], params)
+        full = tokenizer.decode(output)
+        at, stop = min((full.find(s), s) for s in stops if s in full)
+        found = None
+        for token in output:
+            found = detok.append(token)
+            assert not any(s in detok.visible_text(False) for s in stops) or found is not None, seed
+            if found is not None:
+                break
+        assert found == stop, (seed, full, stops)
+        assert detok.visible_text(False) == full[: at + len(stop) if include else at], (seed, full, stops)
