@@ -88,19 +88,6 @@ class _Stream:
                 raise self.error
 
 
-def _snapshot(output: RequestOutput) -> RequestOutput:
-    """A copy the event loop may read while the engine thread goes on appending."""
-    outputs = [
-        dataclasses.replace(
-            o,
-            token_ids=list(o.token_ids),
-            logprobs=list(o.logprobs) if o.logprobs is not None else None,
-        )
-        for o in output.outputs
-    ]
-    return dataclasses.replace(output, outputs=outputs)
-
-
 class AsyncEngine:
     """Runs an LLMEngine in a background thread and streams its outputs to asyncio callers."""
 
@@ -249,7 +236,7 @@ class AsyncEngine:
                 return
             self._refresh_stats()
             if outputs:
-                self._call_in_loop(self._dispatch, [_snapshot(o) for o in outputs])
+                self._call_in_loop(self._dispatch, outputs)  # the engine never touches them again
 
     def _drain_commands(self) -> bool:
         changed = False

@@ -171,7 +171,8 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------------------------
     def step(self, final_only: bool = False) -> list[RequestOutput]:
         """One step. Returns an output per request that progressed, or with final_only only per
-        request that finished (cheaper when nobody streams).
+        request that finished (cheaper when nobody streams). The outputs are the caller's: the
+        engine keeps no reference to their lists, so another thread may read them meanwhile.
 
         Asynchronous scheduling: a decode step whose rows sample on the device alone is queued and
         left running; its tokens are read back during the next call, after that call has queued its
@@ -266,7 +267,7 @@ class LLMEngine:
             outputs.append(CompletionOutput(
                 index=child.sample_index,
                 text=detok.visible_text(finished),
-                token_ids=child.resolved_output_ids,
+                token_ids=child.resolved_output_ids,  # a new list (a slice), as logprobs below
                 finish_reason=child.finish_reason,
                 stop_reason=child.stop_reason,
                 logprobs=list(child.output_logprobs) if child.params.logprobs is not None else None,
