@@ -119,6 +119,13 @@ async def last_output(stream: RequestStream) -> RequestOutput:
 
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave several requests' outputs as they come, tagged with the stream's position."""
+    if len(streams) == 1:  # the common case: no pump task and queue between the stream and its reader
+        try:
+            async for output in streams[0]:
+                yield 0, output
+        finally:
+            streams[0].close()
+        return
     queue: asyncio.Queue = asyncio.Queue()
     done_marker = object()
 
