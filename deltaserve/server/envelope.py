@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from deltaserve.server.sse import encode_json
+
 
 def completion_envelope(job: Any, kind: str, choices: list[dict], usage: dict | None = None) -> dict[str, Any]:
     """`job` carries request_id, created and model; `kind` is the OpenAI `object` name."""
@@ -12,3 +14,16 @@ def completion_envelope(job: Any, kind: str, choices: list[dict], usage: dict | 
     if usage is not None:
         payload["usage"] = usage
     return payload
+
+
+class ChunkEvents:
+    """The SSE events of one streamed response: `sse_data(completion_envelope(...))`, byte for byte,
+    with the envelope's fixed fields encoded once instead of once per token."""
+
+    def __init__(self, job: Any, kind: str):
+        fixed = encode_json({"id": job.request_id, "object": kind, "created": job.created, "model": job.model})
+        self._head = f'data: {fixed[:-1]},"choices":'
+
+    def __call__(self, choices: list[dict], usage: dict | None = None) -> str:
+        tail = "" if usage is None else f',"usage":{encode_json(usage)}'
+        return f"{self._head}{encode_json(choices)}{tail}}}\n\n"

@@ -20,7 +20,7 @@ from deltaserve.server.chat_prompt import (
     tool_schemas,
 )
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect, usage_dict
-from deltaserve.server.envelope import completion_envelope
+from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, chat_logprobs
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
@@ -92,6 +92,7 @@ class _ChatJob:
         self.model = model
         self.request_id = request_id
         self.created = int(time.time())
+        self._chunk = ChunkEvents(self, "chat.completion.chunk")
         self.prompt = prompt
         self.schemas = tool_schemas(tools)
         self.top = (req.top_logprobs or 0) if req.logprobs else None
@@ -141,9 +142,6 @@ class _ChatJob:
         return completion_envelope(self, "chat.completion", choices, self._usage(output))
 
     # ---- streamed response ------------------------------------------------------------------
-
-    def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
-        return sse_data(completion_envelope(self, "chat.completion.chunk", choices, usage))
 
     def _delta_json(self, delta: ChoiceDelta, tool_index: int) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -22,7 +22,7 @@ from deltaserve.server.context import (
     until_disconnect,
     usage_dict,
 )
-from deltaserve.server.envelope import completion_envelope
+from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, completion_logprobs
 from deltaserve.server.protocol import CompletionRequest
@@ -97,6 +97,7 @@ class _CompletionJob:
         self.model = model
         self.request_id = request_id
         self.created = int(time.time())
+        self._chunk = ChunkEvents(self, "text_completion")
         self.prompts = prompts
 
     def _echo_text(self, k: int) -> str:
@@ -145,9 +146,6 @@ class _CompletionJob:
                     }
                 )
         return completion_envelope(self, "text_completion", choices, self._usage(finals))
-
-    def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
-        return sse_data(completion_envelope(self, "text_completion", choices, usage))
 
     def _echo_chunks(self, k: int, logprobs: dict | None, text_offset: list[int]) -> list[str]:
         echo, n = self._echo_text(k), self.req.n

@@ -9,12 +9,12 @@ DONE = "data: [DONE]\n\n"
 
 # One encoder for every event: json.dumps with options builds a new encoder per call, a
 # sizeable share of a one-token chunk's cost.
-_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+encode_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def sse_data(payload: dict) -> str:
-    return f"data: {_ENCODE(payload)}\n\n"
+    return f"data: {encode_json(payload)}\n\n"
 
 
 def sse_event(event: str, payload: dict) -> str:
-    return f"event: {event}\ndata: {_ENCODE(payload)}\n\n"
+    return f"event: {event}\ndata: {encode_json(payload)}\n\n"

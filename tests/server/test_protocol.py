@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import types
 
 import pytest
 from pydantic import ValidationError
@@ -11,6 +13,7 @@ from deltaserve.engine.async_engine import QueueFullError, RequestTiming, Server
 from deltaserve.errors import EngineDeadError, InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError
 from deltaserve.server.anthropic_protocol import MessagesRequest
 from deltaserve.server.chat_prompt import openai_messages_for_template
+from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import context_length_error, from_exception
 from deltaserve.server.metrics import ServerMetrics
 from deltaserve.server.output_parser import ChoiceDelta
@@ -122,6 +125,20 @@ def test_anthropic_blocks_open_and_close_in_order():
 def test_sse_framing():
     assert sse_data({"a": "é"}) == 'data: {"a":"é"}\n\n'
     assert sse_event("ping", {"type": "ping"}) == 'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+def test_chunk_events_are_the_envelope_framed_byte_for_byte():
+    rng = random.Random()
+    words = ["", "é", "日本", "🙂", '"quoted"', "back\\slash", "new\nline", "\u0000", " w12"]
+    for _ in range(50):
+        job = types.SimpleNamespace(request_id=f"cmpl-{rng.getrandbits(64):x}", created=rng.randrange(2**31),
+                                    model=rng.choice(["m", "org/Model-7B", "ünï"]))
+        kind = rng.choice(["text_completion", "chat.completion.chunk"])
+        choices = [{"index": i, "text": "".join(rng.choices(words, k=rng.randint(0, 4))),
+                    "logprobs": rng.choice([None, {"tokens": ["a"], "token_logprobs": [-rng.random()]}]),
+                    "finish_reason": rng.choice([None, "stop", "length"])} for i in range(rng.randint(0, 3))]
+        usage = rng.choice([None, {"prompt_tokens": rng.randrange(100), "completion_tokens": 3}])
+        assert ChunkEvents(job, kind)(choices, usage) == sse_data(completion_envelope(job, kind, choices, usage))
 
 
 def test_metrics_observe_request_timings():
