@@ -3,12 +3,16 @@
     python benchmarks/server_host_path.py --step-ms 9.4 --concurrency 32,128 --out benchmarks/results/server_host_path.json
 
 No model and no GPU: `WaitingEngine.step` waits without the GIL until `--step-ms` has passed since
-its previous step (as the real engine waits for a step's tokens while the next one runs), then
-does the output work of `LLMEngine` for every running request (a token, the incremental
-detokenizer, a cumulative RequestOutput). The server's event
-loop (SSE chunks, HTTP writes) and the engine thread share one interpreter, so whatever the loop
-holds the GIL for can delay the engine's next step; `tpot_ms` over `--step-ms` is that delay.
-The client (`deltaserve bench serve`) runs in this process, the server in its own.
+its previous step (as the real engine waits for a step's tokens while the next one runs), spins in
+Python for the engine's own host work (`--host-ms` plus `--host-us-per-row` per running request:
+planning, batch building, launch; the defaults fit the shortest host steps graph_gaps.py measured on
+the 9B shape, 1.34 ms at 32 rows and 2.65 at 128), then does the output work of `LLMEngine` for every
+running request (a token, the incremental detokenizer, a cumulative RequestOutput). The server's
+event loop (SSE chunks, HTTP writes) and the engine thread share one interpreter, so whatever the
+loop holds the GIL for can delay the engine's next step: `tpot_ms` over `--step-ms` is that delay.
+`server_cpu_us_per_token` is the server process's CPU time (both threads, the modelled host work
+included) over the tokens streamed. The client (`deltaserve bench serve`) runs in this process,
+the server in its own.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.server_bench import wait_until_ready  # noqa: E402
-from benchmarks.shapes import _write_tokenizer  # noqa: E402
+from benchmarks.shapes import write_word_tokenizer  # noqa: E402
 from deltaserve.bench import serve as client  # noqa: E402
 
 VOCAB = 32000
@@ -113,7 +117,7 @@ def serve(port: int, step_ms: float, host_s: tuple[float, float], switch_interva
     if switch_interval is not None:
         sys.setswitchinterval(switch_interval)
     with tempfile.TemporaryDirectory() as directory:
-        _write_tokenizer(directory, VOCAB)
+        write_word_tokenizer(directory, VOCAB)
         tokenizer = Tokenizer(AutoTokenizer.from_pretrained(directory))
     engine = AsyncEngine(WaitingEngine(tokenizer, step_ms / 1e3, host_s))
     uvicorn.run(build_app(engine, ["bench"]), host="127.0.0.1", port=port, log_level="warning")

@@ -36,11 +36,11 @@ def write_shape(name: str, directory: str, every_id_a_word: bool = False) -> str
     config = shape_config(name)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
-    _write_tokenizer(directory, config["vocab_size"] if every_id_a_word else 256)
+    write_word_tokenizer(directory, config["vocab_size"] if every_id_a_word else 256)
     return directory
 
 
-def _write_tokenizer(directory: str, size: int) -> None:
+def write_word_tokenizer(directory: str, size: int) -> None:
     """A word-level tokenizer of `size` ids: benchmarks send token ids, and only a server asks for text."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
