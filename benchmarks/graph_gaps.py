@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.kernels_check import time_eager_us  # noqa: E402
+from benchmarks.replay_events import replay_events  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.runner.cuda_graphs import capture_graph  # noqa: E402
 from deltaserve.sampling_params import SamplingParams  # noqa: E402
@@ -148,26 +149,13 @@ def engine_timeline(engine, concurrency: int, steps: int) -> dict:
     after the one before had already finished on the GPU (that graph's end event done at the launch)."""
     graphs = engine.runner.graphs
     graph = graphs.graphs[graphs.rung(concurrency)]
-    marks, late, host_ms = [], [], []
-    inner = graph.replay
-
-    def replay():
-        if marks:
-            late.append(marks[-1][1].query())
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        inner()
-        end.record()
-        marks.append((begin, end))
-    graph.replay = replay
-    try:
+    host_ms = []
+    with replay_events(graph) as (marks, late):
         for _ in range(steps):
             start = time.perf_counter()
             engine.step(final_only=True)
             host_ms.append((time.perf_counter() - start) * 1e3)
         torch.cuda.synchronize()
-    finally:
-        del graph.replay
     between = [end.elapsed_time(begin) for (_, end), (begin, _) in zip(marks, marks[1:])]
     largest = sorted(range(len(between)), key=lambda i: -between[i])[:5]
     return {"steps": steps, "between_graphs_ms": quantiles(between), "graph_ms": quantiles(

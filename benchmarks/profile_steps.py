@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.prefix_cache_bench import _warm_up, prefill  # noqa: E402
+from benchmarks.replay_events import replay_events  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.llm_engine import LLMEngine  # noqa: E402
 from deltaserve.runner.launched_step import LaunchedStep  # noqa: E402
@@ -197,31 +198,21 @@ def decode_overhead(engine: LLMEngine, tokens, concurrency: int, steps: int = 48
 def graph_times_in_engine(engine: LLMEngine, graph, steps: int) -> dict:
     """Events recorded on the stream just before and after each replay of `graph` in the engine's own
     loop: the graph's GPU time there, and the GPU time from one graph's end to the next one's start."""
-    marks = []
-    inner = graph.replay
-
-    def replay():
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        inner()
-        end.record()
-        marks.append((begin, end))
-    graph.replay = replay
-    line = Timeline()
-    line.wrap(engine.scheduler, "schedule", "schedule")
-    line.wrap(engine.runner, "launch", "runner.launch")
-    line.wrap(graph, "replay", "graph.replay")
-    line.wrap(LaunchedStep, "token_ids", "wait for the tokens")
-    line.wrap(engine, "_finish_step", "finish_step")
-    try:
-        line.start = time.perf_counter()
-        for _ in range(steps):
-            engine.step(final_only=True)
-        host_ms = (time.perf_counter() - line.start) * 1e3 / steps
-        torch.cuda.synchronize()
-    finally:
-        line.restore()
-        del graph.replay
+    with replay_events(graph) as (marks, _):
+        line = Timeline()
+        line.wrap(engine.scheduler, "schedule", "schedule")
+        line.wrap(engine.runner, "launch", "runner.launch")
+        line.wrap(graph, "replay", "graph.replay")
+        line.wrap(LaunchedStep, "token_ids", "wait for the tokens")
+        line.wrap(engine, "_finish_step", "finish_step")
+        try:
+            line.start = time.perf_counter()
+            for _ in range(steps):
+                engine.step(final_only=True)
+            host_ms = (time.perf_counter() - line.start) * 1e3 / steps
+            torch.cuda.synchronize()
+        finally:
+            line.restore()
     inside = [b.elapsed_time(e) for b, e in marks]
     between = [e.elapsed_time(b) for (_, e), (b, _) in zip(marks, marks[1:])]
     host = {}
