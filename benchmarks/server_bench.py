@@ -51,13 +51,18 @@ def wait_until_ready(server: subprocess.Popen, base_url: str, timeout_s: float) 
     raise RuntimeError(f"the server did not answer /health within {timeout_s:.0f} s")
 
 
-def closed_batch(base_url: str, concurrency: int, seed: int) -> dict:
-    """One warm-up batch, then the measured one, each `concurrency` requests at once."""
+def one_batch(base_url: str, concurrency: int, seed: int) -> dict:
+    """`concurrency` requests at once, 128-token prompts, 256 tokens each: the client's report of them."""
     args = argparse.Namespace(base_url=base_url, model="bench", concurrency=str(concurrency), input_len=128,
                               output_len=256, num_prompts=concurrency, seed=seed, api_key=None,
                               token_id_range="1000:30000", warmup=0, timeout=600.0)
-    asyncio.run(client.run_benchmark(argparse.Namespace(**{**vars(args), "seed": seed + 7919})))
     return asyncio.run(client.run_benchmark(args))["results"][0]
+
+
+def closed_batch(base_url: str, concurrency: int, seed: int) -> dict:
+    """One warm-up batch, then the measured one."""
+    one_batch(base_url, concurrency, seed + 7919)
+    return one_batch(base_url, concurrency, seed)
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ the server in its own.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import random
 import subprocess
@@ -29,9 +28,12 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from benchmarks.server_bench import wait_until_ready  # noqa: E402
+from benchmarks.server_bench import one_batch, wait_until_ready  # noqa: E402
 from benchmarks.shapes import write_word_tokenizer  # noqa: E402
 from deltaserve.bench import serve as client  # noqa: E402
+from deltaserve.engine.detokenizer import IncrementalDetokenizer  # noqa: E402
+from deltaserve.engine.llm_engine import EngineStats  # noqa: E402
+from deltaserve.outputs import CompletionOutput, RequestOutput  # noqa: E402
 
 VOCAB = 32000
 
@@ -40,8 +42,6 @@ class WaitingEngine:
     """Just enough of LLMEngine for AsyncEngine: requests, steps that wait `step_s`, real outputs."""
 
     def __init__(self, tokenizer, step_s: float, host_s: tuple[float, float]):
-        from deltaserve.engine.llm_engine import EngineStats
-
         self.tokenizer = tokenizer
         self.model_name = "bench"
         self.max_model_len = 4096
@@ -53,8 +53,6 @@ class WaitingEngine:
         self._stats = EngineStats()
 
     def add_request(self, request_id, prompt, params, **_):
-        from deltaserve.engine.detokenizer import IncrementalDetokenizer
-
         self.running[request_id] = (list(prompt), params, IncrementalDetokenizer(self.tokenizer, prompt, params), [])
 
     def abort(self, request_id):
@@ -68,8 +66,6 @@ class WaitingEngine:
         return self._stats
 
     def step(self):
-        from deltaserve.outputs import CompletionOutput, RequestOutput
-
         # The GPU's step, overlapped with the host work as under asynchronous scheduling: the
         # wait is whatever is left of `step_s` since the previous step was launched (no GIL held).
         now = time.perf_counter()
@@ -148,11 +144,8 @@ def main() -> None:
     try:
         wait_until_ready(server, base_url, 120.0)
         for level in client.parse_levels(args.concurrency):
-            ns = argparse.Namespace(base_url=base_url, model="bench", concurrency=str(level), input_len=128,
-                                    output_len=256, num_prompts=level, seed=level, api_key=None,
-                                    token_id_range="1000:30000", warmup=0, timeout=600.0)
             cpu_before = process_cpu_s(server.pid)
-            row = asyncio.run(client.run_benchmark(ns))["results"][0]
+            row = one_batch(base_url, level, seed=level)
             row["server_cpu_us_per_token"] = round((process_cpu_s(server.pid) - cpu_before) / row["output_tokens"] * 1e6, 1)
             result["rows"].append(row)
             print(f"\nC={level}: tpot {row['tpot_ms']['mean']:.3f} ms over a {args.step_ms} ms step, "
