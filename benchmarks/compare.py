@@ -56,7 +56,7 @@ NOTES = {
         "replayed back to back; between two graphs the GPU waits 82.8 us a step from the input copy's end to "
         "the graph's first kernel (the copies themselves take 4.2 us), and 0.265 ms pass between graphs on "
         "CUDA events. benchmarks/graph_gaps.py (new) replays the graph alone and with each thing the engine's "
-        "loop adds around it, to find that difference; it has not run on the GPU yet.",
+        "loop adds around it, to find that difference (its findings: the note above).",
         "At 0f66749 beside vLLM in one command (side_by_side_qwen3.5-9b.json, vLLM with its decode warm-up): "
         "closed batches 1.203x / 1.095x / 1.014x / 1.002x vLLM's tok/s at C=1 / 32 / 64 / 128 (steps 4.467 / "
         "5.873 / 6.946 / 9.303 ms against 5.313 / 6.218 / 6.844 / 9.071); prefill 0.2016 s against 0.2126 at 8k "
