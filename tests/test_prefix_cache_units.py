@@ -277,6 +277,32 @@ def test_a_follow_up_turn_restores_from_the_tail_of_the_turn_before_in_one_pass(
     assert sched.blocks.num_used == 0 and sched.prefix_cache.snapshots.num_referenced == 0
 
 
+def test_a_tail_inside_a_block_an_earlier_turn_decoded_past_still_serves():
+    """Turn 1 decodes past a block boundary (the block is cached, with no snapshot at its end: decode
+    captures are sparse); turn 2, the same prompt stopped sooner, leaves a tail one token short of that
+    boundary; its follow-up, whose tokens fill that block as turn 1's did (turn 2's last token, sampled
+    and never computed, is the block's last), restores from the tail, not from the boundary before."""
+    sched = _scheduler(budget=256, decode_interval=1024)
+    rng = random.Random()
+    length = BS * rng.randint(2, 4) - 2 + BS * (rng.random() < 0.5)
+    prompt = [rng.randrange(1000) for _ in range(length)]
+    short_end = len(prompt) + 1  # turn 2: two tokens, the last never computed
+    assert (short_end + 1) % BS == 0
+    _run(sched, _request(prompt, "long", max_tokens=21))  # computes past the block short_end lies in
+    _run(sched, _request(prompt, "short", max_tokens=2))
+    request = _request(prompt + [7, 7] + [rng.randrange(1000) for _ in range(rng.randint(3, 12))], "next")
+    sched.add(request)
+    plan = sched.schedule()
+    assert request.num_cached_tokens == short_end and len(plan.block_copies) == 1
+    assert plan.chunks[0].start == short_end
+    for chunk in plan.chunks:
+        chunk.request.num_computed_tokens = chunk.end
+    sched.step_done(plan)
+    while sched.has_unfinished():
+        _step(sched)
+    assert sched.blocks.num_used == 0 and sched.prefix_cache.snapshots.num_referenced == 0
+
+
 def test_a_tail_serves_only_prompts_that_continue_it_and_its_eviction_falls_back_to_the_boundary():
     sched = _scheduler(num_blocks=24, budget=256)
     rng = random.Random()

@@ -4,8 +4,9 @@ what each step computed; the ModelRunner moves the tensors.
 
 - KV blocks are named by the hash chain of block_hash.py and shared through the BlockAllocator.
 - A hybrid model (GDN layers) can restart a sequence only where its recurrent state was saved: a
-  hit is the longest run of cached blocks cut back to the furthest snapshot at or before its end.
-  An attention-only model (snapshots None) restarts at the end of the run.
+  hit is the longest run of cached blocks cut back to the furthest snapshot at or before its end,
+  or a tail (below) past that snapshot. An attention-only model (snapshots None) restarts at the end
+  of the run.
 - Exact replay: no prefill pass crosses the request's replay point, and the same request sent again
   restores exactly the state at that point and runs the same last pass over the same KV, so its
   logits are the same bytes. A request that restores from a snapshot replays from there: its last
@@ -107,22 +108,33 @@ class PrefixCache:
         recorded = self.replay_points.get(key)
         limit = boundary if recorded is None else recorded
         blocks = self.blocks.cached_prefix(hashes[: limit // self.block_size])
-        tail = self._find_tail(request, hashes, len(blocks), request.num_tokens - 1 if recorded is None else recorded)
-        slot = tail_block = None
-        if tail is not None:
-            tail_block, start, slot = tail
+        count, slot = self._deepest_snapshot(hashes, len(blocks))
+        # A tail beyond that snapshot restores further: one continuing any of the cached blocks from
+        # there on (an earlier turn may have decoded on past where this one's tokens end, caching the
+        # block they end in without a snapshot at its end).
+        end = request.num_tokens - 1 if recorded is None else recorded
+        for parents in range(len(blocks), count - 1, -1):
+            if (tail := self._find_tail(request, hashes, parents, end)) is not None:
+                tail_block, start, slot = tail
+                blocks = blocks[:parents]
+                break
         else:
-            if self.snapshots is not None:
-                count = len(blocks)
-                while count and (slot := self.snapshots.find(hashes[count - 1])) is None:
-                    count -= 1
-                blocks = blocks[:count]
-            start = len(blocks) * self.block_size
+            tail_block, blocks = None, blocks[:count]
+            start = count * self.block_size
         if recorded is not None:
             replay = recorded
         else:
             replay = start if 0 < start and boundary - start <= ONE_PASS_MAX_TOKENS else boundary
         return PrefixHit(blocks, start, slot, replay, key, tail_block)
+
+    def _deepest_snapshot(self, hashes: list[BlockHash], count: int) -> tuple[int, int | None]:
+        """How many of the first `count` cached blocks a restart can keep (a hybrid model restarts only
+        where its state was saved; an attention-only one after all of them), and the snapshot there."""
+        if self.snapshots is None:
+            return count, None
+        while count and (slot := self.snapshots.find(hashes[count - 1])) is None:
+            count -= 1
+        return count, slot if count else None
 
     def _find_tail(self, request: Request, hashes: list[BlockHash], count: int, end: int):
         """The longest cached tail continuing the run of `count` cached blocks within the request's
