@@ -111,9 +111,12 @@ class PrefixCache:
         count, slot = self._deepest_snapshot(hashes, len(blocks))
         # A tail beyond that snapshot restores further: one continuing any of the cached blocks from
         # there on (an earlier turn may have decoded on past where this one's tokens end, caching the
-        # block they end in without a snapshot at its end).
+        # block they end in without a snapshot at its end). Looked for as far back as a decode runs
+        # between two snapshots: each block costs about 12 us of hashing, and a long run whose
+        # snapshots were evicted would otherwise cost milliseconds at admission.
         end = request.num_tokens - 1 if recorded is None else recorded
-        for parents in range(len(blocks), count - 1, -1):
+        deepest_tail = max(count, len(blocks) - self.decode_snapshot_step // self.block_size)
+        for parents in range(len(blocks), deepest_tail - 1, -1):
             if (tail := self._find_tail(request, hashes, parents, end)) is not None:
                 tail_block, start, slot = tail
                 blocks = blocks[:parents]
