@@ -34,6 +34,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="dummy: random weights in the checkpoint's shapes, from its config.json alone (benchmarks)")
     p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,
                    help="read each step's tokens back before planning the next (default: overlap them)")
+    p.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=None,
+                   help="skip the start-up prefill steps that compile the prefill kernels (default: on a GPU)")
 
 
 def _build_parser() -> argparse.ArgumentParser:

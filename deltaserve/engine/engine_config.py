@@ -31,6 +31,7 @@ class EngineConfig:
     gdn_state_dtype: str = "float32"
     enforce_eager: bool = False
     async_scheduling: bool = True  # plan the next decode step while the GPU runs this one
+    warm_up: bool | None = None  # prefill steps at start-up that compile their kernels (None: on a GPU)
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_gib: float = 1.0
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from array import array
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from deltaserve.engine.model_setup import LoadedModel, load_engine_model
 from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.request import Request
 from deltaserve.engine.scheduler import Scheduler
+from deltaserve.engine.warm_up import warm_up
 from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
 from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import SamplingParams
@@ -82,6 +84,10 @@ class LLMEngine:
         self._owner: dict[Request, ParentRequest] = {}
         self._launched = None  # LaunchedStep of a step still running, its tokens not read back
         self.stats_counters = EngineStats()
+        if config.warm_up if config.warm_up is not None else loaded.device.type == "cuda":
+            started = time.perf_counter()
+            steps = warm_up(self)
+            log.info("warmed up the prefill kernels in %d steps, %.1f s", steps, time.perf_counter() - started)
 
     @classmethod
     def from_args(cls, model: str | None = None, **kwargs) -> "LLMEngine":
@@ -294,6 +300,11 @@ class LLMEngine:
         self._parents.pop(parent.request_id, None)
         for child in parent.children:
             self._owner.pop(child, None)
+
+    def reset_stats(self) -> None:
+        """Zeroes the counters (tokens, prefix-cache lookups, preemptions); the gauges stay live."""
+        self.stats_counters = EngineStats()
+        self.scheduler.reset_stats()
 
     def stats(self) -> EngineStats:
         s = self.stats_counters

@@ -170,6 +170,11 @@ class Scheduler:
         if self.prefix_cache is not None:
             self.prefix_cache.reset()
 
+    def reset_stats(self) -> None:
+        self.num_preemptions = 0
+        if self.prefix_cache is not None:
+            self.prefix_cache.num_queries = self.prefix_cache.num_hits = 0
+
     def stats(self) -> dict:
         return {
             "num_running": len(self.running),

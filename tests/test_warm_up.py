@@ -1,0 +1,71 @@
+"""The start-up warm-up: one prefill step for each (sequence count, row count) class of the kernels,
+and an engine that warmed up serves what one that did not serves, with nothing of the warm-up left."""
+
+import random
+
+import pytest
+
+from deltaserve import SamplingParams
+from deltaserve.engine.llm_engine import LLMEngine
+from deltaserve.engine.warm_up import warm_up, warm_up_groups
+
+
+def _pow2_at_least_16(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+@pytest.mark.parametrize("max_num_seqs,budget", [(256, 2048), (8, 512), (128, 8192), (1024, 4096)])
+def test_warm_up_groups_fit_one_step_and_cover_every_class(max_num_seqs, budget):
+    groups = warm_up_groups(max_num_seqs, budget, max_model_len=4096)
+    for lengths in groups:
+        assert len(lengths) <= max_num_seqs and sum(lengths) <= budget and min(lengths) >= 2
+    # The GDN dispatch's row classes (token loop, 16-row chunks, 64-row chunks), with one sequence.
+    single = {sum(g) for g in groups if len(g) == 1}
+    assert any(r <= 16 for r in single) and any(16 < r <= 128 for r in single) and any(r > 128 for r in single)
+    # Every power-of-two class of the sequence count that a step can hold, with a count that is a
+    # multiple of 16 and one that is not (Triton specializes integer arguments on both).
+    counts = {len(g) for g in groups}
+    largest = min(max_num_seqs, budget // 3)  # the most two- and three-token prompts a step takes
+    for block in {_pow2_at_least_16(n) for n in range(1, largest + 1)}:
+        in_class = {n for n in counts if _pow2_at_least_16(n) == block}
+        assert any(n % 16 == 0 for n in in_class) or block > largest, (block, in_class)
+        assert any(n % 16 for n in in_class), (block, in_class)
+
+
+def _generate(engine: LLMEngine, requests) -> list:
+    for i, (prompt, params) in enumerate(requests):
+        engine.add_request(str(i), prompt, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[int(out.request_id)] = [(o.token_ids, o.text) for o in out.outputs]
+    return [done[i] for i in range(len(requests))]
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "llama"])
+def test_a_warmed_up_engine_serves_what_a_cold_one_serves(arch, checkpoint_factory):
+    path = checkpoint_factory(arch)
+    rng = random.Random()
+    requests = [([rng.randrange(300) for _ in range(rng.randint(2, 70))],
+                 SamplingParams(max_tokens=rng.randint(4, 20), temperature=0, ignore_eos=True)) for _ in range(5)]
+    requests.append(([rng.randrange(300) for _ in range(40)],
+                     SamplingParams(max_tokens=12, temperature=0.8, seed=rng.randrange(1000), ignore_eos=True)))
+    outputs = []
+    for warm in (False, True):
+        engine = LLMEngine.from_args(path, device="cpu", max_model_len=256, max_num_seqs=40, warm_up=warm)
+        stats = engine.stats()
+        assert stats.prompt_tokens_total == stats.generation_tokens_total == 0
+        assert stats.prefix_cache_queries == stats.prefix_cache_hits == 0
+        assert stats.num_running == stats.num_waiting == stats.kv_blocks_used == stats.state_slots_used == 0
+        assert stats.snapshot_slots_used == 0
+        outputs.append(_generate(engine, requests))
+    assert outputs[0] == outputs[1]
+
+
+def test_the_warm_up_takes_one_step_a_group(checkpoint_factory):
+    """Without prefix caching (with it, prompts ending inside a block take a second step for the tail)."""
+    engine = LLMEngine.from_args(checkpoint_factory("qwen3.5"), device="cpu", max_model_len=256, max_num_seqs=40,
+                                 warm_up=False, enable_prefix_caching=False)
+    assert warm_up(engine) == len(warm_up_groups(40, 2048, 256)) > 0
+    assert engine.stats().prompt_tokens_total == 0 and not engine.has_unfinished_requests()
