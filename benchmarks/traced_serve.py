@@ -12,7 +12,8 @@ client process on the same machine can set them against its own):
   when ModelRunner.launch began and returned, when it began and finished waiting for the previous
   step's tokens, when step() returned, and the number of running requests.
 DELTASERVE_SWITCH_INTERVAL, if set, is passed to sys.setswitchinterval (the GIL's hand-over period).
-The wrappers add a few microseconds a call; nothing else about the server changes.
+The wrappers add a few microseconds a call, and rewriting the file takes the GIL for a few milliseconds
+every second; nothing else about the server changes.
 """
 
 import collections
