@@ -9,9 +9,9 @@ them: on an H200 with an empty Triton cache, 36 kernels compiled, 1 to 3 s each,
 minute of serving the Qwen3.5-9B shape in closed batches of 32 and 128 requests, and each stalled
 every request in flight.
 
-The warm-up sends, through the scheduler like any request, groups of one-token requests whose
-prompts make one prefill step of each (sequence count, row count) class, then forgets them: the
-prefix cache is emptied and the counters are reset.
+The warm-up sends, through the scheduler like any request, groups of requests for one token each,
+whose prompts make one prefill step of each (sequence count, row count) class, then forgets them:
+the prefix cache is emptied and the counters are reset.
 """
 
 from __future__ import annotations
