@@ -323,6 +323,9 @@ class PrefixCache:
         if self.snapshots is not None:
             self.snapshots.clear()
 
+    def reset_stats(self) -> None:
+        self.num_queries = self.num_hits = 0
+
     def stats(self) -> dict:
         return {
             "prefix_cache_queries": self.num_queries,

@@ -173,7 +173,7 @@ class Scheduler:
     def reset_stats(self) -> None:
         self.num_preemptions = 0
         if self.prefix_cache is not None:
-            self.prefix_cache.num_queries = self.prefix_cache.num_hits = 0
+            self.prefix_cache.reset_stats()
 
     def stats(self) -> dict:
         return {
