@@ -169,7 +169,7 @@ def gdn_decode_fused_case(batch: int, state_dtype=torch.float32):
     head)) at 4, 8 and 16 warps, against the three kernels it replaces (the conv, the decode delta rule
     on its default tiles, the gated norm), each against the fp32 reference."""
     from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d
-    from deltaserve.kernels.gdn import decode_reference as decode_ref
+    from deltaserve.kernels.gdn import decode_fused_reference as fused_ref
     from deltaserve.kernels.gdn.triton_decode_fused import gdn_decode_fused
     from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
     from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
@@ -186,7 +186,7 @@ def gdn_decode_fused_case(batch: int, state_dtype=torch.float32):
         slots = torch.randperm(slots_total, device=DEV)[:batch].to(torch.int32)
         seq_lens = torch.randint(1, 500, (batch,), device=DEV)
         ref_conv, ref_pool = conv_state.to(torch.float32, copy=True), pool.to(torch.float32, copy=True)
-        expected = decode_ref.gdn_decode(*f32(mixed, z, a, b, w), ref_conv, A_log, dt_bias, ref_pool,
+        expected = fused_ref.gdn_decode_fused(*f32(mixed, z, a, b, w), ref_conv, A_log, dt_bias, ref_pool,
                                               norm_w.float(), 1e-6, slots.long(), seq_lens)
         state_bytes = batch * HV * DK * DV * pool.element_size() * 2
         res = {"shape": f"B={batch} state {str(state_dtype).split('.')[-1]} Hk={HK} Hv={HV} Dk={DK} Dv={DV} "

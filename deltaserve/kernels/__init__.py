@@ -14,7 +14,7 @@ from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh
 from deltaserve.kernels.conv1d import reference as _conv
 from deltaserve.kernels.decode_inputs import reference as _decode_inputs
 from deltaserve.kernels.dispatch import use_triton
-from deltaserve.kernels.gdn import decode_reference as _gdn_decode
+from deltaserve.kernels.gdn import decode_fused_reference as _gdn_decode
 from deltaserve.kernels.gdn import reference as _gdn
 from deltaserve.kernels.linear import reference as _linear
 from deltaserve.kernels.moe import reference as _moe
@@ -185,17 +185,17 @@ def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slot
     return _gdn.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
 
 
-def gdn_decode(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
-               state_slots, seq_lens) -> torch.Tensor:
-    """A GDN layer's decode step, one token per sequence: conv update + SiLU of the [q | k | v] channels
-    of `mixed` (conv_state: rings, conv1d/reference.py), the gated delta rule on h_pool[slot], the gated
-    RMSNorm with z. Returns [B, Hv*Dv]. On the GPU one launch for a few sequences (gdn/triton_decode.py)."""
+def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
+                     state_slots, seq_lens) -> torch.Tensor:
+    """A GDN layer's decode step, one token per sequence, in one launch: conv update + SiLU of the
+    [q | k | v] channels of `mixed` (conv_state: rings, conv1d/reference.py), the gated delta rule on
+    h_pool[slot], the gated RMSNorm with z. Returns [B, Hv*Dv]."""
     if use_triton(mixed):
-        from deltaserve.kernels.gdn.triton_decode import gdn_decode as kernel
+        from deltaserve.kernels.gdn.triton_decode_fused import gdn_decode_fused as kernel
         return kernel(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps, state_slots,
                       seq_lens)
-    return _gdn_decode.gdn_decode(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps,
-                                  state_slots, seq_lens)
+    return _gdn_decode.gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight,
+                                        eps, state_slots, seq_lens)
 
 
 def moe_route(router_logits: torch.Tensor | PartialSums, top_k: int, renormalize: bool, shared_gate: bool = False,
@@ -270,6 +270,6 @@ __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
-    "gdn_decode", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
+    "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
     "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "sample_from_logits",
 ]

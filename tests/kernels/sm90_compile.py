@@ -227,11 +227,11 @@ def cases():
 
     from deltaserve.kernels.gdn import triton_decode_fused as decode
 
-    for state in ("*fp32", bf16):  # --gdn-state-dtype float32 (the default) and bfloat16, at the launch's 4 warps
+    for state in ("*fp32", bf16):  # --gdn-state-dtype float32 (the default) and bfloat16
         yield (f"gdn_decode_fused_{state[1:]}", decode._gdn_decode_fused_kernel,
                {n: bf16 for n in ("mixed", "z", "a", "b", "conv_weight", "conv_state", "norm_weight", "out")}
                | {"h_pool": state, "state_slots": "*i64", "seq_lens": "*i64", "eps": "fp32"},
-               dict(HK=16, HV=32, DK=128, DV=128, K=4, BK=128, BV=128, BLOCK_K=4), 4, 1)
+               dict(HK=16, HV=32, DK=128, DV=128, K=4, BK=128, BV=128, BLOCK_K=4), 8, 1)
 
 
 def _skinny_gemm_cases():

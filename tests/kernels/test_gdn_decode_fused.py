@@ -8,7 +8,7 @@ import torch
 
 from deltaserve.kernels.conv1d import reference as conv_ref
 from deltaserve.kernels.gdn import reference as gdn_ref
-from deltaserve.kernels.gdn.decode_reference import gdn_decode as reference
+from deltaserve.kernels.gdn.decode_fused_reference import gdn_decode_fused as reference
 from deltaserve.kernels.gdn.triton_decode_fused import gdn_decode_fused
 from deltaserve.kernels.norm import reference as norm_ref
 from tests.kernels.conftest import assert_close
@@ -100,18 +100,3 @@ def test_reference_is_the_three_unfused_ops():
     unfused = norm_ref.gated_rms_norm(o, args["z"].reshape(batch, hv, dv), args["norm_weight"], args["eps"])
     assert torch.equal(fused, unfused.reshape(batch, hv * dv))
     assert torch.equal(conv_state, args["conv_state"]) and torch.equal(h_pool, args["h_pool"])
-
-
-@pytest.mark.parametrize("batch", [3, 33])
-def test_decode_dispatch_fused_below_the_batch_bound_and_three_kernels_above(batch):
-    from deltaserve.kernels.gdn.triton_decode import FUSED_MAX_BATCH, gdn_decode
-
-    assert (batch <= FUSED_MAX_BATCH) == (batch == 3)
-    args = _inputs(batch, 1, 2, 8, 8, 4, slots=batch + 2)
-    slots = torch.randperm(batch + 2)[:batch]
-    expected_conv, expected_h = args["conv_state"].clone(), args["h_pool"].clone()
-    expected = reference(**dict(args, conv_state=expected_conv, h_pool=expected_h), state_slots=slots)
-    out = gdn_decode(**args, state_slots=slots)
-    assert_close(out, expected)
-    assert_close(args["conv_state"], expected_conv)
-    assert_close(args["h_pool"], expected_h)

@@ -14,9 +14,8 @@ every read of the old state. (A 2-D tile of rows per program, each tap loaded as
 some 170 registers a thread and took 170 us for an 8k-token prompt on the H200, 267 us with the old
 state's gathers in every tile; walking the rows takes 108 us, kernels_check conv1d_row_tiles.)
 A decode kernel of its own (each channel's old inputs loaded once, no barrier) measured no faster than
-the per-sequence kernel at 32-128 sequences (kernels_check_conv1d_decode_kernel.json). Below 32
-sequences a GDN layer's decode step runs its conv inside the fused decode kernel instead
-(gdn/triton_decode.py).
+the per-sequence kernel at 32-128 sequences (kernels_check_conv1d_decode_kernel.json). A GDN layer's
+decode step runs its conv inside kernels.gdn_decode_fused instead.
 """
 
 import torch

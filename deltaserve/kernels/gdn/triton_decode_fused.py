@@ -111,9 +111,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
-                     state_slots, seq_lens, num_warps: int = 4) -> torch.Tensor:
-    """Same contract as decode_reference.gdn_decode; h_pool must be contiguous."""
-    from deltaserve.kernels.gdn.decode_reference import decode_head_shape
+                     state_slots, seq_lens, num_warps: int = 8) -> torch.Tensor:
+    """Same contract as decode_fused_reference.gdn_decode_fused; h_pool must be contiguous."""
+    from deltaserve.kernels.gdn.decode_fused_reference import decode_head_shape
 
     mixed, z, a, b = (_rows(x) for x in (mixed, z, a, b))
     assert h_pool.is_contiguous()

@@ -4,7 +4,7 @@ sequence lives in a StatePool slot.
 One fused input projection yields [q | k | v | z | b | a]; q, k, v pass through a causal depthwise
 conv (state: a ring of the last `kernel` inputs) and SiLU; the gated delta rule mixes them with the
 recurrent state; a gated RMSNorm with z and the output projection follow. A decode step runs the
-conv, the delta rule and the norm as one op (kernels.gdn_decode).
+conv, the delta rule and the norm as one op (kernels.gdn_decode_fused).
 """
 
 import torch
@@ -40,8 +40,8 @@ class GatedDeltaNet(nn.Module):
             [self.conv_dim, self.value_size, self.num_v_heads, self.num_v_heads], -1
         )
         conv_state, h_state = batch.gdn_state(self.layer_idx)
-        if batch.is_decode:  # one token per sequence, never a capture inside it
-            out = kernels.gdn_decode(mixed, z, a, b, self.conv_weight, conv_state, self.A_log, self.dt_bias,
+        if batch.is_decode:  # one token per sequence, never a capture inside it: one fused launch
+            out = kernels.gdn_decode_fused(mixed, z, a, b, self.conv_weight, conv_state, self.A_log, self.dt_bias,
                                            h_state, self.norm_weight, self.norm_eps, batch.state_slots, batch.seq_lens)
             return kernels.linear_partial(out, self.out_proj)
         conv_snap, h_snap = batch.gdn_snapshots(self.layer_idx)

@@ -1,9 +1,8 @@
-"""Torch reference of a GDN layer's decode step: the definition of `kernels.gdn_decode`.
+"""Torch reference of the fused GDN decode step: the definition of `gdn_decode_fused`.
 
-One token per sequence, composed of the ops a prefill step runs one after the other: the causal
-conv1d update of the q/k/v channels (+ SiLU), the recurrent gated delta rule (q/k L2 norm, gating,
-grouped value heads) on the state in `h_pool[slot]`, and the gated RMSNorm of each head's output
-with z.
+One token per sequence, composed of the ops the layer runs unfused: the causal conv1d update of the
+q/k/v channels (+ SiLU), the recurrent gated delta rule (q/k L2 norm, gating, grouped value heads)
+on the fp32 state in `h_pool[slot]`, and the gated RMSNorm of each head's output with z.
 """
 
 import torch
@@ -20,7 +19,7 @@ def decode_head_shape(conv_dim: int, h_pool: torch.Tensor) -> tuple[int, int, in
     return key_size // dk, hv, dk, dv
 
 
-def gdn_decode(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
+def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
                      state_slots, seq_lens) -> torch.Tensor:
     """mixed [B, conv_dim] = [q | k | v] before the conv; z [B, Hv*Dv] (or [B, Hv, Dv]); a, b [B, Hv];
     conv_state [S, conv_dim, K] (rings) and h_pool [S, Hv, Dk, Dv] updated in place at state_slots [B];
