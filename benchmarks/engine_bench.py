@@ -65,9 +65,9 @@ def decode_floor_bytes(engine: LLMEngine, weights: dict, concurrency: int, conte
     state = 0
     pool = engine.runner.state_pool
     state_bytes = pool.h_all.element_size() if pool is not None else 4
-    for _ in mc.gdn_layers:  # recurrent state read and written; the conv ring's K-1 old inputs read, one written
-        state += (2 * mc.linear_num_value_heads * mc.linear_key_head_dim * mc.linear_value_head_dim * state_bytes
-                  + mc.gdn_conv_dim * mc.linear_conv_kernel_dim * 2)
+    for _ in mc.gdn_layers:  # recurrent state read and written, conv state read and written
+        state += 2 * (mc.linear_num_value_heads * mc.linear_key_head_dim * mc.linear_value_head_dim * state_bytes
+                      + mc.gdn_conv_dim * (mc.linear_conv_kernel_dim - 1) * 2)
     kv = len(mc.attention_layers) * context * 2 * mc.num_kv_heads * mc.head_dim * 2
     return weights["dense"] + touched_experts + concurrency * (state + kv)
 

@@ -1,5 +1,5 @@
-"""StatePool: per GDN layer, the conv state `[slots, conv_dim, kernel]` (a ring of the last `kernel`
-inputs: kernels/conv1d/reference.py) and the recurrent state `[slots, v_heads, k_dim, v_dim]` (fp32 unless `state_dtype` says otherwise; the kernels compute in fp32
+"""StatePool: per GDN layer, the conv state `[slots, conv_dim, kernel-1]` and the recurrent state
+`[slots, v_heads, k_dim, v_dim]` (fp32 unless `state_dtype` says otherwise; the kernels compute in fp32
 whatever it is stored in). One extra slot at the end absorbs padded rows of a graph."""
 
 import torch
@@ -17,7 +17,7 @@ class StatePool:
         rows = num_slots + 1
         # One tensor per kind over all layers (layer-major), so a slot of every layer is reset or
         # copied in one operation; the layers read their own views.
-        self.conv_all = torch.zeros(len(layer_ids), rows, conv_dim, conv_kernel, dtype=dtype, device=device)
+        self.conv_all = torch.zeros(len(layer_ids), rows, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
         self.h_all = torch.zeros(len(layer_ids), rows, v_heads, k_dim, v_dim, dtype=state_dtype, device=device)
         self.conv = {layer: self.conv_all[i] for i, layer in enumerate(layer_ids)}
         self.h = {layer: self.h_all[i] for i, layer in enumerate(layer_ids)}
@@ -40,5 +40,5 @@ class StatePool:
     @staticmethod
     def bytes_per_slot(num_layers: int, conv_dim: int, conv_kernel: int, v_heads: int, k_dim: int, v_dim: int,
                        dtype: torch.dtype, state_dtype: torch.dtype = torch.float32) -> int:
-        conv = conv_dim * conv_kernel * dtype.itemsize
+        conv = conv_dim * (conv_kernel - 1) * dtype.itemsize
         return num_layers * (conv + v_heads * k_dim * v_dim * state_dtype.itemsize)

@@ -137,15 +137,12 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, state_slots: torch.Tensor,
-                  query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                  capture_rows: list[tuple[int, int]] | None = None,
+                  query_start_loc: torch.Tensor, capture_rows: list[tuple[int, int]] | None = None,
                   conv_snapshots: torch.Tensor | None = None) -> torch.Tensor:
-    """conv_state [S, C, K]: rings of each sequence's last K inputs (conv1d/reference.py)."""
     if use_triton(x):
         from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d as kernel
-        return kernel(x, weight, conv_state, state_slots, query_start_loc, seq_lens, capture_rows, conv_snapshots)
-    return _conv.causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, seq_lens, capture_rows,
-                               conv_snapshots)
+        return kernel(x, weight, conv_state, state_slots, query_start_loc, capture_rows, conv_snapshots)
+    return _conv.causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows, conv_snapshots)
 
 
 # A prefill step's gated delta rule by its row count (for a graph, its rung; a pass replayed the same way
@@ -186,16 +183,15 @@ def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slot
 
 
 def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
-                     state_slots, seq_lens) -> torch.Tensor:
+                     state_slots) -> torch.Tensor:
     """A GDN layer's decode step, one token per sequence, in one launch: conv update + SiLU of the
-    [q | k | v] channels of `mixed` (conv_state: rings, conv1d/reference.py), the gated delta rule on
-    h_pool[slot], the gated RMSNorm with z. Returns [B, Hv*Dv]."""
+    [q | k | v] channels of `mixed`, the gated delta rule on h_pool[slot], the gated RMSNorm with z.
+    Returns [B, Hv*Dv]."""
     if use_triton(mixed):
         from deltaserve.kernels.gdn.triton_decode_fused import gdn_decode_fused as kernel
-        return kernel(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps, state_slots,
-                      seq_lens)
+        return kernel(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps, state_slots)
     return _gdn_decode.gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight,
-                                        eps, state_slots, seq_lens)
+                                        eps, state_slots)
 
 
 def moe_route(router_logits: torch.Tensor | PartialSums, top_k: int, renormalize: bool, shared_gate: bool = False,

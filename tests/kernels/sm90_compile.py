@@ -205,7 +205,7 @@ def cases():
     from deltaserve.kernels.conv1d import triton_causal_conv1d as conv
 
     conv_types = {"x": bf16, "weight": bf16, "conv_state": bf16, "state_slots": "*i32", "query_start_loc": "*i32",
-                  "seq_lens": "*i64", "out": bf16, "tokens": "i32"}
+                  "out": bf16, "tokens": "i32"}
     rows_t, rows_c, rows_warps = conv.ROW_TILES
     for index in ("i32", "i64"):  # the engine's batches hold int64 metadata
         yield (f"conv1d_rows_{index}", conv._conv_rows_kernel,
@@ -214,7 +214,7 @@ def cases():
     for block_t, block_c, varlen in ((1, 256, False), (32, 64, True)):  # decode; a short prefill pass
         yield (f"conv1d_sequence_t{block_t}", conv._causal_conv1d_kernel,
                dict(conv_types, capture_rows="*i32", capture_slots="*i32", snapshots=bf16),
-               dict(CHANNELS=8192, K=4, BLOCK_T=block_t, BLOCK_C=block_c, BLOCK_K=4, IS_VARLEN=varlen,
+               dict(CHANNELS=8192, K=4, BLOCK_T=block_t, BLOCK_C=block_c, BLOCK_KM1=4, IS_VARLEN=varlen,
                     DO_CONV=True), 4, 1)
 
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
@@ -227,11 +227,10 @@ def cases():
 
     from deltaserve.kernels.gdn import triton_decode_fused as decode
 
-    for state in ("*fp32", bf16):  # --gdn-state-dtype float32 (the default) and bfloat16
-        yield (f"gdn_decode_fused_{state[1:]}", decode._gdn_decode_fused_kernel,
-               {n: bf16 for n in ("mixed", "z", "a", "b", "conv_weight", "conv_state", "norm_weight", "out")}
-               | {"h_pool": state, "state_slots": "*i64", "seq_lens": "*i64", "eps": "fp32"},
-               dict(HK=16, HV=32, DK=128, DV=128, K=4, BK=128, BV=128, BLOCK_K=4), 8, 1)
+    yield ("gdn_decode_fused", decode._gdn_decode_fused_kernel,
+           {n: bf16 for n in ("mixed", "z", "a", "b", "conv_weight", "conv_state", "norm_weight", "out")}
+           | {"state_slots": "*i32", "eps": "fp32"},
+           dict(HK=16, HV=32, DK=128, DV=128, K=4, BK=128, BV=128, BLOCK_K=4), 8, 1)
 
 
 def _skinny_gemm_cases():

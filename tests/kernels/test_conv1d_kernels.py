@@ -1,5 +1,3 @@
-import random
-
 import pytest
 import torch
 
@@ -10,29 +8,20 @@ from tests.kernels.conftest import assert_close
 pytestmark = pytest.mark.triton
 
 
-def _ragged(lens, slots_total, channels, kernel, width=1):
-    """Starts, each sequence's length after the step (random earlier context, fresh ones included), a
-    random ring state per slot, and x as a column slice of a wider projection."""
-    starts = torch.tensor([0] + lens).cumsum(0)
-    context = [random.choice([0, 1, 2, random.randrange(3, 40)]) for _ in lens]
-    seq_lens = torch.tensor([c + n for c, n in zip(context, lens)])
-    state = torch.randn(slots_total, channels, kernel)
-    x = torch.randn(sum(lens), width * channels)[:, :channels]
-    return starts, seq_lens, state, x
-
-
 @pytest.mark.parametrize("kernel,block_t", [(4, 4), (3, None)])
 def test_ragged_prefill_reads_and_writes_state_with_captures(kernel, block_t):
     channels, slots_total = 20, 6
     weight = torch.randn(channels, kernel)
+    state = torch.randn(slots_total, channels, kernel - 1)
     lens = [1, 2, 13, 0, 5]
-    starts, seq_lens, state, x = _ragged(lens, slots_total, channels, kernel, width=2)
+    starts = torch.tensor([0] + lens).cumsum(0)
     slots = torch.tensor([4, 0, 2, 5, 1])
+    x = torch.randn(sum(lens), 2 * channels)[:, :channels]  # a slice of the fused projection
     captures = [(0, 0), (1, 1), (3, 2), (10, 3), (15, 4), (20, 5)]
     expected_state, out_state = state.clone(), state.clone()
-    expected_snaps, snaps = torch.zeros(6, channels, kernel), torch.zeros(6, channels, kernel)
-    expected = reference.causal_conv1d(x, weight, expected_state, slots, starts, seq_lens, captures, expected_snaps)
-    out = causal_conv1d(x, weight, out_state, slots, starts, seq_lens, captures, snaps, block_c=16, block_t=block_t)
+    expected_snaps, snaps = torch.zeros(6, channels, kernel - 1), torch.zeros(6, channels, kernel - 1)
+    expected = reference.causal_conv1d(x, weight, expected_state, slots, starts, captures, expected_snaps)
+    out = causal_conv1d(x, weight, out_state, slots, starts, captures, snaps, block_c=16, block_t=block_t)
     assert_close(out, expected)
     assert_close(out_state, expected_state)
     assert_close(snaps, expected_snaps)
@@ -42,16 +31,16 @@ def test_captures_from_a_graphs_device_table():
     from deltaserve.kernels.capture_rows import GraphCaptureRows
 
     channels, kernel = 20, 4
-    weight, state = torch.randn(channels, kernel), torch.randn(4, channels, kernel)
-    starts, slots, seq_lens = torch.tensor([0, 13, 18]), torch.tensor([2, 0]), torch.tensor([13, 21])
+    weight, state = torch.randn(channels, kernel), torch.randn(4, channels, kernel - 1)
+    starts, slots = torch.tensor([0, 13, 18]), torch.tensor([2, 0])
     x = torch.randn(18, channels)
     captures = [(1, 0), (12, 3), (16, 1), (19, 2)]  # the last past the rows: an unused graph entry
     rows, snap_slots = [r for r, _ in captures], [s for _, s in captures]
     table = GraphCaptureRows(torch.tensor([rows, snap_slots, rows, snap_slots], dtype=torch.int32))
     expected_state, out_state = state.clone(), state.clone()
-    expected_snaps, snaps = torch.zeros(4, channels, kernel), torch.zeros(4, channels, kernel)
-    expected = causal_conv1d(x, weight, expected_state, slots, starts, seq_lens, captures, expected_snaps)
-    out = causal_conv1d(x, weight, out_state, slots, starts, seq_lens, table, snaps)
+    expected_snaps, snaps = torch.zeros(4, channels, kernel - 1), torch.zeros(4, channels, kernel - 1)
+    expected = causal_conv1d(x, weight, expected_state, slots, starts, captures, expected_snaps)
+    out = causal_conv1d(x, weight, out_state, slots, starts, table, snaps)
     assert torch.equal(out, expected) and torch.equal(out_state, expected_state)
     assert torch.equal(snaps, expected_snaps) and snaps[[0, 1, 3]].abs().sum() > 0 and not snaps[2].any()
 
@@ -59,15 +48,14 @@ def test_captures_from_a_graphs_device_table():
 def test_single_token_update():
     channels, kernel = 24, 4
     weight = torch.randn(channels, kernel)
-    state = torch.randn(5, channels, kernel)
+    state = torch.randn(5, channels, kernel - 1)
     x = torch.randn(3, channels)
     slots = torch.tensor([3, 1, 4])
-    seq_lens = torch.tensor([random.randrange(1, 50) for _ in range(3)])
     expected_state = state.clone()
-    expected = reference.causal_conv1d(x, weight, expected_state, slots, torch.arange(4), seq_lens)
+    expected = reference.causal_conv1d(x, weight, expected_state, slots, torch.arange(4))
     for starts in (torch.arange(4), None):
         out_state = state.clone()
-        assert_close(causal_conv1d(x, weight, out_state, slots, starts, seq_lens), expected)
+        assert_close(causal_conv1d(x, weight, out_state, slots, starts), expected)
         assert_close(out_state, expected_state)
 
 
@@ -76,14 +64,16 @@ def test_long_prefill_by_row_tiles(kernel, row_tiles):
     """Runs of rows inside one sequence, across a sequence start, and across several; empty sequences."""
     channels = 20
     weight = torch.randn(channels, kernel)
+    state = torch.randn(5, channels, kernel - 1)
     lens = [70, 1, 0, 2, 5]  # past 64 rows the conv runs over global row tiles
-    starts, seq_lens, state, x = _ragged(lens, 5, channels, kernel)
+    starts = torch.tensor([0] + lens).cumsum(0)
     slots = torch.tensor([3, 1, 4, 0, 2])
+    x = torch.randn(sum(lens), channels)
     captures = [(1, 0), (69, 1), (71, 2), (74, 3)]
     expected_state, out_state = state.clone(), state.clone()
-    expected_snaps, snaps = torch.zeros(4, channels, kernel), torch.zeros(4, channels, kernel)
-    expected = reference.causal_conv1d(x, weight, expected_state, slots, starts, seq_lens, captures, expected_snaps)
-    out = causal_conv1d(x, weight, out_state, slots, starts, seq_lens, captures, snaps, row_tiles=row_tiles)
+    expected_snaps, snaps = torch.zeros(4, channels, kernel - 1), torch.zeros(4, channels, kernel - 1)
+    expected = reference.causal_conv1d(x, weight, expected_state, slots, starts, captures, expected_snaps)
+    out = causal_conv1d(x, weight, out_state, slots, starts, captures, snaps, row_tiles=row_tiles)
     assert_close(out, expected)
     assert_close(out_state, expected_state)
     assert_close(snaps, expected_snaps)

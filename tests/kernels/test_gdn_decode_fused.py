@@ -1,8 +1,6 @@
 """The fused GDN decode step (conv update, gated delta rule, gated norm) against its reference, which is
 the three unfused references composed."""
 
-import random
-
 import pytest
 import torch
 
@@ -24,12 +22,11 @@ def _inputs(batch, hk, hv, dk, dv, kernel, slots):
     return dict(
         mixed=mixed, z=z, a=a, b=b,
         conv_weight=torch.randn(conv_dim, kernel) * 0.5,
-        conv_state=torch.randn(slots, conv_dim, kernel),
+        conv_state=torch.randn(slots, conv_dim, kernel - 1),
         A_log=torch.randn(hv) * 0.5, dt_bias=torch.randn(hv),
         h_pool=torch.randn(slots, hv, dk, dv) * 0.3,
         norm_weight=torch.randn(dv),
         eps=1e-6,
-        seq_lens=torch.tensor([random.randrange(1, 40) for _ in range(batch)]),  # positions 0 to 38
     )
 
 
@@ -71,28 +68,13 @@ def test_decode_fused_padding_rows_compute_on_zero_state_and_write_none(batch_sl
     _check(batch_slots, 2, 4, 16, 16, 4, num_slots=4, num_warps=2)
 
 
-def test_decode_fused_keeps_a_bf16_state_in_bf16():
-    """The state stored in 16 bits (--gdn-state-dtype bfloat16), computed in fp32 all the same."""
-    args = _inputs(3, 2, 4, 16, 16, 4, slots=5)
-    args["h_pool"] = args["h_pool"].to(torch.bfloat16)
-    slots = torch.tensor([4, 0, 2])
-    expected_conv, expected_h = args["conv_state"].clone(), args["h_pool"].float()
-    expected = reference(**dict(args, conv_state=expected_conv, h_pool=expected_h), state_slots=slots)
-    out = gdn_decode_fused(**args, state_slots=slots.to(torch.int32))
-    assert args["h_pool"].dtype == torch.bfloat16
-    assert_close(out, expected, tol=1e-2)
-    assert_close(args["h_pool"][slots], expected_h[slots], tol=1e-2)
-    assert_close(args["conv_state"], expected_conv)
-
-
 def test_reference_is_the_three_unfused_ops():
     hk, hv, dk, dv, kernel, batch = 2, 4, 8, 8, 4, 3
     args = _inputs(batch, hk, hv, dk, dv, kernel, slots=5)
     slots = torch.tensor([4, 1, 2])
     conv_state, h_pool = args["conv_state"].clone(), args["h_pool"].clone()
     fused = reference(**args, state_slots=slots)
-    x = conv_ref.causal_conv1d(args["mixed"], args["conv_weight"], conv_state, slots, torch.arange(batch + 1),
-                               args["seq_lens"])
+    x = conv_ref.causal_conv1d(args["mixed"], args["conv_weight"], conv_state, slots, torch.arange(batch + 1))
     q, k, v = x.split([hk * dk, hk * dk, hv * dv], -1)
     o = gdn_ref.recurrent_gated_delta_rule(q.reshape(batch, hk, dk), k.reshape(batch, hk, dk),
                                            v.reshape(batch, hv, dv), args["a"], args["b"], args["A_log"],

@@ -1,9 +1,8 @@
 """Causal depthwise conv1d + SiLU over a ragged batch, reading and writing each sequence's conv state.
 
-The conv state is a ring of each sequence's last K inputs (see reference.py): the input at position p
-sits in column p % K. Tap j of row t reads input row t - (K-1) + j, from x when that row is inside the
-sequence and from the ring otherwise; the sequence's first row is at position seq_len - rows. Captured
-snapshots and the new state are windows of K inputs, each stored in its ring column.
+Tap j of row t reads input row t - (K-1) + j, from x when that row is inside the sequence and from the
+old conv state (the last K-1 inputs before it) otherwise. Captured snapshots and the new state are
+windows of the same "history" (old state then x).
 
 Short sequences (decode, verify): one program per (sequence, tile of channels) walks its rows, then
 gathers the snapshots and the new state; a barrier keeps the in-place state write behind every read
@@ -14,8 +13,7 @@ every read of the old state. (A 2-D tile of rows per program, each tap loaded as
 some 170 registers a thread and took 170 us for an 8k-token prompt on the H200, 267 us with the old
 state's gathers in every tile; walking the rows takes 108 us, kernels_check conv1d_row_tiles.)
 A decode kernel of its own (each channel's old inputs loaded once, no barrier) measured no faster than
-the per-sequence kernel at 32-128 sequences (kernels_check_conv1d_decode_kernel.json). A GDN layer's
-decode step runs its conv inside kernels.gdn_decode_fused instead.
+the per-sequence kernel at 32-128 sequences (kernels_check_conv1d_decode_kernel.json).
 """
 
 import torch
@@ -27,42 +25,34 @@ from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 
 @triton.jit
-def ring_column(position, K: tl.constexpr):
-    """The ring column of the input at `position` (>= -(K-1): the ring's zeros before a sequence)."""
-    return (position + K) % K
-
-
-@triton.jit
-def _window(x, conv_state, state_base, end_row, start, first_pos, channels, mask_c, stride_x, stride_s_c,
-            K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The K inputs through row `end_row` as a [BLOCK_C, BLOCK_K] tile (column i: input row
-    end_row - (K-1) + i, from the old ring before the sequence's first row `start`, whose position is
-    first_pos), and the ring column of each."""
-    cols = tl.arange(0, BLOCK_K)
-    src = end_row - (K - 1) + cols  # global input row of each column
+def _history(x, conv_state, state_base, end_row, start, channels, mask_c, stride_x, stride_s_c,
+             KM1: tl.constexpr, BLOCK_KM1: tl.constexpr):
+    """The K-1 inputs ending at row `end_row` (inclusive) as a [BLOCK_C, BLOCK_KM1] tile: column i holds
+    input row end_row - (K-2) + i, taken from the old state before the sequence's first row."""
+    cols = tl.arange(0, BLOCK_KM1)
+    src = end_row - (KM1 - 1) + cols  # global input row of each column
     in_x = src >= start
-    col_ok = cols < K
+    col_ok = cols < KM1
     from_x = tl.load(x + src.to(tl.int64)[None, :] * stride_x + channels[:, None],
                      mask=mask_c[:, None] & (in_x & col_ok)[None, :], other=0.0)
-    ring = ring_column(first_pos + (src - start), K)
-    from_state = tl.load(conv_state + state_base + channels[:, None] * stride_s_c + ring[None, :],
+    hist_col = src - start + KM1  # column in the old state when src < start
+    from_state = tl.load(conv_state + state_base + channels[:, None] * stride_s_c + hist_col[None, :],
                          mask=mask_c[:, None] & (~in_x & col_ok)[None, :], other=0.0)
-    return from_x.to(tl.float32) + from_state.to(tl.float32), ring
+    return from_x.to(tl.float32) + from_state.to(tl.float32)
 
 
 @triton.jit
-def _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, first_pos, state_base, live, channels, mask_c,
+def _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, state_base, live, channels, mask_c,
                     stride_x, stride_s_c, stride_w, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     """silu(causal conv) of a [BLOCK_T, BLOCK_C] tile: row r's inputs before its sequence's `start`
-    come from the old ring at `state_base` (one per row; none where not `live`)."""
+    come from the old conv state at `state_base` (one per row; none where not `live`)."""
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     for j in tl.static_range(K):
         src = rows - (K - 1) + j
         in_x = src >= start
         xv = tl.load(x + src.to(tl.int64)[:, None] * stride_x + channels[None, :],
                      mask=(row_ok & in_x)[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
-        ring = ring_column(first_pos + (src - start), K)
-        sv = tl.load(conv_state + state_base[:, None] + channels[None, :] * stride_s_c + ring[:, None],
+        sv = tl.load(conv_state + state_base[:, None] + channels[None, :] * stride_s_c + (src - start + K - 1)[:, None],
                      mask=(row_ok & ~in_x & live)[:, None] & mask_c[None, :], other=0.0).to(tl.float32)
         w = tl.load(weight + channels * stride_w + j, mask=mask_c, other=0.0).to(tl.float32)
         acc += (xv + sv) * w[None, :]
@@ -71,10 +61,10 @@ def _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, first_pos, state
 
 @triton.jit
 def _causal_conv1d_kernel(
-    x, weight, conv_state, state_slots, query_start_loc, seq_lens, capture_rows, capture_slots, snapshots, out,
+    x, weight, conv_state, state_slots, query_start_loc, capture_rows, capture_slots, snapshots, out,
     num_captures, stride_x, stride_out, stride_w, stride_s_slot, stride_s_c, stride_snap_slot, stride_snap_c,
     CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
-    BLOCK_K: tl.constexpr, IS_VARLEN: tl.constexpr, DO_CONV: tl.constexpr,
+    BLOCK_KM1: tl.constexpr, IS_VARLEN: tl.constexpr, DO_CONV: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
@@ -85,7 +75,6 @@ def _causal_conv1d_kernel(
     else:
         start = seq
         end = seq + 1
-    first_pos = tl.load(seq_lens + seq).to(tl.int32) - (end - start)  # position of the sequence's first row
     slot = tl.load(state_slots + seq).to(tl.int64)
     live = slot >= 0  # a negative slot marks padding: read a zero state, write none
     state_base = tl.where(live, slot, 0) * stride_s_slot
@@ -98,51 +87,48 @@ def _causal_conv1d_kernel(
         while t0 < end:  # a while loop: the interpreter cannot take loaded bounds in range()
             rows = t0 + tl.arange(0, BLOCK_T)
             row_ok = rows < end
-            y = _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, first_pos,
-                                state_base + tl.zeros([BLOCK_T], tl.int64), live, channels, mask_cw, stride_x,
-                                stride_s_c, stride_w, K, BLOCK_T, BLOCK_C)
+            y = _conv_silu_rows(x, weight, conv_state, rows, row_ok, start, state_base + tl.zeros([BLOCK_T], tl.int64),
+                                live, channels, mask_cw, stride_x, stride_s_c, stride_w, K, BLOCK_T, BLOCK_C)
             tl.store(out + rows.to(tl.int64)[:, None] * stride_out + channels[None, :], y.to(out.dtype.element_ty),
                      mask=row_ok[:, None] & mask_cw[None, :])
             t0 += BLOCK_T
 
-    col_ok = tl.arange(0, BLOCK_K) < K
+    cols = tl.arange(0, BLOCK_KM1)
     i = 0
     while i < num_captures:
         row = tl.load(capture_rows + i)
         if (row >= start) & (row < end):
             snap = tl.load(capture_slots + i).to(tl.int64)
-            window, ring = _window(x, conv_state, state_base, row, start, first_pos, channels, mask_c, stride_x,
-                                   stride_s_c, K, BLOCK_K)
-            tl.store(snapshots + snap * stride_snap_slot + channels[:, None] * stride_snap_c + ring[None, :],
-                     window.to(snapshots.dtype.element_ty), mask=mask_cw[:, None] & col_ok[None, :])
+            window = _history(x, conv_state, state_base, row, start, channels, mask_c, stride_x, stride_s_c,
+                              K - 1, BLOCK_KM1)
+            tl.store(snapshots + snap * stride_snap_slot + channels[:, None] * stride_snap_c + cols[None, :],
+                     window.to(snapshots.dtype.element_ty), mask=mask_cw[:, None] & (cols < K - 1)[None, :])
         i += 1
     if end > start:
-        final, ring = _window(x, conv_state, state_base, end - 1, start, first_pos, channels, mask_c, stride_x,
-                              stride_s_c, K, BLOCK_K)
+        final = _history(x, conv_state, state_base, end - 1, start, channels, mask_c, stride_x, stride_s_c,
+                         K - 1, BLOCK_KM1)
         tl.debug_barrier()  # every read of the old state above happens before it is overwritten
-        tl.store(conv_state + state_base + channels[:, None] * stride_s_c + ring[None, :],
-                 final.to(conv_state.dtype.element_ty), mask=mask_c[:, None] & col_ok[None, :])
+        tl.store(conv_state + state_base + channels[:, None] * stride_s_c + cols[None, :],
+                 final.to(conv_state.dtype.element_ty), mask=mask_c[:, None] & (cols < K - 1)[None, :])
 
 
 @triton.jit
-def _input_row(x, conv_state, src, start, first_pos, state_base, live, channels, mask_c, stride_x, stride_s_c,
-               K: tl.constexpr):
-    """Input row `src` of a sequence whose first row `start` is at position first_pos, fp32 [BLOCK_C]:
-    from x, or from the old ring before the sequence's first row; zeros where not live or further back
-    than the K-1 inputs a tap reads."""
+def _input_row(x, conv_state, src, start, state_base, live, channels, mask_c, stride_x, stride_s_c, KM1: tl.constexpr):
+    """Input row `src` of a sequence starting at `start`, fp32 [BLOCK_C]: from x, or from the old state
+    (column src - start + K-1) before the sequence's first row; zeros where not live or before the
+    state's K-1 inputs."""
     if src >= start:
         row = tl.load(x + src.to(tl.int64) * stride_x + channels, mask=mask_c, other=0.0).to(tl.float32)
     else:
-        lag_ok = src - start >= -(K - 1)
-        column = ring_column(first_pos + tl.maximum(src - start, -(K - 1)), K)
-        row = tl.load(conv_state + state_base + channels * stride_s_c + column, mask=mask_c & live & lag_ok,
+        column = src - start + KM1
+        row = tl.load(conv_state + state_base + channels * stride_s_c + column, mask=mask_c & live & (column >= 0),
                       other=0.0).to(tl.float32)
     return row
 
 
 @triton.jit
 def _conv_rows_kernel(
-    x, weight, conv_state, state_slots, query_start_loc, seq_lens, out, num_seqs, tokens,
+    x, weight, conv_state, state_slots, query_start_loc, out, num_seqs, tokens,
     stride_x, stride_out, stride_w, stride_s_slot, stride_s_c,
     CHANNELS: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
@@ -168,7 +154,6 @@ def _conv_rows_kernel(
             hi = mid
     seq = tl.minimum(lo, num_seqs - 1)
     start = tl.load(query_start_loc + seq)
-    first_pos = start * 0
     next_start = start * 0 - 1  # negative: the first row loads its lags as a sequence's first row does
     state_base = tl.zeros([], dtype=tl.int64)  # this and the rest: set by the first row
     live = seq >= 0
@@ -187,14 +172,13 @@ def _conv_rows_kernel(
                 seq += 1
             start = tl.load(query_start_loc + seq)
             next_start = tl.load(query_start_loc + seq + 1)
-            first_pos = tl.load(seq_lens + seq).to(start.dtype) - (next_start - start)
             slot = tl.load(state_slots + seq).to(tl.int64)
             live = slot >= 0
             state_base = tl.where(live, slot, 0) * stride_s_slot
-            lags = (start, first_pos, state_base, live, channels, mask_c, stride_x, stride_s_c)
-            h1 = _input_row(x, conv_state, t - 1, *lags, K)
-            h2 = _input_row(x, conv_state, t - 2, *lags, K)
-            h3 = _input_row(x, conv_state, t - 3, *lags, K)
+            lags = (start, state_base, live, channels, mask_c, stride_x, stride_s_c)
+            h1 = _input_row(x, conv_state, t - 1, *lags, K - 1)
+            h2 = _input_row(x, conv_state, t - 2, *lags, K - 1)
+            h3 = _input_row(x, conv_state, t - 3, *lags, K - 1)
         acc = w0 * xt + w1 * h1 + w2 * h2 + w3 * h3
         y = acc / (1.0 + tl.exp(-acc))
         tl.store(out + t.to(tl.int64) * stride_out + channels, y.to(out.dtype.element_ty), mask=mask_c & in_rows)
@@ -220,8 +204,8 @@ def row_tiles_for(tokens: int, channels: int) -> tuple[int, int, int]:
     return rows, block_c, warps
 
 
-def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, seq_lens, capture_rows=None,
-                  conv_snapshots=None, block_c: int | None = None, block_t: int | None = None,
+def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, capture_rows=None, conv_snapshots=None,
+                  block_c: int | None = None, block_t: int | None = None,
                   row_tiles: tuple[int, int, int] | None = None) -> torch.Tensor:
     """Same contract as the reference. A graph-captured decode step may pass query_start_loc=None: one row
     per sequence. Giving block_t forces the per-sequence kernel (tests use it to cover both paths);
@@ -230,7 +214,7 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, seq_lens,
         x = x.contiguous()
     tokens, channels = x.shape
     kernel = weight.shape[1]
-    assert conv_state.stride(-1) == 1 and weight.stride(-1) == 1 and conv_state.shape[-1] == kernel
+    assert conv_state.stride(-1) == 1 and weight.stride(-1) == 1
     seqs = state_slots.shape[0] if query_start_loc is None else query_start_loc.shape[0] - 1
     out = torch.empty((tokens, channels), dtype=x.dtype, device=x.device)
     if tokens == 0 or seqs == 0:
@@ -247,7 +231,7 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, seq_lens,
     if by_rows:
         rows_t, rows_c, rows_warps = row_tiles or row_tiles_for(tokens, channels)
         _conv_rows_kernel[(triton.cdiv(tokens, rows_t), triton.cdiv(channels, rows_c))](
-            x, weight, conv_state, state_slots, query_start_loc, seq_lens, out, seqs, tokens,
+            x, weight, conv_state, state_slots, query_start_loc, out, seqs, tokens,
             x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1),
             CHANNELS=channels, K=kernel, BLOCK_T=rows_t, BLOCK_C=rows_c, num_warps=rows_warps,
         )
@@ -257,12 +241,12 @@ def causal_conv1d(x, weight, conv_state, state_slots, query_start_loc, seq_lens,
         block_c = 256 if block_t <= 4 or by_rows else 64
     grid = (seqs, triton.cdiv(channels, block_c))
     _causal_conv1d_kernel[grid](
-        x, weight, conv_state, state_slots, query_start_loc if query_start_loc is not None else state_slots, seq_lens,
+        x, weight, conv_state, state_slots, query_start_loc if query_start_loc is not None else state_slots,
         cap_rows, cap_slots, snaps, out, len(captures),
         x.stride(0), out.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1),
         snaps.stride(0), snaps.stride(1),
         CHANNELS=channels, K=kernel, BLOCK_T=block_t, BLOCK_C=block_c,
-        BLOCK_K=triton.next_power_of_2(kernel), IS_VARLEN=query_start_loc is not None,
+        BLOCK_KM1=triton.next_power_of_2(max(kernel - 1, 1)), IS_VARLEN=query_start_loc is not None,
         DO_CONV=not by_rows, num_warps=4, **launch_options(x),
     )
     return out

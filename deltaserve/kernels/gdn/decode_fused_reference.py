@@ -20,15 +20,14 @@ def decode_head_shape(conv_dim: int, h_pool: torch.Tensor) -> tuple[int, int, in
 
 
 def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
-                     state_slots, seq_lens) -> torch.Tensor:
+                     state_slots) -> torch.Tensor:
     """mixed [B, conv_dim] = [q | k | v] before the conv; z [B, Hv*Dv] (or [B, Hv, Dv]); a, b [B, Hv];
-    conv_state [S, conv_dim, K] (rings) and h_pool [S, Hv, Dk, Dv] updated in place at state_slots [B];
-    seq_lens [B]: each sequence's length with this token. Returns the gated-normed output [B, Hv*Dv] in
-    mixed's dtype."""
+    conv_state [S, conv_dim, K-1] and h_pool [S, Hv, Dk, Dv] updated in place at state_slots [B].
+    Returns the gated-normed output [B, Hv*Dv] in mixed's dtype."""
     batch = mixed.shape[0]
     hk, hv, dk, dv = decode_head_shape(mixed.shape[1], h_pool)
     one_row_each = torch.arange(batch + 1, device=mixed.device)
-    mixed = causal_conv1d(mixed, conv_weight, conv_state, state_slots, one_row_each, seq_lens)
+    mixed = causal_conv1d(mixed, conv_weight, conv_state, state_slots, one_row_each)
     q, k, v = mixed.split([hk * dk, hk * dk, hv * dv], -1)
     out = recurrent_gated_delta_rule(q.reshape(batch, hk, dk), k.reshape(batch, hk, dk), v.reshape(batch, hv, dv),
                                      a, b, A_log, dt_bias, h_pool, state_slots)

@@ -1,107 +1,99 @@
-"""The whole GDN decode step of one layer in one launch: the conv1d update + SiLU of q/k/v, q/k L2
-norm, gating, the gated delta rule on the state in place, and the gated RMSNorm of the output.
+"""The whole GDN decode step of one layer in one launch: conv1d update + SiLU of q/k/v, q/k L2 norm,
+gating, the gated delta rule on the fp32 state in place, and the gated RMSNorm of the output.
 
-One program per (sequence, value head) holds that head's whole [Dk, Dv] state: the gated norm needs
-the head's full row of Dv outputs. It convolves the q and k channels of its key head and the v
-channels of its value head. The conv state is a ring (conv1d/reference.py): the token at position p
-writes its inputs into column p % K, which no tap of that token reads, so the programs of a key
-head's value heads all read the q/k channels' old inputs while the first of them writes the new
-ones, with no order between them. (A program per key head, walking its value heads in turn so that
-each conv channel had one reader and writer, measured slower than the three unfused launches from
-batch 16 up: half the programs, each with its heads' states one after the other.)
-
-A negative slot marks a padding row: it computes on zero states and writes none. Graph-safe: the
-grid depends on shapes only and nothing syncs with the host.
+One program per (sequence, key head). It convolves its key head's q and k channels once, then walks
+the value heads that share that key head, each with its whole [Dk, Dv] state in registers (the gated
+norm needs the head's full Dv row). A program per key head rather than per value head because the
+q/k conv state is updated in place: with several programs reading it, the one that writes could
+overwrite it before another has read it; here every conv-state channel has exactly one reader and
+writer. A negative slot marks a padding row: it computes on zero conv and recurrent states and writes
+no state. Graph-safe: the grid depends on shapes only and nothing syncs with the host.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
+
+@triton.jit
+def _window(x_row, state_base, channels, mask_c, live, stride_s_c, shift: tl.constexpr, K: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+    """[BLOCK_C, BLOCK_K] tile: column j holds input j + shift of the history [old state (K-1) | x]."""
+    cols = tl.arange(0, BLOCK_K) + shift
+    in_state = cols < K - 1
+    from_state = tl.load(state_base + channels[:, None] * stride_s_c + cols[None, :],
+                         mask=(mask_c & live)[:, None] & in_state[None, :], other=0.0)
+    from_x = tl.load(x_row + channels[:, None] + cols[None, :] * 0,
+                     mask=mask_c[:, None] & (cols == K - 1)[None, :], other=0.0)
+    return from_state.to(tl.float32) + from_x.to(tl.float32)
 
 
 @triton.jit
-def _conv_token(x_row, weight, ring, channels, mask_c, live, position, write, stride_w, stride_ring,
-                K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """silu(causal conv) of the token at `position` on `channels`, fp32; stores its input into the
-    ring's column position % K where `write` (and live). The old inputs come as a [taps, channels]
-    tile summed over its taps: as one vector per tap, the sm_90 compile held 251 registers a thread
-    at 8 warps against 127 (the layout the state's arithmetic wants made every lane compute its
-    rows' conv), and a [channels, taps] tile moved the state's arithmetic into the tile's layout."""
-    taps = tl.arange(0, BLOCK_K)  # tap j < K-1 multiplies the old input at position - (K-1) + j
-    old = taps < K - 1
-    columns = (position - (K - 1) + taps + K) % K
-    w_old = tl.load(weight + channels[None, :] * stride_w + taps[:, None], mask=old[:, None] & mask_c[None, :],
-                    other=0.0).to(tl.float32)
-    inputs = tl.load(ring + channels[None, :] * stride_ring + columns[:, None],
-                     mask=old[:, None] & (mask_c & live)[None, :], other=0.0).to(tl.float32)
-    xt = tl.load(x_row + channels, mask=mask_c, other=0.0)
-    w_new = tl.load(weight + channels * stride_w + (K - 1), mask=mask_c, other=0.0).to(tl.float32)
-    tl.store(ring + channels * stride_ring + position % K, xt.to(ring.dtype.element_ty), mask=mask_c & live & write)
-    acc = tl.sum(inputs * w_old, 0) + xt.to(tl.float32) * w_new
+def _conv_update(x_row, weight, state_base, channels, mask_c, live, stride_w, stride_s_c,
+                 K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """silu(causal conv) of one token on `channels`; shifts x into their conv state (not for padding)."""
+    cols = tl.arange(0, BLOCK_K)
+    w = tl.load(weight + channels[:, None] * stride_w + cols[None, :], mask=mask_c[:, None] & (cols < K)[None, :],
+                other=0.0).to(tl.float32)
+    acc = tl.sum(_window(x_row, state_base, channels, mask_c, live, stride_s_c, 0, K, BLOCK_K) * w, 1)
+    new_state = _window(x_row, state_base, channels, mask_c, live, stride_s_c, 1, K, BLOCK_K)
+    tl.debug_barrier()  # every read of the old state above happens before it is overwritten
+    tl.store(state_base + channels[:, None] * stride_s_c + cols[None, :],
+             new_state.to(state_base.dtype.element_ty), mask=(mask_c & live)[:, None] & (cols < K - 1)[None, :])
     return acc / (1.0 + tl.exp(-acc))
 
 
 @triton.jit
 def _gdn_decode_fused_kernel(
-    mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, state_slots, seq_lens, out,
+    mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, state_slots, out,
     stride_x, stride_z, stride_a, stride_b, stride_w, stride_s_slot, stride_s_c, stride_h_slot, stride_out,
     eps, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, K: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+    BK: tl.constexpr, BV: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    wait_for_prior_grid(USE_PDL)
-    seq, head = tl.program_id(0), tl.program_id(1)
+    seq, key_head = tl.program_id(0), tl.program_id(1)
     group: tl.constexpr = HV // HK
-    key_head = head // group
     seq64 = seq.to(tl.int64)
     slot = tl.load(state_slots + seq).to(tl.int64)
     live = slot >= 0
     safe_slot = tl.where(live, slot, 0)
-
-    offs_k, offs_v = tl.arange(0, BK), tl.arange(0, BV)
-    mask_k, mask_v = offs_k < DK, offs_v < DV
-    # The state first: its load has the longest way to come and depends on nothing else. Its addresses
-    # are one base and int32 offsets (127 registers a thread at 8 warps; through a block pointer, 184).
-    tile = offs_k[:, None] * DV + offs_v[None, :]
-    mask_kv = mask_k[:, None] & mask_v[None, :]
-    h_base = h_pool + safe_slot * stride_h_slot + head * DK * DV
-    state = tl.load(h_base + tile, mask=mask_kv & live, other=0.0).to(tl.float32)
-
-    position = tl.load(seq_lens + seq) - 1
     x_row = mixed + seq64 * stride_x
-    ring = conv_state + safe_slot * stride_s_slot
-    first_of_key_head = head % group == 0  # the one program that writes the q/k channels' new inputs
-    q = _conv_token(x_row, conv_weight, ring, key_head * DK + offs_k, mask_k, live, position, first_of_key_head,
-                    stride_w, stride_s_c, K, BLOCK_K)
-    k = _conv_token(x_row, conv_weight, ring, HK * DK + key_head * DK + offs_k, mask_k, live, position,
-                    first_of_key_head, stride_w, stride_s_c, K, BLOCK_K)
-    v = _conv_token(x_row, conv_weight, ring, 2 * HK * DK + head * DV + offs_v, mask_v, live, position, True,
-                    stride_w, stride_s_c, K, BLOCK_K)
+    conv_base = conv_state + safe_slot * stride_s_slot
 
-    at = tl.load(a + seq64 * stride_a + head).to(tl.float32) + tl.load(dt_bias + head).to(tl.float32)
-    bt = tl.load(b + seq64 * stride_b + head).to(tl.float32)
-    softplus = tl.where(at > 20.0, at, tl.log(1.0 + tl.exp(tl.minimum(at, 20.0))))
-    decay = tl.exp(-tl.exp(tl.load(A_log + head).to(tl.float32)) * softplus)
-    beta = 1.0 / (1.0 + tl.exp(-bt))
-    # As in triton_recurrent._update: every reduction is taken on the raw q, k and the old state at once
-    # (S' = d S + k delta^T, delta = beta (v - d S^T k), o = S'^T q = d S^T q + (q.k) delta).
-    rq = 1.0 / tl.sqrt(tl.sum(q * q, 0) + 1e-6)
-    rk = 1.0 / tl.sqrt(tl.sum(k * k, 0) + 1e-6)
-    qk = tl.sum(q * k, 0) * (rq * rk * scale)
-    s_q = tl.sum(state * q[:, None], 0) * (rq * scale)
-    s_k = tl.sum(state * k[:, None], 0) * rk
-    delta = (v - decay * s_k) * beta
-    o = decay * s_q + qk * delta
-    tl.store(h_base + tile, (state * decay + (k * rk)[:, None] * delta[None, :]).to(h_pool.dtype.element_ty),
-             mask=mask_kv & live)
+    offs_k = tl.arange(0, BK)
+    mask_k = offs_k < DK
+    q = _conv_update(x_row, conv_weight, conv_base, key_head * DK + offs_k, mask_k, live, stride_w, stride_s_c,
+                     K, BLOCK_K)
+    k = _conv_update(x_row, conv_weight, conv_base, HK * DK + key_head * DK + offs_k, mask_k, live, stride_w,
+                     stride_s_c, K, BLOCK_K)
+    q = q * (scale / tl.sqrt(tl.sum(q * q, 0) + 1e-6))
+    k = k * (1.0 / tl.sqrt(tl.sum(k * k, 0) + 1e-6))
 
-    gate = tl.load(z + seq64 * stride_z + head * DV + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+    offs_v = tl.arange(0, BV)
+    mask_v = offs_v < DV
+    mask_kv = mask_k[:, None] & mask_v[None, :]
     norm_w = tl.load(norm_weight + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(o * o, 0) / DV + eps)
-    y = o * rstd * norm_w * (gate / (1.0 + tl.exp(-gate)))
-    tl.store(out + seq64 * stride_out + head * DV + offs_v, y.to(out.dtype.element_ty), mask=mask_v)
+    for g in range(group):
+        head = key_head * group + g
+        v = _conv_update(x_row, conv_weight, conv_base, 2 * HK * DK + head * DV + offs_v, mask_v, live, stride_w,
+                         stride_s_c, K, BLOCK_K)
+        at = tl.load(a + seq64 * stride_a + head).to(tl.float32) + tl.load(dt_bias + head).to(tl.float32)
+        bt = tl.load(b + seq64 * stride_b + head).to(tl.float32)
+        softplus = tl.where(at > 20.0, at, tl.log(1.0 + tl.exp(tl.minimum(at, 20.0))))
+        decay = tl.exp(-tl.exp(tl.load(A_log + head).to(tl.float32)) * softplus)
+        beta = 1.0 / (1.0 + tl.exp(-bt))
+
+        h_ptrs = h_pool + safe_slot * stride_h_slot + head * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+        state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0) * decay
+        delta = (v - tl.sum(state * k[:, None], 0)) * beta
+        state = state + k[:, None] * delta[None, :]
+        o = tl.sum(state * q[:, None], 0)
+        tl.store(h_ptrs, state, mask=mask_kv & live)
+
+        gate = tl.load(z + seq64 * stride_z + head * DV + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(o * o, 0) / DV + eps)
+        y = o * rstd * norm_w * (gate / (1.0 + tl.exp(-gate)))
+        tl.store(out + seq64 * stride_out + head * DV + offs_v, y.to(out.dtype.element_ty), mask=mask_v)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -111,26 +103,27 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,
-                     state_slots, seq_lens, num_warps: int = 8) -> torch.Tensor:
-    """Same contract as decode_fused_reference.gdn_decode_fused; h_pool must be contiguous."""
+                     state_slots, num_warps: int | None = None) -> torch.Tensor:
+    """Same contract as decode_fused_reference.gdn_decode_fused; h_pool must be fp32 and contiguous."""
     from deltaserve.kernels.gdn.decode_fused_reference import decode_head_shape
 
     mixed, z, a, b = (_rows(x) for x in (mixed, z, a, b))
-    assert h_pool.is_contiguous()
+    assert h_pool.is_contiguous() and h_pool.dtype == torch.float32
     assert conv_state.stride(-1) == 1 and conv_weight.stride(-1) == 1
-    assert conv_state.shape[-1] == conv_weight.shape[1], "the conv state is a ring of K inputs"
     batch, conv_dim = mixed.shape
     hk, hv, dk, dv = decode_head_shape(conv_dim, h_pool)
     assert hv % hk == 0 and 2 * hk * dk + hv * dv == conv_dim
     out = torch.empty((batch, hv * dv), dtype=mixed.dtype, device=mixed.device)
     if batch == 0:
         return out
-    _gdn_decode_fused_kernel[(batch, hv)](
-        mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, state_slots, seq_lens, out,
+    block_k, block_v = triton.next_power_of_2(dk), triton.next_power_of_2(dv)
+    if num_warps is None:
+        num_warps = 8 if block_k * block_v >= 8192 else 4
+    _gdn_decode_fused_kernel[(batch, hk)](
+        mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, state_slots, out,
         mixed.stride(0), z.stride(0), a.stride(0), b.stride(0), conv_weight.stride(0), conv_state.stride(0),
         conv_state.stride(1), h_pool.stride(0), out.stride(0), eps, dk**-0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, K=conv_weight.shape[1], BK=triton.next_power_of_2(dk),
-        BV=triton.next_power_of_2(dv), BLOCK_K=triton.next_power_of_2(conv_weight.shape[1]),
-        num_warps=num_warps, **launch_options(mixed),
+        HK=hk, HV=hv, DK=dk, DV=dv, K=conv_weight.shape[1], BK=block_k, BV=block_v,
+        BLOCK_K=triton.next_power_of_2(conv_weight.shape[1]), num_warps=num_warps,
     )
     return out

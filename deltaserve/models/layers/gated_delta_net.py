@@ -2,9 +2,8 @@
 sequence lives in a StatePool slot.
 
 One fused input projection yields [q | k | v | z | b | a]; q, k, v pass through a causal depthwise
-conv (state: a ring of the last `kernel` inputs) and SiLU; the gated delta rule mixes them with the
-recurrent state; a gated RMSNorm with z and the output projection follow. A decode step runs the
-conv, the delta rule and the norm as one op (kernels.gdn_decode_fused).
+conv (state: the last kernel-1 inputs) and SiLU; the gated delta rule mixes them with the recurrent
+state; a gated RMSNorm with z and the output projection follow.
 """
 
 import torch
@@ -40,23 +39,26 @@ class GatedDeltaNet(nn.Module):
             [self.conv_dim, self.value_size, self.num_v_heads, self.num_v_heads], -1
         )
         conv_state, h_state = batch.gdn_state(self.layer_idx)
-        if batch.is_decode:  # one token per sequence, never a capture inside it: one fused launch
-            out = kernels.gdn_decode_fused(mixed, z, a, b, self.conv_weight, conv_state, self.A_log, self.dt_bias,
-                                           h_state, self.norm_weight, self.norm_eps, batch.state_slots, batch.seq_lens)
-            return kernels.linear_partial(out, self.out_proj)
+        # Decode keeps three launches (conv update, delta rule, gated norm): kernels.gdn_decode_fused does
+        # them in one, but its one program per key head measured slower from batch 16 up on the H200.
         conv_snap, h_snap = batch.gdn_snapshots(self.layer_idx)
         mixed = kernels.causal_conv1d(
-            mixed, self.conv_weight, conv_state, batch.state_slots, batch.query_start_loc, batch.seq_lens,
+            mixed, self.conv_weight, conv_state, batch.state_slots, batch.query_start_loc,
             batch.capture_rows, conv_snap,
         )
         q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], -1)
         q = q.reshape(tokens, self.num_k_heads, self.k_dim)
         k = k.reshape(tokens, self.num_k_heads, self.k_dim)
         v = v.reshape(tokens, self.num_v_heads, self.v_dim)
-        out = kernels.chunk_gated_delta_rule(
-            q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
-            batch.capture_rows, h_snap,
-        )
+        if batch.is_decode:
+            out = kernels.recurrent_gated_delta_rule(
+                q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots
+            )
+        else:
+            out = kernels.chunk_gated_delta_rule(
+                q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
+                batch.capture_rows, h_snap,
+            )
         z = z.reshape(tokens, self.num_v_heads, self.v_dim)
         out = kernels.gated_rms_norm(out, z, self.norm_weight, self.norm_eps)
         return kernels.linear_partial(out.reshape(tokens, self.value_size), self.out_proj)
