@@ -32,6 +32,28 @@ def test_warm_up_groups_fit_one_step_and_cover_every_class(max_num_seqs, budget)
         assert any(n % 16 for n in in_class), (block, in_class)
 
 
+def test_warm_up_groups_cover_every_class_of_the_conv_row_kernel():
+    """Each run length the conv1d row kernel takes at the Qwen3.5 shape's 8192 channels, with a pass of a
+    multiple of 16 rows and of another count, over one sequence, 16 and 17 of them (the integer classes
+    Triton compiles a kernel for: 1, a multiple of 16, any other)."""
+    pytest.importorskip("triton")
+    from deltaserve.kernels.conv1d.triton_causal_conv1d import row_tiles_for
+
+    budget = 2048  # the server's default step
+    groups = warm_up_groups(256, budget, max_model_len=4096)
+    seen = {(row_tiles_for(sum(g), 8192)[0], _int_class(len(g)), sum(g) % 16 == 0) for g in groups if sum(g) > 64}
+    run_lengths = {row_tiles_for(rows, 8192)[0] for rows in range(65, budget + 1)}
+    assert run_lengths == {8, 16, 32, 64, 128}
+    for run_length in run_lengths:
+        for count in ("one", "multiple of 16", "other"):
+            for aligned in (True, False):
+                assert (run_length, count, aligned) in seen, (run_length, count, aligned)
+
+
+def _int_class(n: int) -> str:
+    return "one" if n == 1 else "multiple of 16" if n % 16 == 0 else "other"
+
+
 def _generate(engine: LLMEngine, requests) -> list:
     for i, (prompt, params) in enumerate(requests):
         engine.add_request(str(i), prompt, params)

@@ -25,12 +25,31 @@ from deltaserve.sampling_params import SamplingParams
 ROW_TARGETS = (12, 100, 1000)
 # Sequence counts at both ends of each power-of-two class of BLOCK_B (16 at least), and 1.
 SEQUENCE_COUNTS = (1, 2, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 1024)
+# Rows of a pass in each class of the conv1d row kernel's run length (conv1d row_tiles_for: at the
+# Qwen3.5 and Qwen3-Next shapes' 8192 channels 8, 16, 32, 64 and 128 rows a program from 65, 241, 481,
+# 961 and 1921 rows), each as a multiple of 16 and not, over one sequence, a multiple of 16 of them
+# and another count: the classes Triton compiles the kernel for. With the GDN groups alone four of
+# them compiled while a fresh server on an empty Triton cache served its first closed batches.
+CONV_ROW_TARGETS = (96, 100, 352, 360, 704, 712, 1008, 1000, 2032, 2040)
+CONV_SEQUENCE_COUNTS = (1, 16, 17)
 
 
 def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[list[int]]:
     """Prompt lengths of each group, every group within one step's token budget: one prefill step
     apiece (with prefix caching on, prompts that end inside a block take a second step for that tail,
     as they do when served)."""
+    groups = _gdn_groups(max_num_seqs, max_num_batched_tokens, max_model_len)
+    for seqs in CONV_SEQUENCE_COUNTS:
+        for rows in CONV_ROW_TARGETS:
+            base, extra = divmod(rows, seqs)  # exactly `rows` rows: their count is the class
+            lengths = [base + (i < extra) for i in range(seqs)]
+            if (seqs <= max_num_seqs and base >= 2 and rows <= max_num_batched_tokens
+                    and base + 1 <= max_model_len - 2 and lengths not in groups):
+                groups.append(lengths)
+    return groups
+
+
+def _gdn_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[list[int]]:
     groups: list[list[int]] = []
     for seqs in SEQUENCE_COUNTS:
         if seqs > max_num_seqs:
