@@ -6,20 +6,23 @@ The server runs with TRITON_CACHE_DIR set to a fresh directory, then serves serv
 batches (a warm-up and a measured one per level). Every kernel compiled lands in that directory; the
 ones written after the server answered /health were compiled while it served, each stalling every
 request in flight. Prints the batches (tok/s, the slowest time to first token) and those kernels, with
-the time each was written and the batch it fell in.
+the time each was written and the batch it fell in, and the specialization each was compiled for (its
+arguments' types, `/16` where Triton took an integer or pointer as a multiple of 16, and the tile sizes
+its ranges span); OUT/jit_after_ready.json holds the same.
 """
 
 import collections
 import glob
 import json
 import os
+import re
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks import server_bench  # noqa: E402
+from benchmarks import results_io, server_bench  # noqa: E402
 from benchmarks.shapes import write_shape  # noqa: E402
 
 
@@ -45,8 +48,8 @@ def serve_batches(shape: str, levels: list[int], log_path: str) -> list[tuple[st
     return marks
 
 
-def compiled(cache: str) -> list[tuple[float, str]]:
-    """(time written, kernel name) of every kernel in a Triton cache directory."""
+def compiled(cache: str) -> list[tuple[float, str, str]]:
+    """(time written, kernel name, its specialization) of every kernel in a Triton cache directory."""
     entries = []
     for path in glob.glob(os.path.join(cache, "*", "*.json")):
         if os.path.basename(path).startswith("__grp__"):
@@ -56,8 +59,22 @@ def compiled(cache: str) -> list[tuple[float, str]]:
                 meta = json.load(f)
         except (OSError, ValueError):
             continue
-        entries.append((os.path.getmtime(path), meta.get("name", os.path.basename(path))))
+        name = meta.get("name", os.path.basename(path))
+        entries.append((os.path.getmtime(path), name, specialization(os.path.join(os.path.dirname(path), name + ".ttir"))))
     return sorted(entries)
+
+
+def specialization(ttir_path: str) -> str:
+    """The kernel's arguments as `name:type` (`/16`: taken as a multiple of 16) and its ranges' lengths."""
+    try:
+        with open(ttir_path) as f:
+            text = f.read()
+    except OSError:
+        return ""
+    func = next((line for line in text.splitlines() if "tt.func public" in line), "")
+    args = re.findall(r"%(\w+): ([^ ,{)]+)( \{tt.divisibility = 16)?", func)
+    ranges = sorted({int(n) for n in re.findall(r"tt.make_range \{end = (\d+)", text)})
+    return " ".join(f"{n}:{t}{'/16' if d else ''}" for n, t, d in args) + f" ranges={ranges}"
 
 
 def main() -> None:
@@ -69,12 +86,19 @@ def main() -> None:
     ready = marks[0][1]
     counts = collections.Counter()
     print("marks:", [(m[0], round(m[1] - ready, 1)) for m in marks])
-    for written, name in compiled(cache):
+    after = []
+    for written, name, spec in compiled(cache):
         if written > ready:
             batch = next((m[0] for m in marks if written <= m[1]), "after")
-            print(f"{written - ready:8.2f}s  {batch:45s} {name}")
+            print(f"{written - ready:8.2f}s  {batch:45s} {name}\n          {spec}")
+            after.append({"s_after_ready": round(written - ready, 2), "batch": batch, "kernel": name,
+                          "specialization": spec})
         counts["before ready" if written <= ready else "after ready"] += 1
     print(dict(counts))
+    results_io.write(os.path.join(os.environ["OUT"], "jit_after_ready.json"), {
+        **results_io.header(), "shape": os.environ.get("SHAPE", "qwen3.5-9b"),
+        "marks_s_after_ready": [(m[0], round(m[1] - ready, 2)) for m in marks],
+        "kernels_compiled": dict(counts), "compiled_after_ready": after})
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ def _pow2_at_least_16(n: int) -> int:
 @pytest.mark.parametrize("max_num_seqs,budget", [(256, 2048), (8, 512), (128, 8192), (1024, 4096)])
 def test_warm_up_groups_fit_one_step_and_cover_every_class(max_num_seqs, budget):
     groups = warm_up_groups(max_num_seqs, budget, max_model_len=4096)
-    for lengths in groups:
-        assert len(lengths) <= max_num_seqs and sum(lengths) <= budget and min(lengths) >= 2
+    for lengths in groups:  # a longer prompt in each: a step of one-token prompts alone runs as decode
+        assert len(lengths) <= max_num_seqs and sum(lengths) <= budget and max(lengths) >= 2
     # The GDN dispatch's row classes (token loop, 16-row chunks, 64-row chunks), with one sequence.
     single = {sum(g) for g in groups if len(g) == 1}
     assert any(r <= 16 for r in single) and any(16 < r <= 128 for r in single) and any(r > 128 for r in single)
@@ -30,6 +30,16 @@ def test_warm_up_groups_fit_one_step_and_cover_every_class(max_num_seqs, budget)
         in_class = {n for n in counts if _pow2_at_least_16(n) == block}
         assert any(n % 16 == 0 for n in in_class) or block > largest, (block, in_class)
         assert any(n % 16 for n in in_class), (block, in_class)
+
+
+def test_warm_up_groups_cover_many_sequences_in_a_pass_of_16_row_chunks():
+    """Up to 128 rows over up to 112 sequences, as when decode rows share a step with a short chunk: each
+    power-of-two class of the sequence count, as a multiple of 16 and not."""
+    groups = warm_up_groups(256, 2048, max_model_len=4096)
+    counts = {len(g) for g in groups if 16 < sum(g) <= 128}
+    for block in (16, 32, 64, 128):
+        in_class = {n for n in counts if _pow2_at_least_16(n) == block}
+        assert any(n % 16 == 0 for n in in_class) and any(n % 16 for n in in_class), (block, in_class)
 
 
 def test_warm_up_groups_cover_every_class_of_the_conv_row_kernel():

@@ -20,11 +20,12 @@ import random
 
 from deltaserve.sampling_params import SamplingParams
 
-# Rows of a prefill step that fall in each of the GDN dispatch's classes (token loop up to 16 rows,
-# 16-row chunks up to 128, 64-row chunks above), the last one a long pass.
-ROW_TARGETS = (12, 100, 1000)
-# Sequence counts at both ends of each power-of-two class of BLOCK_B (16 at least), and 1.
-SEQUENCE_COUNTS = (1, 2, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 1024)
+# Rows of a prefill step in each of the GDN dispatch's classes (token loop up to 16 rows, 16-row chunks
+# up to 128, 64-row chunks above; kernels/__init__.py), as (target, bound), the last one a long pass.
+ROW_TARGETS = ((12, 16), (100, 128), (1000, None))
+# Sequence counts at both ends of each power-of-two class of BLOCK_B (16 at least), and 1; 112, the
+# largest multiple of 16 of the class of 128 that a pass of 16-row chunks can hold.
+SEQUENCE_COUNTS = (1, 2, 16, 17, 32, 33, 64, 65, 112, 128, 129, 256, 257, 512, 513, 1024)
 # Rows of a pass in each class of the conv1d row kernel's run length (conv1d row_tiles_for: at the
 # Qwen3.5 and Qwen3-Next shapes' 8192 channels 8, 16, 32, 64 and 128 rows a program from 65, 241, 481,
 # 961 and 1921 rows), each as a multiple of 16 and not, over one sequence, a multiple of 16 of them
@@ -54,15 +55,23 @@ def _gdn_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: i
     for seqs in SEQUENCE_COUNTS:
         if seqs > max_num_seqs:
             break
-        for rows in ROW_TARGETS:
-            # Lengths alternate between length and length + 1: ragged, and the total not always a
-            # multiple of 16. At least two tokens each: a one-token prompt makes a step that looks like
-            # decode.
-            length = min(max(2, (min(rows, max_num_batched_tokens) - seqs // 2) // seqs), max_model_len - 2)
-            lengths = [length + (i % 2) for i in range(seqs)]
-            if length >= 2 and sum(lengths) <= max_num_batched_tokens and lengths not in groups:
+        for rows, bound in ROW_TARGETS:
+            lengths = _ragged(seqs, min(rows, max_num_batched_tokens), max_model_len)
+            if bound is not None and sum(lengths) > bound:
+                # Many sequences in few rows, as when decode rows share a step with a short chunk: one-token
+                # prompts beside one longer one (a step of one-token prompts alone would run as decode).
+                lengths = [1] * (seqs - 1) + [max(2, min(rows, bound) - (seqs - 1))]
+            fits = sum(lengths) <= max_num_batched_tokens and (bound is None or sum(lengths) <= bound)
+            if fits and max(lengths) <= max_model_len - 2 and lengths not in groups:
                 groups.append(lengths)
     return groups
+
+
+def _ragged(seqs: int, rows: int, max_model_len: int) -> list[int]:
+    """About `rows` rows over `seqs` prompts of alternating lengths (length, length + 1): ragged, and
+    the total not always a multiple of 16; at least two tokens each."""
+    length = min(max(2, (rows - seqs // 2) // seqs), max_model_len - 2)
+    return [length + (i % 2) for i in range(seqs)]
 
 
 def warm_up(engine) -> int:
