@@ -30,6 +30,17 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "Two more ways of taking time off a decode step measured no better, each against b277e5c in one command "
+        "on the H200, and were not kept. The GDN decode step in one launch, a program per (sequence, value head) "
+        "holding the head's whole state, its conv on a state kept as a ring of the last 4 inputs (41dc2c8): "
+        "kernels_check_gdn_decode_one_launch.json has it faster than the conv, the delta rule and the gated norm "
+        "below 32 sequences (9.6 against 12.7 us at 8) and level above (160.7 against 160.7 us at 128), a full "
+        "row of state a program holding 254 registers a thread; the engine's steps, with it below 32 sequences "
+        "and the three kernels (the conv on the ring) from 32 (engine_qwen3.5-9b_decode_dispatch_same_machine"
+        ".json, alternated twice): 4.42 / 4.81 / 5.87 / 9.40 ms at C=1 / 8 / 32 / 128 against 4.41 / 4.83 / "
+        "5.80 / 9.25. Prefetching into L2 the first bytes of each row of the next GEMM's weight from the small "
+        "kernel before it (l2_prefetch.json): the 9B MLP layer took 85-95 us at 32-128 rows against 82-92 "
+        "without (its floor 71.2 us).",
         "Between decode graphs, at 669afae and 5f5aba9 (graph_gaps_qwen3.5-9b_669afae.json, _timeline_669afae, "
         "_5f5aba9): the engine's step is its graph. With prefix caching off, as engine_bench.py and vLLM's "
         "bench.py run, every figure above already had it so; the 0.23 ms by which profile_steps found the engine's "
