@@ -75,26 +75,16 @@ def layer(x, w13, w2, nbytes):
     return torch.mm(a, w2.T)
 
 
-def time_layers(x, weights, nbytes, replays=20) -> float:
+def time_layers(x, weights, nbytes) -> float:
+    """Microseconds a layer: every layer in one graph (kernels_check's timing), replayed."""
+    from benchmarks.kernels_check import time_graph_us
+
     def step():
         y = x
         for w13, w2 in weights:
             y = layer(y, w13, w2, nbytes)
         return y
-    step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (replays * len(weights))
+    return time_graph_us(step, calls=1) / len(weights)
 
 
 def main() -> None:
