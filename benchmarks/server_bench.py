@@ -24,10 +24,10 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-import statistics
 import time
 
 import httpx

@@ -10,8 +10,9 @@ minute of serving the Qwen3.5-9B shape in closed batches of 32 and 128 requests,
 every request in flight.
 
 The warm-up sends, through the scheduler like any request, groups of requests for one token each,
-whose prompts make one prefill step of each (sequence count, row count) class, then forgets them:
-the prefix cache is emptied and the counters are reset.
+whose prompts make one prefill step of each class (the GDN kernels' sequence count and row count, the
+conv1d row kernel's run length), then forgets them: the prefix cache is emptied and the counters are
+reset.
 """
 
 from __future__ import annotations
@@ -39,31 +40,28 @@ def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len
     """Prompt lengths of each group, every group within one step's token budget: one prefill step
     apiece (with prefix caching on, prompts that end inside a block take a second step for that tail,
     as they do when served)."""
-    groups = _gdn_groups(max_num_seqs, max_num_batched_tokens, max_model_len)
-    for seqs in CONV_SEQUENCE_COUNTS:
-        for rows in CONV_ROW_TARGETS:
-            base, extra = divmod(rows, seqs)  # exactly `rows` rows: their count is the class
-            lengths = [base + (i < extra) for i in range(seqs)]
-            if (seqs <= max_num_seqs and base >= 2 and rows <= max_num_batched_tokens
-                    and base + 1 <= max_model_len - 2 and lengths not in groups):
-                groups.append(lengths)
-    return groups
-
-
-def _gdn_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[list[int]]:
     groups: list[list[int]] = []
+
+    def add(lengths: list[int], bound: int | None = None) -> None:
+        """Keeps a group that one step takes, whose rows stay within `bound` (its class), seen once."""
+        rows = sum(lengths)
+        if (len(lengths) <= max_num_seqs and rows <= max_num_batched_tokens and (bound is None or rows <= bound)
+                and max(lengths) <= max_model_len - 2 and lengths not in groups):
+            groups.append(lengths)
+
     for seqs in SEQUENCE_COUNTS:
-        if seqs > max_num_seqs:
-            break
         for rows, bound in ROW_TARGETS:
             lengths = _ragged(seqs, min(rows, max_num_batched_tokens), max_model_len)
             if bound is not None and sum(lengths) > bound:
                 # Many sequences in few rows, as when decode rows share a step with a short chunk: one-token
                 # prompts beside one longer one (a step of one-token prompts alone would run as decode).
                 lengths = [1] * (seqs - 1) + [max(2, min(rows, bound) - (seqs - 1))]
-            fits = sum(lengths) <= max_num_batched_tokens and (bound is None or sum(lengths) <= bound)
-            if fits and max(lengths) <= max_model_len - 2 and lengths not in groups:
-                groups.append(lengths)
+            add(lengths, bound)
+    for seqs in CONV_SEQUENCE_COUNTS:
+        for rows in CONV_ROW_TARGETS:
+            base, extra = divmod(rows, seqs)  # exactly `rows` rows: their count is the class
+            if base >= 2:
+                add([base + (i < extra) for i in range(seqs)])
     return groups
 
 
