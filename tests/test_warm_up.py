@@ -101,3 +101,37 @@ def test_the_warm_up_takes_one_step_a_group(checkpoint_factory):
                                  warm_up=False, enable_prefix_caching=False)
     assert warm_up(engine) == len(warm_up_groups(40, 2048, 256)) > 0
     assert engine.stats().prompt_tokens_total == 0 and not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])  # the attention of Qwen3.5-9B and 35B-A3B: 16 query heads of 256
+def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_heads):
+    """Paged attention compiles a kernel per tile shape, split or not, and merge kernel (the split count's
+    next power of two). The decode graphs, the prefill graphs and the warm-up's eager steps, all run
+    before the server is ready, must between them meet every such kernel that a step can call: decode
+    rows at any batch, prompts and chunks of up to a step's budget beside them, several at once."""
+    pytest.importorskip("triton")
+    from deltaserve.kernels.attention.triton_paged_attention import launch_plan
+    from deltaserve.runner.cuda_graphs import batch_size_ladder
+    from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_ladder
+
+    max_num_seqs, budget, group = 256, 2048, 16 // kv_heads
+
+    def kernels(tokens: int, seqs: int, longest: int) -> tuple:
+        plan = launch_plan(tokens, seqs, longest, group, kv_heads, 256, sms=132)
+        merge_rows = 1 << (plan.splits - 1).bit_length() if plan.splits > 1 else None
+        return plan.block_m, plan.block_n, merge_rows
+
+    started = {kernels(b, b, 1) for b in batch_size_ladder(max_num_seqs)}  # a graph's bound T - B + 1 is 1
+    started |= {kernels(rows, 2, rows - 1) for rows in prefill_ladder(MAX_ROWS)}  # beside a padding row
+    started |= {kernels(sum(g), len(g), max(g)) for g in warm_up_groups(max_num_seqs, budget, 4096) if len(g) > 1 or g[0] >= MAX_ROWS}
+    rng = random.Random()
+    met = set()
+    # A step's sequences (past 64 every (sequence, KV head, tile) fills the SMs: the keys are not split),
+    # its longest chunk and its rows in all.
+    for seqs in [*range(1, 65), 100, 128, max_num_seqs]:
+        for longest in range(2, budget - seqs + 2):
+            fewest, most = longest + seqs - 1, min(budget, longest * seqs)
+            for tokens in {fewest, most, rng.randint(fewest, most)}:
+                if seqs > 1 or longest >= MAX_ROWS:  # not a prefill graph's pass
+                    met.add(kernels(tokens, seqs, longest))
+    assert len(met) > 3 and met <= started, sorted(met - started, key=str)

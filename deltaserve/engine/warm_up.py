@@ -25,8 +25,9 @@ from deltaserve.sampling_params import SamplingParams
 # up to 128, 64-row chunks above; kernels/__init__.py), as (target, bound), the last one a long pass.
 ROW_TARGETS = ((12, 16), (100, 128), (1000, None))
 # Sequence counts at both ends of each power-of-two class of BLOCK_B (16 at least), and 1; 112, the
-# largest multiple of 16 of the class of 128 that a pass of 16-row chunks can hold.
-SEQUENCE_COUNTS = (1, 2, 16, 17, 32, 33, 64, 65, 112, 128, 129, 256, 257, 512, 513, 1024)
+# largest multiple of 16 of the class of 128 that a pass of 16-row chunks can hold; 8, whose short rows
+# make the 64-row tiles of paged attention split their keys 8 ways at Qwen3.5-9B's 4 KV heads.
+SEQUENCE_COUNTS = (1, 2, 8, 16, 17, 32, 33, 64, 65, 112, 128, 129, 256, 257, 512, 513, 1024)
 # Rows of a pass in each class of the conv1d row kernel's run length (conv1d row_tiles_for: at the
 # Qwen3.5 and Qwen3-Next shapes' 8192 channels 8, 16, 32, 64 and 128 rows a program from 65, 241, 481,
 # 961 and 1921 rows), each as a multiple of 16 and not, over one sequence, a multiple of 16 of them

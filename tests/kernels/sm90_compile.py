@@ -161,12 +161,12 @@ def cases():
     for block_m, block_n, splits, warps in ((16, 32, 16, 4), (64, 32, 1, 8), (128, 64, 11, 8)):
         yield (f"paged_attention_m{block_m}", paged._paged_attention_kernel,
                {"q": bf16, "k_cache": bf16, "v_cache": bf16, "gate": bf16, "query_start_loc": "*i64",
-                "seq_lens": "*i64", "block_tables": "*i64", "scale_log2": "fp32"},
-               dict(GROUP=8, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
+                "seq_lens": "*i64", "block_tables": "*i64", "scale_log2": "fp32", "splits": "i32"},
+               dict(GROUP=8, KV_HEADS=2, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=splits > 1,
                     PRECISION="tf32", LOOP_FOR=True, HAS_GATE=splits == 1), warps, 2)
-    yield ("paged_attention_merge_11", paged._merge_splits_kernel,
-           {"part": "*fp32", "lse": "*fp32", "o": bf16, "gate": bf16},
-           dict(Q_HEADS=16, HEAD_DIM=256, BLOCK_D=256, SPLITS=11, SPLITS_P2=16, HAS_GATE=True), 2, 1)
+    yield ("paged_attention_merge", paged._merge_splits_kernel,
+           {"part": "*fp32", "lse": "*fp32", "o": bf16, "gate": bf16, "splits": "i32"},
+           dict(Q_HEADS=16, HEAD_DIM=256, BLOCK_D=256, BLOCK_S=paged.MAX_SPLITS, HAS_GATE=True), 2, 1)
 
     ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps")}
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}

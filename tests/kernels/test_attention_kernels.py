@@ -88,7 +88,7 @@ def test_output_gate_reads_strided_views_and_writes_contiguous_rows(heads, head_
     assert_close(reference.output_gate(out, gate), out.float() * torch.sigmoid(gate.float()), tol=1e-2)
 
 
-@pytest.mark.parametrize("splits", [None, 1, 2, 3, 8])
+@pytest.mark.parametrize("splits", [None, 1, 2, 3, 8, 11, 32])
 def test_paged_attention_decode_batch(splits):
     seq_lens = [3, 17, 9, 40]  # with 8 splits of whole 16-key tiles, some splits get no keys
     k_cache, v_cache, tables = _paged_pools(seq_lens, 8, 2, 16)

@@ -15,6 +15,8 @@ would sit idle, so the keys are split into `splits` ranges (flash-decoding): eac
 output and log-sum-exp, and a second kernel merges the ranges.
 """
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -59,19 +61,25 @@ def _gated(out, gate, row, head, offs_d, mask, stride_g_t, stride_g_h, HAS_GATE:
     return out
 
 
-@triton.jit
+# The split count is an argument, not a constexpr, and never specialised: a constexpr compiled one
+# kernel per count, and the counts a step can take (as many as fill the SMs) are too many to compile at
+# start-up. SPLIT says whether the keys are split at all, which changes what the program stores. The
+# split shares the grid's second axis with the KV head, which is a constexpr: dividing the program id by
+# the runtime count instead took 27 more registers a thread at 16-row tiles and spilled 104 more bytes at
+# 128-row ones (sm_90, tests/kernels/sm90_compile.py).
+@triton.jit(do_not_specialize=["splits"])
 def _paged_attention_kernel(
-    q, k_cache, v_cache, o, lse, gate, query_start_loc, seq_lens, block_tables, scale_log2,
+    q, k_cache, v_cache, o, lse, gate, query_start_loc, seq_lens, block_tables, scale_log2, splits,
     stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_g_t, stride_g_h, stride_kc_block, stride_kc_pos,
     stride_kc_head, stride_vc_block, stride_vc_pos, stride_vc_head, stride_bt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
     LOOP_FOR: tl.constexpr, HAS_GATE: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
-    seq, kv_head = tl.program_id(0), tl.program_id(1)
-    tile, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
+    seq, tile = tl.program_id(0), tl.program_id(2)
+    kv_head, split = tl.program_id(1) % KV_HEADS, tl.program_id(1) // KV_HEADS
     q_start = tl.load(query_start_loc + seq)
     q_len = tl.load(query_start_loc + seq + 1) - q_start
     seq_len = tl.load(seq_lens + seq)
@@ -91,8 +99,8 @@ def _paged_attention_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         # Keys past the tile's last query position are masked for every row: stop there.
         kv_end = tl.minimum(seq_len, seq_len - q_len + (tile * BLOCK_M + BLOCK_M - 1) // GROUP + 1)
-        if SPLITS > 1:  # this program's share of the keys, whole BLOCK_N tiles each
-            share = tl.cdiv(tl.cdiv(kv_end, SPLITS), BLOCK_N) * BLOCK_N
+        if SPLIT:  # this program's share of the keys, whole BLOCK_N tiles each
+            share = tl.cdiv(tl.cdiv(kv_end, splits), BLOCK_N) * BLOCK_N
             n = split * share
             kv_stop = tl.minimum(kv_end, n + share)
         else:
@@ -113,8 +121,8 @@ def _paged_attention_kernel(
                 n += BLOCK_N
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_row = (q_start + token).to(tl.int64)
-        if SPLITS > 1:  # partial output [T, Hq, SPLITS, D] fp32 and its log2-sum-exp [T, Hq, SPLITS]
-            part = (out_row * (GROUP * tl.num_programs(1)) + head) * SPLITS + split
+        if SPLIT:  # partial output [T, Hq, splits, D] fp32 and its log2-sum-exp [T, Hq, splits]
+            part = (out_row * (GROUP * KV_HEADS) + head) * splits + split
             tl.store(o + part[:, None] * BLOCK_D + offs_d[None, :], out, mask=row_valid[:, None] & mask_d[None, :])
             tl.store(lse + part, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_i)), mask=row_valid)
         else:
@@ -125,24 +133,67 @@ def _paged_attention_kernel(
             tl.store(o_ptrs, out.to(o.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _merge_splits_kernel(part, lse, o, gate, stride_o_t, stride_o_h, stride_g_t, stride_g_h, Q_HEADS: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
-                         SPLITS_P2: tl.constexpr, HAS_GATE: tl.constexpr, USE_PDL: tl.constexpr = False):
-    """One (token, head): the splits' outputs weighted by their share of the softmax mass."""
+@triton.jit(do_not_specialize=["splits"])
+def _merge_splits_kernel(part, lse, o, gate, splits, stride_o_t, stride_o_h, stride_g_t, stride_g_h,
+                         Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_S: tl.constexpr, HAS_GATE: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """One (token, head): the splits' outputs weighted by their share of the softmax mass. BLOCK_S, the
+    count's next power of two, is all of it that is compiled in: five kernels serve every count. On the
+    H200 one kernel of 32 rows for all of them took up to 7 us longer at 2 to 8 splits over some hundreds
+    of tokens, and 16 rows at 2 warps about 1 us longer than at 4 (paged_attention_splits.json)."""
     wait_for_prior_grid(USE_PDL)
     token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     row = token * Q_HEADS + head
-    splits = tl.arange(0, SPLITS_P2)
-    real = splits < SPLITS
+    offs_s = tl.arange(0, BLOCK_S)
+    real = offs_s < splits
     offs_d = tl.arange(0, BLOCK_D)
-    lse_s = tl.load(lse + row * SPLITS + splits, mask=real, other=float("-inf"))
+    lse_s = tl.load(lse + row * splits + offs_s, mask=real, other=float("-inf"))
     top = tl.max(lse_s, 0)
     weight = tl.exp2(lse_s - tl.where(top == float("-inf"), 0.0, top))
-    outs = tl.load(part + (row * SPLITS + splits)[:, None] * BLOCK_D + offs_d[None, :], mask=real[:, None], other=0.0)
+    outs = tl.load(part + (row * splits + offs_s)[:, None] * BLOCK_D + offs_d[None, :], mask=real[:, None], other=0.0)
     out = tl.sum(outs * weight[:, None], 0) / tl.maximum(tl.sum(weight, 0), 1e-30)
     out = _gated(out, gate, token, head, offs_d, offs_d < HEAD_DIM, stride_g_t, stride_g_h, HAS_GATE)
     tl.store(o + token * stride_o_t + head * stride_o_h + offs_d, out.to(o.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+MAX_SPLITS = 32
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The tiles of one call: rows (token, query head) a program, keys a step, and how many ranges the
+    keys are split into (1: not split)."""
+    block_m: int
+    block_n: int
+    tiles: int  # row tiles a (sequence, KV head)
+    splits: int
+
+
+def launch_plan(tokens: int, seqs: int, longest: int, group: int, kv_heads: int, head_dim: int, sms: int,
+                block_m: int | None = None, block_n: int | None = None, splits: int | None = None) -> LaunchPlan:
+    """The tiles and split count of a call whose longest q_len is `longest`; block_m, block_n and splits
+    override the defaults (a tuned call never takes the tall tiles)."""
+    max_rows = max(min(longest, tokens), 1) * group
+    tuned = block_m is not None or block_n is not None or splits is not None
+    block_m = block_m or (16 if max_rows <= 16 else 64)
+    block_n = block_n or (64 if head_dim <= 128 else 32)
+    tiles = triton.cdiv(max_rows, block_m)
+    programs = seqs * kv_heads * tiles
+    if not tuned and programs < 128 and max_rows >= 128:
+        # A short chunk over a long cached prefix (a prefix-cache hit's tail): tall tiles, so each K/V
+        # tile serves more rows, and as many key splits as fill the SMs once (a second wave of programs
+        # costs nearly a whole one). The step's rows make about cdiv(tokens * group, 128) tiles per KV
+        # head; on the H200, 80 rows over 8240 keys (Qwen3.5-35B-A3B, 2 KV heads, a graph's 96 rows)
+        # took 57.5 us this way against 76.5 with 8 splits of 32-key tiles, and 112 rows 69.8 against 80.2
+        # (kernels_check paged_attention_hit_tail_*).
+        work_tiles = kv_heads * triton.cdiv(tokens * group, 128)
+        return LaunchPlan(128, 64, triton.cdiv(max_rows, 128), max(1, min(MAX_SPLITS, sms // work_tiles)))
+    if splits is None:
+        # Split the keys only where the (sequence, KV head, tile) programs leave the SMs idle: decode, and
+        # short chunks over a long cached prefix, which would otherwise walk the whole prefix in a few
+        # programs.
+        splits = 1 if programs >= 128 else min(16, triton.next_power_of_2(triton.cdiv(256, programs)))
+    return LaunchPlan(block_m, block_n, tiles, splits)
 
 
 def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
@@ -153,7 +204,7 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
     times sigmoid(gate) when given (applied in the last store: a Qwen3.5 attention layer's gate took three
     elementwise launches after it). loop_for: walk the keys in a for loop (pipelined) rather than a while
     loop; by default on the GPU. max_query_len: the longest q_len of the batch, where the caller knows it
-    (None: the bound T - B + 1, as a graph needs)."""
+    (None: the bound T - B + 1, as a graph needs). block_m, block_n, splits: override the plan's."""
     if q.stride(-1) != 1:
         q = q.contiguous()
     if gate is not None and gate.stride(-1) != 1:
@@ -167,52 +218,31 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
     if tokens == 0 or seqs == 0:
         return o
     longest = max_query_len if max_query_len is not None else tokens - seqs + 1  # the longest q_len possible
-    max_rows = max(min(longest, tokens), 1) * group
-    tuned = block_m is not None or block_n is not None or splits is not None
-    if block_m is None:
-        block_m = 16 if max_rows <= 16 else 64
-    if block_n is None:
-        block_n = 64 if head_dim <= 128 else 32
-    tiles = triton.cdiv(max_rows, block_m)
-    programs = seqs * kv_heads * tiles
-    if not tuned and programs < 128 and max_rows >= 128:
-        # A short chunk over a long cached prefix (a prefix-cache hit's tail): tall tiles, so each K/V
-        # tile serves more rows, and as many key splits as fill the SMs once (a second wave of programs
-        # costs nearly a whole one). The step's rows make about cdiv(tokens * group, 128) tiles per KV
-        # head; on the H200, 80 rows over 8240 keys (Qwen3.5-35B-A3B, 2 KV heads, a graph's 96 rows)
-        # took 57.5 us this way against 76.5 with 8 splits of 32-key tiles, and 112 rows 69.8 against 80.2
-        # (kernels_check paged_attention_hit_tail_*).
-        block_m, block_n = 128, 64
-        tiles = triton.cdiv(max_rows, block_m)
-        work_tiles = kv_heads * triton.cdiv(tokens * group, block_m)
-        splits = max(1, min(32, num_sms(q.device) // work_tiles))
-    if splits is None:
-        # Split the keys only where the (sequence, KV head, tile) programs leave the SMs idle: decode, and
-        # short chunks over a long cached prefix, which would otherwise walk the whole prefix in a few
-        # programs.
-        splits = 1 if programs >= 128 else min(16, triton.next_power_of_2(triton.cdiv(256, programs)))
+    plan = launch_plan(tokens, seqs, longest, group, kv_heads, head_dim, num_sms(q.device), block_m, block_n, splits)
+    assert plan.splits <= MAX_SPLITS, f"at most {MAX_SPLITS} key splits"
     block_d = triton.next_power_of_2(head_dim)
-    if splits > 1:
-        target = torch.empty((tokens, q_heads, splits, block_d), dtype=torch.float32, device=q.device)
-        lse = torch.empty((tokens, q_heads, splits), dtype=torch.float32, device=q.device)
+    if plan.splits > 1:
+        target = torch.empty((tokens, q_heads, plan.splits, block_d), dtype=torch.float32, device=q.device)
+        lse = torch.empty((tokens, q_heads, plan.splits), dtype=torch.float32, device=q.device)
     else:
         target, lse = o, o
-    grid = (seqs, kv_heads, tiles * splits)
+    grid = (seqs, kv_heads * plan.splits, plan.tiles)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, target, lse, gate if gate is not None else q, query_start_loc, seq_lens, block_tables,
-        scale * 1.4426950408889634, q.stride(0), q.stride(1), o.stride(0), o.stride(1), *gate_args,
+        scale * 1.4426950408889634, plan.splits, q.stride(0), q.stride(1), o.stride(0), o.stride(1), *gate_args,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=page,
-        BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        LOOP_FOR=q.is_cuda if loop_for is None else loop_for, HAS_GATE=gate is not None and splits == 1,
-        num_warps=num_warps or (8 if block_m * head_dim >= 64 * 256 else 4), num_stages=num_stages,
+        GROUP=group, KV_HEADS=kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, PAGE=page, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        SPLIT=plan.splits > 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        LOOP_FOR=q.is_cuda if loop_for is None else loop_for, HAS_GATE=gate is not None and plan.splits == 1,
+        num_warps=num_warps or (8 if plan.block_m * head_dim >= 64 * 256 else 4), num_stages=num_stages,
         **launch_options(q),
     )
-    if splits > 1:
+    if plan.splits > 1:
+        merge_rows = triton.next_power_of_2(plan.splits)
         _merge_splits_kernel[(tokens, q_heads)](
-            target, lse, o, gate if gate is not None else o, o.stride(0), o.stride(1), *gate_args, Q_HEADS=q_heads,
-            HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
-            HAS_GATE=gate is not None, num_warps=2, **launch_options(q),
+            target, lse, o, gate if gate is not None else o, plan.splits, o.stride(0), o.stride(1), *gate_args,
+            Q_HEADS=q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=merge_rows,
+            HAS_GATE=gate is not None, num_warps=4 if merge_rows >= 16 else 2, **launch_options(q),
         )
     return o
