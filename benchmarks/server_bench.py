@@ -29,8 +29,8 @@ import subprocess
 import sys
 import tempfile
 import time
-
-import httpx
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -62,9 +62,10 @@ def wait_until_ready(server: subprocess.Popen, base_url: str, timeout_s: float) 
         if server.poll() is not None:
             raise RuntimeError(f"the server exited with {server.returncode} before answering")
         try:
-            if httpx.get(base_url + "/health", timeout=2.0).status_code == 200:
-                return time.perf_counter() - started
-        except httpx.HTTPError:
+            with urllib.request.urlopen(base_url + "/health", timeout=2.0) as response:
+                if response.status == 200:
+                    return time.perf_counter() - started
+        except (urllib.error.URLError, OSError):
             pass
         time.sleep(1.0)
     raise RuntimeError(f"the server did not answer /health within {timeout_s:.0f} s")

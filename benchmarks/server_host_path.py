@@ -11,8 +11,8 @@ running request (a token, the incremental detokenizer, a cumulative RequestOutpu
 event loop (SSE chunks, HTTP writes) and the engine thread share one interpreter, so whatever the
 loop holds the GIL for can delay the engine's next step: `tpot_ms` over `--step-ms` is that delay.
 `server_cpu_us_per_token` is the server process's CPU time (both threads, the modelled host work
-included) over the tokens streamed. The client (`deltaserve bench serve`) runs in this process,
-the server in its own.
+included) over the tokens streamed, `client_cpu_us_per_token` the client's. The client (`deltaserve
+bench serve`) runs in this process, the server in its own.
 """
 
 from __future__ import annotations
@@ -144,12 +144,15 @@ def main() -> None:
     try:
         wait_until_ready(server, base_url, 120.0)
         for level in client.parse_levels(args.concurrency):
-            cpu_before = process_cpu_s(server.pid)
+            cpu_before, client_before = process_cpu_s(server.pid), time.process_time()
             row = one_batch(base_url, level, seed=level)
-            row["server_cpu_us_per_token"] = round((process_cpu_s(server.pid) - cpu_before) / row["output_tokens"] * 1e6, 1)
+            per_token = lambda seconds: round(seconds / row["output_tokens"] * 1e6, 1)  # noqa: E731
+            row["server_cpu_us_per_token"] = per_token(process_cpu_s(server.pid) - cpu_before)
+            row["client_cpu_us_per_token"] = per_token(time.process_time() - client_before)
             result["rows"].append(row)
             print(f"\nC={level}: tpot {row['tpot_ms']['mean']:.3f} ms over a {args.step_ms} ms step, "
-                  f"{row['output_tok_s']:.1f} tok/s, server CPU {row['server_cpu_us_per_token']} us per token", flush=True)
+                  f"{row['output_tok_s']:.1f} tok/s, server CPU {row['server_cpu_us_per_token']} us per token, "
+                  f"client CPU {row['client_cpu_us_per_token']}", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=30)

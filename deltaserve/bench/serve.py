@@ -3,7 +3,8 @@
 Each request sends `input_len` random token ids to /v1/completions and asks for exactly
 `output_len` tokens (`ignore_eos`), streamed, so time to first token, the gaps between
 streamed chunks and the time per output token can be measured. Every concurrency level gets
-its own prompts, so the server's prefix cache cannot serve one level from another.
+its own prompts, so the server's prefix cache cannot serve one level from another. Each worker
+keeps one HTTP/1.1 connection alive across requests and levels (`http_stream.py`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import sys
 import time
 from typing import Any
 
-import httpx
-
+from deltaserve.bench.http_stream import Connection, HTTPStreamError, sse_data
 from deltaserve.bench.report import format_table
 from deltaserve.bench.stats import RequestResult, summarize
 
@@ -59,7 +59,7 @@ def completions_url(base_url: str) -> str:
     return base + "/completions"
 
 
-async def send_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int,
+async def send_request(conn: Connection, model: str, prompt: list[int], output_len: int,
                        headers: dict[str, str]) -> RequestResult:
     payload = {
         "model": model,
@@ -70,41 +70,44 @@ async def send_request(client: httpx.AsyncClient, url: str, model: str, prompt: 
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    body = json.dumps(payload).encode()
     start = time.perf_counter()
     result = RequestResult(ok=False, prompt_tokens=len(prompt))
     chunks = 0
     last = start
     try:
-        async with client.stream("POST", url, json=payload, headers=headers) as resp:
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")
-                result.error = f"HTTP {resp.status_code}: {body[:200]}"
-                return result
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    result.error = str(event["error"].get("message", event["error"]))[:200]
-                    return result
-                choices = event.get("choices") or []
-                if choices and choices[0].get("text"):
-                    now = time.perf_counter()
-                    if result.ttft is None:
-                        result.ttft = now - start
-                    else:
-                        result.itls.append(now - last)
-                    last = now
-                    chunks += 1
-                usage = event.get("usage")
-                if usage:
-                    result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
-                    result.output_tokens = usage.get("completion_tokens", 0)
-    except (httpx.HTTPError, ValueError) as exc:
+        status, response = await conn.post(body, headers)
+        if status != 200:
+            text = b"".join([part async for part in response]).decode(errors="replace")
+            result.error = f"HTTP {status}: {text[:200]}"
+            return result
+        done = False
+        async for data in sse_data(response):  # read to the end, past [DONE]: the connection is kept
+            if done or data == "[DONE]":
+                done = True
+                continue
+            event = json.loads(data)
+            if "error" in event:
+                result.error = str(event["error"].get("message", event["error"]))[:200]
+                done = True
+                continue
+            choices = event.get("choices") or []
+            if choices and choices[0].get("text"):
+                now = time.perf_counter()
+                if result.ttft is None:
+                    result.ttft = now - start
+                else:
+                    result.itls.append(now - last)
+                last = now
+                chunks += 1
+            usage = event.get("usage")
+            if usage:
+                result.prompt_tokens = usage.get("prompt_tokens", result.prompt_tokens)
+                result.output_tokens = usage.get("completion_tokens", 0)
+    except (HTTPStreamError, OSError, asyncio.TimeoutError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:200]
+        return result
+    if result.error is not None:
         return result
     result.latency = time.perf_counter() - start
     if not result.output_tokens:
@@ -133,20 +136,21 @@ class _Progress:
         sys.stderr.flush()
 
 
-async def run_level(client: httpx.AsyncClient, url: str, model: str, prompts: list[list[int]], output_len: int,
+async def run_level(connections: list[Connection], model: str, prompts: list[list[int]], output_len: int,
                     concurrency: int, headers: dict[str, str]) -> tuple[list[RequestResult], float]:
+    """The prompts through `concurrency` workers, each on its own connection."""
     pending = list(enumerate(prompts))
     results: list[RequestResult | None] = [None] * len(prompts)
     progress = _Progress(concurrency, len(prompts))
 
-    async def worker() -> None:
+    async def worker(conn: Connection) -> None:
         while pending:
             k, prompt = pending.pop(0)
-            results[k] = await send_request(client, url, model, prompt, output_len, headers)
+            results[k] = await send_request(conn, model, prompt, output_len, headers)
             progress.update(results[k])
 
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
+    await asyncio.gather(*(worker(conn) for conn in connections[:min(concurrency, len(prompts))]))
     return [r for r in results if r is not None], time.perf_counter() - start
 
 
@@ -155,8 +159,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     low, high = (int(x) for x in args.token_id_range.split(":"))
     url = completions_url(args.base_url)
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels) + 4)
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "base_url": args.base_url,
@@ -168,14 +171,18 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         "command": " ".join(["deltaserve", *sys.argv[1:]]),
         "results": [],
     }
-    async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout, connect=30.0), limits=limits) as client:
+    connections = [Connection(url, args.timeout) for _ in range(max(levels))]  # kept alive across levels
+    try:
         for k in range(args.warmup):
             warm = make_prompts(1, args.input_len, low, high, seed=args.seed * 1_000_003 + 999_983 + k)[0]
-            await send_request(client, url, args.model, warm, min(args.output_len, 8), headers)
+            await send_request(connections[0], args.model, warm, min(args.output_len, 8), headers)
         for level in levels:
             prompts = make_prompts(args.num_prompts, args.input_len, low, high, seed=args.seed * 1_000_003 + level)
-            results, duration = await run_level(client, url, args.model, prompts, args.output_len, level, headers)
+            results, duration = await run_level(connections, args.model, prompts, args.output_len, level, headers)
             report["results"].append(summarize(level, results, duration, args.output_len, args.input_len))
+    finally:
+        for conn in connections:
+            conn.close()
     return report
 
 
