@@ -68,11 +68,7 @@ def main() -> None:
                               round(row["tpot_ms"]["mean"], 2), flush=True)
                         results_io.write(args.out, result)
         finally:
-            server.terminate()
-            server.wait(timeout=60)
-            log.seek(0)
-            result["server_log_tail"] = log.read()[-1500:]
-            results_io.write(args.out, result)
+            server_bench.stop_server(server, log, result, args.out, tail=1500)
 
 
 if __name__ == "__main__":

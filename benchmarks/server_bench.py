@@ -56,6 +56,15 @@ def start_server(directory: str, port: int, max_num_seqs: int, prefix_caching: b
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def stop_server(server: subprocess.Popen, log, result: dict, out: str, tail: int = 3000) -> None:
+    """Stops the server and writes `result` to `out` with the end of the server's log."""
+    server.terminate()
+    server.wait(timeout=60)
+    log.seek(0)
+    result["server_log_tail"] = log.read()[-tail:]
+    results_io.write(out, result)
+
+
 def wait_until_ready(server: subprocess.Popen, base_url: str, timeout_s: float) -> float:
     started = time.perf_counter()
     while time.perf_counter() - started < timeout_s:
@@ -186,11 +195,7 @@ def main() -> None:
                         print(f"  admission {row['admission']}\n  engine steps {row['engine_steps']}\n"
                               f"  threads {row['thread_busy']}", flush=True)
             finally:
-                server.terminate()
-                server.wait(timeout=60)
-                log.seek(0)
-                result["server_log_tail"] = log.read()[-3000:]
-                results_io.write(args.out, result)
+                stop_server(server, log, result, args.out)
 
 
 if __name__ == "__main__":
