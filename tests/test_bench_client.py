@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deltaserve.bench.report import format_table
-from deltaserve.bench.serve import completions_url, make_prompts, parse_levels
+from deltaserve.bench.serve import BenchArgumentError, completions_url, make_prompts, parse_levels
 from deltaserve.bench.stats import RequestResult, percentile, summarize
 
 
@@ -65,7 +65,8 @@ def test_prompts_have_exact_length_and_differ_by_seed():
 
 def test_arguments():
     assert parse_levels("1,2,4") == [1, 2, 4]
-    with pytest.raises(ValueError):
-        parse_levels("1,0")
+    for bad in ("1,0", "a", ""):
+        with pytest.raises(BenchArgumentError, match="--concurrency needs positive integers"):
+            parse_levels(bad)
     assert completions_url("http://h:1") == "http://h:1/v1/completions"
     assert completions_url("http://h:1/v1/") == "http://h:1/v1/completions"

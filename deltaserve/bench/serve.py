@@ -22,6 +22,11 @@ from typing import Any
 from deltaserve.bench.http_stream import Connection, HTTPStreamError, sse_data
 from deltaserve.bench.report import format_table
 from deltaserve.bench.stats import RequestResult, summarize
+from deltaserve.errors import DeltaServeError
+
+
+class BenchArgumentError(DeltaServeError, ValueError):
+    """An argument of `deltaserve bench serve` that the client cannot use."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,9 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_levels(text: str) -> list[int]:
-    levels = [int(part) for part in text.split(",") if part.strip()]
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        levels = []
     if not levels or any(level < 1 for level in levels):
-        raise ValueError(f"--concurrency needs positive integers, got {text!r}")
+        raise BenchArgumentError(f"--concurrency needs positive integers, got {text!r}")
     return levels
 
 
@@ -171,7 +179,10 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         "command": " ".join(["deltaserve", *sys.argv[1:]]),
         "results": [],
     }
-    connections = [Connection(url, args.timeout) for _ in range(max(levels))]  # kept alive across levels
+    try:
+        connections = [Connection(url, args.timeout) for _ in range(max(levels))]  # kept alive across levels
+    except ValueError as exc:
+        raise BenchArgumentError(f"--base-url: {exc}") from None
     try:
         for k in range(args.warmup):
             warm = make_prompts(1, args.input_len, low, high, seed=args.seed * 1_000_003 + 999_983 + k)[0]
