@@ -70,3 +70,15 @@ def test_arguments():
             parse_levels(bad)
     assert completions_url("http://h:1") == "http://h:1/v1/completions"
     assert completions_url("http://h:1/v1/") == "http://h:1/v1/completions"
+
+
+def test_a_base_url_the_client_cannot_speak_is_named():
+    import argparse
+    import asyncio
+
+    from deltaserve.bench.serve import run_benchmark
+
+    args = argparse.Namespace(base_url="ftp://127.0.0.1:1", model="m", concurrency="2", input_len=4, output_len=2,
+                              num_prompts=1, seed=0, api_key=None, token_id_range="1000:2000", warmup=0, timeout=1.0)
+    with pytest.raises(BenchArgumentError, match="--base-url: the bench speaks http and https, not 'ftp'"):
+        asyncio.run(run_benchmark(args))
