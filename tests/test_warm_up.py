@@ -105,13 +105,14 @@ def test_the_warm_up_takes_one_step_a_group(checkpoint_factory):
 
 @pytest.mark.parametrize("kv_heads", [4, 2])  # the attention of Qwen3.5-9B and 35B-A3B: 16 query heads of 256
 def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_heads):
-    """Paged attention compiles a kernel per tile shape, split or not, and merge kernel (the split count's
-    next power of two). The decode graphs, the prefill graphs and the warm-up's eager steps, all run
+    """Paged attention compiles a kernel per tile shape, split or not, and a merge kernel per power of two
+    of the split count. The decode graphs, the prefill graphs and the warm-up's eager steps, all run
     before the server is ready, must between them meet every such kernel that a step can call: decode
     rows at any batch, prompts and chunks of up to a step's budget beside them, several at once."""
     pytest.importorskip("triton")
     from deltaserve.kernels.attention.triton_paged_attention import launch_plan
     from deltaserve.runner.cuda_graphs import batch_size_ladder
+    from deltaserve.runner.model_runner import FRESH_PREFILL_MIN_TOKENS
     from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_ladder
 
     max_num_seqs, budget, group = 256, 2048, 16 // kv_heads
@@ -123,7 +124,9 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
 
     started = {kernels(b, b, 1) for b in batch_size_ladder(max_num_seqs)}  # a graph's bound T - B + 1 is 1
     started |= {kernels(rows, 2, rows - 1) for rows in prefill_ladder(MAX_ROWS)}  # beside a padding row
-    started |= {kernels(sum(g), len(g), max(g)) for g in warm_up_groups(max_num_seqs, budget, 4096) if len(g) > 1 or g[0] >= MAX_ROWS}
+    for g in warm_up_groups(max_num_seqs, budget, 4096):  # not a prefill graph's pass, nor a fresh prompt's
+        if (len(g) > 1 or g[0] >= MAX_ROWS) and max(g) < FRESH_PREFILL_MIN_TOKENS:
+            started.add(kernels(sum(g), len(g), max(g)))
     rng = random.Random()
     met = set()
     # A step's sequences (past 64 every (sequence, KV head, tile) fills the SMs: the keys are not split),

@@ -162,8 +162,8 @@ def cases():
         yield (f"paged_attention_m{block_m}", paged._paged_attention_kernel,
                {"q": bf16, "k_cache": bf16, "v_cache": bf16, "gate": bf16, "query_start_loc": "*i64",
                 "seq_lens": "*i64", "block_tables": "*i64", "scale_log2": "fp32", "splits": "i32"},
-               dict(GROUP=8, KV_HEADS=2, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=splits > 1,
-                    PRECISION="tf32", LOOP_FOR=True, HAS_GATE=splits == 1), warps, 2)
+               dict(GROUP=8, KV_HEADS=2, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=block_n,
+                    SPLIT=splits > 1, PRECISION="tf32", LOOP_FOR=True, HAS_GATE=splits == 1), warps, 2)
     yield ("paged_attention_merge", paged._merge_splits_kernel,
            {"part": "*fp32", "lse": "*fp32", "o": bf16, "gate": bf16, "splits": "i32"},
            dict(Q_HEADS=16, HEAD_DIM=256, BLOCK_D=256, BLOCK_S=paged.MAX_SPLITS, HAS_GATE=True), 2, 1)
