@@ -98,8 +98,8 @@ def compare(args) -> None:
         table.append(entry)
         print(" ".join(f"{v}" for v in entry.values()), flush=True)
     print("compiled kernels:", [run.get("compiled_kernels") for run in runs])
-    results_io.write(args.out, dict(results_io.header(), runs=[{k: run[k] for k in ("commit", "date", "compiled_kernels")}
-                                                                for run in runs], table=table))
+    summary = [{k: run[k] for k in ("commit", "date", "compiled_kernels")} for run in runs]
+    results_io.write(args.out, dict(results_io.header(), runs=summary, table=table))
 
 
 def main() -> None:

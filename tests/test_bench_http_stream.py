@@ -62,8 +62,8 @@ def cut(data: bytes, rng: random.Random) -> list[bytes]:
 
 
 def events(rng: random.Random, n: int) -> list[str]:
-    return [json.dumps({"choices": [{"text": "".join(rng.choice("ab\u00e9\u4e2d ") for _ in range(rng.randint(1, 9)))}]})
-            for _ in range(n)] + ["[DONE]"]
+    texts = ["".join(rng.choice("ab\u00e9\u4e2d ") for _ in range(rng.randint(1, 9))) for _ in range(n)]
+    return [json.dumps({"choices": [{"text": text}]}) for text in texts] + ["[DONE]"]
 
 
 async def read_all(conn: Connection, body: bytes = b"{}") -> tuple[int, list[str]]:
