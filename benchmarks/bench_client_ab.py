@@ -12,7 +12,6 @@ given, loaded under its own name) and through this tree's, in turn (A B, then B 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import os
 import sys
@@ -30,13 +29,6 @@ def load_client(path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def batch(client, base_url: str, concurrency: int, seed: int) -> dict:
-    args = argparse.Namespace(base_url=base_url, model="bench", concurrency=str(concurrency), input_len=128,
-                              output_len=256, num_prompts=concurrency, seed=seed, api_key=None,
-                              token_id_range="1000:30000", warmup=0, timeout=600.0)
-    return asyncio.run(client.run_benchmark(args))["results"][0]
 
 
 def main() -> None:
@@ -59,8 +51,8 @@ def main() -> None:
             for round_ in range(1, args.rounds + 1):
                 for name, client in clients if round_ % 2 else clients[::-1]:
                     for level in levels:
-                        batch(client, url, level, level + 7919)  # the warm-up batch
-                        row = batch(client, url, level, level)
+                        server_bench.one_batch(url, level, level + 7919, bench_client=client)  # warm-up
+                        row = server_bench.one_batch(url, level, level, bench_client=client)
                         keep = ("concurrency", "requests_ok", "output_tok_s", "ttft_ms", "tpot_ms", "itl_ms")
                         result["rows"].append({"round": round_, "client": name, **{k: row[k] for k in keep}})
                         print(name, round_, level, round(row["output_tok_s"]), "ttft p50/p99",

@@ -80,12 +80,13 @@ def wait_until_ready(server: subprocess.Popen, base_url: str, timeout_s: float) 
     raise RuntimeError(f"the server did not answer /health within {timeout_s:.0f} s")
 
 
-def one_batch(base_url: str, concurrency: int, seed: int, output_len: int = 256) -> dict:
-    """`concurrency` requests at once, 128-token prompts, `output_len` tokens each: the client's report."""
+def one_batch(base_url: str, concurrency: int, seed: int, output_len: int = 256, bench_client=client) -> dict:
+    """`concurrency` requests at once, 128-token prompts, `output_len` tokens each: the client's report
+    (`bench_client`: a module with bench/serve.py's run_benchmark, by default this tree's)."""
     args = argparse.Namespace(base_url=base_url, model="bench", concurrency=str(concurrency), input_len=128,
                               output_len=output_len, num_prompts=concurrency, seed=seed, api_key=None,
                               token_id_range="1000:30000", warmup=0, timeout=600.0)
-    return asyncio.run(client.run_benchmark(args))["results"][0]
+    return asyncio.run(bench_client.run_benchmark(args))["results"][0]
 
 
 def closed_batch(base_url: str, concurrency: int, seed: int, server_pid: int | None = None,

@@ -119,8 +119,7 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
 
     def kernels(tokens: int, seqs: int, longest: int) -> tuple:
         plan = launch_plan(tokens, seqs, longest, group, kv_heads, 256, sms=132)
-        merge_rows = 1 << (plan.splits - 1).bit_length() if plan.splits > 1 else None
-        return plan.block_m, plan.block_n, merge_rows
+        return plan.block_m, plan.block_n, plan.merge_rows if plan.splits > 1 else None
 
     started = {kernels(b, b, 1) for b in batch_size_ladder(max_num_seqs)}  # a graph's bound T - B + 1 is 1
     started |= {kernels(rows, 2, rows - 1) for rows in prefill_ladder(MAX_ROWS)}  # beside a padding row

@@ -87,24 +87,28 @@ class Connection:
         The iterator must be run to its end before the next post (or the connection closed)."""
         if self._unread:  # what is left of the last response would read as the start of this one
             self.close()
-        for attempt in (0, 1):  # a kept-alive connection the server closed meanwhile: open a fresh one
-            fresh = self._writer is None
-            if fresh:
-                await self._open()
-            response = _Response()
-            try:
-                self._writer.write(self._request(body, headers))
-                await self._writer.drain()
-                while response.status is None:
-                    await self._feed(response)
-            except BaseException as exc:
-                self.close()  # a request sent and not answered must not share the connection with the next
-                if fresh or attempt or not isinstance(exc, (ConnectionError, HTTPStreamError)):
-                    raise
-                continue
-            self._unread = True
-            return response.status, self._body(response)
-        raise AssertionError("unreachable")
+        kept = self._writer is not None
+        try:
+            return await self._send(body, headers)
+        except (ConnectionError, HTTPStreamError):
+            if not kept:
+                raise
+        return await self._send(body, headers)  # the server closed the kept-alive connection meanwhile
+
+    async def _send(self, body: bytes, headers: dict[str, str]) -> tuple[int, AsyncIterator[bytes]]:
+        if self._writer is None:
+            await self._open()
+        response = _Response()
+        try:
+            self._writer.write(self._request(body, headers))
+            await self._writer.drain()
+            while response.status is None:
+                await self._feed(response)
+        except BaseException:
+            self.close()  # a request sent and not answered must not share the connection with the next
+            raise
+        self._unread = True
+        return response.status, self._body(response)
 
     async def _feed(self, response: _Response) -> None:
         data = await asyncio.wait_for(self._reader.read(65536), self.timeout)

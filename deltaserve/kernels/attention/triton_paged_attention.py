@@ -168,6 +168,11 @@ class LaunchPlan:
     tiles: int  # row tiles a (sequence, KV head)
     splits: int
 
+    @property
+    def merge_rows(self) -> int:
+        """The merge kernel's BLOCK_S: the split count's next power of two, all of it that is compiled in."""
+        return triton.next_power_of_2(self.splits)
+
 
 def launch_plan(tokens: int, seqs: int, longest: int, group: int, kv_heads: int, head_dim: int, sms: int,
                 block_m: int | None = None, block_n: int | None = None, splits: int | None = None) -> LaunchPlan:
@@ -240,10 +245,9 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         **launch_options(q),
     )
     if plan.splits > 1:
-        merge_rows = triton.next_power_of_2(plan.splits)
         _merge_splits_kernel[(tokens, q_heads)](
             target, lse, o, gate if gate is not None else o, plan.splits, o.stride(0), o.stride(1), *gate_args,
-            Q_HEADS=q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=merge_rows,
-            HAS_GATE=gate is not None, num_warps=4 if merge_rows >= 16 else 2, **launch_options(q),
+            Q_HEADS=q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=plan.merge_rows,
+            HAS_GATE=gate is not None, num_warps=4 if plan.merge_rows >= 16 else 2, **launch_options(q),
         )
     return o
