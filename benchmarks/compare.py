@@ -475,14 +475,18 @@ def compare_prefix_cache(shape: str) -> dict:
             "shared_prefix_speedup": ours["shared_prefix"]["speedup"], "where_the_time_goes": PREFIX_NOTES}
 
 
-def side_by_side(shape: str) -> dict | None:
-    path = os.path.join(RESULTS, f"side_by_side_{shape}.json")
+def side_by_side(shape: str, suffix: str = "") -> dict | None:
+    name = f"side_by_side_{shape}{suffix}.json"
+    path = os.path.join(RESULTS, name)
     if not os.path.exists(path):
         return None
     run = json.load(open(path))
-    return {"commit": run["commit"], "date": run["date"], "decode": run["decode"],
-            **{key: row for key, row in run.items() if key.startswith("prefill_")},
-            "note": "both engines in one command on the same H200 (side_by_side_" + shape + ".json)"}
+    out = {"commit": run["commit"], "date": run["date"], "decode": run["decode"],
+           **{key: row for key, row in run.items() if key.startswith("prefill_")},
+           "note": f"both engines in one command on the same H200 ({name})"}
+    if "vllm_state_dtype" in run:
+        out.update(deltaserve_gdn_state_dtype=run["deltaserve_gdn_state_dtype"], vllm_state_dtype=run["vllm_state_dtype"])
+    return out
 
 
 def main() -> None:
@@ -496,6 +500,10 @@ def main() -> None:
         together = side_by_side(shape)
         if together is not None and shape in out:
             out[shape]["side_by_side"] = together
+        # Both engines with the fp32 GDN state the released checkpoints' configs name (vllm_peer.py).
+        at_one_precision = side_by_side(shape, "_fp32_state")
+        if at_one_precision is not None and shape in out:
+            out[shape]["side_by_side_fp32_state"] = at_one_precision
     for shape in VLLM:
         if os.path.exists(os.path.join(RESULTS, f"prefix_cache_{shape}.json")):
             out[f"prefix_cache_{shape}"] = compare_prefix_cache(shape)
@@ -513,9 +521,10 @@ def main() -> None:
             print(f"  prefill {r['tokens']:>6}: {r['deltaserve_s']} s  vLLM {r.get('vllm_s', '-')}  x{r.get('ratio_to_vllm', '-')}")
         for r in data.get("bf16_gdn_state", {}).get("decode", []):
             print(f"  bf16 GDN state C={r['concurrency']:>3}: {r['deltaserve_tok_s']} tok/s  x{r.get('ratio_to_vllm', '-')}")
-        for r in data.get("side_by_side", {}).get("decode", []):
-            print(f"  side by side C={r['concurrency']:>3}: step {r['deltaserve_step_ms']} vs {r['vllm_step_ms']} ms, "
-                  f"closed batch x{r['closed_batch_speedup']}")
+        for key in ("side_by_side", "side_by_side_fp32_state"):
+            for r in data.get(key, {}).get("decode", []):
+                print(f"  {key.replace('_', ' ')} C={r['concurrency']:>3}: step {r['deltaserve_step_ms']} vs "
+                      f"{r['vllm_step_ms']} ms, closed batch x{r['closed_batch_speedup']}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ runs first; vLLM's bench.py next, in its own process (it holds 0.85 of the GPU's
 exits); with `--prefill-again`, deltaserve's prefills once more after it, so that the card's drift over
 the command shows. Both instruments: closed batches of C requests, 128-token prompts, 256 generated
 tokens, and single long prompts' time to the first token.
+
+Each engine keeps its GDN recurrent state in its own default dtype unless told: deltaserve fp32
+(`--gdn-state-dtype`), vLLM the dtype the model's config names, the model dtype (bf16) on these shapes'
+configs. `--vllm-state-dtype float32` runs vLLM through vllm_peer.py with the fp32 state that the
+released checkpoints' configs name, so that the two compare at one precision.
 """
 
 import argparse
@@ -27,8 +32,11 @@ INSTRUMENT = ("closed batches of C requests, 128-token prompts, 256 generated to
               "closed_batch_tok_s is the figure the issue quotes as vLLM's aggregate tok/s.")
 
 
-def run_vllm(peer: str, shape: str, concurrency: str, prefill: str, log: str) -> list[dict]:
-    command = [sys.executable, peer, VLLM_SHAPES[shape], concurrency] + ([prefill] if prefill else [])
+def run_vllm(peer: str, shape: str, concurrency: str, prefill: str, log: str, state_dtype: str = "auto") -> list[dict]:
+    """vLLM's bench.py in a process of its own; with a state dtype other than "auto" through vllm_peer.py,
+    which hands vLLM that dtype for its GDN state as a checkpoint's `mamba_ssm_dtype` would."""
+    through = [] if state_dtype == "auto" else ["benchmarks/vllm_peer.py", "--state-dtype", state_dtype]
+    command = [sys.executable, *through, peer, VLLM_SHAPES[shape], concurrency] + ([prefill] if prefill else [])
     with open(log, "w") as stderr:  # vLLM's own log, for when it fails
         done = subprocess.run(command, check=True, stdout=subprocess.PIPE, stderr=stderr, text=True)
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -77,18 +85,25 @@ def main() -> None:
     ap.add_argument("--prefill", default="8192,32768")
     ap.add_argument("--prefill-again", action="store_true", help="deltaserve's prefills again after vLLM")
     ap.add_argument("--peer", default=".peer/bench.py", help="vLLM's bench.py")
+    ap.add_argument("--gdn-state-dtype", default="float32", help="deltaserve's GDN recurrent state dtype")
+    ap.add_argument("--vllm-state-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="vLLM's (auto: its own choice, the model dtype on these shapes' configs)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    result = {**results_io.header(), "instrument": INSTRUMENT}
+    result = {**results_io.header(), "instrument": INSTRUMENT, "deltaserve_gdn_state_dtype": args.gdn_state_dtype,
+              "vllm_state_dtype_asked": args.vllm_state_dtype}
     commit = results_io.commit()
-    ours = run_tree(".", commit, args.shape, args.concurrency, args.prefill)
+    ours = run_tree(".", commit, args.shape, args.concurrency, args.prefill, args.gdn_state_dtype)
     print("deltaserve", ours["decode"], ours["prefill"], flush=True)
     results_io.write(args.out, {**result, "deltaserve_raw": ours})  # kept should vLLM fail
-    theirs = run_vllm(args.peer, args.shape, args.concurrency, args.prefill, args.out + ".vllm.log")
+    theirs = run_vllm(args.peer, args.shape, args.concurrency, args.prefill, args.out + ".vllm.log",
+                      args.vllm_state_dtype)
     print("vLLM", theirs, flush=True)
-    again = run_tree(".", commit, args.shape, "", args.prefill) if args.prefill_again and args.prefill else None
+    again = (run_tree(".", commit, args.shape, "", args.prefill, args.gdn_state_dtype)
+             if args.prefill_again and args.prefill else None)
     result.update({"decode": decode_rows(ours, theirs), **prefill_rows(ours, theirs, again),
                    "vllm_start_s": next((round(r["seconds"], 1) for r in theirs if r["what"] == "vllm_start"), None),
+                   "vllm_state_dtype": next((r for r in theirs if r["what"] == "vllm_state_dtype"), None),
                    "deltaserve_raw": ours, "vllm_raw": theirs})
     if again is not None:
         result["deltaserve_after_vllm_raw"] = again
