@@ -485,7 +485,8 @@ def side_by_side(shape: str, suffix: str = "") -> dict | None:
            **{key: row for key, row in run.items() if key.startswith("prefill_")},
            "note": f"both engines in one command on the same H200 ({name})"}
     if "vllm_state_dtype" in run:
-        out.update(deltaserve_gdn_state_dtype=run["deltaserve_gdn_state_dtype"], vllm_state_dtype=run["vllm_state_dtype"])
+        out.update(deltaserve_gdn_state_dtype=run["deltaserve_gdn_state_dtype"],
+                   vllm_state_dtype=run["vllm_state_dtype"])
     return out
 
 
