@@ -608,6 +608,66 @@ def gdn_decode_tiles(batch: int, state_dtype):
     return body
 
 
+def compiled_registers(jit_fn) -> list | str:
+    """Registers and spills of every variant of a Triton kernel compiled so far in this process."""
+    try:
+        return [{"constants": {k: v for k, v in kern.src.constants.items() if isinstance(v, int)},
+                 "warps": kern.metadata.num_warps, "regs": kern.n_regs, "spills": kern.n_spills}
+                for cache in jit_fn.device_caches.values() for kern in cache[0].values()]
+    except Exception as exc:  # the cache's layout is Triton's own, and may change
+        return f"{type(exc).__name__}: {exc}"
+
+
+def gdn_decode_dot(batch: int):
+    """A bf16 state's decode delta rule two ways: triton_recurrent's kernel, which widens its tile to fp32
+    on the load, at its own tiles, and triton_recurrent_dot's (S^T q and S^T k as one tensor-core dot on
+    the bf16 tile) at each (block_v, warps)."""
+    from deltaserve.kernels.gdn import triton_recurrent, triton_recurrent_dot
+
+    def body():
+        slots_total = 2 * batch
+        dtype = torch.float16 if SMOKE else torch.bfloat16  # the interpreter's dots take no bf16
+        q, k = torch.randn(batch, HK, DK, device=DEV, dtype=dtype), torch.randn(batch, HK, DK, device=DEV, dtype=dtype)
+        v = torch.randn(batch, HV, DV, device=DEV, dtype=dtype)
+        a, b = torch.randn(batch, HV, device=DEV, dtype=dtype), torch.randn(batch, HV, device=DEV, dtype=dtype)
+        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
+        pool = (torch.randn(slots_total, HV, DK, DV, device=DEV) * 0.1).to(dtype)
+        slots = torch.randperm(slots_total, device=DEV)[:batch].to(torch.int32)
+        ref_pool = pool.float().clone()
+        expected = gdn_ref.recurrent_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long())
+        state_bytes = batch * HV * DK * DV * pool.element_size() * 2
+        runs = [("widened", triton_recurrent.gdn_recurrent, None, None)]
+        runs += [("dot", triton_recurrent_dot.gdn_decode_dot, bv, w)
+                 for bv, w in (GDN_DECODE_DOT_TILES[:2] if SMOKE else GDN_DECODE_DOT_TILES)]
+        res = {"shape": f"B={batch} state {str(dtype).split('.')[-1]}", "configs": []}
+        widened = None
+        for name, fn, block_v, warps in runs:
+            cfg = {"kernel": name, "block_v": block_v, "warps": warps}
+            try:
+                p = pool.clone()
+                out = fn(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps)
+                cfg["rel_err_out"], cfg["rel_err_state"] = rel_err(out, expected), rel_err(p, ref_pool)
+                if widened is None:
+                    widened = (out, p)
+                else:  # how far the dot's order of summation moves it from the widening kernel's bytes
+                    cfg["max_diff_out_vs_widened"] = (out.float() - widened[0].float()).abs().max().item()
+                    cfg["state_values_differing"] = int((p != widened[1]).sum().item())
+                if not SMOKE:
+                    cfg["us"] = round(time_graph_us(
+                        lambda: fn(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps)), 2)
+                    cfg["tb_s"] = round(state_bytes / cfg["us"] / 1e6, 2)
+            except Exception as exc:
+                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            res["configs"].append(cfg)
+        res["registers"] = {"widened": compiled_registers(triton_recurrent._gdn_recurrent_kernel),
+                            "dot": compiled_registers(triton_recurrent_dot._gdn_decode_dot_kernel)}
+        return res
+    return body
+
+
+GDN_DECODE_DOT_TILES = [(None, None), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4), (64, 8), (128, 4), (128, 8)]
+
+
 GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (32, 4), (64, 4), (128, 4),
                     (64, 8), (128, 8)]
 
@@ -1173,6 +1233,8 @@ def main():
         for state_dtype in (torch.float32, BF16):
             run_case(report, f"gdn_decode_tiles_B{batch}_{str(state_dtype).split('.')[-1]}",
                      gdn_decode_tiles(batch, state_dtype))
+    for batch in (3,) if SMOKE else (8, 32, 64, 128):
+        run_case(report, f"gdn_decode_dot_B{batch}", gdn_decode_dot(batch))
     for batch in batches:
         run_case(report, f"paged_attention_decode_B{batch}_ctx384",
                  attention([384] * batch, [1] * batch, f"B={batch} ctx=384 Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM}"))

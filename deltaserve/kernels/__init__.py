@@ -176,9 +176,14 @@ def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, q
 
 
 def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots) -> torch.Tensor:
+    """A decode step's gated delta rule, one token per sequence. Over a 16-bit state its reductions run on
+    the tensor cores (triton_recurrent_dot: no fp32 copy of the tile is held, so more of it is in flight)."""
     if use_triton(q):
-        from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent as kernel
-        return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
+        from deltaserve.kernels.gdn.triton_recurrent_dot import gdn_decode_dot, takes_dot
+        if takes_dot(q, k, h_pool):
+            return gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
+        from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+        return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
     return _gdn.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
 
 

@@ -225,6 +225,13 @@ def cases():
                dict(inputs, **recurrent_ints), dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen,
                                                     HAS_CAPTURES=varlen), warps, 2)
 
+    from deltaserve.kernels.gdn import triton_recurrent_dot as dot
+
+    for bv, warps in ((32, 4), (64, 4)):  # decode_dot_tiles' choices
+        yield (f"gdn_decode_dot_bv{bv}", dot._gdn_decode_dot_kernel,
+               dict(inputs, h_pool=bf16, state_slots="*i32"),
+               dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, ROWS=dot.DOT_ROWS), warps, 2)
+
     from deltaserve.kernels.gdn import triton_decode_fused as decode
 
     yield ("gdn_decode_fused", decode._gdn_decode_fused_kernel,

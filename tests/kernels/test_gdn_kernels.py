@@ -70,6 +70,45 @@ def test_a_bfloat16_state_is_read_and_written_as_the_reference_does():
     assert_close(snaps.float(), expected_snaps.float(), tol=1e-2)
 
 
+# A 16-bit state's decode step on the tensor cores. The interpreter's dots take no bf16 operands, so the
+# tests run it in fp16, the other dtype it takes; on the GPU the engine's bf16 states run it
+# (benchmarks/kernels_check.py gdn_decode_dot).
+@pytest.mark.parametrize("hk,hv,dk,dv,block_v,num_warps", [(2, 4, 16, 24, None, None), (1, 3, 12, 40, 16, 2),
+                                                           (2, 2, 32, 64, 32, 4), (1, 2, 16, 72, 64, 4)])
+def test_decode_dot_matches_reference(hk, hv, dk, dv, block_v, num_warps):
+    from deltaserve.kernels.gdn.triton_recurrent_dot import gdn_decode_dot
+
+    q, k, v, a, b, A_log, dt_bias, h_pool = (x.half() if x.dim() > 1 else x for x in _inputs(4, hk, hv, dk, dv, 6))
+    slots = torch.tensor([3, -1, 0, 4], dtype=torch.int32)  # the second row is padding
+    expected_pool, pool = h_pool.float(), h_pool.clone()
+    live = torch.tensor([0, 2, 3])
+    expected = reference.recurrent_gated_delta_rule(q[live].float(), k[live].float(), v[live].float(),
+                                                    a[live].float(), b[live].float(), A_log, dt_bias, expected_pool,
+                                                    slots[live].long())
+    out = gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, pool, slots, block_v=block_v, num_warps=num_warps)
+    assert out.dtype == torch.float16 and pool.dtype == torch.float16
+    assert_close(out[live], expected, tol=2e-3)
+    assert_close(pool.float(), expected_pool, tol=2e-3)
+    assert torch.equal(pool[[1, 2, 5]], h_pool[[1, 2, 5]])  # slots no live row names, the padding's included
+
+
+def test_decode_takes_the_dot_kernel_for_16_bit_states_only(monkeypatch):
+    from deltaserve import kernels
+    from deltaserve.kernels.gdn import triton_recurrent, triton_recurrent_dot
+
+    calls = []
+    monkeypatch.setattr(triton_recurrent_dot, "gdn_decode_dot", lambda *args: calls.append("dot"))
+    monkeypatch.setattr(triton_recurrent, "gdn_recurrent", lambda *args: calls.append("widened"))
+    monkeypatch.setattr(kernels, "use_triton", lambda x: True)
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(2, 1, 2, 16, 16, 3)
+    slots = torch.tensor([0, 2])
+    for q_dtype, state_dtype in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                                 (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)):
+        kernels.recurrent_gated_delta_rule(q.to(q_dtype), k.to(q_dtype), v, a, b, A_log, dt_bias,
+                                           h_pool.to(state_dtype), slots)
+    assert calls == ["dot", "dot", "widened", "widened"]
+
+
 def test_recurrent_decode_skips_padding_slot():
     q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(2, 1, 2, 8, 8, slots=3)
     pool = h_pool.clone()

@@ -34,12 +34,9 @@ def _load_row(q, k, v, a, b, t64, live, head, key_head, offs_k, offs_v, mask_k, 
 
 
 @triton.jit
-def _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v, stride_o_t,
-            DV: tl.constexpr):
-    """One token through the state tile; returns the new tile. With q, k normalised, S' = d S + k delta^T,
-    delta = beta (v - d S^T k) and o = S'^T q = d S^T q + (q.k) delta. Every reduction (|q|, |k|, q.k,
-    S^T q, S^T k) is taken on the raw rows and the old state at once, so one reduction's latency is on
-    each token's path instead of several in a row."""
+def _coefficients(qt, kt, at, bt, decay_rate, bias, scale):
+    """A token's scalars: the decay d = exp(-exp(A_log) softplus(a + dt_bias)), beta = sigmoid(b), the
+    reciprocal norms of q and k, and q.k of the normalised rows times the scale."""
     at += bias
     softplus = tl.where(at > 20.0, at, tl.log(1.0 + tl.exp(tl.minimum(at, 20.0))))
     decay = tl.exp(decay_rate * softplus)
@@ -47,6 +44,17 @@ def _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, of
     rq = 1.0 / tl.sqrt(tl.sum(qt * qt, 0) + 1e-6)
     rk = 1.0 / tl.sqrt(tl.sum(kt * kt, 0) + 1e-6)
     qk = tl.sum(qt * kt, 0) * (rq * rk * scale)
+    return decay, beta, rq, rk, qk
+
+
+@triton.jit
+def _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v, stride_o_t,
+            DV: tl.constexpr):
+    """One token through the state tile; returns the new tile. With q, k normalised, S' = d S + k delta^T,
+    delta = beta (v - d S^T k) and o = S'^T q = d S^T q + (q.k) delta. Every reduction (|q|, |k|, q.k,
+    S^T q, S^T k) is taken on the raw rows and the old state at once, so one reduction's latency is on
+    each token's path instead of several in a row."""
+    decay, beta, rq, rk, qk = _coefficients(qt, kt, at, bt, decay_rate, bias, scale)
     s_q = tl.sum(state * qt[:, None], 0) * (rq * scale)
     s_k = tl.sum(state * kt[:, None], 0) * rk
     delta = (vt - decay * s_k) * beta

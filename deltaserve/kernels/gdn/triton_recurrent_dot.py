@@ -1,0 +1,102 @@
+"""The decode step's gated delta rule over a 16-bit state, its two reductions on the tensor cores.
+
+triton_recurrent's decode kernel widens its state tile to fp32 on the load and keeps it so until the
+store: a bf16 tile takes a 32-bit register a value, as an fp32 tile does, for half the bytes. A
+multiprocessor holds as many programs as its registers allow, so a bf16 state kept half the bytes in
+flight and moved at 2.8 TB/s where fp32 moved at 3.8 on the H200.
+
+Here S^T q and S^T k are one dot, [q; k; 0 ...] (16 x Dk) times the tile (Dk x BV), on the 16-bit
+values as loaded: each product of two bf16 values is exact in fp32, and the dot sums them in fp32 (in
+another order than a row sum). Only the update widens the tile, value by value on its way to the store,
+so no fp32 copy of it is held: for the Qwen3.5 tile (128 x 64, 4 warps) ptxas gives 80 registers a
+thread where the widening kernel takes 128. The dot needs its operands in the state's dtype: q and k
+must be too (the engine's are), else triton_recurrent runs.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from deltaserve.kernels.gdn.triton_recurrent import _coefficients, _load_row
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
+
+DOT_ROWS = 16  # the smallest M of a tensor-core dot: row 0 is q, row 1 is k, the rest zeros
+
+
+@triton.jit
+def _gdn_decode_dot_kernel(
+    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
+    stride_h_slot, stride_o_t, scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    ROWS: tl.constexpr, USE_PDL: tl.constexpr = False,
+):
+    wait_for_prior_grid(USE_PDL)
+    seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    key_head = head // (HV // HK)
+    slot = tl.load(state_slots + seq).to(tl.int64)
+    live = slot >= 0  # a negative slot marks a padding row: it computes on a zero state and stores none
+
+    offs_k = tl.arange(0, BK)
+    offs_v = tile * BV + tl.arange(0, BV)
+    mask_k, mask_v = offs_k < DK, offs_v < DV
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    h_ptrs = h_pool + slot * stride_h_slot + head * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0)  # 16-bit, as stored
+
+    t64 = seq.to(tl.int64)
+    qt, kt, vt, at, bt = _load_row(q, k, v, a, b, t64, seq >= 0, head, key_head, offs_k, offs_v, mask_k, mask_v,
+                                   stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+                                   stride_a_t, stride_b_t)
+    decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
+    bias = tl.load(dt_bias + head).to(tl.float32)
+    decay, beta, rq, rk, qk = _coefficients(qt, kt, at, bt, decay_rate, bias, scale)
+
+    # q and k were loaded in the state's dtype and widened exactly, so narrowing them back loses nothing.
+    rows = tl.arange(0, ROWS)[:, None]
+    lhs = tl.where(rows == 0, qt[None, :], tl.where(rows == 1, kt[None, :], 0.0)).to(state.dtype)
+    sums = tl.dot(lhs, state)  # [ROWS, BV] fp32: row 0 is S^T q, row 1 S^T k
+    s_q = tl.sum(tl.where(rows == 0, sums, 0.0), 0) * (rq * scale)
+    s_k = tl.sum(tl.where(rows == 1, sums, 0.0), 0) * rk
+    delta = (vt - decay * s_k) * beta
+    out = decay * s_q + qk * delta
+    tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
+    new = state.to(tl.float32) * decay + (kt * rk)[:, None] * delta[None, :]
+    tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live)
+
+
+def decode_dot_tiles(seq_heads: int) -> tuple[int, int]:
+    """(block_v, num_warps) of a decode step with seq_heads (sequence, value head) pairs."""
+    if seq_heads < 1024:
+        return 32, 4
+    return 64, 4
+
+
+def takes_dot(q: torch.Tensor, k: torch.Tensor, h_pool: torch.Tensor) -> bool:
+    """Whether this kernel can run the step: a 16-bit state, and q and k in its dtype."""
+    return h_pool.dtype in (torch.bfloat16, torch.float16) and q.dtype == k.dtype == h_pool.dtype
+
+
+def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: int | None = None,
+                   num_warps: int | None = None) -> torch.Tensor:
+    """One token per sequence (row i is sequence i, its state h_pool[state_slots[i]]); q,k [B, Hk, Dk],
+    v [B, Hv, Dv], a,b [B, Hv], h_pool [S, Hv, Dk, Dv] contiguous, updated in place (see takes_dot).
+    Returns o [B, Hv, Dv] in v's dtype."""
+    assert takes_dot(q, k, h_pool) and h_pool.is_contiguous()
+    q, k, v, a, b = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, a, b))
+    seqs, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    o = torch.empty((seqs, hv, dv), dtype=v.dtype, device=v.device)
+    if seqs == 0:
+        return o
+    tiles = decode_dot_tiles(seqs * hv)
+    block_v = max(min(block_v or tiles[0], triton.next_power_of_2(dv)), 16)
+    grid = (seqs, hv, triton.cdiv(dv, block_v))
+    _gdn_decode_dot_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        h_pool.stride(0), o.stride(0), dk**-0.5,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BV=block_v, ROWS=DOT_ROWS,
+        num_warps=num_warps or tiles[1], **launch_options(q),
+    )
+    return o
