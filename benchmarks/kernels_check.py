@@ -611,7 +611,7 @@ def gdn_decode_tiles(batch: int, state_dtype):
 def compiled_registers(jit_fn) -> list | str:
     """Registers and spills of every variant of a Triton kernel compiled so far in this process."""
     try:
-        return [{"constants": {k: v for k, v in kern.src.constants.items() if isinstance(v, int)},
+        return [{"constants": {str(k): v for k, v in kern.src.constants.items() if isinstance(v, int)},
                  "warps": kern.metadata.num_warps, "regs": kern.n_regs, "spills": kern.n_spills}
                 for cache in jit_fn.device_caches.values() for kern in cache[0].values()]
     except Exception as exc:  # the cache's layout is Triton's own, and may change

@@ -227,8 +227,8 @@ def cases():
 
     from deltaserve.kernels.gdn import triton_recurrent_dot as dot
 
-    for bv, warps in ((32, 4), (64, 4)):  # decode_dot_tiles' choices
-        yield (f"gdn_decode_dot_bv{bv}", dot._gdn_decode_dot_kernel,
+    for bv, warps in ((32, 4), (128, 8), (64, 4), (128, 4)):  # decode_dot_tiles' choices
+        yield (f"gdn_decode_dot_bv{bv}_w{warps}", dot._gdn_decode_dot_kernel,
                dict(inputs, h_pool=bf16, state_slots="*i32"),
                dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, ROWS=dot.DOT_ROWS), warps, 2)
 

@@ -66,10 +66,18 @@ def _gdn_decode_dot_kernel(
 
 
 def decode_dot_tiles(seq_heads: int) -> tuple[int, int]:
-    """(block_v, num_warps) of a decode step with seq_heads (sequence, value head) pairs."""
-    if seq_heads < 1024:
+    """(block_v, num_warps) of a decode step with seq_heads (sequence, value head) pairs. H200, Qwen3.5
+    shape (32 value heads, 128 x 128 bf16 states; kernels_check_gdn_decode_dot.json): at 8 sequences
+    128-column tiles at 8 warps took 5.9 us against 6.9 at 32 x 4; at 32, 64 x 4 16.9 us (128 x 4
+    18.2); at 64 and 128, 128 x 4 42.3 and 78.6 us against 44.9 and 86.2 at 64 x 4 (the widening kernel
+    50.8 and 96.2). Few sequences keep narrow tiles: programs enough to spread over the machine."""
+    if seq_heads < 256:
         return 32, 4
-    return 64, 4
+    if seq_heads < 1024:
+        return 128, 8
+    if seq_heads < 2048:
+        return 64, 4
+    return 128, 4
 
 
 def takes_dot(q: torch.Tensor, k: torch.Tensor, h_pool: torch.Tensor) -> bool:
