@@ -574,20 +574,27 @@ CONV_ROW_TILES = [(128, 256, 1), (64, 256, 1), (256, 256, 1), (128, 128, 1), (64
                   (128, 512, 1), (32, 256, 1)]
 
 
+def _decode_case(batch: int, dtype, state_dtype):
+    """A decode step's inputs in dtype, a state pool in state_dtype twice the batch's size, and the fp32
+    reference's output and pool after the step."""
+    slots_total = 2 * batch
+    q, k = torch.randn(batch, HK, DK, device=DEV, dtype=dtype), torch.randn(batch, HK, DK, device=DEV, dtype=dtype)
+    v = torch.randn(batch, HV, DV, device=DEV, dtype=dtype)
+    a, b = torch.randn(batch, HV, device=DEV, dtype=dtype), torch.randn(batch, HV, device=DEV, dtype=dtype)
+    A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
+    pool = (torch.randn(slots_total, HV, DK, DV, device=DEV) * 0.1).to(state_dtype)
+    slots = torch.randperm(slots_total, device=DEV)[:batch].to(torch.int32)
+    ref_pool = pool.float().clone()  # the reference updates it in place
+    expected = gdn_ref.recurrent_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long())
+    return q, k, v, a, b, A_log, dt_bias, pool, slots, ref_pool, expected
+
+
 def gdn_decode_tiles(batch: int, state_dtype):
     """The decode delta rule's (block_v, warps) at one batch size, the state in state_dtype."""
     from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
 
     def body():
-        slots_total = 2 * batch
-        q, k = torch.randn(batch, HK, DK, device=DEV, dtype=BF16), torch.randn(batch, HK, DK, device=DEV, dtype=BF16)
-        v = torch.randn(batch, HV, DV, device=DEV, dtype=BF16)
-        a, b = torch.randn(batch, HV, device=DEV, dtype=BF16), torch.randn(batch, HV, device=DEV, dtype=BF16)
-        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
-        pool = (torch.randn(slots_total, HV, DK, DV, device=DEV) * 0.1).to(state_dtype)
-        slots = torch.randperm(slots_total, device=DEV)[:batch].to(torch.int32)
-        ref_pool = pool.float().clone()  # the reference updates it in place
-        expected = gdn_ref.recurrent_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long())
+        q, k, v, a, b, A_log, dt_bias, pool, slots, ref_pool, expected = _decode_case(batch, BF16, state_dtype)
         state_bytes = batch * HV * DK * DV * pool.element_size() * 2
         res = {"shape": f"B={batch} state {str(state_dtype).split('.')[-1]}", "configs": []}
         for block_v, warps in GDN_DECODE_TILES[:2] if SMOKE else GDN_DECODE_TILES:
@@ -625,16 +632,8 @@ def gdn_decode_dot(batch: int):
     from deltaserve.kernels.gdn import triton_recurrent, triton_recurrent_dot
 
     def body():
-        slots_total = 2 * batch
         dtype = torch.float16 if SMOKE else torch.bfloat16  # the interpreter's dots take no bf16
-        q, k = torch.randn(batch, HK, DK, device=DEV, dtype=dtype), torch.randn(batch, HK, DK, device=DEV, dtype=dtype)
-        v = torch.randn(batch, HV, DV, device=DEV, dtype=dtype)
-        a, b = torch.randn(batch, HV, device=DEV, dtype=dtype), torch.randn(batch, HV, device=DEV, dtype=dtype)
-        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
-        pool = (torch.randn(slots_total, HV, DK, DV, device=DEV) * 0.1).to(dtype)
-        slots = torch.randperm(slots_total, device=DEV)[:batch].to(torch.int32)
-        ref_pool = pool.float().clone()
-        expected = gdn_ref.recurrent_gated_delta_rule(*f32(q, k, v, a, b), A_log, dt_bias, ref_pool, slots.long())
+        q, k, v, a, b, A_log, dt_bias, pool, slots, ref_pool, expected = _decode_case(batch, dtype, dtype)
         state_bytes = batch * HV * DK * DV * pool.element_size() * 2
         runs = [("widened", triton_recurrent.gdn_recurrent, None, None)]
         runs += [("dot", triton_recurrent_dot.gdn_decode_dot, bv, w)

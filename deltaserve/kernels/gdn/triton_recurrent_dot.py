@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.gdn.triton_recurrent import _coefficients, _load_row
+from deltaserve.kernels.gdn.triton_recurrent import _coefficients, _load_row, _state_tile
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 DOT_ROWS = 16  # the smallest M of a tensor-core dot: row 0 is q, row 1 is k, the rest zeros
@@ -32,16 +32,9 @@ def _gdn_decode_dot_kernel(
     ROWS: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
-    seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    key_head = head // (HV // HK)
-    slot = tl.load(state_slots + seq).to(tl.int64)
-    live = slot >= 0  # a negative slot marks a padding row: it computes on a zero state and stores none
-
-    offs_k = tl.arange(0, BK)
-    offs_v = tile * BV + tl.arange(0, BV)
-    mask_k, mask_v = offs_k < DK, offs_v < DV
-    mask_kv = mask_k[:, None] & mask_v[None, :]
-    h_ptrs = h_pool + slot * stride_h_slot + head * DK * DV + offs_k[:, None] * DV + offs_v[None, :]
+    seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
+        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV)
+    h_ptrs = h_head + offs_k[:, None] * DV + offs_v[None, :]
     state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0)  # 16-bit, as stored
 
     t64 = seq.to(tl.int64)
