@@ -3,6 +3,7 @@
 import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -26,7 +27,7 @@ def header() -> dict:
         "commit": commit(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),  # an empty argument shows as ''
     }
 
 
