@@ -14,9 +14,9 @@ from tests.kernels.conftest import assert_close
 pytestmark = pytest.mark.triton
 
 
-def _inputs(tokens, hk, hv, dk, dv, slots):
+def _inputs(tokens, hk, hv, dk, dv, slots, dtype=torch.float32):
     # q/k/v come sliced out of one projection in the model: pass strided views.
-    packed = torch.randn(tokens, 2 * hk * dk + hv * dv + 2 * hv)
+    packed = torch.randn(tokens, 2 * hk * dk + hv * dv + 2 * hv).to(dtype)
     q, k, v, a, b = packed.split([hk * dk, hk * dk, hv * dv, hv, hv], -1)
     A_log, dt_bias = torch.randn(hv) * 0.5, torch.randn(hv)
     h_pool = torch.randn(slots, hv, dk, dv) * 0.3
@@ -78,7 +78,9 @@ def test_a_bfloat16_state_is_read_and_written_as_the_reference_does():
 def test_decode_dot_matches_reference(hk, hv, dk, dv, block_v, num_warps):
     from deltaserve.kernels.gdn.triton_recurrent_dot import gdn_decode_dot
 
-    q, k, v, a, b, A_log, dt_bias, h_pool = (x.half() if x.dim() > 1 else x for x in _inputs(4, hk, hv, dk, dv, 6))
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(4, hk, hv, dk, dv, 6, dtype=torch.float16)
+    h_pool = h_pool.half()
+    assert not q.is_contiguous()  # strided views, as the model passes them
     slots = torch.tensor([3, -1, 0, 4], dtype=torch.int32)  # the second row is padding
     expected_pool, pool = h_pool.float(), h_pool.clone()
     live = torch.tensor([0, 2, 3])
