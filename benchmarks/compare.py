@@ -400,29 +400,26 @@ def later_runs(shape: str) -> list[dict]:
     return runs
 
 
-BF16_STATE_AB = ("engine_{shape}_bf16_state_dot_same_machine.json",)  # engine_ab.py runs, bf16 state
+BF16_STATE_AB = "engine_{shape}_bf16_state_dot_same_machine.json"  # engine_ab.py runs with a bf16 state
 
 
 def later_bf16_runs(shape: str) -> list[dict]:
-    """The newest tree of each bf16-state A/B file (engine_ab.py, the tree named last), as one run whose
+    """The newest tree of the bf16-state A/B file (engine_ab.py, the tree named last), as one run whose
     row at each concurrency is the slower of its rounds."""
-    runs = []
-    for name in BF16_STATE_AB:
-        path = os.path.join(RESULTS, name.format(shape=shape))
-        if not os.path.exists(path):
+    path = os.path.join(RESULTS, BF16_STATE_AB.format(shape=shape))
+    if not os.path.exists(path):
+        return []
+    ab = json.load(open(path))
+    newest = list(ab["trees"].values())[-1]
+    slowest = {}
+    for run in ab["runs"]:
+        if run["commit"] != newest:
             continue
-        ab = json.load(open(path))
-        newest = list(ab["trees"].values())[-1]
-        slowest = {}
-        for run in ab["runs"]:
-            if run["commit"] != newest:
-                continue
-            for row in run["decode"]:
-                kept = slowest.get(row["concurrency"])
-                if kept is None or peer_instrument_tok_s(row) < peer_instrument_tok_s(kept):
-                    slowest[row["concurrency"]] = row
-        runs.append({"date": ab["date"], "commit": newest, "decode": list(slowest.values()), "prefill": []})
-    return runs
+        for row in run["decode"]:
+            kept = slowest.get(row["concurrency"])
+            if kept is None or peer_instrument_tok_s(row) < peer_instrument_tok_s(kept):
+                slowest[row["concurrency"]] = row
+    return [{"date": ab["date"], "commit": newest, "decode": list(slowest.values()), "prefill": []}]
 
 
 def latest_rows(runs: list[dict], section: str, key: str) -> dict:

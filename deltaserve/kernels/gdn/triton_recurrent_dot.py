@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.gdn.triton_recurrent import _coefficients, _load_row, _state_tile
+from deltaserve.kernels.gdn.triton_recurrent import _coefficients, _last_dim_contiguous, _load_row, _state_tile
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 DOT_ROWS = 16  # the smallest M of a tensor-core dot: row 0 is q, row 1 is k, the rest zeros
@@ -84,7 +84,7 @@ def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: 
     v [B, Hv, Dv], a,b [B, Hv], h_pool [S, Hv, Dk, Dv] contiguous, updated in place (see takes_dot).
     Returns o [B, Hv, Dv] in v's dtype."""
     assert takes_dot(q, k, h_pool) and h_pool.is_contiguous()
-    q, k, v, a, b = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, a, b))
+    q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     seqs, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     o = torch.empty((seqs, hv, dv), dtype=v.dtype, device=v.device)
