@@ -48,8 +48,10 @@ NOTES = {
         "8.08 ms at C=8 / 32 / 64 / 128 against 4.91 / 5.76 / 6.54 / 8.43-8.45, C=1 unchanged (4.47); closed "
         "batches 5292-5305 / 8962-8964 / 13264-13267 tok/s, 1.108x / 1.103x / 1.110x the issue's vLLM figures, "
         "whose state is bf16 too (bf16_gdn_state below): at vLLM's precision the 9B shape meets 1.1x at every "
-        "concurrency. gpu_correctness was not run with a bf16 state at this commit: the command that held it "
-        "ran out of device time after the engine runs.",
+        "concurrency. gpu_correctness with a bf16 state at d718aad (gpu_correctness_bf16_state_at_d718aad.json), "
+        "on the tiny Qwen3.5 and Qwen3.5-MoE checkpoints: greedy tokens on the GPU in fp32 identical to the "
+        "CPU reference's, graph replay identical to eager (greedy and mixed sampling), a prefix-cache hit "
+        "byte-identical to a miss.",
         "Two more ways of taking time off a decode step measured no better, each against b277e5c in one command "
         "on the H200, and were not kept. The GDN decode step in one launch, a program per (sequence, value head) "
         "holding the head's whole state, its conv on a state kept as a ring of the last 4 inputs (41dc2c8): "
@@ -253,7 +255,11 @@ NOTES = {
         "tok/s at C=1 / 32 / 64 / 128, steps 2.399 / 13.233 / 17.946 / 22.244 ms against 4.388 / 14.640 / "
         "19.699 / 23.854. At one precision C=64 meets 1.1x and C=128 misses it by 0.6% (against the issue's "
         "figure, whose state is bf16, 1.23x). The bf16 state's decode on the tensor cores (336b764, the 9B "
-        "notes) runs for this shape's bf16 state too (the same GDN heads); it was not timed in this engine.",
+        "notes) runs for this shape's bf16 state too (the same GDN heads). With --gdn-state-dtype bfloat16, "
+        "d718aad against b42e599 in one command, one run each (engine_qwen3.5-35b-a3b_bf16_state_dot_same_"
+        "machine.json): steps 12.89 / 17.07 / 20.48 ms at C=32 / 64 / 128 against 12.99 / 17.26 / 20.96, "
+        "closed batches 2438 / 3658 / 6010 tok/s against 2418 / 3618 / 5879: 1.387x / 1.104x / 1.332x the "
+        "issue's vLLM figures, whose state is bf16 too (bf16_gdn_state below).",
         "Between decode graphs at C=64 (graph_gaps_qwen3.5-35b-a3b_669afae.json and _5f5aba9.json): with "
         "prefix caching on and decode captures at every block the engine's step was 0.19 ms longer than its "
         "graph replayed; with them every 256 tokens, 0.005 ms (0.014 ms between graphs on average, 0.021 at "
