@@ -664,47 +664,6 @@ def gdn_decode_dot(batch: int):
     return body
 
 
-def gdn_decode_norm(batch: int, state_dtype):
-    """The decode delta rule and the gated output norm: the step's kernel at its own tiles, then
-    gated_rms_norm's launch, against the kernel with the norm in its epilogue, its tile spanning the head,
-    at several warps."""
-    from deltaserve.kernels.gdn import triton_recurrent, triton_recurrent_dot
-    from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
-
-    def body():
-        dtype = torch.float16 if SMOKE and state_dtype != torch.float32 else BF16
-        q, k, v, a, b, A_log, dt_bias, pool, slots, ref_pool, expected = _decode_case(
-            batch, dtype, dtype if state_dtype != torch.float32 else state_dtype)
-        z = torch.randn(batch, HV, DV, device=DEV, dtype=dtype)
-        weight = (torch.rand(DV, device=DEV) + 0.5).to(dtype)
-        expected = norm_ref.gated_rms_norm(expected.to(dtype), z, weight, 1e-6)
-        dot = triton_recurrent_dot.takes_dot(q, k, pool)
-        decode = triton_recurrent_dot.gdn_decode_dot if dot else triton_recurrent.gdn_recurrent
-        runs = [("unfused", None)] + [("fused", w) for w in ((4,) if SMOKE else (2, 4, 8))]
-        res = {"shape": f"B={batch} state {str(pool.dtype).split('.')[-1]}",
-               "kernel": "dot" if dot else "widened", "configs": []}
-        for name, warps in runs:
-            cfg = {"run": name, "warps": warps}
-            if name == "unfused":
-                fn = lambda p: gated_rms_norm(decode(q, k, v, a, b, A_log, dt_bias, p, slots), z, weight, 1e-6)  # noqa: E731
-            else:
-                fn = lambda p: decode(q, k, v, a, b, A_log, dt_bias, p, slots, num_warps=warps,  # noqa: E731
-                                      norm=(z, weight, 1e-6))
-            try:
-                p = pool.clone()
-                out = fn(p)
-                cfg["rel_err_out"], cfg["rel_err_state"] = rel_err(out, expected), rel_err(p, ref_pool)
-                if not SMOKE:
-                    cfg["us"] = round(time_graph_us(lambda: fn(p)), 2)
-            except Exception as exc:
-                cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            res["configs"].append(cfg)
-        res["registers"] = compiled_registers(triton_recurrent_dot._gdn_decode_dot_kernel if dot
-                                              else triton_recurrent._gdn_recurrent_kernel)
-        return res
-    return body
-
-
 GDN_DECODE_DOT_TILES = [(None, None), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4), (64, 8), (128, 4), (128, 8)]
 
 
@@ -1275,10 +1234,6 @@ def main():
                      gdn_decode_tiles(batch, state_dtype))
     for batch in (3,) if SMOKE else (8, 32, 64, 128):
         run_case(report, f"gdn_decode_dot_B{batch}", gdn_decode_dot(batch))
-    for batch in (3,) if SMOKE else (1, 4, 8, 16, 32, 48, 64, 96, 128):
-        for state_dtype in (torch.float32, BF16):
-            run_case(report, f"gdn_decode_norm_B{batch}_{str(state_dtype).split('.')[-1]}",
-                     gdn_decode_norm(batch, state_dtype))
     for batch in batches:
         run_case(report, f"paged_attention_decode_B{batch}_ctx384",
                  attention([384] * batch, [1] * batch, f"B={batch} ctx=384 Hq={HEADS} Hk={KV_HEADS} D={HEAD_DIM}"))

@@ -175,26 +175,16 @@ def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, q
                                        capture_rows, h_snapshots)
 
 
-def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
-                               norm: tuple | None = None) -> torch.Tensor:
+def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots) -> torch.Tensor:
     """A decode step's gated delta rule, one token per sequence. Over a 16-bit state its reductions run on
-    the tensor cores (triton_recurrent_dot: no fp32 copy of the tile is held, so more of it is in flight).
-    Given norm = (z, weight, eps) it returns gated_rms_norm(o, z, weight, eps), which the kernel takes
-    into its own epilogue where that measured faster than a launch of its own."""
+    the tensor cores (triton_recurrent_dot: no fp32 copy of the tile is held, so more of it is in flight)."""
     if use_triton(q):
-        from deltaserve.kernels.gdn import triton_recurrent, triton_recurrent_dot
-        seq_heads = q.shape[0] * v.shape[1]
-        if triton_recurrent_dot.takes_dot(q, k, h_pool):
-            kernel, fuses = triton_recurrent_dot.gdn_decode_dot, triton_recurrent_dot.dot_fuses_norm(seq_heads)
-        else:
-            kernel = triton_recurrent.gdn_recurrent
-            fuses = triton_recurrent.fuses_norm(seq_heads, h_pool.element_size())
-        if norm is not None and fuses:
-            return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, norm=norm)
-        out = kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
-    else:
-        out = _gdn.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
-    return out if norm is None else gated_rms_norm(out, *norm)
+        from deltaserve.kernels.gdn.triton_recurrent_dot import gdn_decode_dot, takes_dot
+        if takes_dot(q, k, h_pool):
+            return gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
+        from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+        return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
+    return _gdn.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots)
 
 
 def gdn_decode_fused(mixed, z, a, b, conv_weight, conv_state, A_log, dt_bias, h_pool, norm_weight, eps: float,

@@ -220,22 +220,17 @@ def cases():
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
 
     recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first")}
-    norm_types = {"z": bf16, "norm_w": bf16, "eps": "fp32"}  # the gated output norm's (NORM)
-    for varlen, bv, warps, norm in ((False, 32, 4, False), (False, 64, 4, False), (True, 16, 1, False),
-                                    (False, 128, recurrent.NORM_WARPS, True)):
-        yield (f"gdn_recurrent{'_varlen' if varlen else ''}_bv{bv}{'_norm' if norm else ''}",
-               recurrent._gdn_recurrent_kernel, dict(inputs, **recurrent_ints, **norm_types),
-               dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen, HAS_CAPTURES=varlen, NORM=norm),
-               warps, 2)
+    for varlen, bv, warps in ((False, 32, 4), (False, 64, 4), (True, 16, 1)):
+        yield (f"gdn_recurrent{'_varlen' if varlen else ''}_bv{bv}", recurrent._gdn_recurrent_kernel,
+               dict(inputs, **recurrent_ints), dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen,
+                                                    HAS_CAPTURES=varlen), warps, 2)
 
     from deltaserve.kernels.gdn import triton_recurrent_dot as dot
 
-    # decode_dot_tiles' choices, and the tile spanning a head with the output norm
-    for bv, warps, norm in ((32, 4, False), (128, 8, False), (64, 4, False), (128, 4, False), (128, 4, True),
-                            (128, 8, True)):
-        yield (f"gdn_decode_dot_bv{bv}_w{warps}{'_norm' if norm else ''}", dot._gdn_decode_dot_kernel,
-               dict(inputs, h_pool=bf16, state_slots="*i32", **norm_types),
-               dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, ROWS=dot.DOT_ROWS, NORM=norm), warps, 2)
+    for bv, warps in ((32, 4), (128, 8), (64, 4), (128, 4)):  # decode_dot_tiles' choices
+        yield (f"gdn_decode_dot_bv{bv}_w{warps}", dot._gdn_decode_dot_kernel,
+               dict(inputs, h_pool=bf16, state_slots="*i32"),
+               dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, ROWS=dot.DOT_ROWS), warps, 2)
 
     from deltaserve.kernels.gdn import triton_decode_fused as decode
 

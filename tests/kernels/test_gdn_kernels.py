@@ -111,63 +111,6 @@ def test_decode_takes_the_dot_kernel_for_16_bit_states_only(monkeypatch):
     assert calls == ["dot", "dot", "widened", "widened"]
 
 
-def _norm_inputs(tokens, hv, dv, dtype):
-    # z comes sliced out of the same projection as q, k and v: a strided view.
-    z = torch.randn(tokens, hv * dv + 3).to(dtype)[:, 3:].reshape(tokens, hv, dv)
-    return z, (torch.rand(dv) + 0.5).to(dtype), 1e-6
-
-
-# The gated output norm in the decode kernels' epilogue, each program's tile spanning its head (dv not a
-# power of two included); the dot kernel in fp16, as above.
-@pytest.mark.parametrize("kernel,dtype,hk,hv,dk,dv", [("widened", torch.float32, 2, 4, 16, 24),
-                                                      ("widened", torch.float32, 1, 2, 16, 64),
-                                                      ("dot", torch.float16, 2, 4, 16, 24),
-                                                      ("dot", torch.float16, 1, 2, 32, 64)])
-def test_decode_with_the_gated_norm_in_its_epilogue_matches_reference(kernel, dtype, hk, hv, dk, dv):
-    from deltaserve.kernels.gdn.triton_recurrent_dot import gdn_decode_dot
-    from deltaserve.kernels.norm import reference as norm_reference
-    from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
-
-    decode = gdn_decode_dot if kernel == "dot" else gdn_recurrent
-    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(4, hk, hv, dk, dv, 6, dtype=dtype)
-    h_pool = h_pool.to(dtype)
-    z, weight, eps = _norm_inputs(4, hv, dv, dtype)
-    slots = torch.tensor([3, -1, 0, 4], dtype=torch.int32)  # the second row is padding
-    live = torch.tensor([0, 2, 3])
-    expected_pool = h_pool.float().clone()  # float() of an fp32 pool is the pool itself
-    expected = reference.recurrent_gated_delta_rule(q[live].float(), k[live].float(), v[live].float(),
-                                                    a[live].float(), b[live].float(), A_log, dt_bias, expected_pool,
-                                                    slots[live].long()).to(dtype)
-    expected = norm_reference.gated_rms_norm(expected, z[live], weight, eps)
-    pool, unfused_pool = h_pool.clone(), h_pool.clone()
-    out = decode(q, k, v, a, b, A_log, dt_bias, pool, slots, norm=(z, weight, eps))
-    tol = 1e-4 if dtype == torch.float32 else 4e-3
-    assert out.dtype == dtype and out.shape == (4, hv, dv)
-    assert_close(out[live], expected, tol=tol)
-    assert_close(pool.float(), expected_pool, tol=tol)
-    # Against the two launches it replaces: the same values up to the order of the norm's sum.
-    unfused = gated_rms_norm(decode(q, k, v, a, b, A_log, dt_bias, unfused_pool, slots), z, weight, eps)
-    assert torch.equal(pool, unfused_pool)
-    assert_close(out[live], unfused[live], tol=1e-6 if dtype == torch.float32 else 1e-3)
-
-
-def test_decode_fuses_the_gated_norm_where_its_kernel_says_it_pays(monkeypatch):
-    from deltaserve import kernels
-    from deltaserve.kernels.gdn import triton_recurrent, triton_recurrent_dot
-
-    calls = []
-    monkeypatch.setattr(triton_recurrent, "gdn_recurrent", lambda *args, norm=None: calls.append(norm is not None)
-                        or torch.zeros(args[2].shape))
-    monkeypatch.setattr(kernels, "gated_rms_norm", lambda *args: calls.append("norm"))
-    monkeypatch.setattr(kernels, "use_triton", lambda x: True)
-    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(2, 1, 2, 16, 16, 3)
-    norm = _norm_inputs(2, 2, 16, torch.float32)
-    for fuses in (True, False):
-        monkeypatch.setattr(triton_recurrent, "fuses_norm", lambda seq_heads, state_bytes: fuses)
-        kernels.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, torch.tensor([0, 2]), norm=norm)
-    assert calls == [True, False, "norm"]
-
-
 def test_recurrent_decode_skips_padding_slot():
     q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(2, 1, 2, 8, 8, slots=3)
     pool = h_pool.clone()

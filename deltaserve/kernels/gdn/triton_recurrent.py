@@ -68,51 +68,19 @@ def _coefficients(qt, kt, at, bt, decay_rate, bias, scale):
 
 
 @triton.jit
-def _step(state, qt, kt, vt, at, bt, decay_rate, bias, scale):
-    """One token through the state tile; returns the new tile and the token's output (fp32). With q, k
-    normalised, S' = d S + k delta^T, delta = beta (v - d S^T k) and o = S'^T q = d S^T q + (q.k) delta.
-    Every reduction (|q|, |k|, q.k, S^T q, S^T k) is taken on the raw rows and the old state at once, so
-    one reduction's latency is on each token's path instead of several in a row."""
+def _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v, stride_o_t,
+            DV: tl.constexpr):
+    """One token through the state tile; returns the new tile. With q, k normalised, S' = d S + k delta^T,
+    delta = beta (v - d S^T k) and o = S'^T q = d S^T q + (q.k) delta. Every reduction (|q|, |k|, q.k,
+    S^T q, S^T k) is taken on the raw rows and the old state at once, so one reduction's latency is on
+    each token's path instead of several in a row."""
     decay, beta, rq, rk, qk = _coefficients(qt, kt, at, bt, decay_rate, bias, scale)
     s_q = tl.sum(state * qt[:, None], 0) * (rq * scale)
     s_k = tl.sum(state * kt[:, None], 0) * rk
     delta = (vt - decay * s_k) * beta
     out = decay * s_q + qk * delta
-    return state * decay + (kt * rk)[:, None] * delta[None, :], out
-
-
-@triton.jit
-def _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v, stride_o_t,
-            DV: tl.constexpr):
-    """_step, its output stored as row t64's; returns the new tile."""
-    state, out = _step(state, qt, kt, vt, at, bt, decay_rate, bias, scale)
     tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
-    return state
-
-
-@triton.jit
-def _load_gate(z, norm_w, t64, head, offs_v, mask_v, stride_z_t, stride_z_h, NORM: tl.constexpr):
-    """The gated output norm's gate row and weight (fp32), loaded with the state so that their latency
-    hides behind it; zeros without NORM."""
-    if NORM:
-        g = tl.load(z + t64 * stride_z_t + head * stride_z_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-        w = tl.load(norm_w + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-    else:
-        g = tl.zeros(offs_v.shape, tl.float32)
-        w = g
-    return g, w
-
-
-@triton.jit
-def _store_output(o, out, t64, head, offs_v, mask_v, stride_o_t, g, w, eps, DV: tl.constexpr, NORM: tl.constexpr):
-    """Stores a decode row's output for one value head. With NORM (the tile spans the head's DV values)
-    it stores the gated RMSNorm w * o_hat * silu(g) instead, of the output rounded to o's dtype first:
-    the values that gated_rms_norm would read back, had the output been stored."""
-    if NORM:
-        x = tl.where(mask_v, out.to(o.dtype.element_ty).to(tl.float32), 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / DV + eps)
-        out = x * rstd * w * (g / (1.0 + tl.exp(-g)))
-    tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
+    return state * decay + (kt * rk)[:, None] * delta[None, :]
 
 
 @triton.jit
@@ -129,12 +97,12 @@ def _capture(state, t, cap_rows, cap_snaps, cap_i, num_caps, h_snapshots, stride
 @triton.jit
 def _gdn_recurrent_kernel(
     q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, cap_rows, cap_snaps, cap_first,
-    h_snapshots, o, num_caps, z, norm_w, eps,
+    h_snapshots, o, num_caps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
-    stride_h_slot, stride_snap_slot, stride_o_t, stride_z_t, stride_z_h, scale,
+    stride_h_slot, stride_snap_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
-    NORM: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
@@ -172,13 +140,9 @@ def _gdn_recurrent_kernel(
         qt, kt, vt, at, bt = _load_row(q, k, v, a, b, t64, seq >= 0, head, key_head, offs_k, offs_v, mask_k, mask_v,
                                        stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
                                        stride_a_t, stride_b_t)
-        g, w = _load_gate(z, norm_w, t64, head, offs_v, mask_v, stride_z_t, stride_z_h, NORM)
-        state, out = _step(state, qt, kt, vt, at, bt, decay_rate, bias, scale)
-        if NORM:  # the state's store first: the norm's reduction across the tile's warps holds none of it
-            tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live)
-        _store_output(o, out, t64, head, offs_v, mask_v, stride_o_t, g, w, eps, DV, NORM)
-    if not NORM:
-        tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live)
+        state = _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v,
+                        stride_o_t, DV)
+    tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live)
 
 
 def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int]:
@@ -200,16 +164,6 @@ def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int]:
     return 64, 4 if state_bytes >= 4 else 2
 
 
-# The warps of a decode program whose tile spans its head, the output norm fused (gdn_recurrent's norm).
-NORM_WARPS = 4
-
-
-def fuses_norm(seq_heads: int, state_bytes: int) -> bool:
-    """Whether a decode step of seq_heads (sequence, value head) pairs takes the gated output norm into
-    its own tiles (then spanning each head) rather than leaving it to gated_rms_norm's launch."""
-    return False
-
-
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -222,15 +176,13 @@ def gdn_recurrent(
     block_v: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    norm: tuple | None = None,
 ) -> torch.Tensor:
     """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] updated in place.
 
     Without query_start_loc each row is its own sequence (decode); with it, sequence i owns rows
     query_start_loc[i]:query_start_loc[i+1], and capture_rows ((row, snapshot slot) pairs, or a
     CaptureRows) names the rows whose state is also stored into h_snapshots. Returns o [T, Hv, Dv] in
-    v's dtype. A decode step given norm = (z [T, Hv, Dv], weight [Dv], eps) returns the gated RMSNorm
-    of o with z instead, each program's tile spanning a head (fuses_norm: when that pays).
+    v's dtype.
     """
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
@@ -244,13 +196,8 @@ def gdn_recurrent(
     varlen = query_start_loc is not None
     # The ragged loop is bound by each token's latency: narrow tiles, one warp (kernels_check gdn_short_pass).
     tiles = (8, 1) if varlen else decode_tiles(seqs * hv, h_pool.element_size())
-    if norm is not None:  # a program normalises its head's whole output row
-        assert not varlen and block_v in (None, triton.next_power_of_2(dv)), block_v
-        tiles = (triton.next_power_of_2(dv), NORM_WARPS)
     block_v = min(block_v or tiles[0], triton.next_power_of_2(dv))
     num_warps = num_warps or tiles[1]
-    z, norm_w, eps = norm if norm is not None else (o, o, 0.0)  # o: an unused placeholder
-    z = _last_dim_contiguous(z)
     has_captures = varlen and h_snapshots is not None and bool(capture_rows)
     num_caps, repeats = 0, []
     cap_rows = cap_snaps = cap_first = state_slots  # unused placeholders
@@ -262,11 +209,11 @@ def gdn_recurrent(
     _gdn_recurrent_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
         query_start_loc if query_start_loc is not None else state_slots, cap_rows, cap_snaps, cap_first,
-        h_snapshots if has_captures else h_pool, o, num_caps, z, norm_w, eps,
+        h_snapshots if has_captures else h_pool, o, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-        h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), z.stride(0), z.stride(1),
-        dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, NORM=norm is not None,
+        h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
+        IS_VARLEN=varlen, HAS_CAPTURES=has_captures,
         num_warps=num_warps, num_stages=num_stages or 2, **launch_options(q),
     )
     for slot, source in repeats:

@@ -17,8 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.gdn.triton_recurrent import (NORM_WARPS, _coefficients, _last_dim_contiguous, _load_row,
-                                                    _load_gate, _state_tile, _store_output)
+from deltaserve.kernels.gdn.triton_recurrent import _coefficients, _last_dim_contiguous, _load_row, _state_tile
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 DOT_ROWS = 16  # the smallest M of a tensor-core dot: row 0 is q, row 1 is k, the rest zeros
@@ -26,11 +25,11 @@ DOT_ROWS = 16  # the smallest M of a tensor-core dot: row 0 is q, row 1 is k, th
 
 @triton.jit
 def _gdn_decode_dot_kernel(
-    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o, z, norm_w, eps,
+    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
-    stride_h_slot, stride_o_t, stride_z_t, stride_z_h, scale,
+    stride_h_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    ROWS: tl.constexpr, NORM: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+    ROWS: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
@@ -42,7 +41,6 @@ def _gdn_decode_dot_kernel(
     qt, kt, vt, at, bt = _load_row(q, k, v, a, b, t64, seq >= 0, head, key_head, offs_k, offs_v, mask_k, mask_v,
                                    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
                                    stride_a_t, stride_b_t)
-    g, w = _load_gate(z, norm_w, t64, head, offs_v, mask_v, stride_z_t, stride_z_h, NORM)
     decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
     bias = tl.load(dt_bias + head).to(tl.float32)
     decay, beta, rq, rk, qk = _coefficients(qt, kt, at, bt, decay_rate, bias, scale)
@@ -55,12 +53,9 @@ def _gdn_decode_dot_kernel(
     s_k = tl.sum(tl.where(rows == 1, sums, 0.0), 0) * rk
     delta = (vt - decay * s_k) * beta
     out = decay * s_q + qk * delta
-    if not NORM:
-        _store_output(o, out, t64, head, offs_v, mask_v, stride_o_t, g, w, eps, DV, NORM)
+    tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
     new = state.to(tl.float32) * decay + (kt * rk)[:, None] * delta[None, :]
     tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live)
-    if NORM:  # after the state's store: see triton_recurrent
-        _store_output(o, out, t64, head, offs_v, mask_v, stride_o_t, g, w, eps, DV, NORM)
 
 
 def decode_dot_tiles(seq_heads: int) -> tuple[int, int]:
@@ -78,23 +73,16 @@ def decode_dot_tiles(seq_heads: int) -> tuple[int, int]:
     return 128, 4
 
 
-def dot_fuses_norm(seq_heads: int) -> bool:
-    """Whether a decode step of seq_heads (sequence, value head) pairs takes the gated output norm into
-    its own tiles (then spanning each head) rather than leaving it to gated_rms_norm's launch."""
-    return False
-
-
 def takes_dot(q: torch.Tensor, k: torch.Tensor, h_pool: torch.Tensor) -> bool:
     """Whether this kernel can run the step: a 16-bit state, and q and k in its dtype."""
     return h_pool.dtype in (torch.bfloat16, torch.float16) and q.dtype == k.dtype == h_pool.dtype
 
 
 def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: int | None = None,
-                   num_warps: int | None = None, norm: tuple | None = None) -> torch.Tensor:
+                   num_warps: int | None = None) -> torch.Tensor:
     """One token per sequence (row i is sequence i, its state h_pool[state_slots[i]]); q,k [B, Hk, Dk],
     v [B, Hv, Dv], a,b [B, Hv], h_pool [S, Hv, Dk, Dv] contiguous, updated in place (see takes_dot).
-    Returns o [B, Hv, Dv] in v's dtype; given norm = (z [B, Hv, Dv], weight [Dv], eps), the gated
-    RMSNorm of o with z instead, each program's tile spanning a head (dot_fuses_norm: when that pays)."""
+    Returns o [B, Hv, Dv] in v's dtype."""
     assert takes_dot(q, k, h_pool) and h_pool.is_contiguous()
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     seqs, hk, dk = q.shape
@@ -103,19 +91,13 @@ def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: 
     if seqs == 0:
         return o
     tiles = decode_dot_tiles(seqs * hv)
-    if norm is not None:  # a program normalises its head's whole output row
-        assert block_v in (None, triton.next_power_of_2(dv)), block_v
-        tiles = (triton.next_power_of_2(dv), tiles[1] if tiles[0] >= dv else NORM_WARPS)
     block_v = max(min(block_v or tiles[0], triton.next_power_of_2(dv)), 16)
-    z, norm_w, eps = norm if norm is not None else (o, o, 0.0)  # o: an unused placeholder
-    z = _last_dim_contiguous(z)
     grid = (seqs, hv, triton.cdiv(dv, block_v))
     _gdn_decode_dot_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o, z, norm_w, eps,
+        q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-        h_pool.stride(0), o.stride(0), z.stride(0), z.stride(1), dk**-0.5,
+        h_pool.stride(0), o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BV=block_v, ROWS=DOT_ROWS,
-        NORM=norm is not None,
         num_warps=num_warps or tiles[1], **launch_options(q),
     )
     return o

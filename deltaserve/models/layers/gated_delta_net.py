@@ -50,16 +50,15 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(tokens, self.num_k_heads, self.k_dim)
         k = k.reshape(tokens, self.num_k_heads, self.k_dim)
         v = v.reshape(tokens, self.num_v_heads, self.v_dim)
-        z = z.reshape(tokens, self.num_v_heads, self.v_dim)
-        if batch.is_decode:  # the decode kernel may take the norm into its epilogue
+        if batch.is_decode:
             out = kernels.recurrent_gated_delta_rule(
-                q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots,
-                norm=(z, self.norm_weight, self.norm_eps),
+                q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots
             )
         else:
             out = kernels.chunk_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
                 batch.capture_rows, h_snap,
             )
-            out = kernels.gated_rms_norm(out, z, self.norm_weight, self.norm_eps)
+        z = z.reshape(tokens, self.num_v_heads, self.v_dim)
+        out = kernels.gated_rms_norm(out, z, self.norm_weight, self.norm_eps)
         return kernels.linear_partial(out.reshape(tokens, self.value_size), self.out_proj)
