@@ -52,6 +52,13 @@ NOTES = {
         "on the tiny Qwen3.5 and Qwen3.5-MoE checkpoints: greedy tokens on the GPU in fp32 identical to the "
         "CPU reference's, graph replay identical to eager (greedy and mixed sampling), a prefix-cache hit "
         "byte-identical to a miss.",
+        "The gated output norm in the decode kernel's epilogue, each program's tile spanning its head (f82a1a1, "
+        "reverted in 6452822), measured slower from 32 sequences with either state dtype "
+        "(kernels_check_gdn_decode_norm.json, the 9B GDN shape): fp32 state 164.3 against 144.4 us at 128 "
+        "sequences and 84.2 against 75.7 at 64, bf16 87.6 against 80.2 and 46.3 against 44.2. The kernel and "
+        "gated_rms_norm launched apart, in one graph, take 1-2 us more than the kernel alone, so the norm's "
+        "launch was never where the step's time went; below 32 sequences the fused form gains about 1 us a "
+        "layer, under 0.6% of those steps.",
         "Two more ways of taking time off a decode step measured no better, each against b277e5c in one command "
         "on the H200, and were not kept. The GDN decode step in one launch, a program per (sequence, value head) "
         "holding the head's whole state, its conv on a state kept as a ring of the last 4 inputs (41dc2c8): "
