@@ -11,6 +11,7 @@ deltaserve's `closed_batch_tok_s` (batch prefill + 255 decode steps for the resu
 that field existed). `side_by_side_<shape>.json` has both engines measured in one command (both shapes).
 """
 
+import glob
 import json
 import os
 
@@ -266,7 +267,11 @@ NOTES = {
         "d718aad against b42e599 in one command, one run each (engine_qwen3.5-35b-a3b_bf16_state_dot_same_"
         "machine.json): steps 12.89 / 17.07 / 20.48 ms at C=32 / 64 / 128 against 12.99 / 17.26 / 20.96, "
         "closed batches 2438 / 3658 / 6010 tok/s against 2418 / 3618 / 5879: 1.387x / 1.104x / 1.332x the "
-        "issue's vLLM figures, whose state is bf16 too (bf16_gdn_state below).",
+        "issue's vLLM figures, whose state is bf16 too. A second command, two rounds alternated (_second.json, "
+        "the same engine code at a37d25c): steps 12.99 / 17.29 / 20.61-20.62 ms against 13.10 / 17.49 / "
+        "21.10-21.11, closed batches 2405-2415 / 3612 / 5970-5972 tok/s, so C=64 at 1.090x: at vLLM's state "
+        "precision this shape's C=64 sits at the 1.1x line, 1.09x-1.10x from host to host. bf16_gdn_state "
+        "below takes the slowest of all these runs.",
         "Between decode graphs at C=64 (graph_gaps_qwen3.5-35b-a3b_669afae.json and _5f5aba9.json): with "
         "prefix caching on and decode captures at every block the engine's step was 0.19 ms longer than its "
         "graph replayed; with them every 256 tokens, 0.005 ms (0.014 ms between graphs on average, 0.021 at "
@@ -413,26 +418,29 @@ def later_runs(shape: str) -> list[dict]:
     return runs
 
 
-BF16_STATE_AB = "engine_{shape}_bf16_state_dot_same_machine.json"  # engine_ab.py runs with a bf16 state
+BF16_STATE_AB = "engine_{shape}_bf16_state_dot_same_machine*.json"  # engine_ab.py runs with a bf16 state
 
 
 def later_bf16_runs(shape: str) -> list[dict]:
-    """The newest tree of the bf16-state A/B file (engine_ab.py, the tree named last), as one run whose
-    row at each concurrency is the slower of its rounds."""
-    path = os.path.join(RESULTS, BF16_STATE_AB.format(shape=shape))
-    if not os.path.exists(path):
+    """The newest tree of each bf16-state A/B file (engine_ab.py, the tree named last), as one run whose
+    row at each concurrency is the slowest of those trees' rounds in every file."""
+    paths = sorted(glob.glob(os.path.join(RESULTS, BF16_STATE_AB.format(shape=shape))))
+    if not paths:
         return []
-    ab = json.load(open(path))
-    newest = list(ab["trees"].values())[-1]
-    slowest = {}
-    for run in ab["runs"]:
-        if run["commit"] != newest:
-            continue
-        for row in run["decode"]:
-            kept = slowest.get(row["concurrency"])
-            if kept is None or peer_instrument_tok_s(row) < peer_instrument_tok_s(kept):
-                slowest[row["concurrency"]] = row
-    return [{"date": ab["date"], "commit": newest, "decode": list(slowest.values()), "prefill": []}]
+    slowest, dates, commits = {}, [], []
+    for path in paths:
+        ab = json.load(open(path))
+        newest = list(ab["trees"].values())[-1]
+        dates.append(ab["date"])
+        commits.append(newest)
+        for run in ab["runs"]:
+            if run["commit"] != newest:
+                continue
+            for row in run["decode"]:
+                kept = slowest.get(row["concurrency"])
+                if kept is None or peer_instrument_tok_s(row) < peer_instrument_tok_s(kept):
+                    slowest[row["concurrency"]] = row
+    return [{"date": max(dates), "commit": "/".join(commits), "decode": list(slowest.values()), "prefill": []}]
 
 
 def latest_rows(runs: list[dict], section: str, key: str) -> dict:
