@@ -49,7 +49,9 @@ NOTES = {
         "8.08 ms at C=8 / 32 / 64 / 128 against 4.91 / 5.76 / 6.54 / 8.43-8.45, C=1 unchanged (4.47); closed "
         "batches 5292-5305 / 8962-8964 / 13264-13267 tok/s, 1.108x / 1.103x / 1.110x the issue's vLLM figures, "
         "whose state is bf16 too (bf16_gdn_state below): at vLLM's precision the 9B shape meets 1.1x at every "
-        "concurrency. gpu_correctness with a bf16 state at d718aad (gpu_correctness_bf16_state_at_d718aad.json), "
+        "concurrency. A second command, two rounds alternated (_second.json, the same engine code at "
+        "7e85760): steps 5.67-5.68 / 6.39 / 8.05-8.06 ms against 5.76 / 6.55 / 8.41-8.43, closed batches "
+        "5275-5289 / 8945-8967 / 13314-13320 tok/s, C=64 at 1.100x: on the line, not above it. gpu_correctness with a bf16 state at d718aad (gpu_correctness_bf16_state_at_d718aad.json), "
         "on the tiny Qwen3.5 and Qwen3.5-MoE checkpoints: greedy tokens on the GPU in fp32 identical to the "
         "CPU reference's, graph replay identical to eager (greedy and mixed sampling), a prefix-cache hit "
         "byte-identical to a miss.",
