@@ -51,7 +51,7 @@ NOTES = {
         "whose state is bf16 too (bf16_gdn_state below): at vLLM's precision the 9B shape meets 1.1x at every "
         "concurrency. A second command, two rounds alternated (_second.json, the same engine code at "
         "7e85760): steps 5.67-5.68 / 6.39 / 8.05-8.06 ms against 5.76 / 6.55 / 8.41-8.43, closed batches "
-        "5275-5289 / 8945-8967 / 13314-13320 tok/s, C=64 at 1.100x: on the line, not above it. gpu_correctness with a bf16 state at d718aad (gpu_correctness_bf16_state_at_d718aad.json), "
+        "5275-5289 / 8945-8967 / 13314-13320 tok/s, C=64 at 1.101x: on the line. gpu_correctness with a bf16 state at d718aad (gpu_correctness_bf16_state_at_d718aad.json), "
         "on the tiny Qwen3.5 and Qwen3.5-MoE checkpoints: greedy tokens on the GPU in fp32 identical to the "
         "CPU reference's, graph replay identical to eager (greedy and mixed sampling), a prefix-cache hit "
         "byte-identical to a miss.",
