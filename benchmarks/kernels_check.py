@@ -13,7 +13,6 @@ Results are written after every case, so a run cut short still leaves what it me
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import sys
@@ -639,9 +638,6 @@ def gdn_decode_dot(batch: int):
         runs = [("widened", triton_recurrent.gdn_recurrent, None, None)]
         runs += [("dot", triton_recurrent_dot.gdn_decode_dot, bv, w)
                  for bv, w in (GDN_DECODE_DOT_TILES[:2] if SMOKE else GDN_DECODE_DOT_TILES)]
-        tma = functools.partial(triton_recurrent_dot.gdn_decode_dot, tma=True)  # the tile through a descriptor
-        runs += [("dot_tma", tma, bv, w) for bv, w in (GDN_DECODE_DOT_TMA_TILES[:1] if SMOKE
-                                                        else GDN_DECODE_DOT_TMA_TILES)]
         res = {"shape": f"B={batch} state {str(dtype).split('.')[-1]}", "configs": []}
         widened = None
         for name, fn, block_v, warps in runs:
@@ -668,7 +664,6 @@ def gdn_decode_dot(batch: int):
     return body
 
 
-GDN_DECODE_DOT_TMA_TILES = [(128, 4), (128, 8), (64, 4), (64, 8), (32, 4)]
 GDN_DECODE_DOT_TILES = [(None, None), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4), (64, 8), (128, 4), (128, 8)]
 
 

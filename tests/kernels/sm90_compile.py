@@ -227,12 +227,10 @@ def cases():
 
     from deltaserve.kernels.gdn import triton_recurrent_dot as dot
 
-    # decode_dot_tiles' choices, and the wide ones with the tile through a TMA descriptor
-    for bv, warps, tma in ((32, 4, False), (128, 8, False), (64, 4, False), (128, 4, False), (128, 4, True),
-                           (64, 4, True), (128, 8, True)):
-        yield (f"gdn_decode_dot_bv{bv}_w{warps}{'_tma' if tma else ''}", dot._gdn_decode_dot_kernel,
-               dict(inputs, h_pool=bf16, state_slots="*i32", h_desc=f"tensordesc<bf16[128, {bv}]>" if tma else bf16),
-               dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, ROWS=dot.DOT_ROWS, TMA=tma), warps, 2)
+    for bv, warps in ((32, 4), (128, 8), (64, 4), (128, 4)):  # decode_dot_tiles' choices
+        yield (f"gdn_decode_dot_bv{bv}_w{warps}", dot._gdn_decode_dot_kernel,
+               dict(inputs, h_pool=bf16, state_slots="*i32"),
+               dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, ROWS=dot.DOT_ROWS), warps, 2)
 
     from deltaserve.kernels.gdn import triton_decode_fused as decode
 

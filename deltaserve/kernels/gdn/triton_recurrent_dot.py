@@ -16,7 +16,6 @@ must be too (the engine's are), else triton_recurrent runs.
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from deltaserve.kernels.gdn.triton_recurrent import _coefficients, _last_dim_contiguous, _load_row, _state_tile
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
@@ -26,24 +25,17 @@ DOT_ROWS = 16  # the smallest M of a tensor-core dot: row 0 is q, row 1 is k, th
 
 @triton.jit
 def _gdn_decode_dot_kernel(
-    q, k, v, a, b, A_log, dt_bias, h_pool, h_desc, state_slots, o,
+    q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
     stride_h_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    ROWS: tl.constexpr, TMA: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+    ROWS: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    """TMA: the tile moves through h_desc, a descriptor of h_pool as [slots * HV * DK, DV] in [DK, BV]
-    boxes, by the copy engine instead of a load and a store per thread; a padding row reads slot 0's
-    tile and stores nothing."""
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
         h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV)
     h_ptrs = h_head + offs_k[:, None] * DV + offs_v[None, :]
-    if TMA:
-        box = [(tl.maximum(tl.load(state_slots + seq), 0).to(tl.int32) * HV + head) * DK, tl.program_id(2) * BV]
-        state = h_desc.load(box)
-    else:
-        state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0)  # 16-bit, as stored
+    state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0)  # 16-bit, as stored
 
     t64 = seq.to(tl.int64)
     qt, kt, vt, at, bt = _load_row(q, k, v, a, b, t64, seq >= 0, head, key_head, offs_k, offs_v, mask_k, mask_v,
@@ -62,12 +54,8 @@ def _gdn_decode_dot_kernel(
     delta = (vt - decay * s_k) * beta
     out = decay * s_q + qk * delta
     tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
-    new = (state.to(tl.float32) * decay + (kt * rk)[:, None] * delta[None, :]).to(h_pool.dtype.element_ty)
-    if TMA:
-        if live:
-            h_desc.store(box, new)
-    else:
-        tl.store(h_ptrs, new, mask=mask_kv & live)
+    new = state.to(tl.float32) * decay + (kt * rk)[:, None] * delta[None, :]
+    tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live)
 
 
 def decode_dot_tiles(seq_heads: int) -> tuple[int, int]:
@@ -90,16 +78,8 @@ def takes_dot(q: torch.Tensor, k: torch.Tensor, h_pool: torch.Tensor) -> bool:
     return h_pool.dtype in (torch.bfloat16, torch.float16) and q.dtype == k.dtype == h_pool.dtype
 
 
-def tma_fits(h_pool: torch.Tensor, block_v: int) -> bool:
-    """Whether the state's tiles can move through a descriptor: whole [Dk, block_v] boxes of a pool whose
-    rows are 16-byte multiples."""
-    dk, dv = h_pool.shape[-2:]
-    return (16 <= dk <= 256 and dk == triton.next_power_of_2(dk) and dv % block_v == 0 and dv * h_pool.element_size() % 16 == 0
-            and h_pool.data_ptr() % 16 == 0)
-
-
 def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: int | None = None,
-                   num_warps: int | None = None, tma: bool = False) -> torch.Tensor:
+                   num_warps: int | None = None) -> torch.Tensor:
     """One token per sequence (row i is sequence i, its state h_pool[state_slots[i]]); q,k [B, Hk, Dk],
     v [B, Hv, Dv], a,b [B, Hv], h_pool [S, Hv, Dk, Dv] contiguous, updated in place (see takes_dot).
     Returns o [B, Hv, Dv] in v's dtype."""
@@ -113,14 +93,11 @@ def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: 
     tiles = decode_dot_tiles(seqs * hv)
     block_v = max(min(block_v or tiles[0], triton.next_power_of_2(dv)), 16)
     grid = (seqs, hv, triton.cdiv(dv, block_v))
-    tma = tma and tma_fits(h_pool, block_v)
-    # Without TMA the kernel takes the pool in the descriptor's place (and never reads it there).
-    h_desc = TensorDescriptor(h_pool, [h_pool.numel() // dv, dv], [dv, 1], [dk, block_v]) if tma else h_pool
     _gdn_decode_dot_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, h_pool, h_desc, state_slots, o,
+        q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), o.stride(0), dk**-0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BV=block_v, ROWS=DOT_ROWS, TMA=tma,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BV=block_v, ROWS=DOT_ROWS,
         num_warps=num_warps or tiles[1], **launch_options(q),
     )
     return o
