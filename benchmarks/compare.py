@@ -61,7 +61,9 @@ NOTES = {
         "sequences and 84.2 against 75.7 at 64, bf16 87.6 against 80.2 and 46.3 against 44.2. The kernel and "
         "gated_rms_norm launched apart, in one graph, take 1-2 us more than the kernel alone, so the norm's "
         "launch was never where the step's time went; below 32 sequences the fused form gains about 1 us a "
-        "layer, under 0.6% of those steps.",
+        "layer, under 0.6% of those steps. The bf16 state's tile through a TMA descriptor in the decode dot kernel "
+        "(09419d8, reverted in 153bca3) was slower at every batch from 32 sequences "
+        "(kernels_check_gdn_decode_dot_tma.json): 115.6 against 77.9 us at 128, 58.4 against 42.3 at 64.",
         "Two more ways of taking time off a decode step measured no better, each against b277e5c in one command "
         "on the H200, and were not kept. The GDN decode step in one launch, a program per (sequence, value head) "
         "holding the head's whole state, its conv on a state kept as a ring of the last 4 inputs (41dc2c8): "
