@@ -31,3 +31,21 @@ def demo_llm():
     from deltaserve import LLM
 
     return LLM(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def demo_reference():
+    """transformers' own model from the demo GGUF file (fp32, eval), loaded once per test run: the tests
+    that compare with it only read it, and each load parses and dequantizes the whole file."""
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF model")
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from deltaserve.models.gguf_loader import demo_model_path
+
+    path = demo_model_path()
+    return AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    ).eval()

@@ -1,10 +1,5 @@
 """The built-in demo model against transformers' own model loaded from the same GGUF file."""
 
-import os
-
-import pytest
-import torch
-
 from deltaserve import SamplingParams
 from tests.reference import hf_greedy
 
@@ -21,20 +16,12 @@ def test_demo_model_answers_paris(demo_llm):
     assert "Paris" in out.text
 
 
-def test_demo_model_greedy_equals_transformers_from_same_gguf(demo_llm):
-    pytest.importorskip("accelerate")  # transformers needs it to load GGUF files
-    import transformers
-
-    from deltaserve.models.gguf_loader import demo_model_path
-
-    path = demo_model_path()
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+def test_demo_model_greedy_equals_transformers_from_same_gguf(demo_llm, demo_reference):
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     outputs = demo_llm.chat(CHATS, params)
     tok = demo_llm.get_tokenizer()
     for chat, output in zip(CHATS, outputs):
         prompt = tok.encode(tok.apply_chat_template(chat), add_special_tokens=False)
         assert output.prompt_token_ids == prompt
-        tokens, _ = hf_greedy(reference, prompt, 32)
+        tokens, _ = hf_greedy(demo_reference, prompt, 32)
         assert output.outputs[0].token_ids == tokens

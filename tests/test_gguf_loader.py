@@ -19,16 +19,6 @@ def checkpoint():
     return load_gguf(demo_model_path())
 
 
-@pytest.fixture(scope="module")
-def reference():
-    from transformers import AutoModelForCausalLM
-
-    path = demo_model_path()
-    return AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-    )
-
-
 def test_demo_model_path_points_at_the_gguf():
     path = demo_model_path()
     assert os.path.basename(path) == "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -42,16 +32,16 @@ def test_demo_model_path_missing_package_says_how_to_install(monkeypatch):
         demo_model_path()
 
 
-def test_tensor_names_are_the_hf_parameters(checkpoint, reference):
-    reference_names = set(reference.state_dict())
+def test_tensor_names_are_the_hf_parameters(checkpoint, demo_reference):
+    reference_names = set(demo_reference.state_dict())
     # SmolLM2 ties lm_head to the embedding: the file has no output.weight.
     assert "lm_head.weight" not in checkpoint.tensors
     assert set(checkpoint.tensors) == reference_names - {"lm_head.weight"}
     assert len(checkpoint.tensors) == 2 + 30 * 9  # embed, final norm, 9 per layer
 
 
-def test_every_tensor_equals_transformers(checkpoint, reference):
-    reference_tensors = reference.state_dict()
+def test_every_tensor_equals_transformers(checkpoint, demo_reference):
+    reference_tensors = demo_reference.state_dict()
     for name, tensor in checkpoint.tensors.items():
         expected = reference_tensors[name]
         assert tensor.dtype == torch.float32, name
@@ -60,10 +50,10 @@ def test_every_tensor_equals_transformers(checkpoint, reference):
         assert (tensor - expected).abs().max().item() <= 1e-6, name
 
 
-def test_config_matches_transformers(checkpoint, reference):
-    config, expected = checkpoint.config, reference.config
+def test_config_matches_transformers(checkpoint, demo_reference):
+    config, expected = checkpoint.config, demo_reference.config
     assert config["architectures"] == ["LlamaForCausalLM"]
-    assert type(reference).__name__ == "LlamaForCausalLM"
+    assert type(demo_reference).__name__ == "LlamaForCausalLM"
     for key in (
         "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
@@ -76,7 +66,7 @@ def test_config_matches_transformers(checkpoint, reference):
     assert config["torch_dtype"] == "float32"
 
 
-def test_config_and_tensors_rebuild_the_same_model(checkpoint, reference):
+def test_config_and_tensors_rebuild_the_same_model(checkpoint, demo_reference):
     """Our config dict is complete enough for transformers to compute identical logits."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.initialization import no_init_weights
@@ -89,7 +79,7 @@ def test_config_and_tensors_rebuild_the_same_model(checkpoint, reference):
     ids = torch.tensor([[1, 9690, 198, 28120, 905, 30, 2]])
     with torch.no_grad():
         ours = model(ids).logits
-        expected = reference.eval()(ids).logits
+        expected = demo_reference.eval()(ids).logits
     assert torch.allclose(ours, expected, atol=1e-4, rtol=0)
 
 
