@@ -64,7 +64,13 @@ NOTES = {
         "launch was never where the step's time went; below 32 sequences the fused form gains about 1 us a "
         "layer, under 0.6% of those steps. The bf16 state's tile through a TMA descriptor in the decode dot "
         "kernel (09419d8, reverted in 153bca3) was slower at every batch from 32 sequences "
-        "(kernels_check_gdn_decode_dot_tma.json): 115.6 against 77.9 us at 128, 58.4 against 42.3 at 64.",
+        "(kernels_check_gdn_decode_dot_tma.json): 115.6 against 77.9 us at 128, 58.4 against 42.3 at 64. "
+        "More of its programs on a multiprocessor did not pay either (63cc19c, reverted; "
+        "kernels_check_gdn_decode_dot_registers.json, 128 sequences): the 128-column tile at 4 warps takes 168 "
+        "registers a thread, so three programs share a multiprocessor already; capped at 144 (still three) "
+        "77.9 us against 77.6, at 128 (four, 18 bytes spilled) 82.3; the tile read again for the update "
+        "instead of kept in registers through the dot, 83.1, and so capped at 128, 85.6; 8 warps capped at 80 "
+        "registers, 83.5 against 80.0 uncapped.",
         "Two more ways of taking time off a decode step measured no better, each against b277e5c in one command "
         "on the H200, and were not kept. The GDN decode step in one launch, a program per (sequence, value head) "
         "holding the head's whole state, its conv on a state kept as a ring of the last 4 inputs (41dc2c8): "

@@ -13,7 +13,6 @@ Results are written after every case, so a run cut short still leaves what it me
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import sys
@@ -620,8 +619,7 @@ def compiled_registers(jit_fn) -> list | str:
     """Registers and spills of every variant of a Triton kernel compiled so far in this process."""
     try:
         return [{"constants": {str(k): v for k, v in kern.src.constants.items() if isinstance(v, int)},
-                 "warps": kern.metadata.num_warps, "maxnreg": getattr(kern.metadata, "maxnreg", None),
-                 "regs": kern.n_regs, "spills": kern.n_spills}
+                 "warps": kern.metadata.num_warps, "regs": kern.n_regs, "spills": kern.n_spills}
                 for cache in jit_fn.device_caches.values() for kern in cache[0].values()]
     except Exception as exc:  # the cache's layout is Triton's own, and may change
         return f"{type(exc).__name__}: {exc}"
@@ -638,12 +636,12 @@ def gdn_decode_dot(batch: int):
         q, k, v, a, b, A_log, dt_bias, pool, slots, ref_pool, expected = _decode_case(batch, dtype, dtype)
         state_bytes = batch * HV * DK * DV * pool.element_size() * 2
         runs = [("widened", triton_recurrent.gdn_recurrent, None, None)]
-        runs += [("dot", functools.partial(triton_recurrent_dot.gdn_decode_dot, **extra), bv, w)
-                 for bv, w, extra in (GDN_DECODE_DOT_TILES[:2] if SMOKE else GDN_DECODE_DOT_TILES)]
+        runs += [("dot", triton_recurrent_dot.gdn_decode_dot, bv, w)
+                 for bv, w in (GDN_DECODE_DOT_TILES[:2] if SMOKE else GDN_DECODE_DOT_TILES)]
         res = {"shape": f"B={batch} state {str(dtype).split('.')[-1]}", "configs": []}
         widened = None
         for name, fn, block_v, warps in runs:
-            cfg = {"kernel": name, "block_v": block_v, "warps": warps, **getattr(fn, "keywords", {})}
+            cfg = {"kernel": name, "block_v": block_v, "warps": warps}
             try:
                 p = pool.clone()
                 out = fn(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps)
@@ -666,15 +664,7 @@ def gdn_decode_dot(batch: int):
     return body
 
 
-# (block_v, warps, extra arguments): max_registers caps a thread's registers (the launch's maxnreg), so
-# more programs share a multiprocessor; reload reads the tile again for the update rather than keep it.
-GDN_DECODE_DOT_TILES = [(None, None, {}), (16, 2, {}), (32, 2, {}), (32, 4, {}), (64, 2, {}), (64, 4, {}),
-                        (64, 8, {}), (128, 4, {}), (128, 8, {}),
-                        (128, 4, dict(max_registers=168)), (128, 4, dict(max_registers=144)),
-                        (128, 4, dict(max_registers=128)), (128, 4, dict(reload=True)),
-                        (128, 4, dict(reload=True, max_registers=128)), (128, 4, dict(reload=True, max_registers=112)),
-                        (128, 8, dict(max_registers=80)), (128, 8, dict(max_registers=64)),
-                        (128, 8, dict(reload=True, max_registers=64)), (64, 4, dict(max_registers=64))]
+GDN_DECODE_DOT_TILES = [(None, None), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4), (64, 8), (128, 4), (128, 8)]
 
 
 GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (32, 4), (64, 4), (128, 4),

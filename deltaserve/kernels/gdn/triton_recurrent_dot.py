@@ -29,7 +29,7 @@ def _gdn_decode_dot_kernel(
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
     stride_h_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    ROWS: tl.constexpr, RELOAD: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+    ROWS: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
@@ -54,8 +54,6 @@ def _gdn_decode_dot_kernel(
     delta = (vt - decay * s_k) * beta
     out = decay * s_q + qk * delta
     tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
-    if RELOAD:
-        state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0)
     new = state.to(tl.float32) * decay + (kt * rk)[:, None] * delta[None, :]
     tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live)
 
@@ -81,7 +79,7 @@ def takes_dot(q: torch.Tensor, k: torch.Tensor, h_pool: torch.Tensor) -> bool:
 
 
 def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: int | None = None,
-                   num_warps: int | None = None, max_registers: int | None = None, reload: bool = False) -> torch.Tensor:
+                   num_warps: int | None = None) -> torch.Tensor:
     """One token per sequence (row i is sequence i, its state h_pool[state_slots[i]]); q,k [B, Hk, Dk],
     v [B, Hv, Dv], a,b [B, Hv], h_pool [S, Hv, Dk, Dv] contiguous, updated in place (see takes_dot).
     Returns o [B, Hv, Dv] in v's dtype."""
@@ -100,7 +98,6 @@ def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: 
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BV=block_v, ROWS=DOT_ROWS,
-        RELOAD=reload, num_warps=num_warps or tiles[1], **({"maxnreg": max_registers} if max_registers else {}),
-        **launch_options(q),
+        num_warps=num_warps or tiles[1], **launch_options(q),
     )
     return o
