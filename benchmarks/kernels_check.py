@@ -13,6 +13,7 @@ Results are written after every case, so a run cut short still leaves what it me
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -636,12 +637,12 @@ def gdn_decode_dot(batch: int):
         q, k, v, a, b, A_log, dt_bias, pool, slots, ref_pool, expected = _decode_case(batch, dtype, dtype)
         state_bytes = batch * HV * DK * DV * pool.element_size() * 2
         runs = [("widened", triton_recurrent.gdn_recurrent, None, None)]
-        runs += [("dot", triton_recurrent_dot.gdn_decode_dot, bv, w)
-                 for bv, w in (GDN_DECODE_DOT_TILES[:2] if SMOKE else GDN_DECODE_DOT_TILES)]
+        runs += [("dot", functools.partial(triton_recurrent_dot.gdn_decode_dot, **extra), bv, w)
+                 for bv, w, extra in (GDN_DECODE_DOT_TILES[:3] if SMOKE else GDN_DECODE_DOT_TILES)]
         res = {"shape": f"B={batch} state {str(dtype).split('.')[-1]}", "configs": []}
         widened = None
         for name, fn, block_v, warps in runs:
-            cfg = {"kernel": name, "block_v": block_v, "warps": warps}
+            cfg = {"kernel": name, "block_v": block_v, "warps": warps, **getattr(fn, "keywords", {})}
             try:
                 p = pool.clone()
                 out = fn(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps)
@@ -664,7 +665,12 @@ def gdn_decode_dot(batch: int):
     return body
 
 
-GDN_DECODE_DOT_TILES = [(None, None), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4), (64, 8), (128, 4), (128, 8)]
+# (block_v, warps, extra arguments): head_major orders the grid head first, so that neighbouring programs
+# read neighbouring heads' states; stream loads and stores the state evict-first.
+GDN_DECODE_DOT_TILES = [(None, None, {}), (128, 4, dict(head_major=True)), (128, 4, dict(stream=True)),
+                        (128, 4, dict(head_major=True, stream=True)), (64, 4, dict(head_major=True)),
+                        (32, 4, dict(head_major=True)), (16, 2, {}), (32, 2, {}), (32, 4, {}), (64, 2, {}),
+                        (64, 4, {}), (64, 8, {}), (128, 4, {}), (128, 8, {})]
 
 
 GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (32, 4), (64, 4), (128, 4),

@@ -35,13 +35,15 @@ def _load_row(q, k, v, a, b, t64, live, head, key_head, offs_k, offs_v, mask_k, 
 
 @triton.jit
 def _state_tile(h_pool, state_slots, stride_h_slot, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+                DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_MAJOR: tl.constexpr = False):
     """Where a decode program's tile lies: the program is (sequence, value head, tile of BV columns); its
     state is h_pool[state_slots[seq], head, :, tile], which a padding row (a negative slot) neither reads
     nor writes. Returns (seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head), h_head
     pointing at the head's [DK, DV] state: each kernel adds the tile's offsets in its own order, which
     the compiler keeps (the dot kernel takes 48 registers at 32 x 4 with its order, 64 with the other's)."""
     seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HEAD_MAJOR:  # the grid is (head, sequence, tile): neighbouring programs read neighbouring heads
+        seq, head = tl.program_id(1), tl.program_id(0)
     key_head = head // (HV // HK)
     slot = tl.load(state_slots + seq).to(tl.int64)
     live = slot >= 0

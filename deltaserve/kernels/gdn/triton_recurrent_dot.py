@@ -29,13 +29,17 @@ def _gdn_decode_dot_kernel(
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
     stride_h_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    ROWS: tl.constexpr, USE_PDL: tl.constexpr = False,
+    ROWS: tl.constexpr, HEAD_MAJOR: tl.constexpr = False, STREAM: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
-        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV)
+        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV, HEAD_MAJOR)
     h_ptrs = h_head + offs_k[:, None] * DV + offs_v[None, :]
-    state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0)  # 16-bit, as stored
+    if STREAM:  # read once: first out of the caches
+        state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0, eviction_policy="evict_first")
+    else:
+        state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0)  # 16-bit, as stored
 
     t64 = seq.to(tl.int64)
     qt, kt, vt, at, bt = _load_row(q, k, v, a, b, t64, seq >= 0, head, key_head, offs_k, offs_v, mask_k, mask_v,
@@ -55,7 +59,10 @@ def _gdn_decode_dot_kernel(
     out = decay * s_q + qk * delta
     tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
     new = state.to(tl.float32) * decay + (kt * rk)[:, None] * delta[None, :]
-    tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live)
+    if STREAM:
+        tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live, eviction_policy="evict_first")
+    else:
+        tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live)
 
 
 def decode_dot_tiles(seq_heads: int) -> tuple[int, int]:
@@ -79,7 +86,7 @@ def takes_dot(q: torch.Tensor, k: torch.Tensor, h_pool: torch.Tensor) -> bool:
 
 
 def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: int | None = None,
-                   num_warps: int | None = None) -> torch.Tensor:
+                   num_warps: int | None = None, head_major: bool = False, stream: bool = False) -> torch.Tensor:
     """One token per sequence (row i is sequence i, its state h_pool[state_slots[i]]); q,k [B, Hk, Dk],
     v [B, Hv, Dv], a,b [B, Hv], h_pool [S, Hv, Dk, Dv] contiguous, updated in place (see takes_dot).
     Returns o [B, Hv, Dv] in v's dtype."""
@@ -92,12 +99,12 @@ def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: 
         return o
     tiles = decode_dot_tiles(seqs * hv)
     block_v = max(min(block_v or tiles[0], triton.next_power_of_2(dv)), 16)
-    grid = (seqs, hv, triton.cdiv(dv, block_v))
+    grid = (hv, seqs, triton.cdiv(dv, block_v)) if head_major else (seqs, hv, triton.cdiv(dv, block_v))
     _gdn_decode_dot_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BV=block_v, ROWS=DOT_ROWS,
-        num_warps=num_warps or tiles[1], **launch_options(q),
+        HEAD_MAJOR=head_major, STREAM=stream, num_warps=num_warps or tiles[1], **launch_options(q),
     )
     return o
