@@ -65,19 +65,19 @@ def _gdn_decode_dot_kernel(
         tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live)
 
 
-def decode_dot_tiles(seq_heads: int) -> tuple[int, int]:
+def decode_dot_tiles(seq_heads: int) -> tuple[int, int, bool]:
     """(block_v, num_warps) of a decode step with seq_heads (sequence, value head) pairs. H200, Qwen3.5
     shape (32 value heads, 128 x 128 bf16 states; kernels_check_gdn_decode_dot.json): at 8 sequences
     128-column tiles at 8 warps took 5.9 us against 6.9 at 32 x 4; at 32, 64 x 4 16.9 us (128 x 4
     18.2); at 64 and 128, 128 x 4 42.3 and 78.6 us against 44.9 and 86.2 at 64 x 4 (the widening kernel
     50.8 and 96.2). Few sequences keep narrow tiles: programs enough to spread over the machine."""
     if seq_heads < 256:
-        return 32, 4
+        return 32, 4, False
     if seq_heads < 1024:
-        return 128, 8
+        return 128, 8, False
     if seq_heads < 2048:
-        return 64, 4
-    return 128, 4
+        return 64, 4, False
+    return 128, 4, True
 
 
 def takes_dot(q: torch.Tensor, k: torch.Tensor, h_pool: torch.Tensor) -> bool:
@@ -86,7 +86,8 @@ def takes_dot(q: torch.Tensor, k: torch.Tensor, h_pool: torch.Tensor) -> bool:
 
 
 def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: int | None = None,
-                   num_warps: int | None = None, head_major: bool = False, stream: bool = False) -> torch.Tensor:
+                   num_warps: int | None = None, head_major: bool | None = None, stream: bool | None = None
+                   ) -> torch.Tensor:
     """One token per sequence (row i is sequence i, its state h_pool[state_slots[i]]); q,k [B, Hk, Dk],
     v [B, Hv, Dv], a,b [B, Hv], h_pool [S, Hv, Dk, Dv] contiguous, updated in place (see takes_dot).
     Returns o [B, Hv, Dv] in v's dtype."""
@@ -99,6 +100,8 @@ def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: 
         return o
     tiles = decode_dot_tiles(seqs * hv)
     block_v = max(min(block_v or tiles[0], triton.next_power_of_2(dv)), 16)
+    head_major = tiles[2] if head_major is None else head_major
+    stream = tiles[2] if stream is None else stream
     grid = (hv, seqs, triton.cdiv(dv, block_v)) if head_major else (seqs, hv, triton.cdiv(dv, block_v))
     _gdn_decode_dot_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
