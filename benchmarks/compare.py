@@ -48,13 +48,28 @@ NOTES = {
         "twice in one command (engine_qwen3.5-9b_bf16_state_dot_same_machine.json): steps 4.86 / 5.67 / 6.39 / "
         "8.08 ms at C=8 / 32 / 64 / 128 against 4.91 / 5.76 / 6.54 / 8.43-8.45, C=1 unchanged (4.47); closed "
         "batches 5292-5305 / 8962-8964 / 13264-13267 tok/s, 1.108x / 1.103x / 1.110x the issue's vLLM figures, "
-        "whose state is bf16 too (bf16_gdn_state below): at vLLM's precision the 9B shape meets 1.1x at every "
-        "concurrency. A second command, two rounds alternated (_second.json, the same engine code at "
+        "whose state is bf16 too (bf16_gdn_state below): at vLLM's precision the 9B shape meets 1.1x those "
+        "figures at every concurrency. A second command, two rounds alternated (_second.json, the same engine code at "
         "7e85760): steps 5.67-5.68 / 6.39 / 8.05-8.06 ms against 5.76 / 6.55 / 8.41-8.43, closed batches "
         "5275-5289 / 8945-8967 / 13314-13320 tok/s, C=64 at 1.101x: on the line. gpu_correctness with a "
         "bf16 state at d718aad (gpu_correctness_bf16_state_at_d718aad.json), on the tiny Qwen3.5 and "
         "Qwen3.5-MoE checkpoints: greedy tokens on the GPU in fp32 identical to the CPU reference's, graph "
         "replay identical to eager (greedy and mixed sampling), a prefix-cache hit byte-identical to a miss.",
+        "Both engines with a bf16 state in one command at e346f5e (side_by_side_qwen3.5-9b_bf16_state.json; "
+        "vLLM through vllm_peer.py, which logged its mamba_ssm_cache_dtype as bfloat16): closed batches "
+        "1.198x / 1.124x / 1.090x / 1.098x vLLM's tok/s at C=1 / 32 / 64 / 128, steps 4.469 / 5.674 / 6.399 / "
+        "8.104 ms against 5.330 / 6.146 / 6.716 / 8.781, the batches' prefill 0.023 / 0.098 / 0.193 / 0.401 s "
+        "against 0.039 / 0.175 / 0.282 / 0.480. vLLM ran 8213 and 12051 tok/s at C=64 and C=128 here, above "
+        "the issue's 8128 and 11953: against the same command's vLLM the bf16 state misses 1.1x at C=64 and "
+        "C=128, by 0.9% and 0.2%. Then (e654cad) the 128-column tiles of the bf16 decode kernel, from 64 "
+        "sequences, run their grid head first (the programs that run together read one sequence's "
+        "neighbouring heads) with evict-first loads and stores of the state: 75.3-75.8 against 77.4-77.5 us "
+        "at 128 sequences, 40.3-40.5 against 42.0-42.1 at 64, in two commands (kernels_check_gdn_decode_dot_"
+        "order.json, _second.json; either change alone measured no faster); in the engine against fe9128e, "
+        "alternated twice (engine_qwen3.5-9b_bf16_state_dot_same_machine_streamed.json), steps 6.366-6.369 / "
+        "8.041-8.046 ms at C=64 / 128 against 6.392-6.400 / 8.102-8.103, closed batches 8990-9002 / "
+        "13299-13325 tok/s against 8946-8950 / 13235-13250, C=32 unchanged; set against the vLLM run above, "
+        "from another command, 1.095-1.096x and 1.104-1.106x.",
         "The gated output norm in the decode kernel's epilogue, each program's tile spanning its head (f82a1a1, "
         "reverted in 6452822), measured slower from 32 sequences with either state dtype "
         "(kernels_check_gdn_decode_norm.json, the 9B GDN shape): fp32 state 164.3 against 144.4 us at 128 "
@@ -283,6 +298,10 @@ NOTES = {
         "21.10-21.11, closed batches 2405-2415 / 3612 / 5970-5972 tok/s, so C=64 at 1.090x: at vLLM's state "
         "precision this shape's C=64 sits at the 1.1x line, 1.09x-1.10x from host to host. bf16_gdn_state "
         "below takes the slowest of all these runs.",
+        "Both engines with a bf16 state in one command at e346f5e (side_by_side_qwen3.5-35b-a3b_bf16_state.json): "
+        "closed batches 1.776x / 1.173x / 1.137x / 1.099x vLLM's tok/s at C=1 / 32 / 64 / 128, steps 2.392 / "
+        "12.987 / 17.290 / 20.682 ms against 4.366 / 14.758 / 19.364 / 22.005; vLLM ran 3177 and 5413 tok/s at "
+        "C=64 and C=128 here (the issue's figures: 3312 and 4512). C=128 misses 1.1x by 0.1%, C=64 meets it.",
         "Between decode graphs at C=64 (graph_gaps_qwen3.5-35b-a3b_669afae.json and _5f5aba9.json): with "
         "prefix caching on and decode captures at every block the engine's step was 0.19 ms longer than its "
         "graph replayed; with them every 256 tokens, 0.005 ms (0.014 ms between graphs on average, 0.021 at "
@@ -556,6 +575,9 @@ def compare_prefix_cache(shape: str) -> dict:
             "shared_prefix_speedup": ours["shared_prefix"]["speedup"], "where_the_time_goes": PREFIX_NOTES}
 
 
+SIDE_BY_SIDE = ("", "_fp32_state", "_bf16_state")  # side_by_side_<shape><suffix>.json
+
+
 def side_by_side(shape: str, suffix: str = "") -> dict | None:
     name = f"side_by_side_{shape}{suffix}.json"
     path = os.path.join(RESULTS, name)
@@ -579,13 +601,12 @@ def main() -> None:
             # takes the model dtype); deltaserve keeps fp32 unless --gdn-state-dtype bfloat16.
             half = compare(shape, "_bf16_state")
             out[shape]["bf16_gdn_state"] = {k: half[k] for k in ("commit", "date", "decode", "prefill")}
-        together = side_by_side(shape)
-        if together is not None and shape in out:
-            out[shape]["side_by_side"] = together
-        # Both engines with the fp32 GDN state the released checkpoints' configs name (vllm_peer.py).
-        at_one_precision = side_by_side(shape, "_fp32_state")
-        if at_one_precision is not None and shape in out:
-            out[shape]["side_by_side_fp32_state"] = at_one_precision
+        # Each engine at its own default; both with the fp32 GDN state the released checkpoints' configs
+        # name (vllm_peer.py); both with a bf16 one, vLLM's default on these shapes' configs.
+        for suffix in SIDE_BY_SIDE:
+            together = side_by_side(shape, suffix)
+            if together is not None and shape in out:
+                out[shape][f"side_by_side{suffix}"] = together
     for shape in VLLM:
         if os.path.exists(os.path.join(RESULTS, f"prefix_cache_{shape}.json")):
             out[f"prefix_cache_{shape}"] = compare_prefix_cache(shape)
@@ -603,7 +624,7 @@ def main() -> None:
             print(f"  prefill {r['tokens']:>6}: {r['deltaserve_s']} s  vLLM {r.get('vllm_s', '-')}  x{r.get('ratio_to_vllm', '-')}")
         for r in data.get("bf16_gdn_state", {}).get("decode", []):
             print(f"  bf16 GDN state C={r['concurrency']:>3}: {r['deltaserve_tok_s']} tok/s  x{r.get('ratio_to_vllm', '-')}")
-        for key in ("side_by_side", "side_by_side_fp32_state"):
+        for key in (f"side_by_side{suffix}" for suffix in SIDE_BY_SIDE):
             for r in data.get(key, {}).get("decode", []):
                 print(f"  {key.replace('_', ' ')} C={r['concurrency']:>3}: step {r['deltaserve_step_ms']} vs "
                       f"{r['vllm_step_ms']} ms, closed batch x{r['closed_batch_speedup']}")

@@ -665,13 +665,12 @@ def gdn_decode_dot(batch: int):
     return body
 
 
-# (block_v, warps, extra arguments): head_major orders the grid head first, so that neighbouring programs
-# read neighbouring heads' states; stream loads and stores the state evict-first. decode_dot_tiles takes
-# both for its 128-column tiles; each pair below is timed twice, apart.
-_PLAIN, _STREAMED = dict(head_major=False, stream=False), dict(head_major=True, stream=True)
-GDN_DECODE_DOT_TILES = [(None, None, {}), (128, 4, _PLAIN), (128, 4, _STREAMED), (128, 4, dict(head_major=True, stream=False)),
-                        (128, 4, dict(head_major=False, stream=True)), (64, 4, _PLAIN), (64, 4, _STREAMED),
-                        (128, 8, _PLAIN), (128, 8, _STREAMED), (32, 4, _PLAIN), (128, 4, _PLAIN), (128, 4, _STREAMED)]
+# (block_v, warps, extra arguments): streamed runs the grid head first and marks the state's loads and
+# stores evict-first, as decode_dot_tiles does for its 128-column tiles; each pair is timed twice, apart.
+_PLAIN, _STREAMED = dict(streamed=False), dict(streamed=True)
+GDN_DECODE_DOT_TILES = [(None, None, {}), (128, 4, _PLAIN), (128, 4, _STREAMED), (64, 4, _PLAIN), (64, 4, _STREAMED),
+                        (128, 8, _PLAIN), (128, 8, _STREAMED), (32, 4, _PLAIN), (16, 2, _PLAIN), (64, 2, _PLAIN),
+                        (128, 4, _PLAIN), (128, 4, _STREAMED)]
 
 
 GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (32, 4), (64, 4), (128, 4),

@@ -227,10 +227,10 @@ def cases():
 
     from deltaserve.kernels.gdn import triton_recurrent_dot as dot
 
-    for bv, warps in ((32, 4), (128, 8), (64, 4), (128, 4)):  # decode_dot_tiles' choices
+    for bv, warps, streamed in ((32, 4, False), (128, 8, False), (64, 4, False), (128, 4, True)):  # decode_dot_tiles'
         yield (f"gdn_decode_dot_bv{bv}_w{warps}", dot._gdn_decode_dot_kernel,
                dict(inputs, h_pool=bf16, state_slots="*i32"),
-               dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, ROWS=dot.DOT_ROWS), warps, 2)
+               dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, ROWS=dot.DOT_ROWS, STREAMED=streamed), warps, 2)
 
     from deltaserve.kernels.gdn import triton_decode_fused as decode
 

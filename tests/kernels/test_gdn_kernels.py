@@ -73,9 +73,11 @@ def test_a_bfloat16_state_is_read_and_written_as_the_reference_does():
 # A 16-bit state's decode step on the tensor cores. The interpreter's dots take no bf16 operands, so the
 # tests run it in fp16, the other dtype it takes; on the GPU the engine's bf16 states run it
 # (benchmarks/kernels_check.py gdn_decode_dot).
-@pytest.mark.parametrize("hk,hv,dk,dv,block_v,num_warps", [(2, 4, 16, 24, None, None), (1, 3, 12, 40, 16, 2),
-                                                           (2, 2, 32, 64, 32, 4), (1, 2, 16, 72, 64, 4)])
-def test_decode_dot_matches_reference(hk, hv, dk, dv, block_v, num_warps):
+# streamed: the grid head first and evict-first state traffic, what the widest steps take.
+@pytest.mark.parametrize("hk,hv,dk,dv,block_v,num_warps,streamed", [
+    (2, 4, 16, 24, None, None, None), (1, 3, 12, 40, 16, 2, None), (2, 2, 32, 64, 32, 4, None),
+    (1, 2, 16, 72, 64, 4, None), (2, 4, 16, 24, None, None, True), (1, 3, 12, 40, 16, 2, True)])
+def test_decode_dot_matches_reference(hk, hv, dk, dv, block_v, num_warps, streamed):
     from deltaserve.kernels.gdn.triton_recurrent_dot import gdn_decode_dot
 
     q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(4, hk, hv, dk, dv, 6, dtype=torch.float16)
@@ -87,7 +89,8 @@ def test_decode_dot_matches_reference(hk, hv, dk, dv, block_v, num_warps):
     expected = reference.recurrent_gated_delta_rule(q[live].float(), k[live].float(), v[live].float(),
                                                     a[live].float(), b[live].float(), A_log, dt_bias, expected_pool,
                                                     slots[live].long())
-    out = gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, pool, slots, block_v=block_v, num_warps=num_warps)
+    out = gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, pool, slots, block_v=block_v, num_warps=num_warps,
+                         streamed=streamed)
     assert out.dtype == torch.float16 and pool.dtype == torch.float16
     assert_close(out[live], expected, tol=2e-3)
     assert_close(pool.float(), expected_pool, tol=2e-3)

@@ -11,6 +11,10 @@ another order than a row sum). Only the update widens the tile, value by value o
 so no fp32 copy of it is held: for the Qwen3.5 tile (128 x 64, 4 warps) ptxas gives 80 registers a
 thread where the widening kernel takes 128. The dot needs its operands in the state's dtype: q and k
 must be too (the engine's are), else triton_recurrent runs.
+
+Each state tile is read once and written once, so on wide steps (STREAMED) the loads and stores are marked
+evict-first and the grid runs head first: the programs that run together then read one sequence's heads,
+neighbours in memory, rather than one head of many sequences' slots.
 """
 
 import torch
@@ -29,17 +33,14 @@ def _gdn_decode_dot_kernel(
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
     stride_h_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    ROWS: tl.constexpr, HEAD_MAJOR: tl.constexpr = False, STREAM: tl.constexpr = False,
-    USE_PDL: tl.constexpr = False,
+    ROWS: tl.constexpr, STREAMED: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
-        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV, HEAD_MAJOR)
+        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV, HEAD_MAJOR=STREAMED)
     h_ptrs = h_head + offs_k[:, None] * DV + offs_v[None, :]
-    if STREAM:  # read once: first out of the caches
-        state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0, eviction_policy="evict_first")
-    else:
-        state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0)  # 16-bit, as stored
+    # 16-bit, as stored
+    state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0, eviction_policy="evict_first" if STREAMED else "")
 
     t64 = seq.to(tl.int64)
     qt, kt, vt, at, bt = _load_row(q, k, v, a, b, t64, seq >= 0, head, key_head, offs_k, offs_v, mask_k, mask_v,
@@ -59,18 +60,20 @@ def _gdn_decode_dot_kernel(
     out = decay * s_q + qk * delta
     tl.store(o + t64 * stride_o_t + head * DV + offs_v, out.to(o.dtype.element_ty), mask=mask_v)
     new = state.to(tl.float32) * decay + (kt * rk)[:, None] * delta[None, :]
-    if STREAM:
-        tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live, eviction_policy="evict_first")
-    else:
-        tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live)
+    tl.store(h_ptrs, new.to(h_pool.dtype.element_ty), mask=mask_kv & live,
+             eviction_policy="evict_first" if STREAMED else "")
 
 
 def decode_dot_tiles(seq_heads: int) -> tuple[int, int, bool]:
-    """(block_v, num_warps) of a decode step with seq_heads (sequence, value head) pairs. H200, Qwen3.5
-    shape (32 value heads, 128 x 128 bf16 states; kernels_check_gdn_decode_dot.json): at 8 sequences
-    128-column tiles at 8 warps took 5.9 us against 6.9 at 32 x 4; at 32, 64 x 4 16.9 us (128 x 4
-    18.2); at 64 and 128, 128 x 4 42.3 and 78.6 us against 44.9 and 86.2 at 64 x 4 (the widening kernel
-    50.8 and 96.2). Few sequences keep narrow tiles: programs enough to spread over the machine."""
+    """(block_v, num_warps, streamed) of a decode step with seq_heads (sequence, value head) pairs. H200,
+    Qwen3.5 shape (32 value heads, 128 x 128 bf16 states; kernels_check_gdn_decode_dot.json): at 8
+    sequences 128-column tiles at 8 warps took 5.9 us against 6.9 at 32 x 4; at 32, 64 x 4 16.9 us
+    (128 x 4 18.2); at 64 and 128, 128 x 4 42.3 and 78.6 us against 44.9 and 86.2 at 64 x 4 (the widening
+    kernel 50.8 and 96.2). Few sequences keep narrow tiles: programs enough to spread over the machine.
+    Streamed, the 128 x 4 tiles took 40.3-40.5 us against 42.0-42.1 at 64 and 75.3-75.8 against
+    77.4-77.5 at 128, in two commands (kernels_check_gdn_decode_dot_order*.json), where the head-first
+    grid alone took 43.1 and 78.8 and evict-first alone 40.8 and 77.9; at 32 sequences its 64 x 4 tiles
+    measured no faster (17.2 against 16.9 us), so the narrower steps keep the plain form."""
     if seq_heads < 256:
         return 32, 4, False
     if seq_heads < 1024:
@@ -86,11 +89,10 @@ def takes_dot(q: torch.Tensor, k: torch.Tensor, h_pool: torch.Tensor) -> bool:
 
 
 def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: int | None = None,
-                   num_warps: int | None = None, head_major: bool | None = None, stream: bool | None = None
-                   ) -> torch.Tensor:
+                   num_warps: int | None = None, streamed: bool | None = None) -> torch.Tensor:
     """One token per sequence (row i is sequence i, its state h_pool[state_slots[i]]); q,k [B, Hk, Dk],
     v [B, Hv, Dv], a,b [B, Hv], h_pool [S, Hv, Dk, Dv] contiguous, updated in place (see takes_dot).
-    Returns o [B, Hv, Dv] in v's dtype."""
+    Returns o [B, Hv, Dv] in v's dtype. block_v, num_warps and streamed default to decode_dot_tiles'."""
     assert takes_dot(q, k, h_pool) and h_pool.is_contiguous()
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     seqs, hk, dk = q.shape
@@ -100,14 +102,13 @@ def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: 
         return o
     tiles = decode_dot_tiles(seqs * hv)
     block_v = max(min(block_v or tiles[0], triton.next_power_of_2(dv)), 16)
-    head_major = tiles[2] if head_major is None else head_major
-    stream = tiles[2] if stream is None else stream
-    grid = (hv, seqs, triton.cdiv(dv, block_v)) if head_major else (seqs, hv, triton.cdiv(dv, block_v))
+    streamed = tiles[2] if streamed is None else streamed
+    grid = (hv, seqs, triton.cdiv(dv, block_v)) if streamed else (seqs, hv, triton.cdiv(dv, block_v))
     _gdn_decode_dot_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=max(triton.next_power_of_2(dk), 16), BV=block_v, ROWS=DOT_ROWS,
-        HEAD_MAJOR=head_major, STREAM=stream, num_warps=num_warps or tiles[1], **launch_options(q),
+        STREAMED=streamed, num_warps=num_warps or tiles[1], **launch_options(q),
     )
     return o
