@@ -598,16 +598,18 @@ def gdn_decode_tiles(batch: int, state_dtype):
         q, k, v, a, b, A_log, dt_bias, pool, slots, ref_pool, expected = _decode_case(batch, BF16, state_dtype)
         state_bytes = batch * HV * DK * DV * pool.element_size() * 2
         res = {"shape": f"B={batch} state {str(state_dtype).split('.')[-1]}", "configs": []}
-        for block_v, warps in GDN_DECODE_TILES[:2] if SMOKE else GDN_DECODE_TILES:
-            cfg = {"block_v": block_v, "warps": warps}
+        tiles = [(bv, w, None) for bv, w in GDN_DECODE_TILES] + GDN_DECODE_STREAMED_TILES
+        for block_v, warps, streamed in [tiles[0], GDN_DECODE_STREAMED_TILES[1]] if SMOKE else tiles:
+            cfg = {"block_v": block_v, "warps": warps, "streamed": streamed}
             try:
                 p = pool.clone()
-                out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps)
+                out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps,
+                                    streamed=streamed)
                 cfg["rel_err_out"], cfg["rel_err_state"] = rel_err(out, expected), rel_err(p, ref_pool)
                 if not SMOKE:
                     cfg["us"] = round(time_graph_us(
                         lambda: gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v,
-                                              num_warps=warps)), 2)
+                                              num_warps=warps, streamed=streamed)), 2)
                     cfg["tb_s"] = round(state_bytes / cfg["us"] / 1e6, 2)
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -675,6 +677,10 @@ GDN_DECODE_DOT_TILES = [(None, None, {}), (128, 4, _PLAIN), (128, 4, _STREAMED),
 
 GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (32, 4), (64, 4), (128, 4),
                     (64, 8), (128, 8)]
+# (block_v, warps, streamed): the grid tile, head, sequence first and evict-first state traffic, or not;
+# each pair timed twice, apart.
+GDN_DECODE_STREAMED_TILES = [(64, 4, False), (64, 4, True), (64, 2, False), (64, 2, True), (32, 4, True),
+                             (128, 4, True), (64, 4, False), (64, 4, True)]
 
 
 def rotary(tokens):

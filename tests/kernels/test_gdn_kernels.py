@@ -24,14 +24,16 @@ def _inputs(tokens, hk, hv, dk, dv, slots, dtype=torch.float32):
             h_pool)
 
 
-@pytest.mark.parametrize("hk,hv,dk,dv,block_v", [(2, 4, 16, 24, None), (1, 3, 12, 16, 8), (2, 2, 16, 16, 16),
-                                                 (1, 2, 16, 72, 64)])
-def test_recurrent_decode_matches_reference(hk, hv, dk, dv, block_v):
+# streamed: the grid tile, head, sequence first and evict-first state traffic, what the widest steps take.
+@pytest.mark.parametrize("hk,hv,dk,dv,block_v,streamed", [(2, 4, 16, 24, None, None), (1, 3, 12, 16, 8, None),
+                                                          (2, 2, 16, 16, 16, None), (1, 2, 16, 72, 64, None),
+                                                          (1, 3, 12, 40, 16, True), (2, 4, 16, 24, None, True)])
+def test_recurrent_decode_matches_reference(hk, hv, dk, dv, block_v, streamed):
     q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(3, hk, hv, dk, dv, slots=5)
     slots = torch.tensor([3, 0, 4])
     expected_pool, pool = h_pool.clone(), h_pool.clone()
     expected = reference.recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, slots)
-    out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, pool, slots, block_v=block_v)
+    out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, pool, slots, block_v=block_v, streamed=streamed)
     assert_close(out, expected)
     assert_close(pool, expected_pool)
     assert torch.equal(pool[[1, 2]], h_pool[[1, 2]])  # untouched slots
@@ -40,9 +42,10 @@ def test_recurrent_decode_matches_reference(hk, hv, dk, dv, block_v):
 def test_decode_tiles_widen_with_the_batch():
     from deltaserve.kernels.gdn.triton_recurrent import decode_tiles
 
-    assert decode_tiles(32, 4) == (16, 2)  # one sequence of 32 value heads: many narrow programs
-    assert decode_tiles(16 * 32, 4) == (32, 4)
-    assert decode_tiles(64 * 32, 4) == (64, 4) and decode_tiles(64 * 32, 2) == (64, 2)
+    assert decode_tiles(32, 4) == (16, 2, False)  # one sequence of 32 value heads: many narrow programs
+    assert decode_tiles(16 * 32, 4) == (32, 4, False)
+    assert decode_tiles(32 * 32, 4) == (64, 4, False)
+    assert decode_tiles(64 * 32, 4) == (64, 4, True) and decode_tiles(64 * 32, 2) == (64, 2, True)
 
 
 def test_a_bfloat16_state_is_read_and_written_as_the_reference_does():

@@ -42,8 +42,8 @@ def _state_tile(h_pool, state_slots, stride_h_slot, HK: tl.constexpr, HV: tl.con
     pointing at the head's [DK, DV] state: each kernel adds the tile's offsets in its own order, which
     the compiler keeps (the dot kernel takes 48 registers at 32 x 4 with its order, 64 with the other's)."""
     seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if HEAD_MAJOR:  # the grid is (head, sequence, tile): neighbouring programs read neighbouring heads
-        seq, head = tl.program_id(1), tl.program_id(0)
+    if HEAD_MAJOR:  # the grid is (tile, head, sequence): neighbouring programs read neighbouring heads
+        tile, head, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (HV // HK)
     slot = tl.load(state_slots + seq).to(tl.int64)
     live = slot >= 0
@@ -104,14 +104,15 @@ def _gdn_recurrent_kernel(
     stride_h_slot, stride_snap_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    STREAMED: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
-        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV)
+        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV, HEAD_MAJOR=STREAMED)
     tile_offs = offs_k[:, None] * DV + offs_v[None, :]
     h_ptrs = h_head + tile_offs
-    state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0).to(tl.float32)
+    state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0,
+                    eviction_policy="evict_first" if STREAMED else "").to(tl.float32)
 
     decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
     bias = tl.load(dt_bias + head).to(tl.float32)
@@ -144,10 +145,11 @@ def _gdn_recurrent_kernel(
                                        stride_a_t, stride_b_t)
         state = _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v,
                         stride_o_t, DV)
-    tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live)
+    tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live,
+             eviction_policy="evict_first" if STREAMED else "")
 
 
-def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int]:
+def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int, bool]:
     """(block_v, num_warps) of a decode step with seq_heads (sequence, value head) pairs: enough programs
     to fill the machine at small batch, wider tiles as the batch grows. From 32 sequences of the Qwen3.5
     shape (32 value heads, 128 x 128 states) 64-column tiles read the state fastest on the H200: fp32
@@ -160,10 +162,10 @@ def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int]:
     kernels_check_gdn_decode_persistent.json). A bf16 state whose q and k are bf16 too, as the engine's
     are, decodes in triton_recurrent_dot instead (78.6 us at 128 sequences)."""
     if seq_heads < 256:
-        return 16, 2
+        return 16, 2, False
     if seq_heads < 1024:
-        return 32, 4
-    return 64, 4 if state_bytes >= 4 else 2
+        return 32, 4, False
+    return 64, 4 if state_bytes >= 4 else 2, seq_heads >= 2048
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -178,6 +180,7 @@ def gdn_recurrent(
     block_v: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    streamed: bool | None = None,
 ) -> torch.Tensor:
     """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] updated in place.
 
@@ -197,9 +200,10 @@ def gdn_recurrent(
     block_k = triton.next_power_of_2(dk)
     varlen = query_start_loc is not None
     # The ragged loop is bound by each token's latency: narrow tiles, one warp (kernels_check gdn_short_pass).
-    tiles = (8, 1) if varlen else decode_tiles(seqs * hv, h_pool.element_size())
+    tiles = (8, 1, False) if varlen else decode_tiles(seqs * hv, h_pool.element_size())
     block_v = min(block_v or tiles[0], triton.next_power_of_2(dv))
     num_warps = num_warps or tiles[1]
+    streamed = tiles[2] if streamed is None else streamed and not varlen
     has_captures = varlen and h_snapshots is not None and bool(capture_rows)
     num_caps, repeats = 0, []
     cap_rows = cap_snaps = cap_first = state_slots  # unused placeholders
@@ -207,7 +211,8 @@ def gdn_recurrent(
         assert h_snapshots.is_contiguous()
         cap_rows, cap_snaps, cap_first, repeats = capture_tables(capture_rows, query_start_loc)
         num_caps = cap_rows.shape[0]
-    grid = (seqs, hv, triton.cdiv(dv, block_v))
+    tiles_v = triton.cdiv(dv, block_v)
+    grid = (tiles_v, hv, seqs) if streamed else (seqs, hv, tiles_v)
     _gdn_recurrent_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
         query_start_loc if query_start_loc is not None else state_slots, cap_rows, cap_snaps, cap_first,
@@ -215,7 +220,7 @@ def gdn_recurrent(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        IS_VARLEN=varlen, HAS_CAPTURES=has_captures,
+        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, STREAMED=streamed,
         num_warps=num_warps, num_stages=num_stages or 2, **launch_options(q),
     )
     for slot, source in repeats:

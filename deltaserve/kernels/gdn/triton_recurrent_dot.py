@@ -103,7 +103,8 @@ def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: 
     tiles = decode_dot_tiles(seqs * hv)
     block_v = max(min(block_v or tiles[0], triton.next_power_of_2(dv)), 16)
     streamed = tiles[2] if streamed is None else streamed
-    grid = (hv, seqs, triton.cdiv(dv, block_v)) if streamed else (seqs, hv, triton.cdiv(dv, block_v))
+    tiles_v = triton.cdiv(dv, block_v)
+    grid = (tiles_v, hv, seqs) if streamed else (seqs, hv, tiles_v)
     _gdn_decode_dot_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
