@@ -104,7 +104,7 @@ def _gdn_recurrent_kernel(
     stride_h_slot, stride_snap_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
-    STREAMED: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+    STREAMED: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
@@ -112,7 +112,7 @@ def _gdn_recurrent_kernel(
     tile_offs = offs_k[:, None] * DV + offs_v[None, :]
     h_ptrs = h_head + tile_offs
     state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0,
-                    eviction_policy="evict_first" if STREAMED else "").to(tl.float32)
+                    eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.float32)
 
     decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
     bias = tl.load(dt_bias + head).to(tl.float32)
@@ -146,7 +146,7 @@ def _gdn_recurrent_kernel(
         state = _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v,
                         stride_o_t, DV)
     tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live,
-             eviction_policy="evict_first" if STREAMED else "")
+             eviction_policy="evict_first" if EVICT_FIRST else "")
 
 
 def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int, bool]:
@@ -181,6 +181,7 @@ def gdn_recurrent(
     num_warps: int | None = None,
     num_stages: int | None = None,
     streamed: bool | None = None,
+    evict_first: bool | None = None,
 ) -> torch.Tensor:
     """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] updated in place.
 
@@ -204,6 +205,7 @@ def gdn_recurrent(
     block_v = min(block_v or tiles[0], triton.next_power_of_2(dv))
     num_warps = num_warps or tiles[1]
     streamed = tiles[2] if streamed is None else streamed and not varlen
+    evict_first = streamed if evict_first is None else evict_first
     has_captures = varlen and h_snapshots is not None and bool(capture_rows)
     num_caps, repeats = 0, []
     cap_rows = cap_snaps = cap_first = state_slots  # unused placeholders
@@ -220,7 +222,7 @@ def gdn_recurrent(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, STREAMED=streamed,
+        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, STREAMED=streamed, EVICT_FIRST=evict_first,
         num_warps=num_warps, num_stages=num_stages or 2, **launch_options(q),
     )
     for slot, source in repeats:
