@@ -69,7 +69,13 @@ NOTES = {
         "alternated twice (engine_qwen3.5-9b_bf16_state_dot_same_machine_streamed.json), steps 6.366-6.369 / "
         "8.041-8.046 ms at C=64 / 128 against 6.392-6.400 / 8.102-8.103, closed batches 8990-9002 / "
         "13299-13325 tok/s against 8946-8950 / 13235-13250, C=32 unchanged; set against the vLLM run above, "
-        "from another command, 1.095-1.096x and 1.104-1.106x.",
+        "from another command, 1.095-1.096x and 1.104-1.106x. The fp32 state's decode kernel streams its "
+        "64-column tiles the same way from 64 sequences (7150341; kernels_check_gdn_decode_streamed_fp32.json, "
+        "each form twice: 138.5-138.7 against 141.9 us at 128 sequences, 70.4-70.5 against 72.4 at 64); the "
+        "default engine against b14b51f, alternated twice (engine_qwen3.5-9b_fp32_state_streamed_same_machine"
+        ".json): steps 7.058-7.061 / 9.408-9.425 ms at C=64 / 128 against 7.071-7.074 / 9.459-9.469, closed "
+        "batches 8199-8201 / 11637-11659 tok/s against 8184-8197 / 11610-11618, C=32 unchanged: 0.3% at "
+        "C=128, short of what the fp32 rows above miss by.",
         "The gated output norm in the decode kernel's epilogue, each program's tile spanning its head (f82a1a1, "
         "reverted in 6452822), measured slower from 32 sequences with either state dtype "
         "(kernels_check_gdn_decode_norm.json, the 9B GDN shape): fp32 state 164.3 against 144.4 us at 128 "

@@ -599,18 +599,17 @@ def gdn_decode_tiles(batch: int, state_dtype):
         state_bytes = batch * HV * DK * DV * pool.element_size() * 2
         res = {"shape": f"B={batch} state {str(state_dtype).split('.')[-1]}", "configs": []}
         tiles = [(bv, w, None) for bv, w in GDN_DECODE_TILES] + GDN_DECODE_STREAMED_TILES
-        for block_v, warps, streamed, *evict in [tiles[0], GDN_DECODE_STREAMED_TILES[1]] if SMOKE else tiles:
-            evict_first = evict[0] if evict else None
-            cfg = {"block_v": block_v, "warps": warps, "streamed": streamed, "evict_first": evict_first}
+        for block_v, warps, streamed in [tiles[0], GDN_DECODE_STREAMED_TILES[1]] if SMOKE else tiles:
+            cfg = {"block_v": block_v, "warps": warps, "streamed": streamed}
             try:
                 p = pool.clone()
                 out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps,
-                                    streamed=streamed, evict_first=evict_first)
+                                    streamed=streamed)
                 cfg["rel_err_out"], cfg["rel_err_state"] = rel_err(out, expected), rel_err(p, ref_pool)
                 if not SMOKE:
                     cfg["us"] = round(time_graph_us(
                         lambda: gdn_recurrent(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v,
-                                              num_warps=warps, streamed=streamed, evict_first=evict_first)), 2)
+                                              num_warps=warps, streamed=streamed)), 2)
                     cfg["tb_s"] = round(state_bytes / cfg["us"] / 1e6, 2)
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -678,11 +677,10 @@ GDN_DECODE_DOT_TILES = [(None, None, {}), (128, 4, _PLAIN), (128, 4, _STREAMED),
 
 GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (32, 4), (64, 4), (128, 4),
                     (64, 8), (128, 8)]
-# (block_v, warps, streamed[, evict_first]): the grid tile, head, sequence first and evict-first state
-# traffic, or not, or one of them alone; timed twice, apart.
-GDN_DECODE_STREAMED_TILES = [(64, 4, False), (64, 4, True), (64, 4, False, True), (64, 4, True, False),
-                             (64, 2, False), (64, 2, True), (64, 2, False, True), (32, 4, True),
-                             (64, 4, False), (64, 4, True), (64, 4, False, True), (64, 4, True, False)]
+# (block_v, warps, streamed): the grid tile, head, sequence first and evict-first state traffic, or not;
+# timed twice, apart. decode_tiles streams its 64-column tiles from 64 sequences of 32 heads.
+GDN_DECODE_STREAMED_TILES = [(64, 4, False), (64, 4, True), (64, 2, False), (64, 2, True), (32, 4, True),
+                             (64, 4, False), (64, 4, True)]
 
 
 def rotary(tokens):

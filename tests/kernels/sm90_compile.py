@@ -220,10 +220,12 @@ def cases():
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
 
     recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first")}
-    for varlen, bv, warps in ((False, 32, 4), (False, 64, 4), (True, 16, 1)):
-        yield (f"gdn_recurrent{'_varlen' if varlen else ''}_bv{bv}", recurrent._gdn_recurrent_kernel,
-               dict(inputs, **recurrent_ints), dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen,
-                                                    HAS_CAPTURES=varlen), warps, 2)
+    for varlen, bv, warps, streamed in ((False, 32, 4, False), (False, 64, 4, False), (False, 64, 4, True),
+                                        (True, 16, 1, False)):
+        yield (f"gdn_recurrent{'_varlen' if varlen else ''}_bv{bv}{'_streamed' if streamed else ''}",
+               recurrent._gdn_recurrent_kernel, dict(inputs, **recurrent_ints),
+               dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen, HAS_CAPTURES=varlen,
+                    STREAMED=streamed), warps, 2)
 
     from deltaserve.kernels.gdn import triton_recurrent_dot as dot
 

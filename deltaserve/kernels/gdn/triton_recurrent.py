@@ -35,14 +35,18 @@ def _load_row(q, k, v, a, b, t64, live, head, key_head, offs_k, offs_v, mask_k, 
 
 @triton.jit
 def _state_tile(h_pool, state_slots, stride_h_slot, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-                DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, HEAD_MAJOR: tl.constexpr = False):
+                DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GRID: tl.constexpr = "sequence"):
     """Where a decode program's tile lies: the program is (sequence, value head, tile of BV columns); its
     state is h_pool[state_slots[seq], head, :, tile], which a padding row (a negative slot) neither reads
-    nor writes. Returns (seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head), h_head
-    pointing at the head's [DK, DV] state: each kernel adds the tile's offsets in its own order, which
-    the compiler keeps (the dot kernel takes 48 registers at 32 x 4 with its order, 64 with the other's)."""
+    nor writes. GRID names the grid's first axis (see grid_of): "sequence", (sequence, head, tile);
+    "head", (head, sequence, tile); "tile", (tile, head, sequence). Returns (seq, head, key_head, live,
+    offs_k, offs_v, mask_k, mask_v, mask_kv, h_head), h_head pointing at the head's [DK, DV] state: each
+    kernel adds the tile's offsets in its own order, which the compiler keeps (the dot kernel takes 48
+    registers at 32 x 4 with its order, 64 with the other's)."""
     seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if HEAD_MAJOR:  # the grid is (tile, head, sequence): neighbouring programs read neighbouring heads
+    if GRID == "head":  # the ids read in this order give ptxas's allocation that was measured
+        seq, head = tl.program_id(1), tl.program_id(0)
+    elif GRID == "tile":
         tile, head, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     key_head = head // (HV // HK)
     slot = tl.load(state_slots + seq).to(tl.int64)
@@ -104,15 +108,15 @@ def _gdn_recurrent_kernel(
     stride_h_slot, stride_snap_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
-    STREAMED: tl.constexpr = False, EVICT_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+    STREAMED: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
-        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV, HEAD_MAJOR=STREAMED)
+        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV, GRID="tile" if STREAMED else "sequence")
     tile_offs = offs_k[:, None] * DV + offs_v[None, :]
     h_ptrs = h_head + tile_offs
     state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0,
-                    eviction_policy="evict_first" if EVICT_FIRST else "").to(tl.float32)
+                    eviction_policy="evict_first" if STREAMED else "").to(tl.float32)
 
     decay_rate = -tl.exp(tl.load(A_log + head).to(tl.float32))
     bias = tl.load(dt_bias + head).to(tl.float32)
@@ -146,12 +150,12 @@ def _gdn_recurrent_kernel(
         state = _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v,
                         stride_o_t, DV)
     tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live,
-             eviction_policy="evict_first" if EVICT_FIRST else "")
+             eviction_policy="evict_first" if STREAMED else "")
 
 
 def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int, bool]:
-    """(block_v, num_warps) of a decode step with seq_heads (sequence, value head) pairs: enough programs
-    to fill the machine at small batch, wider tiles as the batch grows. From 32 sequences of the Qwen3.5
+    """(block_v, num_warps, streamed) of a decode step with seq_heads (sequence, value head) pairs:
+    enough programs to fill the machine at small batch, wider tiles as the batch grows. From 32 sequences of the Qwen3.5
     shape (32 value heads, 128 x 128 states) 64-column tiles read the state fastest on the H200: fp32
     state 37.6 / 72.5 / 141.3 us at 32 / 64 / 128 sequences (3.8 TB/s) against 41.8 / 83.1 / 164.3 with
     32 columns and 4 warps; a bf16 state with 2 warps 19.2 / 50.8 / 96.5 against 26.0 / 66.1 / 147.7
@@ -160,12 +164,27 @@ def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int, bool]:
     (151.5 / 131.6 us for 128 fp32 / bf16 states, kernels_check_gdn_decode_two_pass.json), and a
     persistent grid prefetching its next tiles through shared memory (166.2 / 115.8 us,
     kernels_check_gdn_decode_persistent.json). A bf16 state whose q and k are bf16 too, as the engine's
-    are, decodes in triton_recurrent_dot instead (78.6 us at 128 sequences)."""
+    are, decodes in triton_recurrent_dot instead (78.6 us at 128 sequences).
+
+    Streamed (from 64 sequences), the grid runs tile, head, sequence first, so that the programs running
+    together read one sequence's neighbouring heads, and the state is loaded and stored evict-first, each
+    byte being read and written once: fp32 64 x 4 tiles took 138.5-138.7 against 141.9 us at 128
+    sequences and 70.4-70.5 against 72.4 at 64; the grid order alone 139.3-139.4 and 72.2, evict-first
+    alone 143.6-144.0 and 72.4 (kernels_check_gdn_decode_streamed_fp32.json, each timed twice, at
+    7150341, which could run the two apart); the 9B engine's steps 9.41-9.43 against 9.46-9.47 ms at
+    C=128 (engine_qwen3.5-9b_fp32_state_streamed_same_machine.json). At 32 sequences it took 36.9
+    against 37.6 us, not timed in the engine, so those steps keep the plain form."""
     if seq_heads < 256:
         return 16, 2, False
     if seq_heads < 1024:
         return 32, 4, False
     return 64, 4 if state_bytes >= 4 else 2, seq_heads >= 2048
+
+
+def grid_of(first: str, seqs: int, heads: int, tiles: int) -> tuple[int, int, int]:
+    """A decode kernel's grid with `first` ("sequence", "head" or "tile") on its first axis, the one the
+    hardware walks fastest (_state_tile reads it back the same way)."""
+    return {"sequence": (seqs, heads, tiles), "head": (heads, seqs, tiles), "tile": (tiles, heads, seqs)}[first]
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -181,14 +200,13 @@ def gdn_recurrent(
     num_warps: int | None = None,
     num_stages: int | None = None,
     streamed: bool | None = None,
-    evict_first: bool | None = None,
 ) -> torch.Tensor:
     """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] updated in place.
 
     Without query_start_loc each row is its own sequence (decode); with it, sequence i owns rows
     query_start_loc[i]:query_start_loc[i+1], and capture_rows ((row, snapshot slot) pairs, or a
     CaptureRows) names the rows whose state is also stored into h_snapshots. Returns o [T, Hv, Dv] in
-    v's dtype.
+    v's dtype. A decode step's block_v, num_warps and streamed default to decode_tiles' choice for its size.
     """
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
@@ -205,7 +223,6 @@ def gdn_recurrent(
     block_v = min(block_v or tiles[0], triton.next_power_of_2(dv))
     num_warps = num_warps or tiles[1]
     streamed = tiles[2] if streamed is None else streamed and not varlen
-    evict_first = streamed if evict_first is None else evict_first
     has_captures = varlen and h_snapshots is not None and bool(capture_rows)
     num_caps, repeats = 0, []
     cap_rows = cap_snaps = cap_first = state_slots  # unused placeholders
@@ -213,8 +230,7 @@ def gdn_recurrent(
         assert h_snapshots.is_contiguous()
         cap_rows, cap_snaps, cap_first, repeats = capture_tables(capture_rows, query_start_loc)
         num_caps = cap_rows.shape[0]
-    tiles_v = triton.cdiv(dv, block_v)
-    grid = (tiles_v, hv, seqs) if streamed else (seqs, hv, tiles_v)
+    grid = grid_of("tile" if streamed else "sequence", seqs, hv, triton.cdiv(dv, block_v))
     _gdn_recurrent_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
         query_start_loc if query_start_loc is not None else state_slots, cap_rows, cap_snaps, cap_first,
@@ -222,7 +238,7 @@ def gdn_recurrent(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, STREAMED=streamed, EVICT_FIRST=evict_first,
+        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, STREAMED=streamed,
         num_warps=num_warps, num_stages=num_stages or 2, **launch_options(q),
     )
     for slot, source in repeats:

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.gdn.triton_recurrent import _coefficients, _last_dim_contiguous, _load_row, _state_tile
+from deltaserve.kernels.gdn.triton_recurrent import (_coefficients, _last_dim_contiguous, _load_row, _state_tile,
+                                                      grid_of)
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 
 DOT_ROWS = 16  # the smallest M of a tensor-core dot: row 0 is q, row 1 is k, the rest zeros
@@ -37,7 +38,7 @@ def _gdn_decode_dot_kernel(
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
-        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV, HEAD_MAJOR=STREAMED)
+        h_pool, state_slots, stride_h_slot, HK, HV, DK, DV, BK, BV, GRID="head" if STREAMED else "sequence")
     h_ptrs = h_head + offs_k[:, None] * DV + offs_v[None, :]
     # 16-bit, as stored
     state = tl.load(h_ptrs, mask=mask_kv & live, other=0.0, eviction_policy="evict_first" if STREAMED else "")
@@ -103,8 +104,7 @@ def gdn_decode_dot(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, block_v: 
     tiles = decode_dot_tiles(seqs * hv)
     block_v = max(min(block_v or tiles[0], triton.next_power_of_2(dv)), 16)
     streamed = tiles[2] if streamed is None else streamed
-    tiles_v = triton.cdiv(dv, block_v)
-    grid = (tiles_v, hv, seqs) if streamed else (seqs, hv, tiles_v)
+    grid = grid_of("head" if streamed else "sequence", seqs, hv, triton.cdiv(dv, block_v))
     _gdn_decode_dot_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, o,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
