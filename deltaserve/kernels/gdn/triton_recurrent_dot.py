@@ -73,8 +73,8 @@ def decode_dot_tiles(seq_heads: int) -> tuple[int, int, bool]:
     kernel 50.8 and 96.2). Few sequences keep narrow tiles: programs enough to spread over the machine.
     Streamed, the 128 x 4 tiles took 40.3-40.5 us against 42.0-42.1 at 64 and 75.3-75.8 against
     77.4-77.5 at 128, in two commands (kernels_check_gdn_decode_dot_order*.json), where the head-first
-    grid alone took 43.1 and 78.8 and evict-first alone 40.8 and 77.9; at 32 sequences its 64 x 4 tiles
-    measured no faster (17.2 against 16.9 us), so the narrower steps keep the plain form."""
+    grid alone took 43.1 and 78.8-79.0 and evict-first alone 40.8-41.0 and 77.9; at 32 sequences its
+    64 x 4 tiles measured no faster (17.2 against 16.9 us), so the narrower steps keep the plain form."""
     if seq_heads < 256:
         return 32, 4, False
     if seq_heads < 1024:
