@@ -45,7 +45,7 @@ def test_decode_tiles_widen_with_the_batch():
     assert decode_tiles(32, 4) == (16, 2, False)  # one sequence of 32 value heads: many narrow programs
     assert decode_tiles(16 * 32, 4) == (32, 4, False)
     assert decode_tiles(32 * 32, 4) == (64, 4, False)
-    assert decode_tiles(64 * 32, 4) == (64, 4, True) and decode_tiles(64 * 32, 2) == (64, 2, True)
+    assert decode_tiles(64 * 32, 4) == (64, 4, True) and decode_tiles(64 * 32, 2) == (64, 2, False)
 
 
 def test_a_bfloat16_state_is_read_and_written_as_the_reference_does():

@@ -44,7 +44,9 @@ def _state_tile(h_pool, state_slots, stride_h_slot, HK: tl.constexpr, HV: tl.con
     kernel adds the tile's offsets in its own order, which the compiler keeps (the dot kernel takes 48
     registers at 32 x 4 with its order, 64 with the other's)."""
     seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if GRID == "head":  # the ids read in this order give ptxas's allocation that was measured
+    # The ids are read in the plain order and again in the branches, as in the kernels that were measured:
+    # ptxas allocates otherwise when each branch reads them once (178 against 168 registers, dot kernel).
+    if GRID == "head":
         seq, head = tl.program_id(1), tl.program_id(0)
     elif GRID == "tile":
         tile, head, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -154,31 +156,32 @@ def _gdn_recurrent_kernel(
 
 
 def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int, bool]:
-    """(block_v, num_warps, streamed) of a decode step with seq_heads (sequence, value head) pairs:
-    enough programs to fill the machine at small batch, wider tiles as the batch grows. From 32 sequences of the Qwen3.5
-    shape (32 value heads, 128 x 128 states) 64-column tiles read the state fastest on the H200: fp32
-    state 37.6 / 72.5 / 141.3 us at 32 / 64 / 128 sequences (3.8 TB/s) against 41.8 / 83.1 / 164.3 with
-    32 columns and 4 warps; a bf16 state with 2 warps 19.2 / 50.8 / 96.5 against 26.0 / 66.1 / 147.7
-    (kernels_check gdn_decode_tiles). Two ways of keeping more of the state in flight measured slower
-    at every batch and dtype: two passes over the tile in chunks, the second reading them back from L2
-    (151.5 / 131.6 us for 128 fp32 / bf16 states, kernels_check_gdn_decode_two_pass.json), and a
+    """(block_v, num_warps, streamed) of a decode step with seq_heads (sequence, value head) pairs: enough
+    programs to fill the machine at small batch, wider tiles as the batch grows. From 32 sequences of
+    the Qwen3.5 shape (32 value heads, 128 x 128 states) 64-column tiles read the state fastest on the
+    H200: fp32 state 37.6 / 72.5 / 141.3 us at 32 / 64 / 128 sequences (3.8 TB/s) against 41.8 / 83.1 /
+    164.3 with 32 columns and 4 warps; a bf16 state with 2 warps 19.2 / 50.8 / 96.5 against 26.0 / 66.1
+    / 147.7 (kernels_check gdn_decode_tiles). Two ways of keeping more of the state in flight measured
+    slower at every batch and dtype: two passes over the tile in chunks, the second reading them back
+    from L2 (151.5 / 131.6 us for 128 fp32 / bf16 states, kernels_check_gdn_decode_two_pass.json), and a
     persistent grid prefetching its next tiles through shared memory (166.2 / 115.8 us,
     kernels_check_gdn_decode_persistent.json). A bf16 state whose q and k are bf16 too, as the engine's
     are, decodes in triton_recurrent_dot instead (78.6 us at 128 sequences).
 
-    Streamed (from 64 sequences), the grid runs tile, head, sequence first, so that the programs running
-    together read one sequence's neighbouring heads, and the state is loaded and stored evict-first, each
-    byte being read and written once: fp32 64 x 4 tiles took 138.5-138.7 against 141.9 us at 128
-    sequences and 70.4-70.5 against 72.4 at 64; the grid order alone 139.3-139.4 and 72.2, evict-first
-    alone 143.6-144.0 and 72.4 (kernels_check_gdn_decode_streamed_fp32.json, each timed twice, at
-    7150341, which could run the two apart); the 9B engine's steps 9.41-9.43 against 9.46-9.47 ms at
-    C=128 (engine_qwen3.5-9b_fp32_state_streamed_same_machine.json). At 32 sequences it took 36.9
-    against 37.6 us, not timed in the engine, so those steps keep the plain form."""
+    Streamed (an fp32 state, from 64 sequences), the grid runs tile, head, sequence first, so that the
+    programs running together read one sequence's neighbouring heads, and the state is loaded and stored
+    evict-first, each byte being read and written once: fp32 64 x 4 tiles took 138.5-138.7 against 141.9
+    us at 128 sequences and 70.4-70.5 against 72.4 at 64; the grid order alone 139.3-139.4 and 72.2,
+    evict-first alone 143.6-144.0 and 72.4 (kernels_check_gdn_decode_streamed_fp32.json, each timed
+    twice, at 7150341, which could run the two apart); the 9B engine's steps 9.41-9.43 against 9.46-9.47
+    ms at C=128 (engine_qwen3.5-9b_fp32_state_streamed_same_machine.json). At 32 sequences it took 36.9
+    against 37.6 us, not timed in the engine, so those steps keep the plain form, as a 16-bit state does
+    here (the engine's take triton_recurrent_dot, which streams its own way)."""
     if seq_heads < 256:
         return 16, 2, False
     if seq_heads < 1024:
         return 32, 4, False
-    return 64, 4 if state_bytes >= 4 else 2, seq_heads >= 2048
+    return 64, 4 if state_bytes >= 4 else 2, seq_heads >= 2048 and state_bytes >= 4
 
 
 def grid_of(first: str, seqs: int, heads: int, tiles: int) -> tuple[int, int, int]:
