@@ -67,7 +67,7 @@ NOTES = {
         "at 128 sequences, 40.3-40.5 against 42.0-42.1 at 64, in two commands (kernels_check_gdn_decode_dot_"
         "order.json, _second.json; alone, the head-first grid took 78.8-79.0 at 128 and evict-first 77.9, "
         "40.8-41.0 at 64); in the engine against fe9128e, "
-        "alternated twice (engine_qwen3.5-9b_bf16_state_dot_same_machine_streamed.json), steps 6.366-6.369 / "
+        "alternated twice (engine_qwen3.5-9b_bf16_state_dot_streamed_same_machine.json), steps 6.366-6.369 / "
         "8.041-8.046 ms at C=64 / 128 against 6.392-6.400 / 8.102-8.103, closed batches 8990-9002 / "
         "13299-13325 tok/s against 8946-8950 / 13235-13250, C=32 unchanged; set against the vLLM run above, "
         "from another command, 1.095-1.096x and 1.104-1.106x. The fp32 state's decode kernel streams its "
@@ -455,7 +455,7 @@ def later_runs(shape: str) -> list[dict]:
     return runs
 
 
-BF16_STATE_AB = "engine_{shape}_bf16_state_dot_same_machine*.json"  # engine_ab.py runs with a bf16 state
+BF16_STATE_AB = "engine_{shape}_bf16_state_dot*same_machine*.json"  # engine_ab.py runs with a bf16 state
 
 
 def later_bf16_runs(shape: str) -> list[dict]:
