@@ -13,7 +13,6 @@ Results are written after every case, so a run cut short still leaves what it me
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import sys
@@ -638,16 +637,16 @@ def gdn_decode_dot(batch: int):
         dtype = torch.float16 if SMOKE else torch.bfloat16  # the interpreter's dots take no bf16
         q, k, v, a, b, A_log, dt_bias, pool, slots, ref_pool, expected = _decode_case(batch, dtype, dtype)
         state_bytes = batch * HV * DK * DV * pool.element_size() * 2
-        runs = [("widened", triton_recurrent.gdn_recurrent, None, None)]
-        runs += [("dot", functools.partial(triton_recurrent_dot.gdn_decode_dot, **extra), bv, w)
-                 for bv, w, extra in (GDN_DECODE_DOT_TILES[:3] if SMOKE else GDN_DECODE_DOT_TILES)]
+        runs = [("widened", triton_recurrent.gdn_recurrent, None, None, None)]
+        runs += [("dot", triton_recurrent_dot.gdn_decode_dot, bv, w, streamed)
+                 for bv, w, streamed in (GDN_DECODE_DOT_TILES[:3] if SMOKE else GDN_DECODE_DOT_TILES)]
         res = {"shape": f"B={batch} state {str(dtype).split('.')[-1]}", "configs": []}
         widened = None
-        for name, fn, block_v, warps in runs:
-            cfg = {"kernel": name, "block_v": block_v, "warps": warps, **getattr(fn, "keywords", {})}
+        for name, fn, block_v, warps, streamed in runs:
+            cfg = {"kernel": name, "block_v": block_v, "warps": warps, "streamed": streamed}
             try:
                 p = pool.clone()
-                out = fn(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps)
+                out = fn(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps, streamed=streamed)
                 cfg["rel_err_out"], cfg["rel_err_state"] = rel_err(out, expected), rel_err(p, ref_pool)
                 if widened is None:
                     widened = (out, p)
@@ -656,7 +655,8 @@ def gdn_decode_dot(batch: int):
                     cfg["state_values_differing"] = int((p != widened[1]).sum().item())
                 if not SMOKE:
                     cfg["us"] = round(time_graph_us(
-                        lambda: fn(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps)), 2)
+                        lambda: fn(q, k, v, a, b, A_log, dt_bias, p, slots, block_v=block_v, num_warps=warps,
+                                   streamed=streamed)), 2)
                     cfg["tb_s"] = round(state_bytes / cfg["us"] / 1e6, 2)
             except Exception as exc:
                 cfg["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -667,12 +667,12 @@ def gdn_decode_dot(batch: int):
     return body
 
 
-# (block_v, warps, extra arguments): streamed runs the grid head first and marks the state's loads and
-# stores evict-first, as decode_dot_tiles does for its 128-column tiles; each pair is timed twice, apart.
-_PLAIN, _STREAMED = dict(streamed=False), dict(streamed=True)
-GDN_DECODE_DOT_TILES = [(None, None, {}), (128, 4, _PLAIN), (128, 4, _STREAMED), (64, 4, _PLAIN), (64, 4, _STREAMED),
-                        (128, 8, _PLAIN), (128, 8, _STREAMED), (32, 4, _PLAIN), (16, 2, _PLAIN), (64, 2, _PLAIN),
-                        (128, 4, _PLAIN), (128, 4, _STREAMED)]
+# (block_v, warps, streamed): streamed runs the grid head first and marks the state's loads and stores
+# evict-first, as decode_dot_tiles does for its 128-column tiles; None, the default's choice. Each pair is
+# timed twice, apart.
+GDN_DECODE_DOT_TILES = [(None, None, None), (128, 4, False), (128, 4, True), (64, 4, False), (64, 4, True),
+                        (128, 8, False), (128, 8, True), (32, 4, False), (16, 2, False), (64, 2, False),
+                        (128, 4, False), (128, 4, True)]
 
 
 GDN_DECODE_TILES = [(None, None), (8, 1), (16, 1), (32, 1), (16, 2), (32, 2), (64, 2), (32, 4), (64, 4), (128, 4),
