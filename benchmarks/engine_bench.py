@@ -3,7 +3,7 @@
     python benchmarks/engine_bench.py SHAPE --concurrency 1,2,4,8,16,32,64,128 --prefill 1024,8192,32768 \
         --out benchmarks/results/engine_SHAPE.json
 
-Decode: closed batches of C requests, 128-token prompts, 256 generated tokens each (ignore_eos), after
+Decode: closed batches of C requests, 128-token prompts (`--prompt-len`), 256 generated tokens each (ignore_eos), after
 a warm-up batch at the same concurrency; the step time is the wall time of the decode steps (after
 the prefill) over their number, so it includes the engine's own work per step (scheduling, batch
 building, graph replay, sampling). Its floor: bytes of weights touched + GDN state read and written
@@ -90,6 +90,7 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=33024)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--generated", type=int, default=GENERATED)
+    ap.add_argument("--prompt-len", type=int, default=PROMPT, help="the decode batches' prompt length")
     ap.add_argument("--gdn-state-dtype", default="float32", help="the engine's GDN recurrent state dtype")
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",") if c]
@@ -97,7 +98,7 @@ def main() -> None:
     started = time.perf_counter()
     widest = max(ladder, default=1)  # an empty ladder: prefill only
     engine = dummy_engine(args.shape, device=args.device, max_num_seqs=widest,
-                          max_num_batched_tokens=max(prefills + [PROMPT * widest]),
+                          max_num_batched_tokens=max(prefills + [args.prompt_len * widest]),
                           max_model_len=args.max_model_len, enable_prefix_caching=False,
                           gdn_state_dtype=args.gdn_state_dtype)
     weights = weight_bytes(engine.runner.model)
@@ -107,11 +108,11 @@ def main() -> None:
     tokens = random_tokens(engine.model_config.vocab_size)
     prompts = lambda n, length: [tokens(length) for _ in range(n)]  # noqa: E731
     for c in ladder:
-        run_batch(engine, prompts(c, PROMPT), 16)  # warm-up at this concurrency
-        r = run_batch(engine, prompts(c, PROMPT), args.generated)
+        run_batch(engine, prompts(c, args.prompt_len), 16)  # warm-up at this concurrency
+        r = run_batch(engine, prompts(c, args.prompt_len), args.generated)
         step = r["decode_s"] / r["decode_steps"]
-        floor = decode_floor_bytes(engine, weights, c, PROMPT + args.generated // 2) / BANDWIDTH
-        row = {"concurrency": c, "step_ms": round(step * 1e3, 3), "per_seq_tok_s": round(1 / step, 1),
+        floor = decode_floor_bytes(engine, weights, c, args.prompt_len + args.generated // 2) / BANDWIDTH
+        row = {"concurrency": c, "prompt_len": args.prompt_len, "step_ms": round(step * 1e3, 3), "per_seq_tok_s": round(1 / step, 1),
                "aggregate_tok_s": round(c / step, 1), "floor_ms": round(floor * 1e3, 3),
                "floor_ratio": round(floor / step, 3), "prefill_s": round(r["prefill_s"], 4),
                "closed_batch_tok_s": round(c * args.generated / (r["prefill_s"] + r["decode_s"]), 1)}
