@@ -99,6 +99,18 @@ def test_paged_attention_decode_batch(splits):
     assert_close(out, expected)
 
 
+@pytest.mark.parametrize("sms", [132, 78, 170])
+def test_single_tile_rows_split_their_keys_up_to_about_four_programs_an_sm(sms):
+    from deltaserve.kernels.attention.triton_paged_attention import key_splits
+
+    for programs in range(128, 8 * sms):
+        splits = key_splits(programs, 16, sms)
+        assert splits & (splits - 1) == 0  # a power of two: the merge kernel's rows are compiled per power
+        assert programs * splits <= max(4 * sms, programs) < 2 * programs * splits
+        assert key_splits(programs, 64, sms) == 1  # taller tiles: as many programs as fill the SMs, unsplit
+    assert [key_splits(p, 16, sms) for p in (1, 16, 100)] == [16, 16, 4]  # few programs: about 256 in all
+
+
 def test_store_kv_skips_padding():
     tokens, heads, dim, page, blocks = 7, 2, 24, 4, 5
     k, v = torch.randn(tokens, heads, 2 * dim)[..., :dim], torch.randn(tokens, heads, dim)
