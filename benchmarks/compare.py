@@ -77,6 +77,22 @@ NOTES = {
         ".json): steps 7.058-7.061 / 9.408-9.425 ms at C=64 / 128 against 7.071-7.074 / 9.459-9.469, closed "
         "batches 8199-8201 / 11637-11659 tok/s against 8184-8197 / 11610-11618, C=32 unchanged: 0.3% at "
         "C=128, short of what the fp32 rows above miss by.",
+        "At 5778793 paged attention splits the keys of single-tile rows (decode, short verify rows) up to about "
+        "four programs an SM (key_splits), where it split them only when the programs left SMs idle: one "
+        "program an SM walked its keys at about a quarter of the bandwidth. Timed with the K/V out of L2 "
+        "(paged_attention_decode.json; floor: the K/V bytes over 4.24 TB/s): 32 sequences 16.7 against 20.6 us "
+        "over 256 keys (floor 7.9) and 72.3 against 134.7 over 2048 (floor 63.3) with 4 splits; 64 sequences "
+        "26.1 against 26.8 over 256 and 132.8 against 172.8 over 2048 with 2; 128 sequences fastest unsplit. "
+        "In the engine against f00d81c, alternated twice in one command: with a bf16 state and 128-token "
+        "prompts (engine_qwen3.5-9b_bf16_state_decode_splits_same_machine.json) steps 5.630-5.633 against "
+        "5.673-5.674 ms at C=32 (closed batches 5320-5326 against 5291-5293 tok/s), 6.377-6.379 against "
+        "6.360-6.368 at C=64 (8962 against 8974-8989: over about 256 keys the merge kernel's launch costs more "
+        "than the split gains), C=128 unsplit and unchanged (8.045-8.079 against 8.054-8.062); with the "
+        "default fp32 state and 2048-token prompts (engine_qwen3.5-9b_decode_splits_prompt2048_same_machine"
+        ".json) 6.575-6.578 against 7.251-7.252 ms at C=32 (closed batches 2495-2500 against 2371-2373 "
+        "tok/s) and 8.319-8.325 against 8.426-8.429 at C=64. gpu_correctness_at_5778793.json (and "
+        "_at_93e765a.json, gpu_correctness_bf16_state_at_93e765a.json, the streamed decode kernels' tree): the "
+        "tiny Qwen3.5 and Qwen3.5-MoE checkpoints pass.",
         "The gated output norm in the decode kernel's epilogue, each program's tile spanning its head (f82a1a1, "
         "reverted in 6452822), measured slower from 32 sequences with either state dtype "
         "(kernels_check_gdn_decode_norm.json, the 9B GDN shape): fp32 state 164.3 against 144.4 us at 128 "
@@ -291,6 +307,11 @@ NOTES = {
         "/ 0.615 s against 0.133 / 0.600 with 1024-row pieces).",
     ],
     "qwen3.5-35b-a3b": [
+        "At 5778793 (paged attention's decode splits, the 9B notes), against f00d81c alternated twice in one "
+        "command with the default fp32 state (engine_qwen3.5-35b-a3b_decode_splits_same_machine.json): C=64, "
+        "its 128 programs now in 4 key splits, steps 17.868-17.869 against 17.917-17.919 ms, closed batches "
+        "3497-3498 against 3488 tok/s (1.056x the issue's 3312); C=32 split 4 ways before and after (13.229-"
+        "13.230 against 13.227-13.233 ms); C=128 in 2 splits 22.203-22.212 against 22.178-22.182.",
         "At 0f68ecf beside vLLM in one command with vLLM's GDN state in fp32 as well (vllm_peer.py; "
         "side_by_side_qwen3.5-35b-a3b_fp32_state.json): closed batches 1.810x / 1.159x / 1.110x / 1.094x vLLM's "
         "tok/s at C=1 / 32 / 64 / 128, steps 2.399 / 13.233 / 17.946 / 22.244 ms against 4.388 / 14.640 / "
@@ -455,7 +476,7 @@ def later_runs(shape: str) -> list[dict]:
     return runs
 
 
-BF16_STATE_AB = "engine_{shape}_bf16_state_dot*same_machine*.json"  # engine_ab.py runs with a bf16 state
+BF16_STATE_AB = "engine_{shape}_bf16_state_*same_machine*.json"  # engine_ab.py runs with a bf16 state
 
 
 def later_bf16_runs(shape: str) -> list[dict]:
