@@ -157,9 +157,10 @@ def cases():
 
     from deltaserve.kernels.attention import triton_paged_attention as paged
 
-    # decode; prefill chunks; a short chunk over a long cached prefix
-    for block_m, block_n, splits, warps in ((16, 32, 16, 4), (64, 32, 1, 8), (128, 64, 11, 8)):
-        yield (f"paged_attention_m{block_m}", paged._paged_attention_kernel,
+    # decode (split; filling the SMs once, in 64-key tiles); prefill chunks; a short chunk over a long cached prefix
+    for block_m, block_n, splits, warps in ((16, 32, 16, 4), (16, 64, 1, 4), (64, 32, 1, 8), (128, 64, 11, 8)):
+        yield (f"paged_attention_m{block_m}" + ("_n64" if block_m == 16 and block_n == 64 else ""),
+               paged._paged_attention_kernel,
                {"q": bf16, "k_cache": bf16, "v_cache": bf16, "gate": bf16, "query_start_loc": "*i64",
                 "seq_lens": "*i64", "block_tables": "*i64", "scale_log2": "fp32", "splits": "i32"},
                dict(GROUP=8, KV_HEADS=2, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=block_n,

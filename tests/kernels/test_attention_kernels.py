@@ -111,6 +111,17 @@ def test_single_tile_rows_split_their_keys_up_to_about_four_programs_an_sm(sms):
     assert [key_splits(p, 16, sms) for p in (1, 16, 100)] == [16, 16, 4]  # few programs: about 256 in all
 
 
+def test_decode_that_fills_the_sms_once_takes_wider_key_tiles_rather_than_two_splits():
+    from deltaserve.kernels.attention.triton_paged_attention import launch_plan
+
+    for seqs, kv_heads in ((48, 4), (64, 4), (128, 2)):  # 192 to 256 programs on 132 SMs
+        plan = launch_plan(seqs, seqs, 1, 16 // kv_heads, kv_heads, 256, sms=132)
+        assert (plan.block_m, plan.block_n, plan.splits) == (16, 64, 1)
+    assert launch_plan(64, 64, 1, 4, 4, 128, sms=132).splits == 2  # smaller heads (64-key tiles already): two splits
+    assert launch_plan(32, 32, 1, 4, 4, 256, sms=132).splits == 4
+    assert launch_plan(128, 128, 1, 4, 4, 256, sms=132).block_n == 32  # one program a (sequence, KV head)
+
+
 def test_store_kv_skips_padding():
     tokens, heads, dim, page, blocks = 7, 2, 24, 4, 5
     k, v = torch.randn(tokens, heads, 2 * dim)[..., :dim], torch.randn(tokens, heads, dim)

@@ -195,6 +195,14 @@ def launch_plan(tokens: int, seqs: int, longest: int, group: int, kv_heads: int,
         return LaunchPlan(128, 64, triton.cdiv(max_rows, 128), max(1, min(MAX_SPLITS, sms // work_tiles)))
     if splits is None:
         splits = key_splits(programs, block_m, sms)
+        if splits == 2 and block_m == 16 and head_dim > 128 and not tuned:
+            # Where single-tile rows fill the SMs once but not twice, 64-key tiles unsplit keep as many
+            # bytes in flight as two splits, without the merge kernel's launch: in the engine on the H200
+            # (9B shape, 64 sequences) the step took 6.272-6.276 against 6.302-6.303 ms over 128-token
+            # prompts and 8.115-8.123 against 8.253 over 2048-token ones, alternated twice in one command
+            # (engine_qwen3.5-9b_*decode_bn64*_same_machine.json), though the attention alone timed 132.8
+            # against 141.8 us at 2048 keys the other way round (paged_attention_decode.json).
+            block_n, splits = 64, 1
     return LaunchPlan(block_m, block_n, tiles, splits)
 
 
@@ -208,7 +216,7 @@ def key_splits(programs: int, block_m: int, sms: int) -> int:
     of the bandwidth. On the H200 (9B attention, 16 query heads over 4 KV heads of 256, K/V out of L2;
     paged_attention_decode.json), 32 sequences took 16.7 against 20.6 us over 256 keys and 72.3 against
     134.7 over 2048 with 4 splits, 64 sequences 132.8 against 172.8 over 2048 with 2 (26.1 against 26.8
-    over 256), and 128 sequences were fastest unsplit."""
+    over 256; launch_plan takes wider key tiles there instead), and 128 sequences were fastest unsplit."""
     if programs < 128:
         return min(16, triton.next_power_of_2(triton.cdiv(256, programs)))
     if block_m == 16:
