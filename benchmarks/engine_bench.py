@@ -112,7 +112,8 @@ def main() -> None:
         r = run_batch(engine, prompts(c, args.prompt_len), args.generated)
         step = r["decode_s"] / r["decode_steps"]
         floor = decode_floor_bytes(engine, weights, c, args.prompt_len + args.generated // 2) / BANDWIDTH
-        row = {"concurrency": c, "prompt_len": args.prompt_len, "step_ms": round(step * 1e3, 3), "per_seq_tok_s": round(1 / step, 1),
+        row = {"concurrency": c, "prompt_len": args.prompt_len, "step_ms": round(step * 1e3, 3),
+               "per_seq_tok_s": round(1 / step, 1),
                "aggregate_tok_s": round(c / step, 1), "floor_ms": round(floor * 1e3, 3),
                "floor_ratio": round(floor / step, 3), "prefill_s": round(r["prefill_s"], 4),
                "closed_batch_tok_s": round(c * args.generated / (r["prefill_s"] + r["decode_s"]), 1)}

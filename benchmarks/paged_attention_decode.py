@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from benchmarks.kernels_check import HEAD_DIM, attention_inputs, f32, rel_err  # noqa: E402
+from benchmarks.kernels_check import HEAD_DIM, attention_inputs, f32, rel_err, time_graph_us  # noqa: E402
 from deltaserve.kernels.attention import reference as attn_ref  # noqa: E402
 
 BANDWIDTH = 4.24e12
@@ -34,28 +34,7 @@ SPLITS = [1, 2, 4, 8]
 
 def time_rotated_us(calls, replays: int = 10) -> float:
     """Microseconds a call, from graph replay of one call on each input set in turn."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (len(calls) * replays)
+    return time_graph_us(lambda: [call() for call in calls], calls=1, replays=replays) / len(calls)
 
 
 def case(batch: int, ctx: int, kv_heads: int, tiles: list[dict]) -> dict:
@@ -86,8 +65,9 @@ def case(batch: int, ctx: int, kv_heads: int, tiles: list[dict]) -> dict:
     row["configs"] = rows[1:]
     best = min((r for r in rows[1:] if "us" in r), key=lambda r: r["us"], default=None)
     row["best"] = best
-    print(f"{row['name']:28s} floor {floor_us:7.2f} default {rows[0].get('us')} "
-          f"best {best and best['us']} {best and {k: best[k] for k in tile}}", flush=True)
+    best_tile = best and {k: best[k] for k in ("block_n", "num_warps", "num_stages", "splits")}
+    print(f"{row['name']:28s} floor {floor_us:7.2f} default {rows[0].get('us')} best {best and best['us']} {best_tile}",
+          flush=True)
     return row
 
 
