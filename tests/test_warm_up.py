@@ -128,8 +128,8 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
             started.add(kernels(sum(g), len(g), max(g)))
     rng = random.Random()
     met = set()
-    # A step's sequences (past 64 a sample, whose single-tile rows split their keys at most four ways, or
-    # take 64-key tiles unsplit), its longest chunk and its rows in all.
+    # A step's sequences (past 64 a sample, whose single-tile rows split their keys four ways, take 64-key
+    # tiles unsplit, or neither), its longest chunk and its rows in all.
     for seqs in [*range(1, 65), 72, 96, 100, 128, 132, 200, max_num_seqs]:
         for longest in range(2, budget - seqs + 2):
             fewest, most = longest + seqs - 1, min(budget, longest * seqs)
