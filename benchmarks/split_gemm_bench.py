@@ -8,6 +8,10 @@ the memory's bandwidth (the 9B shape's 4096 x 4096 out projection took 15.2 us a
 parts are the PartialSums that the residual add-norm adds up as it loads them. Each case cycles over
 copies of the weight larger than the L2 together, as a decode step reads every weight once. Also the
 logits: the lm_head's bf16 result cast to fp32 against cuBLAS writing fp32 itself (out_dtype).
+
+--skinny also times the skinny GEMM (kernels/linear) on the same cycled copies, whole over SKINNY_TILES
+and, for the weights whose consumer takes PartialSums, split along K over SKINNY_SPLITS: which of the
+four reads each weight fastest above the skinny GEMM's own rows.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ SHAPES = [("9b out / o_proj", 4096, 4096, True), ("9b down", 4096, 12288, True),
           ("35b gdn in_proj", 12352, 2048, False), ("35b attention qkv", 9216, 2048, False)]
 LM_HEADS = [("9b lm_head", 248320, 4096), ("35b lm_head", 248320, 2048)]
 SPLITS = (2, 3, 4, 8)
+# (block_n, block_k, stages, warps) of the skinny GEMM at more than 16 rows, and (splits, tiles) of its parts
+SKINNY_TILES = [(32, 128, 6, 4), (32, 128, 3, 4), (32, 256, 3, 4), (64, 64, 4, 4), (64, 128, 3, 4), (16, 256, 4, 4)]
+SKINNY_SPLITS = [(2, (32, 128, 4, 4)), (2, (32, 256, 3, 4)), (4, (32, 128, 4, 4)), (4, (16, 256, 4, 4)),
+                 (2, (16, 512, 3, 4))]
 COPIES_BYTES = 512 << 20  # the weight copies a case cycles over: well past the L2
 
 
@@ -50,7 +58,32 @@ def cycled_us(op, weights: list[torch.Tensor]) -> float:
     return time_graph_us(lambda: [call() for _ in weights], calls=1) / len(weights)
 
 
-def case(name: str, n: int, k: int, feeds_norm: bool, rows: int) -> dict:
+def skinny_configs(x: torch.Tensor, weights: list[torch.Tensor], expected: torch.Tensor, feeds_norm: bool) -> list:
+    """The skinny GEMM whole over SKINNY_TILES and (feeds_norm) its parts over SKINNY_SPLITS, cycled."""
+    from deltaserve.kernels.linear.triton_skinny_gemm import skinny_gemm, skinny_gemm_parts
+
+    configs = [(None, tiles) for tiles in SKINNY_TILES] + (SKINNY_SPLITS if feeds_norm else [])
+    found = []
+    for splits, tiles in configs:
+        cfg = {"splits": splits, "tiles": list(tiles)}
+        if splits is None:
+            def op(w, tiles=tiles):
+                return skinny_gemm(x, w, tiles)
+        else:
+            def op(w, tiles=tiles, splits=splits):
+                return skinny_gemm_parts(x, w, splits, tiles)
+        try:
+            out = op(weights[0])
+            out = (out.total() if splits else out).float()
+            cfg["rel_err"] = round(((out - expected).norm() / expected.norm()).item(), 5)
+            cfg["us"] = round(cycled_us(op, weights), 2)
+        except Exception as exc:  # a tile set the compiler rejects (shared memory) is skipped
+            cfg["error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+        found.append(cfg)
+    return found
+
+
+def case(name: str, n: int, k: int, feeds_norm: bool, rows: int, skinny: bool = False) -> dict:
     weights = weight_copies(n, k)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     expected = x.float() @ weights[0].float().T
@@ -63,6 +96,8 @@ def case(name: str, n: int, k: int, feeds_norm: bool, rows: int) -> dict:
         err = (split_gemm_parts(x, weights[0], splits).total().float() - expected).norm() / expected.norm()
         us = cycled_us(lambda w: split_gemm_parts(x, w, splits), weights)
         row["splits"].append({"splits": splits, "us": round(us, 2), "rel_err": round(err.item(), 5)})
+    if skinny:
+        row["skinny"] = skinny_configs(x, weights, expected, feeds_norm)
     if feeds_norm:  # what the consumer pays for reading parts instead of one bf16 result
         residual = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
         norm_w = torch.ones(n, device="cuda", dtype=torch.bfloat16)
@@ -96,17 +131,28 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="32,64,128")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "split_gemm.json"))
+    ap.add_argument("--skinny", action="store_true", help="also the skinny GEMM, whole and split")
+    ap.add_argument("--shapes", default="", help="comma-separated SHAPES names to run (default all)")
     args = ap.parse_args()
+    wanted = {name for name in args.shapes.split(",") if name}
     rows = [int(r) for r in args.rows.split(",")]
     result = results_io.header() | {"cases": [], "lm_head": []}
     for m in rows:
         for name, n, k, feeds_norm in SHAPES:
-            result["cases"].append(case(name, n, k, feeds_norm, m))
+            if wanted and name not in wanted:
+                continue
+            result["cases"].append(case(name, n, k, feeds_norm, m, args.skinny))
             r = result["cases"][-1]
             best = min(r["splits"], key=lambda s: s["us"])
-            print(f"{name:18s} M={m:3d} floor {r['floor_us']:7.2f} cublas {r['cublas_us']:7.2f} "
-                  f"best split {best['splits']} {best['us']:7.2f} us", flush=True)
+            line = (f"{name:18s} M={m:3d} floor {r['floor_us']:7.2f} cublas {r['cublas_us']:7.2f} "
+                    f"best split {best['splits']} {best['us']:7.2f} us")
+            if args.skinny:
+                fast = min((c for c in r["skinny"] if "us" in c), key=lambda c: c["us"])
+                line += f"  skinny {fast['splits']} {fast['tiles']} {fast['us']:7.2f} us"
+            print(line, flush=True)
         for name, n, k in LM_HEADS:
+            if wanted:
+                break
             result["lm_head"].append(lm_head_case(name, n, k, m))
             print(result["lm_head"][-1], flush=True)
     results_io.write(args.out, result)
