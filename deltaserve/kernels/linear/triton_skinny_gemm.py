@@ -56,7 +56,10 @@ class SkinnyTiles(NamedTuple):
 
 # Up to this many rows the dispatch takes the skinny GEMM (see faster_than_cublas). Above, cuBLAS: at 64
 # and 128 rows the best tall tiles measured no faster on 19 of the 20 projections of the benchmark shapes
-# (benchmarks/results/skinny_gemm_tall.json; 9B down projection at 128 rows 55.7 vs 33.3 us).
+# (benchmarks/results/skinny_gemm_tall.json; 9B down projection at 128 rows 55.7 vs 33.3 us). At 24 and 32
+# rows the GDN input projections alone read 1.2-1.9 us faster here, with 32 x 128 tiles in 3 stages
+# (split_gemm_skinny_rows.json), but in the 9B shape's decode graphs the step took 6.022-6.024 against
+# 5.965 ms at 32 sequences and 5.775 against 5.729-5.732 at 24 (engine_qwen3.5-9b_tall_skinny_same_machine.json).
 MAX_ROWS = 16
 MAX_TILE_ROWS = 128  # the most rows one program covers (x padded to a power of two from 16)
 
