@@ -9,14 +9,21 @@ at C=1 the decode step (vLLM's 185.5 tok/s is 5.39 ms per step), above it the ge
 the wall time of the whole closed batch, its prefill included (vLLM's bench.py aggregate), which is
 deltaserve's `closed_batch_tok_s` (batch prefill + 255 decode steps for the results written before
 that field existed). `side_by_side_<shape>.json` has both engines measured in one command (both shapes).
+
+Each shape's `misses` lists the targets its rows miss, by how much, and what meeting them would take:
+for a closed batch the decode step beside that step's floor and the fp32 GDN state's part of it; for a
+prefill, from the shape's profile (PREFILL_PROFILE), the kernels' time by family and what all but the
+GEMMs and attention would have to fit in.
 """
 
 import glob
 import json
 import os
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
+sys.path.insert(0, os.path.join(HERE, ".."))  # benchmarks.shapes
 
 VLLM = {
     "qwen3.5-9b": {"decode": {1: 185.5, 2: 237.5, 4: 698, 8: 1365, 16: 2596, 32: 4777, 64: 8128, 128: 11953},
@@ -526,7 +533,7 @@ def compare(shape: str, suffix: str = "") -> dict:
     # Each row comes from the latest run that measured it; a bf16-state run (suffix) is followed only by
     # the bf16-state A/B runs' newest tree.
     runs = [ours] + (later_bf16_runs(shape) if suffix == "_bf16_state" else [] if suffix else later_runs(shape))
-    rows = []
+    rows, missed = [], []
     for c, (row, commit) in sorted(latest_rows(runs, "decode", "concurrency").items()):
         entry = {"concurrency": c, "commit": commit, "deltaserve_tok_s": peer_instrument_tok_s(row),
                  "deltaserve_decode_tok_s": row["aggregate_tok_s"], "floor_ratio": row["floor_ratio"]}
@@ -534,6 +541,8 @@ def compare(shape: str, suffix: str = "") -> dict:
             entry["vllm_tok_s"] = peer["decode"][c]
             entry["ratio_to_vllm"] = round(entry["deltaserve_tok_s"] / peer["decode"][c], 3)
             entry["meets_1_1x"] = entry["ratio_to_vllm"] >= 1.1
+            if not entry["meets_1_1x"] and c > 1:
+                missed.append(decode_miss(shape, row, entry))
         rows.append(entry)
     prefill = []
     for tokens, (row, commit) in sorted(latest_rows(runs, "prefill", "tokens").items()):
@@ -545,11 +554,82 @@ def compare(shape: str, suffix: str = "") -> dict:
         prefill.append(entry)
     out = {"commit": ours["commit"], "date": ours["date"], "decode": rows, "prefill": prefill,
            "where_the_time_goes": NOTES[shape]}
+    if not suffix:
+        missed += [prefill_miss(shape, entry) for entry in prefill if entry.get("meets_0_9x") is False]
+        out["misses"] = missed
     c1 = next((r for r in rows if r["concurrency"] == 1), None)  # a bf16-state run may have none
     if c1 is not None:
         out.update(c1_tok_s=c1["deltaserve_decode_tok_s"], c1_commit=c1["commit"], c1_floor_ratio=c1["floor_ratio"],
                    c1_target=C1_TARGET[shape], c1_meets_target=c1["deltaserve_decode_tok_s"] >= C1_TARGET[shape])
     return out
+
+
+BANDWIDTH = 4.24e12  # bytes/s, the H200's measured copy bandwidth (engine_bench's floor)
+
+
+def gdn_state_bytes(shape: str) -> int:
+    """One sequence's recurrent GDN state over all GDN layers, in fp32."""
+    from benchmarks.shapes import shape_config
+
+    cfg = shape_config(shape)
+    per_layer = cfg["linear_num_value_heads"] * cfg["linear_key_head_dim"] * cfg["linear_value_head_dim"] * 4
+    return per_layer * cfg["layer_types"].count("linear_attention")
+
+
+def decode_miss(shape: str, row: dict, entry: dict) -> dict:
+    """By how much a closed batch misses 1.1x vLLM's figure, and the step that would meet it beside the
+    step's floor and the part of that floor the fp32 GDN state takes (reading and writing it once)."""
+    c = entry["concurrency"]
+    needed = 1.1 * entry["vllm_tok_s"]
+    miss = {"row": f"decode C={c}", "commit": entry["commit"], "tok_s": entry["deltaserve_tok_s"],
+            "needed_tok_s": round(needed, 1), "short_by_pct": round(100 * (1 - entry["deltaserve_tok_s"] / needed), 1)}
+    state_ms = c * gdn_state_bytes(shape) * 2 / BANDWIDTH * 1e3
+    if "prefill_s" in row:  # the closed batch is its prefill and GENERATED - 1 steps
+        needed_step = (c * GENERATED / needed - row["prefill_s"]) / (GENERATED - 1) * 1e3
+        miss.update(batch_prefill_s=row["prefill_s"], step_ms=row["step_ms"], needed_step_ms=round(needed_step, 3),
+                    step_floor_ms=row["floor_ms"], needed_floor_ratio=round(row["floor_ms"] / needed_step, 3),
+                    floor_ratio=row["floor_ratio"])
+    miss["fp32_gdn_state_floor_ms"] = round(state_ms, 3)  # a bf16 state would take half
+    together = side_by_side(shape, "_fp32_state")
+    same = next((r for r in (together or {}).get("decode", []) if r["concurrency"] == c), None)
+    if same is not None:  # vLLM given the same fp32 state, in one command
+        miss["closed_batch_speedup_over_vllm_with_fp32_state"] = same["closed_batch_speedup"]
+    return miss
+
+
+# The newest profile of each shape's long prefills (profile_prefill.py), where a prefill target is missed.
+PREFILL_PROFILE = {"qwen3.5-9b": "profile_prefill_qwen3.5-9b_8192_32768_3a101c3.json"}
+
+
+def kernel_family(name: str) -> str:
+    """cuBLAS GEMMs, cuDNN's attention, or the rest (deltaserve's Triton kernels, copies)."""
+    if name.startswith(("nvjet", "sm90_xmma", "cutlass")) or "gemm" in name and "skinny" not in name:
+        return "gemm"
+    return "attention" if "sdpa" in name or "flash" in name else "other"
+
+
+def prefill_miss(shape: str, entry: dict) -> dict:
+    """By how much a prefill misses 0.9x vLLM's time; from the shape's profile, its kernels' milliseconds by
+    family and what the rest would have to fit in beside the GEMMs and attention as profiled."""
+    target_s = 0.9 * entry["vllm_s"]
+    miss = {"row": f"prefill {entry['tokens']}", "commit": entry["commit"], "s": entry["deltaserve_s"],
+            "needed_s": round(target_s, 4), "over_by_pct": round(100 * (entry["deltaserve_s"] / target_s - 1), 1)}
+    name = PREFILL_PROFILE.get(shape)
+    profile = json.load(open(os.path.join(RESULTS, name))) if name else {"prefill": []}
+    for run in profile["prefill"]:
+        if run["tokens"] != entry["tokens"] or run["prompts"] != 1:
+            continue
+        families = {"gemm": 0.0, "attention": 0.0}
+        for kernel in run["kernels"]:
+            if kernel["name"] != "ALL KERNELS" and not kernel["name"].startswith("HOST"):
+                families.setdefault(kernel_family(kernel["name"]), 0.0)
+                families[kernel_family(kernel["name"])] += kernel["ms"]
+        every = next(k["ms"] for k in run["kernels"] if k["name"] == "ALL KERNELS")
+        families["other"] = every - families["gemm"] - families["attention"]  # the table may stop short
+        miss["profile"] = {"file": name, "commit": profile["commit"], "ttft_s": run["ttft_s"],
+                           "kernels_ms": {k: round(v, 1) for k, v in families.items()},
+                           "other_must_fit_ms": round(target_s * 1e3 - families["gemm"] - families["attention"], 1)}
+    return miss
 
 
 PREFIX_TARGET = 10.0  # warm follow-up turn at least this many times faster than cold
