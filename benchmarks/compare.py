@@ -105,8 +105,8 @@ NOTES = {
         "engine_qwen3.5-9b_bf16_state_decode_bn64_same_machine.json, its tree labelled 5778793+bn64) and "
         "8.115-8.123 against 8.253 with the fp32 state over 2048-token prompts (engine_qwen3.5-9b_decode_bn64_"
         "prompt2048_same_machine.json), though alone the attention timed 141.8 against 132.8 us at 2048 keys. "
-        "The 35B-A3B shape's C=128 with those tiles is not timed in the engine (alone, 27.0 against 26.7 us "
-        "unsplit in 32-key tiles over 256 keys, 150.9 against 171.7 over 2048). gpu_correctness_at_5778793.json (and "
+        "The 35B-A3B shape's C=128 with those tiles (alone, 27.0 against 26.7 us unsplit in 32-key tiles over "
+        "256 keys, 150.9 against 171.7 over 2048): the 35B-A3B notes. gpu_correctness_at_5778793.json (and "
         "_at_93e765a.json, gpu_correctness_bf16_state_at_93e765a.json, the streamed decode kernels' tree): the "
         "tiny Qwen3.5 and Qwen3.5-MoE checkpoints pass.",
         "The gated output norm in the decode kernel's epilogue, each program's tile spanning its head (f82a1a1, "
@@ -327,8 +327,10 @@ NOTES = {
         "command with the default fp32 state (engine_qwen3.5-35b-a3b_decode_splits_same_machine.json): C=64, "
         "its 128 programs now in 4 key splits, steps 17.868-17.869 against 17.917-17.919 ms, closed batches "
         "3497-3498 against 3488 tok/s (1.056x the issue's 3312); C=32 split 4 ways before and after (13.229-"
-        "13.230 against 13.227-13.233 ms); C=128 in 2 splits 22.203-22.212 against 22.178-22.182, since "
-        "(6bd4e36) in 64-key tiles unsplit, not timed in the engine.",
+        "13.230 against 13.227-13.233 ms); C=128 in 2 splits 22.203-22.212 against 22.178-22.182. Since "
+        "6bd4e36 C=128 takes 64-key tiles unsplit: against its parent 3a4e664 (two splits), alternated twice "
+        "in one command on a slower host (engine_qwen3.5-35b-a3b_decode_bn64_same_machine.json), steps "
+        "22.450-22.451 against 22.493 ms, closed batches 5490-5492 against 5482-5487 tok/s.",
         "At 0f68ecf beside vLLM in one command with vLLM's GDN state in fp32 as well (vllm_peer.py; "
         "side_by_side_qwen3.5-35b-a3b_fp32_state.json): closed batches 1.810x / 1.159x / 1.110x / 1.094x vLLM's "
         "tok/s at C=1 / 32 / 64 / 128, steps 2.399 / 13.233 / 17.946 / 22.244 ms against 4.388 / 14.640 / "
