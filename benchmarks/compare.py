@@ -43,10 +43,11 @@ NOTES = {
         "9.259-9.263 ms at C=32 / 64 / 128 against 0f66749's 5.797-5.798 / 6.872 / 9.198-9.204, closed batches "
         "5136-5141 / 8310-8316 / 11814-11829 tok/s against 5190-5192 / 8406-8407 / 11877-11897: the newer tree "
         "is 0.6-1.2% slower a step at every concurrency, with the same batch prefill. What in the 131 commits "
-        "between them costs it is not yet found: the engine's A/B runs of the changes that touch these steps "
-        "(the fp32 decode kernel streamed from 64 sequences, attention's key splits and 64-key tiles, the "
-        "skinny GEMM's rows) each measured faster or kept the code as it was, on the trees before and after "
-        "them; the start-up warm-up (3884358) runs before these batches at 58293a2 and not at 0f66749.",
+        "between them costs it is not yet found. The kernel changes kept in that range were each timed in the "
+        "engine against the tree before them, faster, though not all with this state and prompt length: the "
+        "fp32 decode kernel streamed from 64 sequences (fp32, 128-token prompts), attention's key splits and "
+        "64-key tiles (a bf16 state over 128-token prompts, fp32 over 2048). The start-up warm-up (3884358) "
+        "runs before these batches at 58293a2 and not at 0f66749.",
         "At 0f68ecf beside vLLM in one command with vLLM's GDN state in fp32 as well (benchmarks/vllm_peer.py "
         "hands its engine mamba_ssm_cache_dtype=float32, what the released Qwen3.5 checkpoints' configs ask "
         "through mamba_ssm_dtype; side_by_side_qwen3.5-9b_fp32_state.json): closed batches 1.212x / 1.123x / "
