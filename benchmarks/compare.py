@@ -48,6 +48,13 @@ NOTES = {
         "fp32 decode kernel streamed from 64 sequences (fp32, 128-token prompts), attention's key splits and "
         "64-key tiles (a bf16 state over 128-token prompts, fp32 over 2048). The start-up warm-up (3884358) "
         "runs before these batches at 58293a2 and not at 0f66749.",
+        "Where a C=32 closed batch goes at 142795c (profile_qwen3.5-9b_c32_142795c.json, "
+        "profile_prefill_qwen3.5-9b_32x128_142795c.json): its decode graph replays in 5.866 ms, 5.984 ms of "
+        "kernels a step of which cuBLAS's GEMMs take 4.378 (gate/up 1.698, the down and output projections "
+        "split along K 1.306, the GDN input and qkv projections 0.884, the LM head 0.490; 3.74 ms is their "
+        "weights' floor), the GDN decode 0.841 (35 us a layer, 0.90 of its fp32 states' floor), RMSNorm 0.199, "
+        "attention and its split merge 0.223, the gated norm 0.141, conv 0.097; the batch's prefill "
+        "(ttft 98.5 ms) is 90.8 ms of kernels, 74.7 of them cuBLAS GEMMs.",
         "At 0f68ecf beside vLLM in one command with vLLM's GDN state in fp32 as well (benchmarks/vllm_peer.py "
         "hands its engine mamba_ssm_cache_dtype=float32, what the released Qwen3.5 checkpoints' configs ask "
         "through mamba_ssm_dtype; side_by_side_qwen3.5-9b_fp32_state.json): closed batches 1.212x / 1.123x / "
