@@ -51,7 +51,7 @@ NOTES = {
         "Where a C=32 closed batch goes at 142795c (profile_qwen3.5-9b_c32_142795c.json, "
         "profile_prefill_qwen3.5-9b_32x128_142795c.json): its decode graph replays in 5.866 ms, 5.984 ms of "
         "kernels a step of which cuBLAS's GEMMs take 4.378 (gate/up 1.698, the down and output projections "
-        "split along K 1.306, the GDN input and qkv projections 0.884, the LM head 0.490; 3.74 ms is their "
+        "split along K 1.306, the GDN input and qkv projections 0.884, the LM head 0.490; about 3.76 ms is their "
         "weights' floor), the GDN decode 0.841 (35 us a layer, 0.90 of its fp32 states' floor), RMSNorm 0.199, "
         "attention and its split merge 0.223, the gated norm 0.141, conv 0.097; the batch's prefill "
         "(ttft 98.5 ms) is 90.8 ms of kernels, 74.7 of them cuBLAS GEMMs.",
