@@ -17,6 +17,7 @@ four reads each weight fastest above the skinny GEMM's own rows.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -66,12 +67,8 @@ def skinny_configs(x: torch.Tensor, weights: list[torch.Tensor], expected: torch
     found = []
     for splits, tiles in configs:
         cfg = {"splits": splits, "tiles": list(tiles)}
-        if splits is None:
-            def op(w, tiles=tiles):
-                return skinny_gemm(x, w, tiles)
-        else:
-            def op(w, tiles=tiles, splits=splits):
-                return skinny_gemm_parts(x, w, splits, tiles)
+        op = (functools.partial(skinny_gemm, x, tiles=tiles) if splits is None
+              else functools.partial(skinny_gemm_parts, x, splits=splits, tiles=tiles))
         try:
             out = op(weights[0])
             out = (out.total() if splits else out).float()
@@ -132,15 +129,11 @@ def main() -> None:
     ap.add_argument("--rows", default="32,64,128")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "split_gemm.json"))
     ap.add_argument("--skinny", action="store_true", help="also the skinny GEMM, whole and split")
-    ap.add_argument("--shapes", default="", help="comma-separated SHAPES names to run (default all)")
     args = ap.parse_args()
-    wanted = {name for name in args.shapes.split(",") if name}
     rows = [int(r) for r in args.rows.split(",")]
     result = results_io.header() | {"cases": [], "lm_head": []}
     for m in rows:
         for name, n, k, feeds_norm in SHAPES:
-            if wanted and name not in wanted:
-                continue
             result["cases"].append(case(name, n, k, feeds_norm, m, args.skinny))
             r = result["cases"][-1]
             best = min(r["splits"], key=lambda s: s["us"])
@@ -151,8 +144,6 @@ def main() -> None:
                 line += f"  skinny {fast['splits']} {fast['tiles']} {fast['us']:7.2f} us"
             print(line, flush=True)
         for name, n, k in LM_HEADS:
-            if wanted:
-                break
             result["lm_head"].append(lm_head_case(name, n, k, m))
             print(result["lm_head"][-1], flush=True)
     results_io.write(args.out, result)
