@@ -45,7 +45,7 @@ NOTES = {
         "is 0.6-1.2% slower a step at every concurrency, with the same batch prefill. The start-up warm-up "
         "(3884358) costs it: alternated twice in one command on another H200 (engine_qwen3.5-9b_bisect_same_"
         "machine.json), 0f66749 stepped in 5.907 / 9.464-9.466 ms at C=32 / 128, 22fcb60 (the warm-up added) "
-        "6.011-6.014 / 9.552-9.556, b14b51f and f00d81c the same within 0.06 ms, 059c92f 5.970 / 9.501-9.508, "
+        "6.011-6.014 / 9.552-9.556, b14b51f and f00d81c within 0.06 ms of it, 059c92f 5.970 / 9.501-9.508, "
         "and 059c92f without the warm-up 5.866-5.867 / 9.441-9.446: without it the newest tree is 0.7% / 0.2% "
         "faster than the rows' tree, so the kernel changes between them gained and the warm-up takes about "
         "0.1 ms a step. Its allocator order is not the cause: 059c92f handing out KV blocks, state slots or "
