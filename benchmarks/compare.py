@@ -51,8 +51,11 @@ NOTES = {
         "0.1 ms a step. Its allocator order is not the cause: 059c92f handing out KV blocks, state slots or "
         "both from the start of their pools again after the warm-up stepped as 059c92f did (5.968-5.970 ms "
         "at C=32) while 059c92f without the warm-up took 5.867-5.869 "
-        "(engine_qwen3.5-9b_warm_up_reset_same_machine.json). The step time is wall time, host work "
-        "included; what the warm-up leaves behind that costs it is not yet found.",
+        "(engine_qwen3.5-9b_warm_up_reset_same_machine.json). Nor are the caches it fills: e6e5aa2 ending "
+        "its warm-up with gc.collect() and gc.freeze(), with torch.cuda.empty_cache(), or with the pinned "
+        "host blocks emptied stepped in 5.965-5.970 ms at C=32, as e6e5aa2 did (5.966-5.967), against "
+        "5.864-5.865 without the warm-up (engine_qwen3.5-9b_after_warm_up_same_machine.json). The step time "
+        "is wall time, host work included; what the warm-up leaves behind that costs it is not yet found.",
         "Where a C=32 closed batch goes at 142795c (profile_qwen3.5-9b_c32_142795c.json, "
         "profile_prefill_qwen3.5-9b_32x128_142795c.json): its decode graph replays in 5.866 ms, 5.984 ms of "
         "kernels a step of which cuBLAS's GEMMs take 4.378 (gate/up 1.698, the down and output projections "
