@@ -1,0 +1,125 @@
+"""What the start-up warm-up leaves behind that slows later decode steps, measured in one process.
+
+    python benchmarks/warm_up_cost.py qwen3.5-9b --concurrency 32 --sleep 20 --out benchmarks/results/X.json
+
+The engine starts without its warm-up. Closed decode batches (engine_bench.py's instrument) are timed
+before the warm-up, after it (`--groups` picks which of its groups run: `all`, or a slice `a:b` of
+warm_up_groups' list), and after `--sleep` idle seconds; each phase also records the GPU's clocks and
+temperature, and the CUDA kernels of a short profiled batch by total time per step, so a difference
+shows as slower kernels (the GPU's side) or as the same kernels further apart (the host's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from benchmarks import results_io  # noqa: E402
+from benchmarks.engine_bench import run_batch, sync  # noqa: E402
+from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
+from deltaserve.engine.warm_up import warm_up_groups  # noqa: E402
+from deltaserve.sampling_params import SamplingParams  # noqa: E402
+
+GENERATED = 256
+PROFILED = 32  # tokens of the profiled batch
+
+
+def gpu_clocks() -> dict:
+    """The SM and memory clocks (MHz), temperature (C) and power (W) nvidia-smi reads now."""
+    fields = "clocks.sm,clocks.mem,temperature.gpu,power.draw"
+    try:
+        line = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return dict(zip(fields.split(","), (float(v) for v in line.split(","))))
+
+
+def kernel_times(engine, prompts) -> tuple[dict[str, float], int]:
+    """{kernel: device ms per decode step} over a profiled closed batch of PROFILED tokens, and its steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        r = run_batch(engine, prompts, PROFILED)
+        sync()
+    steps = r["decode_steps"] + 1  # the prefill step's kernels are in the table too
+    return {e.key[:80]: e.device_time_total / 1e3 / steps for e in prof.key_averages() if e.device_time_total > 0}, steps
+
+
+def run_groups(engine, spec: str) -> int:
+    """The warm-up's groups `spec` (`all` or `a:b`), each through the engine as warm_up() sends them."""
+    groups = warm_up_groups(engine.config.max_num_seqs, engine.config.max_num_batched_tokens, engine.max_model_len)
+    if spec != "all":
+        a, b = (int(x) if x else None for x in spec.split(":"))
+        groups = groups[a:b]
+    tokens = random_tokens(engine.model_config.vocab_size, seed=1)
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
+    for g, lengths in enumerate(groups):
+        for i, length in enumerate(lengths):
+            engine.add_request(f"warm-up-{g}-{i}", tokens(length), params)
+        while engine.has_unfinished_requests():
+            engine.step(final_only=True)
+    engine.reset_prefix_cache()
+    engine.reset_stats()
+    return len(groups)
+
+
+def phase(engine, name: str, prompts, repeats: int) -> dict:
+    clocks_before = gpu_clocks()
+    steps_ms = []
+    for _ in range(repeats):
+        r = run_batch(engine, prompts(), GENERATED)
+        steps_ms.append(round(r["decode_s"] / r["decode_steps"] * 1e3, 3))
+    clocks_after = gpu_clocks()
+    kernels, _ = kernel_times(engine, prompts())
+    row = {"phase": name, "step_ms": steps_ms, "clocks_before": clocks_before, "clocks_after": clocks_after,
+           "kernels_ms_per_step": dict(sorted(kernels.items(), key=lambda kv: -kv[1]))}
+    print(name, steps_ms, clocks_before, clocks_after, round(sum(kernels.values()), 3), flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
+    ap.add_argument("--sleep", type=float, default=20.0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--max-model-len", type=int, default=33024)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    c = args.concurrency
+    engine = dummy_engine(args.shape, max_num_seqs=c, max_num_batched_tokens=args.prompt_len * c,
+                          max_model_len=args.max_model_len, enable_prefix_caching=False, warm_up=False)
+    tokens = random_tokens(engine.model_config.vocab_size)
+    prompts = lambda: [tokens(args.prompt_len) for _ in range(c)]  # noqa: E731
+    run_batch(engine, prompts(), 16)  # kernels compiled and tuned at this concurrency
+    result = {**results_io.header(), "shape": args.shape, "concurrency": c, "groups": args.groups, "phases": []}
+    result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats))
+    started = time.perf_counter()
+    count = run_groups(engine, args.groups)
+    sync()
+    result["warm_up"] = {"groups": count, "s": round(time.perf_counter() - started, 2)}
+    result["phases"].append(phase(engine, f"after warm-up ({count} groups)", prompts, args.repeats))
+    time.sleep(args.sleep)
+    result["phases"].append(phase(engine, f"after {args.sleep:g} s idle", prompts, args.repeats))
+    before, after = (result["phases"][i]["kernels_ms_per_step"] for i in (0, 1))
+    diff = {k: round(after.get(k, 0) - before.get(k, 0), 4) for k in set(before) | set(after)}
+    result["kernel_change_ms_per_step"] = dict(sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:15])
+    results_io.write(args.out, result)
+    print("kernels whose time per step changed most after the warm-up (ms):")
+    for k, v in result["kernel_change_ms_per_step"].items():
+        print(f"  {v:+.4f}  {k}")
+
+
+if __name__ == "__main__":
+    main()
