@@ -12,6 +12,7 @@ shows as slower kernels (the GPU's side) or as the same kernels further apart (t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -72,6 +73,21 @@ def run_groups(engine, spec: str) -> int:
     return len(groups)
 
 
+def fresh_attention(backend: str, rows: int = 2048) -> None:
+    """One call of the fresh-prefill attention (torch's sdpa) at the 9B shape's heads, outside the engine:
+    `default` lets torch pick its backend, `flash` and `cudnn` pin one."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh
+
+    q = torch.randn(rows, 16, 256, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(rows, 4, 256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    pinned = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}.get(backend)
+    with sdpa_kernel(pinned) if pinned is not None else contextlib.nullcontext():
+        causal_attention_fresh(q, k, v, [0, rows], 256**-0.5)
+    torch.cuda.synchronize()
+
+
 def phase(engine, name: str, prompts, repeats: int) -> dict:
     clocks_before = gpu_clocks()
     steps_ms = []
@@ -92,24 +108,37 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
+    ap.add_argument("--trigger", default="warm-up", choices=["warm-up", "default", "flash", "cudnn"],
+                    help="what runs between the first two phases: the warm-up's groups, or one fresh-prefill "
+                    "attention call with torch's sdpa backend of that name")
+    ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
+                    help="one fresh-prefill attention call with that backend before the engine starts")
     ap.add_argument("--sleep", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=33024)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     c = args.concurrency
+    if args.attention_first:
+        fresh_attention(args.attention_first)
     engine = dummy_engine(args.shape, max_num_seqs=c, max_num_batched_tokens=args.prompt_len * c,
                           max_model_len=args.max_model_len, enable_prefix_caching=False, warm_up=False)
     tokens = random_tokens(engine.model_config.vocab_size)
     prompts = lambda: [tokens(args.prompt_len) for _ in range(c)]  # noqa: E731
     run_batch(engine, prompts(), 16)  # kernels compiled and tuned at this concurrency
-    result = {**results_io.header(), "shape": args.shape, "concurrency": c, "groups": args.groups, "phases": []}
+    result = {**results_io.header(), "shape": args.shape, "concurrency": c, "trigger": args.trigger,
+              "groups": args.groups, "attention_first": args.attention_first, "phases": []}
     result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats))
     started = time.perf_counter()
-    count = run_groups(engine, args.groups)
-    sync()
-    result["warm_up"] = {"groups": count, "s": round(time.perf_counter() - started, 2)}
-    result["phases"].append(phase(engine, f"after warm-up ({count} groups)", prompts, args.repeats))
+    if args.trigger == "warm-up":
+        count = run_groups(engine, args.groups)
+        sync()
+        result["warm_up"] = {"groups": count, "s": round(time.perf_counter() - started, 2)}
+        name = f"after warm-up ({count} groups)"
+    else:
+        fresh_attention(args.trigger)
+        name = f"after one fresh-prefill attention call ({args.trigger} backend)"
+    result["phases"].append(phase(engine, name, prompts, args.repeats))
     time.sleep(args.sleep)
     result["phases"].append(phase(engine, f"after {args.sleep:g} s idle", prompts, args.repeats))
     before, after = (result["phases"][i]["kernels_ms_per_step"] for i in (0, 1))
