@@ -274,6 +274,40 @@ def attention(seq_lens, q_lens, label):
     return body
 
 
+def fresh_attention(length: int):
+    """The fresh-prefill attention (torch's sdpa without cuDNN) on one prompt: its error against the fp32
+    reference, and its time beside cuDNN's kernel on the same inputs."""
+    from torch.nn import functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh
+
+    def body():
+        q = torch.randn(length, HEADS, HEAD_DIM, dtype=BF16, device=DEV)
+        k, v = (torch.randn(length, KV_HEADS, HEAD_DIM, dtype=BF16, device=DEV) for _ in range(2))
+        scale = HEAD_DIM**-0.5
+        run = lambda: causal_attention_fresh(q, k, v, [0, length], scale)  # noqa: E731
+        res = {"shape": f"one {length}-token prompt"}
+        if length <= 8192:  # the fp32 reference holds every score: 4.3 GB at 8192 rows
+            groups = HEADS // KV_HEADS
+            with sdpa_kernel(SDPBackend.MATH):  # fp32, key heads expanded
+                expected = F.scaled_dot_product_attention(
+                    *(x.float().transpose(0, 1)[None] for x in (q, k.repeat_interleave(groups, 1),
+                                                                 v.repeat_interleave(groups, 1))),
+                    is_causal=True, scale=scale)[0].transpose(0, 1)
+            res["rel_err_out"] = rel_err(run(), expected)
+            del expected
+        if not SMOKE:
+            res["engine_eager_us"] = round(time_eager_us(run), 1)
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                cudnn = lambda: F.scaled_dot_product_attention(  # noqa: E731
+                    q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                    is_causal=True, scale=scale, enable_gqa=True)
+                res["cudnn_eager_us"] = round(time_eager_us(cudnn), 1)
+        return res
+    return body
+
+
 def attention_sweep(seq_len: int):
     """Tile configs of the prefill attention on one prompt: error at each and time."""
     from deltaserve.kernels.attention.triton_paged_attention import paged_attention
@@ -1257,6 +1291,8 @@ def main():
     run_case(report, f"paged_attention_prefill_{mid}_plus_decodes",
              attention([mid, 30, 17, 1], [mid, 1, 17, 1], f"prefill {mid} + ragged rows"))
     run_case(report, f"paged_attention_prefill_{big}", attention([big], [big], f"one {big}-token prompt"))
+    for length in (40, 64) if SMOKE else (2048, 8192, 32768):
+        run_case(report, f"fresh_attention_T{length}", fresh_attention(length))
     run_case(report, "store_kv_T1", store_kv_case(1))
     run_case(report, "store_kv_T128", store_kv_case(128))
     for tokens in (1, 128):

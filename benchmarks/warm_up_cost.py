@@ -6,7 +6,9 @@ The engine starts without its warm-up. Closed decode batches (engine_bench.py's 
 before the warm-up, after it (`--groups` picks which of its groups run: `all`, or a slice `a:b` of
 warm_up_groups' list), and after `--sleep` idle seconds; each phase also records the GPU's clocks and
 temperature, and the CUDA kernels of a short profiled batch by total time per step, so a difference
-shows as slower kernels (the GPU's side) or as the same kernels further apart (the host's).
+shows as slower kernels or as the same kernels further apart. `--trigger` runs one sdpa call of a long
+fresh prompt instead of the warm-up groups (torch's choice of backend, or one pinned), and
+`--attention-first` one before the engine starts.
 """
 
 from __future__ import annotations
@@ -74,17 +76,16 @@ def run_groups(engine, spec: str) -> int:
 
 
 def fresh_attention(backend: str, rows: int = 2048) -> None:
-    """One call of the fresh-prefill attention (torch's sdpa) at the 9B shape's heads, outside the engine:
-    `default` lets torch pick its backend, `flash` and `cudnn` pin one."""
+    """One causal sdpa call of a fresh prompt at the 9B shape's heads, outside the engine: `default` lets
+    torch pick its backend (cuDNN's on the H200), `flash` and `cudnn` pin one."""
+    from torch.nn import functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh
-
-    q = torch.randn(rows, 16, 256, dtype=torch.bfloat16, device="cuda")
-    k, v = (torch.randn(rows, 4, 256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    q = torch.randn(1, 16, rows, 256, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(1, 4, rows, 256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     pinned = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}.get(backend)
     with sdpa_kernel(pinned) if pinned is not None else contextlib.nullcontext():
-        causal_attention_fresh(q, k, v, [0, rows], 256**-0.5)
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=256**-0.5, enable_gqa=True)
     torch.cuda.synchronize()
 
 
