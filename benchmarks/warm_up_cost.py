@@ -77,15 +77,19 @@ def run_groups(engine, spec: str) -> int:
 
 def fresh_attention(backend: str, rows: int = 2048) -> None:
     """One causal sdpa call of a fresh prompt at the 9B shape's heads, outside the engine: `default` lets
-    torch pick its backend (cuDNN's on the H200), `flash` and `cudnn` pin one."""
+    torch pick its backend (cuDNN's on the H200), `flash` and `cudnn` pin one, `cudnn-side-stream` runs
+    cuDNN's on a stream of its own."""
     from torch.nn import functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q = torch.randn(1, 16, rows, 256, dtype=torch.bfloat16, device="cuda")
     k, v = (torch.randn(1, 4, rows, 256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    pinned = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}.get(backend)
+    pinned = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+              "cudnn-side-stream": SDPBackend.CUDNN_ATTENTION}.get(backend)
+    side = torch.cuda.Stream() if backend.endswith("side-stream") else None
     with sdpa_kernel(pinned) if pinned is not None else contextlib.nullcontext():
-        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=256**-0.5, enable_gqa=True)
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=256**-0.5, enable_gqa=True)
     torch.cuda.synchronize()
 
 
@@ -109,7 +113,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
-    ap.add_argument("--trigger", default="warm-up", choices=["warm-up", "default", "flash", "cudnn"],
+    ap.add_argument("--trigger", default="warm-up",
+                    choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream"],
                     help="what runs between the first two phases: the warm-up's groups, or one fresh-prefill "
                     "attention call with torch's sdpa backend of that name")
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
