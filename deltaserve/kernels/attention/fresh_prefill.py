@@ -1,22 +1,19 @@
 """Causal attention for prefill chunks that start a sequence: every key a row attends to is in the
-chunk itself, so nothing needs to be read back from the paged pool and a dense FlashAttention
+chunk itself, so nothing needs to be read back from the paged pool and a dense fused attention
 kernel (torch's scaled_dot_product_attention) does the work. Same definition as the paged
 reference for such chunks; the model uses it only where it is faster (long fresh prompts on GPU).
 
-sdpa may pick any backend but cuDNN's. On the H200 (torch 2.11, CUDA 13) one cuDNN attention call, at
-any point of the process, made every later decode step of the Qwen3.5-9B shape about 0.11 ms slower
-(5.775 -> 5.887 ms at 32 rows), its kernels' times unchanged, for as long as the process lived; with
-FlashAttention the steps stayed at 5.78 ms (warm_up_cost_*.json). cuDNN's kernel is the faster one at 8k
-tokens (a fresh 8k prompt's first token 0.200 s against 0.206-0.209 s), but a server pays the decode
-cost on every step after its first long prompt."""
+sdpa picks its backend itself: cuDNN's on the H200, which at this head size (256) takes half the time
+of FlashAttention's (878 against 1895 us at 8k tokens, 14.0 against 28.5 ms at 32k; kernels_check
+fresh_attention). It has a cost beyond its call: once a process has run one cuDNN attention kernel, on
+any stream, the decode graphs replayed after it step about 0.1 ms slower (the Qwen3.5-9B shape at 32
+rows: 5.775 -> 5.887 ms, the kernels' own times unchanged), for the rest of the process; the start-up
+warm-up's long passes are such a call. Without cuDNN the 9B shape's steps were 1.7% (32 rows) and 1.0%
+(128 rows) shorter but its first token 3-10% later at 8k tokens (12-14% at the 35B-A3B shape) and 13%
+at 32k, so cuDNN stays (warm_up_cost_*.json, engine_*_fresh_attention_backend_same_machine.json)."""
 
 import torch
 from torch.nn import functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-# Every sdpa backend but cuDNN's (see above): FlashAttention where it applies (bf16 and fp16), the
-# memory-efficient kernel or the math one otherwise (fp32 checkpoints, the CPU).
-BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def causal_attention_fresh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_start_loc: list[int],
@@ -36,8 +33,6 @@ def _one_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: floa
     # enable_gqa reads each key head for its group of query heads: no expanded copies of k and v. On the
     # H200 at 8192 tokens (16 query heads, 2 or 4 key heads, dim 256) it took 869 us against 1023 for
     # repeat_interleave and the same kernel, with the same output bit for bit (fresh_attention.json).
-    with sdpa_kernel(BACKENDS):
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                           v.transpose(0, 1)[None], is_causal=True, scale=scale,
-                                           enable_gqa=q.shape[1] != k.shape[1])
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                       is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return o[0].transpose(0, 1)
