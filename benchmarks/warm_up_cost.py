@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import subprocess
 import sys
@@ -43,6 +44,26 @@ def gpu_clocks() -> dict:
     except (OSError, subprocess.CalledProcessError):
         return {}
     return dict(zip(fields.split(","), (float(v) for v in line.split(","))))
+
+
+def context_limits() -> dict:
+    """The CUDA context's per-thread stack size and its printf and malloc heaps (cudaDeviceGetLimit), bytes:
+    one way a library's kernel can leave the whole context changed (a larger stack grows the local memory
+    every launch is given)."""
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        return {}
+    limits = {}
+    for key, code in (("stack_size", 0), ("printf_fifo_size", 1), ("malloc_heap_size", 2)):
+        value = ctypes.c_size_t()
+        if lib.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
+            limits[key] = value.value
+    return limits
 
 
 def kernel_times(engine, prompts) -> tuple[dict[str, float], int]:
@@ -102,8 +123,10 @@ def phase(engine, name: str, prompts, repeats: int) -> dict:
     clocks_after = gpu_clocks()
     kernels, _ = kernel_times(engine, prompts())
     row = {"phase": name, "step_ms": steps_ms, "clocks_before": clocks_before, "clocks_after": clocks_after,
+           "context_limits": context_limits(),
            "kernels_ms_per_step": dict(sorted(kernels.items(), key=lambda kv: -kv[1]))}
-    print(name, steps_ms, clocks_before, clocks_after, round(sum(kernels.values()), 3), flush=True)
+    print(name, steps_ms, clocks_before, clocks_after, round(sum(kernels.values()), 3), row["context_limits"],
+          flush=True)
     return row
 
 
