@@ -75,7 +75,8 @@ def kernel_times(engine, prompts) -> tuple[dict[str, float], int]:
         r = run_batch(engine, prompts, PROFILED)
         sync()
     steps = r["decode_steps"] + 1  # the prefill step's kernels are in the table too
-    return {e.key[:80]: e.device_time_total / 1e3 / steps for e in prof.key_averages() if e.device_time_total > 0}, steps
+    times = {e.key[:80]: e.device_time_total / 1e3 / steps for e in prof.key_averages() if e.device_time_total > 0}
+    return times, steps
 
 
 def run_groups(engine, spec: str) -> int:
