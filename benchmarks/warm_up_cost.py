@@ -8,7 +8,8 @@ warm_up_groups' list), and after `--sleep` idle seconds; each phase also records
 temperature, and the CUDA kernels of a short profiled batch by total time per step, so a difference
 shows as slower kernels or as the same kernels further apart. `--trigger` runs one sdpa call of a long
 fresh prompt instead of the warm-up groups (torch's choice of backend, or one pinned), and
-`--attention-first` one before the engine starts.
+`--attention-first` one before the engine starts; `--restore-limits` sets the context's stack and heap
+limits back after the trigger.
 """
 
 from __future__ import annotations
@@ -46,24 +47,38 @@ def gpu_clocks() -> dict:
     return dict(zip(fields.split(","), (float(v) for v in line.split(","))))
 
 
+LIMITS = (("stack_size", 0), ("printf_fifo_size", 1), ("malloc_heap_size", 2))  # cudaLimit codes
+
+
+def _cudart():
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
 def context_limits() -> dict:
     """The CUDA context's per-thread stack size and its printf and malloc heaps (cudaDeviceGetLimit), bytes:
     one way a library's kernel can leave the whole context changed (a larger stack grows the local memory
     every launch is given)."""
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
-    else:
-        return {}
-    limits = {}
-    for key, code in (("stack_size", 0), ("printf_fifo_size", 1), ("malloc_heap_size", 2)):
+    lib, limits = _cudart(), {}
+    for key, code in LIMITS if lib is not None else ():
         value = ctypes.c_size_t()
         if lib.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
             limits[key] = value.value
     return limits
+
+
+def restore_limits(before: dict) -> dict:
+    """Sets back each limit that differs from `before` (cudaDeviceSetLimit); returns those it set."""
+    lib, now, restored = _cudart(), context_limits(), {}
+    for key, code in LIMITS:
+        if key in before and now.get(key) != before[key]:
+            lib.cudaDeviceSetLimit(code, ctypes.c_size_t(before[key]))
+            restored[key] = (now.get(key), before[key])
+    return restored
 
 
 def kernel_times(engine, prompts) -> tuple[dict[str, float], int]:
@@ -143,6 +158,8 @@ def main() -> None:
                     "attention call with torch's sdpa backend of that name")
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
                     help="one fresh-prefill attention call with that backend before the engine starts")
+    ap.add_argument("--restore-limits", action="store_true",
+                    help="after the trigger, set the context's limits back to what they were before it")
     ap.add_argument("--sleep", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=33024)
@@ -159,6 +176,7 @@ def main() -> None:
     result = {**results_io.header(), "shape": args.shape, "concurrency": c, "trigger": args.trigger,
               "groups": args.groups, "attention_first": args.attention_first, "phases": []}
     result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats))
+    limits = context_limits()
     started = time.perf_counter()
     if args.trigger == "warm-up":
         count = run_groups(engine, args.groups)
@@ -168,6 +186,9 @@ def main() -> None:
     else:
         fresh_attention(args.trigger)
         name = f"after one fresh-prefill attention call ({args.trigger} backend)"
+    if args.restore_limits:
+        result["restored_limits"] = restore_limits(limits)
+        name += f", limits restored: {result['restored_limits']}"
     result["phases"].append(phase(engine, name, prompts, args.repeats))
     time.sleep(args.sleep)
     result["phases"].append(phase(engine, f"after {args.sleep:g} s idle", prompts, args.repeats))
