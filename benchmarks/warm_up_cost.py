@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import results_io  # noqa: E402
 from benchmarks.engine_bench import run_batch, sync  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
-from deltaserve.engine.warm_up import warm_up_groups  # noqa: E402
-from deltaserve.sampling_params import SamplingParams  # noqa: E402
+from deltaserve.engine.warm_up import warm_up, warm_up_groups  # noqa: E402
+from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh  # noqa: E402
 
 GENERATED = 256
 PROFILED = 32  # tokens of the profiled batch
@@ -81,8 +81,8 @@ def restore_limits(before: dict) -> dict:
     return restored
 
 
-def kernel_times(engine, prompts) -> tuple[dict[str, float], int]:
-    """{kernel: device ms per decode step} over a profiled closed batch of PROFILED tokens, and its steps."""
+def kernel_times(engine, prompts) -> dict[str, float]:
+    """{kernel: device ms per decode step} over a profiled closed batch of PROFILED tokens."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -90,43 +90,33 @@ def kernel_times(engine, prompts) -> tuple[dict[str, float], int]:
         r = run_batch(engine, prompts, PROFILED)
         sync()
     steps = r["decode_steps"] + 1  # the prefill step's kernels are in the table too
-    times = {e.key[:80]: e.device_time_total / 1e3 / steps for e in prof.key_averages() if e.device_time_total > 0}
-    return times, steps
+    return {e.key[:80]: e.device_time_total / 1e3 / steps for e in prof.key_averages() if e.device_time_total > 0}
 
 
 def run_groups(engine, spec: str) -> int:
-    """The warm-up's groups `spec` (`all` or `a:b`), each through the engine as warm_up() sends them."""
+    """The warm-up's groups `spec` (`all` or `a:b`) through the engine as warm_up() runs them; their count."""
     groups = warm_up_groups(engine.config.max_num_seqs, engine.config.max_num_batched_tokens, engine.max_model_len)
     if spec != "all":
         a, b = (int(x) if x else None for x in spec.split(":"))
         groups = groups[a:b]
-    tokens = random_tokens(engine.model_config.vocab_size, seed=1)
-    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
-    for g, lengths in enumerate(groups):
-        for i, length in enumerate(lengths):
-            engine.add_request(f"warm-up-{g}-{i}", tokens(length), params)
-        while engine.has_unfinished_requests():
-            engine.step(final_only=True)
-    engine.reset_prefix_cache()
-    engine.reset_stats()
+    warm_up(engine, groups)
     return len(groups)
 
 
 def fresh_attention(backend: str, rows: int = 2048) -> None:
-    """One causal sdpa call of a fresh prompt at the 9B shape's heads, outside the engine: `default` lets
-    torch pick its backend (cuDNN's on the H200), `flash` and `cudnn` pin one, `cudnn-side-stream` runs
-    cuDNN's on a stream of its own."""
-    from torch.nn import functional as F
+    """One fresh-prefill attention call (causal_attention_fresh) at the 9B shape's heads, outside the
+    engine: `default` lets torch's sdpa pick its backend (cuDNN's on the H200), `flash` and `cudnn` pin
+    one, `cudnn-side-stream` runs cuDNN's on a stream of its own."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q = torch.randn(1, 16, rows, 256, dtype=torch.bfloat16, device="cuda")
-    k, v = (torch.randn(1, 4, rows, 256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    q = torch.randn(rows, 16, 256, dtype=torch.bfloat16, device="cuda")
+    k, v = (torch.randn(rows, 4, 256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     pinned = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
               "cudnn-side-stream": SDPBackend.CUDNN_ATTENTION}.get(backend)
     side = torch.cuda.Stream() if backend.endswith("side-stream") else None
     with sdpa_kernel(pinned) if pinned is not None else contextlib.nullcontext():
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=256**-0.5, enable_gqa=True)
+            causal_attention_fresh(q, k, v, [0, rows], 256**-0.5)
     torch.cuda.synchronize()
 
 
@@ -137,7 +127,7 @@ def phase(engine, name: str, prompts, repeats: int) -> dict:
         r = run_batch(engine, prompts(), GENERATED)
         steps_ms.append(round(r["decode_s"] / r["decode_steps"] * 1e3, 3))
     clocks_after = gpu_clocks()
-    kernels, _ = kernel_times(engine, prompts())
+    kernels = kernel_times(engine, prompts())
     row = {"phase": name, "step_ms": steps_ms, "clocks_before": clocks_before, "clocks_after": clocks_after,
            "context_limits": context_limits(),
            "kernels_ms_per_step": dict(sorted(kernels.items(), key=lambda kv: -kv[1]))}

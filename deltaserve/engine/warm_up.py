@@ -73,16 +73,18 @@ def _ragged(seqs: int, rows: int, max_model_len: int) -> list[int]:
     return [length + (i % 2) for i in range(seqs)]
 
 
-def warm_up(engine) -> int:
-    """Runs the warm-up groups through `engine` (an LLMEngine with no requests); returns the steps run."""
+def warm_up(engine, groups: list[list[int]] | None = None) -> int:
+    """Runs the warm-up groups (or `groups`, some of them) through `engine` (an LLMEngine with no
+    requests); returns the steps run."""
     assert not engine.has_unfinished_requests(), "warm up an engine before it takes requests"
     config = engine.config
+    if groups is None:
+        groups = warm_up_groups(config.max_num_seqs, config.max_num_batched_tokens, engine.max_model_len)
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
     steps = 0
-    for g, lengths in enumerate(warm_up_groups(config.max_num_seqs, config.max_num_batched_tokens,
-                                               engine.max_model_len)):
+    for g, lengths in enumerate(groups):
         for i, length in enumerate(lengths):
             engine.add_request(f"warm-up-{g}-{i}", [rng.randrange(vocab) for _ in range(length)], params)
         while engine.has_unfinished_requests():
