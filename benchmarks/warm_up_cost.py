@@ -7,9 +7,9 @@ before the warm-up, after it (`--groups` picks which of its groups run: `all`, o
 warm_up_groups' list), and after `--sleep` idle seconds; each phase also records the GPU's clocks and
 temperature, and the CUDA kernels of a short profiled batch by total time per step, so a difference
 shows as slower kernels or as the same kernels further apart. `--trigger` runs one sdpa call of a long
-fresh prompt instead of the warm-up groups (torch's choice of backend, or one pinned), and
-`--attention-first` one before the engine starts; `--restore-limits` sets the context's stack and heap
-limits back after the trigger.
+fresh prompt instead of the warm-up groups (torch's choice of backend, or one pinned), one cuDNN
+convolution, or a new stack size, and `--attention-first` one attention call before the engine starts;
+`--restore-limits` sets the context's stack and heap limits back after the trigger.
 """
 
 from __future__ import annotations
@@ -120,6 +120,23 @@ def fresh_attention(backend: str, rows: int = 2048) -> None:
     torch.cuda.synchronize()
 
 
+def cudnn_convolution() -> None:
+    """One convolution through cuDNN (its library and handle brought up with no attention kernel run)."""
+    x = torch.randn(8, 64, 32, 32, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(64, 64, 3, 3, dtype=torch.bfloat16, device="cuda")
+    torch.nn.functional.conv2d(x, w, padding=1)
+    torch.cuda.synchronize()
+
+
+def set_stack_size(nbytes: int) -> None:
+    """Sets the context's per-thread stack size (cudaDeviceSetLimit), as a library's kernel that needs more
+    stack than the context gives makes the driver do."""
+    lib = _cudart()
+    if lib is None or lib.cudaDeviceSetLimit(0, ctypes.c_size_t(nbytes)) != 0:
+        raise RuntimeError("cudaDeviceSetLimit(cudaLimitStackSize) failed")
+    torch.cuda.synchronize()
+
+
 def phase(engine, name: str, prompts, repeats: int) -> dict:
     clocks_before = gpu_clocks()
     steps_ms = []
@@ -143,9 +160,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
     ap.add_argument("--trigger", default="warm-up",
-                    choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream"],
-                    help="what runs between the first two phases: the warm-up's groups, or one fresh-prefill "
-                    "attention call with torch's sdpa backend of that name")
+                    choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "stack"],
+                    help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
+                    "attention call with torch's sdpa backend of that name, one cuDNN convolution, or a new "
+                    "stack size (--stack-bytes)")
+    ap.add_argument("--stack-bytes", type=int, default=8192)
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
                     help="one fresh-prefill attention call with that backend before the engine starts")
     ap.add_argument("--restore-limits", action="store_true",
@@ -173,6 +192,12 @@ def main() -> None:
         sync()
         result["warm_up"] = {"groups": count, "s": round(time.perf_counter() - started, 2)}
         name = f"after warm-up ({count} groups)"
+    elif args.trigger == "cudnn-conv":
+        cudnn_convolution()
+        name = "after one cuDNN convolution"
+    elif args.trigger == "stack":
+        set_stack_size(args.stack_bytes)
+        name = f"after the stack size set to {args.stack_bytes} bytes"
     else:
         fresh_attention(args.trigger)
         name = f"after one fresh-prefill attention call ({args.trigger} backend)"
