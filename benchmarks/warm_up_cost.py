@@ -8,8 +8,8 @@ warm_up_groups' list), and after `--sleep` idle seconds; each phase also records
 temperature, and the CUDA kernels of a short profiled batch by total time per step, so a difference
 shows as slower kernels or as the same kernels further apart. `--trigger` runs one sdpa call of a long
 fresh prompt instead of the warm-up groups (torch's choice of backend, or one pinned), one cuDNN
-convolution, or a new stack size, and `--attention-first` one attention call before the engine starts;
-`--restore-limits` sets the context's stack and heap limits back after the trigger.
+convolution, cudnnCreate alone, or a new stack size, and `--attention-first` one attention call before the
+engine starts; `--restore-limits` sets the context's stack and heap limits back after the trigger.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def gpu_clocks() -> dict:
     return dict(zip(fields.split(","), (float(v) for v in line.split(","))))
 
 
-LIMITS = (("stack_size", 0), ("printf_fifo_size", 1), ("malloc_heap_size", 2))  # cudaLimit codes
+LIMITS = (("stack_size", 0), ("printf_fifo_size", 1), ("malloc_heap_size", 2), ("max_l2_fetch_granularity", 5),
+          ("persisting_l2_cache_size", 6))  # cudaLimit codes
 
 
 def _cudart():
@@ -68,6 +69,9 @@ def context_limits() -> dict:
         value = ctypes.c_size_t()
         if lib.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
             limits[key] = value.value
+    flags = ctypes.c_uint()
+    if lib is not None and lib.cudaGetDeviceFlags(ctypes.byref(flags)) == 0:
+        limits["device_flags"] = flags.value  # the host's way of waiting (spin, yield, blocking sync)
     return limits
 
 
@@ -128,6 +132,15 @@ def cudnn_convolution() -> None:
     torch.cuda.synchronize()
 
 
+def cudnn_handle() -> None:
+    """cudnnCreate and nothing else: cuDNN's own start-up (its sub-libraries loaded), no kernel of it run."""
+    lib = ctypes.CDLL("libcudnn.so.9")  # torch has it loaded already; this finds that copy
+    handle = ctypes.c_void_p()
+    if lib.cudnnCreate(ctypes.byref(handle)) != 0:
+        raise RuntimeError("cudnnCreate failed")
+    torch.cuda.synchronize()
+
+
 def set_stack_size(nbytes: int) -> None:
     """Sets the context's per-thread stack size (cudaDeviceSetLimit), as a library's kernel that needs more
     stack than the context gives makes the driver do."""
@@ -160,10 +173,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
     ap.add_argument("--trigger", default="warm-up",
-                    choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "stack"],
+                    choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "cudnn-handle",
+                             "stack"],
                     help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
-                    "attention call with torch's sdpa backend of that name, one cuDNN convolution, or a new "
-                    "stack size (--stack-bytes)")
+                    "attention call with torch's sdpa backend of that name, one cuDNN convolution, cudnnCreate "
+                    "alone, or a new stack size (--stack-bytes)")
     ap.add_argument("--stack-bytes", type=int, default=8192)
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
                     help="one fresh-prefill attention call with that backend before the engine starts")
@@ -195,6 +209,9 @@ def main() -> None:
     elif args.trigger == "cudnn-conv":
         cudnn_convolution()
         name = "after one cuDNN convolution"
+    elif args.trigger == "cudnn-handle":
+        cudnn_handle()
+        name = "after cudnnCreate"
     elif args.trigger == "stack":
         set_stack_size(args.stack_bytes)
         name = f"after the stack size set to {args.stack_bytes} bytes"
