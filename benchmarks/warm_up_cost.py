@@ -4,12 +4,14 @@
 
 The engine starts without its warm-up. Closed decode batches (engine_bench.py's instrument) are timed
 before the warm-up, after it (`--groups` picks which of its groups run: `all`, or a slice `a:b` of
-warm_up_groups' list), and after `--sleep` idle seconds; each phase also records the GPU's clocks and
-temperature, and the CUDA kernels of a short profiled batch by total time per step, so a difference
-shows as slower kernels or as the same kernels further apart. `--trigger` runs one sdpa call of a long
-fresh prompt instead of the warm-up groups (torch's choice of backend, or one pinned), one cuDNN
-convolution, cudnnCreate alone, or a new stack size, and `--attention-first` one attention call before the
-engine starts; `--restore-limits` sets the context's stack and heap limits back after the trigger.
+warm_up_groups' list), and after `--sleep` idle seconds. Each phase also records the GPU's clocks and
+temperature, the batch's decode graph replayed back to back (the GPU's own time for a step, no host work
+between), and the CUDA kernels of a short profiled batch by total time per step: a difference shows as
+slower kernels, as the same kernels further apart, or as time between the graphs. `--trigger` runs
+instead of the warm-up groups one sdpa call of a long fresh prompt (torch's choice of backend, or one
+pinned), one cuDNN convolution, cudnnCreate alone, or a new stack size; `--attention-first` runs one
+attention call before the engine starts; `--restore-limits` sets the context's stack and heap limits
+back after the trigger.
 """
 
 from __future__ import annotations
@@ -97,6 +99,26 @@ def kernel_times(engine, prompts) -> dict[str, float]:
     return {e.key[:80]: e.device_time_total / 1e3 / steps for e in prof.key_averages() if e.device_time_total > 0}
 
 
+def replay_ms(engine, size: int, replays: int = 200) -> float | None:
+    """Device ms per replay of the decode graph of `size` rows, replayed back to back with nothing else
+    launched: the graph's own time on the GPU, with no host work of the engine's between steps. The
+    buffers hold the last batch's metadata; what the replays write lands in freed KV blocks and state
+    slots, which the next batch's sequences clear or overwrite before they read them."""
+    graphs = getattr(engine.runner, "graphs", None)
+    if not torch.cuda.is_available() or graphs is None or size not in graphs.graphs:
+        return None
+    graph = graphs.graphs[size]
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return round(start.elapsed_time(end) / replays, 4)
+
+
 def run_groups(engine, spec: str) -> int:
     """The warm-up's groups `spec` (`all` or `a:b`) through the engine as warm_up() runs them; their count."""
     groups = warm_up_groups(engine.config.max_num_seqs, engine.config.max_num_batched_tokens, engine.max_model_len)
@@ -157,12 +179,14 @@ def phase(engine, name: str, prompts, repeats: int) -> dict:
         r = run_batch(engine, prompts(), GENERATED)
         steps_ms.append(round(r["decode_s"] / r["decode_steps"] * 1e3, 3))
     clocks_after = gpu_clocks()
+    replays = [replay_ms(engine, len(prompts())) for _ in range(2)]
     kernels = kernel_times(engine, prompts())
-    row = {"phase": name, "step_ms": steps_ms, "clocks_before": clocks_before, "clocks_after": clocks_after,
+    row = {"phase": name, "step_ms": steps_ms, "graph_replay_ms": replays, "clocks_before": clocks_before,
+           "clocks_after": clocks_after,
            "context_limits": context_limits(),
            "kernels_ms_per_step": dict(sorted(kernels.items(), key=lambda kv: -kv[1]))}
-    print(name, steps_ms, clocks_before, clocks_after, round(sum(kernels.values()), 3), row["context_limits"],
-          flush=True)
+    print(name, steps_ms, "replay", replays, clocks_before, clocks_after, round(sum(kernels.values()), 3),
+          row["context_limits"], flush=True)
     return row
 
 
