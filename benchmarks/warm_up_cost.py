@@ -172,6 +172,11 @@ def set_stack_size(nbytes: int) -> None:
     torch.cuda.synchronize()
 
 
+def host_state() -> dict:
+    """The process's CPU affinity and OS thread count: what a library's start-up can change on the host side."""
+    return {"cpus": len(os.sched_getaffinity(0)), "threads": len(os.listdir("/proc/self/task"))}
+
+
 def phase(engine, name: str, prompts, repeats: int) -> dict:
     clocks_before = gpu_clocks()
     steps_ms = []
@@ -183,10 +188,10 @@ def phase(engine, name: str, prompts, repeats: int) -> dict:
     kernels = kernel_times(engine, prompts())
     row = {"phase": name, "step_ms": steps_ms, "graph_replay_ms": replays, "clocks_before": clocks_before,
            "clocks_after": clocks_after,
-           "context_limits": context_limits(),
+           "context_limits": context_limits(), "host": host_state(),
            "kernels_ms_per_step": dict(sorted(kernels.items(), key=lambda kv: -kv[1]))}
     print(name, steps_ms, "replay", replays, clocks_before, clocks_after, round(sum(kernels.values()), 3),
-          row["context_limits"], flush=True)
+          row["context_limits"], row["host"], flush=True)
     return row
 
 
