@@ -63,27 +63,48 @@ def _cudart():
 
 
 def context_limits() -> dict:
-    """The CUDA context's per-thread stack size and its printf and malloc heaps (cudaDeviceGetLimit), bytes:
-    one way a library's kernel can leave the whole context changed (a larger stack grows the local memory
-    every launch is given)."""
+    """What a library can leave changed in the whole CUDA context: its limits (cudaDeviceGetLimit: the
+    per-thread stack, the printf and malloc heaps, the L2 fetch granularity and persisting set-aside,
+    bytes), the device's and the context's flags, and its preferred cache config."""
     lib, limits = _cudart(), {}
     for key, code in LIMITS if lib is not None else ():
         value = ctypes.c_size_t()
         if lib.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
             limits[key] = value.value
-    flags = ctypes.c_uint()
+    flags, cache = ctypes.c_uint(), ctypes.c_int()
     if lib is not None and lib.cudaGetDeviceFlags(ctypes.byref(flags)) == 0:
         limits["device_flags"] = flags.value  # the host's way of waiting (spin, yield, blocking sync)
+    if lib is not None and lib.cudaDeviceGetCacheConfig(ctypes.byref(cache)) == 0:
+        # the L1 / shared memory split preferred for kernels that set none: two kernels with different
+        # splits cannot share a multiprocessor, so a launch that overlaps the one before waits instead
+        limits["cache_config"] = cache.value
+    driver, ctx_flags = _libcuda(), ctypes.c_uint()
+    if driver is not None and driver.cuCtxGetFlags(ctypes.byref(ctx_flags)) == 0:
+        limits["context_flags"] = ctx_flags.value
     return limits
 
 
+def _libcuda():
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
 def restore_limits(before: dict) -> dict:
-    """Sets back each limit that differs from `before` (cudaDeviceSetLimit); returns those it set."""
+    """Sets back each limit, the cache config and the context's flags where they differ from `before`;
+    returns those it set."""
     lib, now, restored = _cudart(), context_limits(), {}
     for key, code in LIMITS:
         if key in before and now.get(key) != before[key]:
             lib.cudaDeviceSetLimit(code, ctypes.c_size_t(before[key]))
             restored[key] = (now.get(key), before[key])
+    if "cache_config" in before and now.get("cache_config") != before["cache_config"]:
+        lib.cudaDeviceSetCacheConfig(before["cache_config"])
+        restored["cache_config"] = (now.get("cache_config"), before["cache_config"])
+    if "context_flags" in before and now.get("context_flags") != before["context_flags"]:
+        _libcuda().cuCtxSetFlags(ctypes.c_uint(before["context_flags"]))
+        restored["context_flags"] = (now.get("context_flags"), before["context_flags"])
     return restored
 
 
