@@ -19,6 +19,17 @@ def commit() -> str:
         return "unknown"
 
 
+# environment variables that change what a run measures: they belong to its exact command
+SETTINGS = ("CUDNN_", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING", "DELTASERVE_", "TRITON_")
+
+
+def command() -> str:
+    """The command line as run, led by the settings in its environment (DELTASERVE_COMMIT is the commit)."""
+    settings = [f"{k}={v}" for k, v in sorted(os.environ.items())
+                if k.startswith(SETTINGS) and k != "DELTASERVE_COMMIT"]
+    return shlex.join(settings + [os.path.basename(sys.executable)] + sys.argv)  # an empty argument shows as ''
+
+
 def header() -> dict:
     import torch
 
@@ -27,7 +38,7 @@ def header() -> dict:
         "commit": commit(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
-        "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),  # an empty argument shows as ''
+        "command": command(),
     }
 
 
