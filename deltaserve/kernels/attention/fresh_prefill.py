@@ -5,12 +5,16 @@ reference for such chunks; the model uses it only where it is faster (long fresh
 
 sdpa picks its backend itself: cuDNN's on the H200, which at this head size (256) takes half the time
 of FlashAttention's (878 against 1895 us at 8k tokens, 14.0 against 28.5 ms at 32k; kernels_check
-fresh_attention). It has a cost beyond its call: once a process has run one cuDNN attention kernel, on
-any stream, the decode graphs replayed after it step about 0.1 ms slower (the Qwen3.5-9B shape at 32
-rows: 5.775 -> 5.887 ms, the kernels' own times unchanged), for the rest of the process; the start-up
-warm-up's long passes are such a call. Without cuDNN the 9B shape's steps were 1.7% (32 rows) and 1.0%
-(128 rows) shorter but its first token 3-10% later at 8k tokens (12-14% at the 35B-A3B shape) and 13%
-at 32k, so cuDNN stays (warm_up_cost_*.json, engine_*_fresh_attention_backend_same_machine.json)."""
+fresh_attention). cuDNN has a cost beyond its call: once it has started in a process (cudnnCreate alone
+does it, before any kernel of it runs), the decode graphs replayed after it run slower for the rest of
+the process. The Qwen3.5-9B shape's graph, replayed back to back, took 0.11 ms longer at 24 and 32 rows
+but 0.008 ms at 16, where the skinny Triton GEMM takes the output and down projections instead of
+cuBLAS; with DELTASERVE_PDL=0 the 32-row steps were as slow before cuDNN as after (5.967 ms), so what it
+takes is what programmatic dependent launch gained there. The context's limits, flags and cache config
+stayed as they were; eager module loading and cuDNN's GRAPH_JIT_ONLY library config did not avoid it.
+The start-up warm-up's long passes start cuDNN. Without cuDNN the 9B shape's steps were 1.7% (32 rows)
+and 1.0% (128 rows) shorter but its first token 3-10% later at 8k tokens (12-14% at the 35B-A3B shape)
+and 13% at 32k, so cuDNN stays (warm_up_cost_*.json, engine_*_fresh_attention_backend_same_machine.json)."""
 
 import torch
 from torch.nn import functional as F
