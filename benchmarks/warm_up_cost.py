@@ -10,8 +10,8 @@ between), and the CUDA kernels of a short profiled batch by total time per step:
 slower kernels, as the same kernels further apart, or as time between the graphs. `--trigger` runs
 instead of the warm-up groups one sdpa call of a long fresh prompt (torch's choice of backend, or one
 pinned), one cuDNN convolution, cudnnCreate alone, or a new stack size; `--attention-first` runs one
-attention call before the engine starts; `--restore-limits` sets the context's stack and heap limits
-back after the trigger.
+attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
+config back after the trigger.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ def context_limits() -> dict:
     if lib is not None and lib.cudaGetDeviceFlags(ctypes.byref(flags)) == 0:
         limits["device_flags"] = flags.value  # the host's way of waiting (spin, yield, blocking sync)
     if lib is not None and lib.cudaDeviceGetCacheConfig(ctypes.byref(cache)) == 0:
-        # the L1 / shared memory split preferred for kernels that set none: two kernels with different
-        # splits cannot share a multiprocessor, so a launch that overlaps the one before waits instead
+        # the L1 / shared memory split preferred for kernels that set none: kernels wanting different
+        # splits do not share a multiprocessor at once, which would keep a dependent launch from overlapping
         limits["cache_config"] = cache.value
     driver, ctx_flags = _libcuda(), ctypes.c_uint()
     if driver is not None and driver.cuCtxGetFlags(ctypes.byref(ctx_flags)) == 0:
@@ -188,7 +188,7 @@ def set_stack_size(nbytes: int) -> None:
     """Sets the context's per-thread stack size (cudaDeviceSetLimit), as a library's kernel that needs more
     stack than the context gives makes the driver do."""
     lib = _cudart()
-    if lib is None or lib.cudaDeviceSetLimit(0, ctypes.c_size_t(nbytes)) != 0:
+    if lib is None or lib.cudaDeviceSetLimit(dict(LIMITS)["stack_size"], ctypes.c_size_t(nbytes)) != 0:
         raise RuntimeError("cudaDeviceSetLimit(cudaLimitStackSize) failed")
     torch.cuda.synchronize()
 
@@ -232,7 +232,7 @@ def main() -> None:
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
                     help="one fresh-prefill attention call with that backend before the engine starts")
     ap.add_argument("--restore-limits", action="store_true",
-                    help="after the trigger, set the context's limits back to what they were before it")
+                    help="after the trigger, set the context's limits, flags and cache config back to what they were before it")
     ap.add_argument("--sleep", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=33024)
