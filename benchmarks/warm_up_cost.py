@@ -232,7 +232,8 @@ def main() -> None:
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
                     help="one fresh-prefill attention call with that backend before the engine starts")
     ap.add_argument("--restore-limits", action="store_true",
-                    help="after the trigger, set the context's limits, flags and cache config back to what they were before it")
+                    help="after the trigger, set the context's limits, flags and cache config back to what they "
+                    "were before it")
     ap.add_argument("--sleep", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=33024)
