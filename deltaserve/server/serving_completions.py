@@ -41,7 +41,7 @@ def _split_prompts(prompt: Any) -> list[str | list[int]]:
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
-        raise bad_request("prompt must not be empty", "prompt")
+        raise bad_request("prompt must not be empty", "prompt", "invalid_prompt")
     if isinstance(prompt[0], int):
         return [prompt]
     return list(prompt)
@@ -55,10 +55,10 @@ class Completions:
     def _tokenize(self, prompt: str | list[int]) -> _Prompt:
         if isinstance(prompt, str):
             if not prompt:
-                raise bad_request("prompt must not be an empty string", "prompt")
+                raise bad_request("prompt must not be an empty string", "prompt", "invalid_prompt")
             return _Prompt(prompt, self.ctx.tokenizer.encode(prompt, add_special_tokens=True))
         if not prompt:
-            raise bad_request("a token-id prompt must not be empty", "prompt")
+            raise bad_request("a token-id prompt must not be empty", "prompt", "invalid_prompt")
         return _Prompt(None, list(prompt))
 
     async def __call__(self, request: Request):

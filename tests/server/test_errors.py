@@ -55,6 +55,7 @@ CASES = {
     "n of zero": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "n": 0}, None, "n"),
     "too many logprobs": ("/v1/completions", {"model": MODEL, "prompt": "a", "logprobs": 99}, None, "logprobs"),
     "empty prompt": ("/v1/completions", {"model": MODEL, "prompt": ""}, None, "prompt"),
+    "empty token-id prompt": ("/v1/completions", {"model": MODEL, "prompt": [[1, 2], []]}, None, "prompt"),
     "token outside the vocabulary": ("/v1/completions", {"model": MODEL, "prompt": [1, 10_000_000]}, None, "prompt"),
     "image part": ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}]}]}, None, "messages.0.content"),
@@ -67,6 +68,14 @@ def test_bad_request_is_400(server, case):
     headers = {"content-type": "application/json"} if raw is not None else None
     _assert_error(_post(server, path, body, content=raw, headers=headers), 400, param)
     _still_serves(server)
+
+
+@pytest.mark.parametrize("prompt", ["", [], [1, 10_000_000]])
+def test_unusable_prompts_share_one_code(server, prompt):
+    """An empty prompt and a token outside the vocabulary are both an invalid prompt, as the engine names them."""
+    r = _post(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2})
+    _assert_error(r, 400, "prompt")
+    assert r.json()["error"]["code"] == "invalid_prompt", r.text
 
 
 def test_context_overflow_names_both_numbers(server):
