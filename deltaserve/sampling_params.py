@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from deltaserve.errors import InvalidSamplingParamsError
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 makes it the only choice
 
 
 @dataclass
@@ -24,6 +25,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # per prompt token: its logprob and the top ones (no prefix-cache hit)
     include_stop_str_in_output: bool = False
@@ -74,6 +76,15 @@ class SamplingParams:
             raise bad("repetition_penalty", self.repetition_penalty, "must be > 0")
         if self.seed is not None:
             _check_int("seed", self.seed)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise bad("logit_bias", self.logit_bias, "must map token ids to numbers")
+            for token, bias in self.logit_bias.items():
+                _check_int("logit_bias", token)
+                _check_number("logit_bias", bias)
+                if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                    limit = f"{MAX_LOGIT_BIAS:g}"
+                    raise bad("logit_bias", {token: bias}, f"a bias must be in [-{limit}, {limit}]")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:

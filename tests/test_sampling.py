@@ -106,3 +106,52 @@ def test_prompt_logprobs_match_transformers(checkpoint_factory):
         assert abs(entry[token].logprob - expected[position - 1, token].item()) < 1e-4
         assert entry[token].rank == int((expected[position - 1] > expected[position - 1, token]).sum()) + 1
         assert len([t for t, e in entry.items() if e.rank <= 2]) >= 2
+
+
+def test_logit_bias_forces_and_bans_tokens_and_logprobs_stay_the_models(checkpoint_factory):
+    llm = LLM(checkpoint_factory("llama"), device="cpu")
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(10)]
+    plain = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].outputs[0]
+    forced_id = rng.choice([t for t in range(300) if t != plain.token_ids[0]])
+    for temperature in (0, 1.0):
+        forced = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=temperature, ignore_eos=True,
+                                                       logit_bias={forced_id: 100}, logprobs=0))[0].outputs[0]
+        assert forced.token_ids == [forced_id] * 8
+        # the model's own logprob of a token it did not pick, not the biased distribution's (about 0)
+        assert forced.logprobs[0][forced_id].logprob < -1
+    banned = {t: -100 for t in plain.token_ids}
+    other = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True,
+                                                  logit_bias=banned))[0].outputs[0]
+    assert not set(other.token_ids) & set(plain.token_ids)
+    again = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].outputs[0]
+    assert again.token_ids == plain.token_ids  # nothing of the biases stays behind
+
+
+def test_bad_logit_bias_is_refused(checkpoint_factory):
+    import pytest
+
+    from deltaserve.errors import InvalidSamplingParamsError
+
+    for bias in ({1: 100.5}, {1: "up"}, {"1": 2.0}, {1: float("nan")}, [1, 2]):
+        with pytest.raises(InvalidSamplingParamsError, match="logit_bias"):
+            SamplingParams(logit_bias=bias)
+    llm = LLM(checkpoint_factory("llama"), device="cpu")
+    vocab = llm.engine.model_config.vocab_size
+    with pytest.raises(InvalidSamplingParamsError, match=f"token id {vocab} is outside the vocabulary"):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=2, logit_bias={vocab: 1.0}))
+    assert llm.generate([[1, 2]], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids
+
+
+def test_a_biased_greedy_row_is_not_left_to_the_decode_graphs_argmax():
+    from types import SimpleNamespace
+
+    from deltaserve.runner.sampler import Sampler
+
+    def rows(*params):
+        return [SimpleNamespace(params=p) for p in params]
+
+    plain = SamplingParams(temperature=0)
+    assert Sampler.greedy(rows(plain, plain))
+    assert not Sampler.greedy(rows(plain, SamplingParams(temperature=0, logit_bias={3: -100})))
+    assert Sampler.device_only(SamplingParams(temperature=0, logit_bias={3: 5}))  # no past tokens needed

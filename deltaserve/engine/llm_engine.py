@@ -100,6 +100,7 @@ class LLMEngine:
             raise InvalidSamplingParamsError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if request_id in self._parents:
             raise InvalidPromptError(f"request id {request_id!r} is already in use")
+        self._check_logit_bias(params)
         token_ids, text, token_bytes = self._prompt_tokens(prompt, prompt_text)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
         children = [
@@ -113,6 +114,13 @@ class LLMEngine:
         for child in children:
             self._owner[child] = parent
             self.scheduler.add(child)
+
+    def _check_logit_bias(self, params: SamplingParams) -> None:
+        vocab = self.model_config.vocab_size
+        for token in params.logit_bias or ():
+            if not 0 <= token < vocab:
+                raise InvalidSamplingParamsError(
+                    f"logit_bias={token}: token id {token} is outside the vocabulary [0, {vocab})")
 
     def _prompt_tokens(self, prompt, prompt_text) -> tuple[list[int], str | None, bytes]:
         """(token ids, text, the ids as int64 bytes: the prefix cache names blocks from them)."""

@@ -50,13 +50,15 @@ class Sampler:
 
     @staticmethod
     def greedy(requests: list[Request]) -> bool:
-        """Whether every row takes its logits' argmax (what a decode graph computes itself)."""
-        return all(r.params.temperature == 0 for r in requests)
+        """Whether every row takes its logits' argmax as they are (what a decode graph computes itself)."""
+        return all(r.params.temperature == 0 and not r.params.logit_bias for r in requests)
 
     def sample_on_device(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """The tokens [B] (int64, on the logits' device) of rows without penalties; nothing is read back."""
         logits = logits[:, : self.vocab_size]
-        if self.greedy(requests):
+        if any(r.params.logit_bias for r in requests):
+            logits = self._biased(logits, requests)
+        if all(r.params.temperature == 0 for r in requests):
             return logits.argmax(-1)  # greedy rows need neither masks nor noise
         params = [r.params for r in requests]
         tensor = lambda values, dtype: to_device(values, self.device, dtype)  # noqa: E731
@@ -80,6 +82,20 @@ class Sampler:
                                               dtype=torch.float32, device=self.device)
         return kernels.apply_penalties(logits, prompt_mask, counts, as_tensor("repetition_penalty"),
                                        as_tensor("frequency_penalty"), as_tensor("presence_penalty"))
+
+    def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """A copy of the logits with each row's logit_bias added (the logits themselves stay the model's:
+        logprobs are read from them)."""
+        rows, tokens, biases = [], [], []
+        for i, r in enumerate(requests):
+            for token, bias in (r.params.logit_bias or {}).items():
+                rows.append(i)
+                tokens.append(token)
+                biases.append(bias)
+        biased = logits.clone()
+        bias = to_device(biases, self.device, torch.float32).to(logits.dtype)
+        biased[to_device(rows, self.device), to_device(tokens, self.device)] += bias
+        return biased
 
     def _noise(self, requests: list[Request]) -> torch.Tensor:
         noise = torch.ones(len(requests), self.vocab_size, device=self.device)

@@ -81,6 +81,7 @@ class _SamplingFields(_Lenient):
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None
+    logit_bias: dict[StrictStr, Number] | None = None  # token ids as JSON object keys
     ignore_eos: StrictBool = False
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.sampling_params import SamplingParams
 from deltaserve.server.errors import context_length_error
 
@@ -45,8 +46,19 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
         presence_penalty=pick("presence_penalty", 0.0),
         frequency_penalty=pick("frequency_penalty", 0.0),
         repetition_penalty=pick("repetition_penalty", 1.0),
+        logit_bias=token_biases(getattr(req, "logit_bias", None)),
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
     )
+
+
+def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token ids as the JSON object's keys) with integer keys."""
+    if not logit_bias:
+        return None
+    for key in logit_bias:
+        if not (key.isascii() and key.isdigit()):
+            raise InvalidSamplingParamsError(f"logit_bias={key!r}: keys must be token ids (integers)")
+    return {int(key): bias for key, bias in logit_bias.items()}

@@ -119,6 +119,29 @@ def test_stop_strings_end_the_text_and_never_leak(client):
     assert all(stop not in "".join(chunks[: i + 1]) for i in range(len(chunks)))
 
 
+def test_logit_bias_forces_a_token_and_bans_the_greedy_ones(client, server):
+    free = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
+    ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": " Lyon"}, headers=server.headers,
+                     timeout=30).json()["tokens"]
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
+                                       logit_bias={str(ids[-1]): 100})
+    assert forced.choices[0].text == httpx.post(
+        server.url + "/detokenize", json={"model": MODEL, "tokens": [ids[-1]] * 3}, headers=server.headers,
+        timeout=30).json()["prompt"]
+    free_ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": free.choices[0].text,
+                                                           "add_special_tokens": False},
+                          headers=server.headers, timeout=30).json()["tokens"]
+    banned = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
+                                       logit_bias={str(t): -100 for t in free_ids})
+    assert banned.choices[0].text != free.choices[0].text
+    for bias, message in (({"Paris": 5}, "token ids"), ({"10000000": 5}, "outside the vocabulary"),
+                          ({"1": 101}, "in [-100, 100]")):
+        r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": PROMPT, "logit_bias": bias},
+                       headers=server.headers, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+        assert message in r.json()["error"]["message"]
+
+
 def test_seeded_sampling_is_reproducible(client):
     def sample(seed):
         return client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0,
