@@ -1,4 +1,6 @@
-"""OpenAI request bodies, validated with pydantic. Unknown fields are accepted and ignored.
+"""OpenAI request bodies, validated with pydantic. Unknown fields are accepted and ignored; known ones
+the server cannot honour (a response_format other than text, best_of other than n) are read so that
+server/sampling.py can refuse them by name.
 
 Only the shape and types are checked here; value ranges are SamplingParams' job, so one
 place states them. Responses are plain dicts built by the serving modules.
@@ -66,6 +68,10 @@ class StreamOptions(_Lenient):
     include_usage: StrictBool | None = False
 
 
+class ResponseFormat(_Lenient):
+    type: StrictStr
+
+
 class _SamplingFields(_Lenient):
     """Fields chat and completions share (OpenAI's, plus vLLM's extras)."""
 
@@ -100,12 +106,14 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_SamplingFields):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: StrictInt | None = 16
     echo: StrictBool = False
+    best_of: StrictInt | None = None
     logprobs: StrictInt | None = None
     suffix: StrictStr | None = None
 

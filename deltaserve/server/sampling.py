@@ -6,7 +6,7 @@ from typing import Any
 
 from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.sampling_params import SamplingParams
-from deltaserve.server.errors import context_length_error
+from deltaserve.server.errors import bad_request, context_length_error
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
@@ -26,6 +26,7 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
 def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
                           prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams from the fields chat and completions share; range errors propagate."""
+    refuse_unsupported(req)
 
     def pick(name: str, default):
         value = getattr(req, name, None)
@@ -52,6 +53,18 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
     )
+
+
+def refuse_unsupported(req: Any) -> None:
+    """Fields the server would otherwise accept and silently not honour: an error names them instead."""
+    response_format = getattr(req, "response_format", None)
+    if response_format is not None and response_format.type != "text":
+        raise bad_request(f"response_format of type {response_format.type!r} is not supported: the output is not "
+                          "constrained to a format (only 'text')", "response_format", "unsupported_value")
+    best_of = getattr(req, "best_of", None)
+    if best_of is not None and best_of != req.n:
+        raise bad_request(f"best_of={best_of} is not supported: ask for n choices instead", "best_of",
+                          "unsupported_value")
 
 
 def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None:

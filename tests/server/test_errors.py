@@ -57,6 +57,10 @@ CASES = {
     "empty prompt": ("/v1/completions", {"model": MODEL, "prompt": ""}, None, "prompt"),
     "empty token-id prompt": ("/v1/completions", {"model": MODEL, "prompt": [[1, 2], []]}, None, "prompt"),
     "token outside the vocabulary": ("/v1/completions", {"model": MODEL, "prompt": [1, 10_000_000]}, None, "prompt"),
+    "json response_format": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
+                                                      "response_format": {"type": "json_object"}}, None,
+                             "response_format"),
+    "best_of above n": ("/v1/completions", {"model": MODEL, "prompt": "a", "best_of": 3}, None, "best_of"),
     "image part": ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}]}]}, None, "messages.0.content"),
 }
@@ -76,6 +80,14 @@ def test_unusable_prompts_share_one_code(server, prompt):
     r = _post(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2})
     _assert_error(r, 400, "prompt")
     assert r.json()["error"]["code"] == "invalid_prompt", r.text
+
+
+def test_text_response_format_and_best_of_n_are_served(server):
+    r = _post(server, "/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": 2,
+                                               "response_format": {"type": "text"}})
+    assert r.status_code == 200, r.text
+    r = _post(server, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2, "n": 2, "best_of": 2})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
 
 
 def test_context_overflow_names_both_numbers(server):
