@@ -67,9 +67,9 @@ class ChatCompletions:
         prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools, req.chat_template_kwargs)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages")
-        top = None
-        if req.logprobs:
-            top = req.top_logprobs or 0
+        if req.top_logprobs and not req.logprobs:  # OpenAI's rule: the top ones come with the chosen one's
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs", "invalid_value")
+        top = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top)
         request_id = random_id("chatcmpl-")
         stream = await self.ctx.engine.generate(
