@@ -1,6 +1,6 @@
 """OpenAI request bodies, validated with pydantic. Unknown fields are accepted and ignored; known ones
-the server cannot honour (a response_format other than text, best_of other than n) are read so that
-server/sampling.py can refuse them by name.
+the server cannot honour (a response_format other than text, best_of other than n, a suffix) are read
+so that the server can refuse them by name.
 
 Only the shape and types are checked here; value ranges are SamplingParams' job, so one
 place states them. Responses are plain dicts built by the serving modules.

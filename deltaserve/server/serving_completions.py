@@ -66,7 +66,8 @@ class Completions:
         req = CompletionRequest.model_validate(body)
         model = self.ctx.check_model(req.model)
         if req.suffix:
-            raise bad_request("suffix is not supported", "suffix")
+            raise bad_request("suffix is not supported: the model only continues the prompt", "suffix",
+                              "unsupported_value")
         self.ctx.admit()
         prompts = [self._tokenize(p) for p in _split_prompts(req.prompt)]
         params = []

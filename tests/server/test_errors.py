@@ -62,6 +62,7 @@ CASES = {
                              "response_format"),
     "top_logprobs without logprobs": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
                                                                "top_logprobs": 3}, None, "top_logprobs"),
+    "suffix": ("/v1/completions", {"model": MODEL, "prompt": "a", "suffix": "b"}, None, "suffix"),
     "best_of above n": ("/v1/completions", {"model": MODEL, "prompt": "a", "best_of": 3}, None, "best_of"),
     "image part": ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}]}]}, None, "messages.0.content"),
