@@ -26,7 +26,6 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
 def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
                           prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams from the fields chat and completions share; range errors propagate."""
-    refuse_unsupported(req)
 
     def pick(name: str, default):
         value = getattr(req, name, None)
@@ -56,7 +55,11 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
 
 
 def refuse_unsupported(req: Any) -> None:
-    """Fields the server would otherwise accept and silently not honour: an error names them instead."""
+    """Fields the server would otherwise accept and silently not honour: an error names them instead.
+    Called once per request, before it is admitted."""
+    if getattr(req, "suffix", None):
+        raise bad_request("suffix is not supported: the model only continues the prompt", "suffix",
+                          "unsupported_value")
     response_format = getattr(req, "response_format", None)
     if response_format is not None and response_format.type != "text":
         raise bad_request(f"response_format of type {response_format.type!r} is not supported: the output is not "

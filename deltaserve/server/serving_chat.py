@@ -25,7 +25,7 @@ from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, chat_logprobs
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.protocol import ChatCompletionRequest
-from deltaserve.server.sampling import build_sampling_params, resolve_max_tokens
+from deltaserve.server.sampling import build_sampling_params, refuse_unsupported, resolve_max_tokens
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall
@@ -61,14 +61,15 @@ class ChatCompletions:
         body = await read_json_object(request)
         req = ChatCompletionRequest.model_validate(body)
         model = self.ctx.check_model(req.model)
+        refuse_unsupported(req)
+        if req.top_logprobs and not req.logprobs:  # OpenAI's rule: the top ones come with the chosen one's
+            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs", "invalid_value")
         self.ctx.admit()
         tools = _select_tools(req)
         messages = openai_messages_for_template(req.messages)
         prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools, req.chat_template_kwargs)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages")
-        if req.top_logprobs and not req.logprobs:  # OpenAI's rule: the top ones come with the chosen one's
-            raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs", "invalid_value")
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top)
         request_id = random_id("chatcmpl-")

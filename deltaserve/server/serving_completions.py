@@ -26,7 +26,7 @@ from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, completion_logprobs
 from deltaserve.server.protocol import CompletionRequest
-from deltaserve.server.sampling import build_sampling_params, resolve_max_tokens
+from deltaserve.server.sampling import build_sampling_params, refuse_unsupported, resolve_max_tokens
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 
@@ -65,9 +65,7 @@ class Completions:
         body = await read_json_object(request)
         req = CompletionRequest.model_validate(body)
         model = self.ctx.check_model(req.model)
-        if req.suffix:
-            raise bad_request("suffix is not supported: the model only continues the prompt", "suffix",
-                              "unsupported_value")
+        refuse_unsupported(req)
         self.ctx.admit()
         prompts = [self._tokenize(p) for p in _split_prompts(req.prompt)]
         params = []
