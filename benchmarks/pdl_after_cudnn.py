@@ -1,0 +1,208 @@
+"""Chains of decode-step kernels replayed as CUDA graphs, before and after a library's start-up, one process
+per trigger: which kernel boundaries lose what programmatic dependent launch (PDL) gained.
+
+    python benchmarks/pdl_after_cudnn.py --rows 24 --out benchmarks/results/pdl_after_cudnn.json
+
+In the engine, once cuDNN has started (cudnnCreate alone does it), the 9B shape's decode graph replays
+about 0.11 ms slower at 24 and 32 rows, as slow as with PDL off, where cuBLAS runs the output and down
+projections; at 16 rows, where the skinny Triton GEMM runs them, it loses 0.008 ms. Here each chain is
+LAYERS times a projection of a 4096-wide bf16 weight (cycled copies, well past the L2) followed by the
+residual add-norm (a Triton kernel launched with PDL), the pair of the engine's decode step:
+
+- split: cuBLAS split along K (split_gemm_parts), the engine's path from 17 to 128 rows;
+- whole: one cuBLAS GEMM;
+- skinny: the skinny Triton GEMM's parts (a PDL kernel too);
+- norms: the add-norm alone, back to back (Triton after Triton only).
+
+Each child process captures the chains, replays them back to back, runs the trigger, replays the same
+graphs again and then fresh captures of them. `--trace` adds a CUPTI trace of a few replays of each
+graph before and after the trigger: the gap from each kernel's end to the next one's start, averaged
+over each kind of boundary (cuBLAS to Triton, Triton to cuBLAS, Triton to Triton).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from benchmarks import results_io  # noqa: E402
+from deltaserve.kernels.linear.split_gemm import split_gemm_parts  # noqa: E402
+from deltaserve.kernels.linear.triton_skinny_gemm import skinny_gemm_parts  # noqa: E402
+from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm  # noqa: E402
+
+WIDTH = 4096
+LAYERS = 48  # 48 x 32 MiB of weights: each replay reads them from memory, not from the L2
+CHAINS = ("split", "whole", "skinny", "norms")
+TRIGGERS = ("none", "cudnn-handle", "cudnn-libraries", "cublaslt-handle")
+
+
+def cudnn_handle() -> None:
+    """cudnnCreate and nothing else (torch has libcudnn loaded; this finds that copy)."""
+    lib = ctypes.CDLL("libcudnn.so.9")
+    handle = ctypes.c_void_p()
+    if lib.cudnnCreate(ctypes.byref(handle)) != 0:
+        raise RuntimeError("cudnnCreate failed")
+
+
+def cudnn_libraries() -> list[str]:
+    """cuDNN's sub-libraries loaded into the process (what cudnnCreate loads), no cuDNN call made."""
+    loaded = [line.split()[-1] for line in open("/proc/self/maps") if "libcudnn.so" in line]
+    if not loaded:
+        raise RuntimeError("libcudnn is not loaded")
+    names = sorted(glob.glob(os.path.join(os.path.dirname(loaded[0]), "libcudnn_*.so*")))
+    for name in names:
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+    return [os.path.basename(n) for n in names]
+
+
+def cublaslt_handle() -> None:
+    """A second cuBLASLt handle, as a library that brings its own would create."""
+    loaded = [line.split()[-1] for line in open("/proc/self/maps") if "libcublasLt.so" in line]
+    lib = ctypes.CDLL(loaded[0] if loaded else "libcublasLt.so")
+    handle = ctypes.c_void_p()
+    if lib.cublasLtCreate(ctypes.byref(handle)) != 0:
+        raise RuntimeError("cublasLtCreate failed")
+
+
+def run_trigger(name: str) -> dict:
+    done: dict = {"trigger": name}
+    if name == "cudnn-handle":
+        cudnn_handle()
+    elif name == "cudnn-libraries":
+        done["libraries"] = cudnn_libraries()
+    elif name == "cublaslt-handle":
+        cublaslt_handle()
+    torch.cuda.synchronize()
+    return done
+
+
+def chain(kind: str, rows: int):
+    """The chain's step as a function of no arguments, and its buffers kept alive with it."""
+    weights = [torch.randn(WIDTH, WIDTH, device="cuda", dtype=torch.bfloat16) * WIDTH**-0.5 for _ in range(LAYERS)]
+    norm_w = torch.ones(WIDTH, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
+    project = {"split": lambda h, w: split_gemm_parts(h, w, 2), "whole": lambda h, w: h @ w.t(),
+               "skinny": skinny_gemm_parts, "norms": lambda h, w: h}[kind]
+
+    def step():
+        h, r = x, residual
+        for w in weights:
+            h, r = add_rms_norm(project(h, w), r, norm_w, 1e-6)
+        return h
+    return step
+
+
+def capture(step) -> torch.cuda.CUDAGraph:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, replays: int = 200) -> float:
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return round(start.elapsed_time(end) * 1000 / replays, 2)
+
+
+def boundary_gaps(graph: torch.cuda.CUDAGraph, replays: int = 5) -> dict:
+    """Mean gap (us) from a kernel's end to the next one's start, by kind of boundary; negative: overlap."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    gaps: dict[str, list[float]] = {}
+    for a, b in zip(kernels, kernels[1:]):
+        kind = f"{_library(a.name)}->{_library(b.name)}"
+        gaps.setdefault(kind, []).append(b.time_range.start - a.time_range.end)
+    return {k: {"boundaries": len(v), "mean_gap_us": round(sum(v) / len(v), 3)} for k, v in sorted(gaps.items())}
+
+
+def _library(kernel_name: str) -> str:
+    return "triton" if "_kernel" in kernel_name and not kernel_name.startswith(("sm90", "cutlass", "void")) \
+        else "cublas"
+
+
+def child(trigger: str, rows: int, trace: bool) -> dict:
+    steps = {kind: chain(kind, rows) for kind in CHAINS}
+    graphs = {kind: capture(step) for kind, step in steps.items()}
+    before = [{kind: replay_us(g) for kind, g in graphs.items()} for _ in range(2)]
+    gaps_before = {kind: boundary_gaps(g) for kind, g in graphs.items()} if trace else None
+    done = run_trigger(trigger)
+    after = [{kind: replay_us(g) for kind, g in graphs.items()} for _ in range(2)]
+    fresh = {kind: capture(step) for kind, step in steps.items()}
+    after_fresh = {kind: replay_us(g) for kind, g in fresh.items()}
+    gaps_after = {kind: boundary_gaps(g) for kind, g in graphs.items()} if trace else None
+    return {**done, "pdl": os.environ.get("DELTASERVE_PDL", "1") != "0", "rows": rows, "replay_us_before": before,
+            "replay_us_after": after, "replay_us_after_fresh_capture": after_fresh, "gaps_before": gaps_before,
+            "gaps_after": gaps_after}
+
+
+def table(runs: list[dict]) -> str:
+    lines = [f"{'trigger':16} {'pdl':4} {'rows':>4} " + " ".join(f"{k:>22}" for k in CHAINS)]
+    for r in runs:
+        cells = []
+        for k in CHAINS:
+            b = min(p[k] for p in r["replay_us_before"])
+            a = min(p[k] for p in r["replay_us_after"])
+            cells.append(f"{b:8.1f}->{a:8.1f}/{r['replay_us_after_fresh_capture'][k]:6.0f}")
+        lines.append(f"{r['trigger']:16} {str(r['pdl']):4} {r['rows']:>4} " + " ".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="24", help="comma-separated row counts")
+    ap.add_argument("--triggers", default=",".join(TRIGGERS), help=f"comma-separated, of {TRIGGERS}")
+    ap.add_argument("--no-pdl-too", action="store_true", help="also run each trigger with DELTASERVE_PDL=0")
+    ap.add_argument("--trace", action="store_true", help="CUPTI boundary gaps before and after each trigger")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, int(args.rows), args.trace)))
+        return
+    runs = []
+    for rows in [int(r) for r in args.rows.split(",")]:
+        for trigger in args.triggers.split(","):
+            for pdl in ("1", "0") if args.no_pdl_too else ("1",):
+                cmd = [sys.executable, __file__, "--child", trigger, "--rows", str(rows)] + (["--trace"] * args.trace)
+                out = subprocess.run(cmd, env={**os.environ, "DELTASERVE_PDL": pdl}, capture_output=True, text=True)
+                if out.returncode != 0:
+                    print(out.stderr[-3000:], file=sys.stderr)
+                    raise SystemExit(f"child {trigger} rows={rows} pdl={pdl} failed")
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+                print(table(runs[-1:]).splitlines()[-1], flush=True)
+    print(table(runs))
+    if args.out:
+        results_io.write(args.out, {**results_io.header(), "layers": LAYERS, "width": WIDTH, "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
