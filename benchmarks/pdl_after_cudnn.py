@@ -35,6 +35,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
+from benchmarks.graph_timeline import graph_boundaries  # noqa: E402
 from deltaserve.kernels.linear.split_gemm import split_gemm_parts  # noqa: E402
 from deltaserve.kernels.linear.triton_skinny_gemm import skinny_gemm_parts  # noqa: E402
 from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm  # noqa: E402
@@ -128,19 +129,12 @@ def replay_us(graph: torch.cuda.CUDAGraph, replays: int = 200) -> float:
     return round(start.elapsed_time(end) * 1000 / replays, 2)
 
 
-def boundary_gaps(graph: torch.cuda.CUDAGraph, replays: int = 5) -> dict:
+def boundary_gaps(graph: torch.cuda.CUDAGraph) -> dict:
     """Mean gap (us) from a kernel's end to the next one's start, by kind of boundary; negative: overlap."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    rows = graph_boundaries(graph)
     gaps: dict[str, list[float]] = {}
-    for a, b in zip(kernels, kernels[1:]):
-        kind = f"{_library(a.name)}->{_library(b.name)}"
-        gaps.setdefault(kind, []).append(b.time_range.start - a.time_range.end)
+    for a, b in zip(rows, rows[1:]):
+        gaps.setdefault(f"{_library(a['name'])}->{_library(b['name'])}", []).append(a["gap_us"])
     return {k: {"boundaries": len(v), "mean_gap_us": round(sum(v) / len(v), 3)} for k, v in sorted(gaps.items())}
 
 

@@ -11,7 +11,8 @@ slower kernels, as the same kernels further apart, or as time between the graphs
 instead of the warm-up groups one sdpa call of a long fresh prompt (torch's choice of backend, or one
 pinned), one cuDNN convolution, cudnnCreate alone, or a new stack size; `--attention-first` runs one
 attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
-config back after the trigger.
+config back after the trigger. `--trace` records in each phase a CUPTI trace of the decode graph's replays
+(graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.engine_bench import run_batch, sync  # noqa: E402
+from benchmarks.graph_timeline import gap_changes, graph_boundaries  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.warm_up import warm_up, warm_up_groups  # noqa: E402
 from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh  # noqa: E402
@@ -125,10 +128,9 @@ def replay_ms(engine, size: int, replays: int = 200) -> float | None:
     launched: the graph's own time on the GPU, with no host work of the engine's between steps. The
     buffers hold the last batch's metadata; what the replays write lands in freed KV blocks and state
     slots, which the next batch's sequences clear or overwrite before they read them."""
-    graphs = getattr(engine.runner, "graphs", None)
-    if not torch.cuda.is_available() or graphs is None or size not in graphs.graphs:
+    graph = decode_graph(engine, size)
+    if graph is None:
         return None
-    graph = graphs.graphs[size]
     for _ in range(10):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -138,6 +140,14 @@ def replay_ms(engine, size: int, replays: int = 200) -> float | None:
     end.record()
     end.synchronize()
     return round(start.elapsed_time(end) / replays, 4)
+
+
+def decode_graph(engine, size: int):
+    """The engine's decode graph of `size` rows; None without graphs or a GPU."""
+    graphs = getattr(engine.runner, "graphs", None)
+    if not torch.cuda.is_available() or graphs is None or size not in graphs.graphs:
+        return None
+    return graphs.graphs[size]
 
 
 def run_groups(engine, spec: str) -> int:
@@ -198,7 +208,7 @@ def host_state() -> dict:
     return {"cpus": len(os.sched_getaffinity(0)), "threads": len(os.listdir("/proc/self/task"))}
 
 
-def phase(engine, name: str, prompts, repeats: int) -> dict:
+def phase(engine, name: str, prompts, repeats: int, trace: bool = False) -> dict:
     clocks_before = gpu_clocks()
     steps_ms = []
     for _ in range(repeats):
@@ -207,10 +217,13 @@ def phase(engine, name: str, prompts, repeats: int) -> dict:
     clocks_after = gpu_clocks()
     replays = [replay_ms(engine, len(prompts())) for _ in range(2)]
     kernels = kernel_times(engine, prompts())
+    graph = decode_graph(engine, len(prompts())) if trace else None
+    boundaries = graph_boundaries(graph) if graph is not None else None
     row = {"phase": name, "step_ms": steps_ms, "graph_replay_ms": replays, "clocks_before": clocks_before,
            "clocks_after": clocks_after,
            "context_limits": context_limits(), "host": host_state(),
-           "kernels_ms_per_step": dict(sorted(kernels.items(), key=lambda kv: -kv[1]))}
+           "kernels_ms_per_step": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
+           "graph_boundaries": boundaries}
     print(name, steps_ms, "replay", replays, clocks_before, clocks_after, round(sum(kernels.values()), 3),
           row["context_limits"], row["host"], flush=True)
     return row
@@ -234,6 +247,9 @@ def main() -> None:
     ap.add_argument("--restore-limits", action="store_true",
                     help="after the trigger, set the context's limits, flags and cache config back to what they "
                     "were before it")
+    ap.add_argument("--trace", action="store_true",
+                    help="in each phase, a CUPTI trace of the decode graph's replays: each kernel's time and its gap "
+                    "to the next, and the boundaries whose gap grew most across the trigger")
     ap.add_argument("--sleep", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=33024)
@@ -249,7 +265,7 @@ def main() -> None:
     run_batch(engine, prompts(), 16)  # kernels compiled and tuned at this concurrency
     result = {**results_io.header(), "shape": args.shape, "concurrency": c, "trigger": args.trigger,
               "groups": args.groups, "attention_first": args.attention_first, "phases": []}
-    result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats))
+    result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats, args.trace))
     limits = context_limits()
     started = time.perf_counter()
     if args.trigger == "warm-up":
@@ -272,12 +288,17 @@ def main() -> None:
     if args.restore_limits:
         result["restored_limits"] = restore_limits(limits)
         name += f", limits restored: {result['restored_limits']}"
-    result["phases"].append(phase(engine, name, prompts, args.repeats))
+    result["phases"].append(phase(engine, name, prompts, args.repeats, args.trace))
     time.sleep(args.sleep)
-    result["phases"].append(phase(engine, f"after {args.sleep:g} s idle", prompts, args.repeats))
+    result["phases"].append(phase(engine, f"after {args.sleep:g} s idle", prompts, args.repeats, args.trace))
     before, after = (result["phases"][i]["kernels_ms_per_step"] for i in (0, 1))
     diff = {k: round(after.get(k, 0) - before.get(k, 0), 4) for k in set(before) | set(after)}
     result["kernel_change_ms_per_step"] = dict(sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:15])
+    if args.trace and result["phases"][0]["graph_boundaries"]:
+        result["graph_gap_changes"] = gap_changes(*(result["phases"][i]["graph_boundaries"] for i in (0, 1)))
+        print(json.dumps({k: v for k, v in result["graph_gap_changes"].items() if k != "largest_gap_growth"}))
+        for row in result["graph_gap_changes"]["largest_gap_growth"]:
+            print(f"  {row['gap_us']} {row['kernel_us']} {row['kernel']} -> {row['next']}")
     results_io.write(args.out, result)
     print("kernels whose time per step changed most after the warm-up (ms):")
     for k, v in result["kernel_change_ms_per_step"].items():
