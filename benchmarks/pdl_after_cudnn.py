@@ -14,6 +14,8 @@ residual add-norm (a Triton kernel launched with PDL), the pair of the engine's 
 - skinny: the skinny Triton GEMM's parts (a PDL kernel too);
 - norms: the add-norm alone, back to back (Triton after Triton only).
 
+`--hold-gib` makes each child hold that much device memory first, as the engine's KV and state pools do.
+
 Each child process captures the chains, replays them back to back, runs the trigger, replays the same
 graphs again and then fresh captures of them. `--trace` adds a CUPTI trace of a few replays of each
 graph before and after the trigger: the gap from each kernel's end to the next one's start, averaged
@@ -143,7 +145,8 @@ def _library(kernel_name: str) -> str:
         else "cublas"
 
 
-def child(trigger: str, rows: int, trace: bool) -> dict:
+def child(trigger: str, rows: int, trace: bool, hold_gib: float) -> dict:
+    held = torch.empty(int(hold_gib * 2**30), dtype=torch.uint8, device="cuda") if hold_gib else None
     steps = {kind: chain(kind, rows) for kind in CHAINS}
     graphs = {kind: capture(step) for kind, step in steps.items()}
     before = [{kind: replay_us(g) for kind, g in graphs.items()} for _ in range(2)]
@@ -153,7 +156,9 @@ def child(trigger: str, rows: int, trace: bool) -> dict:
     fresh = {kind: capture(step) for kind, step in steps.items()}
     after_fresh = {kind: replay_us(g) for kind, g in fresh.items()}
     gaps_after = {kind: boundary_gaps(g) for kind, g in graphs.items()} if trace else None
-    return {**done, "pdl": os.environ.get("DELTASERVE_PDL", "1") != "0", "rows": rows, "replay_us_before": before,
+    del held  # held through every timing
+    return {**done, "pdl": os.environ.get("DELTASERVE_PDL", "1") != "0", "rows": rows, "hold_gib": hold_gib,
+            "replay_us_before": before,
             "replay_us_after": after, "replay_us_after_fresh_capture": after_fresh, "gaps_before": gaps_before,
             "gaps_after": gaps_after}
 
@@ -176,17 +181,20 @@ def main() -> None:
     ap.add_argument("--triggers", default=",".join(TRIGGERS), help=f"comma-separated, of {TRIGGERS}")
     ap.add_argument("--no-pdl-too", action="store_true", help="also run each trigger with DELTASERVE_PDL=0")
     ap.add_argument("--trace", action="store_true", help="CUPTI boundary gaps before and after each trigger")
+    ap.add_argument("--hold-gib", type=float, default=0.0,
+                    help="GiB of device memory each child holds before it builds its chains, as the engine's pools do")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, int(args.rows), args.trace)))
+        print(json.dumps(child(args.child, int(args.rows), args.trace, args.hold_gib)))
         return
     runs = []
     for rows in [int(r) for r in args.rows.split(",")]:
         for trigger in args.triggers.split(","):
             for pdl in ("1", "0") if args.no_pdl_too else ("1",):
-                cmd = [sys.executable, __file__, "--child", trigger, "--rows", str(rows)] + (["--trace"] * args.trace)
+                cmd = [sys.executable, __file__, "--child", trigger, "--rows", str(rows)]
+                cmd += ["--hold-gib", str(args.hold_gib)] + ["--trace"] * args.trace
                 out = subprocess.run(cmd, env={**os.environ, "DELTASERVE_PDL": pdl}, capture_output=True, text=True)
                 if out.returncode != 0:
                     print(out.stderr[-3000:], file=sys.stderr)
