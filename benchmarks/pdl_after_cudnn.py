@@ -12,7 +12,8 @@ residual add-norm (a Triton kernel launched with PDL), the pair of the engine's 
 - split: cuBLAS split along K (split_gemm_parts), the engine's path from 17 to 128 rows;
 - whole: one cuBLAS GEMM;
 - skinny: the skinny Triton GEMM's parts (a PDL kernel too);
-- norms: the add-norm alone, back to back (Triton after Triton only).
+- norms: the add-norm alone, back to back (Triton after Triton only);
+- mlp: the 9B shape's MLP as the engine runs it from 17 rows (MLP_LAYERS of it).
 
 `--hold-gib` makes each child hold that much device memory first, as the engine's KV and state pools do.
 
@@ -38,13 +39,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.graph_timeline import graph_boundaries  # noqa: E402
+from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul  # noqa: E402
 from deltaserve.kernels.linear.split_gemm import split_gemm_parts  # noqa: E402
 from deltaserve.kernels.linear.triton_skinny_gemm import skinny_gemm_parts  # noqa: E402
 from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm  # noqa: E402
 
 WIDTH = 4096
 LAYERS = 48  # 48 x 32 MiB of weights: each replay reads them from memory, not from the L2
-CHAINS = ("split", "whole", "skinny", "norms")
+CHAINS = ("split", "whole", "skinny", "norms", "mlp")
+MLP_WIDTH, MLP_LAYERS = 12288, 16  # 16 x 288 MiB
 TRIGGERS = ("none", "cudnn-handle", "cudnn-libraries", "cublaslt-handle")
 
 
@@ -88,8 +91,29 @@ def run_trigger(name: str) -> dict:
     return done
 
 
+def mlp_chain(rows: int):
+    """The 9B shape's MLP as the engine runs it from 17 rows: gate/up on cuBLAS, SiLU-and-multiply, the down
+    projection split along K, the residual add-norm."""
+    gate_up = [torch.randn(2 * MLP_WIDTH, WIDTH, device="cuda", dtype=torch.bfloat16) * WIDTH**-0.5
+               for _ in range(MLP_LAYERS)]
+    down = [torch.randn(WIDTH, MLP_WIDTH, device="cuda", dtype=torch.bfloat16) * MLP_WIDTH**-0.5
+            for _ in range(MLP_LAYERS)]
+    norm_w = torch.ones(WIDTH, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        h, r = x, residual
+        for w_gu, w_d in zip(gate_up, down):
+            h, r = add_rms_norm(split_gemm_parts(silu_and_mul(h @ w_gu.t()), w_d, 2), r, norm_w, 1e-6)
+        return h
+    return step
+
+
 def chain(kind: str, rows: int):
     """The chain's step as a function of no arguments, and its buffers kept alive with it."""
+    if kind == "mlp":
+        return mlp_chain(rows)
     weights = [torch.randn(WIDTH, WIDTH, device="cuda", dtype=torch.bfloat16) * WIDTH**-0.5 for _ in range(LAYERS)]
     norm_w = torch.ones(WIDTH, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
