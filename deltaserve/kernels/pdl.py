@@ -8,7 +8,8 @@ writes are visible before they touch memory. Every kernel that takes part waits 
 it reads and overwrites is as a plain launch would find it; one launched without it waits as before.
 CUDA graphs capture the dependency, so replayed steps keep it. Once cuDNN has started in the process
 (attention/fresh_prefill.py), the gain is gone where cuBLAS runs the output and down projections (the
-9B shape from 17 rows), and kept where the skinny GEMM does.
+9B shape from 17 rows), and kept where the skinny GEMM does: before it, a cuBLAS GEMM starts under the
+tail of the kernel before it and the kernel after it under the GEMM's; after it, both wait about 0.45 us.
 """
 
 import functools
