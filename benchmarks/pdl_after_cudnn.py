@@ -15,7 +15,8 @@ residual add-norm (a Triton kernel launched with PDL), the pair of the engine's 
 - norms: the add-norm alone, back to back (Triton after Triton only);
 - mlp: the 9B shape's MLP as the engine runs it from 17 rows (MLP_LAYERS of it).
 
-`--hold-gib` makes each child hold that much device memory first, as the engine's KV and state pools do.
+`--hold-gib` makes each child hold that much device memory first, as the engine's KV and state pools do;
+`--carveout` sets the chains' Triton kernels' preferred shared-memory carveout.
 
 Each child process captures the chains, replays them back to back, runs the trigger, replays the same
 graphs again and then fresh captures of them. `--trace` adds a CUPTI trace of a few replays of each
@@ -48,6 +49,7 @@ WIDTH = 4096
 LAYERS = 48  # 48 x 32 MiB of weights: each replay reads them from memory, not from the L2
 CHAINS = ("split", "whole", "skinny", "norms", "mlp")
 MLP_WIDTH, MLP_LAYERS = 12288, 16  # 16 x 288 MiB
+CU_FUNC_PREFERRED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 TRIGGERS = ("none", "cudnn-handle", "cudnn-libraries", "cublaslt-handle")
 
 
@@ -169,9 +171,36 @@ def _library(kernel_name: str) -> str:
         else "cublas"
 
 
-def child(trigger: str, rows: int, trace: bool, hold_gib: float) -> dict:
+def set_carveout(percent: int) -> int:
+    """The preferred shared-memory carveout (percent of the unified L1) of every compiled Triton kernel of
+    the chains: an SM runs blocks of kernels with different carveouts together only after it drains.
+    Returns how many kernels were set."""
+    from deltaserve.kernels.activation import triton_silu_and_mul
+    from deltaserve.kernels.linear import triton_skinny_gemm
+    from deltaserve.kernels.norm import triton_rms_norm
+
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    count = 0
+    for fn in (triton_rms_norm._rms_norm_kernel, triton_silu_and_mul._silu_and_mul_kernel,
+               triton_skinny_gemm._skinny_gemm_kernel):
+        for cache in fn.device_caches.values():
+            kernels = next(c for c in cache if isinstance(c, dict)).values()
+            for kernel in kernels:
+                kernel._init_handles()
+                if libcuda.cuFuncSetAttribute(ctypes.c_void_p(kernel.function), CU_FUNC_PREFERRED_CARVEOUT,
+                                              ctypes.c_int(percent)) != 0:
+                    raise RuntimeError("cuFuncSetAttribute failed")
+                count += 1
+    return count
+
+
+def child(trigger: str, rows: int, trace: bool, hold_gib: float, carveout: int | None) -> dict:
     held = torch.empty(int(hold_gib * 2**30), dtype=torch.uint8, device="cuda") if hold_gib else None
     steps = {kind: chain(kind, rows) for kind in CHAINS}
+    if carveout is not None:
+        for step in steps.values():
+            step()  # compiled, so that their handles exist
+        set_count = set_carveout(carveout)
     graphs = {kind: capture(step) for kind, step in steps.items()}
     before = [{kind: replay_us(g) for kind, g in graphs.items()} for _ in range(2)]
     gaps_before = {kind: boundary_gaps(g) for kind, g in graphs.items()} if trace else None
@@ -182,6 +211,7 @@ def child(trigger: str, rows: int, trace: bool, hold_gib: float) -> dict:
     gaps_after = {kind: boundary_gaps(g) for kind, g in graphs.items()} if trace else None
     del held  # held through every timing
     return {**done, "pdl": os.environ.get("DELTASERVE_PDL", "1") != "0", "rows": rows, "hold_gib": hold_gib,
+            "carveout": carveout, "kernels_carveout_set": set_count if carveout is not None else None,
             "replay_us_before": before,
             "replay_us_after": after, "replay_us_after_fresh_capture": after_fresh, "gaps_before": gaps_before,
             "gaps_after": gaps_after}
@@ -207,11 +237,13 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="CUPTI boundary gaps before and after each trigger")
     ap.add_argument("--hold-gib", type=float, default=0.0,
                     help="GiB of device memory each child holds before it builds its chains, as the engine's pools do")
+    ap.add_argument("--carveout", type=int, default=None,
+                    help="set this preferred shared-memory carveout (percent) on the chains' Triton kernels")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, int(args.rows), args.trace, args.hold_gib)))
+        print(json.dumps(child(args.child, int(args.rows), args.trace, args.hold_gib, args.carveout)))
         return
     runs = []
     for rows in [int(r) for r in args.rows.split(",")]:
@@ -219,6 +251,7 @@ def main() -> None:
             for pdl in ("1", "0") if args.no_pdl_too else ("1",):
                 cmd = [sys.executable, __file__, "--child", trigger, "--rows", str(rows)]
                 cmd += ["--hold-gib", str(args.hold_gib)] + ["--trace"] * args.trace
+                cmd += ["--carveout", str(args.carveout)] if args.carveout is not None else []
                 out = subprocess.run(cmd, env={**os.environ, "DELTASERVE_PDL": pdl}, capture_output=True, text=True)
                 if out.returncode != 0:
                     print(out.stderr[-3000:], file=sys.stderr)
