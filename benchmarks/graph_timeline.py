@@ -31,6 +31,21 @@ def graph_boundaries(graph: torch.cuda.CUDAGraph, replays: int = 5) -> list[dict
     return rows
 
 
+def library(kernel_name: str) -> str:
+    """cuBLAS's GEMMs, deltaserve's Triton kernels (named _*_kernel), or anything else (torch, copies)."""
+    if kernel_name.startswith(("nvjet", "sm90_", "cutlass")):
+        return "cublas"
+    return "triton" if kernel_name.startswith("_") else "other"
+
+
+def gaps_by_kind(rows: list[dict]) -> dict:
+    """Boundaries grouped by the libraries on their two sides: how many, and their mean gap in us."""
+    gaps: dict[str, list[float]] = {}
+    for a, b in zip(rows, rows[1:]):
+        gaps.setdefault(f"{library(a['name'])}->{library(b['name'])}", []).append(a["gap_us"])
+    return {k: {"boundaries": len(v), "mean_gap_us": round(sum(v) / len(v), 3)} for k, v in sorted(gaps.items())}
+
+
 def gap_changes(before: list[dict], after: list[dict], top: int = 20) -> dict:
     """The same graph's boundaries traced twice: totals, and the boundaries whose gap grew most."""
     assert [r["name"] for r in before] == [r["name"] for r in after], "not the same graph"
@@ -40,6 +55,7 @@ def gap_changes(before: list[dict], after: list[dict], top: int = 20) -> dict:
         "kernels": len(before),
         "kernel_us": [round(sum(r["us"] for r in rows), 2) for rows in (before, after)],
         "gap_us": [round(sum(r["gap_us"] for r in rows[:-1]), 2) for rows in (before, after)],
+        "by_kind": [gaps_by_kind(rows) for rows in (before, after)],
         "largest_gap_growth": [{"at": i, "kernel": names[i][:60], "next": names[(i + 1) % len(names)][:60],
                                 "gap_us": [before[i]["gap_us"], after[i]["gap_us"]],
                                 "kernel_us": [before[i]["us"], after[i]["us"]]} for i in changed[:top]],

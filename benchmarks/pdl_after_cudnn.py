@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from benchmarks.graph_timeline import graph_boundaries  # noqa: E402
+from benchmarks.graph_timeline import gaps_by_kind, graph_boundaries  # noqa: E402
 from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul  # noqa: E402
 from deltaserve.kernels.linear.split_gemm import split_gemm_parts  # noqa: E402
 from deltaserve.kernels.linear.triton_skinny_gemm import skinny_gemm_parts  # noqa: E402
@@ -157,20 +157,6 @@ def replay_us(graph: torch.cuda.CUDAGraph, replays: int = 200) -> float:
     return round(start.elapsed_time(end) * 1000 / replays, 2)
 
 
-def boundary_gaps(graph: torch.cuda.CUDAGraph) -> dict:
-    """Mean gap (us) from a kernel's end to the next one's start, by kind of boundary; negative: overlap."""
-    rows = graph_boundaries(graph)
-    gaps: dict[str, list[float]] = {}
-    for a, b in zip(rows, rows[1:]):
-        gaps.setdefault(f"{_library(a['name'])}->{_library(b['name'])}", []).append(a["gap_us"])
-    return {k: {"boundaries": len(v), "mean_gap_us": round(sum(v) / len(v), 3)} for k, v in sorted(gaps.items())}
-
-
-def _library(kernel_name: str) -> str:
-    return "triton" if "_kernel" in kernel_name and not kernel_name.startswith(("sm90", "cutlass", "void")) \
-        else "cublas"
-
-
 def set_carveout(percent: int) -> int:
     """The preferred shared-memory carveout (percent of the unified L1) of every compiled Triton kernel of
     the chains: an SM runs blocks of kernels with different carveouts together only after it drains.
@@ -203,12 +189,12 @@ def child(trigger: str, rows: int, trace: bool, hold_gib: float, carveout: int |
         set_count = set_carveout(carveout)
     graphs = {kind: capture(step) for kind, step in steps.items()}
     before = [{kind: replay_us(g) for kind, g in graphs.items()} for _ in range(2)]
-    gaps_before = {kind: boundary_gaps(g) for kind, g in graphs.items()} if trace else None
+    gaps_before = {kind: gaps_by_kind(graph_boundaries(g)) for kind, g in graphs.items()} if trace else None
     done = run_trigger(trigger)
     after = [{kind: replay_us(g) for kind, g in graphs.items()} for _ in range(2)]
     fresh = {kind: capture(step) for kind, step in steps.items()}
     after_fresh = {kind: replay_us(g) for kind, g in fresh.items()}
-    gaps_after = {kind: boundary_gaps(g) for kind, g in graphs.items()} if trace else None
+    gaps_after = {kind: gaps_by_kind(graph_boundaries(g)) for kind, g in graphs.items()} if trace else None
     del held  # held through every timing
     return {**done, "pdl": os.environ.get("DELTASERVE_PDL", "1") != "0", "rows": rows, "hold_gib": hold_gib,
             "carveout": carveout, "kernels_carveout_set": set_count if carveout is not None else None,
