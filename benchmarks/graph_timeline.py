@@ -7,6 +7,19 @@ from __future__ import annotations
 import torch
 
 
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 200) -> float:
+    """Device ms per replay, replayed back to back with nothing else launched: the graph's own GPU time."""
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays
+
+
 def graph_boundaries(graph: torch.cuda.CUDAGraph, replays: int = 5) -> list[dict]:
     """One row per kernel (or copy) of the graph, in order: name, mean duration and mean gap to the next
     one over `replays` replays, in us. The gap after the last kernel is to the next replay's first."""

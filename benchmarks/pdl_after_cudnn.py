@@ -39,11 +39,12 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from benchmarks.graph_timeline import gaps_by_kind, graph_boundaries  # noqa: E402
+from benchmarks.graph_timeline import gaps_by_kind, graph_boundaries, replay_ms  # noqa: E402
 from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul  # noqa: E402
 from deltaserve.kernels.linear.split_gemm import split_gemm_parts  # noqa: E402
 from deltaserve.kernels.linear.triton_skinny_gemm import skinny_gemm_parts  # noqa: E402
 from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm  # noqa: E402
+from deltaserve.runner.cuda_graphs import capture_graph  # noqa: E402
 
 WIDTH = 4096
 LAYERS = 48  # 48 x 32 MiB of weights: each replay reads them from memory, not from the L2
@@ -132,29 +133,11 @@ def chain(kind: str, rows: int):
 
 
 def capture(step) -> torch.cuda.CUDAGraph:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
+    return capture_graph(step, None)[0]
 
 
-def replay_us(graph: torch.cuda.CUDAGraph, replays: int = 200) -> float:
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return round(start.elapsed_time(end) * 1000 / replays, 2)
+def replay_us(graph: torch.cuda.CUDAGraph) -> float:
+    return round(replay_ms(graph) * 1000, 2)
 
 
 def set_carveout(percent: int) -> int:

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import results_io  # noqa: E402
 from benchmarks.engine_bench import run_batch, sync  # noqa: E402
 from benchmarks.graph_timeline import gap_changes, graph_boundaries  # noqa: E402
+from benchmarks.graph_timeline import replay_ms as graph_replay_ms  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.warm_up import warm_up, warm_up_groups  # noqa: E402
 from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh  # noqa: E402
@@ -129,17 +130,7 @@ def replay_ms(engine, size: int, replays: int = 200) -> float | None:
     buffers hold the last batch's metadata; what the replays write lands in freed KV blocks and state
     slots, which the next batch's sequences clear or overwrite before they read them."""
     graph = decode_graph(engine, size)
-    if graph is None:
-        return None
-    for _ in range(10):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return round(start.elapsed_time(end) / replays, 4)
+    return None if graph is None else round(graph_replay_ms(graph, replays), 4)
 
 
 def decode_graph(engine, size: int):
