@@ -6,7 +6,7 @@ per trigger: which kernel boundaries lose what programmatic dependent launch (PD
 In the engine, once cuDNN has started (cudnnCreate alone does it), the 9B shape's decode graph replays
 about 0.11 ms slower at 24 and 32 rows, as slow as with PDL off, where cuBLAS runs the output and down
 projections; at 16 rows, where the skinny Triton GEMM runs them, it loses 0.008 ms. Here each chain is
-LAYERS times a projection of a 4096-wide bf16 weight (cycled copies, well past the L2) followed by the
+LAYERS times a projection of a 4096-wide bf16 weight (each layer its own, well past the L2 together) and the
 residual add-norm (a Triton kernel launched with PDL), the pair of the engine's decode step:
 
 - split: cuBLAS split along K (split_gemm_parts), the engine's path from 17 to 128 rows;
@@ -169,7 +169,7 @@ def child(trigger: str, rows: int, trace: bool, hold_gib: float, carveout: int |
     if carveout is not None:
         for step in steps.values():
             step()  # compiled, so that their handles exist
-        set_count = set_carveout(carveout)
+    set_count = set_carveout(carveout) if carveout is not None else None
     graphs = {kind: capture(step) for kind, step in steps.items()}
     before = [{kind: replay_us(g) for kind, g in graphs.items()} for _ in range(2)]
     gaps_before = {kind: gaps_by_kind(graph_boundaries(g)) for kind, g in graphs.items()} if trace else None
@@ -180,7 +180,7 @@ def child(trigger: str, rows: int, trace: bool, hold_gib: float, carveout: int |
     gaps_after = {kind: gaps_by_kind(graph_boundaries(g)) for kind, g in graphs.items()} if trace else None
     del held  # held through every timing
     return {**done, "pdl": os.environ.get("DELTASERVE_PDL", "1") != "0", "rows": rows, "hold_gib": hold_gib,
-            "carveout": carveout, "kernels_carveout_set": set_count if carveout is not None else None,
+            "carveout": carveout, "kernels_carveout_set": set_count,
             "replay_us_before": before,
             "replay_us_after": after, "replay_us_after_fresh_capture": after_fresh, "gaps_before": gaps_before,
             "gaps_after": gaps_after}
