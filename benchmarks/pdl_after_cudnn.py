@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.graph_timeline import gaps_by_kind, graph_boundaries, replay_ms  # noqa: E402
+from benchmarks.warm_up_cost import cudnn_handle  # noqa: E402
 from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul  # noqa: E402
 from deltaserve.kernels.linear.split_gemm import split_gemm_parts  # noqa: E402
 from deltaserve.kernels.linear.triton_skinny_gemm import skinny_gemm_parts  # noqa: E402
@@ -54,20 +55,18 @@ CU_FUNC_PREFERRED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARV
 TRIGGERS = ("none", "cudnn-handle", "cudnn-libraries", "cublaslt-handle")
 
 
-def cudnn_handle() -> None:
-    """cudnnCreate and nothing else (torch has libcudnn loaded; this finds that copy)."""
-    lib = ctypes.CDLL("libcudnn.so.9")
-    handle = ctypes.c_void_p()
-    if lib.cudnnCreate(ctypes.byref(handle)) != 0:
-        raise RuntimeError("cudnnCreate failed")
+def loaded_path(soname: str) -> str | None:
+    """Where a shared library that the process has loaded lies (/proc/self/maps), or None."""
+    with open("/proc/self/maps") as maps:
+        return next((line.split()[-1] for line in maps if soname in line), None)
 
 
 def cudnn_libraries() -> list[str]:
     """cuDNN's sub-libraries loaded into the process (what cudnnCreate loads), no cuDNN call made."""
-    loaded = [line.split()[-1] for line in open("/proc/self/maps") if "libcudnn.so" in line]
-    if not loaded:
+    cudnn = loaded_path("libcudnn.so")
+    if cudnn is None:
         raise RuntimeError("libcudnn is not loaded")
-    names = sorted(glob.glob(os.path.join(os.path.dirname(loaded[0]), "libcudnn_*.so*")))
+    names = sorted(glob.glob(os.path.join(os.path.dirname(cudnn), "libcudnn_*.so*")))
     for name in names:
         ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
     return [os.path.basename(n) for n in names]
@@ -75,8 +74,7 @@ def cudnn_libraries() -> list[str]:
 
 def cublaslt_handle() -> None:
     """A second cuBLASLt handle, as a library that brings its own would create."""
-    loaded = [line.split()[-1] for line in open("/proc/self/maps") if "libcublasLt.so" in line]
-    lib = ctypes.CDLL(loaded[0] if loaded else "libcublasLt.so")
+    lib = ctypes.CDLL(loaded_path("libcublasLt.so") or "libcublasLt.so")
     handle = ctypes.c_void_p()
     if lib.cublasLtCreate(ctypes.byref(handle)) != 0:
         raise RuntimeError("cublasLtCreate failed")

@@ -2,11 +2,15 @@
 
 import math
 import random
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 from deltaserve import LLM, SamplingParams
+from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.kernels.sampling.reference import apply_penalties, mask_logits
+from deltaserve.runner.sampler import Sampler
 
 
 def test_same_seed_same_text_alone_and_in_batch(checkpoint_factory):
@@ -131,10 +135,6 @@ def test_logit_bias_forces_and_bans_tokens_and_logprobs_stay_the_models(checkpoi
 
 
 def test_bad_logit_bias_is_refused(checkpoint_factory):
-    import pytest
-
-    from deltaserve.errors import InvalidSamplingParamsError
-
     for bias in ({1: 100.5}, {1: "up"}, {"1": 2.0}, {1: float("nan")}, [1, 2]):
         with pytest.raises(InvalidSamplingParamsError, match="logit_bias"):
             SamplingParams(logit_bias=bias)
@@ -146,10 +146,6 @@ def test_bad_logit_bias_is_refused(checkpoint_factory):
 
 
 def test_a_biased_greedy_row_is_not_left_to_the_decode_graphs_argmax():
-    from types import SimpleNamespace
-
-    from deltaserve.runner.sampler import Sampler
-
     def rows(*params):
         return [SimpleNamespace(params=p) for p in params]
 
