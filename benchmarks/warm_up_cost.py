@@ -13,6 +13,9 @@ pinned), one cuDNN convolution, cudnnCreate alone, or a new stack size; `--atten
 attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
 config back after the trigger. `--trace` records in each phase a CUPTI trace of the decode graph's replays
 (graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew.
+`--chains` also replays and traces in each phase pdl_after_cudnn's whole and mlp chains, captured in the
+engine's process; `--edges` records the type of every edge of the decode graph and of those chains, captured
+before the trigger and again after it (graph_edges.py).
 """
 
 from __future__ import annotations
@@ -32,14 +35,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.engine_bench import run_batch, sync  # noqa: E402
-from benchmarks.graph_timeline import gap_changes, graph_boundaries  # noqa: E402
+from benchmarks.graph_edges import cublas_edges, edge_kinds  # noqa: E402
+from benchmarks.graph_timeline import gap_changes, gaps_by_kind, graph_boundaries  # noqa: E402
 from benchmarks.graph_timeline import replay_ms as graph_replay_ms  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.warm_up import warm_up, warm_up_groups  # noqa: E402
 from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh  # noqa: E402
+from deltaserve.runner.batch_builder import HostBatch  # noqa: E402
+from deltaserve.runner.cuda_graphs import capture_graph  # noqa: E402
 
 GENERATED = 256
 PROFILED = 32  # tokens of the profiled batch
+IN_PROCESS_CHAINS = ("whole", "mlp")
 
 
 def gpu_clocks() -> dict:
@@ -141,6 +148,36 @@ def decode_graph(engine, size: int):
     return graphs.graphs[size]
 
 
+def kept_decode_graph(engine, size: int) -> torch.cuda.CUDAGraph:
+    """The decode graph of `size` rows captured again as the engine captures it, its template kept."""
+    graphs = engine.runner.graphs
+    graphs.buffers.load_decode(HostBatch([], [], [0], [], [], [], [], []), size)
+    return capture_graph(lambda: graphs._forward(size), torch.cuda.graph_pool_handle(), keep_graph=True)[0]
+
+
+def chain_steps(rows: int) -> dict:
+    """pdl_after_cudnn's chains of IN_PROCESS_CHAINS at `rows` rows, their weights allocated now."""
+    from benchmarks.pdl_after_cudnn import chain  # it imports this module
+
+    return {kind: chain(kind, rows) for kind in IN_PROCESS_CHAINS}
+
+
+def capture_kept(steps: dict) -> dict:
+    return {kind: capture_graph(step, None, keep_graph=True)[0] for kind, step in steps.items()}
+
+
+def graph_edges(engine, size: int, chains: dict) -> dict:
+    """Edge types of the decode graph captured again now, and of the chains' graphs given."""
+    decode = kept_decode_graph(engine, size)
+    return {"decode": edge_kinds(decode), "decode_cublas_edges": cublas_edges(decode),
+            **{kind: edge_kinds(g) for kind, g in chains.items()}}
+
+
+def chain_timings(chains: dict) -> dict:
+    return {kind: {"replay_us": [round(graph_replay_ms(g) * 1000, 2) for _ in range(2)],
+                   "gaps": gaps_by_kind(graph_boundaries(g))} for kind, g in chains.items()}
+
+
 def run_groups(engine, spec: str) -> int:
     """The warm-up's groups `spec` (`all` or `a:b`) through the engine as warm_up() runs them; their count."""
     groups = warm_up_groups(engine.config.max_num_seqs, engine.config.max_num_batched_tokens, engine.max_model_len)
@@ -199,7 +236,7 @@ def host_state() -> dict:
     return {"cpus": len(os.sched_getaffinity(0)), "threads": len(os.listdir("/proc/self/task"))}
 
 
-def phase(engine, name: str, prompts, repeats: int, trace: bool = False) -> dict:
+def phase(engine, name: str, prompts, repeats: int, trace: bool = False, chains: dict | None = None) -> dict:
     clocks_before = gpu_clocks()
     steps_ms = []
     for _ in range(repeats):
@@ -214,9 +251,11 @@ def phase(engine, name: str, prompts, repeats: int, trace: bool = False) -> dict
            "clocks_after": clocks_after,
            "context_limits": context_limits(), "host": host_state(),
            "kernels_ms_per_step": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
-           "graph_boundaries": boundaries}
+           "graph_boundaries": boundaries, "chains": chain_timings(chains) if chains else None}
     print(name, steps_ms, "replay", replays, clocks_before, clocks_after, round(sum(kernels.values()), 3),
           row["context_limits"], row["host"], flush=True)
+    for kind, timing in (row["chains"] or {}).items():
+        print(f"  chain {kind}: {timing['replay_us']} us, {timing['gaps']}", flush=True)
     return row
 
 
@@ -241,6 +280,10 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true",
                     help="in each phase, a CUPTI trace of the decode graph's replays: each kernel's time and its gap "
                     "to the next, and the boundaries whose gap grew most across the trigger")
+    ap.add_argument("--chains", action="store_true",
+                    help=f"replay and trace the {IN_PROCESS_CHAINS} chains of pdl_after_cudnn.py in each phase")
+    ap.add_argument("--edges", action="store_true",
+                    help="the edge types of the decode graph (and the chains) captured before and after the trigger")
     ap.add_argument("--sleep", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=33024)
@@ -249,14 +292,18 @@ def main() -> None:
     c = args.concurrency
     if args.attention_first:
         fresh_attention(args.attention_first)
+    steps = chain_steps(args.concurrency) if args.chains else {}  # their weights allocated before the engine's pools
     engine = dummy_engine(args.shape, max_num_seqs=c, max_num_batched_tokens=args.prompt_len * c,
                           max_model_len=args.max_model_len, enable_prefix_caching=False, warm_up=False)
     tokens = random_tokens(engine.model_config.vocab_size)
     prompts = lambda: [tokens(args.prompt_len) for _ in range(c)]  # noqa: E731
     run_batch(engine, prompts(), 16)  # kernels compiled and tuned at this concurrency
+    chains = capture_kept(steps)
     result = {**results_io.header(), "shape": args.shape, "concurrency": c, "trigger": args.trigger,
               "groups": args.groups, "attention_first": args.attention_first, "phases": []}
-    result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats, args.trace))
+    if args.edges:
+        result["edges_before"] = graph_edges(engine, c, chains)
+    result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats, args.trace, chains))
     limits = context_limits()
     started = time.perf_counter()
     if args.trigger == "warm-up":
@@ -279,9 +326,13 @@ def main() -> None:
     if args.restore_limits:
         result["restored_limits"] = restore_limits(limits)
         name += f", limits restored: {result['restored_limits']}"
-    result["phases"].append(phase(engine, name, prompts, args.repeats, args.trace))
+    result["phases"].append(phase(engine, name, prompts, args.repeats, args.trace, chains))
+    if args.edges:
+        result["edges_after"] = graph_edges(engine, c, capture_kept(steps))
+        for when in ("edges_before", "edges_after"):
+            print(when, json.dumps({k: v for k, v in result[when].items() if k != "decode_cublas_edges"}))
     time.sleep(args.sleep)
-    result["phases"].append(phase(engine, f"after {args.sleep:g} s idle", prompts, args.repeats, args.trace))
+    result["phases"].append(phase(engine, f"after {args.sleep:g} s idle", prompts, args.repeats, args.trace, chains))
     before, after = (result["phases"][i]["kernels_ms_per_step"] for i in (0, 1))
     diff = {k: round(after.get(k, 0) - before.get(k, 0), 4) for k in set(before) | set(after)}
     result["kernel_change_ms_per_step"] = dict(sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:15])

@@ -33,15 +33,18 @@ def batch_size_ladder(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
-def capture_graph(forward, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def capture_graph(forward, pool, keep_graph: bool = False) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """Runs `forward` twice (every kernel compiled and tuned outside the capture), then captures it
-    into the memory pool `pool`; returns the graph and the output it writes at each replay."""
+    into the memory pool `pool`; returns the graph and the output it writes at each replay. With
+    `keep_graph` the graph also keeps its template, for tools that read its nodes and edges."""
     for _ in range(2):
         forward()
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
+    graph = torch.cuda.CUDAGraph(keep_graph=True) if keep_graph else torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         output = forward()
+    if keep_graph:
+        graph.instantiate()
     torch.cuda.synchronize()
     return graph, output
 
