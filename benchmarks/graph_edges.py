@@ -56,8 +56,7 @@ def node_names(lib, nodes) -> dict[int, str]:
     for node in nodes:
         kind = ctypes.c_int()
         _check(lib.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)), "cuGraphNodeGetType")
-        is_kernel = kind.value == CU_GRAPH_NODE_TYPE_KERNEL
-        names[node] = _kernel_name(lib, node) if is_kernel else f"<node type {kind.value}>"
+        names[node] = _kernel_name(lib, node) if kind.value == CU_GRAPH_NODE_TYPE_KERNEL else f"<node type {kind.value}>"
     return names
 
 

@@ -15,7 +15,6 @@ from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.cache.state_pool import StatePool
 from deltaserve.engine.engine_config import GDN_STATE_DTYPES, EngineConfig, resolve_device, resolve_dtype
 from deltaserve.errors import DeltaServeError
-from deltaserve.kernels.shared_memory_carveout import prefer_max_shared_memory
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
 from deltaserve.runner.cuda_graphs import DecodeGraphs
@@ -51,8 +50,6 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     started = time.perf_counter()
     source = resolve_model_source(config.model)
     device = resolve_device(config.device)
-    if device.type == "cuda":
-        prefer_max_shared_memory()  # before any of the engine's Triton kernels loads
     model_config, tokenizer, gguf_tensors = _read_checkpoint(source)
     dtype = resolve_dtype(config.dtype, model_config.dtype, device)
     max_positions = config.max_model_len or model_config.max_position_embeddings
