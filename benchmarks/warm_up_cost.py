@@ -9,7 +9,8 @@ temperature, the batch's decode graph replayed back to back (the GPU's own time 
 between), and the CUDA kernels of a short profiled batch by total time per step: a difference shows as
 slower kernels, as the same kernels further apart, or as time between the graphs. `--trigger` runs
 instead of the warm-up groups one sdpa call of a long fresh prompt (torch's choice of backend, or one
-pinned), one cuDNN convolution, cudnnCreate alone, or a new stack size; `--attention-first` runs one
+pinned), one cuDNN convolution, cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, or a new
+stack size; `--attention-first` runs one
 attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
 config back after the trigger. `--trace` records in each phase a CUPTI trace of the decode graph's replays
 (graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew.
@@ -267,10 +268,10 @@ def main() -> None:
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
     ap.add_argument("--trigger", default="warm-up",
                     choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "cudnn-handle",
-                             "stack"],
+                             "cudnn-libraries", "stack"],
                     help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
                     "attention call with torch's sdpa backend of that name, one cuDNN convolution, cudnnCreate "
-                    "alone, or a new stack size (--stack-bytes)")
+                    "alone, cuDNN's sub-libraries loaded with no cuDNN call, or a new stack size (--stack-bytes)")
     ap.add_argument("--stack-bytes", type=int, default=8192)
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
                     help="one fresh-prefill attention call with that backend before the engine starts")
@@ -317,6 +318,11 @@ def main() -> None:
     elif args.trigger == "cudnn-handle":
         cudnn_handle()
         name = "after cudnnCreate"
+    elif args.trigger == "cudnn-libraries":
+        from benchmarks.pdl_after_cudnn import cudnn_libraries  # it imports this module
+
+        result["libraries"] = cudnn_libraries()
+        name = "after cuDNN's sub-libraries loaded"
     elif args.trigger == "stack":
         set_stack_size(args.stack_bytes)
         name = f"after the stack size set to {args.stack_bytes} bytes"
