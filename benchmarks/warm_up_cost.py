@@ -223,6 +223,19 @@ def cudnn_handle() -> None:
     torch.cuda.synchronize()
 
 
+def api_calls(fn) -> dict[str, int]:
+    """The CUDA runtime and driver calls that `fn()` makes, as CUPTI records them: {name: count}."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+    counts: dict[str, int] = {}
+    for event in prof.events():
+        if event.device_type.name == "CPU" and event.name.startswith("cu"):
+            counts[event.name] = counts.get(event.name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 def set_stack_size(nbytes: int) -> None:
     """Sets the context's per-thread stack size (cudaDeviceSetLimit), as a library's kernel that needs more
     stack than the context gives makes the driver do."""
@@ -285,6 +298,8 @@ def main() -> None:
                     help=f"replay and trace the {IN_PROCESS_CHAINS} chains of pdl_after_cudnn.py in each phase")
     ap.add_argument("--edges", action="store_true",
                     help="the edge types of the decode graph (and the chains) captured before and after the trigger")
+    ap.add_argument("--trigger-calls", action="store_true",
+                    help="with --trigger cudnn-handle, record the CUDA runtime and driver calls cudnnCreate makes")
     ap.add_argument("--sleep", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=33024)
@@ -316,7 +331,11 @@ def main() -> None:
         cudnn_convolution()
         name = "after one cuDNN convolution"
     elif args.trigger == "cudnn-handle":
-        cudnn_handle()
+        if args.trigger_calls:
+            result["trigger_calls"] = api_calls(cudnn_handle)
+            print("cudnnCreate's CUDA calls:", result["trigger_calls"], flush=True)
+        else:
+            cudnn_handle()
         name = "after cudnnCreate"
     elif args.trigger == "cudnn-libraries":
         from benchmarks.pdl_after_cudnn import cudnn_libraries  # it imports this module
