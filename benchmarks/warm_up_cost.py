@@ -9,8 +9,8 @@ temperature, the batch's decode graph replayed back to back (the GPU's own time 
 between), and the CUDA kernels of a short profiled batch by total time per step: a difference shows as
 slower kernels, as the same kernels further apart, or as time between the graphs. `--trigger` runs
 instead of the warm-up groups one sdpa call of a long fresh prompt (torch's choice of backend, or one
-pinned), one cuDNN convolution, cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, or a new
-stack size; `--attention-first` runs one
+pinned), one cuDNN convolution, cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, new
+streams, or a new stack size; `--attention-first` runs one
 attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
 config back after the trigger. `--trace` records in each phase a CUPTI trace of the decode graph's replays
 (graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew.
@@ -223,6 +223,18 @@ def cudnn_handle() -> None:
     torch.cuda.synchronize()
 
 
+def create_streams(count: int) -> None:
+    """`count` non-blocking streams made with cudaStreamCreateWithFlags, as cudnnCreate makes 16, never used."""
+    lib = _cudart()
+    if lib is None:
+        raise RuntimeError("no CUDA runtime library found")
+    for _ in range(count):
+        stream = ctypes.c_void_p()
+        if lib.cudaStreamCreateWithFlags(ctypes.byref(stream), ctypes.c_uint(1)) != 0:  # cudaStreamNonBlocking
+            raise RuntimeError("cudaStreamCreateWithFlags failed")
+    torch.cuda.synchronize()
+
+
 def api_calls(fn) -> dict[str, int]:
     """The CUDA runtime and driver calls that `fn()` makes, as CUPTI records them: {name: count}."""
     from torch.profiler import ProfilerActivity, profile
@@ -281,11 +293,13 @@ def main() -> None:
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
     ap.add_argument("--trigger", default="warm-up",
                     choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "cudnn-handle",
-                             "cudnn-libraries", "stack"],
+                             "cudnn-libraries", "streams", "stack"],
                     help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
                     "attention call with torch's sdpa backend of that name, one cuDNN convolution, cudnnCreate "
-                    "alone, cuDNN's sub-libraries loaded with no cuDNN call, or a new stack size (--stack-bytes)")
+                    "alone, cuDNN's sub-libraries loaded with no cuDNN call, --streams new streams, or a new stack size "
+                    "(--stack-bytes)")
     ap.add_argument("--stack-bytes", type=int, default=8192)
+    ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
                     help="one fresh-prefill attention call with that backend before the engine starts")
     ap.add_argument("--restore-limits", action="store_true",
@@ -342,6 +356,9 @@ def main() -> None:
 
         result["libraries"] = cudnn_libraries()
         name = "after cuDNN's sub-libraries loaded"
+    elif args.trigger == "streams":
+        create_streams(args.streams)
+        name = f"after {args.streams} streams created"
     elif args.trigger == "stack":
         set_stack_size(args.stack_bytes)
         name = f"after the stack size set to {args.stack_bytes} bytes"
