@@ -10,7 +10,7 @@ between), and the CUDA kernels of a short profiled batch by total time per step:
 slower kernels, as the same kernels further apart, or as time between the graphs. `--trigger` runs
 instead of the warm-up groups one sdpa call of a long fresh prompt (torch's choice of backend, or one
 pinned), one cuDNN convolution, cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, new
-streams, or a new stack size; `--attention-first` runs one
+streams, a mapped pinned host buffer, or a new stack size; `--attention-first` runs one
 attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
 config back after the trigger. `--trace` records in each phase a CUPTI trace of the decode graph's replays
 (graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew.
@@ -235,6 +235,18 @@ def create_streams(count: int) -> None:
     torch.cuda.synchronize()
 
 
+def mapped_host_buffer(nbytes: int = 1 << 20) -> None:
+    """A mapped pinned host buffer and its device pointer (cudaHostAlloc, cudaHostGetDevicePointer), as
+    cudnnCreate makes one, never used."""
+    lib = _cudart()
+    host, device = ctypes.c_void_p(), ctypes.c_void_p()
+    if lib.cudaHostAlloc(ctypes.byref(host), ctypes.c_size_t(nbytes), ctypes.c_uint(2)) != 0:  # cudaHostAllocMapped
+        raise RuntimeError("cudaHostAlloc failed")
+    if lib.cudaHostGetDevicePointer(ctypes.byref(device), host, ctypes.c_uint(0)) != 0:
+        raise RuntimeError("cudaHostGetDevicePointer failed")
+    torch.cuda.synchronize()
+
+
 def api_calls(fn) -> dict[str, int]:
     """The CUDA runtime and driver calls that `fn()` makes, as CUPTI records them: {name: count}."""
     from torch.profiler import ProfilerActivity, profile
@@ -293,11 +305,11 @@ def main() -> None:
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
     ap.add_argument("--trigger", default="warm-up",
                     choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "cudnn-handle",
-                             "cudnn-libraries", "streams", "stack"],
+                             "cudnn-libraries", "streams", "mapped-host", "stack"],
                     help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
                     "attention call with torch's sdpa backend of that name, one cuDNN convolution, cudnnCreate "
-                    "alone, cuDNN's sub-libraries loaded with no cuDNN call, --streams new streams, or a new stack size "
-                    "(--stack-bytes)")
+                    "alone, cuDNN's sub-libraries loaded with no cuDNN call, --streams new streams, a mapped pinned host "
+                    "buffer, or a new stack size (--stack-bytes)")
     ap.add_argument("--stack-bytes", type=int, default=8192)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
@@ -359,6 +371,9 @@ def main() -> None:
     elif args.trigger == "streams":
         create_streams(args.streams)
         name = f"after {args.streams} streams created"
+    elif args.trigger == "mapped-host":
+        mapped_host_buffer()
+        name = "after a mapped pinned host buffer"
     elif args.trigger == "stack":
         set_stack_size(args.stack_bytes)
         name = f"after the stack size set to {args.stack_bytes} bytes"
