@@ -10,7 +10,7 @@ between), and the CUDA kernels of a short profiled batch by total time per step:
 slower kernels, as the same kernels further apart, or as time between the graphs. `--trigger` runs
 instead of the warm-up groups one sdpa call of a long fresh prompt (torch's choice of backend, or one
 pinned), one cuDNN convolution, cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, new
-streams, a mapped pinned host buffer, or a new stack size; `--attention-first` runs one
+streams, a mapped pinned host buffer, two buffers from cudaMalloc, or a new stack size; `--attention-first` runs one
 attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
 config back after the trigger. `--trace` records in each phase a CUPTI trace of the decode graph's replays
 (graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew.
@@ -247,6 +247,20 @@ def mapped_host_buffer(nbytes: int = 1 << 20) -> None:
     torch.cuda.synchronize()
 
 
+def raw_device_buffers(nbytes: int) -> None:
+    """Two device buffers from cudaMalloc itself (not torch's allocator), each cleared, the first freed:
+    cudnnCreate's memory calls (cudaMalloc 2, cudaMemsetAsync 2, cudaFree 1) at a chosen size."""
+    lib = _cudart()
+    buffers = [ctypes.c_void_p(), ctypes.c_void_p()]
+    for buffer in buffers:
+        if lib.cudaMalloc(ctypes.byref(buffer), ctypes.c_size_t(nbytes)) != 0:
+            raise RuntimeError("cudaMalloc failed")
+        if lib.cudaMemsetAsync(buffer, 0, ctypes.c_size_t(nbytes), None) != 0:
+            raise RuntimeError("cudaMemsetAsync failed")
+    torch.cuda.synchronize()
+    lib.cudaFree(buffers[0])
+
+
 def api_calls(fn) -> dict[str, int]:
     """The CUDA runtime and driver calls that `fn()` makes, as CUPTI records them: {name: count}."""
     from torch.profiler import ProfilerActivity, profile
@@ -305,13 +319,14 @@ def main() -> None:
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
     ap.add_argument("--trigger", default="warm-up",
                     choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "cudnn-handle",
-                             "cudnn-libraries", "streams", "mapped-host", "stack"],
+                             "cudnn-libraries", "streams", "mapped-host", "malloc", "stack"],
                     help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
                     "attention call with torch's sdpa backend of that name, one cuDNN convolution, cudnnCreate "
                     "alone, cuDNN's sub-libraries loaded with no cuDNN call, --streams new streams, a mapped pinned host "
-                    "buffer, or a new stack size (--stack-bytes)")
+                    "buffer, two buffers of --malloc-bytes from cudaMalloc, or a new stack size (--stack-bytes)")
     ap.add_argument("--stack-bytes", type=int, default=8192)
     ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--malloc-bytes", type=int, default=4 << 20)
     ap.add_argument("--attention-first", default=None, choices=["default", "flash", "cudnn"],
                     help="one fresh-prefill attention call with that backend before the engine starts")
     ap.add_argument("--restore-limits", action="store_true",
@@ -374,6 +389,9 @@ def main() -> None:
     elif args.trigger == "mapped-host":
         mapped_host_buffer()
         name = "after a mapped pinned host buffer"
+    elif args.trigger == "malloc":
+        raw_device_buffers(args.malloc_bytes)
+        name = f"after two {args.malloc_bytes}-byte buffers from cudaMalloc"
     elif args.trigger == "stack":
         set_stack_size(args.stack_bytes)
         name = f"after the stack size set to {args.stack_bytes} bytes"
