@@ -20,7 +20,7 @@ def commit() -> str:
 
 
 # environment variables that change what a run measures: they belong to its exact command
-SETTINGS = ("CUDNN_", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING", "DELTASERVE_", "TRITON_")
+SETTINGS = ("CUDNN_", "CUDA_", "DELTASERVE_", "TRITON_")
 
 
 def command() -> str:
