@@ -10,6 +10,10 @@ CUDA graphs capture the dependency, so replayed steps keep it. Once cuDNN has st
 (attention/fresh_prefill.py), the gain is gone where cuBLAS runs the output and down projections (the
 9B shape from 17 rows), and kept where the skinny GEMM does: before it, a cuBLAS GEMM starts under the
 tail of the kernel before it and the kernel after it under the GEMM's; after it, both wait about 0.45 us.
+The graph's edges stay as captured (cuBLAS launches its GEMMs without dependent launch); chains of these
+kernels in a process of their own wait so from the start unless their Triton kernels ask for the largest
+shared-memory carveout, which in the engine cost the GDN decode its L1 and did not keep the gain
+(README, benchmarks/graph_edges.py, benchmarks/pdl_after_cudnn.py).
 """
 
 import functools
