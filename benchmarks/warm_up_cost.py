@@ -10,7 +10,8 @@ between), and the CUDA kernels of a short profiled batch by total time per step:
 slower kernels, as the same kernels further apart, or as time between the graphs. `--trigger` runs
 instead of the warm-up groups one sdpa call of a long fresh prompt (torch's choice of backend, or one
 pinned), one cuDNN convolution, cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, new
-streams, a mapped pinned host buffer, two buffers from cudaMalloc, or a new stack size; `--attention-first` runs one
+streams, a mapped pinned host buffer, two buffers from cudaMalloc, one call into cuFFT or cuSOLVER, or a new
+stack size; `--attention-first` runs one
 attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
 config back after the trigger. `--trace` records in each phase a CUPTI trace of the decode graph's replays
 (graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew.
@@ -261,6 +262,17 @@ def raw_device_buffers(nbytes: int) -> None:
     lib.cudaFree(buffers[0])
 
 
+def other_library(name: str) -> None:
+    """One small call into another CUDA library that torch loads on first use: cuFFT (`cufft`) or cuSOLVER
+    (`cusolver`), each starting its own CUDA runtime and registering its kernels, as cuDNN does."""
+    x = torch.randn(64, 64, device="cuda", dtype=torch.float32)
+    if name == "cufft":
+        torch.fft.fft(x)
+    else:
+        torch.linalg.cholesky(x @ x.T + 64 * torch.eye(64, device="cuda"))
+    torch.cuda.synchronize()
+
+
 def api_calls(fn) -> dict[str, int]:
     """The CUDA runtime and driver calls that `fn()` makes, as CUPTI records them: {name: count}."""
     from torch.profiler import ProfilerActivity, profile
@@ -319,11 +331,12 @@ def main() -> None:
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
     ap.add_argument("--trigger", default="warm-up",
                     choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "cudnn-handle",
-                             "cudnn-libraries", "streams", "mapped-host", "malloc", "stack"],
+                             "cudnn-libraries", "streams", "mapped-host", "malloc", "cufft", "cusolver", "stack"],
                     help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
                     "attention call with torch's sdpa backend of that name, one cuDNN convolution, cudnnCreate "
                     "alone, cuDNN's sub-libraries loaded with no cuDNN call, --streams new streams, a mapped pinned host "
-                    "buffer, two buffers of --malloc-bytes from cudaMalloc, or a new stack size (--stack-bytes)")
+                    "buffer, two buffers of --malloc-bytes from cudaMalloc, one cuFFT or cuSOLVER call, or a new stack size "
+                    "(--stack-bytes)")
     ap.add_argument("--stack-bytes", type=int, default=8192)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--malloc-bytes", type=int, default=4 << 20)
@@ -392,6 +405,9 @@ def main() -> None:
     elif args.trigger == "malloc":
         raw_device_buffers(args.malloc_bytes)
         name = f"after two {args.malloc_bytes}-byte buffers from cudaMalloc"
+    elif args.trigger in ("cufft", "cusolver"):
+        other_library(args.trigger)
+        name = f"after one {args.trigger} call"
     elif args.trigger == "stack":
         set_stack_size(args.stack_bytes)
         name = f"after the stack size set to {args.stack_bytes} bytes"
