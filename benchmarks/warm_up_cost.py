@@ -2,22 +2,22 @@
 
     python benchmarks/warm_up_cost.py qwen3.5-9b --concurrency 32 --sleep 20 --out benchmarks/results/X.json
 
-The engine starts without its warm-up. Closed decode batches (engine_bench.py's instrument) are timed
-before the warm-up, after it (`--groups` picks which of its groups run: `all`, or a slice `a:b` of
-warm_up_groups' list), and after `--sleep` idle seconds. Each phase also records the GPU's clocks and
-temperature, the batch's decode graph replayed back to back (the GPU's own time for a step, no host work
-between), and the CUDA kernels of a short profiled batch by total time per step: a difference shows as
-slower kernels, as the same kernels further apart, or as time between the graphs. `--trigger` runs
-instead of the warm-up groups one sdpa call of a long fresh prompt (torch's choice of backend, or one
-pinned), one cuDNN convolution, cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, new
-streams, a mapped pinned host buffer, two buffers from cudaMalloc, one call into cuFFT or cuSOLVER, or a new
-stack size; `--attention-first` runs one
-attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
-config back after the trigger. `--trace` records in each phase a CUPTI trace of the decode graph's replays
-(graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew.
-`--chains` also replays and traces in each phase pdl_after_cudnn's whole and mlp chains, captured in the
-engine's process; `--edges` records the type of every edge of the decode graph and of those chains, captured
-before the trigger and again after it (graph_edges.py).
+The engine starts without its warm-up. Closed decode batches (engine_bench.py's instrument) are timed before
+the warm-up, after it (`--groups` picks which of its groups run: `all`, or a slice `a:b` of warm_up_groups'
+list), and after `--sleep` idle seconds. Each phase also records the GPU's clocks and temperature, the
+batch's decode graph replayed back to back (the GPU's own time for a step, no host work between), and the
+CUDA kernels of a short profiled batch by total time per step: a difference shows as slower kernels, as the
+same kernels further apart, or as time between the graphs. `--trigger` runs instead of the warm-up groups
+one sdpa call of a long fresh prompt (torch's choice of backend, or one pinned), one cuDNN convolution,
+cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, new streams, a mapped pinned host buffer,
+two buffers from cudaMalloc, one call into cuFFT or cuSOLVER, or a new stack size; `--attention-first` runs
+one attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
+config back after the trigger. `--trigger-calls` lists the CUDA calls cudnnCreate makes. `--trace` records
+in each phase a CUPTI trace of the decode graph's replays (graph_timeline.py): each kernel's time and its
+gap to the next, and which boundaries' gaps grew. `--chains` also replays and traces in each phase
+pdl_after_cudnn's whole and mlp chains, captured in the engine's process; `--edges` records the type of
+every edge of the decode graph and of those chains, captured before the trigger and again after it
+(graph_edges.py).
 """
 
 from __future__ import annotations
@@ -263,8 +263,8 @@ def raw_device_buffers(nbytes: int) -> None:
 
 
 def other_library(name: str) -> None:
-    """One small call into another CUDA library that torch loads on first use: cuFFT (`cufft`) or cuSOLVER
-    (`cusolver`), each starting its own CUDA runtime and registering its kernels, as cuDNN does."""
+    """One small call into another CUDA library that torch brings up on first use, as it brings up cuDNN:
+    cuFFT (`cufft`) or cuSOLVER (`cusolver`)."""
     x = torch.randn(64, 64, device="cuda", dtype=torch.float32)
     if name == "cufft":
         torch.fft.fft(x)
@@ -331,12 +331,13 @@ def main() -> None:
     ap.add_argument("--groups", default="all", help="the warm-up groups to run: all, or a slice a:b")
     ap.add_argument("--trigger", default="warm-up",
                     choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "cudnn-handle",
-                             "cudnn-libraries", "streams", "mapped-host", "malloc", "cufft", "cusolver", "stack"],
+                             "cudnn-libraries", "streams", "mapped-host", "malloc", "cufft", "cusolver",
+                             "stack"],
                     help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
                     "attention call with torch's sdpa backend of that name, one cuDNN convolution, cudnnCreate "
-                    "alone, cuDNN's sub-libraries loaded with no cuDNN call, --streams new streams, a mapped pinned host "
-                    "buffer, two buffers of --malloc-bytes from cudaMalloc, one cuFFT or cuSOLVER call, or a new stack size "
-                    "(--stack-bytes)")
+                    "alone, cuDNN's sub-libraries loaded with no cuDNN call, --streams new streams, a mapped "
+                    "pinned host buffer, two buffers of --malloc-bytes from cudaMalloc, one cuFFT or cuSOLVER "
+                    "call, or a new stack size (--stack-bytes)")
     ap.add_argument("--stack-bytes", type=int, default=8192)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--malloc-bytes", type=int, default=4 << 20)
