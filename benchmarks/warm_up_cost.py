@@ -43,7 +43,6 @@ from benchmarks.graph_timeline import replay_ms as graph_replay_ms  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.warm_up import warm_up, warm_up_groups  # noqa: E402
 from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh  # noqa: E402
-from deltaserve.runner.batch_builder import HostBatch  # noqa: E402
 from deltaserve.runner.cuda_graphs import capture_graph  # noqa: E402
 
 GENERATED = 256
@@ -73,6 +72,14 @@ def _cudart():
         except OSError:
             continue
     return None
+
+
+def _runtime():
+    """The CUDA runtime library, for a trigger that must reach it."""
+    lib = _cudart()
+    if lib is None:
+        raise RuntimeError("no CUDA runtime library found")
+    return lib
 
 
 def context_limits() -> dict:
@@ -152,9 +159,7 @@ def decode_graph(engine, size: int):
 
 def kept_decode_graph(engine, size: int) -> torch.cuda.CUDAGraph:
     """The decode graph of `size` rows captured again as the engine captures it, its template kept."""
-    graphs = engine.runner.graphs
-    graphs.buffers.load_decode(HostBatch([], [], [0], [], [], [], [], []), size)
-    return capture_graph(lambda: graphs._forward(size), torch.cuda.graph_pool_handle(), keep_graph=True)[0]
+    return engine.runner.graphs.capture_size(size, torch.cuda.graph_pool_handle(), keep_graph=True)[0]
 
 
 def chain_steps(rows: int) -> dict:
@@ -165,6 +170,7 @@ def chain_steps(rows: int) -> dict:
 
 
 def capture_kept(steps: dict) -> dict:
+    """Each step captured as a graph that keeps its template, for graph_edges."""
     return {kind: capture_graph(step, None, keep_graph=True)[0] for kind, step in steps.items()}
 
 
@@ -176,6 +182,7 @@ def graph_edges(engine, size: int, chains: dict) -> dict:
 
 
 def chain_timings(chains: dict) -> dict:
+    """Each chain's graph replayed back to back twice (us) and its boundaries' gaps by kind."""
     return {kind: {"replay_us": [round(graph_replay_ms(g) * 1000, 2) for _ in range(2)],
                    "gaps": gaps_by_kind(graph_boundaries(g))} for kind, g in chains.items()}
 
@@ -226,9 +233,7 @@ def cudnn_handle() -> None:
 
 def create_streams(count: int) -> None:
     """`count` non-blocking streams made with cudaStreamCreateWithFlags, as cudnnCreate makes 16, never used."""
-    lib = _cudart()
-    if lib is None:
-        raise RuntimeError("no CUDA runtime library found")
+    lib = _runtime()
     for _ in range(count):
         stream = ctypes.c_void_p()
         if lib.cudaStreamCreateWithFlags(ctypes.byref(stream), ctypes.c_uint(1)) != 0:  # cudaStreamNonBlocking
@@ -239,7 +244,7 @@ def create_streams(count: int) -> None:
 def mapped_host_buffer(nbytes: int = 1 << 20) -> None:
     """A mapped pinned host buffer and its device pointer (cudaHostAlloc, cudaHostGetDevicePointer), as
     cudnnCreate makes one, never used."""
-    lib = _cudart()
+    lib = _runtime()
     host, device = ctypes.c_void_p(), ctypes.c_void_p()
     if lib.cudaHostAlloc(ctypes.byref(host), ctypes.c_size_t(nbytes), ctypes.c_uint(2)) != 0:  # cudaHostAllocMapped
         raise RuntimeError("cudaHostAlloc failed")
@@ -251,7 +256,7 @@ def mapped_host_buffer(nbytes: int = 1 << 20) -> None:
 def raw_device_buffers(nbytes: int) -> None:
     """Two device buffers from cudaMalloc itself (not torch's allocator), each cleared, the first freed:
     cudnnCreate's memory calls (cudaMalloc 2, cudaMemsetAsync 2, cudaFree 1) at a chosen size."""
-    lib = _cudart()
+    lib = _runtime()
     buffers = [ctypes.c_void_p(), ctypes.c_void_p()]
     for buffer in buffers:
         if lib.cudaMalloc(ctypes.byref(buffer), ctypes.c_size_t(nbytes)) != 0:
@@ -289,8 +294,7 @@ def api_calls(fn) -> dict[str, int]:
 def set_stack_size(nbytes: int) -> None:
     """Sets the context's per-thread stack size (cudaDeviceSetLimit), as a library's kernel that needs more
     stack than the context gives makes the driver do."""
-    lib = _cudart()
-    if lib is None or lib.cudaDeviceSetLimit(dict(LIMITS)["stack_size"], ctypes.c_size_t(nbytes)) != 0:
+    if _runtime().cudaDeviceSetLimit(dict(LIMITS)["stack_size"], ctypes.c_size_t(nbytes)) != 0:
         raise RuntimeError("cudaDeviceSetLimit(cudaLimitStackSize) failed")
     torch.cuda.synchronize()
 
@@ -321,6 +325,51 @@ def phase(engine, name: str, prompts, repeats: int, trace: bool = False, chains:
     for kind, timing in (row["chains"] or {}).items():
         print(f"  chain {kind}: {timing['replay_us']} us, {timing['gaps']}", flush=True)
     return row
+
+
+def run_trigger(engine, args, result: dict) -> str:
+    """Runs what --trigger names between the first two phases; what it found goes into `result`. Returns
+    the next phase's name."""
+    started = time.perf_counter()
+    if args.trigger == "warm-up":
+        count = run_groups(engine, args.groups)
+        sync()
+        result["warm_up"] = {"groups": count, "s": round(time.perf_counter() - started, 2)}
+        name = f"after warm-up ({count} groups)"
+    elif args.trigger == "cudnn-conv":
+        cudnn_convolution()
+        name = "after one cuDNN convolution"
+    elif args.trigger == "cudnn-handle":
+        if args.trigger_calls:
+            result["trigger_calls"] = api_calls(cudnn_handle)
+            print("cudnnCreate's CUDA calls:", result["trigger_calls"], flush=True)
+        else:
+            cudnn_handle()
+        name = "after cudnnCreate"
+    elif args.trigger == "cudnn-libraries":
+        from benchmarks.pdl_after_cudnn import cudnn_libraries  # it imports this module
+
+        result["libraries"] = cudnn_libraries()
+        name = "after cuDNN's sub-libraries loaded"
+    elif args.trigger == "streams":
+        create_streams(args.streams)
+        name = f"after {args.streams} streams created"
+    elif args.trigger == "mapped-host":
+        mapped_host_buffer()
+        name = "after a mapped pinned host buffer"
+    elif args.trigger == "malloc":
+        raw_device_buffers(args.malloc_bytes)
+        name = f"after two {args.malloc_bytes}-byte buffers from cudaMalloc"
+    elif args.trigger in ("cufft", "cusolver"):
+        other_library(args.trigger)
+        name = f"after one {args.trigger} call"
+    elif args.trigger == "stack":
+        set_stack_size(args.stack_bytes)
+        name = f"after the stack size set to {args.stack_bytes} bytes"
+    else:
+        fresh_attention(args.trigger)
+        name = f"after one fresh-prefill attention call ({args.trigger} backend)"
+    return name
 
 
 def main() -> None:
@@ -376,45 +425,7 @@ def main() -> None:
         result["edges_before"] = graph_edges(engine, c, chains)
     result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats, args.trace, chains))
     limits = context_limits()
-    started = time.perf_counter()
-    if args.trigger == "warm-up":
-        count = run_groups(engine, args.groups)
-        sync()
-        result["warm_up"] = {"groups": count, "s": round(time.perf_counter() - started, 2)}
-        name = f"after warm-up ({count} groups)"
-    elif args.trigger == "cudnn-conv":
-        cudnn_convolution()
-        name = "after one cuDNN convolution"
-    elif args.trigger == "cudnn-handle":
-        if args.trigger_calls:
-            result["trigger_calls"] = api_calls(cudnn_handle)
-            print("cudnnCreate's CUDA calls:", result["trigger_calls"], flush=True)
-        else:
-            cudnn_handle()
-        name = "after cudnnCreate"
-    elif args.trigger == "cudnn-libraries":
-        from benchmarks.pdl_after_cudnn import cudnn_libraries  # it imports this module
-
-        result["libraries"] = cudnn_libraries()
-        name = "after cuDNN's sub-libraries loaded"
-    elif args.trigger == "streams":
-        create_streams(args.streams)
-        name = f"after {args.streams} streams created"
-    elif args.trigger == "mapped-host":
-        mapped_host_buffer()
-        name = "after a mapped pinned host buffer"
-    elif args.trigger == "malloc":
-        raw_device_buffers(args.malloc_bytes)
-        name = f"after two {args.malloc_bytes}-byte buffers from cudaMalloc"
-    elif args.trigger in ("cufft", "cusolver"):
-        other_library(args.trigger)
-        name = f"after one {args.trigger} call"
-    elif args.trigger == "stack":
-        set_stack_size(args.stack_bytes)
-        name = f"after the stack size set to {args.stack_bytes} bytes"
-    else:
-        fresh_attention(args.trigger)
-        name = f"after one fresh-prefill attention call ({args.trigger} backend)"
+    name = run_trigger(engine, args, result)
     if args.restore_limits:
         result["restored_limits"] = restore_limits(limits)
         name += f", limits restored: {result['restored_limits']}"

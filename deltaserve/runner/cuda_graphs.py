@@ -64,12 +64,15 @@ class DecodeGraphs:
 
     def capture(self, pool) -> None:
         started, before = time.perf_counter(), torch.cuda.memory_allocated()
-        empty = HostBatch([], [], [0], [], [], [], [], [])
         for size in reversed(self.sizes):  # largest first, so the smaller ones reuse its memory
-            self.buffers.load_decode(empty, size)
-            self.graphs[size], self.logits[size] = capture_graph(lambda: self._forward(size), pool)
+            self.graphs[size], self.logits[size] = self.capture_size(size, pool)
         log.info("captured %d decode graphs (batch %d..%d) in %.1f s using %.0f MiB", len(self.sizes), self.sizes[0],
                  self.sizes[-1], time.perf_counter() - started, (torch.cuda.memory_allocated() - before) / 2**20)
+
+    def capture_size(self, size: int, pool, keep_graph: bool = False) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The decode step of `size` rows captured over the buffers, loaded with an empty batch first."""
+        self.buffers.load_decode(HostBatch([], [], [0], [], [], [], [], []), size)
+        return capture_graph(lambda: self._forward(size), pool, keep_graph)
 
     def rung(self, batch: int) -> int | None:
         return next((s for s in self.sizes if s >= batch), None)
