@@ -20,7 +20,8 @@ def commit() -> str:
 
 
 # environment variables that change what a run measures: they belong to its exact command
-SETTINGS = ("CUDNN_", "CUDA_", "DELTASERVE_", "TRITON_")
+SETTINGS = ("CUDNN_", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING", "CUDA_DEVICE_MAX_CONNECTIONS", "DELTASERVE_",
+            "TRITON_")
 
 
 def command() -> str:
