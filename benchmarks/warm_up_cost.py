@@ -10,7 +10,8 @@ CUDA kernels of a short profiled batch by total time per step: a difference show
 same kernels further apart, or as time between the graphs. `--trigger` runs instead of the warm-up groups
 one sdpa call of a long fresh prompt (torch's choice of backend, or one pinned), one cuDNN convolution,
 cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, new streams, a mapped pinned host buffer,
-two buffers from cudaMalloc, one call into cuFFT or cuSOLVER, or a new stack size; `--attention-first` runs
+two buffers from cudaMalloc, one call into cuFFT or cuSOLVER, one kernel on a stream of its own, or a new
+stack size; `--attention-first` runs
 one attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
 config back after the trigger. `--trigger-calls` lists the CUDA calls cudnnCreate makes. `--trace` records
 in each phase a CUPTI trace of the decode graph's replays (graph_timeline.py): each kernel's time and its
@@ -267,6 +268,14 @@ def raw_device_buffers(nbytes: int) -> None:
     lib.cudaFree(buffers[0])
 
 
+def side_stream_kernel() -> None:
+    """One small torch kernel on a stream of its own, the rest of the process's work staying on its stream."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        torch.zeros(1 << 20, device="cuda").add_(1)
+    torch.cuda.synchronize()
+
+
 def other_library(name: str) -> None:
     """One small call into another CUDA library that torch brings up on first use, as it brings up cuDNN:
     cuFFT (`cufft`) or cuSOLVER (`cusolver`)."""
@@ -363,6 +372,9 @@ def run_trigger(engine, args, result: dict) -> str:
     elif args.trigger in ("cufft", "cusolver"):
         other_library(args.trigger)
         name = f"after one {args.trigger} call"
+    elif args.trigger == "side-stream":
+        side_stream_kernel()
+        name = "after one kernel on a stream of its own"
     elif args.trigger == "stack":
         set_stack_size(args.stack_bytes)
         name = f"after the stack size set to {args.stack_bytes} bytes"
@@ -381,12 +393,12 @@ def main() -> None:
     ap.add_argument("--trigger", default="warm-up",
                     choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "cudnn-handle",
                              "cudnn-libraries", "streams", "mapped-host", "malloc", "cufft", "cusolver",
-                             "stack"],
+                             "side-stream", "stack"],
                     help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
                     "attention call with torch's sdpa backend of that name, one cuDNN convolution, cudnnCreate "
                     "alone, cuDNN's sub-libraries loaded with no cuDNN call, --streams new streams, a mapped "
                     "pinned host buffer, two buffers of --malloc-bytes from cudaMalloc, one cuFFT or cuSOLVER "
-                    "call, or a new stack size (--stack-bytes)")
+                    "call, one small kernel on a stream of its own, or a new stack size (--stack-bytes)")
     ap.add_argument("--stack-bytes", type=int, default=8192)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--malloc-bytes", type=int, default=4 << 20)
