@@ -11,14 +11,13 @@ same kernels further apart, or as time between the graphs. `--trigger` runs inst
 one sdpa call of a long fresh prompt (torch's choice of backend, or one pinned), one cuDNN convolution,
 cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, new streams, a mapped pinned host buffer,
 two buffers from cudaMalloc, one call into cuFFT or cuSOLVER, one kernel on a stream of its own, or a new
-stack size; `--attention-first` runs
-one attention call before the engine starts; `--restore-limits` sets the context's limits, flags and cache
-config back after the trigger. `--trigger-calls` lists the CUDA calls cudnnCreate makes. `--trace` records
-in each phase a CUPTI trace of the decode graph's replays (graph_timeline.py): each kernel's time and its
-gap to the next, and which boundaries' gaps grew. `--chains` also replays and traces in each phase
-pdl_after_cudnn's whole and mlp chains, captured in the engine's process; `--edges` records the type of
-every edge of the decode graph and of those chains, captured before the trigger and again after it
-(graph_edges.py).
+stack size; `--attention-first` runs one attention call before the engine starts; `--restore-limits` sets
+the context's limits, flags and cache config back after the trigger. `--trigger-calls` lists the CUDA calls
+cudnnCreate makes. `--trace` records in each phase a CUPTI trace of the decode graph's replays
+(graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew. `--chains`
+also replays and traces in each phase pdl_after_cudnn's whole and mlp chains, captured in the engine's
+process; `--edges` records the type of every edge of the decode graph and of those chains, captured before
+the trigger and again after it (graph_edges.py).
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ cuBLAS; with DELTASERVE_PDL=0 the 32-row steps were as slow before cuDNN as afte
 takes is what programmatic dependent launch gained there: traced, each cuBLAS GEMM and the kernel after
 it start about 0.4 us later than before (benchmarks/graph_timeline.py), behind the same graph edges. The
 context's limits, flags and cache config stayed as they were; eager module loading, cuDNN's GRAPH_JIT_ONLY
-library config, CUDA_DEVICE_MAX_CONNECTIONS=32 and the largest shared-memory carveout for every Triton kernel
-did not avoid it, and none of cudnnCreate's CUDA calls made alone, nor cuDNN's libraries loaded without a
-call, caused it (warm_up_cost.py's triggers).
+library config, CUDA_DEVICE_MAX_CONNECTIONS=1 or 32 and the largest shared-memory carveout for every Triton
+kernel did not avoid it, and none of cudnnCreate's CUDA calls made alone on the default stream, nor cuDNN's
+libraries loaded without a call, caused it; one small kernel on a stream of its own did, as much
+(warm_up_cost.py's triggers).
 The start-up warm-up's long passes start cuDNN. Without cuDNN the 9B shape's steps were 1.7% (32 rows)
 and 1.0% (128 rows) shorter but its first token 3-10% later at 8k tokens (12-14% at the 35B-A3B shape)
 and 13% at 32k, so cuDNN stays (warm_up_cost_*.json, engine_*_fresh_attention_backend_same_machine.json)."""
