@@ -335,52 +335,49 @@ def phase(engine, name: str, prompts, repeats: int, trace: bool = False, chains:
     return row
 
 
+def plain_triggers(args) -> dict:
+    """The triggers that only run something: name -> (what runs, the next phase's name)."""
+    return {
+        "cudnn-conv": (cudnn_convolution, "after one cuDNN convolution"),
+        "streams": (lambda: create_streams(args.streams), f"after {args.streams} streams created"),
+        "mapped-host": (mapped_host_buffer, "after a mapped pinned host buffer"),
+        "malloc": (lambda: raw_device_buffers(args.malloc_bytes),
+                   f"after two {args.malloc_bytes}-byte buffers from cudaMalloc"),
+        "cufft": (lambda: other_library("cufft"), "after one cufft call"),
+        "cusolver": (lambda: other_library("cusolver"), "after one cusolver call"),
+        "side-stream": (side_stream_kernel, "after one kernel on a stream of its own"),
+        "stack": (lambda: set_stack_size(args.stack_bytes), f"after the stack size set to {args.stack_bytes} bytes"),
+    }
+
+
 def run_trigger(engine, args, result: dict) -> str:
     """Runs what --trigger names between the first two phases; what it found goes into `result`. Returns
     the next phase's name."""
-    started = time.perf_counter()
+    plain = plain_triggers(args)
+    if args.trigger in plain:
+        run, name = plain[args.trigger]
+        run()
+        return name
     if args.trigger == "warm-up":
+        started = time.perf_counter()
         count = run_groups(engine, args.groups)
         sync()
         result["warm_up"] = {"groups": count, "s": round(time.perf_counter() - started, 2)}
-        name = f"after warm-up ({count} groups)"
-    elif args.trigger == "cudnn-conv":
-        cudnn_convolution()
-        name = "after one cuDNN convolution"
-    elif args.trigger == "cudnn-handle":
+        return f"after warm-up ({count} groups)"
+    if args.trigger == "cudnn-handle":
         if args.trigger_calls:
             result["trigger_calls"] = api_calls(cudnn_handle)
             print("cudnnCreate's CUDA calls:", result["trigger_calls"], flush=True)
         else:
             cudnn_handle()
-        name = "after cudnnCreate"
-    elif args.trigger == "cudnn-libraries":
+        return "after cudnnCreate"
+    if args.trigger == "cudnn-libraries":
         from benchmarks.pdl_after_cudnn import cudnn_libraries  # it imports this module
 
         result["libraries"] = cudnn_libraries()
-        name = "after cuDNN's sub-libraries loaded"
-    elif args.trigger == "streams":
-        create_streams(args.streams)
-        name = f"after {args.streams} streams created"
-    elif args.trigger == "mapped-host":
-        mapped_host_buffer()
-        name = "after a mapped pinned host buffer"
-    elif args.trigger == "malloc":
-        raw_device_buffers(args.malloc_bytes)
-        name = f"after two {args.malloc_bytes}-byte buffers from cudaMalloc"
-    elif args.trigger in ("cufft", "cusolver"):
-        other_library(args.trigger)
-        name = f"after one {args.trigger} call"
-    elif args.trigger == "side-stream":
-        side_stream_kernel()
-        name = "after one kernel on a stream of its own"
-    elif args.trigger == "stack":
-        set_stack_size(args.stack_bytes)
-        name = f"after the stack size set to {args.stack_bytes} bytes"
-    else:
-        fresh_attention(args.trigger)
-        name = f"after one fresh-prefill attention call ({args.trigger} backend)"
-    return name
+        return "after cuDNN's sub-libraries loaded"
+    fresh_attention(args.trigger)
+    return f"after one fresh-prefill attention call ({args.trigger} backend)"
 
 
 def main() -> None:
