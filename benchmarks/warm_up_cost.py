@@ -17,7 +17,8 @@ cudnnCreate makes. `--trace` records in each phase a CUPTI trace of the decode g
 (graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew. `--chains`
 also replays and traces in each phase pdl_after_cudnn's whole and mlp chains, captured in the engine's
 process; `--edges` records the type of every edge of the decode graph and of those chains, captured before
-the trigger and again after it (graph_edges.py).
+the trigger and again after it (graph_edges.py). `--own-stream` runs the engine and every phase on a stream
+of their own rather than the process's default stream.
 """
 
 from __future__ import annotations
@@ -412,11 +413,20 @@ def main() -> None:
                     help="the edge types of the decode graph (and the chains) captured before and after the trigger")
     ap.add_argument("--trigger-calls", action="store_true",
                     help="with --trigger cudnn-handle, record the CUDA runtime and driver calls cudnnCreate makes")
+    ap.add_argument("--own-stream", action="store_true",
+                    help="run the engine and every phase on a stream of their own, not the process's default stream")
     ap.add_argument("--sleep", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=33024)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    stream = torch.cuda.Stream() if args.own_stream else None
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        measure(args)
+
+
+def measure(args) -> None:
+    """The phases and the trigger between them, on the current stream; writes args.out."""
     c = args.concurrency
     if args.attention_first:
         fresh_attention(args.attention_first)
@@ -428,7 +438,8 @@ def main() -> None:
     run_batch(engine, prompts(), 16)  # kernels compiled and tuned at this concurrency
     chains = capture_kept(steps)
     result = {**results_io.header(), "shape": args.shape, "concurrency": c, "trigger": args.trigger,
-              "groups": args.groups, "attention_first": args.attention_first, "phases": []}
+              "groups": args.groups, "attention_first": args.attention_first, "own_stream": args.own_stream,
+              "phases": []}
     if args.edges:
         result["edges_before"] = graph_edges(engine, c, chains)
     result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats, args.trace, chains))
