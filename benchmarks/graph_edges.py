@@ -24,14 +24,6 @@ class _EdgeData(ctypes.Structure):  # CUgraphEdgeData
                 ("reserved", ctypes.c_ubyte * 5)]
 
 
-def _driver():
-    lib = ctypes.CDLL("libcuda.so.1")
-    for name in ("cuGraphGetNodes", "cuGraphGetEdges_v2", "cuGraphNodeGetType", "cuGraphKernelNodeGetParams_v2",
-                 "cuFuncGetName", "cuKernelGetName"):
-        getattr(lib, name).restype = ctypes.c_int
-    return lib
-
-
 def _check(result: int, what: str) -> None:
     if result != 0:
         raise RuntimeError(f"{what} failed with CUresult {result}")
@@ -56,13 +48,14 @@ def node_names(lib, nodes) -> dict[int, str]:
     for node in nodes:
         kind = ctypes.c_int()
         _check(lib.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)), "cuGraphNodeGetType")
-        names[node] = _kernel_name(lib, node) if kind.value == CU_GRAPH_NODE_TYPE_KERNEL else f"<node type {kind.value}>"
+        is_kernel = kind.value == CU_GRAPH_NODE_TYPE_KERNEL
+        names[node] = _kernel_name(lib, node) if is_kernel else f"<node type {kind.value}>"
     return names
 
 
 def edges(graph: torch.cuda.CUDAGraph) -> list[tuple[str, str, str]]:
     """(from kernel, to kernel, edge type and the port it leaves from) for every edge of the graph's template."""
-    lib, raw = _driver(), ctypes.c_void_p(graph.raw_cuda_graph())
+    lib, raw = ctypes.CDLL("libcuda.so.1"), ctypes.c_void_p(graph.raw_cuda_graph())
     count = ctypes.c_size_t()
     _check(lib.cuGraphGetNodes(raw, None, ctypes.byref(count)), "cuGraphGetNodes")
     nodes = (ctypes.c_void_p * count.value)()
@@ -77,18 +70,19 @@ def edges(graph: torch.cuda.CUDAGraph) -> list[tuple[str, str, str]]:
             for i in range(n)]
 
 
-def edge_kinds(graph: torch.cuda.CUDAGraph) -> dict:
-    """{"cublas->triton": {"programmatic@trigger": n, "default": m}, ...}: the graph's edges counted by the
-    libraries on their two sides and by type."""
+def edge_kinds(rows: list[tuple[str, str, str]]) -> dict:
+    """{"cublas->triton": {"programmatic@trigger": n, "default": m}, ...}: a graph's edges (`edges`) counted
+    by the libraries on their two sides and by type."""
     kinds: dict[str, dict[str, int]] = {}
-    for a, b, kind in edges(graph):
+    for a, b, kind in rows:
         counts = kinds.setdefault(f"{library(a)}->{library(b)}", {})
         counts[kind] = counts.get(kind, 0) + 1
     return dict(sorted(kinds.items()))
 
 
-def cublas_edges(graph: torch.cuda.CUDAGraph, limit: int = 12) -> list[dict]:
-    """The first edges into and out of cuBLAS's kernels, by name: which GEMM kernels sit behind which edge."""
-    rows = [{"from": a[:70], "to": b[:70], "type": kind} for a, b, kind in edges(graph)
-            if "cublas" in (library(a), library(b))]
-    return rows[:limit]
+def cublas_edges(rows: list[tuple[str, str, str]], limit: int = 12) -> list[dict]:
+    """The first of a graph's edges (`edges`) into and out of cuBLAS's kernels, by name: which GEMM kernels
+    sit behind which edge."""
+    named = [{"from": a[:70], "to": b[:70], "type": kind} for a, b, kind in rows
+             if "cublas" in (library(a), library(b))]
+    return named[:limit]

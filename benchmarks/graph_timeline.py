@@ -20,6 +20,11 @@ def replay_ms(graph: torch.cuda.CUDAGraph, replays: int = 200) -> float:
     return start.elapsed_time(end) / replays
 
 
+def replay_us(graph: torch.cuda.CUDAGraph) -> float:
+    """replay_ms in us, to 0.01."""
+    return round(replay_ms(graph) * 1000, 2)
+
+
 def graph_boundaries(graph: torch.cuda.CUDAGraph, replays: int = 5) -> list[dict]:
     """One row per kernel (or copy) of the graph, in order: name, mean duration and mean gap to the next
     one over `replays` replays, in us. The gap after the last kernel is to the next replay's first."""

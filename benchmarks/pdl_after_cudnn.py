@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import glob
 import json
 import os
 import subprocess
@@ -39,8 +38,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from benchmarks.graph_timeline import gaps_by_kind, graph_boundaries, replay_ms  # noqa: E402
-from benchmarks.warm_up_cost import cudnn_handle  # noqa: E402
+from benchmarks.graph_timeline import gaps_by_kind, graph_boundaries, replay_us  # noqa: E402
+from benchmarks.process_triggers import cublaslt_handle, cudnn_handle, cudnn_libraries, libcuda  # noqa: E402
 from deltaserve.kernels.activation.triton_silu_and_mul import silu_and_mul  # noqa: E402
 from deltaserve.kernels.linear.split_gemm import split_gemm_parts  # noqa: E402
 from deltaserve.kernels.linear.triton_skinny_gemm import skinny_gemm_parts  # noqa: E402
@@ -55,31 +54,6 @@ CU_FUNC_PREFERRED_CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARV
 TRIGGERS = ("none", "cudnn-handle", "cudnn-libraries", "cublaslt-handle")
 
 
-def loaded_path(soname: str) -> str | None:
-    """Where a shared library that the process has loaded lies (/proc/self/maps), or None."""
-    with open("/proc/self/maps") as maps:
-        return next((line.split()[-1] for line in maps if soname in line), None)
-
-
-def cudnn_libraries() -> list[str]:
-    """cuDNN's sub-libraries loaded into the process (what cudnnCreate loads), no cuDNN call made."""
-    cudnn = loaded_path("libcudnn.so")
-    if cudnn is None:
-        raise RuntimeError("libcudnn is not loaded")
-    names = sorted(glob.glob(os.path.join(os.path.dirname(cudnn), "libcudnn_*.so*")))
-    for name in names:
-        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-    return [os.path.basename(n) for n in names]
-
-
-def cublaslt_handle() -> None:
-    """A second cuBLASLt handle, as a library that brings its own would create."""
-    lib = ctypes.CDLL(loaded_path("libcublasLt.so") or "libcublasLt.so")
-    handle = ctypes.c_void_p()
-    if lib.cublasLtCreate(ctypes.byref(handle)) != 0:
-        raise RuntimeError("cublasLtCreate failed")
-
-
 def run_trigger(name: str) -> dict:
     done: dict = {"trigger": name}
     if name == "cudnn-handle":
@@ -92,6 +66,13 @@ def run_trigger(name: str) -> dict:
     return done
 
 
+def norm_and_rows(rows: int):
+    """The add-norm's weight, and the chain's input rows and residual rows."""
+    norm_w = torch.ones(WIDTH, device="cuda", dtype=torch.bfloat16)
+    x, residual = (torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return norm_w, x, residual
+
+
 def mlp_chain(rows: int):
     """The 9B shape's MLP as the engine runs it from 17 rows: gate/up on cuBLAS, SiLU-and-multiply, the down
     projection split along K, the residual add-norm."""
@@ -99,9 +80,7 @@ def mlp_chain(rows: int):
                for _ in range(MLP_LAYERS)]
     down = [torch.randn(WIDTH, MLP_WIDTH, device="cuda", dtype=torch.bfloat16) * MLP_WIDTH**-0.5
             for _ in range(MLP_LAYERS)]
-    norm_w = torch.ones(WIDTH, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
-    residual = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
+    norm_w, x, residual = norm_and_rows(rows)
 
     def step():
         h, r = x, residual
@@ -116,9 +95,7 @@ def chain(kind: str, rows: int):
     if kind == "mlp":
         return mlp_chain(rows)
     weights = [torch.randn(WIDTH, WIDTH, device="cuda", dtype=torch.bfloat16) * WIDTH**-0.5 for _ in range(LAYERS)]
-    norm_w = torch.ones(WIDTH, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
-    residual = torch.randn(rows, WIDTH, device="cuda", dtype=torch.bfloat16)
+    norm_w, x, residual = norm_and_rows(rows)
     project = {"split": lambda h, w: split_gemm_parts(h, w, 2), "whole": lambda h, w: h @ w.t(),
                "skinny": skinny_gemm_parts, "norms": lambda h, w: h}[kind]
 
@@ -134,10 +111,6 @@ def capture(step) -> torch.cuda.CUDAGraph:
     return capture_graph(step, None)[0]
 
 
-def replay_us(graph: torch.cuda.CUDAGraph) -> float:
-    return round(replay_ms(graph) * 1000, 2)
-
-
 def set_carveout(percent: int) -> int:
     """The preferred shared-memory carveout (percent of the unified L1) of every compiled Triton kernel of
     the chains: an SM runs blocks of kernels with different carveouts together only after it drains.
@@ -146,7 +119,7 @@ def set_carveout(percent: int) -> int:
     from deltaserve.kernels.linear import triton_skinny_gemm
     from deltaserve.kernels.norm import triton_rms_norm
 
-    libcuda = ctypes.CDLL("libcuda.so.1")
+    driver = libcuda()
     count = 0
     for fn in (triton_rms_norm._rms_norm_kernel, triton_silu_and_mul._silu_and_mul_kernel,
                triton_skinny_gemm._skinny_gemm_kernel):
@@ -154,8 +127,8 @@ def set_carveout(percent: int) -> int:
             kernels = next(c for c in cache if isinstance(c, dict)).values()
             for kernel in kernels:
                 kernel._init_handles()
-                if libcuda.cuFuncSetAttribute(ctypes.c_void_p(kernel.function), CU_FUNC_PREFERRED_CARVEOUT,
-                                              ctypes.c_int(percent)) != 0:
+                if driver.cuFuncSetAttribute(ctypes.c_void_p(kernel.function), CU_FUNC_PREFERRED_CARVEOUT,
+                                             ctypes.c_int(percent)) != 0:
                     raise RuntimeError("cuFuncSetAttribute failed")
                 count += 1
     return count

@@ -38,12 +38,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.engine_bench import run_batch, sync  # noqa: E402
-from benchmarks.graph_edges import cublas_edges, edge_kinds  # noqa: E402
-from benchmarks.graph_timeline import gap_changes, gaps_by_kind, graph_boundaries  # noqa: E402
+from benchmarks.graph_edges import cublas_edges, edge_kinds, edges  # noqa: E402
+from benchmarks.graph_timeline import gap_changes, gaps_by_kind, graph_boundaries, replay_us  # noqa: E402
 from benchmarks.graph_timeline import replay_ms as graph_replay_ms  # noqa: E402
+from benchmarks.pdl_after_cudnn import chain  # noqa: E402
+from benchmarks.process_triggers import (api_calls, cudart, cudnn_convolution, cudnn_handle,  # noqa: E402
+                                         cudnn_libraries, create_streams, fresh_attention, libcuda,
+                                         mapped_host_buffer, other_library, raw_device_buffers, runtime,
+                                         side_stream_kernel)
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.warm_up import warm_up, warm_up_groups  # noqa: E402
-from deltaserve.kernels.attention.fresh_prefill import causal_attention_fresh  # noqa: E402
 from deltaserve.runner.cuda_graphs import capture_graph  # noqa: E402
 
 GENERATED = 256
@@ -66,28 +70,11 @@ LIMITS = (("stack_size", 0), ("printf_fifo_size", 1), ("malloc_heap_size", 2), (
           ("persisting_l2_cache_size", 6))  # cudaLimit codes
 
 
-def _cudart():
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None
-
-
-def _runtime():
-    """The CUDA runtime library, for a trigger that must reach it."""
-    lib = _cudart()
-    if lib is None:
-        raise RuntimeError("no CUDA runtime library found")
-    return lib
-
-
 def context_limits() -> dict:
     """What a library can leave changed in the whole CUDA context: its limits (cudaDeviceGetLimit: the
     per-thread stack, the printf and malloc heaps, the L2 fetch granularity and persisting set-aside,
     bytes), the device's and the context's flags, and its preferred cache config."""
-    lib, limits = _cudart(), {}
+    lib, limits = cudart(), {}
     for key, code in LIMITS if lib is not None else ():
         value = ctypes.c_size_t()
         if lib.cudaDeviceGetLimit(ctypes.byref(value), code) == 0:
@@ -99,23 +86,16 @@ def context_limits() -> dict:
         # the L1 / shared memory split preferred for kernels that set none: kernels wanting different
         # splits do not share a multiprocessor at once, which would keep a dependent launch from overlapping
         limits["cache_config"] = cache.value
-    driver, ctx_flags = _libcuda(), ctypes.c_uint()
+    driver, ctx_flags = libcuda(), ctypes.c_uint()
     if driver is not None and driver.cuCtxGetFlags(ctypes.byref(ctx_flags)) == 0:
         limits["context_flags"] = ctx_flags.value
     return limits
 
 
-def _libcuda():
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-
-
 def restore_limits(before: dict) -> dict:
     """Sets back each limit, the cache config and the context's flags where they differ from `before`;
     returns those it set."""
-    lib, now, restored = _cudart(), context_limits(), {}
+    lib, now, restored = cudart(), context_limits(), {}
     for key, code in LIMITS:
         if key in before and now.get(key) != before[key]:
             lib.cudaDeviceSetLimit(code, ctypes.c_size_t(before[key]))
@@ -124,7 +104,7 @@ def restore_limits(before: dict) -> dict:
         lib.cudaDeviceSetCacheConfig(before["cache_config"])
         restored["cache_config"] = (now.get("cache_config"), before["cache_config"])
     if "context_flags" in before and now.get("context_flags") != before["context_flags"]:
-        _libcuda().cuCtxSetFlags(ctypes.c_uint(before["context_flags"]))
+        libcuda().cuCtxSetFlags(ctypes.c_uint(before["context_flags"]))
         restored["context_flags"] = (now.get("context_flags"), before["context_flags"])
     return restored
 
@@ -165,8 +145,6 @@ def kept_decode_graph(engine, size: int) -> torch.cuda.CUDAGraph:
 
 def chain_steps(rows: int) -> dict:
     """pdl_after_cudnn's chains of IN_PROCESS_CHAINS at `rows` rows, their weights allocated now."""
-    from benchmarks.pdl_after_cudnn import chain  # it imports this module
-
     return {kind: chain(kind, rows) for kind in IN_PROCESS_CHAINS}
 
 
@@ -177,14 +155,14 @@ def capture_kept(steps: dict) -> dict:
 
 def graph_edges(engine, size: int, chains: dict) -> dict:
     """Edge types of the decode graph captured again now, and of the chains' graphs given."""
-    decode = kept_decode_graph(engine, size)
+    decode = edges(kept_decode_graph(engine, size))
     return {"decode": edge_kinds(decode), "decode_cublas_edges": cublas_edges(decode),
-            **{kind: edge_kinds(g) for kind, g in chains.items()}}
+            **{kind: edge_kinds(edges(g)) for kind, g in chains.items()}}
 
 
 def chain_timings(chains: dict) -> dict:
     """Each chain's graph replayed back to back twice (us) and its boundaries' gaps by kind."""
-    return {kind: {"replay_us": [round(graph_replay_ms(g) * 1000, 2) for _ in range(2)],
+    return {kind: {"replay_us": [replay_us(g) for _ in range(2)],
                    "gaps": gaps_by_kind(graph_boundaries(g))} for kind, g in chains.items()}
 
 
@@ -198,112 +176,10 @@ def run_groups(engine, spec: str) -> int:
     return len(groups)
 
 
-def fresh_attention(backend: str, rows: int = 2048) -> None:
-    """One fresh-prefill attention call (causal_attention_fresh) at the 9B shape's heads, outside the
-    engine: `default` lets torch's sdpa pick its backend (cuDNN's on the H200), `flash` and `cudnn` pin
-    one, `cudnn-side-stream` runs cuDNN's on a stream of its own."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    q = torch.randn(rows, 16, 256, dtype=torch.bfloat16, device="cuda")
-    k, v = (torch.randn(rows, 4, 256, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    pinned = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-              "cudnn-side-stream": SDPBackend.CUDNN_ATTENTION}.get(backend)
-    side = torch.cuda.Stream() if backend.endswith("side-stream") else None
-    with sdpa_kernel(pinned) if pinned is not None else contextlib.nullcontext():
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            causal_attention_fresh(q, k, v, [0, rows], 256**-0.5)
-    torch.cuda.synchronize()
-
-
-def cudnn_convolution() -> None:
-    """One convolution through cuDNN (its library and handle brought up with no attention kernel run)."""
-    x = torch.randn(8, 64, 32, 32, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(64, 64, 3, 3, dtype=torch.bfloat16, device="cuda")
-    torch.nn.functional.conv2d(x, w, padding=1)
-    torch.cuda.synchronize()
-
-
-def cudnn_handle() -> None:
-    """cudnnCreate and nothing else: cuDNN's own start-up (its sub-libraries loaded), no kernel of it run."""
-    lib = ctypes.CDLL("libcudnn.so.9")  # torch has it loaded already; this finds that copy
-    handle = ctypes.c_void_p()
-    if lib.cudnnCreate(ctypes.byref(handle)) != 0:
-        raise RuntimeError("cudnnCreate failed")
-    torch.cuda.synchronize()
-
-
-def create_streams(count: int) -> None:
-    """`count` non-blocking streams made with cudaStreamCreateWithFlags, as cudnnCreate makes 16, never used."""
-    lib = _runtime()
-    for _ in range(count):
-        stream = ctypes.c_void_p()
-        if lib.cudaStreamCreateWithFlags(ctypes.byref(stream), ctypes.c_uint(1)) != 0:  # cudaStreamNonBlocking
-            raise RuntimeError("cudaStreamCreateWithFlags failed")
-    torch.cuda.synchronize()
-
-
-def mapped_host_buffer(nbytes: int = 1 << 20) -> None:
-    """A mapped pinned host buffer and its device pointer (cudaHostAlloc, cudaHostGetDevicePointer), as
-    cudnnCreate makes one, never used."""
-    lib = _runtime()
-    host, device = ctypes.c_void_p(), ctypes.c_void_p()
-    if lib.cudaHostAlloc(ctypes.byref(host), ctypes.c_size_t(nbytes), ctypes.c_uint(2)) != 0:  # cudaHostAllocMapped
-        raise RuntimeError("cudaHostAlloc failed")
-    if lib.cudaHostGetDevicePointer(ctypes.byref(device), host, ctypes.c_uint(0)) != 0:
-        raise RuntimeError("cudaHostGetDevicePointer failed")
-    torch.cuda.synchronize()
-
-
-def raw_device_buffers(nbytes: int) -> None:
-    """Two device buffers from cudaMalloc itself (not torch's allocator), each cleared, the first freed:
-    cudnnCreate's memory calls (cudaMalloc 2, cudaMemsetAsync 2, cudaFree 1) at a chosen size."""
-    lib = _runtime()
-    buffers = [ctypes.c_void_p(), ctypes.c_void_p()]
-    for buffer in buffers:
-        if lib.cudaMalloc(ctypes.byref(buffer), ctypes.c_size_t(nbytes)) != 0:
-            raise RuntimeError("cudaMalloc failed")
-        if lib.cudaMemsetAsync(buffer, 0, ctypes.c_size_t(nbytes), None) != 0:
-            raise RuntimeError("cudaMemsetAsync failed")
-    torch.cuda.synchronize()
-    lib.cudaFree(buffers[0])
-
-
-def side_stream_kernel() -> None:
-    """One small torch kernel on a stream of its own, the rest of the process's work staying on its stream."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        torch.zeros(1 << 20, device="cuda").add_(1)
-    torch.cuda.synchronize()
-
-
-def other_library(name: str) -> None:
-    """One small call into another CUDA library that torch brings up on first use, as it brings up cuDNN:
-    cuFFT (`cufft`) or cuSOLVER (`cusolver`)."""
-    x = torch.randn(64, 64, device="cuda", dtype=torch.float32)
-    if name == "cufft":
-        torch.fft.fft(x)
-    else:
-        torch.linalg.cholesky(x @ x.T + 64 * torch.eye(64, device="cuda"))
-    torch.cuda.synchronize()
-
-
-def api_calls(fn) -> dict[str, int]:
-    """The CUDA runtime and driver calls that `fn()` makes, as CUPTI records them: {name: count}."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-    counts: dict[str, int] = {}
-    for event in prof.events():
-        if event.device_type.name == "CPU" and event.name.startswith("cu"):
-            counts[event.name] = counts.get(event.name, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
-
-
 def set_stack_size(nbytes: int) -> None:
     """Sets the context's per-thread stack size (cudaDeviceSetLimit), as a library's kernel that needs more
     stack than the context gives makes the driver do."""
-    if _runtime().cudaDeviceSetLimit(dict(LIMITS)["stack_size"], ctypes.c_size_t(nbytes)) != 0:
+    if runtime().cudaDeviceSetLimit(dict(LIMITS)["stack_size"], ctypes.c_size_t(nbytes)) != 0:
         raise RuntimeError("cudaDeviceSetLimit(cudaLimitStackSize) failed")
     torch.cuda.synchronize()
 
@@ -373,8 +249,6 @@ def run_trigger(engine, args, result: dict) -> str:
             cudnn_handle()
         return "after cudnnCreate"
     if args.trigger == "cudnn-libraries":
-        from benchmarks.pdl_after_cudnn import cudnn_libraries  # it imports this module
-
         result["libraries"] = cudnn_libraries()
         return "after cuDNN's sub-libraries loaded"
     fresh_attention(args.trigger)
