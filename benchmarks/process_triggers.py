@@ -145,6 +145,35 @@ def side_stream_kernel() -> None:
     torch.cuda.synchronize()
 
 
+def side_stream_memset(nbytes: int = 4 << 20) -> None:
+    """One cudaMemsetAsync on a stream of its own (no kernel of torch's), as cuDNN may clear its buffers on
+    one of the streams it makes."""
+    lib = runtime()
+    stream, buffer = ctypes.c_void_p(), ctypes.c_void_p()
+    if lib.cudaStreamCreateWithFlags(ctypes.byref(stream), ctypes.c_uint(1)) != 0:
+        raise RuntimeError("cudaStreamCreateWithFlags failed")
+    if lib.cudaMalloc(ctypes.byref(buffer), ctypes.c_size_t(nbytes)) != 0:
+        raise RuntimeError("cudaMalloc failed")
+    if lib.cudaMemsetAsync(buffer, 0, ctypes.c_size_t(nbytes), stream) != 0:
+        raise RuntimeError("cudaMemsetAsync failed")
+    torch.cuda.synchronize()
+
+
+def destroyed_stream_kernel() -> None:
+    """side_stream_kernel on a stream from cudaStreamCreate that is destroyed once the kernel is done: whether
+    the cost outlives the stream."""
+    lib = runtime()
+    stream = ctypes.c_void_p()
+    if lib.cudaStreamCreateWithFlags(ctypes.byref(stream), ctypes.c_uint(1)) != 0:
+        raise RuntimeError("cudaStreamCreateWithFlags failed")
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream.value)):
+        torch.zeros(1 << 20, device="cuda").add_(1)
+    torch.cuda.synchronize()
+    if lib.cudaStreamDestroy(stream) != 0:
+        raise RuntimeError("cudaStreamDestroy failed")
+    torch.cuda.synchronize()
+
+
 def other_library(name: str) -> None:
     """One small call into another CUDA library that torch brings up on first use, as it brings up cuDNN:
     cuFFT (`cufft`) or cuSOLVER (`cusolver`)."""

@@ -10,15 +10,16 @@ CUDA kernels of a short profiled batch by total time per step: a difference show
 same kernels further apart, or as time between the graphs. `--trigger` runs instead of the warm-up groups
 one sdpa call of a long fresh prompt (torch's choice of backend, or one pinned), one cuDNN convolution,
 cudnnCreate alone, cuDNN's sub-libraries loaded with no call made, new streams, a mapped pinned host buffer,
-two buffers from cudaMalloc, one call into cuFFT or cuSOLVER, one kernel on a stream of its own, or a new
-stack size; `--attention-first` runs one attention call before the engine starts; `--restore-limits` sets
-the context's limits, flags and cache config back after the trigger. `--trigger-calls` lists the CUDA calls
+two buffers from cudaMalloc, one call into cuFFT or cuSOLVER, one kernel on a stream of its own (kept, or
+destroyed once it is done), one cudaMemsetAsync on a stream of its own, or a new stack size;
+`--attention-first` runs one attention call before the engine starts; `--restore-limits` sets the context's
+limits, flags and cache config back after the trigger. `--trigger-calls` lists the CUDA calls
 cudnnCreate makes. `--trace` records in each phase a CUPTI trace of the decode graph's replays
 (graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew. `--chains`
 also replays and traces in each phase pdl_after_cudnn's whole and mlp chains, captured in the engine's
 process; `--edges` records the type of every edge of the decode graph and of those chains, captured before
 the trigger and again after it (graph_edges.py). `--own-stream` runs the engine and every phase on a stream
-of their own rather than the process's default stream.
+of their own rather than the process's default stream (`--stream-priority` sets its priority).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from benchmarks.pdl_after_cudnn import chain  # noqa: E402
 from benchmarks.process_triggers import (api_calls, cudart, cudnn_convolution, cudnn_handle,  # noqa: E402
                                          cudnn_libraries, create_streams, fresh_attention, libcuda,
                                          mapped_host_buffer, other_library, raw_device_buffers, runtime,
-                                         side_stream_kernel)
+                                         side_stream_kernel, side_stream_memset, destroyed_stream_kernel)
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.warm_up import warm_up, warm_up_groups  # noqa: E402
 from deltaserve.runner.cuda_graphs import capture_graph  # noqa: E402
@@ -223,6 +224,8 @@ def plain_triggers(args) -> dict:
         "cufft": (lambda: other_library("cufft"), "after one cufft call"),
         "cusolver": (lambda: other_library("cusolver"), "after one cusolver call"),
         "side-stream": (side_stream_kernel, "after one kernel on a stream of its own"),
+        "side-memset": (side_stream_memset, "after one cudaMemsetAsync on a stream of its own"),
+        "destroyed-stream": (destroyed_stream_kernel, "after one kernel on a stream since destroyed"),
         "stack": (lambda: set_stack_size(args.stack_bytes), f"after the stack size set to {args.stack_bytes} bytes"),
     }
 
@@ -264,12 +267,13 @@ def main() -> None:
     ap.add_argument("--trigger", default="warm-up",
                     choices=["warm-up", "default", "flash", "cudnn", "cudnn-side-stream", "cudnn-conv", "cudnn-handle",
                              "cudnn-libraries", "streams", "mapped-host", "malloc", "cufft", "cusolver",
-                             "side-stream", "stack"],
+                             "side-stream", "side-memset", "destroyed-stream", "stack"],
                     help="what runs between the first two phases: the warm-up's groups, one fresh-prefill "
                     "attention call with torch's sdpa backend of that name, one cuDNN convolution, cudnnCreate "
                     "alone, cuDNN's sub-libraries loaded with no cuDNN call, --streams new streams, a mapped "
                     "pinned host buffer, two buffers of --malloc-bytes from cudaMalloc, one cuFFT or cuSOLVER "
-                    "call, one small kernel on a stream of its own, or a new stack size (--stack-bytes)")
+                    "call, one small kernel on a stream of its own (kept, or destroyed after it), one "
+                    "cudaMemsetAsync on a stream of its own, or a new stack size (--stack-bytes)")
     ap.add_argument("--stack-bytes", type=int, default=8192)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--malloc-bytes", type=int, default=4 << 20)
@@ -289,12 +293,14 @@ def main() -> None:
                     help="with --trigger cudnn-handle, record the CUDA runtime and driver calls cudnnCreate makes")
     ap.add_argument("--own-stream", action="store_true",
                     help="run the engine and every phase on a stream of their own, not the process's default stream")
+    ap.add_argument("--stream-priority", type=int, default=0,
+                    help="with --own-stream, that stream's priority (lower is higher; -1 or less for high)")
     ap.add_argument("--sleep", type=float, default=20.0)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-model-len", type=int, default=33024)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    stream = torch.cuda.Stream() if args.own_stream else None
+    stream = torch.cuda.Stream(priority=args.stream_priority) if args.own_stream else None
     with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
         measure(args)
 
@@ -313,7 +319,7 @@ def measure(args) -> None:
     chains = capture_kept(steps)
     result = {**results_io.header(), "shape": args.shape, "concurrency": c, "trigger": args.trigger,
               "groups": args.groups, "attention_first": args.attention_first, "own_stream": args.own_stream,
-              "phases": []}
+              "stream_priority": args.stream_priority if args.own_stream else None, "phases": []}
     if args.edges:
         result["edges_before"] = graph_edges(engine, c, chains)
     result["phases"].append(phase(engine, "before warm-up", prompts, args.repeats, args.trace, chains))
