@@ -12,9 +12,10 @@ CUDA graphs capture the dependency, so replayed steps keep it. Once cuDNN has st
 tail of the kernel before it and the kernel after it under the GEMM's; after it, both wait about 0.45 us.
 The graph's edges stay as captured (cuBLAS launches its GEMMs without dependent launch); chains of these
 kernels in a process of their own wait so from the start unless their Triton kernels ask for the largest
-shared-memory carveout, which in the engine cost the GDN decode its L1 and did not keep the gain. One
-small kernel on another stream than the steps' takes the gain as cudnnCreate does (README,
-benchmarks/graph_edges.py, benchmarks/pdl_after_cudnn.py, benchmarks/warm_up_cost.py).
+shared-memory carveout, which in the engine cost the GDN decode its L1 and did not keep the gain. Any
+work on a second stream of the process (one small kernel, one memset) takes the gain as cudnnCreate does,
+whichever stream the steps run on (README, benchmarks/graph_edges.py, benchmarks/pdl_after_cudnn.py,
+benchmarks/warm_up_cost.py).
 """
 
 import functools

@@ -15,7 +15,8 @@ it start about 0.4 us later than before (benchmarks/graph_timeline.py), behind t
 context's limits, flags and cache config stayed as they were; eager module loading, cuDNN's GRAPH_JIT_ONLY
 library config, CUDA_DEVICE_MAX_CONNECTIONS=1 or 32 and the largest shared-memory carveout for every Triton
 kernel did not avoid it, and none of cudnnCreate's CUDA calls made alone on the default stream, nor cuDNN's
-libraries loaded without a call, caused it; one small kernel on a stream of its own did, as much
+libraries loaded without a call, caused it; any work on a second stream did, as much (one small kernel,
+one memset), also with the steps on a stream of their own, and cuDNN makes streams of its own as it starts
 (warm_up_cost.py's triggers).
 The start-up warm-up's long passes start cuDNN. Without cuDNN the 9B shape's steps were 1.7% (32 rows)
 and 1.0% (128 rows) shorter but its first token 3-10% later at 8k tokens (12-14% at the 35B-A3B shape)
