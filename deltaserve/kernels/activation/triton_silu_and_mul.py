@@ -1,12 +1,18 @@
-"""SiLU(gate) * up over rows whose last dim holds [gate | up]; one program per (row, column tile)."""
+"""SiLU(gate) * up over rows whose last dim holds [gate | up]; one program per (row, column tile).
+
+Launched as a dependent grid (kernels/pdl.py): in a decode step it sits between the gate/up and the down
+projection, and its launch is set up while the gate/up projection still runs."""
 
 import torch
 import triton
 import triton.language as tl
 
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
+
 
 @triton.jit
-def _silu_and_mul_kernel(x, out, stride_x, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x, out, stride_x, WIDTH: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+    wait_for_prior_grid(USE_PDL)
     row, tile = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = tile * BLOCK + tl.arange(0, BLOCK)
     mask = cols < WIDTH
@@ -27,5 +33,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         block = min(triton.next_power_of_2(width), 1024)
         _silu_and_mul_kernel[(rows, triton.cdiv(width, block))](
             x2, out, x2.stride(0), WIDTH=width, BLOCK=block, num_warps=4 if block >= 512 else 1,
+            **launch_options(x2),
         )
     return out
