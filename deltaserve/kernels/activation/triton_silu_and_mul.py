@@ -1,18 +1,19 @@
 """SiLU(gate) * up over rows whose last dim holds [gate | up]; one program per (row, column tile).
 
 Launched as a dependent grid (kernels/pdl.py): in a decode step it sits between the gate/up and the down
-projection, and its launch is set up while the gate/up projection still runs."""
+projection, and its launch is set up while the gate/up projection still runs. The down projection's launch
+waits for its end (wait_for_prior_grid_only)."""
 
 import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid_only
 
 
 @triton.jit
 def _silu_and_mul_kernel(x, out, stride_x, WIDTH: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
-    wait_for_prior_grid(USE_PDL)
+    wait_for_prior_grid_only(USE_PDL)
     row, tile = tl.program_id(0).to(tl.int64), tl.program_id(1)
     cols = tile * BLOCK + tl.arange(0, BLOCK)
     mask = cols < WIDTH
