@@ -413,6 +413,14 @@ NOTES = {
         "the state kernel, measured slower (a change not kept: 1.37-3.25 ms against 1.20 at 8k for pieces of "
         "2048-512 rows, the shorter the slower; 4.01 against 4.46 ms at 32k at best; the 35B-A3B prefill 0.141 "
         "/ 0.615 s against 0.133 / 0.600 with 1024-row pieces).",
+        "SiLU-and-multiply launched as a dependent grid (86158c8; it was the decode step's one Triton kernel "
+        "launched plainly), the down projection's launch still waiting for its end: against d1afe56 alternated "
+        "twice in one command, with the warm-up and so with cuDNN's cost "
+        "(engine_qwen3.5-9b_silu_pdl_wait_only_same_machine.json), C=32 steps 5.871-5.874 against 5.970-5.974 ms, "
+        "closed batches 5115-5116 against 5044 tok/s, and C=1 4.477 against 4.484 ms. Releasing the down "
+        "projection at the SiLU's start (a64fafe) gave C=32 the same but C=1 4.651-4.661 ms "
+        "(engine_qwen3.5-9b_silu_pdl_same_machine.json): traced, the down projection's skinny GEMM took "
+        "32.5-34.0 against 26.7 us (warm_up_cost_qwen3.5-9b_cudnn_handle_c1_trace_at_*.json).",
     ],
     "qwen3.5-35b-a3b": [
         "At 5778793 (paged attention's decode splits, the 9B notes), against f00d81c alternated twice in one "
