@@ -64,6 +64,18 @@ def gaps_by_kind(rows: list[dict]) -> dict:
     return {k: {"boundaries": len(v), "mean_gap_us": round(sum(v) / len(v), 3)} for k, v in sorted(gaps.items())}
 
 
+def effective_by_pair(rows: list[dict]) -> list[dict]:
+    """What each kernel adds to the replay, end to end: its end minus the end of the kernel before it. A
+    kernel launched early is timed from its launch, waiting included, so its own duration says little; this
+    is its share of the step. Grouped by (kernel before, kernel), largest total first, in us."""
+    pairs: dict[tuple[str, str], list[float]] = {}
+    for before, kernel in zip(rows, rows[1:]):
+        pairs.setdefault((before["name"][:40], kernel["name"][:40]), []).append(before["gap_us"] + kernel["us"])
+    return [{"after": a, "kernel": k, "count": len(v), "total_us": round(sum(v), 2),
+             "mean_us": round(sum(v) / len(v), 3), "min_us": round(min(v), 3), "max_us": round(max(v), 3)}
+            for (a, k), v in sorted(pairs.items(), key=lambda kv: -sum(kv[1]))]
+
+
 def gap_changes(before: list[dict], after: list[dict], top: int = 20) -> dict:
     """The same graph's boundaries traced twice: totals, and the boundaries whose gap grew most."""
     assert [r["name"] for r in before] == [r["name"] for r in after], "not the same graph"

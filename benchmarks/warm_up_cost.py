@@ -15,11 +15,12 @@ destroyed once it is done), one cudaMemsetAsync on a stream of its own, or a new
 `--attention-first` runs one attention call before the engine starts; `--restore-limits` sets the context's
 limits, flags and cache config back after the trigger. `--trigger-calls` lists the CUDA calls
 cudnnCreate makes. `--trace` records in each phase a CUPTI trace of the decode graph's replays
-(graph_timeline.py): each kernel's time and its gap to the next, and which boundaries' gaps grew. `--chains`
-also replays and traces in each phase pdl_after_cudnn's whole and mlp chains, captured in the engine's
-process; `--edges` records the type of every edge of the decode graph and of those chains, captured before
-the trigger and again after it (graph_edges.py). `--own-stream` runs the engine and every phase on a stream
-of their own rather than the process's default stream (`--stream-priority` sets its priority).
+(graph_timeline.py): each kernel's time and its gap to the next, which boundaries' gaps grew, and what each
+kernel adds to the replay end to end, by the kernel before it. `--chains` also replays and traces in each
+phase pdl_after_cudnn's whole and mlp chains, captured in the engine's process; `--edges` records the type
+of every edge of the decode graph and of those chains, captured before the trigger and again after it
+(graph_edges.py). `--own-stream` runs the engine and every phase on a stream of their own rather than the
+process's default stream (`--stream-priority` sets its priority).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import results_io  # noqa: E402
 from benchmarks.engine_bench import run_batch, sync  # noqa: E402
 from benchmarks.graph_edges import cublas_edges, edge_kinds, edges  # noqa: E402
-from benchmarks.graph_timeline import gap_changes, gaps_by_kind, graph_boundaries, replay_us  # noqa: E402
+from benchmarks.graph_timeline import (effective_by_pair, gap_changes, gaps_by_kind, graph_boundaries,  # noqa: E402
+                                       replay_us)
 from benchmarks.graph_timeline import replay_ms as graph_replay_ms  # noqa: E402
 from benchmarks.pdl_after_cudnn import chain  # noqa: E402
 from benchmarks.process_triggers import (api_calls, cudart, cudnn_convolution, cudnn_handle,  # noqa: E402
@@ -205,7 +207,8 @@ def phase(engine, name: str, prompts, repeats: int, trace: bool = False, chains:
            "clocks_after": clocks_after,
            "context_limits": context_limits(), "host": host_state(),
            "kernels_ms_per_step": dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
-           "graph_boundaries": boundaries, "chains": chain_timings(chains) if chains else None}
+           "graph_boundaries": boundaries, "chains": chain_timings(chains) if chains else None,
+           "effective_us_by_pair": effective_by_pair(boundaries) if boundaries else None}
     print(name, steps_ms, "replay", replays, clocks_before, clocks_after, round(sum(kernels.values()), 3),
           row["context_limits"], row["host"], flush=True)
     for kind, timing in (row["chains"] or {}).items():
