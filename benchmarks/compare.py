@@ -423,11 +423,11 @@ NOTES = {
         "32.5-34.0 against 26.7 us (warm_up_cost_qwen3.5-9b_cudnn_handle_c1_trace_at_*.json).",
         "Where a step at one sequence goes, from that trace at d1afe56 (4.501 ms of kernels end to end, "
         "graph_timeline.effective_by_pair; weight floors at 4.24 TB/s): the gate/up projections (cuBLAS) add "
-        "50.0 us a layer (floor 47.5), the GDN input projections 26 (23.9), the down projections 26.6 (23.7), "
+        "50.0 us a layer (floor 47.5), the GDN input projections 26.1 (23.9), the down projections 26.6 (23.7), "
         "the attention qkv projections (cuBLAS) 22.4 (19.8), the LM head 453 (480); the 4096 x 4096 output "
         "projections, skinny GEMMs of one block a multiprocessor, add 10.7 us after the gated norm and 13.3 "
-        "after the split merge (floor 7.9), both of which release them at their start; the small kernels "
-        "between add 2-5 us each, 0.55 ms a step in all.",
+        "after the split merge (floor 7.9), both of which release them at their start; the other kernels "
+        "add 0.9-4.9 us each (the greedy argmax 10.4), 0.43 ms a step in all.",
     ],
     "qwen3.5-35b-a3b": [
         "At 5778793 (paged attention's decode splits, the 9B notes), against f00d81c alternated twice in one "
