@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from deltaserve import LLM, SamplingParams
 from deltaserve.errors import InvalidSamplingParamsError
@@ -153,3 +154,38 @@ def test_a_biased_greedy_row_is_not_left_to_the_decode_graphs_argmax():
     assert Sampler.greedy(rows(plain, plain))
     assert not Sampler.greedy(rows(plain, SamplingParams(temperature=0, logit_bias={3: -100})))
     assert Sampler.device_only(SamplingParams(temperature=0, logit_bias={3: 5}))  # no past tokens needed
+
+
+class _NoHostReads(TorchFunctionMode):
+    """Fails on any read of a tensor's values into Python: on a GPU each one waits for the device."""
+
+    READS = {"__bool__", "item", "tolist", "__int__", "__float__", "__index__", "nonzero"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS:
+            raise AssertionError(f"the sampler read a tensor back: {func.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sampling_on_device_reads_nothing_back(masked):
+    """A launched decode step samples without waiting for its logits (asynchronous scheduling), also
+    where rows mask top-k / top-p / min-p or carry a logit bias; greedy and top-k 1 rows still take the
+    argmax."""
+    vocab = 64
+    sampler = Sampler(vocab, torch.device("cpu"), seed=random.randrange(2**31))
+    mask = dict(top_k=1) if masked else {}
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, **mask),
+              SamplingParams(temperature=1.0, seed=random.randrange(1000), **mask),
+              SamplingParams(temperature=0.7, top_p=0.5 if masked else 1.0, min_p=0.1 if masked else 0.0),
+              SamplingParams(temperature=0.9, logit_bias={3: 100.0})]
+    requests = [SimpleNamespace(params=p, sample_index=0, output_token_ids=[1, 2]) for p in params]
+    logits = torch.randn(len(params), vocab)
+    with _NoHostReads():
+        tokens = sampler.sample_on_device(logits, requests)
+    best = logits.argmax(-1)
+    assert tokens[0] == best[0]
+    if masked:
+        assert torch.equal(tokens[1:3], best[1:3])
+    assert tokens[4] == 3  # its bias outweighs every other logit
+    assert all(0 <= t < vocab for t in tokens.tolist())

@@ -67,7 +67,8 @@ class Sampler:
         top_p = tensor([p.top_p for p in params], torch.float32)
         min_p = tensor([p.min_p for p in params], torch.float32)
         noise = self._noise(requests)
-        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, noise)
+        any_mask = any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params)
+        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, noise, any_mask=any_mask)
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         rows, vocab = len(requests), logits.shape[1]

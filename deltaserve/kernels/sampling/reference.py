@@ -43,14 +43,18 @@ def sample_from_logits(
     top_p: torch.Tensor,
     min_p: torch.Tensor,
     noise: torch.Tensor,
+    *,
+    any_mask: bool,
 ) -> torch.Tensor:
     """Greedy where temperature == 0; elsewhere a draw from the temperature-scaled, top-k/top-p/min-p
     masked distribution by the exponential race, argmax p / e with e ~ Exp(1) given per row in
-    `noise` [B, V]."""
+    `noise` [B, V]. `any_mask`: whether some row has top-k, top-p or min-p on, which the caller knows from
+    its parameters on the host; read from the tensors, it would wait for the GPU to finish the logits and
+    stop the next step from being planned meanwhile."""
     greedy = logits.argmax(-1)
     temp = torch.where(temperature > 0, temperature, 1.0)[:, None]
     scaled = logits / temp
-    if bool((top_k > 0).any() | (top_p < 1).any() | (min_p > 0).any()):
+    if any_mask:
         scaled = mask_logits(scaled, top_k, top_p, min_p)
     probs = torch.softmax(scaled, dim=-1)
     drawn = (probs / noise).argmax(-1)
