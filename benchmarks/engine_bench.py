@@ -4,9 +4,9 @@
         --out benchmarks/results/engine_SHAPE.json
 
 Decode: closed batches of C requests, 128-token prompts (`--prompt-len`), 256 generated tokens each
-(ignore_eos), after a warm-up batch at the same concurrency; the step time is the wall time of the
-decode steps (after the prefill) over their number, so it includes the engine's own work per step
-(scheduling, batch building, graph replay, sampling). Its floor: bytes of weights touched + GDN state read and written
+(ignore_eos; greedy, or sampled with `--temperature` and `--top-p`), after a warm-up batch at the same
+concurrency; the step time is the wall time of the decode steps (after the prefill) over their number, so
+it includes the engine's own work per step (scheduling, batch building, graph replay, sampling). Its floor: bytes of weights touched + GDN state read and written
 + KV read, over 4.24 TB/s. `aggregate_tok_s` is C over the step time (decode alone);
 `closed_batch_tok_s` is every generated token over the wall time of the whole batch, its prefill
 included: the instrument of the vLLM figures the issue quotes as aggregate tok/s (the peer's
@@ -34,9 +34,12 @@ BANDWIDTH = 4.24e12
 PROMPT, GENERATED = 128, 256
 
 
-def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Runs a closed batch; returns prefill time, decode steps and their time."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, detokenize=False)
+def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
+              top_p: float = 1.0) -> dict:
+    """Runs a closed batch (greedy unless a temperature is given); returns prefill time, decode steps and
+    their time."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, ignore_eos=True,
+                            detokenize=False)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{time.monotonic_ns()}-{i}", prompt, params)
     sync()
@@ -92,6 +95,8 @@ def main() -> None:
     ap.add_argument("--generated", type=int, default=GENERATED)
     ap.add_argument("--prompt-len", type=int, default=PROMPT, help="the decode batches' prompt length")
     ap.add_argument("--gdn-state-dtype", default="float32", help="the engine's GDN recurrent state dtype")
+    ap.add_argument("--temperature", type=float, default=0.0, help="the decode batches' (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="the decode batches' (1: off)")
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",") if c]
     prefills = [int(p) for p in args.prefill.split(",") if p]
@@ -103,13 +108,15 @@ def main() -> None:
                           gdn_state_dtype=args.gdn_state_dtype)
     weights = weight_bytes(engine.runner.model)
     result = {**results_io.header(), "shape": args.shape, "gdn_state_dtype": args.gdn_state_dtype,
+              "temperature": args.temperature, "top_p": args.top_p,
               "startup_s": round(time.perf_counter() - started, 1),
               "weights_gb": {k: round(v / 1e9, 3) for k, v in weights.items()}, "decode": [], "prefill": []}
     tokens = random_tokens(engine.model_config.vocab_size)
     prompts = lambda n, length: [tokens(length) for _ in range(n)]  # noqa: E731
     for c in ladder:
-        run_batch(engine, prompts(c, args.prompt_len), 16)  # warm-up at this concurrency
-        r = run_batch(engine, prompts(c, args.prompt_len), args.generated)
+        sampling = {"temperature": args.temperature, "top_p": args.top_p}
+        run_batch(engine, prompts(c, args.prompt_len), 16, **sampling)  # warm-up at this concurrency
+        r = run_batch(engine, prompts(c, args.prompt_len), args.generated, **sampling)
         step = r["decode_s"] / r["decode_steps"]
         floor = decode_floor_bytes(engine, weights, c, args.prompt_len + args.generated // 2) / BANDWIDTH
         row = {"concurrency": c, "prompt_len": args.prompt_len, "step_ms": round(step * 1e3, 3),
