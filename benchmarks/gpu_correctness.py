@@ -5,7 +5,8 @@
   greedy and with seeded sampled rows beside greedy ones;
 - each prompt sent alone (its short prefill passes replayed as graphs) gives in fp32 the CPU's tokens;
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
-  byte-identical tokens and logprobs.
+  byte-identical tokens and logprobs;
+- in bf16 with graphs, no launched decode step (greedy rows beside seeded sampled ones) waits for the GPU.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -52,6 +53,34 @@ def replays_exactly(llm: LLM, prompt: list[int], rng: random.Random) -> bool:
     return all(same)
 
 
+def launches_without_sync(llm: LLM, prompts) -> dict:
+    """The MIXED prompts with every launched decode step run under torch's sync debug mode set to raise: a
+    launched step (greedy rows replayed, sampled rows sampled on the device) must not wait for the GPU, or
+    asynchronous scheduling loses the overlap of planning and running. The first error, if any, is kept."""
+    import torch
+
+    runner = llm.engine.runner
+    launch, found = runner.launch, {"launches": 0, "error": None}
+
+    def checked(plan, previous):
+        found["launches"] += 1
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(plan, previous)
+        except RuntimeError as error:
+            found["error"] = found["error"] or str(error)[:300]
+            raise
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    runner.launch = checked
+    try:
+        tokens(llm, prompts, MIXED)
+    finally:
+        del runner.launch  # the class's method again
+    return {**found, "none_synced": found["launches"] > 0 and found["error"] is None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -63,7 +92,7 @@ def main() -> None:
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, 17, 90, 33)]
     result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
               "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
-              "bf16_graph_cache_hit_byte_identical": {}}
+              "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp())
         cpu_llm = LLM(path, device="cpu", **state)
@@ -77,12 +106,13 @@ def main() -> None:
         gpu_llm.reset_prefix_cache()
         result["fp32_alone_gpu_vs_cpu"][arch] = {"identical": alone(gpu_llm, prompts) == alone(cpu_llm, prompts)}
         result["bf16_graph_cache_hit_byte_identical"][arch] = replays_exactly(graph_llm, prompts[2], rng)
+        result["bf16_graph_launches_without_sync"][arch] = launches_without_sync(graph_llm, prompts)
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
                                            "matching_tokens": sum(a == b for x, y in zip(gpu, cpu) for a, b in zip(x, y)),
                                            "total_tokens": sum(len(x) for x in cpu)}
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
-        print(arch, *(result[key][arch] for key in list(result)[-5:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-6:]), flush=True)
         results_io.write(args.out, result)
 
 
