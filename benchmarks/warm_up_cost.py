@@ -45,10 +45,10 @@ from benchmarks.graph_timeline import (effective_by_pair, gap_changes, gaps_by_k
                                        replay_us)
 from benchmarks.graph_timeline import replay_ms as graph_replay_ms  # noqa: E402
 from benchmarks.pdl_after_cudnn import chain  # noqa: E402
-from benchmarks.process_triggers import (api_calls, cudart, cudnn_convolution, cudnn_handle,  # noqa: E402
-                                         cudnn_libraries, create_streams, fresh_attention, libcuda,
-                                         mapped_host_buffer, other_library, raw_device_buffers, runtime,
-                                         side_stream_kernel, side_stream_memset, destroyed_stream_kernel)
+from benchmarks.process_triggers import (api_calls, create_streams, cudart, cudnn_convolution,  # noqa: E402
+                                         cudnn_handle, cudnn_libraries, destroyed_stream_kernel,
+                                         fresh_attention, libcuda, mapped_host_buffer, other_library,
+                                         raw_device_buffers, runtime, side_stream_kernel, side_stream_memset)
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.warm_up import warm_up, warm_up_groups  # noqa: E402
 from deltaserve.runner.cuda_graphs import capture_graph  # noqa: E402
