@@ -9,9 +9,9 @@ concurrency; the step time is the wall time of the decode steps (after the prefi
 it includes the engine's own work per step (scheduling, batch building, graph replay, sampling). Its
 floor: bytes of weights touched + GDN state read and written + KV read, over 4.24 TB/s.
 `aggregate_tok_s` is C over the step time (decode alone); `closed_batch_tok_s` is every generated token
-over the wall time of the whole batch, its prefill included: the instrument of the vLLM figures the issue quotes as aggregate tok/s (the peer's
-bench.py: tokens / time of the generate call). Prefill: one prompt, time to first token, and the
-TFLOP/s it achieves.
+over the wall time of the whole batch, its prefill included: the instrument of the vLLM figures the issue
+quotes as aggregate tok/s (the peer's bench.py: tokens / time of the generate call). Prefill: one prompt,
+time to first token, and the TFLOP/s it achieves.
 """
 
 from __future__ import annotations
