@@ -189,3 +189,27 @@ def test_sampling_on_device_reads_nothing_back(masked):
         assert torch.equal(tokens[1:3], best[1:3])
     assert tokens[4] == 3  # its bias outweighs every other logit
     assert all(0 <= t < vocab for t in tokens.tolist())
+
+
+def test_penalties_of_many_rows_match_each_row_built_alone():
+    """The rows' prompt tokens and output counts, sent together as flat indices, penalise each row as its
+    own lists do (repeated tokens, a row without output yet)."""
+    vocab, rows = 40, 5
+    sampler = Sampler(vocab, torch.device("cpu"), seed=0)
+    requests = []
+    for i in range(rows):
+        params = SamplingParams(temperature=0.5, repetition_penalty=1 + random.random(),
+                                frequency_penalty=random.random(), presence_penalty=random.random())
+        outputs = [random.randrange(vocab) for _ in range(random.randrange(12) if i else 0)]
+        requests.append(SimpleNamespace(params=params, prompt_token_ids=[random.randrange(vocab) for _ in range(9)],
+                                        output_token_ids=outputs))
+    logits = torch.randn(rows, vocab)
+    expected = logits.clone()
+    for i, r in enumerate(requests):
+        mask = torch.zeros(1, vocab, dtype=torch.bool)
+        mask[0, r.prompt_token_ids] = True
+        counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.int64), minlength=vocab).float()[None]
+        p = r.params
+        expected[i] = apply_penalties(logits[i : i + 1], mask, counts, torch.tensor([p.repetition_penalty]),
+                                      torch.tensor([p.frequency_penalty]), torch.tensor([p.presence_penalty]))[0]
+    assert torch.allclose(sampler._penalise(logits, requests), expected)

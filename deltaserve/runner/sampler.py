@@ -7,6 +7,9 @@ it and whether or not it was preempted; other rows share the engine's generator.
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 
 from deltaserve import kernels
@@ -71,18 +74,19 @@ class Sampler:
         return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, noise, any_mask=any_mask)
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Every row's prompt tokens and output counts reach the device in one copy each (flat indices into
+        [rows, vocab]), however many rows: a copy per row would cost a pageable transfer apiece."""
         rows, vocab = len(requests), logits.shape[1]
-        prompt_mask = torch.zeros(rows, vocab, dtype=torch.bool, device=self.device)
-        counts = torch.zeros(rows, vocab, dtype=torch.float32, device=self.device)
-        for i, r in enumerate(requests):
-            prompt_mask[i, torch.tensor(r.prompt_token_ids, device=self.device)] = True
-            if r.output_token_ids:
-                out = torch.tensor(r.output_token_ids, device=self.device)
-                counts[i].index_add_(0, out, torch.ones(len(out), device=self.device))
-        as_tensor = lambda name: torch.tensor([getattr(r.params, name) for r in requests],  # noqa: E731
-                                              dtype=torch.float32, device=self.device)
-        return kernels.apply_penalties(logits, prompt_mask, counts, as_tensor("repetition_penalty"),
-                                       as_tensor("frequency_penalty"), as_tensor("presence_penalty"))
+        prompt_mask = torch.zeros(rows * vocab, dtype=torch.bool, device=self.device)
+        prompt_mask[to_device(_flat_indices([r.prompt_token_ids for r in requests], vocab), self.device)] = True
+        outputs = to_device(_flat_indices([r.output_token_ids for r in requests], vocab), self.device)
+        counts = torch.zeros(rows * vocab, dtype=torch.float32, device=self.device)
+        counts.index_add_(0, outputs, torch.ones(len(outputs), dtype=torch.float32, device=self.device))
+        per_row = lambda name: to_device([getattr(r.params, name) for r in requests], self.device,  # noqa: E731
+                                         torch.float32)
+        return kernels.apply_penalties(logits, prompt_mask.view(rows, vocab), counts.view(rows, vocab),
+                                       per_row("repetition_penalty"), per_row("frequency_penalty"),
+                                       per_row("presence_penalty"))
 
     def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits with each row's logit_bias added (the logits themselves stay the model's:
@@ -134,6 +138,14 @@ def prompt_logprob_entries(logits: torch.Tensor, targets: list[int], top: int) -
     """Row i of `logits` predicts prompt token `targets[i]`: one entry per row."""
     logprobs = torch.log_softmax(logits[:, : logits.shape[1]].float(), dim=-1)
     return [logprob_entry(logprobs[i], t, top) for i, t in enumerate(targets)]
+
+
+def _flat_indices(token_lists: list[list[int]], vocab: int) -> np.ndarray:
+    """row * vocab + token for every token of every row's list, rows in order."""
+    lengths = [len(tokens) for tokens in token_lists]
+    rows = np.repeat(np.arange(len(token_lists), dtype=np.int64), lengths)
+    tokens = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=sum(lengths))
+    return rows * vocab + tokens
 
 
 def _has_penalty(p) -> bool:
