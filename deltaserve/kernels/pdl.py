@@ -57,7 +57,8 @@ def wait_for_prior_grid(USE_PDL: tl.constexpr):
 def wait_for_prior_grid_only(USE_PDL: tl.constexpr):
     """First statement of a kernel that starts early but lets the next grid launch only once it ends. The
     SiLU-and-multiply between the 9B shape's gate/up and down projections: releasing the down projection's
-    skinny GEMM at its start made that GEMM take 32.5-34.0 us against 26.7 at one row, and the step 4.65
-    against 4.49 ms (CUPTI traces, warm_up_cost_qwen3.5-9b_cudnn_handle_c1_trace_at_*.json)."""
+    skinny GEMM at its start made that GEMM take 32.5-34.0 us against 26.7 at one row (CUPTI traces,
+    warm_up_cost_qwen3.5-9b_cudnn_handle_c1_trace_at_*.json), and the step 4.651-4.661 against 4.484-4.487
+    ms (engine_qwen3.5-9b_silu_pdl_same_machine.json)."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
