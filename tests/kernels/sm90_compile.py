@@ -100,6 +100,15 @@ def cases():
     yield from _block_sort_cases()
     yield from _sorted_moe_cases(moe)
 
+    from deltaserve.kernels.sampling import triton_race as race
+
+    for all_greedy in (False, True):
+        yield (f"race_slices{'_all_greedy' if all_greedy else ''}", race._race_slices_kernel,
+               {"seeds": "*i64", "greedy": "*i32", "best_index": "*i32", "vocab": "i32", "slices": "i32"},
+               dict(BLOCK=race.BLOCK, SLICE_BLOCKS=race.SLICE_BLOCKS, ALL_GREEDY=all_greedy, USE_PDL=True), 8, 1)
+    yield ("race_rows", race._race_rows_kernel, {"best_index": "*i32", "tokens": "*i64", "slices": "i32"},
+           dict(BLOCK_S=32, USE_PDL=True), 1, 1)
+
     from deltaserve.kernels.norm import triton_gated_rms_norm as gated_norm
     from deltaserve.kernels.norm import triton_rms_norm as norm
     from deltaserve.kernels.norm.rows_per_program import rows_per_program, warps_for

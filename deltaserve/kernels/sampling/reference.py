@@ -36,6 +36,45 @@ def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+# race() and its noise are the reference of kernels/sampling/triton_race.py, which the sampler does not use
+# yet (sample_from_logits below draws its noise with torch's generators). Token i of a row with seed s draws
+# u = ((h >> 41) + 1/2) / 2^23 (exact in float32) from the 64-bit hash h = mix(s + (i + 1) * GOLDEN)
+# (splitmix64's finalizer), and its Gumbel variable -log(-log u). Integer arithmetic, so the Triton kernel
+# and this reference draw the same u on any device.
+GOLDEN = 0x9E3779B97F4A7C15
+MIX_A = 0xBF58476D1CE4E5B9
+MIX_B = 0x94D049BB133111EB
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 that holds it (torch has no uint64 arithmetic)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 tensors holding uint64 bits (>> on int64 copies the sign)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniforms(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
+    """u [B, vocab] in (0, 1), float32: the race's draws for rows of 63-bit seeds [B] (int64)."""
+    index = torch.arange(1, vocab + 1, dtype=torch.int64, device=seeds.device)
+    x = seeds.to(torch.int64)[:, None] + index[None, :] * _signed(GOLDEN)  # wraps modulo 2^64, as uint64 would
+    x = x ^ _shift_right(x, 30)
+    x = x * _signed(MIX_A)
+    x = x ^ _shift_right(x, 27)
+    x = x * _signed(MIX_B)
+    x = x ^ _shift_right(x, 31)
+    return (_shift_right(x, 41).to(torch.float32) + 0.5) * 2.0**-23
+
+
+def race(scaled: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """The token [B] (int64) a draw from softmax(scaled) picks: argmax of scaled + Gumbel noise (the
+    exponential race argmax p / e with e = -log u, in logs). Masked tokens (-inf) never win."""
+    gumbel = -torch.log(-torch.log(uniforms(seeds, scaled.shape[-1])))
+    return (scaled + gumbel).argmax(-1)
+
+
 def sample_from_logits(
     logits: torch.Tensor,
     temperature: torch.Tensor,

@@ -1,0 +1,109 @@
+"""The sampler's race (reference.race) and the greedy argmax in one pass over the logits.
+
+Each row's tokens are cut into slices of SLICE_BLOCKS blocks; program (row, slice) keeps the best score of its slice
+and its first index, and one program per row then takes the best of the slices, the first on ties (as
+torch's argmax). A greedy row scores its logits as they are; a sampled row scores x * inverse temperature
+plus the Gumbel variable of its seed's draw for the token, hashed in the kernel (reference.uniforms), so
+no noise tensor is written or read. One read of the logits would replace the sampler's noise, softmax,
+divisions and argmaxes; the sampler does not use it yet: its timing on the H200 against the sampler's torch
+ops comes first.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
+from deltaserve.kernels.sampling.reference import GOLDEN, MIX_A, MIX_B
+
+BLOCK = 2048
+SLICE_BLOCKS = 4  # blocks a program walks: rows of the 9B shape's 248320 tokens take 31 slices
+_GOLDEN = tl.constexpr(GOLDEN)
+_MIX_A = tl.constexpr(MIX_A)
+_MIX_B = tl.constexpr(MIX_B)
+
+
+@triton.jit
+def _gumbel(seed, index):
+    """-log(-log u) of the draw u of token `index` (int64) for a row of `seed` (uint64): reference.uniforms."""
+    x = seed + (index + 1).to(tl.uint64) * _GOLDEN
+    x = x ^ (x >> 30)
+    x = x * _MIX_A
+    x = x ^ (x >> 27)
+    x = x * _MIX_B
+    x = x ^ (x >> 31)
+    u = ((x >> 41).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2^-23
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _race_slices_kernel(x, inverse, seeds, greedy, best_score, best_index, vocab, stride_x, slices,
+                        BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr, ALL_GREEDY: tl.constexpr,
+                        USE_PDL: tl.constexpr = False):
+    """ALL_GREEDY: every row takes its argmax; inverse, seeds and greedy are not read."""
+    wait_for_prior_grid(USE_PDL)
+    row, part = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    if ALL_GREEDY:
+        is_greedy, scale, seed = True, 1.0, 0
+    else:
+        is_greedy = tl.load(greedy + row) != 0
+        scale = tl.load(inverse + row)
+        seed = tl.load(seeds + row).to(tl.uint64)
+    score = tl.full([BLOCK], float("-inf"), tl.float32)
+    index = tl.full([BLOCK], 2**31 - 1, tl.int32)
+    for b in range(SLICE_BLOCKS):
+        cols = (part * SLICE_BLOCKS + b) * BLOCK + tl.arange(0, BLOCK)
+        live = cols < vocab
+        value = tl.load(x + row * stride_x + cols, mask=live, other=float("-inf"))
+        if not is_greedy:
+            value = value * scale + _gumbel(seed, cols.to(tl.int64))
+        value = tl.where(live, value, float("-inf"))
+        better = value > score  # later blocks have larger indices: a tie keeps the first
+        score = tl.where(better, value, score)
+        index = tl.where(better, cols, index)
+    top = tl.max(score, 0)
+    first = tl.min(tl.where(score == top, index, 2**31 - 1), 0)
+    tl.store(best_score + row * slices + part, top)
+    tl.store(best_index + row * slices + part, first)
+
+
+@triton.jit
+def _race_rows_kernel(best_score, best_index, tokens, slices, BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr = False):
+    wait_for_prior_grid(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_S)
+    live = offs < slices
+    score = tl.load(best_score + row * slices + offs, mask=live, other=float("-inf"))
+    index = tl.load(best_index + row * slices + offs, mask=live, other=2**31 - 1)
+    top = tl.max(score, 0)
+    tl.store(tokens + row, tl.min(tl.where(score == top, index, 2**31 - 1), 0).to(tl.int64))
+
+
+def race_or_argmax(x: torch.Tensor, inverse: torch.Tensor | None, seeds: torch.Tensor | None,
+                   greedy: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """tokens [B] (int64, into `out` where given): argmax of x where greedy[b], else
+    reference.race(x * inverse[b], seeds[b]); greedy None: every row's argmax. x [B, V] float32 (last dim
+    contiguous); inverse [B] float32; seeds [B] int64; greedy [B] bool."""
+    rows, vocab = x.shape
+    tokens = out if out is not None else torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows == 0:
+        return tokens
+    assert x.stride(-1) == 1 and x.dtype == torch.float32
+    slices = triton.cdiv(vocab, BLOCK * SLICE_BLOCKS)
+    best_score = torch.empty(rows, slices, dtype=torch.float32, device=x.device)
+    best_index = torch.empty(rows, slices, dtype=torch.int32, device=x.device)
+    all_greedy = greedy is None
+    unread = x  # the pointers ALL_GREEDY does not read
+    _race_slices_kernel[(rows, slices)](
+        x, unread if all_greedy else inverse, unread if all_greedy else seeds,
+        unread if all_greedy else greedy.to(torch.int32), best_score, best_index, vocab, x.stride(0), slices,
+        BLOCK=BLOCK, SLICE_BLOCKS=SLICE_BLOCKS, ALL_GREEDY=all_greedy, num_warps=8, **launch_options(x),
+    )
+    _race_rows_kernel[(rows,)](best_score, best_index, tokens, slices, BLOCK_S=triton.next_power_of_2(slices),
+                               num_warps=1, **launch_options(x))
+    return tokens
+
+
+def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[b] = the first argmax of logits[b] (float32 rows, last dim contiguous), as torch.argmax."""
+    return race_or_argmax(logits, None, None, None, out)

@@ -1,0 +1,76 @@
+"""The race kernels (kernels/sampling/triton_race.py) against the torch reference on fresh random logits and
+seeds (greedy and sampled rows together, masked tokens, a vocabulary of one partial block and one of several
+slices, ties, a strided view written into a buffer), the reference's draws against the 64-bit hash written
+with Python's integers, and its draws' frequencies against the softmax they sample."""
+
+import random
+
+import pytest
+import torch
+
+from deltaserve.kernels.sampling import reference
+from deltaserve.kernels.sampling.triton_race import BLOCK, SLICE_BLOCKS, greedy_tokens, race_or_argmax
+
+pytestmark = pytest.mark.triton
+
+UINT64 = (1 << 64) - 1
+
+
+def _seeds(rows: int) -> torch.Tensor:
+    return torch.tensor([random.getrandbits(63) for _ in range(rows)], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("rows, vocab", [(1, 50), (6, BLOCK * SLICE_BLOCKS + 777)])
+def test_race_kernel_matches_the_reference(rows, vocab):
+    logits = torch.randn(rows, vocab) * 4
+    logits[:, torch.randint(0, vocab, (vocab // 5,))] = float("-inf")  # masked tokens never win
+    greedy = torch.rand(rows) < 0.4
+    inverse = torch.where(greedy, 1.0, 1.0 / (0.2 + torch.rand(rows)))
+    seeds = _seeds(rows)
+    tokens = race_or_argmax(logits, inverse, seeds, greedy)
+    expected = torch.where(greedy, logits.argmax(-1), reference.race(logits * inverse[:, None], seeds))
+    assert torch.equal(tokens, expected)
+
+
+def test_greedy_ties_take_the_first_index():
+    vocab = BLOCK * SLICE_BLOCKS * 2 + 5
+    logits = torch.randn(3, vocab)
+    for row, places in enumerate([[7, 9], [BLOCK + 3, BLOCK * SLICE_BLOCKS + 1], [vocab - 1, 2]]):
+        logits[row, places] = 100.0
+    tokens = race_or_argmax(logits, torch.ones(3), _seeds(3), torch.ones(3, dtype=torch.bool))
+    assert tokens.tolist() == [7, BLOCK + 3, 2] == logits.argmax(-1).tolist()
+
+
+def test_uniforms_are_the_64_bit_hash():
+    seeds = _seeds(3)
+    drawn = reference.uniforms(seeds, 2000)
+    for row, seed in enumerate(seeds.tolist()):
+        for index in random.sample(range(2000), 50):
+            x = (seed + (index + 1) * reference.GOLDEN) & UINT64
+            x ^= x >> 30
+            x = (x * reference.MIX_A) & UINT64
+            x ^= x >> 27
+            x = (x * reference.MIX_B) & UINT64
+            x ^= x >> 31
+            assert drawn[row, index].item() == ((x >> 41) + 0.5) / 2**23
+
+
+def test_race_draws_follow_the_softmax():
+    draws = 20000
+    logits = torch.randn(6)
+    seeds = _seeds(draws)
+    picked = reference.race(logits.expand(draws, -1), seeds)
+    frequency = torch.bincount(picked, minlength=6).float() / draws
+    assert (frequency - torch.softmax(logits, 0)).abs().max() < 0.015
+
+
+def test_greedy_tokens_match_torch_argmax_into_a_strided_view():
+    """The decode graph's greedy tokens: the logits' first vocab columns of a wider row, into a buffer."""
+    rows, vocab = 4, BLOCK * SLICE_BLOCKS + 300
+    padded = torch.randn(rows, vocab + 64)
+    padded[1, [5, 900]] = 50.0  # a tie
+    padded[2, vocab + 3] = 99.0  # past the vocabulary: never taken
+    out = torch.full((rows + 2,), -7, dtype=torch.int64)
+    greedy_tokens(padded[:, :vocab], out[:rows])
+    assert out[:rows].tolist() == padded[:, :vocab].argmax(-1).tolist() and out[1] == 5
+    assert out[rows:].tolist() == [-7, -7]
