@@ -37,6 +37,13 @@ def _gumbel(seed, index):
 
 
 @triton.jit
+def _first_best(score, index):
+    """(best score, its first index) of a block of scores and their indices: torch.argmax's tie rule."""
+    top = tl.max(score, 0)
+    return top, tl.min(tl.where(score == top, index, 2**31 - 1), 0)
+
+
+@triton.jit
 def _race_slices_kernel(x, inverse, seeds, greedy, best_score, best_index, vocab, stride_x, slices,
                         BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr, ALL_GREEDY: tl.constexpr,
                         USE_PDL: tl.constexpr = False):
@@ -55,14 +62,12 @@ def _race_slices_kernel(x, inverse, seeds, greedy, best_score, best_index, vocab
         cols = (part * SLICE_BLOCKS + b) * BLOCK + tl.arange(0, BLOCK)
         live = cols < vocab
         value = tl.load(x + row * stride_x + cols, mask=live, other=float("-inf"))
-        if not is_greedy:
+        if not is_greedy:  # past the vocabulary -inf stays -inf: the scale is positive, the noise finite
             value = value * scale + _gumbel(seed, cols.to(tl.int64))
-        value = tl.where(live, value, float("-inf"))
         better = value > score  # later blocks have larger indices: a tie keeps the first
         score = tl.where(better, value, score)
         index = tl.where(better, cols, index)
-    top = tl.max(score, 0)
-    first = tl.min(tl.where(score == top, index, 2**31 - 1), 0)
+    top, first = _first_best(score, index)
     tl.store(best_score + row * slices + part, top)
     tl.store(best_index + row * slices + part, first)
 
@@ -75,8 +80,7 @@ def _race_rows_kernel(best_score, best_index, tokens, slices, BLOCK_S: tl.conste
     live = offs < slices
     score = tl.load(best_score + row * slices + offs, mask=live, other=float("-inf"))
     index = tl.load(best_index + row * slices + offs, mask=live, other=2**31 - 1)
-    top = tl.max(score, 0)
-    tl.store(tokens + row, tl.min(tl.where(score == top, index, 2**31 - 1), 0).to(tl.int64))
+    tl.store(tokens + row, _first_best(score, index)[1].to(tl.int64))
 
 
 def race_or_argmax(x: torch.Tensor, inverse: torch.Tensor | None, seeds: torch.Tensor | None,
@@ -93,10 +97,10 @@ def race_or_argmax(x: torch.Tensor, inverse: torch.Tensor | None, seeds: torch.T
     best_score = torch.empty(rows, slices, dtype=torch.float32, device=x.device)
     best_index = torch.empty(rows, slices, dtype=torch.int32, device=x.device)
     all_greedy = greedy is None
-    unread = x  # the pointers ALL_GREEDY does not read
+    # ALL_GREEDY reads no inverse, seeds or greedy flags: x stands in for those pointers
+    rows_in = (x, x, x) if all_greedy else (inverse, seeds, greedy.to(torch.int32))
     _race_slices_kernel[(rows, slices)](
-        x, unread if all_greedy else inverse, unread if all_greedy else seeds,
-        unread if all_greedy else greedy.to(torch.int32), best_score, best_index, vocab, x.stride(0), slices,
+        x, *rows_in, best_score, best_index, vocab, x.stride(0), slices,
         BLOCK=BLOCK, SLICE_BLOCKS=SLICE_BLOCKS, ALL_GREEDY=all_greedy, num_warps=8, **launch_options(x),
     )
     _race_rows_kernel[(rows,)](best_score, best_index, tokens, slices, BLOCK_S=triton.next_power_of_2(slices),
