@@ -6,8 +6,8 @@
 Each run is that tree's own benchmarks/engine_bench.py in a fresh process, with DELTASERVE_COMMIT set
 to the tree's label. Odd rounds run the trees in the order given and even rounds in reverse (A B B A),
 so that the card's drift over the command (its clocks, its temperature) falls on every tree alike.
-`--concurrency` (empty by default: prefill only), `--prefill`, `--gdn-state-dtype`, `--max-model-len` and
-`--prompt-len` pass through.
+`--concurrency` (empty by default: prefill only), `--prefill`, `--gdn-state-dtype`, `--max-model-len`,
+`--prompt-len`, `--temperature` and `--top-p` pass through.
 """
 
 import argparse
@@ -21,7 +21,7 @@ import results_io  # this directory's module: first on the path of a script
 
 
 def run_tree(tree: str, label: str, shape: str, concurrency: str, prefill: str, gdn_state_dtype: str = "float32",
-             max_model_len: int = 33024, prompt_len: int | None = None) -> dict:
+             max_model_len: int = 33024, prompt_len: int | None = None, sampling: tuple = ()) -> dict:
     """One run of the tree's own engine_bench.py in a fresh process: its result."""
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "run.json")
@@ -30,6 +30,7 @@ def run_tree(tree: str, label: str, shape: str, concurrency: str, prefill: str, 
                    "--max-model-len", str(max_model_len), "--out", out]
         if prompt_len is not None:  # a tree whose engine_bench predates the option runs without it
             command += ["--prompt-len", str(prompt_len)]
+        command += list(sampling)  # empty when greedy: a tree whose engine_bench predates the options runs too
         subprocess.run(command, cwd=tree, env=dict(os.environ, DELTASERVE_COMMIT=label), check=True,
                        stdout=subprocess.DEVNULL)
         return json.load(open(out))
@@ -44,15 +45,19 @@ def main() -> None:
     ap.add_argument("--gdn-state-dtype", default="float32")
     ap.add_argument("--max-model-len", type=int, default=33024)
     ap.add_argument("--prompt-len", type=int, default=None, help="the decode batches' (engine_bench's default: 128)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="the decode batches' (0: greedy)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     trees = [t.split("=") for t in args.trees.split(",")]
-    result = {**results_io.header(), "shape": args.shape, "trees": dict(trees), "runs": []}
+    sampling = ("--temperature", str(args.temperature), "--top-p", str(args.top_p)) if args.temperature else ()
+    result = {**results_io.header(), "shape": args.shape, "trees": dict(trees), "temperature": args.temperature,
+              "top_p": args.top_p, "runs": []}
     for round_ in range(1, args.rounds + 1):
         for tree, label in trees if round_ % 2 else trees[::-1]:
             run = run_tree(tree, label, args.shape, args.concurrency, args.prefill, args.gdn_state_dtype,
-                           args.max_model_len, args.prompt_len)
+                           args.max_model_len, args.prompt_len, sampling)
             entry = {"round": round_, "commit": label, "startup_s": run["startup_s"],
                      "decode": run["decode"], "prefill": run["prefill"]}
             result["runs"].append(entry)
