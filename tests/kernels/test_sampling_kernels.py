@@ -1,7 +1,7 @@
 """The sampler's race: the Triton kernels against the torch reference on fresh random logits and seeds
-(greedy and sampled rows together, masked rows, a vocabulary of one partial block and one of several
-slices), the reference's draws against the 64-bit hash written with Python's integers, and its draws'
-frequencies against the softmax they sample."""
+(greedy and sampled rows together, masked tokens and masked rows, a vocabulary of one partial block and one
+of several slices, ties, a strided view written into a buffer), the reference's draws against the 64-bit
+hash written with Python's integers, and its draws' frequencies against the softmax they sample."""
 
 import random
 

@@ -1,6 +1,6 @@
 """The sampler's race (reference.race) and the greedy argmax in one pass over the logits.
 
-Each row's tokens are cut into SPLITS slices; program (row, slice) keeps the best score of its slice
+Each row's tokens are cut into slices of SLICE_BLOCKS blocks; program (row, slice) keeps the best score of its slice
 and its first index, and one program per row then takes the best of the slices, the first on ties (as
 torch's argmax). A greedy row scores its logits as they are; a sampled row scores x * inverse temperature
 plus the Gumbel variable of its seed's draw for the token, hashed in the kernel (reference.uniforms), so
