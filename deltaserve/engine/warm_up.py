@@ -11,8 +11,8 @@ every request in flight.
 
 The warm-up sends, through the scheduler like any request, groups of requests for one token each,
 whose prompts make one prefill step of each class (the GDN kernels' sequence count and row count, the
-conv1d row kernel's run length), then forgets them: the prefix cache is emptied and the counters are
-reset.
+conv1d row kernel's run length), the first of them sampled rather than greedy (the sampler's race kernel),
+then forgets them: the prefix cache is emptied and the counters are reset.
 """
 
 from __future__ import annotations
@@ -82,10 +82,12 @@ def warm_up(engine, groups: list[list[int]] | None = None) -> int:
         groups = warm_up_groups(config.max_num_seqs, config.max_num_batched_tokens, engine.max_model_len)
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
+    greedy = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
+    sampled = SamplingParams(max_tokens=1, temperature=1.0, ignore_eos=True, detokenize=False)
     steps = 0
     for g, lengths in enumerate(groups):
         for i, length in enumerate(lengths):
+            params = sampled if g == i == 0 else greedy  # one sampled row: the sampler's race kernel compiles
             engine.add_request(f"warm-up-{g}-{i}", [rng.randrange(vocab) for _ in range(length)], params)
         while engine.has_unfinished_requests():
             engine.step(final_only=True)

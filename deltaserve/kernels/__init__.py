@@ -265,12 +265,30 @@ def unpack_decode_inputs(input_ids: torch.Tensor, token_sources: torch.Tensor, s
 
 
 apply_penalties = _sampling.apply_penalties
-sample_from_logits = _sampling.sample_from_logits
+
+
+def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out[b] = argmax of logits[b], the first on ties (a decode graph's greedy tokens)."""
+    if use_triton(logits):
+        from deltaserve.kernels.sampling.triton_race import greedy_tokens as kernel
+        return kernel(logits, out)
+    return torch.argmax(logits, dim=-1, out=out)
+
+
+def sample_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                       min_p: torch.Tensor, seeds: torch.Tensor, *, any_mask: bool) -> torch.Tensor:
+    """Each row's token: its argmax where its temperature is 0, else its seed's race over its scaled and
+    masked logits (sampling/reference.py)."""
+    if use_triton(logits):
+        from deltaserve.kernels.sampling.triton_race import sample_from_logits as kernel
+        return kernel(logits, temperature, top_k, top_p, min_p, seeds, any_mask=any_mask)
+    return _sampling.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, any_mask=any_mask)
+
 
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
-    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "sample_from_logits",
+    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "sample_from_logits", "greedy_tokens",
 ]

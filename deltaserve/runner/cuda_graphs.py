@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from deltaserve import kernels
 from deltaserve.models.decoder import DecoderLM
 from deltaserve.runner.batch_builder import HostBatch
 from deltaserve.runner.step_buffers import StepBuffers
@@ -81,7 +82,7 @@ class DecodeGraphs:
         self.buffers.unpack_decode(size)
         batch = self.buffers.view(size)
         logits = self.model.compute_logits(self.model(batch.input_ids, batch))
-        torch.argmax(logits[:, : self.vocab_size], dim=-1, out=self.buffers.sampled_tokens[:size])
+        kernels.greedy_tokens(logits[:, : self.vocab_size], self.buffers.sampled_tokens[:size])
         return logits
 
     def run(self, host: HostBatch, token_sources: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,13 +1,16 @@
 """Sampler: turns the logits of the rows that sample into tokens (and logprobs when asked).
 
-Randomness: a row whose request has a seed draws its noise from a generator seeded by
-(seed, sample index, output position), so the same request gives the same text whatever runs beside
-it and whether or not it was preempted; other rows share the engine's generator.
+Randomness: each sampled row draws its noise from a 63-bit seed (kernels.sampling.reference.uniforms
+hashes it with the token's index, so the draws are the same on every device). A request with a seed
+gives its rows the seed of (seed, sample index, output position), so the same request gives the same
+text whatever runs beside it and whether or not it was preempted; other rows take theirs from the
+engine's generator, seeded once.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 
 import numpy as np
 import torch
@@ -30,8 +33,7 @@ class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int):
         self.vocab_size = vocab_size
         self.device = device
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed)
+        self.generator = random.Random(seed)  # the seeds of rows whose request has none
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]):
         """logits [B, V] fp32 for requests[b]. Returns (token ids, per-row logprob dicts or None)."""
@@ -69,9 +71,9 @@ class Sampler:
         top_k = tensor([p.top_k if p.top_k > 0 else 0 for p in params], torch.int64)
         top_p = tensor([p.top_p for p in params], torch.float32)
         min_p = tensor([p.min_p for p in params], torch.float32)
-        noise = self._noise(requests)
+        seeds = tensor(self._seeds(requests), torch.int64)
         any_mask = any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params)
-        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, noise, any_mask=any_mask)
+        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, any_mask=any_mask)
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """Every row's prompt tokens and output counts reach the device in one copy each (flat indices into
@@ -102,19 +104,11 @@ class Sampler:
         biased[to_device(rows, self.device), to_device(tokens, self.device)] += bias
         return biased
 
-    def _noise(self, requests: list[Request]) -> torch.Tensor:
-        noise = torch.ones(len(requests), self.vocab_size, device=self.device)
-        shared = [i for i, r in enumerate(requests) if r.params.temperature > 0 and r.params.seed is None]
-        if shared:  # rows without a seed draw together from the engine's generator
-            rows = to_device(shared, self.device)
-            noise[rows] = torch.empty(len(shared), self.vocab_size, device=self.device).exponential_(
-                generator=self.generator)
-        for i, r in enumerate(requests):
-            if r.params.temperature > 0 and r.params.seed is not None:
-                g = torch.Generator(device=self.device)
-                g.manual_seed(row_seed(r.params.seed, r.sample_index, len(r.output_token_ids)))
-                noise[i].exponential_(generator=g)
-        return noise
+    def _seeds(self, requests: list[Request]) -> list[int]:
+        """Each row's 63-bit noise seed: its request's own (row_seed) or the engine generator's next (0 for
+        greedy rows, which draw nothing)."""
+        return [0 if r.params.temperature == 0 else self.generator.getrandbits(63) if r.params.seed is None
+                else row_seed(r.params.seed, r.sample_index, len(r.output_token_ids)) for r in requests]
 
     def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]):
         """Logprobs of the model's distribution (before penalties and temperature), as vLLM reports them."""

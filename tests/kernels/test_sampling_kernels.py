@@ -1,7 +1,7 @@
-"""The race kernels (kernels/sampling/triton_race.py) against the torch reference on fresh random logits and
-seeds (greedy and sampled rows together, masked tokens, a vocabulary of one partial block and one of several
-slices, ties, a strided view written into a buffer), the reference's draws against the 64-bit hash written
-with Python's integers, and its draws' frequencies against the softmax they sample."""
+"""The sampler's race: the Triton kernels against the torch reference on fresh random logits and seeds
+(greedy and sampled rows together, masked tokens and masked rows, a vocabulary of one partial block and one
+of several slices, ties, a strided view written into a buffer), the reference's draws against the 64-bit
+hash written with Python's integers, and its draws' frequencies against the softmax they sample."""
 
 import random
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from deltaserve.kernels.sampling import reference
-from deltaserve.kernels.sampling.triton_race import BLOCK, SLICE_BLOCKS, greedy_tokens, race_or_argmax
+from deltaserve.kernels.sampling.triton_race import (BLOCK, SLICE_BLOCKS, greedy_tokens, race_or_argmax,
+                                                     sample_from_logits)
 
 pytestmark = pytest.mark.triton
 
@@ -39,6 +40,21 @@ def test_greedy_ties_take_the_first_index():
         logits[row, places] = 100.0
     tokens = race_or_argmax(logits, torch.ones(3), _seeds(3), torch.ones(3, dtype=torch.bool))
     assert tokens.tolist() == [7, BLOCK + 3, 2] == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("any_mask", [False, True])
+def test_sample_from_logits_kernel_matches_the_reference(any_mask):
+    rows, vocab = 5, 3000
+    logits = torch.randn(rows, vocab) * 3
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.0])
+    top_k = torch.tensor([0, 40, 0, 0, 5]) if any_mask else torch.zeros(rows, dtype=torch.int64)
+    top_p = torch.tensor([1.0, 1.0, 0.8, 1.0, 1.0]) if any_mask else torch.ones(rows)
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0]) if any_mask else torch.zeros(rows)
+    seeds = _seeds(rows)
+    args = (logits, temperature, top_k, top_p, min_p, seeds)
+    tokens = sample_from_logits(*args, any_mask=any_mask)
+    assert torch.equal(tokens, reference.sample_from_logits(*args, any_mask=any_mask))
+    assert tokens[0] == logits[0].argmax() and tokens[4] == logits[4].argmax()
 
 
 def test_uniforms_are_the_64_bit_hash():

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid, wait_for_prior_grid_only
 from deltaserve.kernels.sm_count import num_sms
 
 
@@ -140,8 +140,9 @@ def _merge_splits_kernel(part, lse, o, gate, splits, stride_o_t, stride_o_h, str
     """One (token, head): the splits' outputs weighted by their share of the softmax mass. BLOCK_S, the
     count's next power of two, is all of it that is compiled in: five kernels serve every count. On the
     H200 one kernel of 32 rows for all of them took up to 7 us longer at 2 to 8 splits over some hundreds
-    of tokens, and 16 rows at 2 warps about 1 us longer than at 4 (paged_attention_splits.json)."""
-    wait_for_prior_grid(USE_PDL)
+    of tokens, and 16 rows at 2 warps about 1 us longer than at 4 (paged_attention_splits.json).
+    The output projection's launch waits for its end (pdl.wait_for_prior_grid_only)."""
+    wait_for_prior_grid_only(USE_PDL)
     token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     row = token * Q_HEADS + head
     offs_s = tl.arange(0, BLOCK_S)

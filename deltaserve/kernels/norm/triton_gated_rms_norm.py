@@ -7,7 +7,7 @@ import triton.language as tl
 
 from deltaserve.kernels.norm.rows_per_program import rows_per_program, warps_for
 from deltaserve.kernels.norm.triton_rms_norm import as_rows_3d, row_sums, row_tile
-from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
+from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid_only
 
 
 @triton.jit
@@ -16,7 +16,7 @@ def _gated_rms_norm_kernel(
     N: tl.constexpr, BLOCK: tl.constexpr, BLOCK_R: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
-    wait_for_prior_grid(USE_PDL)
+    wait_for_prior_grid_only(USE_PDL)
     outer, within, row, cols, mask = row_tile(tl.program_id(0), rows, inner, BLOCK_R, BLOCK, N)
     xf = tl.load(x + outer * stride_x0 + within * stride_x1 + cols, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(gate + outer * stride_g0 + within * stride_g1 + cols, mask=mask, other=0.0).to(tl.float32)

@@ -36,11 +36,9 @@ def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
-# race() and its noise are the reference of kernels/sampling/triton_race.py, which the sampler does not use
-# yet (sample_from_logits below draws its noise with torch's generators). Token i of a row with seed s draws
-# u = ((h >> 41) + 1/2) / 2^23 (exact in float32) from the 64-bit hash h = mix(s + (i + 1) * GOLDEN)
-# (splitmix64's finalizer), and its Gumbel variable -log(-log u). Integer arithmetic, so the Triton kernel
-# and this reference draw the same u on any device.
+# The race's noise: token i of a row with seed s draws u = ((h >> 41) + 1/2) / 2^23 (exact in float32) from
+# the 64-bit hash h = mix(s + (i + 1) * GOLDEN) (splitmix64's finalizer), and its Gumbel variable
+# -log(-log u). Integer arithmetic, so the Triton kernel and this reference draw the same u on any device.
 GOLDEN = 0x9E3779B97F4A7C15
 MIX_A = 0xBF58476D1CE4E5B9
 MIX_B = 0x94D049BB133111EB
@@ -81,20 +79,18 @@ def sample_from_logits(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor,
-    noise: torch.Tensor,
+    seeds: torch.Tensor,
     *,
     any_mask: bool,
 ) -> torch.Tensor:
     """Greedy where temperature == 0; elsewhere a draw from the temperature-scaled, top-k/top-p/min-p
-    masked distribution by the exponential race, argmax p / e with e ~ Exp(1) given per row in
-    `noise` [B, V]. `any_mask`: whether some row has top-k, top-p or min-p on, which the caller knows from
-    its parameters on the host; read from the tensors, it would wait for the GPU to finish the logits and
-    stop the next step from being planned meanwhile."""
+    masked distribution by the race (race()), each row's noise from its seed in `seeds` [B] (int64).
+    `any_mask`: whether some row has top-k, top-p or min-p on, which the caller knows from its parameters
+    on the host; read from the tensors, it would wait for the GPU to finish the logits and stop the next
+    step from being planned meanwhile."""
     greedy = logits.argmax(-1)
-    temp = torch.where(temperature > 0, temperature, 1.0)[:, None]
-    scaled = logits / temp
+    inverse = torch.where(temperature > 0, 1.0 / temperature, 1.0)[:, None]
+    scaled = logits * inverse
     if any_mask:
         scaled = mask_logits(scaled, top_k, top_p, min_p)
-    probs = torch.softmax(scaled, dim=-1)
-    drawn = (probs / noise).argmax(-1)
-    return torch.where(temperature > 0, drawn, greedy)
+    return torch.where(temperature > 0, race(scaled, seeds), greedy)

@@ -4,9 +4,8 @@ Each row's tokens are cut into slices of SLICE_BLOCKS blocks; program (row, slic
 and its first index, and one program per row then takes the best of the slices, the first on ties (as
 torch's argmax). A greedy row scores its logits as they are; a sampled row scores x * inverse temperature
 plus the Gumbel variable of its seed's draw for the token, hashed in the kernel (reference.uniforms), so
-no noise tensor is written or read. One read of the logits would replace the sampler's noise, softmax,
-divisions and argmaxes; the sampler does not use it yet: its timing on the H200 against the sampler's torch
-ops comes first.
+no noise tensor is written or read. One read of the logits replaces the reference's noise, softmax,
+divisions and argmaxes.
 """
 
 import torch
@@ -111,3 +110,17 @@ def race_or_argmax(x: torch.Tensor, inverse: torch.Tensor | None, seeds: torch.T
 def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out[b] = the first argmax of logits[b] (float32 rows, last dim contiguous), as torch.argmax."""
     return race_or_argmax(logits, None, None, None, out)
+
+
+def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, any_mask: bool) -> torch.Tensor:
+    """reference.sample_from_logits with the race and the greedy argmax in the kernels above; the masks,
+    where a row asks for one, stay the reference's."""
+    from deltaserve.kernels.sampling.reference import mask_logits
+
+    greedy = temperature <= 0
+    inverse = torch.where(greedy, 1.0, 1.0 / temperature)
+    x = logits.float()
+    if any_mask:  # masked rows arrive scaled; greedy rows' best token is never masked
+        x = mask_logits(x * inverse[:, None], top_k, top_p, min_p)
+        inverse = torch.ones_like(inverse)
+    return race_or_argmax(x.contiguous(), inverse, seeds, greedy)
