@@ -589,7 +589,8 @@ def peer_instrument_tok_s(row: dict) -> float:
 
 def later_runs(shape: str) -> list[dict]:
     """Engine runs after the ladder's: a closed-batch run (engine_<shape>_closed.json), a prefill-only run
-    (engine_<shape>_prefill.json) and deltaserve's run beside vLLM (side_by_side_<shape>.json)."""
+    (engine_<shape>_prefill.json), deltaserve's run beside vLLM (side_by_side_<shape>.json) and the rows
+    measured again at a later tree (DECODE_ROWS_AB)."""
     runs = []
     for name in (f"engine_{shape}_closed.json", f"engine_{shape}_prefill.json"):
         path = os.path.join(RESULTS, name)
@@ -599,16 +600,17 @@ def later_runs(shape: str) -> list[dict]:
     if os.path.exists(path):
         together = json.load(open(path))
         runs.append({**together["deltaserve_raw"], "commit": together["commit"]})
-    return runs
+    return runs + slowest_of_newest_trees(DECODE_ROWS_AB.format(shape=shape))
 
 
 BF16_STATE_AB = "engine_{shape}_bf16_state_*same_machine*.json"  # engine_ab.py runs with a bf16 state
+DECODE_ROWS_AB = "engine_{shape}_decode_rows_at_*.json"  # engine_ab.py runs of one tree, the default fp32 state
 
 
-def later_bf16_runs(shape: str) -> list[dict]:
-    """The newest tree of each bf16-state A/B file (engine_ab.py, the tree named last), as one run whose
+def slowest_of_newest_trees(pattern: str) -> list[dict]:
+    """The newest tree of each engine_ab.py file matching pattern (the tree named last), as one run whose
     row at each concurrency is the slowest of those trees' rounds in every file."""
-    paths = sorted(glob.glob(os.path.join(RESULTS, BF16_STATE_AB.format(shape=shape))))
+    paths = sorted(glob.glob(os.path.join(RESULTS, pattern)))
     if not paths:
         return []
     slowest, dates, commits = {}, [], []
@@ -641,7 +643,7 @@ def compare(shape: str, suffix: str = "") -> dict:
     peer = VLLM[shape]
     # Each row comes from the latest run that measured it; a bf16-state run (suffix) is followed only by
     # the bf16-state A/B runs' newest tree.
-    runs = [ours] + (later_bf16_runs(shape) if suffix == "_bf16_state" else [] if suffix else later_runs(shape))
+    runs = [ours] + (slowest_of_newest_trees(BF16_STATE_AB.format(shape=shape)) if suffix == "_bf16_state" else [] if suffix else later_runs(shape))
     rows, missed = [], []
     for c, (row, commit) in sorted(latest_rows(runs, "decode", "concurrency").items()):
         entry = {"concurrency": c, "commit": commit, "deltaserve_tok_s": peer_instrument_tok_s(row),
