@@ -7,7 +7,7 @@ Each run is that tree's own benchmarks/engine_bench.py in a fresh process, with 
 to the tree's label. Odd rounds run the trees in the order given and even rounds in reverse (A B B A),
 so that the card's drift over the command (its clocks, its temperature) falls on every tree alike.
 `--concurrency` (empty by default: prefill only), `--prefill`, `--gdn-state-dtype`, `--max-model-len`,
-`--prompt-len`, `--temperature` and `--top-p` pass through.
+`--prompt-len`, `--temperature`, `--top-p` and `--top-k` pass through.
 """
 
 import argparse
@@ -47,13 +47,15 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=None, help="the decode batches' (engine_bench's default: 128)")
     ap.add_argument("--temperature", type=float, default=0.0, help="the decode batches' (0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=-1)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     trees = [t.split("=") for t in args.trees.split(",")]
     sampling = ("--temperature", str(args.temperature), "--top-p", str(args.top_p)) if args.temperature else ()
+    sampling += ("--top-k", str(args.top_k)) if args.top_k > 0 else ()
     result = {**results_io.header(), "shape": args.shape, "trees": dict(trees), "temperature": args.temperature,
-              "top_p": args.top_p, "runs": []}
+              "top_p": args.top_p, "top_k": args.top_k, "runs": []}
     for round_ in range(1, args.rounds + 1):
         for tree, label in trees if round_ % 2 else trees[::-1]:
             run = run_tree(tree, label, args.shape, args.concurrency, args.prefill, args.gdn_state_dtype,

@@ -4,7 +4,7 @@
         --out benchmarks/results/engine_SHAPE.json
 
 Decode: closed batches of C requests, 128-token prompts (`--prompt-len`), 256 generated tokens each
-(ignore_eos; greedy, or sampled with `--temperature` and `--top-p`), after a warm-up batch at the same
+(ignore_eos; greedy, or sampled with `--temperature`, `--top-p` and `--top-k`), after a warm-up batch at the same
 concurrency; the step time is the wall time of the decode steps (after the prefill) over their number, so
 it includes the engine's own work per step (scheduling, batch building, graph replay, sampling). Its
 floor: bytes of weights touched + GDN state read and written + KV read, over 4.24 TB/s.
@@ -35,11 +35,11 @@ PROMPT, GENERATED = 128, 256
 
 
 def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
-              top_p: float = 1.0) -> dict:
+              top_p: float = 1.0, top_k: int = -1) -> dict:
     """Runs a closed batch (greedy unless a temperature is given); returns prefill time, decode steps and
     their time."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, ignore_eos=True,
-                            detokenize=False)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                            ignore_eos=True, detokenize=False)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{time.monotonic_ns()}-{i}", prompt, params)
     sync()
@@ -97,6 +97,7 @@ def main() -> None:
     ap.add_argument("--gdn-state-dtype", default="float32", help="the engine's GDN recurrent state dtype")
     ap.add_argument("--temperature", type=float, default=0.0, help="the decode batches' (0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0, help="the decode batches' (1: off)")
+    ap.add_argument("--top-k", type=int, default=-1, help="the decode batches' (-1: off)")
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",") if c]
     prefills = [int(p) for p in args.prefill.split(",") if p]
@@ -108,13 +109,13 @@ def main() -> None:
                           gdn_state_dtype=args.gdn_state_dtype)
     weights = weight_bytes(engine.runner.model)
     result = {**results_io.header(), "shape": args.shape, "gdn_state_dtype": args.gdn_state_dtype,
-              "temperature": args.temperature, "top_p": args.top_p,
+              "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
               "startup_s": round(time.perf_counter() - started, 1),
               "weights_gb": {k: round(v / 1e9, 3) for k, v in weights.items()}, "decode": [], "prefill": []}
     tokens = random_tokens(engine.model_config.vocab_size)
     prompts = lambda n, length: [tokens(length) for _ in range(n)]  # noqa: E731
     for c in ladder:
-        sampling = {"temperature": args.temperature, "top_p": args.top_p}
+        sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
         run_batch(engine, prompts(c, args.prompt_len), 16, **sampling)  # warm-up at this concurrency
         r = run_batch(engine, prompts(c, args.prompt_len), args.generated, **sampling)
         step = r["decode_s"] / r["decode_steps"]
