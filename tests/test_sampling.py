@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 from deltaserve import LLM, SamplingParams
 from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.kernels.sampling.reference import apply_penalties, mask_logits
-from deltaserve.runner.sampler import Sampler
+from deltaserve.runner.sampler import Sampler, mask_candidates
 
 
 def test_same_seed_same_text_alone_and_in_batch(checkpoint_factory):
@@ -58,6 +58,31 @@ def test_mask_logits_matches_a_direct_definition():
     for row in range(4):
         keep = _direct_keep(logits[row], int(top_k[row]), float(top_p[row]), float(min_p[row]))
         assert torch.equal(torch.isfinite(masked[row]), keep)
+
+
+def test_mask_logits_of_top_k_candidates_matches_the_whole_sort():
+    """Where every row has top-k on, masking its best `candidates` tokens (torch.topk) keeps what sorting
+    the whole vocabulary keeps, with top-p and min-p beside top-k in some rows; a greedy row's argmax stays."""
+    rows, vocab = 6, 3000
+    logits = torch.randn(rows, vocab) * 2
+    top_k = torch.tensor([random.randrange(1, 200) for _ in range(rows)])
+    top_p = torch.tensor([random.choice([1.0, random.uniform(0.2, 0.99)]) for _ in range(rows)])
+    min_p = torch.tensor([random.choice([0.0, random.uniform(0.0, 0.3)]) for _ in range(rows)])
+    candidates = int(top_k.max())
+    whole = mask_logits(logits, top_k, top_p, min_p)
+    assert torch.equal(mask_logits(logits, top_k, top_p, min_p, candidates), whole)
+    top_k[0] = 0  # a greedy row beside them: off, it keeps its best candidates, its argmax among them
+    assert mask_logits(logits, top_k, top_p, min_p, candidates)[0].argmax() == logits[0].argmax()
+
+
+def test_mask_candidates_follow_the_sampled_rows():
+    greedy = SamplingParams(temperature=0, top_p=0.5)
+    assert mask_candidates([greedy, SamplingParams(temperature=1.0)], 100) == 0
+    assert mask_candidates([greedy, SamplingParams(temperature=1.0, top_k=20, top_p=0.9),
+                            SamplingParams(temperature=0.5, top_k=7)], 100) == 20
+    assert mask_candidates([SamplingParams(temperature=1.0, top_k=500)], 100) == 100
+    assert mask_candidates([SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=1.0, min_p=0.1)],
+                           100) == 100
 
 
 def _direct_keep(row, k, p, min_p):

@@ -276,13 +276,13 @@ def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def sample_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                       min_p: torch.Tensor, seeds: torch.Tensor, *, any_mask: bool) -> torch.Tensor:
+                       min_p: torch.Tensor, seeds: torch.Tensor, *, candidates: int) -> torch.Tensor:
     """Each row's token: its argmax where its temperature is 0, else its seed's race over its scaled and
     masked logits (sampling/reference.py)."""
     if use_triton(logits):
         from deltaserve.kernels.sampling.triton_race import sample_from_logits as kernel
-        return kernel(logits, temperature, top_k, top_p, min_p, seeds, any_mask=any_mask)
-    return _sampling.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, any_mask=any_mask)
+        return kernel(logits, temperature, top_k, top_p, min_p, seeds, candidates=candidates)
+    return _sampling.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, candidates=candidates)
 
 
 __all__ = [

@@ -18,9 +18,20 @@ import torch
 from deltaserve import kernels
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
+from deltaserve.sampling_params import SamplingParams
 from deltaserve.host_to_device import to_device
 
 _MIX = 0x9E3779B97F4A7C15
+
+
+def mask_candidates(params: list[SamplingParams], vocab: int) -> int:
+    """How many of a row's best tokens the masks look at (kernels.sample_from_logits's `candidates`), from
+    the sampled rows' parameters: 0 where none masks, their largest top-k where every one has top-k on
+    (torch.topk then replaces a sort of the vocabulary), else the vocabulary."""
+    sampled = [p for p in params if p.temperature > 0]
+    if not any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in sampled):
+        return 0
+    return min(max(p.top_k for p in sampled), vocab) if all(p.top_k > 0 for p in sampled) else vocab
 
 
 def row_seed(seed: int, sample_index: int, position: int) -> int:
@@ -72,8 +83,8 @@ class Sampler:
         top_p = tensor([p.top_p for p in params], torch.float32)
         min_p = tensor([p.min_p for p in params], torch.float32)
         seeds = tensor(self._seeds(requests), torch.int64)
-        any_mask = any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params)
-        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, any_mask=any_mask)
+        candidates = mask_candidates(params, self.vocab_size)
+        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, candidates=candidates)
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """Every row's prompt tokens and output counts reach the device in one copy each (flat indices into

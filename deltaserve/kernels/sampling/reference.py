@@ -21,11 +21,18 @@ def apply_penalties(
     return logits - presence[:, None] * (output_counts > 0).to(logits.dtype)
 
 
-def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Sets to -inf what top-k (0 = off), top-p (1 = off) and min-p (0 = off) exclude, per row."""
+def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                candidates: int | None = None) -> torch.Tensor:
+    """Sets to -inf what top-k (0 = off), top-p (1 = off) and min-p (0 = off) exclude, per row.
+    `candidates`: where every row keeps at most that many tokens by its top-k (the caller knows from its
+    parameters), only the best `candidates` of a row are sorted (torch.topk) rather than all of them; a
+    row whose top-k is off then keeps at most its best `candidates` (a greedy row's argmax stays)."""
     vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(vocab, device=logits.device)[None, :]
+    if candidates is not None and candidates < vocab:
+        sorted_logits, order = logits.topk(candidates, dim=-1)
+    else:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(sorted_logits.shape[-1], device=logits.device)[None, :]
     k = torch.where(top_k > 0, top_k, vocab)[:, None]
     drop = rank >= k
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
@@ -33,7 +40,7 @@ def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     drop |= (before >= top_p[:, None]) & (rank > 0)
     drop |= probs < min_p[:, None] * probs[:, :1]
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
 
 
 # The race's noise: token i of a row with seed s draws u = ((h >> 41) + 1/2) / 2^23 (exact in float32) from
@@ -81,16 +88,17 @@ def sample_from_logits(
     min_p: torch.Tensor,
     seeds: torch.Tensor,
     *,
-    any_mask: bool,
+    candidates: int,
 ) -> torch.Tensor:
     """Greedy where temperature == 0; elsewhere a draw from the temperature-scaled, top-k/top-p/min-p
     masked distribution by the race (race()), each row's noise from its seed in `seeds` [B] (int64).
-    `any_mask`: whether some row has top-k, top-p or min-p on, which the caller knows from its parameters
-    on the host; read from the tensors, it would wait for the GPU to finish the logits and stop the next
-    step from being planned meanwhile."""
+    `candidates`: 0 where no row has top-k, top-p or min-p on, else the count of a row's best tokens the
+    masks look at (mask_logits; the sampler makes it from the sampled rows' parameters on the host:
+    read from the tensors, it would wait for the GPU to finish the logits and stop the next step from being
+    planned meanwhile)."""
     greedy = logits.argmax(-1)
     inverse = torch.where(temperature > 0, 1.0 / temperature, 1.0)[:, None]
     scaled = logits * inverse
-    if any_mask:
-        scaled = mask_logits(scaled, top_k, top_p, min_p)
+    if candidates:
+        scaled = mask_logits(scaled, top_k, top_p, min_p, candidates)
     return torch.where(temperature > 0, race(scaled, seeds), greedy)

@@ -112,7 +112,7 @@ def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return race_or_argmax(logits, None, None, None, out)
 
 
-def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, any_mask: bool) -> torch.Tensor:
+def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, candidates: int) -> torch.Tensor:
     """reference.sample_from_logits with the race and the greedy argmax in the kernels above; the masks,
     where a row asks for one, stay the reference's."""
     from deltaserve.kernels.sampling.reference import mask_logits
@@ -120,7 +120,7 @@ def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, any_m
     greedy = temperature <= 0
     inverse = torch.where(greedy, 1.0, 1.0 / temperature)
     x = logits.float()
-    if any_mask:  # masked rows arrive scaled; greedy rows' best token is never masked
-        x = mask_logits(x * inverse[:, None], top_k, top_p, min_p)
+    if candidates:  # masked rows arrive scaled; greedy rows' best token is never masked
+        x = mask_logits(x * inverse[:, None], top_k, top_p, min_p, candidates)
         inverse = torch.ones_like(inverse)
     return race_or_argmax(x.contiguous(), inverse, seeds, greedy)
