@@ -10,8 +10,8 @@ from torch.overrides import TorchFunctionMode
 
 from deltaserve import LLM, SamplingParams
 from deltaserve.errors import InvalidSamplingParamsError
-from deltaserve.kernels.sampling.reference import apply_penalties, mask_logits
-from deltaserve.runner.sampler import Sampler, mask_candidates
+from deltaserve.kernels.sampling.reference import MaskPlan, apply_penalties, mask_logits
+from deltaserve.runner.sampler import Sampler, mask_plan
 
 
 def test_same_seed_same_text_alone_and_in_batch(checkpoint_factory):
@@ -75,14 +75,15 @@ def test_mask_logits_of_top_k_candidates_matches_the_whole_sort():
     assert mask_logits(logits, top_k, top_p, min_p, candidates)[0].argmax() == logits[0].argmax()
 
 
-def test_mask_candidates_follow_the_sampled_rows():
+def test_mask_plan_follows_the_sampled_rows():
     greedy = SamplingParams(temperature=0, top_p=0.5)
-    assert mask_candidates([greedy, SamplingParams(temperature=1.0)], 100) == 0
-    assert mask_candidates([greedy, SamplingParams(temperature=1.0, top_k=20, top_p=0.9),
-                            SamplingParams(temperature=0.5, top_k=7)], 100) == 20
-    assert mask_candidates([SamplingParams(temperature=1.0, top_k=500)], 100) == 100
-    assert mask_candidates([SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=1.0, min_p=0.1)],
-                           100) == 100
+    assert mask_plan([greedy, SamplingParams(temperature=1.0)], 100) == MaskPlan()
+    assert mask_plan([greedy, SamplingParams(temperature=1.0, top_k=20, top_p=0.9),
+                      SamplingParams(temperature=0.5, top_k=7)], 100) == MaskPlan(20, True)
+    assert mask_plan([SamplingParams(temperature=1.0, top_k=500)], 100) == MaskPlan(100, True)
+    assert mask_plan([SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=1.0, min_p=0.1)],
+                     100) == MaskPlan(100, True)
+    assert mask_plan([SamplingParams(temperature=1.0, top_p=0.9), greedy], 100) == MaskPlan(100, False)
 
 
 def _direct_keep(row, k, p, min_p):

@@ -265,6 +265,7 @@ def unpack_decode_inputs(input_ids: torch.Tensor, token_sources: torch.Tensor, s
 
 
 apply_penalties = _sampling.apply_penalties
+MaskPlan = _sampling.MaskPlan
 
 
 def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -276,13 +277,13 @@ def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def sample_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                       min_p: torch.Tensor, seeds: torch.Tensor, *, candidates: int) -> torch.Tensor:
+                       min_p: torch.Tensor, seeds: torch.Tensor, *, mask: MaskPlan) -> torch.Tensor:
     """Each row's token: its argmax where its temperature is 0, else its seed's race over its scaled and
     masked logits (sampling/reference.py)."""
     if use_triton(logits):
         from deltaserve.kernels.sampling.triton_race import sample_from_logits as kernel
-        return kernel(logits, temperature, top_k, top_p, min_p, seeds, candidates=candidates)
-    return _sampling.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, candidates=candidates)
+        return kernel(logits, temperature, top_k, top_p, min_p, seeds, mask=mask)
+    return _sampling.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, mask=mask)
 
 
 __all__ = [
@@ -290,5 +291,6 @@ __all__ = [
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
-    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "sample_from_logits", "greedy_tokens",
+    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "MaskPlan", "sample_from_logits",
+    "greedy_tokens",
 ]

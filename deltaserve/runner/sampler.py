@@ -18,20 +18,23 @@ import torch
 from deltaserve import kernels
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
-from deltaserve.sampling_params import SamplingParams
 from deltaserve.host_to_device import to_device
+from deltaserve.sampling_params import SamplingParams
 
 _MIX = 0x9E3779B97F4A7C15
 
 
-def mask_candidates(params: list[SamplingParams], vocab: int) -> int:
-    """How many of a row's best tokens the masks look at (kernels.sample_from_logits's `candidates`), from
-    the sampled rows' parameters: 0 where none masks, their largest top-k where every one has top-k on
-    (torch.topk then replaces a sort of the vocabulary), else the vocabulary."""
+def mask_plan(params: list[SamplingParams], vocab: int) -> kernels.MaskPlan:
+    """The batch's MaskPlan from its sampled rows' parameters: no mask where none has top-k, top-p or
+    min-p on; where every one has top-k on, their largest top-k as the candidates (torch.topk then
+    replaces a sort of the vocabulary); else the vocabulary."""
     sampled = [p for p in params if p.temperature > 0]
     if not any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in sampled):
-        return 0
-    return min(max(p.top_k for p in sampled), vocab) if all(p.top_k > 0 for p in sampled) else vocab
+        return kernels.MaskPlan()
+    top_k = any(p.top_k > 0 for p in sampled)
+    if all(p.top_k > 0 for p in sampled):
+        return kernels.MaskPlan(min(max(p.top_k for p in sampled), vocab), top_k)
+    return kernels.MaskPlan(vocab, top_k)
 
 
 def row_seed(seed: int, sample_index: int, position: int) -> int:
@@ -83,8 +86,8 @@ class Sampler:
         top_p = tensor([p.top_p for p in params], torch.float32)
         min_p = tensor([p.min_p for p in params], torch.float32)
         seeds = tensor(self._seeds(requests), torch.int64)
-        candidates = mask_candidates(params, self.vocab_size)
-        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, candidates=candidates)
+        mask = mask_plan(params, self.vocab_size)
+        return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, mask=mask)
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """Every row's prompt tokens and output counts reach the device in one copy each (flat indices into

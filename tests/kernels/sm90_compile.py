@@ -102,10 +102,24 @@ def cases():
 
     from deltaserve.kernels.sampling import triton_race as race
 
-    for all_greedy in (False, True):
-        yield (f"race_slices{'_all_greedy' if all_greedy else ''}", race._race_slices_kernel,
-               {"seeds": "*i64", "greedy": "*i32", "best_index": "*i32", "vocab": "i32", "slices": "i32"},
-               dict(BLOCK=race.BLOCK, SLICE_BLOCKS=race.SLICE_BLOCKS, ALL_GREEDY=all_greedy, USE_PDL=True), 8, 1)
+    for all_greedy, floors in ((False, False), (True, False), (False, True)):
+        yield (f"race_slices{'_all_greedy' if all_greedy else ''}{'_floors' if floors else ''}",
+               race._race_slices_kernel,
+               {"seeds": "*i64", "greedy": "*i32", "floors": "*i32", "best_index": "*i32", "vocab": "i32",
+                "slices": "i32"},
+               dict(BLOCK=race.BLOCK, SLICE_BLOCKS=race.SLICE_BLOCKS, ALL_GREEDY=all_greedy, HAS_FLOORS=floors,
+                    USE_PDL=True), 8, 1)
+    from deltaserve.kernels.sampling import triton_nucleus as nucleus
+
+    counts = {"vocab": "i32", "slices": "i32", "rows": "i32"}
+    yield ("nucleus_slice_max_sum", nucleus._slice_max_sum_kernel, counts,
+           dict(BLOCK=nucleus.BLOCK, SLICE_BLOCKS=nucleus.SLICE_BLOCKS), 4, 1)
+    for pass_ in (0, nucleus.PASSES - 1):
+        yield (f"nucleus_pivot_mass_{pass_}", nucleus._pivot_mass_kernel, dict(counts, lows="*i64"),
+               dict(PASS=pass_, BLOCK=nucleus.BLOCK, SLICE_BLOCKS=nucleus.SLICE_BLOCKS, BLOCK_S=32,
+                    PIVOTS=nucleus.PIVOTS), 8, 1)
+    yield ("nucleus_floor", nucleus._floor_kernel, dict(counts, lows="*i64", floors="*i32"),
+           dict(PASSES=nucleus.PASSES, BLOCK_S=32, PIVOTS=nucleus.PIVOTS), 1, 1)
     yield ("race_rows", race._race_rows_kernel, {"best_index": "*i32", "tokens": "*i64", "slices": "i32"},
            dict(BLOCK_S=32, USE_PDL=True), 1, 1)
 

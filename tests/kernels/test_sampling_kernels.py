@@ -52,9 +52,9 @@ def test_sample_from_logits_kernel_matches_the_reference(any_mask):
     min_p = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0]) if any_mask else torch.zeros(rows)
     seeds = _seeds(rows)
     args = (logits, temperature, top_k, top_p, min_p, seeds)
-    candidates = vocab if any_mask else 0
-    tokens = sample_from_logits(*args, candidates=candidates)
-    assert torch.equal(tokens, reference.sample_from_logits(*args, candidates=candidates))
+    mask = reference.MaskPlan(vocab, True) if any_mask else reference.MaskPlan()
+    tokens = sample_from_logits(*args, mask=mask)
+    assert torch.equal(tokens, reference.sample_from_logits(*args, mask=mask))
     assert tokens[0] == logits[0].argmax() and tokens[4] == logits[4].argmax()
 
 

@@ -1,5 +1,7 @@
 """Sampling math over a batch of logits rows, one set of parameters per row (vLLM's meanings)."""
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -21,6 +23,17 @@ def apply_penalties(
     return logits - presence[:, None] * (output_counts > 0).to(logits.dtype)
 
 
+@dataclass(frozen=True)
+class MaskPlan:
+    """What the host knows of a batch's masks from its sampled rows' parameters (reading the tensors would
+    wait for the logits): `candidates`, 0 where no row masks, else how many of a row's best tokens the masks
+    look at (their largest top-k where every row has top-k on, else the vocabulary); `top_k`, whether some
+    row has top-k on."""
+
+    candidates: int = 0
+    top_k: bool = False
+
+
 def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
                 candidates: int | None = None) -> torch.Tensor:
     """Sets to -inf what top-k (0 = off), top-p (1 = off) and min-p (0 = off) exclude, per row.
@@ -37,10 +50,17 @@ def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     drop = rank >= k
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     before = probs.cumsum(-1) - probs  # mass of strictly better tokens
-    drop |= (before >= top_p[:, None]) & (rank > 0)
+    drop |= (before >= top_p[:, None]) & (rank > 0) & (top_p[:, None] < 1)  # 1 is off: rounding must not cut
     drop |= probs < min_p[:, None] * probs[:, :1]
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
+
+
+def order_keys(x: torch.Tensor) -> torch.Tensor:
+    """int32 keys that order as the float32 values x, -inf lowest (the float's bits, the magnitude's
+    reversed where the sign is set): a floor on them is a floor on the values."""
+    bits = x.contiguous().view(torch.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
 # The race's noise: token i of a row with seed s draws u = ((h >> 41) + 1/2) / 2^23 (exact in float32) from
@@ -88,17 +108,14 @@ def sample_from_logits(
     min_p: torch.Tensor,
     seeds: torch.Tensor,
     *,
-    candidates: int,
+    mask: MaskPlan,
 ) -> torch.Tensor:
     """Greedy where temperature == 0; elsewhere a draw from the temperature-scaled, top-k/top-p/min-p
     masked distribution by the race (race()), each row's noise from its seed in `seeds` [B] (int64).
-    `candidates`: 0 where no row has top-k, top-p or min-p on, else the count of a row's best tokens the
-    masks look at (mask_logits; the sampler makes it from the sampled rows' parameters on the host:
-    read from the tensors, it would wait for the GPU to finish the logits and stop the next step from being
-    planned meanwhile)."""
+    `mask`: what the masks need, known on the host (MaskPlan)."""
     greedy = logits.argmax(-1)
     inverse = torch.where(temperature > 0, 1.0 / temperature, 1.0)[:, None]
     scaled = logits * inverse
-    if candidates:
-        scaled = mask_logits(scaled, top_k, top_p, min_p, candidates)
+    if mask.candidates:
+        scaled = mask_logits(scaled, top_k, top_p, min_p, mask.candidates)
     return torch.where(temperature > 0, race(scaled, seeds), greedy)

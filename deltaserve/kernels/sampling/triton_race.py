@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
-from deltaserve.kernels.sampling.reference import GOLDEN, MIX_A, MIX_B
+from deltaserve.kernels.sampling.reference import GOLDEN, MIX_A, MIX_B, MaskPlan, mask_logits
+from deltaserve.kernels.sampling.triton_nucleus import _order_key, nucleus_floors
 
 BLOCK = 2048
 SLICE_BLOCKS = 4  # blocks a program walks: rows of the 9B shape's 248320 tokens take 31 slices
@@ -43,10 +44,11 @@ def _first_best(score, index):
 
 
 @triton.jit
-def _race_slices_kernel(x, inverse, seeds, greedy, best_score, best_index, vocab, stride_x, slices,
+def _race_slices_kernel(x, inverse, seeds, greedy, floors, best_score, best_index, vocab, stride_x, slices,
                         BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr, ALL_GREEDY: tl.constexpr,
-                        USE_PDL: tl.constexpr = False):
-    """ALL_GREEDY: every row takes its argmax; inverse, seeds and greedy are not read."""
+                        HAS_FLOORS: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """ALL_GREEDY: every row takes its argmax; inverse, seeds, greedy and floors are not read. HAS_FLOORS:
+    a sampled row's scaled logits whose order key is under its floor (triton_nucleus) are dropped."""
     wait_for_prior_grid(USE_PDL)
     row, part = tl.program_id(0).to(tl.int64), tl.program_id(1)
     if ALL_GREEDY:
@@ -55,6 +57,8 @@ def _race_slices_kernel(x, inverse, seeds, greedy, best_score, best_index, vocab
         is_greedy = tl.load(greedy + row) != 0
         scale = tl.load(inverse + row)
         seed = tl.load(seeds + row).to(tl.uint64)
+    if HAS_FLOORS:
+        floor = tl.load(floors + row)
     score = tl.full([BLOCK], float("-inf"), tl.float32)
     index = tl.full([BLOCK], 2**31 - 1, tl.int32)
     for b in range(SLICE_BLOCKS):
@@ -62,7 +66,10 @@ def _race_slices_kernel(x, inverse, seeds, greedy, best_score, best_index, vocab
         live = cols < vocab
         value = tl.load(x + row * stride_x + cols, mask=live, other=float("-inf"))
         if not is_greedy:  # past the vocabulary -inf stays -inf: the scale is positive, the noise finite
-            value = value * scale + _gumbel(seed, cols.to(tl.int64))
+            value = value * scale
+            if HAS_FLOORS:
+                value = tl.where(_order_key(value) >= floor, value, float("-inf"))
+            value = value + _gumbel(seed, cols.to(tl.int64))
         better = value > score  # later blocks have larger indices: a tie keeps the first
         score = tl.where(better, value, score)
         index = tl.where(better, cols, index)
@@ -83,10 +90,12 @@ def _race_rows_kernel(best_score, best_index, tokens, slices, BLOCK_S: tl.conste
 
 
 def race_or_argmax(x: torch.Tensor, inverse: torch.Tensor | None, seeds: torch.Tensor | None,
-                   greedy: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+                   greedy: torch.Tensor | None, out: torch.Tensor | None = None,
+                   floors: torch.Tensor | None = None) -> torch.Tensor:
     """tokens [B] (int64, into `out` where given): argmax of x where greedy[b], else
-    reference.race(x * inverse[b], seeds[b]); greedy None: every row's argmax. x [B, V] float32 (last dim
-    contiguous); inverse [B] float32; seeds [B] int64; greedy [B] bool."""
+    reference.race(x * inverse[b], seeds[b]), less the tokens whose x * inverse[b] has an order key under
+    floors[b] where given; greedy None: every row's argmax. x [B, V] float32 (last dim contiguous);
+    inverse [B] float32; seeds [B] int64; greedy [B] bool; floors [B] int32."""
     rows, vocab = x.shape
     tokens = out if out is not None else torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0:
@@ -96,11 +105,12 @@ def race_or_argmax(x: torch.Tensor, inverse: torch.Tensor | None, seeds: torch.T
     best_score = torch.empty(rows, slices, dtype=torch.float32, device=x.device)
     best_index = torch.empty(rows, slices, dtype=torch.int32, device=x.device)
     all_greedy = greedy is None
-    # ALL_GREEDY reads no inverse, seeds or greedy flags: x stands in for those pointers
+    # ALL_GREEDY reads no inverse, seeds, greedy flags or floors: x stands in for those pointers
     rows_in = (x, x, x) if all_greedy else (inverse, seeds, greedy.to(torch.int32))
     _race_slices_kernel[(rows, slices)](
-        x, *rows_in, best_score, best_index, vocab, x.stride(0), slices,
-        BLOCK=BLOCK, SLICE_BLOCKS=SLICE_BLOCKS, ALL_GREEDY=all_greedy, num_warps=8, **launch_options(x),
+        x, *rows_in, x if floors is None else floors, best_score, best_index, vocab, x.stride(0), slices,
+        BLOCK=BLOCK, SLICE_BLOCKS=SLICE_BLOCKS, ALL_GREEDY=all_greedy, HAS_FLOORS=floors is not None and not all_greedy,
+        num_warps=8, **launch_options(x),
     )
     _race_rows_kernel[(rows,)](best_score, best_index, tokens, slices, BLOCK_S=triton.next_power_of_2(slices),
                                num_warps=1, **launch_options(x))
@@ -112,15 +122,16 @@ def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return race_or_argmax(logits, None, None, None, out)
 
 
-def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, candidates: int) -> torch.Tensor:
-    """reference.sample_from_logits with the race and the greedy argmax in the kernels above; the masks,
-    where a row asks for one, stay the reference's."""
-    from deltaserve.kernels.sampling.reference import mask_logits
-
+def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, mask: MaskPlan) -> torch.Tensor:
+    """reference.sample_from_logits with the race and the greedy argmax in the kernels above. Top-p and
+    min-p without top-k in any row are floors the race applies (triton_nucleus); with top-k the masks stay
+    the reference's."""
     greedy = temperature <= 0
     inverse = torch.where(greedy, 1.0, 1.0 / temperature)
-    x = logits.float()
-    if candidates:  # masked rows arrive scaled; greedy rows' best token is never masked
-        x = mask_logits(x * inverse[:, None], top_k, top_p, min_p, candidates)
+    x = logits.float().contiguous()
+    if mask.candidates and not mask.top_k:
+        return race_or_argmax(x, inverse, seeds, greedy, floors=nucleus_floors(x, inverse, top_p, min_p))
+    if mask.candidates:  # masked rows arrive scaled; greedy rows' best token is never masked
+        x = mask_logits(x * inverse[:, None], top_k, top_p, min_p, mask.candidates)
         inverse = torch.ones_like(inverse)
-    return race_or_argmax(x.contiguous(), inverse, seeds, greedy)
+    return race_or_argmax(x, inverse, seeds, greedy)

@@ -1,0 +1,57 @@
+"""Top-p and min-p floors (kernels/sampling/triton_nucleus.py) against the torch reference's masks on fresh
+random logits: rows of one slice and of several, temperatures, top-p alone, min-p alone, both, neither;
+the order keys against the floats they order; and the sampler's kernel path with those floors against the
+reference's sampling."""
+
+import random
+
+import pytest
+import torch
+
+from deltaserve.kernels.sampling import reference
+from deltaserve.kernels.sampling.triton_nucleus import BLOCK, KEY_MIN, SLICE_BLOCKS, nucleus_floors
+from deltaserve.kernels.sampling.triton_race import sample_from_logits
+
+pytestmark = pytest.mark.triton
+
+
+def _rows(rows: int):
+    """Per-row inverse temperatures, top-p (some off) and min-p (some off)."""
+    inverse = 1.0 / (0.3 + 1.2 * torch.rand(rows))
+    top_p = torch.tensor([random.choice([1.0, random.uniform(0.05, 0.99)]) for _ in range(rows)])
+    min_p = torch.tensor([random.choice([0.0, random.uniform(0.001, 0.5)]) for _ in range(rows)])
+    return inverse, top_p, min_p
+
+
+def test_order_keys_order_as_the_floats():
+    x = torch.cat([torch.randn(5000) * 10 ** random.uniform(-3, 3), torch.tensor([0.0, -0.0, float("-inf")])])
+    keys = reference.order_keys(x).long()
+    order = x.argsort()
+    assert bool((keys[order][1:] >= keys[order][:-1]).all())
+    assert reference.order_keys(torch.tensor([float("-inf")])).item() > KEY_MIN
+
+
+@pytest.mark.parametrize("rows, vocab", [(5, 3000), (4, BLOCK * SLICE_BLOCKS * 2 + 517)])
+def test_floors_keep_what_the_reference_masks_keep(rows, vocab):
+    logits = torch.randn(rows, vocab) * 3
+    inverse, top_p, min_p = _rows(rows)
+    floors = nucleus_floors(logits, inverse, top_p, min_p)
+    scaled = logits * inverse[:, None]
+    kept = reference.order_keys(scaled) >= floors[:, None]
+    expected = torch.isfinite(reference.mask_logits(scaled, torch.zeros(rows, dtype=torch.int64), top_p, min_p))
+    assert torch.equal(kept, expected)
+    assert bool(kept[torch.arange(rows), scaled.argmax(-1)].all())  # the best token always stays
+
+
+def test_sampling_with_floors_matches_the_reference():
+    rows, vocab = 6, 5000
+    logits = torch.randn(rows, vocab) * 2
+    _, top_p, min_p = _rows(rows)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.5, 0.0])
+    top_k = torch.zeros(rows, dtype=torch.int64)
+    seeds = torch.tensor([random.getrandbits(63) for _ in range(rows)], dtype=torch.int64)
+    mask = reference.MaskPlan(vocab, False)
+    args = (logits, temperature, top_k, top_p, min_p, seeds)
+    tokens = sample_from_logits(*args, mask=mask)
+    assert torch.equal(tokens, reference.sample_from_logits(*args, mask=mask))
+    assert tokens[0] == logits[0].argmax() and tokens[5] == logits[5].argmax()
