@@ -43,6 +43,17 @@ def test_floors_keep_what_the_reference_masks_keep(rows, vocab):
     assert bool(kept[torch.arange(rows), scaled.argmax(-1)].all())  # the best token always stays
 
 
+def test_floors_at_the_qwen_vocabulary_keep_what_the_reference_keeps():
+    """248320 tokens, most of them kept by top-p: the sums' rounding must not move the boundary."""
+    rows, vocab = 2, 248320
+    logits = torch.randn(rows, vocab) * 3
+    inverse, top_p, min_p = torch.full((rows,), 1 / 0.8), torch.full((rows,), 0.95), torch.zeros(rows)
+    scaled = logits * inverse[:, None]
+    kept = reference.order_keys(scaled) >= nucleus_floors(logits, inverse, top_p, min_p)[:, None]
+    expected = torch.isfinite(reference.mask_logits(scaled, torch.zeros(rows, dtype=torch.int64), top_p, min_p))
+    assert torch.equal(kept, expected)
+
+
 def test_sampling_with_floors_matches_the_reference():
     rows, vocab = 6, 5000
     logits = torch.randn(rows, vocab) * 2

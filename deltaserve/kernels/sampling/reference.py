@@ -48,9 +48,11 @@ def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     rank = torch.arange(sorted_logits.shape[-1], device=logits.device)[None, :]
     k = torch.where(top_k > 0, top_k, vocab)[:, None]
     drop = rank >= k
-    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+    # In float64: over a vocabulary of 248k tokens, float32's softmax sum and running sum drift by more than
+    # one token's mass where the nucleus ends.
+    probs = torch.softmax(sorted_logits.double().masked_fill(drop, float("-inf")), dim=-1)
     before = probs.cumsum(-1) - probs  # mass of strictly better tokens
-    drop |= (before >= top_p[:, None]) & (rank > 0) & (top_p[:, None] < 1)  # 1 is off: rounding must not cut
+    drop |= (before >= top_p[:, None].double()) & (rank > 0) & (top_p[:, None] < 1)  # 1 is off: rounding must not cut
     drop |= probs < min_p[:, None] * probs[:, :1]
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
