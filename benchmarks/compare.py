@@ -428,6 +428,17 @@ NOTES = {
         "projections, skinny GEMMs of one block a multiprocessor, add 10.7 us after the gated norm and 13.3 "
         "after the split merge (floor 7.9), both of which release them at their start; the other kernels "
         "add 0.9-4.9 us each (the greedy argmax 10.4), 0.43 ms a step in all.",
+        "The gated norm and the split merge then released the output projections at their end instead "
+        "(cc65afe): against 58f1857, three trees alternated twice (engine_qwen3.5-9b_skinny_gemm_predecessors_"
+        "same_machine.json), C=1 4.466-4.468 against 4.482 ms, C=32 5.868-5.869 against 5.872; asking for the "
+        "largest shared-memory carveout in those two kernels instead (98eb379) gave 4.461-4.465 and "
+        "5.873-5.874. With the race kernel's greedy argmax in the graphs too (2002ad6), 4.454-4.456 against "
+        "4.479-4.481 ms at C=1 and 5.860-5.861 against 5.872-5.873 at C=32 (engine_qwen3.5-9b_race_kernel_"
+        "greedy_same_machine.json; SmolLM2-135M 0.720-0.722 / 0.822 / 1.084-1.087 against 0.730-0.733 / "
+        "0.832-0.834 / 1.091-1.095 ms at C=1 / 16 / 64). The rows at C=32 / 64 / 128 come from 2002ad6 "
+        "(engine_qwen3.5-9b_decode_rows_at_2002ad6.json, two rounds): 5.860 / 6.986-6.987 / 9.384 ms, closed "
+        "batches 5131-5134 / 8260-8264 / 11674-11678 tok/s; C=64 and C=128 step slower than 0f66749's rows "
+        "(6.946 / 9.303), which ran before cuDNN's start-up, and C=32 faster.",
     ],
     "qwen3.5-35b-a3b": [
         "At 5778793 (paged attention's decode splits, the 9B notes), against f00d81c alternated twice in one "
@@ -573,6 +584,9 @@ NOTES = {
         "the stacked shared expert; down 458 us, 341 TFLOP/s), the GDN chunked prefill 29.4 (state kernel 652 "
         "us a layer, prepare 327), dense GEMMs 27.3, attention 8.6, the experts' combine 3.3, conv1d 3.1, norms "
         "4.5, torch's sort and the align kernel 3.0.",
+        "The rows at C=1 and C=64 come from 2002ad6 with the start-up warm-up (engine_qwen3.5-35b-a3b_decode_"
+        "rows_at_2002ad6.json, two rounds): steps 2.436-2.437 / 18.076-18.085 ms against 891831d's 2.414 / "
+        "18.049 (which ran before cuDNN's start-up), C=64's closed batch 3455-3458 tok/s.",
     ],
 }
 
