@@ -56,7 +56,7 @@ def test_floors_at_the_qwen_vocabulary_keep_what_the_reference_keeps():
 
 def test_sampling_with_floors_matches_the_reference():
     rows, vocab = 6, 5000
-    logits = torch.randn(rows, vocab) * 2
+    logits = (torch.randn(rows, vocab + 40) * 2)[:, :vocab]  # rows of a wider buffer, as the sampler's
     _, top_p, min_p = _rows(rows)
     temperature = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.5, 0.0])
     top_k = torch.zeros(rows, dtype=torch.int64)
