@@ -31,10 +31,10 @@ def mask_plan(params: list[SamplingParams], vocab: int) -> kernels.MaskPlan:
     sampled = [p for p in params if p.temperature > 0]
     if not any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in sampled):
         return kernels.MaskPlan()
-    top_k = any(p.top_k > 0 for p in sampled)
+    any_top_k = any(p.top_k > 0 for p in sampled)
     if all(p.top_k > 0 for p in sampled):
-        return kernels.MaskPlan(min(max(p.top_k for p in sampled), vocab), top_k)
-    return kernels.MaskPlan(vocab, top_k)
+        return kernels.MaskPlan(min(max(p.top_k for p in sampled), vocab), any_top_k)
+    return kernels.MaskPlan(vocab, any_top_k)
 
 
 def row_seed(seed: int, sample_index: int, position: int) -> int:

@@ -27,11 +27,11 @@ def apply_penalties(
 class MaskPlan:
     """What the host knows of a batch's masks from its sampled rows' parameters (reading the tensors would
     wait for the logits): `candidates`, 0 where no row masks, else how many of a row's best tokens the masks
-    look at (their largest top-k where every row has top-k on, else the vocabulary); `top_k`, whether some
-    row has top-k on."""
+    look at (their largest top-k where every row has top-k on, else the vocabulary); `any_top_k`, whether
+    some row has top-k on."""
 
     candidates: int = 0
-    top_k: bool = False
+    any_top_k: bool = False
 
 
 def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,

@@ -130,7 +130,7 @@ def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, mask:
     inverse = torch.where(greedy, 1.0, 1.0 / temperature)
     x = logits.float()
     x = x if x.stride(-1) == 1 else x.contiguous()  # rows may stand apart (a wider logits buffer): strides
-    if mask.candidates and not mask.top_k:
+    if mask.candidates and not mask.any_top_k:
         return race_or_argmax(x, inverse, seeds, greedy, floors=nucleus_floors(x, inverse, top_p, min_p))
     if mask.candidates:  # masked rows arrive scaled; greedy rows' best token is never masked
         x = mask_logits(x * inverse[:, None], top_k, top_p, min_p, mask.candidates)
