@@ -5,7 +5,8 @@ and its first index, and one program per row then takes the best of the slices, 
 torch's argmax). A greedy row scores its logits as they are; a sampled row scores x * inverse temperature
 plus the Gumbel variable of its seed's draw for the token, hashed in the kernel (reference.uniforms), so
 no noise tensor is written or read. One read of the logits replaces the reference's noise, softmax,
-divisions and argmaxes.
+divisions and argmaxes. Where top-p or min-p give a sampled row a floor (triton_nucleus.py), its tokens
+below the floor are dropped in the same read.
 """
 
 import torch
