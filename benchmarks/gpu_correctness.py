@@ -2,7 +2,7 @@
 
 - greedy tokens on the GPU in fp32 identical to the CPU reference path, every architecture;
 - in bf16, decode steps replayed as CUDA graphs give the same tokens as the same steps run eagerly,
-  greedy and with seeded sampled rows beside greedy ones;
+  greedy and with seeded sampled rows beside greedy ones (top-k among them, and top-p / min-p alone);
 - each prompt sent alone (its short prefill passes replayed as graphs) gives in fp32 the CPU's tokens;
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
   byte-identical tokens and logprobs;
@@ -32,6 +32,9 @@ WITH_LOGPROBS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, lo
 # and the next graph reads them where the sampler's tokens were copied.
 MIXED = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True),
          GREEDY, SamplingParams(max_tokens=24, temperature=1.0, top_k=40, seed=12, ignore_eos=True)]
+# Top-p and min-p without top-k: the sampled rows' masks are the nucleus kernels' floors.
+NUCLEUS = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=13, ignore_eos=True),
+           GREEDY, SamplingParams(max_tokens=24, temperature=1.0, min_p=0.05, seed=14, ignore_eos=True)]
 
 
 def tokens(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
@@ -54,7 +57,7 @@ def replays_exactly(llm: LLM, prompt: list[int], rng: random.Random) -> bool:
 
 
 def launches_without_sync(llm: LLM, prompts) -> dict:
-    """The MIXED prompts with every launched decode step run under torch's sync debug mode set to raise: a
+    """The MIXED and NUCLEUS prompts with every launched decode step under torch's sync debug mode set to raise: a
     launched step (greedy rows replayed, sampled rows sampled on the device) must not wait for the GPU, or
     asynchronous scheduling loses the overlap of planning and running. The first error, if any, is kept."""
     import torch
@@ -76,6 +79,7 @@ def launches_without_sync(llm: LLM, prompts) -> dict:
     runner.launch = checked
     try:
         tokens(llm, prompts, MIXED)
+        tokens(llm, prompts, NUCLEUS)
     finally:
         del runner.launch  # the class's method again
     return {**found, "none_synced": found["launches"] > 0 and found["error"] is None}
@@ -91,7 +95,8 @@ def main() -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, 17, 90, 33)]
     result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
-              "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
+              "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {},
+              "graph_vs_eager_bf16_top_p_min_p_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
               "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp())
@@ -100,8 +105,10 @@ def main() -> None:
         cpu, gpu = tokens(cpu_llm, prompts), tokens(gpu_llm, prompts)
         eager_llm = LLM(path, device="cuda", dtype="bfloat16", enforce_eager=True, max_num_seqs=8, **state)
         eager, eager_mixed = tokens(eager_llm, prompts), tokens(eager_llm, prompts, MIXED)
+        eager_nucleus = tokens(eager_llm, prompts, NUCLEUS)
         graph_llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=8, **state)
         graph, graph_mixed = tokens(graph_llm, prompts), tokens(graph_llm, prompts, MIXED)
+        graph_nucleus = tokens(graph_llm, prompts, NUCLEUS)
         cpu_llm.reset_prefix_cache()
         gpu_llm.reset_prefix_cache()
         result["fp32_alone_gpu_vs_cpu"][arch] = {"identical": alone(gpu_llm, prompts) == alone(cpu_llm, prompts)}
@@ -112,7 +119,8 @@ def main() -> None:
                                            "total_tokens": sum(len(x) for x in cpu)}
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
-        print(arch, *(result[key][arch] for key in list(result)[-6:]), flush=True)
+        result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
+        print(arch, *(result[key][arch] for key in list(result)[-7:]), flush=True)
         results_io.write(args.out, result)
 
 
