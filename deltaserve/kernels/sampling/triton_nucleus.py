@@ -9,7 +9,7 @@ spread evenly over the interval that still holds it and keeping the sixteenth wh
 four bits of the key a pass. A pass is a grid of (row, slice) programs, each summing its slice's mass above
 every pivot; the next pass's programs read those sums to place their interval, so a pass is one launch.
 Min-p's floor is the key of max + log(min_p): a token's probability over the best one's is exp(x - max).
-Nine reads of a row (the first for its max and its sum) replace the sort of the vocabulary."""
+Ten reads of a row (two for its max and its sum, the second from the caches) replace the sort of the vocabulary."""
 
 import torch
 import triton
