@@ -137,3 +137,20 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
                 if seqs > 1 or longest >= MAX_ROWS:  # not a prefill graph's pass
                     met.add(kernels(tokens, seqs, longest))
     assert len(met) > 3 and met <= started, sorted(met - started, key=str)
+
+
+def test_the_warm_up_samples_once_plainly_and_once_with_top_p_in_steps_of_their_own(checkpoint_factory):
+    """The sampler's kernels compile at start-up: the race alone, then the nucleus floors and the race with them
+    (a group's rows share a step, so each kind leads a group of its own)."""
+    engine = LLMEngine.from_args(checkpoint_factory("qwen3.5"), device="cpu", max_model_len=256, max_num_seqs=8,
+                                 warm_up=False, enable_prefix_caching=False)
+    sent, add_request = [], engine.add_request
+
+    def recorded(request_id, prompt, params):
+        sent.append((request_id, params))
+        return add_request(request_id, prompt, params)
+
+    engine.add_request = recorded
+    warm_up(engine)
+    sampled = [(request_id.split("-")[2], p.top_p) for request_id, p in sent if p.temperature > 0]
+    assert sampled == [("0", 1.0), ("1", 0.9)]

@@ -11,8 +11,10 @@ every request in flight.
 
 The warm-up sends, through the scheduler like any request, groups of requests for one token each,
 whose prompts make one prefill step of each class (the GDN kernels' sequence count and row count, the
-conv1d row kernel's run length), the first of them sampled rather than greedy (the sampler's race kernel),
-then forgets them: the prefix cache is emptied and the counters are reset.
+conv1d row kernel's run length), then forgets them: the prefix cache is emptied and the counters are
+reset. The first request of the first group samples at a temperature and that of the second with top-p
+too, so that the sampler's kernels (the race, the nucleus floors and the race that applies them) compile
+before the first request rather than while it waits.
 """
 
 from __future__ import annotations
@@ -83,11 +85,12 @@ def warm_up(engine, groups: list[list[int]] | None = None) -> int:
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
     greedy = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
-    sampled = SamplingParams(max_tokens=1, temperature=1.0, ignore_eos=True, detokenize=False)
+    sampled = [SamplingParams(max_tokens=1, temperature=1.0, top_p=top_p, ignore_eos=True, detokenize=False)
+               for top_p in (1.0, 0.9)]  # a group's rows sample in one step: one kind a group
     steps = 0
     for g, lengths in enumerate(groups):
         for i, length in enumerate(lengths):
-            params = sampled if g == i == 0 else greedy  # one sampled row: the sampler's race kernel compiles
+            params = sampled[g] if i == 0 and g < len(sampled) else greedy
             engine.add_request(f"warm-up-{g}-{i}", [rng.randrange(vocab) for _ in range(length)], params)
         while engine.has_unfinished_requests():
             engine.step(final_only=True)

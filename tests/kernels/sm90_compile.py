@@ -111,7 +111,7 @@ def cases():
                     USE_PDL=True), 8, 1)
     from deltaserve.kernels.sampling import triton_nucleus as nucleus
 
-    counts = {"vocab": "i32", "slices": "i32", "rows": "i32"}
+    counts = {"vocab": "i32", "slices": "i32"}
     yield ("nucleus_slice_max_sum", nucleus._slice_max_sum_kernel, counts,
            dict(BLOCK=nucleus.BLOCK, SLICE_BLOCKS=nucleus.SLICE_BLOCKS), 4, 1)
     for pass_ in (0, nucleus.PASSES - 1):

@@ -84,12 +84,13 @@ def _interval_low(lows, mass, top_p, total, row, rows, slices, PASS: tl.constexp
 
 
 @triton.jit
-def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, stride_x, slices, rows,
+def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, stride_x, slices,
                        PASS: tl.constexpr, BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr, BLOCK_S: tl.constexpr,
                        PIVOTS: tl.constexpr):
     """Program (row, slice) of pass PASS: its slice's mass (exp(logit - max)) above each of the pass's
-    pivots; the row's first program also records the pass's low end."""
-    row, part = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    pivots; the row's first program also records the pass's low end. The row count is the grid's, not an
+    argument, so that no count of rows compiles a kernel of its own."""
+    row, part, rows = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(0)
     best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
     low = _interval_low(lows, mass, top_p, total, row, rows, slices, PASS, BLOCK_S, PIVOTS)
     if part == 0:
@@ -106,11 +107,11 @@ def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, voca
 
 
 @triton.jit
-def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, rows, PASSES: tl.constexpr,
+def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, PASSES: tl.constexpr,
                   BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
     """Program per row: the larger of its top-p floor (one past the last pass's low end, whose step is 1)
     and its min-p floor."""
-    row = tl.program_id(0).to(tl.int64)
+    row, rows = tl.program_id(0).to(tl.int64), tl.num_programs(0)
     best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
     floor = _interval_low(lows, mass, top_p, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS) + 1
     floor = tl.where(tl.load(top_p + row) < 1.0, floor, -(2**31))
@@ -139,8 +140,8 @@ def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, 
                                           BLOCK=BLOCK, SLICE_BLOCKS=SLICE_BLOCKS, num_warps=4)
     for pass_ in range(PASSES):
         _pivot_mass_kernel[(rows, slices)](x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, x.stride(0),
-                                           slices, rows, PASS=pass_, BLOCK=BLOCK, SLICE_BLOCKS=SLICE_BLOCKS,
+                                           slices, PASS=pass_, BLOCK=BLOCK, SLICE_BLOCKS=SLICE_BLOCKS,
                                            BLOCK_S=block_s, PIVOTS=PIVOTS, num_warps=8)
-    _floor_kernel[(rows,)](top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, rows, PASSES=PASSES,
+    _floor_kernel[(rows,)](top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, PASSES=PASSES,
                            BLOCK_S=block_s, PIVOTS=PIVOTS, num_warps=1)
     return floors
