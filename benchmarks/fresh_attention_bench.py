@@ -18,23 +18,12 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
+from benchmarks.kernel_times import time_us  # noqa: E402
 from deltaserve.kernels.attention.reference import output_gate as reference_gate  # noqa: E402
 from deltaserve.kernels.attention.triton_output_gate import output_gate  # noqa: E402
 
 SHAPES = {"qwen3.5-35b-a3b": (16, 2), "qwen3.5-9b": (16, 4)}
 HEAD_DIM = 256
-
-
-def time_us(fn, reps: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / reps
 
 
 def sdpa(q, k, v, **kw):

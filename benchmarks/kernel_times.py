@@ -1,5 +1,21 @@
-"""Device time of each kernel a function launches, from torch's profiler. It imports nothing of
-deltaserve, so a benchmark that measures another source tree's kernels can use it."""
+"""Device time of a function's calls (CUDA events) and of each kernel it launches (torch's profiler). It
+imports nothing of deltaserve, so a benchmark that measures another source tree's kernels can use it."""
+
+
+def time_us(fn, calls: int = 10, warm: int = 1) -> float:
+    """Microseconds a call over `calls` calls back to back (launches included), after `warm` calls."""
+    import torch
+
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / calls
 
 
 def per_kernel_us(fn, calls: int = 3) -> dict:

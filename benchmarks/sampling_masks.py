@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
+from benchmarks.kernel_times import time_us  # noqa: E402
 from deltaserve.kernels.sampling import reference  # noqa: E402
 from deltaserve.kernels.sampling.triton_nucleus import nucleus_floors  # noqa: E402
 from deltaserve.kernels.sampling.triton_race import sample_from_logits  # noqa: E402
@@ -48,24 +49,11 @@ def check(rows: int) -> dict:
             "same_token_share": round(float((by_floors == by_sort).float().mean()), 4)}
 
 
-def time_us(fn, calls: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return round(start.elapsed_time(end) * 1e3 / calls, 1)
-
-
 def timings(rows: int) -> dict:
     args, top_k_args = batch(rows), batch(rows, top_k=20)
     plans = {"race": (args, reference.MaskPlan()), "sort": (args, reference.MaskPlan(VOCAB, True)),
              "topk": (top_k_args, reference.MaskPlan(20, True)), "floors": (args, reference.MaskPlan(VOCAB, False))}
-    return {"rows": rows, **{name: time_us(lambda a=a, m=m: sample_from_logits(*a, mask=m))
+    return {"rows": rows, **{name: round(time_us(lambda a=a, m=m: sample_from_logits(*a, mask=m), calls=20, warm=3), 1)
                              for name, (a, m) in plans.items()}}
 
 

@@ -31,10 +31,10 @@ def mask_plan(params: list[SamplingParams], vocab: int) -> kernels.MaskPlan:
     sampled = [p for p in params if p.temperature > 0]
     if not any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in sampled):
         return kernels.MaskPlan()
-    any_top_k = any(p.top_k > 0 for p in sampled)
-    if all(p.top_k > 0 for p in sampled):
-        return kernels.MaskPlan(min(max(p.top_k for p in sampled), vocab), any_top_k)
-    return kernels.MaskPlan(vocab, any_top_k)
+    top_k = [max(p.top_k, 0) for p in sampled]  # -1 is off
+    if all(top_k):
+        return kernels.MaskPlan(min(max(top_k), vocab), True)
+    return kernels.MaskPlan(vocab, any(top_k))
 
 
 def row_seed(seed: int, sample_index: int, position: int) -> int:

@@ -1,7 +1,7 @@
 """Top-p and min-p for rows without top-k, as a floor per row on the order of its scaled logits, found
 without sorting the vocabulary; the race kernel (triton_race.py) drops what lies below it as it reads the row.
 
-A row keeps the tokens whose order key (_order_key: the float's bits as an int32 that orders as the floats
+A row keeps the tokens whose order key (order_key: the float's bits as an int32 that orders as the floats
 do, reference.order_keys) is at least its floor. Top-p's floor is the least key c at which the probability
 mass strictly above c is under top_p: reference.mask_logits keeps those tokens, except that tokens of equal
 value are kept or dropped together here. It is found in PASSES passes over the row, each trying PIVOTS keys
@@ -20,10 +20,11 @@ SLICE_BLOCKS = 8  # blocks a program walks: rows of the 9B shape's 248320 tokens
 PIVOTS = 16
 PASSES = 8  # 4 bits of the 32-bit key a pass
 KEY_MIN = -(2**31)  # no float's key: below every token, the floor of a row that keeps all
+_KEY_MIN = tl.constexpr(KEY_MIN)
 
 
 @triton.jit
-def _order_key(v):
+def order_key(v):
     """int32 keys that order as the float32 values v (-inf lowest): reference.order_keys."""
     bits = v.to(tl.int32, bitcast=True)
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
@@ -72,7 +73,7 @@ def _interval_low(lows, mass, top_p, total, row, rows, slices, PASS: tl.constexp
     low end, where the mass above is at least top_p; pivots 1.. at or above it too are all the first ones
     (the mass above shrinks as the key grows), so the interval moves up by their count of steps."""
     if PASS == 0:
-        low = tl.full([], -(2**31), tl.int64)
+        low = tl.full([], _KEY_MIN, tl.int64)
     else:
         offs_s, offs_p = tl.arange(0, BLOCK_S), tl.arange(0, PIVOTS)
         at = mass + ((PASS - 1) * rows + row) * slices * PIVOTS + offs_s[:, None] * PIVOTS + offs_p[None, :]
@@ -101,7 +102,7 @@ def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, voca
     for b in range(SLICE_BLOCKS):
         v = _scaled_block(x, scale, row, stride_x, (part * SLICE_BLOCKS + b) * BLOCK, vocab, BLOCK)
         weight = tl.where(v > float("-inf"), tl.exp(v - best), 0.0)
-        over = _order_key(v).to(tl.int64)[:, None] > pivots[None, :]
+        over = order_key(v).to(tl.int64)[:, None] > pivots[None, :]
         above += tl.sum(tl.where(over, weight[:, None], 0.0), 0)
     tl.store(mass + ((PASS * rows + row) * slices + part) * PIVOTS + tl.arange(0, PIVOTS), above)
 
@@ -114,9 +115,9 @@ def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices
     row, rows = tl.program_id(0).to(tl.int64), tl.num_programs(0)
     best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
     floor = _interval_low(lows, mass, top_p, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS) + 1
-    floor = tl.where(tl.load(top_p + row) < 1.0, floor, -(2**31))
+    floor = tl.where(tl.load(top_p + row) < 1.0, floor, _KEY_MIN)
     least = tl.load(min_p + row)
-    by_min_p = _order_key(best + tl.log(tl.maximum(least, 1e-30))).to(tl.int64)
+    by_min_p = order_key(best + tl.log(tl.maximum(least, 1e-30))).to(tl.int64)
     floor = tl.where(least > 0.0, tl.maximum(floor, by_min_p), floor)
     tl.store(floors + row, floor.to(tl.int32))
 

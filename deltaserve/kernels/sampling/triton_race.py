@@ -15,7 +15,7 @@ import triton.language as tl
 
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
 from deltaserve.kernels.sampling.reference import GOLDEN, MIX_A, MIX_B, MaskPlan, mask_logits
-from deltaserve.kernels.sampling.triton_nucleus import _order_key, nucleus_floors
+from deltaserve.kernels.sampling.triton_nucleus import nucleus_floors, order_key
 
 BLOCK = 2048
 SLICE_BLOCKS = 4  # blocks a program walks: rows of the 9B shape's 248320 tokens take 31 slices
@@ -69,7 +69,7 @@ def _race_slices_kernel(x, inverse, seeds, greedy, floors, best_score, best_inde
         if not is_greedy:  # past the vocabulary -inf stays -inf: the scale is positive, the noise finite
             value = value * scale
             if HAS_FLOORS:
-                value = tl.where(_order_key(value) >= floor, value, float("-inf"))
+                value = tl.where(order_key(value) >= floor, value, float("-inf"))
             value = value + _gumbel(seed, cols.to(tl.int64))
         better = value > score  # later blocks have larger indices: a tie keeps the first
         score = tl.where(better, value, score)
