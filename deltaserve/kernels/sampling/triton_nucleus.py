@@ -8,15 +8,18 @@ value are kept or dropped together here. It is found in PASSES passes over the r
 spread evenly over the interval that still holds it and keeping the sixteenth where the mass crosses top_p,
 four bits of the key a pass. A pass is a grid of (row, slice) programs, each summing its slice's mass above
 every pivot; the next pass's programs read those sums to place their interval, so a pass is one launch.
+The first pass also takes each slice's largest logit, the masses' reference, and its total mass.
 Min-p's floor is the key of max + log(min_p): a token's probability over the best one's is exp(x - max).
-Ten reads of a row (two for its max and its sum, the second from the caches) replace the sort of the vocabulary."""
+Nine reads of a row (the second from the caches) replace the sort of the vocabulary; once the interval
+is narrow, a block without a key inside it adds its mass above the interval to every pivot at once."""
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024
-SLICE_BLOCKS = 8  # blocks a program walks: rows of the 9B shape's 248320 tokens take 31 slices
+SLICE = 8192  # tokens a program walks: rows of the 9B shape's 248320 tokens take 31 slices
+BLOCK = 1024  # tokens a step of that walk, spread over NUM_WARPS warps
+NUM_WARPS = 8
 PIVOTS = 16
 PASSES = 8  # 4 bits of the 32-bit key a pass
 KEY_MIN = -(2**31)  # no float's key: below every token, the floor of a row that keeps all
@@ -38,21 +41,20 @@ def _scaled_block(x, scale, row, stride_x, start, vocab, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _slice_max_sum_kernel(x, inverse, slice_max, slice_sum, vocab, stride_x, slices,
-                          BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr):
-    """Program (row, slice): the slice's largest scaled logit and the sum of exp(logit - it)."""
-    row, part = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    scale = tl.load(inverse + row)
+def _slice_max(x, scale, row, stride_x, part, vocab, BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr):
+    """The largest scaled logit of the row's slice `part`."""
     top = tl.full([BLOCK], float("-inf"), tl.float32)
     for b in range(SLICE_BLOCKS):
         top = tl.maximum(top, _scaled_block(x, scale, row, stride_x, (part * SLICE_BLOCKS + b) * BLOCK, vocab, BLOCK))
-    best = tl.max(top, 0)
-    total = tl.zeros([BLOCK], tl.float32)
-    for b in range(SLICE_BLOCKS):  # the slice again, from L1 and L2
-        v = _scaled_block(x, scale, row, stride_x, (part * SLICE_BLOCKS + b) * BLOCK, vocab, BLOCK)
-        total += tl.where(v > float("-inf"), tl.exp(v - best), 0.0)
-    tl.store(slice_max + row * slices + part, best)
-    tl.store(slice_sum + row * slices + part, tl.sum(total, 0))
+    return tl.max(top, 0)
+
+
+@triton.jit
+def _slice_scales(slice_max, row, slices, best, BLOCK_S: tl.constexpr):
+    """exp(slice max - row max) per slice (0 for a slice of -inf only): a slice's masses are relative to its max."""
+    offs = tl.arange(0, BLOCK_S)
+    maxes = tl.load(slice_max + row * slices + offs, mask=offs < slices, other=float("-inf"))
+    return tl.where(maxes > float("-inf"), tl.exp(maxes - best), 0.0)
 
 
 @triton.jit
@@ -60,15 +62,14 @@ def _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S: tl.constexpr):
     """(max, sum of exp(logit - max)) of a row's scaled logits, from its slices'."""
     offs = tl.arange(0, BLOCK_S)
     live = offs < slices
-    maxes = tl.load(slice_max + row * slices + offs, mask=live, other=float("-inf"))
+    best = tl.max(tl.load(slice_max + row * slices + offs, mask=live, other=float("-inf")), 0)
     sums = tl.load(slice_sum + row * slices + offs, mask=live, other=0.0)
-    best = tl.max(maxes, 0)
-    return best, tl.sum(tl.where(maxes > float("-inf"), sums * tl.exp(maxes - best), 0.0), 0)
+    return best, tl.sum(sums * _slice_scales(slice_max, row, slices, best, BLOCK_S), 0)
 
 
 @triton.jit
-def _interval_low(lows, mass, top_p, total, row, rows, slices, PASS: tl.constexpr, BLOCK_S: tl.constexpr,
-                  PIVOTS: tl.constexpr):
+def _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, PASS: tl.constexpr,
+                  BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
     """The low end of the interval of keys pass PASS searches, from pass PASS - 1's. Pivot 0 is that pass's
     low end, where the mass above is at least top_p; pivots 1.. at or above it too are all the first ones
     (the mass above shrinks as the key grows), so the interval moves up by their count of steps."""
@@ -77,7 +78,8 @@ def _interval_low(lows, mass, top_p, total, row, rows, slices, PASS: tl.constexp
     else:
         offs_s, offs_p = tl.arange(0, BLOCK_S), tl.arange(0, PIVOTS)
         at = mass + ((PASS - 1) * rows + row) * slices * PIVOTS + offs_s[:, None] * PIVOTS + offs_p[None, :]
-        above = tl.sum(tl.load(at, mask=(offs_s < slices)[:, None], other=0.0), 0)
+        scales = _slice_scales(slice_max, row, slices, best, BLOCK_S)
+        above = tl.sum(tl.load(at, mask=(offs_s < slices)[:, None], other=0.0) * scales[:, None], 0)
         crossed = (above >= tl.load(top_p + row) * total) & (offs_p > 0)
         step = 1 << (32 - 4 * PASS)  # the previous pass's, as a Python int
         low = tl.load(lows + (PASS - 1) * rows + row) + tl.sum(crossed.to(tl.int64), 0) * step
@@ -88,23 +90,45 @@ def _interval_low(lows, mass, top_p, total, row, rows, slices, PASS: tl.constexp
 def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, stride_x, slices,
                        PASS: tl.constexpr, BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr, BLOCK_S: tl.constexpr,
                        PIVOTS: tl.constexpr):
-    """Program (row, slice) of pass PASS: its slice's mass (exp(logit - max)) above each of the pass's
-    pivots; the row's first program also records the pass's low end. The row count is the grid's, not an
-    argument, so that no count of rows compiles a kernel of its own."""
+    """Program (row, slice) of pass PASS: its slice's mass (exp(logit - the slice's max)) above each of the
+    pass's pivots; the row's first program also records the pass's low end. Pass 0 first takes the slice's
+    max (one more read of the slice; the second comes from the caches), and records it and the slice's total
+    mass. The row count is the grid's, not an argument, so that no count of rows compiles a kernel of its own."""
     row, part, rows = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(0)
-    best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
-    low = _interval_low(lows, mass, top_p, total, row, rows, slices, PASS, BLOCK_S, PIVOTS)
+    scale = tl.load(inverse + row)
+    if PASS == 0:
+        ref = _slice_max(x, scale, row, stride_x, part, vocab, BLOCK, SLICE_BLOCKS)
+        low = tl.full([], _KEY_MIN, tl.int64)
+    else:
+        ref = tl.load(slice_max + row * slices + part)
+        best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
+        low = _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, PASS, BLOCK_S, PIVOTS)
     if part == 0:
         tl.store(lows + PASS * rows + row, low)
-    pivots = low + tl.arange(0, PIVOTS).to(tl.int64) * (1 << (28 - 4 * PASS))
-    scale = tl.load(inverse + row)
-    above = tl.zeros([PIVOTS], tl.float32)
+    # Every pivot is a key (int32): the last of pass 0 is KEY_MIN + 15 * 2^28, and each later pass's
+    # interval lies inside one step of the one before.
+    pivots = (low + tl.arange(0, PIVOTS).to(tl.int64) * (1 << (28 - 4 * PASS))).to(tl.int32)
+    low, high = tl.min(pivots, 0), tl.max(pivots, 0)  # keys above the last pivot are above every pivot
+    # Summed per lane and reduced once after the slice: a reduction across the block per pivot and block
+    # would cost more than the compares.
+    inside = tl.zeros([BLOCK, PIVOTS], tl.float32)
+    over = tl.zeros([BLOCK], tl.float32)
+    slice_total = tl.zeros([BLOCK], tl.float32)
     for b in range(SLICE_BLOCKS):
         v = _scaled_block(x, scale, row, stride_x, (part * SLICE_BLOCKS + b) * BLOCK, vocab, BLOCK)
-        weight = tl.where(v > float("-inf"), tl.exp(v - best), 0.0)
-        over = order_key(v).to(tl.int64)[:, None] > pivots[None, :]
-        above += tl.sum(tl.where(over, weight[:, None], 0.0), 0)
+        weight = tl.where(v > float("-inf"), tl.exp(v - ref), 0.0)
+        if PASS == 0:
+            slice_total += weight
+        key = order_key(v)
+        over += tl.where(key > high, weight, 0.0)
+        between = (key > low) & (key <= high)
+        if tl.max(between.to(tl.int32), 0) > 0:  # once the interval is narrow most blocks hold no key inside
+            inside += tl.where(between[:, None] & (key[:, None] > pivots[None, :]), weight[:, None], 0.0)
+    above = tl.sum(inside, 0) + tl.sum(over, 0)
     tl.store(mass + ((PASS * rows + row) * slices + part) * PIVOTS + tl.arange(0, PIVOTS), above)
+    if PASS == 0:
+        tl.store(slice_max + row * slices + part, ref)
+        tl.store(slice_sum + row * slices + part, tl.sum(slice_total, 0))
 
 
 @triton.jit
@@ -114,7 +138,7 @@ def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices
     and its min-p floor."""
     row, rows = tl.program_id(0).to(tl.int64), tl.num_programs(0)
     best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
-    floor = _interval_low(lows, mass, top_p, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS) + 1
+    floor = _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS) + 1
     floor = tl.where(tl.load(top_p + row) < 1.0, floor, _KEY_MIN)
     least = tl.load(min_p + row)
     by_min_p = order_key(best + tl.log(tl.maximum(least, 1e-30))).to(tl.int64)
@@ -122,27 +146,27 @@ def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices
     tl.store(floors + row, floor.to(tl.int32))
 
 
-def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                   block: int = BLOCK, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """floors [B] (int32): row b keeps the tokens whose scaled logit x[b] * inverse[b] has an order key
     (reference.order_keys) at or above floors[b], what top_p[b] (1 = off) and min_p[b] (0 = off) keep.
-    x [B, V] float32 (last dim contiguous); inverse, top_p, min_p [B] float32."""
+    x [B, V] float32 (last dim contiguous); inverse, top_p, min_p [B] float32. block and num_warps tune the
+    pivot passes (block divides SLICE)."""
     rows, vocab = x.shape
     floors = torch.empty(rows, dtype=torch.int32, device=x.device)
     if rows == 0:
         return floors
     assert x.stride(-1) == 1 and x.dtype == torch.float32
-    slices = triton.cdiv(vocab, BLOCK * SLICE_BLOCKS)
+    slices = triton.cdiv(vocab, SLICE)
     block_s = triton.next_power_of_2(slices)
     slice_max = torch.empty(rows, slices, dtype=torch.float32, device=x.device)
     slice_sum = torch.empty_like(slice_max)
     lows = torch.empty(PASSES, rows, dtype=torch.int64, device=x.device)
     mass = torch.empty(PASSES, rows, slices, PIVOTS, dtype=torch.float32, device=x.device)
-    _slice_max_sum_kernel[(rows, slices)](x, inverse, slice_max, slice_sum, vocab, x.stride(0), slices,
-                                          BLOCK=BLOCK, SLICE_BLOCKS=SLICE_BLOCKS, num_warps=4)
     for pass_ in range(PASSES):
         _pivot_mass_kernel[(rows, slices)](x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, x.stride(0),
-                                           slices, PASS=pass_, BLOCK=BLOCK, SLICE_BLOCKS=SLICE_BLOCKS,
-                                           BLOCK_S=block_s, PIVOTS=PIVOTS, num_warps=8)
+                                           slices, PASS=pass_, BLOCK=block, SLICE_BLOCKS=SLICE // block,
+                                           BLOCK_S=block_s, PIVOTS=PIVOTS, num_warps=num_warps)
     _floor_kernel[(rows,)](top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, PASSES=PASSES,
                            BLOCK_S=block_s, PIVOTS=PIVOTS, num_warps=1)
     return floors
