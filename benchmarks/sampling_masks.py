@@ -1,14 +1,20 @@
 """The sampler's device paths at the Qwen3.5 vocabulary: checks, then times per call.
 
     python benchmarks/sampling_masks.py --out benchmarks/results/sampling_masks.json [--rows 1,32,128]
+        [--floor-tiles 1024x8,512x8]   (the pivot passes' block and warps to time besides the default)
 
-Paths (kernels.sampling.triton_race.sample_from_logits with each MaskPlan): `race` (temperature alone),
-`sort` (top-p 0.95 through the reference's sort of the vocabulary and the race), `topk` (top-k 20 and
-top-p 0.95 through torch.topk), `floors` (top-p 0.95 as the nucleus kernels' floors, applied by the race).
-Checks on fresh random logits: the rows whose kept tokens under the floors differ from the reference's mask
-(expected 0) and the share of rows where the floors path samples the sort path's token (the same draws;
-1.0 unless the GPU rounds the scaled logits differently). Times: microseconds a call over 20 calls back to
-back, launches included, as the engine calls them (eager, after a decode graph).
+Logits: `randn` (normal, standard deviation 3) and `zipf` (a token of rank r has logit -1.1 log r, ranks
+shuffled, plus normal noise of deviation 0.1: probabilities that fall as a power of the rank, as a language
+model's do). Every row samples at temperature 0.8. Paths (kernels.sampling.triton_race.sample_from_logits
+with each MaskPlan): `race` (temperature alone), `floors` (top-p 0.95 as the nucleus kernels' floors,
+applied by the race), `topk` (top-k 20 and top-p 0.95 in every row, through torch.topk), `mixed` (the even
+rows top-k 20 and top-p 0.95, the odd ones top-p 0.95 alone: torch.topk, then floors for the odd rows), and
+`sort` (top-p 0.95 through the reference's sort of the vocabulary, then the race: what a batch with top-k
+in some rows took before the mixed plan). `floors_<block>x<warps>`: nucleus_floors alone with those tiles.
+Checks on fresh logits: the rows whose kept tokens under the floors differ from the reference's mask
+(expected 0), and the share of rows where the floors and the mixed paths sample the sort path's token
+(the same draws). Times: microseconds a call over 20 calls back to back, launches included, as the engine
+calls them (eager, after a decode graph).
 """
 
 import argparse
@@ -23,50 +29,86 @@ from benchmarks import results_io  # noqa: E402
 from benchmarks.kernel_times import time_us  # noqa: E402
 from deltaserve.kernels.sampling import reference  # noqa: E402
 from deltaserve.kernels.sampling.triton_nucleus import nucleus_floors  # noqa: E402
-from deltaserve.kernels.sampling.triton_race import sample_from_logits  # noqa: E402
+from deltaserve.kernels.sampling.triton_race import race_or_argmax, sample_from_logits  # noqa: E402
 
 VOCAB = 248320  # Qwen3.5's padded vocabulary
+FLOORS = reference.MaskPlan(nucleus=True)
+TOP_K = reference.MaskPlan(20, True)
+MIXED = reference.MaskPlan(20, False, True)
 
 
-def batch(rows: int, top_k: int = -1):
-    """(logits, temperature, top_k, top_p, min_p, seeds) on the GPU."""
+def logits(rows: int, kind: str) -> torch.Tensor:
+    if kind == "randn":
+        return torch.randn(rows, VOCAB, device="cuda") * 3
+    ranks = torch.rand(rows, VOCAB, device="cuda").argsort(-1) + 1
+    return -1.1 * ranks.float().log() + torch.randn(rows, VOCAB, device="cuda") * 0.1
+
+
+def batch(rows: int, kind: str, top_k=None):
+    """(logits, temperature, top_k, top_p, min_p, seeds) on the GPU; top_k: the rows' top-k (0 = off)."""
     cuda = dict(device="cuda")
-    return (torch.randn(rows, VOCAB, **cuda) * 3, torch.full((rows,), 0.8, **cuda),
-            torch.full((rows,), max(top_k, 0), dtype=torch.int64, **cuda), torch.full((rows,), 0.95, **cuda),
+    top_k = torch.zeros(rows, dtype=torch.int64, **cuda) if top_k is None else top_k
+    return (logits(rows, kind), torch.full((rows,), 0.8, **cuda), top_k, torch.full((rows,), 0.95, **cuda),
             torch.zeros(rows, **cuda), torch.randint(0, 2**62, (rows,), dtype=torch.int64, **cuda))
 
 
-def check(rows: int) -> dict:
-    logits, temperature, top_k, top_p, min_p, seeds = args = batch(rows)
+def by_sort(x, temperature, top_k, top_p, min_p, seeds):
+    """The reference's masks over the whole sorted row, then the race."""
     inverse = 1.0 / temperature
-    scaled = logits * inverse[:, None]
-    kept = reference.order_keys(scaled) >= nucleus_floors(logits, inverse, top_p, min_p)[:, None]
+    masked = reference.mask_logits(x * inverse[:, None], top_k, top_p, min_p)
+    return race_or_argmax(masked, torch.ones_like(inverse), seeds, temperature <= 0)
+
+
+def mixed_top_k(rows: int) -> torch.Tensor:
+    return torch.tensor([20 if r % 2 == 0 else 0 for r in range(rows)], device="cuda")
+
+
+def check(rows: int, kind: str) -> dict:
+    args = batch(rows, kind)
+    x, temperature, top_k, top_p, min_p, _ = args
+    inverse = 1.0 / temperature
+    scaled = x * inverse[:, None]
+    kept = reference.order_keys(scaled) >= nucleus_floors(x, inverse, top_p, min_p)[:, None]
     expected = torch.isfinite(reference.mask_logits(scaled, top_k, top_p, min_p))
-    by_floors = sample_from_logits(*args, mask=reference.MaskPlan(VOCAB, False))
-    by_sort = sample_from_logits(*args, mask=reference.MaskPlan(VOCAB, True))
-    return {"rows": rows, "rows_kept_differently": int((kept != expected).any(1).sum()),
+    mixed_args = (x, temperature, mixed_top_k(rows), top_p, min_p, args[5])
+    return {"rows": rows, "logits": kind, "rows_kept_differently": int((kept != expected).any(1).sum()),
             "kept_tokens_mean": round(float(expected.sum(1).float().mean()), 1),
-            "same_token_share": round(float((by_floors == by_sort).float().mean()), 4)}
+            "floors_same_token_share": round(float((sample_from_logits(*args, mask=FLOORS) == by_sort(*args))
+                                                   .float().mean()), 4),
+            "mixed_same_token_share": round(float((sample_from_logits(*mixed_args, mask=MIXED)
+                                                   == by_sort(*mixed_args)).float().mean()), 4)}
 
 
-def timings(rows: int) -> dict:
-    args, top_k_args = batch(rows), batch(rows, top_k=20)
-    plans = {"race": (args, reference.MaskPlan()), "sort": (args, reference.MaskPlan(VOCAB, True)),
-             "topk": (top_k_args, reference.MaskPlan(20, True)), "floors": (args, reference.MaskPlan(VOCAB, False))}
-    return {"rows": rows, **{name: round(time_us(lambda a=a, m=m: sample_from_logits(*a, mask=m), calls=20, warm=3), 1)
-                             for name, (a, m) in plans.items()}}
+def timings(rows: int, kind: str, floor_tiles: list[tuple[int, int]]) -> dict:
+    args = batch(rows, kind)
+    top_k_args = batch(rows, kind, torch.full((rows,), 20, device="cuda"))
+    mixed_args = batch(rows, kind, mixed_top_k(rows))
+    paths = {"race": lambda: sample_from_logits(*args, mask=reference.MaskPlan()),
+             "floors": lambda: sample_from_logits(*args, mask=FLOORS),
+             "topk": lambda: sample_from_logits(*top_k_args, mask=TOP_K),
+             "mixed": lambda: sample_from_logits(*mixed_args, mask=MIXED),
+             "sort": lambda: by_sort(*args)}
+    x, temperature, _, top_p, min_p, _ = args
+    for block, warps in floor_tiles:
+        paths[f"floors_{block}x{warps}"] = (lambda b=block, w=warps: nucleus_floors(
+            x, 1.0 / temperature, top_p, min_p, block=b, num_warps=w))
+    times = {name: round(time_us(fn, calls=20, warm=3), 1) for name, fn in paths.items()}
+    return {"rows": rows, "logits": kind, **times}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,32,128")
+    ap.add_argument("--floor-tiles", default="")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    floor_tiles = [tuple(int(n) for n in t.split("x")) for t in args.floor_tiles.split(",") if t]
     result = {**results_io.header(), "vocab": VOCAB, "checks": [], "us_per_call": []}
-    for rows in (int(r) for r in args.rows.split(",")):
-        result["checks"].append(check(rows))
-        result["us_per_call"].append(timings(rows))
-        results_io.write(args.out, result)
+    for kind in ("randn", "zipf"):
+        for rows in (int(r) for r in args.rows.split(",")):
+            result["checks"].append(check(rows, kind))
+            result["us_per_call"].append(timings(rows, kind, floor_tiles))
+            results_io.write(args.out, result)
     for c, t in zip(result["checks"], result["us_per_call"]):
         print(c)
         print(t)

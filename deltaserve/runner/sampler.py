@@ -25,16 +25,11 @@ _MIX = 0x9E3779B97F4A7C15
 
 
 def mask_plan(params: list[SamplingParams], vocab: int) -> kernels.MaskPlan:
-    """The batch's MaskPlan from its sampled rows' parameters: no mask where none has top-k, top-p or
-    min-p on; where every one has top-k on, their largest top-k as the candidates (torch.topk then
-    replaces a sort of the vocabulary); else the vocabulary."""
+    """The batch's MaskPlan from its sampled rows' parameters (greedy rows take their argmax unmasked)."""
     sampled = [p for p in params if p.temperature > 0]
-    if not any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in sampled):
-        return kernels.MaskPlan()
-    top_k = [max(p.top_k, 0) for p in sampled]  # -1 is off
-    if all(top_k):
-        return kernels.MaskPlan(min(max(top_k), vocab), True)
-    return kernels.MaskPlan(vocab, any(top_k))
+    top_k = [min(p.top_k, vocab) if p.top_k > 0 else 0 for p in sampled]  # -1 is off
+    nucleus = any(not k and (p.top_p < 1 or p.min_p > 0) for k, p in zip(top_k, sampled))
+    return kernels.MaskPlan(max(top_k, default=0), bool(sampled) and all(top_k), nucleus)
 
 
 def row_seed(seed: int, sample_index: int, position: int) -> int:

@@ -61,7 +61,7 @@ def test_sampling_with_floors_matches_the_reference():
     temperature = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.5, 0.0])
     top_k = torch.zeros(rows, dtype=torch.int64)
     seeds = torch.tensor([random.getrandbits(63) for _ in range(rows)], dtype=torch.int64)
-    mask = reference.MaskPlan(vocab, False)
+    mask = reference.MaskPlan(nucleus=True)
     args = (logits, temperature, top_k, top_p, min_p, seeds)
     tokens = sample_from_logits(*args, mask=mask)
     assert torch.equal(tokens, reference.sample_from_logits(*args, mask=mask))

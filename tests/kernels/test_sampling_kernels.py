@@ -1,7 +1,8 @@
 """The sampler's race: the Triton kernels against the torch reference on fresh random logits and seeds
-(greedy and sampled rows together, masked tokens and masked rows, a vocabulary of one partial block and one
-of several slices, ties, a strided view written into a buffer), the reference's draws against the 64-bit
-hash written with Python's integers, and its draws' frequencies against the softmax they sample."""
+(greedy and sampled rows together, masked tokens and masked rows, each mask plan's path, a vocabulary of
+one partial block and one of several slices, ties, a strided view written into a buffer), the reference's
+draws against the 64-bit hash written with Python's integers, and its draws' frequencies against the
+softmax they sample."""
 
 import random
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from deltaserve.kernels.sampling import reference
+from deltaserve.runner.sampler import mask_plan
+from deltaserve.sampling_params import SamplingParams
 from deltaserve.kernels.sampling.triton_race import (BLOCK, SLICE_BLOCKS, greedy_tokens, race_or_argmax,
                                                      sample_from_logits)
 
@@ -42,19 +45,31 @@ def test_greedy_ties_take_the_first_index():
     assert tokens.tolist() == [7, BLOCK + 3, 2] == logits.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("any_mask", [False, True])
-def test_sample_from_logits_kernel_matches_the_reference(any_mask):
-    rows, vocab = 5, 3000
+@pytest.mark.parametrize("plan", ["none", "all_top_k", "mixed", "mixed_no_nucleus"])
+def test_sample_from_logits_kernel_matches_the_reference(plan):
+    """Each MaskPlan's path against the reference's, which sorts the whole row wherever a row masks:
+    temperature alone; top-k in every sampled row; top-k in some, top-p or min-p in others (their floors);
+    top-k in some, nothing in the others."""
+    rows, vocab = 6, 3000
     logits = torch.randn(rows, vocab) * 3
-    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.0])
-    top_k = torch.tensor([0, 40, 0, 0, 5]) if any_mask else torch.zeros(rows, dtype=torch.int64)
-    top_p = torch.tensor([1.0, 1.0, 0.8, 1.0, 1.0]) if any_mask else torch.ones(rows)
-    min_p = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0]) if any_mask else torch.zeros(rows)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.0, 0.9])
+    zeros = torch.zeros(rows, dtype=torch.int64)
+    top_k = {"none": zeros, "all_top_k": torch.tensor([0, 40, 9, 3, 5, 17]),
+             "mixed": torch.tensor([0, 40, 0, 0, 5, 7]), "mixed_no_nucleus": torch.tensor([0, 40, 0, 0, 5, 0])}[plan]
+    top_p = torch.tensor([0.5, 0.9, 0.8, 1.0, 1.0, 0.7]) if plan != "none" else torch.ones(rows)
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0, 0.05]) if plan not in ("none", "mixed_no_nucleus") else zeros * 0.0
+    if plan == "mixed_no_nucleus":
+        top_p = torch.where(top_k > 0, top_p, 1.0)
     seeds = _seeds(rows)
     args = (logits, temperature, top_k, top_p, min_p, seeds)
-    mask = reference.MaskPlan(vocab, True) if any_mask else reference.MaskPlan()
+    mask = mask_plan([SamplingParams(temperature=float(t), top_k=int(k) or -1, top_p=float(p), min_p=float(m))
+                      for t, k, p, m in zip(temperature, top_k, top_p, min_p)], vocab)
+    assert (mask.top_k > 0, mask.all_top_k, mask.nucleus) == {
+        "none": (False, False, False), "all_top_k": (True, True, False), "mixed": (True, False, True),
+        "mixed_no_nucleus": (True, False, False)}[plan]
     tokens = sample_from_logits(*args, mask=mask)
-    assert torch.equal(tokens, reference.sample_from_logits(*args, mask=mask))
+    whole_row = reference.MaskPlan(nucleus=True) if mask.masks else mask  # the reference sorts every row
+    assert torch.equal(tokens, reference.sample_from_logits(*args, mask=whole_row))
     assert tokens[0] == logits[0].argmax() and tokens[4] == logits[4].argmax()
 
 

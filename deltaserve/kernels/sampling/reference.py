@@ -26,12 +26,22 @@ def apply_penalties(
 @dataclass(frozen=True)
 class MaskPlan:
     """What the host knows of a batch's masks from its sampled rows' parameters (reading the tensors would
-    wait for the logits): `candidates`, 0 where no row masks, else how many of a row's best tokens the masks
-    look at (their largest top-k where every row has top-k on, else the vocabulary); `any_top_k`, whether
-    some row has top-k on."""
+    wait for the logits): `top_k`, their largest top-k (0 where none has top-k on); `all_top_k`, whether
+    every one has top-k on (only then may a row's mask look at its best `top_k` tokens alone); `nucleus`,
+    whether some row without top-k has top-p or min-p on."""
 
-    candidates: int = 0
-    any_top_k: bool = False
+    top_k: int = 0
+    all_top_k: bool = False
+    nucleus: bool = False
+
+    @property
+    def masks(self) -> bool:
+        return self.top_k > 0 or self.nucleus
+
+    @property
+    def candidates(self) -> int | None:
+        """How many of a row's best tokens mask_logits looks at (None: the whole row)."""
+        return self.top_k if self.all_top_k else None
 
 
 def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
@@ -118,6 +128,6 @@ def sample_from_logits(
     greedy = logits.argmax(-1)
     inverse = torch.where(temperature > 0, 1.0 / temperature, 1.0)[:, None]
     scaled = logits * inverse
-    if mask.candidates:
+    if mask.masks:
         scaled = mask_logits(scaled, top_k, top_p, min_p, mask.candidates)
     return torch.where(temperature > 0, race(scaled, seeds), greedy)

@@ -125,15 +125,26 @@ def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, mask: MaskPlan) -> torch.Tensor:
     """reference.sample_from_logits with the race and the greedy argmax in the kernels above. Top-p and
-    min-p without top-k in any row are floors the race applies (triton_nucleus); with top-k the masks stay
-    the reference's."""
+    min-p in rows without top-k are floors the race applies (triton_nucleus); rows with top-k are masked by
+    the reference's mask_logits over their best mask.top_k tokens (torch.topk), never a sort of the
+    vocabulary. Greedy rows' best token is never masked."""
     greedy = temperature <= 0
     inverse = torch.where(greedy, 1.0, 1.0 / temperature)
     x = logits.float()
     x = x if x.stride(-1) == 1 else x.contiguous()  # rows may stand apart (a wider logits buffer): strides
-    if mask.candidates and not mask.any_top_k:
-        return race_or_argmax(x, inverse, seeds, greedy, floors=nucleus_floors(x, inverse, top_p, min_p))
-    if mask.candidates:  # masked rows arrive scaled; greedy rows' best token is never masked
-        x = mask_logits(x * inverse[:, None], top_k, top_p, min_p, mask.candidates)
-        inverse = torch.ones_like(inverse)
-    return race_or_argmax(x, inverse, seeds, greedy)
+    if not mask.top_k:
+        floors = nucleus_floors(x, inverse, top_p, min_p) if mask.nucleus else None
+        return race_or_argmax(x, inverse, seeds, greedy, floors=floors)
+    scaled = x * inverse[:, None]  # masked rows arrive scaled
+    masked = mask_logits(scaled, top_k, top_p, min_p, mask.top_k)
+    unit = torch.ones_like(inverse)
+    if mask.all_top_k:
+        return race_or_argmax(masked, unit, seeds, greedy)
+    # Rows without top-k would lose all but their best mask.top_k tokens: they keep their scaled logits and
+    # take floors for their top-p and min-p, which rows with top-k switch off (masked already).
+    has_k = top_k > 0
+    x = torch.where(has_k[:, None], masked, scaled)
+    floors = None
+    if mask.nucleus:
+        floors = nucleus_floors(x, unit, torch.where(has_k, 1.0, top_p), torch.where(has_k, 0.0, min_p))
+    return race_or_argmax(x, unit, seeds, greedy, floors=floors)
