@@ -1,7 +1,7 @@
 """The sampler's device paths at the Qwen3.5 vocabulary: checks, then times per call.
 
     python benchmarks/sampling_masks.py --out benchmarks/results/sampling_masks.json [--rows 1,32,128]
-        [--floor-tiles 1024x8,512x8]   (the pivot passes' block and warps to time besides the default)
+        [--floor-tiles row:1024x16,sliced:512x8]   (nucleus_floors alone: per row or sliced, block x warps)
 
 Logits: `randn` (normal, standard deviation 3) and `zipf` (a token of rank r has logit -1.1 log r, ranks
 shuffled, plus normal noise of deviation 0.1: probabilities that fall as a power of the rank, as a language
@@ -10,10 +10,11 @@ with each MaskPlan): `race` (temperature alone), `floors` (top-p 0.95 as the nuc
 applied by the race), `topk` (top-k 20 and top-p 0.95 in every row, through torch.topk), `mixed` (the even
 rows top-k 20 and top-p 0.95, the odd ones top-p 0.95 alone: torch.topk, then floors for the odd rows), and
 `sort` (top-p 0.95 through the reference's sort of the vocabulary, then the race: what a batch with top-k
-in some rows took before the mixed plan). `floors_<block>x<warps>`: nucleus_floors alone with those tiles.
-Checks on fresh logits: the rows whose kept tokens under the floors differ from the reference's mask
-(expected 0), and the share of rows where the floors and the mixed paths sample the sort path's token
-(the same draws). Times: microseconds a call over 20 calls back to back, launches included, as the engine
+in some rows took before the mixed plan). `floors_row` and `floors_sliced`: nucleus_floors alone in each
+of its forms at its default tiles; `floors_<form>_<block>x<warps>`: with those tiles.
+Checks on fresh logits: the rows whose kept tokens under each form's floors differ from the reference's
+mask (expected 0, but for ties and the last bit of the sums), and the share of rows where the floors and
+the mixed paths sample the sort path's token (the same draws). Times: microseconds a call over 20 calls back to back, launches included, as the engine
 calls them (eager, after a decode graph).
 """
 
@@ -68,10 +69,13 @@ def check(rows: int, kind: str) -> dict:
     x, temperature, top_k, top_p, min_p, _ = args
     inverse = 1.0 / temperature
     scaled = x * inverse[:, None]
-    kept = reference.order_keys(scaled) >= nucleus_floors(x, inverse, top_p, min_p)[:, None]
     expected = torch.isfinite(reference.mask_logits(scaled, top_k, top_p, min_p))
+    differ = {}
+    for form in ("row", "sliced"):
+        kept = reference.order_keys(scaled) >= nucleus_floors(x, inverse, top_p, min_p, per_row=form == "row")[:, None]
+        differ[f"rows_kept_differently_{form}"] = int((kept != expected).any(1).sum())
     mixed_args = (x, temperature, mixed_top_k(rows), top_p, min_p, args[5])
-    return {"rows": rows, "logits": kind, "rows_kept_differently": int((kept != expected).any(1).sum()),
+    return {"rows": rows, "logits": kind, **differ,
             "kept_tokens_mean": round(float(expected.sum(1).float().mean()), 1),
             "floors_same_token_share": round(float((sample_from_logits(*args, mask=FLOORS) == by_sort(*args))
                                                    .float().mean()), 4),
@@ -79,7 +83,7 @@ def check(rows: int, kind: str) -> dict:
                                                    == by_sort(*mixed_args)).float().mean()), 4)}
 
 
-def timings(rows: int, kind: str, floor_tiles: list[tuple[int, int]]) -> dict:
+def timings(rows: int, kind: str, floor_tiles: list[tuple[str, int, int]]) -> dict:
     args = batch(rows, kind)
     top_k_args = batch(rows, kind, torch.full((rows,), 20, device="cuda"))
     mixed_args = batch(rows, kind, mixed_top_k(rows))
@@ -89,9 +93,12 @@ def timings(rows: int, kind: str, floor_tiles: list[tuple[int, int]]) -> dict:
              "mixed": lambda: sample_from_logits(*mixed_args, mask=MIXED),
              "sort": lambda: by_sort(*args)}
     x, temperature, _, top_p, min_p, _ = args
-    for block, warps in floor_tiles:
-        paths[f"floors_{block}x{warps}"] = (lambda b=block, w=warps: nucleus_floors(
-            x, 1.0 / temperature, top_p, min_p, block=b, num_warps=w))
+    inverse = 1.0 / temperature
+    for form in ("row", "sliced"):
+        paths[f"floors_{form}"] = lambda f=form: nucleus_floors(x, inverse, top_p, min_p, per_row=f == "row")
+    for form, block, warps in floor_tiles:
+        paths[f"floors_{form}_{block}x{warps}"] = (lambda f=form, b=block, w=warps: nucleus_floors(
+            x, inverse, top_p, min_p, per_row=f == "row", block=b, num_warps=w))
     times = {name: round(time_us(fn, calls=20, warm=3), 1) for name, fn in paths.items()}
     return {"rows": rows, "logits": kind, **times}
 
@@ -102,7 +109,8 @@ def main() -> None:
     ap.add_argument("--floor-tiles", default="")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    floor_tiles = [tuple(int(n) for n in t.split("x")) for t in args.floor_tiles.split(",") if t]
+    floor_tiles = [(t.split(":")[0], *(int(n) for n in t.split(":")[1].split("x"))) for t in args.floor_tiles.split(",")
+                   if t]
     result = {**results_io.header(), "vocab": VOCAB, "checks": [], "us_per_call": []}
     for kind in ("randn", "zipf"):
         for rows in (int(r) for r in args.rows.split(",")):

@@ -6,20 +6,23 @@ do, reference.order_keys) is at least its floor. Top-p's floor is the least key 
 mass strictly above c is under top_p: reference.mask_logits keeps those tokens, except that tokens of equal
 value are kept or dropped together here. It is found in PASSES passes over the row, each trying PIVOTS keys
 spread evenly over the interval that still holds it and keeping the sixteenth where the mass crosses top_p,
-four bits of the key a pass. A pass is a grid of (row, slice) programs, each summing its slice's mass above
-every pivot; the next pass's programs read those sums to place their interval, so a pass is one launch.
-The first pass also takes each slice's largest logit, the masses' reference, and its total mass.
-Min-p's floor is the key of max + log(min_p): a token's probability over the best one's is exp(x - max).
-Nine reads of a row (the second from the caches) replace the sort of the vocabulary; once the interval
-is narrow, a block without a key inside it adds its mass above the interval to every pivot at once."""
+four bits of the key a pass. Min-p's floor is the key of max + log(min_p): a token's probability over the
+best one's is exp(x - max). Nine reads of a row replace the sort of the vocabulary; once the interval is
+narrow, a block without a key inside it adds its mass above the interval to every pivot at once.
+
+Two forms of the passes. Sliced, for a few rows: a pass is a grid of (row, slice) programs, each summing
+its slice's mass above every pivot; the next pass's programs read those sums to place their interval, so
+a pass is one launch, and the first also takes each slice's largest logit (the reference of its masses)
+and its total mass. Per row, for many: one program walks its row through every pass, one launch in all."""
 
 import torch
 import triton
 import triton.language as tl
 
-SLICE = 8192  # tokens a program walks: rows of the 9B shape's 248320 tokens take 31 slices
-BLOCK = 1024  # tokens a step of that walk, spread over NUM_WARPS warps
-NUM_WARPS = 8
+SLICE = 8192  # tokens a program of the sliced passes walks: rows of the 9B shape's 248320 tokens take 31 slices
+SLICED_TILES = (512, 8)  # (tokens a step of that walk, warps)
+ROW_TILES = (1024, 8)  # the same for the kernel of one program per row
+PER_ROW_FROM = 16  # rows from which a batch's floors take one program per row
 PIVOTS = 16
 PASSES = 8  # 4 bits of the 32-bit key a pass
 KEY_MIN = -(2**31)  # no float's key: below every token, the floor of a row that keeps all
@@ -87,6 +90,21 @@ def _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, 
 
 
 @triton.jit
+def _add_masses(inside, over, v, ref, pivots, low, high):
+    """One block of scaled logits v into the per-lane sums of the mass exp(v - ref) above each pivot (int32
+    keys from low to high): `over` [BLOCK] for keys above high, so above every pivot, `inside` [BLOCK, PIVOTS]
+    for keys between. Also returns the block's masses. Summed per lane and reduced once after the walk: a
+    reduction across the block per pivot and block would cost more than the compares."""
+    weight = tl.where(v > float("-inf"), tl.exp(v - ref), 0.0)
+    key = order_key(v)
+    over += tl.where(key > high, weight, 0.0)
+    between = (key > low) & (key <= high)
+    if tl.max(between.to(tl.int32), 0) > 0:  # once the interval is narrow most blocks hold no key inside
+        inside += tl.where(between[:, None] & (key[:, None] > pivots[None, :]), weight[:, None], 0.0)
+    return inside, over, weight
+
+
+@triton.jit
 def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, stride_x, slices,
                        PASS: tl.constexpr, BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr, BLOCK_S: tl.constexpr,
                        PIVOTS: tl.constexpr):
@@ -109,21 +127,14 @@ def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, voca
     # interval lies inside one step of the one before.
     pivots = (low + tl.arange(0, PIVOTS).to(tl.int64) * (1 << (28 - 4 * PASS))).to(tl.int32)
     low, high = tl.min(pivots, 0), tl.max(pivots, 0)  # keys above the last pivot are above every pivot
-    # Summed per lane and reduced once after the slice: a reduction across the block per pivot and block
-    # would cost more than the compares.
     inside = tl.zeros([BLOCK, PIVOTS], tl.float32)
     over = tl.zeros([BLOCK], tl.float32)
     slice_total = tl.zeros([BLOCK], tl.float32)
     for b in range(SLICE_BLOCKS):
         v = _scaled_block(x, scale, row, stride_x, (part * SLICE_BLOCKS + b) * BLOCK, vocab, BLOCK)
-        weight = tl.where(v > float("-inf"), tl.exp(v - ref), 0.0)
+        inside, over, weight = _add_masses(inside, over, v, ref, pivots, low, high)
         if PASS == 0:
             slice_total += weight
-        key = order_key(v)
-        over += tl.where(key > high, weight, 0.0)
-        between = (key > low) & (key <= high)
-        if tl.max(between.to(tl.int32), 0) > 0:  # once the interval is narrow most blocks hold no key inside
-            inside += tl.where(between[:, None] & (key[:, None] > pivots[None, :]), weight[:, None], 0.0)
     above = tl.sum(inside, 0) + tl.sum(over, 0)
     tl.store(mass + ((PASS * rows + row) * slices + part) * PIVOTS + tl.arange(0, PIVOTS), above)
     if PASS == 0:
@@ -132,31 +143,75 @@ def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, voca
 
 
 @triton.jit
+def _floor_of(low, share, least, best):
+    """The larger of the top-p floor (one past the last pass's low end, whose step is 1; none where top_p
+    `share` is 1) and the min-p floor (the key of best + log(min_p); none where min_p `least` is 0)."""
+    floor = tl.where(share < 1.0, low + 1, _KEY_MIN)
+    by_min_p = order_key(best + tl.log(tl.maximum(least, 1e-30))).to(tl.int64)
+    return tl.where(least > 0.0, tl.maximum(floor, by_min_p), floor).to(tl.int32)
+
+
+@triton.jit
 def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, PASSES: tl.constexpr,
                   BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
-    """Program per row: the larger of its top-p floor (one past the last pass's low end, whose step is 1)
-    and its min-p floor."""
+    """Program per row of the sliced passes: its floor."""
     row, rows = tl.program_id(0).to(tl.int64), tl.num_programs(0)
     best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
-    floor = _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS) + 1
-    floor = tl.where(tl.load(top_p + row) < 1.0, floor, _KEY_MIN)
-    least = tl.load(min_p + row)
-    by_min_p = order_key(best + tl.log(tl.maximum(least, 1e-30))).to(tl.int64)
-    floor = tl.where(least > 0.0, tl.maximum(floor, by_min_p), floor)
-    tl.store(floors + row, floor.to(tl.int32))
+    low = _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS)
+    tl.store(floors + row, _floor_of(low, tl.load(top_p + row), tl.load(min_p + row), best))
+
+
+@triton.jit
+def _row_floors_kernel(x, inverse, top_p, min_p, floors, vocab, stride_x, PASSES: tl.constexpr,
+                       BLOCK: tl.constexpr, PIVOTS: tl.constexpr):
+    """Program per row: its max, then every pass over the whole row, then its floor, in one program, so no
+    sums cross programs or launches. The masses are relative to the row's max; pass 0's first pivot is
+    KEY_MIN, under every key, so the mass above it is the row's total."""
+    row = tl.program_id(0).to(tl.int64)
+    scale = tl.load(inverse + row)
+    top = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, vocab, BLOCK):
+        top = tl.maximum(top, _scaled_block(x, scale, row, stride_x, start, vocab, BLOCK))
+    best = tl.max(top, 0)
+    share = tl.load(top_p + row)
+    offs_p = tl.arange(0, PIVOTS)
+    low = tl.full([], _KEY_MIN, tl.int64)
+    total = tl.full([], 0.0, tl.float32)
+    for pass_ in tl.static_range(PASSES):
+        step = 1 << (28 - 4 * pass_)
+        pivots = (low + offs_p.to(tl.int64) * step).to(tl.int32)  # keys, as in _pivot_mass_kernel
+        low32, high = tl.min(pivots, 0), tl.max(pivots, 0)
+        inside = tl.zeros([BLOCK, PIVOTS], tl.float32)
+        over = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, vocab, BLOCK):
+            v = _scaled_block(x, scale, row, stride_x, start, vocab, BLOCK)
+            inside, over, _ = _add_masses(inside, over, v, best, pivots, low32, high)
+        above = tl.sum(inside, 0) + tl.sum(over, 0)
+        if pass_ == 0:
+            total = tl.sum(tl.where(offs_p == 0, above, 0.0), 0)
+        crossed = (above >= share * total) & (offs_p > 0)  # as _interval_low
+        low = low + tl.sum(crossed.to(tl.int64), 0) * step
+    tl.store(floors + row, _floor_of(low, share, tl.load(min_p + row), best))
 
 
 def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                   block: int = BLOCK, num_warps: int = NUM_WARPS) -> torch.Tensor:
+                   per_row: bool | None = None, block: int | None = None,
+                   num_warps: int | None = None) -> torch.Tensor:
     """floors [B] (int32): row b keeps the tokens whose scaled logit x[b] * inverse[b] has an order key
     (reference.order_keys) at or above floors[b], what top_p[b] (1 = off) and min_p[b] (0 = off) keep.
-    x [B, V] float32 (last dim contiguous); inverse, top_p, min_p [B] float32. block and num_warps tune the
-    pivot passes (block divides SLICE)."""
+    x [B, V] float32 (last dim contiguous); inverse, top_p, min_p [B] float32. per_row: one program per
+    row (_row_floors_kernel) rather than the sliced passes (by default from PER_ROW_FROM rows); block and
+    num_warps override that kernel's tiles (a sliced block divides SLICE)."""
     rows, vocab = x.shape
     floors = torch.empty(rows, dtype=torch.int32, device=x.device)
     if rows == 0:
         return floors
     assert x.stride(-1) == 1 and x.dtype == torch.float32
+    if rows >= PER_ROW_FROM if per_row is None else per_row:
+        _row_floors_kernel[(rows,)](x, inverse, top_p, min_p, floors, vocab, x.stride(0), PASSES=PASSES,
+                                    BLOCK=block or ROW_TILES[0], PIVOTS=PIVOTS, num_warps=num_warps or ROW_TILES[1])
+        return floors
+    block, num_warps = block or SLICED_TILES[0], num_warps or SLICED_TILES[1]
     slices = triton.cdiv(vocab, SLICE)
     block_s = triton.next_power_of_2(slices)
     slice_max = torch.empty(rows, slices, dtype=torch.float32, device=x.device)
