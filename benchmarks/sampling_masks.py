@@ -14,8 +14,8 @@ in some rows took before the mixed plan). `floors_row` and `floors_sliced`: nucl
 of its forms at its default tiles; `floors_<form>_<block>x<warps>`: with those tiles.
 Checks on fresh logits: the rows whose kept tokens under each form's floors differ from the reference's
 mask (expected 0, but for ties and the last bit of the sums), and the share of rows where the floors and
-the mixed paths sample the sort path's token (the same draws). Times: microseconds a call over 20 calls back to back, launches included, as the engine
-calls them (eager, after a decode graph).
+the mixed paths sample the sort path's token (the same draws). Times: microseconds a call over 20 calls
+back to back, launches included, as the engine calls them (eager, after a decode graph).
 """
 
 import argparse
