@@ -1,7 +1,7 @@
 """The sampler's device paths at the Qwen3.5 vocabulary: checks, then times per call.
 
     python benchmarks/sampling_masks.py --out benchmarks/results/sampling_masks.json [--rows 1,32,128]
-        [--floor-tiles row:1024x16,sliced:512x8]   (nucleus_floors alone: per row or sliced, block x warps)
+        [--floor-tiles 4096x8,8192x16]   (nucleus_floors alone with those slices and warps)
 
 Logits: `randn` (normal, standard deviation 3) and `zipf` (a token of rank r has logit -1.1 log r, ranks
 shuffled, plus normal noise of deviation 0.1: probabilities that fall as a power of the rank, as a language
@@ -10,9 +10,9 @@ with each MaskPlan): `race` (temperature alone), `floors` (top-p 0.95 as the nuc
 applied by the race), `topk` (top-k 20 and top-p 0.95 in every row, through torch.topk), `mixed` (the even
 rows top-k 20 and top-p 0.95, the odd ones top-p 0.95 alone: torch.topk, then floors for the odd rows), and
 `sort` (top-p 0.95 through the reference's sort of the vocabulary, then the race: what a batch with top-k
-in some rows took before the mixed plan). `floors_row` and `floors_sliced`: nucleus_floors alone in each
-of its forms at its default tiles; `floors_<form>_<block>x<warps>`: with those tiles.
-Checks on fresh logits: the rows whose kept tokens under each form's floors differ from the reference's
+in some rows took before the mixed plan). `floors_alone`: nucleus_floors alone at its default tiles;
+`floors_<slice>x<warps>`: with those tiles.
+Checks on fresh logits: the rows whose kept tokens under the floors differ from the reference's
 mask (expected 0, but for ties and the last bit of the sums), and the share of rows where the floors and
 the mixed paths sample the sort path's token (the same draws). Times: microseconds a call over 20 calls
 back to back, launches included, as the engine calls them (eager, after a decode graph).
@@ -70,12 +70,9 @@ def check(rows: int, kind: str) -> dict:
     inverse = 1.0 / temperature
     scaled = x * inverse[:, None]
     expected = torch.isfinite(reference.mask_logits(scaled, top_k, top_p, min_p))
-    differ = {}
-    for form in ("row", "sliced"):
-        kept = reference.order_keys(scaled) >= nucleus_floors(x, inverse, top_p, min_p, per_row=form == "row")[:, None]
-        differ[f"rows_kept_differently_{form}"] = int((kept != expected).any(1).sum())
+    kept = reference.order_keys(scaled) >= nucleus_floors(x, inverse, top_p, min_p)[:, None]
     mixed_args = (x, temperature, mixed_top_k(rows), top_p, min_p, args[5])
-    return {"rows": rows, "logits": kind, **differ,
+    return {"rows": rows, "logits": kind, "rows_kept_differently": int((kept != expected).any(1).sum()),
             "kept_tokens_mean": round(float(expected.sum(1).float().mean()), 1),
             "floors_same_token_share": round(float((sample_from_logits(*args, mask=FLOORS) == by_sort(*args))
                                                    .float().mean()), 4),
@@ -83,7 +80,7 @@ def check(rows: int, kind: str) -> dict:
                                                    == by_sort(*mixed_args)).float().mean()), 4)}
 
 
-def timings(rows: int, kind: str, floor_tiles: list[tuple[str, int, int]]) -> dict:
+def timings(rows: int, kind: str, floor_tiles: list[tuple[int, int]]) -> dict:
     args = batch(rows, kind)
     top_k_args = batch(rows, kind, torch.full((rows,), 20, device="cuda"))
     mixed_args = batch(rows, kind, mixed_top_k(rows))
@@ -94,11 +91,10 @@ def timings(rows: int, kind: str, floor_tiles: list[tuple[str, int, int]]) -> di
              "sort": lambda: by_sort(*args)}
     x, temperature, _, top_p, min_p, _ = args
     inverse = 1.0 / temperature
-    for form in ("row", "sliced"):
-        paths[f"floors_{form}"] = lambda f=form: nucleus_floors(x, inverse, top_p, min_p, per_row=f == "row")
-    for form, block, warps in floor_tiles:
-        paths[f"floors_{form}_{block}x{warps}"] = (lambda f=form, b=block, w=warps: nucleus_floors(
-            x, inverse, top_p, min_p, per_row=f == "row", block=b, num_warps=w))
+    paths["floors_alone"] = lambda: nucleus_floors(x, inverse, top_p, min_p)
+    for slice_, warps in floor_tiles:
+        paths[f"floors_{slice_}x{warps}"] = (lambda s=slice_, w=warps: nucleus_floors(
+            x, inverse, top_p, min_p, slice_=s, num_warps=w))
     times = {name: round(time_us(fn, calls=20, warm=3), 1) for name, fn in paths.items()}
     return {"rows": rows, "logits": kind, **times}
 
@@ -109,8 +105,7 @@ def main() -> None:
     ap.add_argument("--floor-tiles", default="")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    floor_tiles = [(t.split(":")[0], *(int(n) for n in t.split(":")[1].split("x"))) for t in args.floor_tiles.split(",")
-                   if t]
+    floor_tiles = [tuple(int(n) for n in t.split("x")) for t in args.floor_tiles.split(",") if t]
     result = {**results_io.header(), "vocab": VOCAB, "checks": [], "us_per_call": []}
     for kind in ("randn", "zipf"):
         for rows in (int(r) for r in args.rows.split(",")):

@@ -6,23 +6,19 @@ do, reference.order_keys) is at least its floor. Top-p's floor is the least key 
 mass strictly above c is under top_p: reference.mask_logits keeps those tokens, except that tokens of equal
 value are kept or dropped together here. It is found in PASSES passes over the row, each trying PIVOTS keys
 spread evenly over the interval that still holds it and keeping the sixteenth where the mass crosses top_p,
-four bits of the key a pass. Min-p's floor is the key of max + log(min_p): a token's probability over the
-best one's is exp(x - max). Nine reads of a row replace the sort of the vocabulary; once the interval is
-narrow, a block without a key inside it adds its mass above the interval to every pivot at once.
-
-Two forms of the passes. Sliced, for a few rows: a pass is a grid of (row, slice) programs, each summing
-its slice's mass above every pivot; the next pass's programs read those sums to place their interval, so
-a pass is one launch, and the first also takes each slice's largest logit (the reference of its masses)
-and its total mass. Per row, for many: one program walks its row through every pass, one launch in all."""
+four bits of the key a pass. A pass is a grid of (row, slice) programs, each summing its slice's mass above
+every pivot; the next pass's programs read those sums to place their interval, so a pass is one launch.
+The first pass also takes each slice's largest logit (the reference of its masses) and its total mass.
+Once the interval is narrow, a slice without a key inside it adds its mass above the interval to every
+pivot at once. Min-p's floor is the key of max + log(min_p): a token's probability over the best one's is
+exp(x - max). Eight reads of a row replace the sort of the vocabulary."""
 
 import torch
 import triton
 import triton.language as tl
 
-SLICE = 8192  # tokens a program of the sliced passes walks: rows of the 9B shape's 248320 tokens take 31 slices
-SLICED_TILES = (512, 8)  # (tokens a step of that walk, warps)
-ROW_TILES = (1024, 8)  # the same for the kernel of one program per row
-PER_ROW_FROM = 16  # rows from which a batch's floors take one program per row
+SLICE = 8192  # tokens a program reads: rows of the 9B shape's 248320 tokens take 31 slices
+NUM_WARPS = 8
 PIVOTS = 16
 PASSES = 8  # 4 bits of the 32-bit key a pass
 KEY_MIN = -(2**31)  # no float's key: below every token, the floor of a row that keeps all
@@ -41,15 +37,6 @@ def _scaled_block(x, scale, row, stride_x, start, vocab, BLOCK: tl.constexpr):
     """The row's scaled logits at [start, start + BLOCK) (-inf past the vocabulary)."""
     cols = start + tl.arange(0, BLOCK)
     return tl.load(x + row * stride_x + cols, mask=cols < vocab, other=float("-inf")) * scale
-
-
-@triton.jit
-def _slice_max(x, scale, row, stride_x, part, vocab, BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr):
-    """The largest scaled logit of the row's slice `part`."""
-    top = tl.full([BLOCK], float("-inf"), tl.float32)
-    for b in range(SLICE_BLOCKS):
-        top = tl.maximum(top, _scaled_block(x, scale, row, stride_x, (part * SLICE_BLOCKS + b) * BLOCK, vocab, BLOCK))
-    return tl.max(top, 0)
 
 
 @triton.jit
@@ -90,32 +77,17 @@ def _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, 
 
 
 @triton.jit
-def _add_masses(inside, over, v, ref, pivots, low, high):
-    """One block of scaled logits v into the per-lane sums of the mass exp(v - ref) above each pivot (int32
-    keys from low to high): `over` [BLOCK] for keys above high, so above every pivot, `inside` [BLOCK, PIVOTS]
-    for keys between. Also returns the block's masses. Summed per lane and reduced once after the walk: a
-    reduction across the block per pivot and block would cost more than the compares."""
-    weight = tl.where(v > float("-inf"), tl.exp(v - ref), 0.0)
-    key = order_key(v)
-    over += tl.where(key > high, weight, 0.0)
-    between = (key > low) & (key <= high)
-    if tl.max(between.to(tl.int32), 0) > 0:  # once the interval is narrow most blocks hold no key inside
-        inside += tl.where(between[:, None] & (key[:, None] > pivots[None, :]), weight[:, None], 0.0)
-    return inside, over, weight
-
-
-@triton.jit
 def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, stride_x, slices,
-                       PASS: tl.constexpr, BLOCK: tl.constexpr, SLICE_BLOCKS: tl.constexpr, BLOCK_S: tl.constexpr,
-                       PIVOTS: tl.constexpr):
+                       PASS: tl.constexpr, SLICE: tl.constexpr, BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
     """Program (row, slice) of pass PASS: its slice's mass (exp(logit - the slice's max)) above each of the
-    pass's pivots; the row's first program also records the pass's low end. Pass 0 first takes the slice's
-    max (one more read of the slice; the second comes from the caches), and records it and the slice's total
-    mass. The row count is the grid's, not an argument, so that no count of rows compiles a kernel of its own."""
+    pass's pivots; the row's first program also records the pass's low end. Pass 0 also records the slice's
+    max and total mass. The slice is loaded whole, so that all its loads are in flight at once (a walk by
+    blocks waited out each block's load in turn). The row count is the grid's, not an argument, so that no
+    count of rows compiles a kernel of its own."""
     row, part, rows = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(0)
-    scale = tl.load(inverse + row)
+    v = _scaled_block(x, tl.load(inverse + row), row, stride_x, part * SLICE, vocab, SLICE)
     if PASS == 0:
-        ref = _slice_max(x, scale, row, stride_x, part, vocab, BLOCK, SLICE_BLOCKS)
+        ref = tl.max(v, 0)
         low = tl.full([], _KEY_MIN, tl.int64)
     else:
         ref = tl.load(slice_max + row * slices + part)
@@ -125,21 +97,21 @@ def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, voca
         tl.store(lows + PASS * rows + row, low)
     # Every pivot is a key (int32): the last of pass 0 is KEY_MIN + 15 * 2^28, and each later pass's
     # interval lies inside one step of the one before.
-    pivots = (low + tl.arange(0, PIVOTS).to(tl.int64) * (1 << (28 - 4 * PASS))).to(tl.int32)
-    low, high = tl.min(pivots, 0), tl.max(pivots, 0)  # keys above the last pivot are above every pivot
-    inside = tl.zeros([BLOCK, PIVOTS], tl.float32)
-    over = tl.zeros([BLOCK], tl.float32)
-    slice_total = tl.zeros([BLOCK], tl.float32)
-    for b in range(SLICE_BLOCKS):
-        v = _scaled_block(x, scale, row, stride_x, (part * SLICE_BLOCKS + b) * BLOCK, vocab, BLOCK)
-        inside, over, weight = _add_masses(inside, over, v, ref, pivots, low, high)
-        if PASS == 0:
-            slice_total += weight
-    above = tl.sum(inside, 0) + tl.sum(over, 0)
-    tl.store(mass + ((PASS * rows + row) * slices + part) * PIVOTS + tl.arange(0, PIVOTS), above)
+    offs_p = tl.arange(0, PIVOTS)
+    pivots = (low + offs_p.to(tl.int64) * (1 << (28 - 4 * PASS))).to(tl.int32)
+    first, last = tl.min(pivots, 0), tl.max(pivots, 0)
+    weight = tl.where(v > float("-inf"), tl.exp(v - ref), 0.0)
+    key = order_key(v)
+    above = tl.zeros([PIVOTS], tl.float32) + tl.sum(tl.where(key > last, weight, 0.0), 0)  # above every pivot
+    between = (key > first) & (key <= last)
+    if tl.max(between.to(tl.int32), 0) > 0:  # once the interval is narrow most slices hold no key inside it
+        for i in tl.static_range(PIVOTS):
+            pivot = tl.sum(tl.where(offs_p == i, pivots, 0), 0)
+            above += tl.where(offs_p == i, tl.sum(tl.where(between & (key > pivot), weight, 0.0), 0), 0.0)
+    tl.store(mass + ((PASS * rows + row) * slices + part) * PIVOTS + offs_p, above)
     if PASS == 0:
         tl.store(slice_max + row * slices + part, ref)
-        tl.store(slice_sum + row * slices + part, tl.sum(slice_total, 0))
+        tl.store(slice_sum + row * slices + part, tl.sum(weight, 0))
 
 
 @triton.jit
@@ -161,58 +133,18 @@ def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices
     tl.store(floors + row, _floor_of(low, tl.load(top_p + row), tl.load(min_p + row), best))
 
 
-@triton.jit
-def _row_floors_kernel(x, inverse, top_p, min_p, floors, vocab, stride_x, PASSES: tl.constexpr,
-                       BLOCK: tl.constexpr, PIVOTS: tl.constexpr):
-    """Program per row: its max, then every pass over the whole row, then its floor, in one program, so no
-    sums cross programs or launches. The masses are relative to the row's max; pass 0's first pivot is
-    KEY_MIN, under every key, so the mass above it is the row's total."""
-    row = tl.program_id(0).to(tl.int64)
-    scale = tl.load(inverse + row)
-    top = tl.full([BLOCK], float("-inf"), tl.float32)
-    for start in range(0, vocab, BLOCK):
-        top = tl.maximum(top, _scaled_block(x, scale, row, stride_x, start, vocab, BLOCK))
-    best = tl.max(top, 0)
-    share = tl.load(top_p + row)
-    offs_p = tl.arange(0, PIVOTS)
-    low = tl.full([], _KEY_MIN, tl.int64)
-    total = tl.full([], 0.0, tl.float32)
-    for pass_ in tl.static_range(PASSES):
-        step = 1 << (28 - 4 * pass_)
-        pivots = (low + offs_p.to(tl.int64) * step).to(tl.int32)  # keys, as in _pivot_mass_kernel
-        low32, high = tl.min(pivots, 0), tl.max(pivots, 0)
-        inside = tl.zeros([BLOCK, PIVOTS], tl.float32)
-        over = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, vocab, BLOCK):
-            v = _scaled_block(x, scale, row, stride_x, start, vocab, BLOCK)
-            inside, over, _ = _add_masses(inside, over, v, best, pivots, low32, high)
-        above = tl.sum(inside, 0) + tl.sum(over, 0)
-        if pass_ == 0:
-            total = tl.sum(tl.where(offs_p == 0, above, 0.0), 0)
-        crossed = (above >= share * total) & (offs_p > 0)  # as _interval_low
-        low = low + tl.sum(crossed.to(tl.int64), 0) * step
-    tl.store(floors + row, _floor_of(low, share, tl.load(min_p + row), best))
-
-
 def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                   per_row: bool | None = None, block: int | None = None,
-                   num_warps: int | None = None) -> torch.Tensor:
+                   slice_: int = SLICE, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """floors [B] (int32): row b keeps the tokens whose scaled logit x[b] * inverse[b] has an order key
     (reference.order_keys) at or above floors[b], what top_p[b] (1 = off) and min_p[b] (0 = off) keep.
-    x [B, V] float32 (last dim contiguous); inverse, top_p, min_p [B] float32. per_row: one program per
-    row (_row_floors_kernel) rather than the sliced passes (by default from PER_ROW_FROM rows); block and
-    num_warps override that kernel's tiles (a sliced block divides SLICE)."""
+    x [B, V] float32 (last dim contiguous); inverse, top_p, min_p [B] float32. slice_ (a power of two) and
+    num_warps tune the pivot passes."""
     rows, vocab = x.shape
     floors = torch.empty(rows, dtype=torch.int32, device=x.device)
     if rows == 0:
         return floors
     assert x.stride(-1) == 1 and x.dtype == torch.float32
-    if rows >= PER_ROW_FROM if per_row is None else per_row:
-        _row_floors_kernel[(rows,)](x, inverse, top_p, min_p, floors, vocab, x.stride(0), PASSES=PASSES,
-                                    BLOCK=block or ROW_TILES[0], PIVOTS=PIVOTS, num_warps=num_warps or ROW_TILES[1])
-        return floors
-    block, num_warps = block or SLICED_TILES[0], num_warps or SLICED_TILES[1]
-    slices = triton.cdiv(vocab, SLICE)
+    slices = triton.cdiv(vocab, slice_)
     block_s = triton.next_power_of_2(slices)
     slice_max = torch.empty(rows, slices, dtype=torch.float32, device=x.device)
     slice_sum = torch.empty_like(slice_max)
@@ -220,8 +152,8 @@ def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, 
     mass = torch.empty(PASSES, rows, slices, PIVOTS, dtype=torch.float32, device=x.device)
     for pass_ in range(PASSES):
         _pivot_mass_kernel[(rows, slices)](x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, x.stride(0),
-                                           slices, PASS=pass_, BLOCK=block, SLICE_BLOCKS=SLICE // block,
-                                           BLOCK_S=block_s, PIVOTS=PIVOTS, num_warps=num_warps)
+                                           slices, PASS=pass_, SLICE=slice_, BLOCK_S=block_s, PIVOTS=PIVOTS,
+                                           num_warps=num_warps)
     _floor_kernel[(rows,)](top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, PASSES=PASSES,
                            BLOCK_S=block_s, PIVOTS=PIVOTS, num_warps=1)
     return floors
