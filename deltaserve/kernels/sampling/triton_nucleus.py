@@ -105,9 +105,10 @@ def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, voca
     above = tl.zeros([PIVOTS], tl.float32) + tl.sum(tl.where(key > last, weight, 0.0), 0)  # above every pivot
     between = (key > first) & (key <= last)
     if tl.max(between.to(tl.int32), 0) > 0:  # once the interval is narrow most slices hold no key inside it
+        inside = tl.where(between, weight, 0.0)
         for i in tl.static_range(PIVOTS):
             pivot = tl.sum(tl.where(offs_p == i, pivots, 0), 0)
-            above += tl.where(offs_p == i, tl.sum(tl.where(between & (key > pivot), weight, 0.0), 0), 0.0)
+            above += tl.where(offs_p == i, tl.sum(tl.where(key > pivot, inside, 0.0), 0), 0.0)
     tl.store(mass + ((PASS * rows + row) * slices + part) * PIVOTS + offs_p, above)
     if PASS == 0:
         tl.store(slice_max + row * slices + part, ref)
