@@ -1,7 +1,7 @@
 """Top-p and min-p floors (kernels/sampling/triton_nucleus.py) against the torch reference's masks on fresh
-random logits: rows of one slice and of several, temperatures, top-p alone, min-p
-alone, both, neither; the order keys against the floats they order; and the sampler's kernel path with
-those floors against the reference's sampling."""
+random logits: rows of one slice and of several, temperatures, top-p alone, min-p alone, both, neither;
+the order keys against the floats they order; and the sampler's kernel path with those floors against the
+reference's sampling."""
 
 import random
 

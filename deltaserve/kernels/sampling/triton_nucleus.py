@@ -127,7 +127,7 @@ def _floor_of(low, share, least, best):
 @triton.jit
 def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, PASSES: tl.constexpr,
                   BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
-    """Program per row of the sliced passes: its floor."""
+    """Program per row: its floor."""
     row, rows = tl.program_id(0).to(tl.int64), tl.num_programs(0)
     best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
     low = _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS)
