@@ -57,7 +57,9 @@ def test_sample_from_logits_kernel_matches_the_reference(plan):
     top_k = {"none": zeros, "all_top_k": torch.tensor([0, 40, 9, 3, 5, 17]),
              "mixed": torch.tensor([0, 40, 0, 0, 5, 7]), "mixed_no_nucleus": torch.tensor([0, 40, 0, 0, 5, 0])}[plan]
     top_p = torch.tensor([0.5, 0.9, 0.8, 1.0, 1.0, 0.7]) if plan != "none" else torch.ones(rows)
-    min_p = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0, 0.05]) if plan not in ("none", "mixed_no_nucleus") else torch.zeros(rows)
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.1, 0.0, 0.05])
+    if plan in ("none", "mixed_no_nucleus"):
+        min_p = torch.zeros(rows)
     if plan == "mixed_no_nucleus":
         top_p = torch.where(top_k > 0, top_p, 1.0)
     seeds = _seeds(rows)
