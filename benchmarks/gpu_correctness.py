@@ -6,7 +6,8 @@
 - each prompt sent alone (its short prefill passes replayed as graphs) gives in fp32 the CPU's tokens;
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
   byte-identical tokens and logprobs;
-- in bf16 with graphs, no launched decode step (greedy rows beside seeded sampled ones) waits for the GPU.
+- in bf16 with graphs, no launched decode step (greedy rows beside seeded sampled ones) waits for the GPU;
+- greedy tokens under repetition, frequency and presence penalties on the GPU in fp32 identical to the CPU's.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -32,6 +33,9 @@ WITH_LOGPROBS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, lo
 # and the next graph reads them where the sampler's tokens were copied.
 MIXED = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True),
          GREEDY, SamplingParams(max_tokens=24, temperature=1.0, top_k=40, seed=12, ignore_eos=True)]
+# Penalties: the GPU's penalties kernel beside the CPU's torch form.
+PENALISED = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.3,
+                           frequency_penalty=0.4, presence_penalty=0.3)
 # Top-p and min-p without top-k: the sampled rows' masks are the nucleus kernels' floors.
 NUCLEUS = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=13, ignore_eos=True),
            GREEDY, SamplingParams(max_tokens=24, temperature=1.0, min_p=0.05, seed=14, ignore_eos=True)]
@@ -97,7 +101,8 @@ def main() -> None:
     result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
               "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {},
               "graph_vs_eager_bf16_top_p_min_p_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
-              "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {}}
+              "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {},
+              "fp32_penalised_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp())
         cpu_llm = LLM(path, device="cpu", **state)
@@ -114,13 +119,15 @@ def main() -> None:
         result["fp32_alone_gpu_vs_cpu"][arch] = {"identical": alone(gpu_llm, prompts) == alone(cpu_llm, prompts)}
         result["bf16_graph_cache_hit_byte_identical"][arch] = replays_exactly(graph_llm, prompts[2], rng)
         result["bf16_graph_launches_without_sync"][arch] = launches_without_sync(graph_llm, prompts)
+        penalised = tokens(gpu_llm, prompts, PENALISED)
+        result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
                                            "matching_tokens": sum(a == b for x, y in zip(gpu, cpu) for a, b in zip(x, y)),
                                            "total_tokens": sum(len(x) for x in cpu)}
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-7:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-8:]), flush=True)
         results_io.write(args.out, result)
 
 
