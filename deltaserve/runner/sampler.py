@@ -105,9 +105,9 @@ class Sampler:
         prompts = [self._distinct_prompt_tokens(r) + row * vocab for row, r in enumerate(requests)]
         prompts = np.concatenate(prompts) if prompts else np.zeros(0, dtype=np.int64)  # ascending: rows ascend
         generated, times = np.unique(_flat_indices([r.output_token_ids for r in requests], vocab), return_counts=True)
-        seen, at = _sorted_union(prompts, generated)
+        seen = _sorted_union(prompts, generated)
         counts = np.zeros(len(seen), dtype=np.float32)
-        counts[at] = times
+        counts[np.searchsorted(seen, generated)] = times
         return seen, counts
 
     def _distinct_prompt_tokens(self, request: Request) -> np.ndarray:
@@ -168,17 +168,14 @@ def _flat_indices(token_lists: list[list[int]], vocab: int) -> np.ndarray:
     return rows * vocab + tokens
 
 
-def _sorted_union(ascending: np.ndarray, few: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(union, where): the ascending union of two ascending arrays of distinct values and where each of `few`
-    stands in it, from one search of `few` in `ascending` (the second array is short): np.union1d would sort
-    them both again."""
+def _sorted_union(ascending: np.ndarray, few: np.ndarray) -> np.ndarray:
+    """The ascending union of two ascending arrays of distinct values, in time linear in the first (the
+    second is short): np.union1d would sort them both again."""
+    if not len(ascending):
+        return few
     at = np.searchsorted(ascending, few)
-    new = np.ones(len(few), dtype=bool)
-    if len(ascending):
-        new = (at == len(ascending)) | (ascending[np.minimum(at, len(ascending) - 1)] != few)
-    # each of `few` moves up by the new values before it, which are smaller and inserted ahead of it
-    where = at + np.cumsum(new) - new
-    return np.insert(ascending, at[new], few[new]), where
+    new = few[(at == len(ascending)) | (ascending[np.minimum(at, len(ascending) - 1)] != few)]
+    return np.insert(ascending, np.searchsorted(ascending, new), new)
 
 
 def _has_penalty(p) -> bool:
