@@ -4,16 +4,14 @@ import math
 import random
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
 from deltaserve import LLM, SamplingParams
 from deltaserve.errors import InvalidSamplingParamsError
-from deltaserve.engine.request import Request
 from deltaserve.kernels.sampling.reference import MaskPlan, apply_penalties, mask_logits
-from deltaserve.runner.sampler import Sampler, _sorted_union, mask_plan
+from deltaserve.runner.sampler import Sampler, mask_plan
 
 
 def test_same_seed_same_text_alone_and_in_batch(checkpoint_factory):
@@ -222,14 +220,6 @@ def test_sampling_on_device_reads_nothing_back(masked):
     assert all(0 <= t < vocab for t in tokens.tolist())
 
 
-def test_sorted_union_is_numpys_union():
-    """The penalties' entries: a long ascending array merged with a short one, overlapping, apart, empty."""
-    for size, few in ((0, 5), (50, 0), (300, 40), (1, 1)):
-        ascending = np.unique(np.random.randint(0, 400, size))
-        short = np.unique(np.random.randint(0, 420, few))
-        assert np.array_equal(_sorted_union(ascending, short), np.union1d(ascending, short))
-
-
 def test_penalties_of_many_rows_match_each_row_built_alone():
     """The rows' prompt tokens and output counts, sent together as flat indices, penalise each row as its
     own lists do (repeated tokens, a row without output yet)."""
@@ -240,8 +230,8 @@ def test_penalties_of_many_rows_match_each_row_built_alone():
         params = SamplingParams(temperature=0.5, repetition_penalty=1 + random.random(),
                                 frequency_penalty=random.random(), presence_penalty=random.random())
         outputs = [random.randrange(vocab) for _ in range(random.randrange(12) if i else 0)]
-        requests.append(Request(f"r{i}", [random.randrange(vocab) for _ in range(9)], params, 20,
-                                output_token_ids=outputs))
+        requests.append(SimpleNamespace(params=params, prompt_token_ids=[random.randrange(vocab) for _ in range(9)],
+                                        output_token_ids=outputs))
     logits = torch.randn(rows, vocab)
     expected = logits.clone()
     for i, r in enumerate(requests):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import weakref
 
 import numpy as np
 import torch
@@ -44,7 +43,6 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = device
         self.generator = random.Random(seed)  # the seeds of rows whose request has none
-        self._prompt_tokens = weakref.WeakKeyDictionary()  # request -> its prompt's distinct tokens, sorted
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]):
         """logits [B, V] fp32 for requests[b]. Returns (token ids, per-row logprob dicts or None)."""
@@ -90,31 +88,16 @@ class Sampler:
         """Every row's distinct prompt and output tokens reach the device in one copy (flat indices into
         [rows, vocab]) with their generated counts in another, however many rows: a copy per row would cost a
         pageable transfer apiece, and masks the size of the logits would cost their bytes every step."""
-        seen, counts = self.penalty_entries(requests, logits.shape[1])
+        vocab = logits.shape[1]
+        generated, times = np.unique(_flat_indices([r.output_token_ids for r in requests], vocab), return_counts=True)
+        seen = np.union1d(_flat_indices([r.prompt_token_ids for r in requests], vocab), generated)
+        counts = np.zeros(len(seen), dtype=np.float32)
+        counts[np.searchsorted(seen, generated)] = times
         per_row = lambda name: to_device([getattr(r.params, name) for r in requests], self.device,  # noqa: E731
                                          torch.float32)
         seen_on_device, counts_on_device = to_device(seen, self.device), to_device(counts, self.device, torch.float32)
         return kernels.apply_penalties_at(logits, seen_on_device, counts_on_device, per_row("repetition_penalty"),
                                           per_row("frequency_penalty"), per_row("presence_penalty"))
-
-    def penalty_entries(self, requests: list[Request], vocab: int) -> tuple[np.ndarray, np.ndarray]:
-        """(seen, counts): row * vocab + token for each distinct token of a row's prompt or output, ascending
-        (int64), and how many times each was generated (float32). A prompt's distinct tokens are sorted once per
-        request: sorting every row's whole prompt again each step took the host 143 ms at 32 rows of 8192
-        tokens (benchmarks/penalties_host.py)."""
-        prompts = [self._distinct_prompt_tokens(r) + row * vocab for row, r in enumerate(requests)]
-        prompts = np.concatenate(prompts) if prompts else np.zeros(0, dtype=np.int64)  # ascending: rows ascend
-        generated, times = np.unique(_flat_indices([r.output_token_ids for r in requests], vocab), return_counts=True)
-        seen = _sorted_union(prompts, generated)
-        counts = np.zeros(len(seen), dtype=np.float32)
-        counts[np.searchsorted(seen, generated)] = times
-        return seen, counts
-
-    def _distinct_prompt_tokens(self, request: Request) -> np.ndarray:
-        tokens = self._prompt_tokens.get(request)
-        if tokens is None:
-            tokens = self._prompt_tokens[request] = np.unique(np.asarray(request.prompt_token_ids, dtype=np.int64))
-        return tokens
 
     def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits with each row's logit_bias added (the logits themselves stay the model's:
@@ -166,16 +149,6 @@ def _flat_indices(token_lists: list[list[int]], vocab: int) -> np.ndarray:
     rows = np.repeat(np.arange(len(token_lists), dtype=np.int64), lengths)
     tokens = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=sum(lengths))
     return rows * vocab + tokens
-
-
-def _sorted_union(ascending: np.ndarray, few: np.ndarray) -> np.ndarray:
-    """The ascending union of two ascending arrays of distinct values, in time linear in the first (the
-    second is short): np.union1d would sort them both again."""
-    if not len(ascending):
-        return few
-    at = np.searchsorted(ascending, few)
-    new = few[(at == len(ascending)) | (ascending[np.minimum(at, len(ascending) - 1)] != few)]
-    return np.insert(ascending, np.searchsorted(ascending, new), new)
 
 
 def _has_penalty(p) -> bool:

@@ -49,20 +49,18 @@ def test_no_entries_leave_a_copy_of_the_logits():
 
 def test_sampler_lists_each_seen_token_once_with_its_count():
     """The sampler's entries: numpy's union of a row's prompt and output indices, counts from its outputs."""
-    from deltaserve.engine.request import Request
+    from types import SimpleNamespace
+
     from deltaserve.runner.sampler import Sampler
     from deltaserve.sampling_params import SamplingParams
 
     vocab = 30
-    params = SamplingParams(temperature=1.0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
-    requests = [Request(f"r{i}", prompt, params, 10, output_token_ids=outputs)
-                for i, (prompt, outputs) in enumerate((([3, 3, 7], [7, 7, 1]), ([], [29, 0, 29]), ([5], [])))]
+    requests = [SimpleNamespace(params=SamplingParams(temperature=1.0, repetition_penalty=2.0, frequency_penalty=0.5,
+                                                      presence_penalty=0.25),
+                                prompt_token_ids=prompt, output_token_ids=outputs)
+                for prompt, outputs in (([3, 3, 7], [7, 7, 1]), ([], [29, 0, 29]), ([5], []))]
     logits = torch.rand(3, vocab) + 0.5  # positive: the repetition penalty divides
-    sampler = Sampler(vocab, torch.device("cpu"), seed=0)
-    out = sampler._penalise(logits, requests)
-    requests[0].output_token_ids.append(3)  # a later step: the prompt's cached tokens, the output's new count
-    seen, counts = sampler.penalty_entries(requests, vocab)
-    assert seen.tolist() == [1, 3, 7, 30, 59, 65] and counts.tolist() == [1, 1, 2, 1, 2, 0]
+    out = Sampler(vocab, torch.device("cpu"), seed=0)._penalise(logits, requests)
     expected = logits.clone()
     for row, token, generated in ((0, 3, 0), (0, 7, 2), (0, 1, 1), (1, 29, 2), (1, 0, 1), (2, 5, 0)):
         expected[row, token] = logits[row, token] / 2.0 - 0.5 * generated - 0.25 * (generated > 0)
