@@ -11,7 +11,7 @@ import triton.language as tl
 BLOCK = 1024
 
 
-@triton.jit(do_not_specialize=["entries"])  # one compilation whatever the count (1, a multiple of 16 or other)
+@triton.jit
 def _penalties_kernel(out, seen, counts, repetition, frequency, presence, entries, vocab, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < entries
