@@ -264,18 +264,8 @@ def unpack_decode_inputs(input_ids: torch.Tensor, token_sources: torch.Tensor, s
                                                block_tables)
 
 
+apply_penalties = _sampling.apply_penalties
 MaskPlan = _sampling.MaskPlan
-
-
-def apply_penalties_at(logits: torch.Tensor, seen: torch.Tensor, counts: torch.Tensor, repetition: torch.Tensor,
-                       frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
-    """A penalised copy of logits [B, V]: the tokens seen[i] = row * V + token (a row's prompt and output
-    tokens, distinct) take their row's repetition penalty and, generated counts[i] times, its frequency and
-    presence penalties (sampling/reference.py)."""
-    if use_triton(logits):
-        from deltaserve.kernels.sampling.triton_penalties import apply_penalties_at as kernel
-        return kernel(logits, seen, counts, repetition, frequency, presence)
-    return _sampling.apply_penalties_at(logits, seen, counts, repetition, frequency, presence)
 
 
 def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -301,6 +291,6 @@ __all__ = [
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
-    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties_at", "MaskPlan", "sample_from_logits",
+    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "MaskPlan", "sample_from_logits",
     "greedy_tokens",
 ]

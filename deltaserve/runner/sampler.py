@@ -85,19 +85,19 @@ class Sampler:
         return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, mask=mask)
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Every row's distinct prompt and output tokens reach the device in one copy (flat indices into
-        [rows, vocab]) with their generated counts in another, however many rows: a copy per row would cost a
-        pageable transfer apiece, and masks the size of the logits would cost their bytes every step."""
-        vocab = logits.shape[1]
-        generated, times = np.unique(_flat_indices([r.output_token_ids for r in requests], vocab), return_counts=True)
-        seen = np.union1d(_flat_indices([r.prompt_token_ids for r in requests], vocab), generated)
-        counts = np.zeros(len(seen), dtype=np.float32)
-        counts[np.searchsorted(seen, generated)] = times
+        """Every row's prompt tokens and output counts reach the device in one copy each (flat indices into
+        [rows, vocab]), however many rows: a copy per row would cost a pageable transfer apiece."""
+        rows, vocab = len(requests), logits.shape[1]
+        prompt_mask = torch.zeros(rows * vocab, dtype=torch.bool, device=self.device)
+        prompt_mask[to_device(_flat_indices([r.prompt_token_ids for r in requests], vocab), self.device)] = True
+        outputs = to_device(_flat_indices([r.output_token_ids for r in requests], vocab), self.device)
+        counts = torch.zeros(rows * vocab, dtype=torch.float32, device=self.device)
+        counts.index_add_(0, outputs, torch.ones(len(outputs), dtype=torch.float32, device=self.device))
         per_row = lambda name: to_device([getattr(r.params, name) for r in requests], self.device,  # noqa: E731
                                          torch.float32)
-        seen_on_device, counts_on_device = to_device(seen, self.device), to_device(counts, self.device, torch.float32)
-        return kernels.apply_penalties_at(logits, seen_on_device, counts_on_device, per_row("repetition_penalty"),
-                                          per_row("frequency_penalty"), per_row("presence_penalty"))
+        return kernels.apply_penalties(logits, prompt_mask.view(rows, vocab), counts.view(rows, vocab),
+                                       per_row("repetition_penalty"), per_row("frequency_penalty"),
+                                       per_row("presence_penalty"))
 
     def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits with each row's logit_bias added (the logits themselves stay the model's:

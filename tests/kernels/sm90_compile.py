@@ -115,10 +115,6 @@ def cases():
     for pass_ in (0, nucleus.PASSES - 1):
         yield (f"nucleus_pivot_mass_{pass_}", nucleus._pivot_mass_kernel, dict(counts, lows="*i64"),
                dict(PASS=pass_, SLICE=nucleus.SLICE, BLOCK_S=32, PIVOTS=nucleus.PIVOTS), nucleus.NUM_WARPS, 1)
-    from deltaserve.kernels.sampling import triton_penalties as penalties
-
-    yield ("penalties", penalties._penalties_kernel, {"seen": "*i64", "entries": "i32", "vocab": "i32"},
-           dict(BLOCK=penalties.BLOCK), 4, 1)
     yield ("nucleus_floor", nucleus._floor_kernel, dict(counts, lows="*i64", floors="*i32"),
            dict(PASSES=nucleus.PASSES, BLOCK_S=32, PIVOTS=nucleus.PIVOTS), 1, 1)
     yield ("race_rows", race._race_rows_kernel, {"best_index": "*i32", "tokens": "*i64", "slices": "i32"},

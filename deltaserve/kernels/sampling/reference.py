@@ -23,21 +23,6 @@ def apply_penalties(
     return logits - presence[:, None] * (output_counts > 0).to(logits.dtype)
 
 
-def apply_penalties_at(logits: torch.Tensor, seen: torch.Tensor, counts: torch.Tensor, repetition: torch.Tensor,
-                       frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
-    """apply_penalties on the entries alone: a penalised copy of logits [B, V] (contiguous float32), where
-    seen (int64, distinct) lists row * V + token of every token in a row's prompt or output and counts
-    (float32) how many times each was generated; the other tokens keep their logits. The work follows the
-    entries, not B x V."""
-    out = logits.float().clone(memory_format=torch.contiguous_format)
-    flat = out.view(-1)
-    rows = seen // out.shape[1]
-    x, rep = flat[seen], repetition[rows]
-    x = torch.where(x > 0, x / rep, x * rep) - frequency[rows] * counts
-    flat[seen] = x - presence[rows] * (counts > 0).to(x.dtype)
-    return out
-
-
 @dataclass(frozen=True)
 class MaskPlan:
     """What the host knows of a batch's masks from its sampled rows' parameters (reading the tensors would
