@@ -33,7 +33,7 @@ WITH_LOGPROBS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, lo
 # and the next graph reads them where the sampler's tokens were copied.
 MIXED = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=11, ignore_eos=True),
          GREEDY, SamplingParams(max_tokens=24, temperature=1.0, top_k=40, seed=12, ignore_eos=True)]
-# Penalties: the GPU's penalties kernel beside the CPU's torch form.
+# Penalties: greedy rows' tokens from the GPU's penalised logits beside the CPU's.
 PENALISED = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.3,
                            frequency_penalty=0.4, presence_penalty=0.3)
 # Top-p and min-p without top-k: the sampled rows' masks are the nucleus kernels' floors.
