@@ -10,6 +10,7 @@ from torch.overrides import TorchFunctionMode
 
 from deltaserve import LLM, SamplingParams
 from deltaserve.errors import InvalidSamplingParamsError
+from deltaserve.engine.request import Request
 from deltaserve.kernels.sampling.reference import MaskPlan, apply_penalties, mask_logits
 from deltaserve.runner.sampler import Sampler, mask_plan
 
@@ -230,8 +231,8 @@ def test_penalties_of_many_rows_match_each_row_built_alone():
         params = SamplingParams(temperature=0.5, repetition_penalty=1 + random.random(),
                                 frequency_penalty=random.random(), presence_penalty=random.random())
         outputs = [random.randrange(vocab) for _ in range(random.randrange(12) if i else 0)]
-        requests.append(SimpleNamespace(params=params, prompt_token_ids=[random.randrange(vocab) for _ in range(9)],
-                                        output_token_ids=outputs))
+        requests.append(Request(f"r{i}", [random.randrange(vocab) for _ in range(9)], params, 20,
+                                output_token_ids=outputs))
     logits = torch.randn(rows, vocab)
     expected = logits.clone()
     for i, r in enumerate(requests):
@@ -242,3 +243,6 @@ def test_penalties_of_many_rows_match_each_row_built_alone():
         expected[i] = apply_penalties(logits[i : i + 1], mask, counts, torch.tensor([p.repetition_penalty]),
                                       torch.tensor([p.frequency_penalty]), torch.tensor([p.presence_penalty]))[0]
     assert torch.allclose(sampler._penalise(logits, requests), expected)
+    requests[0].output_token_ids.append(requests[0].prompt_token_ids[0])  # a later step: the prompt's tokens kept
+    expected_rows = sorted({i * vocab + t for i, r in enumerate(requests) for t in r.prompt_token_ids})
+    assert sorted(sampler.prompt_indices(requests, vocab).tolist()) == expected_rows

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import weakref
 
 import numpy as np
 import torch
@@ -43,6 +44,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = device
         self.generator = random.Random(seed)  # the seeds of rows whose request has none
+        self._prompt_tokens = weakref.WeakKeyDictionary()  # request -> its prompt's distinct tokens (np.int64)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]):
         """logits [B, V] fp32 for requests[b]. Returns (token ids, per-row logprob dicts or None)."""
@@ -89,7 +91,7 @@ class Sampler:
         [rows, vocab]), however many rows: a copy per row would cost a pageable transfer apiece."""
         rows, vocab = len(requests), logits.shape[1]
         prompt_mask = torch.zeros(rows * vocab, dtype=torch.bool, device=self.device)
-        prompt_mask[to_device(_flat_indices([r.prompt_token_ids for r in requests], vocab), self.device)] = True
+        prompt_mask[to_device(self.prompt_indices(requests, vocab), self.device)] = True
         outputs = to_device(_flat_indices([r.output_token_ids for r in requests], vocab), self.device)
         counts = torch.zeros(rows * vocab, dtype=torch.float32, device=self.device)
         counts.index_add_(0, outputs, torch.ones(len(outputs), dtype=torch.float32, device=self.device))
@@ -98,6 +100,19 @@ class Sampler:
         return kernels.apply_penalties(logits, prompt_mask.view(rows, vocab), counts.view(rows, vocab),
                                        per_row("repetition_penalty"), per_row("frequency_penalty"),
                                        per_row("presence_penalty"))
+
+    def prompt_indices(self, requests: list[Request], vocab: int) -> np.ndarray:
+        """row * vocab + token for each distinct prompt token of each row, rows in order. A request's prompt
+        becomes an array of its distinct tokens once, on its first step with penalties: walking every prompt
+        token of every row again each step cost the host the most (benchmarks/penalties_host.py)."""
+        arrays = [self._distinct_prompt_tokens(r) + row * vocab for row, r in enumerate(requests)]
+        return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+
+    def _distinct_prompt_tokens(self, request: Request) -> np.ndarray:
+        tokens = self._prompt_tokens.get(request)
+        if tokens is None:
+            tokens = self._prompt_tokens[request] = np.unique(np.asarray(request.prompt_token_ids, dtype=np.int64))
+        return tokens
 
     def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits with each row's logit_bias added (the logits themselves stay the model's:
