@@ -287,7 +287,9 @@ def test_snapshots_mid_chunk_at_chunk_edges_at_zero_and_at_the_last_token(checkp
         for layer in snapshots.h:
             state = off.engine.runner.state_pool
             torch.testing.assert_close(snapshots.h[layer][slot], state.h[layer][0], rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(snapshots.conv[layer][slot], state.conv[layer][0], rtol=1e-4, atol=1e-5)
+            # The conv state holds projections of values up to about 4: the passes' different splits move
+            # them by up to 1.5e-5 over twelve seeded prompts, past 1e-5 where a value is small.
+            torch.testing.assert_close(snapshots.conv[layer][slot], state.conv[layer][0], rtol=1e-4, atol=1e-4)
     # A prompt that ends on a block boundary saves the state at its end, and each point restores exactly
     # where it was saved, to the same tokens as a cold run.
     # (Each job leaves the text at `position`: none continues the tail the run above left at 113.)
