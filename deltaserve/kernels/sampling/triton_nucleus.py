@@ -42,40 +42,30 @@ def _scaled_block(x, scale, row, stride_x, start, vocab, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _slice_scales(slice_max, row, slices, best, BLOCK_S: tl.constexpr):
-    """exp(slice max - row max) per slice (0 for a slice of -inf only): a slice's masses are relative to its max."""
-    offs = tl.arange(0, BLOCK_S)
-    maxes = tl.load(slice_max + row * slices + offs, mask=offs < slices, other=float("-inf"))
-    return tl.where(maxes > float("-inf"), tl.exp(maxes - best), 0.0)
-
-
-@triton.jit
-def _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S: tl.constexpr):
-    """(max, sum of exp(logit - max)) of a row's scaled logits, from its slices'."""
+def _row_sums(slice_max, slice_sum, row, slices, BLOCK_S: tl.constexpr):
+    """(max, sum of exp(logit - max), scales) of a row's scaled logits from its slices': a slice's masses are
+    relative to its own max, and scales[s] = exp(slice max - row max) (0 for a slice of -inf only) puts them
+    on the row's."""
     offs = tl.arange(0, BLOCK_S)
     live = offs < slices
-    best = tl.max(tl.load(slice_max + row * slices + offs, mask=live, other=float("-inf")), 0)
-    sums = tl.load(slice_sum + row * slices + offs, mask=live, other=0.0)
-    return best, tl.sum(sums * _slice_scales(slice_max, row, slices, best, BLOCK_S), 0)
+    maxes = tl.load(slice_max + row * slices + offs, mask=live, other=float("-inf"))
+    best = tl.max(maxes, 0)
+    scales = tl.where(maxes > float("-inf"), tl.exp(maxes - best), 0.0)
+    return best, tl.sum(tl.load(slice_sum + row * slices + offs, mask=live, other=0.0) * scales, 0), scales
 
 
 @triton.jit
-def _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, PASS: tl.constexpr,
-                  BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
-    """The low end of the interval of keys pass PASS searches, from pass PASS - 1's. Pivot 0 is that pass's
-    low end, where the mass above is at least top_p; pivots 1.. at or above it too are all the first ones
-    (the mass above shrinks as the key grows), so the interval moves up by their count of steps."""
-    if PASS == 0:
-        low = tl.full([], _KEY_MIN, tl.int64)
-    else:
-        offs_s, offs_p = tl.arange(0, BLOCK_S), tl.arange(0, PIVOTS)
-        at = mass + ((PASS - 1) * rows + row) * slices * PIVOTS + offs_s[:, None] * PIVOTS + offs_p[None, :]
-        scales = _slice_scales(slice_max, row, slices, best, BLOCK_S)
-        above = tl.sum(tl.load(at, mask=(offs_s < slices)[:, None], other=0.0) * scales[:, None], 0)
-        crossed = (above >= tl.load(top_p + row) * total) & (offs_p > 0)
-        step = 1 << (32 - 4 * PASS)  # the previous pass's, as a Python int
-        low = tl.load(lows + (PASS - 1) * rows + row) + tl.sum(crossed.to(tl.int64), 0) * step
-    return low
+def _interval_low(lows, mass, top_p, scales, total, row, rows, slices, PASS: tl.constexpr, BLOCK_S: tl.constexpr,
+                  PIVOTS: tl.constexpr):
+    """The low end of the interval of keys pass PASS (> 0) searches, from pass PASS - 1's. Pivot 0 is that
+    pass's low end, where the mass above is at least top_p; pivots 1.. at or above it too are all the first
+    ones (the mass above shrinks as the key grows), so the interval moves up by their count of steps."""
+    offs_s, offs_p = tl.arange(0, BLOCK_S), tl.arange(0, PIVOTS)
+    at = mass + ((PASS - 1) * rows + row) * slices * PIVOTS + offs_s[:, None] * PIVOTS + offs_p[None, :]
+    above = tl.sum(tl.load(at, mask=(offs_s < slices)[:, None], other=0.0) * scales[:, None], 0)
+    crossed = (above >= tl.load(top_p + row) * total) & (offs_p > 0)
+    step = 1 << (32 - 4 * PASS)  # the previous pass's, as a Python int
+    return tl.load(lows + (PASS - 1) * rows + row) + tl.sum(crossed.to(tl.int64), 0) * step
 
 
 @triton.jit
@@ -92,8 +82,8 @@ def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, voca
         low = tl.full([], _KEY_MIN, tl.int64)
     else:
         ref = tl.load(slice_max + row * slices + part)
-        best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
-        low = _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, PASS, BLOCK_S, PIVOTS)
+        _, total, scales = _row_sums(slice_max, slice_sum, row, slices, BLOCK_S)
+        low = _interval_low(lows, mass, top_p, scales, total, row, rows, slices, PASS, BLOCK_S, PIVOTS)
     if part == 0:
         tl.store(lows + PASS * rows + row, low)
     # Every pivot is a key (int32): the last of pass 0 is KEY_MIN + 15 * 2^28, and each later pass's
@@ -132,8 +122,8 @@ def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices
                   BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
     """Program per row: its floor."""
     row, rows = tl.program_id(0).to(tl.int64), tl.num_programs(0)
-    best, total = _row_max_sum(slice_max, slice_sum, row, slices, BLOCK_S)
-    low = _interval_low(lows, mass, slice_max, top_p, best, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS)
+    best, total, scales = _row_sums(slice_max, slice_sum, row, slices, BLOCK_S)
+    low = _interval_low(lows, mass, top_p, scales, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS)
     tl.store(floors + row, _floor_of(low, tl.load(top_p + row), tl.load(min_p + row), best))
 
 
