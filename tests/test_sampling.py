@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 from deltaserve import LLM, SamplingParams
 from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.engine.request import Request
-from deltaserve.kernels.sampling.reference import MaskPlan, apply_penalties, mask_logits
+from deltaserve.kernels.sampling.reference import MaskPlan, mask_logits, penalise
 from deltaserve.runner.sampler import Sampler, mask_plan
 
 
@@ -114,7 +114,7 @@ def test_penalties_follow_vllm_definitions():
     counts = torch.zeros(2, 10)
     counts[0, 2] = 3
     counts[1, 4] = 1
-    out = apply_penalties(logits, prompt_mask, counts, torch.tensor([2.0, 1.0]), torch.tensor([0.5, 0.0]),
+    out = penalise(logits, prompt_mask, counts, torch.tensor([2.0, 1.0]), torch.tensor([0.5, 0.0]),
                           torch.tensor([0.0, 1.0]))
     rep = lambda x: x / 2 if x > 0 else x * 2  # noqa: E731
     assert torch.isclose(out[0, 1], torch.tensor(rep(logits[0, 1].item())))
@@ -222,8 +222,8 @@ def test_sampling_on_device_reads_nothing_back(masked):
 
 
 def test_penalties_of_many_rows_match_each_row_built_alone():
-    """The rows' prompt tokens and output counts, sent together as flat indices, penalise each row as its
-    own lists do (repeated tokens, a row without output yet)."""
+    """The rows' prompt and output tokens, sent together as flat entries, penalise each row as its own
+    dense mask and counts do (repeated tokens, a row without output yet)."""
     vocab, rows = 40, 5
     sampler = Sampler(vocab, torch.device("cpu"), seed=0)
     requests = []
@@ -240,8 +240,8 @@ def test_penalties_of_many_rows_match_each_row_built_alone():
         mask[0, r.prompt_token_ids] = True
         counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.int64), minlength=vocab).float()[None]
         p = r.params
-        expected[i] = apply_penalties(logits[i : i + 1], mask, counts, torch.tensor([p.repetition_penalty]),
-                                      torch.tensor([p.frequency_penalty]), torch.tensor([p.presence_penalty]))[0]
+        expected[i] = penalise(logits[i : i + 1], mask, counts, torch.tensor([p.repetition_penalty]),
+                               torch.tensor([p.frequency_penalty]), torch.tensor([p.presence_penalty]))[0]
     assert torch.allclose(sampler._penalise(logits, requests), expected)
     requests[0].output_token_ids.append(requests[0].prompt_token_ids[0])  # a later step: the prompt's tokens kept
     expected_rows = sorted({i * vocab + t for i, r in enumerate(requests) for t in r.prompt_token_ids})

@@ -264,7 +264,16 @@ def unpack_decode_inputs(input_ids: torch.Tensor, token_sources: torch.Tensor, s
                                                block_tables)
 
 
-apply_penalties = _sampling.apply_penalties
+def apply_penalties(logits: torch.Tensor, prompt_entries: torch.Tensor, output_entries: torch.Tensor,
+                    repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """A penalised copy of logits [B, V], the rows' tokens given as flat entries row * V + token
+    (sampling/reference.py)."""
+    if use_triton(logits):
+        from deltaserve.kernels.sampling.triton_penalties import apply_penalties as kernel
+        return kernel(logits, prompt_entries, output_entries, repetition, frequency, presence)
+    return _sampling.apply_penalties(logits, prompt_entries, output_entries, repetition, frequency, presence)
+
+
 MaskPlan = _sampling.MaskPlan
 
 

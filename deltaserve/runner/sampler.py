@@ -87,19 +87,15 @@ class Sampler:
         return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, mask=mask)
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Every row's prompt tokens and output counts reach the device in one copy each (flat indices into
-        [rows, vocab]), however many rows: a copy per row would cost a pageable transfer apiece."""
-        rows, vocab = len(requests), logits.shape[1]
-        prompt_mask = torch.zeros(rows * vocab, dtype=torch.bool, device=self.device)
-        prompt_mask[to_device(self.prompt_indices(requests, vocab), self.device)] = True
+        """Every row's prompt tokens and output tokens reach the device in one copy each (flat entries
+        row * vocab + token), however many rows: a copy per row would cost a pageable transfer apiece."""
+        vocab = logits.shape[1]
+        prompt = to_device(self.prompt_indices(requests, vocab), self.device)
         outputs = to_device(_flat_indices([r.output_token_ids for r in requests], vocab), self.device)
-        counts = torch.zeros(rows * vocab, dtype=torch.float32, device=self.device)
-        counts.index_add_(0, outputs, torch.ones(len(outputs), dtype=torch.float32, device=self.device))
         per_row = lambda name: to_device([getattr(r.params, name) for r in requests], self.device,  # noqa: E731
                                          torch.float32)
-        return kernels.apply_penalties(logits, prompt_mask.view(rows, vocab), counts.view(rows, vocab),
-                                       per_row("repetition_penalty"), per_row("frequency_penalty"),
-                                       per_row("presence_penalty"))
+        return kernels.apply_penalties(logits, prompt, outputs, per_row("repetition_penalty"),
+                                       per_row("frequency_penalty"), per_row("presence_penalty"))
 
     def prompt_indices(self, requests: list[Request], vocab: int) -> np.ndarray:
         """row * vocab + token for each distinct prompt token of each row, rows in order. A request's prompt

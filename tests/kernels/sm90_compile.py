@@ -120,6 +120,13 @@ def cases():
     yield ("race_rows", race._race_rows_kernel, {"best_index": "*i32", "tokens": "*i64", "slices": "i32"},
            dict(BLOCK_S=32, USE_PDL=True), 1, 1)
 
+    from deltaserve.kernels.sampling import triton_penalties as penalties
+
+    entries = {"counts": "*i32", "entries": "*i64", "first": "i32", "n": "i32"}
+    yield ("penalties_count", penalties._count_outputs, entries, dict(BLOCK=penalties.BLOCK), 4, 1)
+    yield ("penalties_entries", penalties._penalise_entries,
+           dict(entries, logits_row_stride="i64", vocab="i32"), dict(BLOCK=penalties.BLOCK), 4, 1)
+
     from deltaserve.kernels.norm import triton_gated_rms_norm as gated_norm
     from deltaserve.kernels.norm import triton_rms_norm as norm
     from deltaserve.kernels.norm.rows_per_program import rows_per_program, warps_for

@@ -108,3 +108,22 @@ def test_greedy_tokens_match_torch_argmax_into_a_strided_view():
     greedy_tokens(padded[:, :vocab], out[:rows])
     assert out[:rows].tolist() == padded[:, :vocab].argmax(-1).tolist() and out[1] == 5
     assert out[rows:].tolist() == [-7, -7]
+
+
+@pytest.mark.parametrize("rows, vocab, outputs", [(1, 50, 0), (5, 3001, 700), (3, 40, 2000)])
+def test_penalties_kernel_gives_the_reference_bits(rows, vocab, outputs):
+    """Fresh prompt and output entries (repeats, tokens in both lists, a row with neither), on a strided
+    view of wider logits rows, with penalties that divide, multiply and subtract: the reference's bits. The
+    last shape repeats each token many times, so the counts' atomics race on the same entries."""
+    from deltaserve.kernels.sampling.triton_penalties import apply_penalties
+
+    wide = torch.randn(rows, vocab + 13) * 5
+    logits = wide[:, :vocab]
+    rows_of = lambda n: torch.randint(0, max(rows - 1, 1), (n,))  # noqa: E731  the last row has no entries
+    prompt = rows_of(vocab // 3) * vocab + torch.randint(0, vocab, (vocab // 3,))
+    output = torch.cat([prompt[: vocab // 10], rows_of(outputs) * vocab + torch.randint(0, vocab, (outputs,))])
+    repetition, frequency, presence = 0.5 + torch.rand(rows) * 2, torch.randn(rows), torch.randn(rows)
+    out = apply_penalties(logits, prompt, output, repetition, frequency, presence)
+    expected = reference.apply_penalties(logits, prompt, output, repetition, frequency, presence)
+    assert torch.equal(out, expected)
+    assert not torch.equal(out, logits)

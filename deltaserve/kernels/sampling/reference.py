@@ -7,14 +7,36 @@ import torch
 
 def apply_penalties(
     logits: torch.Tensor,
+    prompt_entries: torch.Tensor,
+    output_entries: torch.Tensor,
+    repetition: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+) -> torch.Tensor:
+    """A penalised copy of logits [B, V] fp32. The tokens come as flat entries row * V + token (int64):
+    `prompt_entries`, each row's prompt tokens (a repeat changes nothing); `output_entries`, one per token
+    a row generated (repeats count). Per-row penalties [B]. Sparse entries rather than [B, V] masks: a
+    step of 128 rows of a 248k vocabulary would otherwise build and read 160 MB of them."""
+    rows, vocab = logits.shape
+    prompt_mask = torch.zeros(rows * vocab, dtype=torch.bool, device=logits.device)
+    prompt_mask[prompt_entries] = True
+    counts = torch.zeros(rows * vocab, dtype=torch.float32, device=logits.device)
+    counts.index_add_(0, output_entries, torch.ones(len(output_entries), device=logits.device))
+    return penalise(logits, prompt_mask.view(rows, vocab), counts.view(rows, vocab), repetition, frequency,
+                    presence)
+
+
+def penalise(
+    logits: torch.Tensor,
     prompt_mask: torch.Tensor,
     output_counts: torch.Tensor,
     repetition: torch.Tensor,
     frequency: torch.Tensor,
     presence: torch.Tensor,
 ) -> torch.Tensor:
-    """logits [B, V] fp32; prompt_mask [B, V] bool (token in the prompt); output_counts [B, V] (times
-    generated); per-row penalties [B]. Repetition covers prompt and output; the others output only."""
+    """The definition, vLLM's: logits [B, V] fp32; prompt_mask [B, V] bool (token in the prompt);
+    output_counts [B, V] (times generated); per-row penalties [B]. Repetition covers prompt and output
+    (divides a positive logit, multiplies the others); frequency and presence cover the output only."""
     seen = prompt_mask | (output_counts > 0)
     rep = repetition[:, None].expand_as(logits)
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
