@@ -1,6 +1,6 @@
-"""Penalties on the GPU at the Qwen3.5 vocabulary: the Triton kernel over the rows' token entries against the
-dense torch reference (a [B, V] prompt mask and counts, then the elementwise definition), which is what the
-sampler ran before the kernel.
+"""Penalties on the GPU at the Qwen3.5 vocabulary: the Triton kernel over the rows' token lists against the
+dense torch reference (a [B, V] prompt mask and counts filled from the same lists, then the elementwise
+definition), and the sampler's whole penalties step.
 
     python benchmarks/penalties_device.py --out benchmarks/results/penalties_device.json
         [--shapes 1x128,32x128,128x128,32x8192,128x8192]
@@ -9,8 +9,9 @@ Shapes are rows x prompt tokens, each row with 200 generated tokens drawn from a
 they repeat, as text does), every row with repetition 1.1, frequency 0.3 and presence 0.2.
 Checks: the kernel's values against the reference's on the GPU and on the CPU, bit for bit. Times:
 `kernel_us` / `dense_us`, device microseconds a call over 20 calls back to back (kernels.apply_penalties
-/ reference.apply_penalties on the same entries); `step_ms_kernel` / `step_ms_dense`, the sampler's whole
-penalties step (its host lists, the copies and the device work, synchronised), median of 20 calls.
+/ reference.apply_penalties on the same lists); `step_ms`, the sampler's penalties step (its host lists,
+the copies and the device work, synchronised), each call after every row gained one output token, as a
+decode step's rows do: median of 20 calls, after a first call that made the rows' lists.
 """
 
 import argparse
@@ -60,26 +61,23 @@ def shape_row(rows: int, prompt: int) -> dict:
     cuda = torch.device("cuda")
     sampler = sampler_module.Sampler(VOCAB, cuda, seed=0)
     logits = torch.randn(rows, VOCAB, device=cuda) * 3
-    prompt_entries = torch.from_numpy(sampler.prompt_indices(batch, VOCAB)).to(cuda)
-    output_entries = torch.from_numpy(sampler_module._flat_indices([r.output_token_ids for r in batch], VOCAB)
-                                      ).to(cuda)
     per_row = lambda value: torch.full((rows,), value, device=cuda)  # noqa: E731
-    args = (logits, prompt_entries, output_entries, per_row(1.1), per_row(0.3), per_row(0.2))
+    args = (logits, *sampler.penalty_tokens(batch), per_row(1.1), per_row(0.3), per_row(0.2))
     out = kernels.apply_penalties(*args)
-    row = {"rows": rows, "prompt_tokens": prompt, "generated_tokens": GENERATED,
-           "equal_to_gpu_reference": bool(torch.equal(out, reference.apply_penalties(*args))),
-           "equal_to_cpu_reference": bool(torch.equal(out.cpu(), reference.apply_penalties(
-               *(a.cpu() for a in args)))),
-           "kernel_us": round(time_us(lambda: kernels.apply_penalties(*args), calls=20, warm=3), 1),
-           "dense_us": round(time_us(lambda: reference.apply_penalties(*args), calls=20, warm=3), 1),
-           "step_ms_kernel": step_ms(lambda: sampler._penalise(logits, batch))}
-    kernel = kernels.apply_penalties
-    kernels.apply_penalties = reference.apply_penalties  # the sampler's step as it was before the kernel
-    try:
-        row["step_ms_dense"] = step_ms(lambda: sampler._penalise(logits, batch))
-    finally:
-        kernels.apply_penalties = kernel
-    return row
+    cpu_args = [a.cpu() if isinstance(a, torch.Tensor) else
+                reference.RowTokens(a.tokens.cpu(), a.offsets.cpu(), a.longest) for a in args]
+
+    def step():
+        for r in batch:
+            r.output_token_ids.append(random.randrange(VOCAB))
+        sampler._penalise(logits, batch)
+
+    return {"rows": rows, "prompt_tokens": prompt, "generated_tokens": GENERATED,
+            "equal_to_gpu_reference": bool(torch.equal(out, reference.apply_penalties(*args))),
+            "equal_to_cpu_reference": bool(torch.equal(out.cpu(), reference.apply_penalties(*cpu_args))),
+            "kernel_us": round(time_us(lambda: kernels.apply_penalties(*args), calls=20, warm=3), 1),
+            "dense_us": round(time_us(lambda: reference.apply_penalties(*args), calls=20, warm=3), 1),
+            "step_ms": step_ms(step)}
 
 
 def main() -> None:

@@ -1,12 +1,11 @@
-"""The host's part of a step with penalties, milliseconds a step, on the CPU: the flat indices of the rows'
-prompt tokens (which the sampler copies to the device for the prompt mask) and of their generated tokens.
+"""The host's part of a step with penalties, milliseconds a step, on the CPU: Sampler.penalty_tokens, the
+rows' prompt and output token lists with their offsets (on a CPU device, so the copies are host copies too).
 
     python benchmarks/penalties_host.py --out benchmarks/results/penalties_host_cpu.json [--shapes 32x128,32x8192]
 
 Shapes are rows x prompt tokens, each row with 200 generated tokens, at the Qwen3.5 vocabulary.
-`prompt_indices`: Sampler.prompt_indices a step, each request's distinct prompt tokens kept from its first
-step (`first_step`: that step). `flat_prompts`: every prompt token of every row listed again, as the sampler
-did each step before. `flat_outputs`: the generated tokens' indices, listed each step either way.
+`first_step`: the first call, which makes each request's distinct prompt tokens and its output array.
+`step`: a later call, after every row gained one output token (as a decode step's rows do), mean of 5.
 """
 
 import argparse
@@ -28,16 +27,9 @@ VOCAB = 248320
 GENERATED = 200
 
 
-def ms_per_call(fn, calls: int = 5) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return round((time.perf_counter() - start) / calls * 1e3, 2)
-
-
 def requests(rows: int, prompt: int) -> list[Request]:
     params = SamplingParams(temperature=0.8, repetition_penalty=1.1)
-    return [Request(f"r{i}", [random.randrange(VOCAB) for _ in range(prompt)], params, GENERATED + 1,
+    return [Request(f"r{i}", [random.randrange(VOCAB) for _ in range(prompt)], params, GENERATED + 10,
                     output_token_ids=[random.randrange(VOCAB) for _ in range(GENERATED)]) for i in range(rows)]
 
 
@@ -45,13 +37,17 @@ def shape_row(rows: int, prompt: int) -> dict:
     batch = requests(rows, prompt)
     sampler = sampler_module.Sampler(VOCAB, torch.device("cpu"), seed=0)
     start = time.perf_counter()
-    sampler.prompt_indices(batch, VOCAB)
-    first = round((time.perf_counter() - start) * 1e3, 2)
-    flat = lambda lists: sampler_module._flat_indices(lists, VOCAB)  # noqa: E731
-    return {"rows": rows, "prompt_tokens": prompt, "generated_tokens": GENERATED, "first_step": first,
-            "prompt_indices": ms_per_call(lambda: sampler.prompt_indices(batch, VOCAB)),
-            "flat_prompts": ms_per_call(lambda: flat([r.prompt_token_ids for r in batch])),
-            "flat_outputs": ms_per_call(lambda: flat([r.output_token_ids for r in batch]))}
+    sampler.penalty_tokens(batch)
+    first = time.perf_counter() - start
+    steps = []
+    for _ in range(5):
+        for r in batch:
+            r.output_token_ids.append(random.randrange(VOCAB))
+        start = time.perf_counter()
+        sampler.penalty_tokens(batch)
+        steps.append(time.perf_counter() - start)
+    return {"rows": rows, "prompt_tokens": prompt, "generated_tokens": GENERATED, "first_step": round(first * 1e3, 2),
+            "step": round(sum(steps) / len(steps) * 1e3, 2)}
 
 
 def main() -> None:

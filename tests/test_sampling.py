@@ -242,7 +242,14 @@ def test_penalties_of_many_rows_match_each_row_built_alone():
         p = r.params
         expected[i] = penalise(logits[i : i + 1], mask, counts, torch.tensor([p.repetition_penalty]),
                                torch.tensor([p.frequency_penalty]), torch.tensor([p.presence_penalty]))[0]
-    assert torch.allclose(sampler._penalise(logits, requests), expected)
-    requests[0].output_token_ids.append(requests[0].prompt_token_ids[0])  # a later step: the prompt's tokens kept
-    expected_rows = sorted({i * vocab + t for i, r in enumerate(requests) for t in r.prompt_token_ids})
-    assert sorted(sampler.prompt_indices(requests, vocab).tolist()) == expected_rows
+    assert torch.equal(sampler._penalise(logits, requests), expected)
+    for r in requests[:3]:  # later steps: the lists kept from the last step grow by the new tokens alone
+        r.output_token_ids.append(r.prompt_token_ids[0])
+    requests[1].add_pending_token()  # still on the device: not listed
+    del requests[2].output_token_ids[:2]  # an output that shrank is listed again
+    prompt, output = sampler.penalty_tokens(requests)
+    for i, r in enumerate(requests):
+        assert prompt.tokens[prompt.offsets[i] : prompt.offsets[i + 1]].tolist() == sorted(set(r.prompt_token_ids))
+        assert output.tokens[output.offsets[i] : output.offsets[i + 1]].tolist() == r.resolved_output_ids
+    assert prompt.longest == max(len(set(r.prompt_token_ids)) for r in requests)
+    assert output.longest == max(len(r.resolved_output_ids) for r in requests)

@@ -264,17 +264,17 @@ def unpack_decode_inputs(input_ids: torch.Tensor, token_sources: torch.Tensor, s
                                                block_tables)
 
 
-def apply_penalties(logits: torch.Tensor, prompt_entries: torch.Tensor, output_entries: torch.Tensor,
-                    repetition: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
-    """A penalised copy of logits [B, V], the rows' tokens given as flat entries row * V + token
-    (sampling/reference.py)."""
+MaskPlan = _sampling.MaskPlan
+RowTokens = _sampling.RowTokens
+
+
+def apply_penalties(logits: torch.Tensor, prompt: RowTokens, output: RowTokens, repetition: torch.Tensor,
+                    frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """A penalised copy of logits [B, V], from each row's prompt and output tokens (sampling/reference.py)."""
     if use_triton(logits):
         from deltaserve.kernels.sampling.triton_penalties import apply_penalties as kernel
-        return kernel(logits, prompt_entries, output_entries, repetition, frequency, presence)
-    return _sampling.apply_penalties(logits, prompt_entries, output_entries, repetition, frequency, presence)
-
-
-MaskPlan = _sampling.MaskPlan
+        return kernel(logits, prompt, output, repetition, frequency, presence)
+    return _sampling.apply_penalties(logits, prompt, output, repetition, frequency, presence)
 
 
 def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -300,6 +300,6 @@ __all__ = [
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
-    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "MaskPlan", "sample_from_logits",
-    "greedy_tokens",
+    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "MaskPlan", "RowTokens",
+    "sample_from_logits", "greedy_tokens",
 ]

@@ -9,9 +9,9 @@ engine's generator, seeded once.
 
 from __future__ import annotations
 
-import itertools
 import random
 import weakref
+from array import array
 
 import numpy as np
 import torch
@@ -44,7 +44,8 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = device
         self.generator = random.Random(seed)  # the seeds of rows whose request has none
-        self._prompt_tokens = weakref.WeakKeyDictionary()  # request -> its prompt's distinct tokens (np.int64)
+        self._prompt_tokens = weakref.WeakKeyDictionary()  # request -> its prompt's distinct tokens, on the device
+        self._output_tokens = weakref.WeakKeyDictionary()  # request -> array("i") of its output tokens read back
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]):
         """logits [B, V] fp32 for requests[b]. Returns (token ids, per-row logprob dicts or None)."""
@@ -87,27 +88,45 @@ class Sampler:
         return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, mask=mask)
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Every row's prompt tokens and output tokens reach the device in one copy each (flat entries
-        row * vocab + token), however many rows: a copy per row would cost a pageable transfer apiece."""
-        vocab = logits.shape[1]
-        prompt = to_device(self.prompt_indices(requests, vocab), self.device)
-        outputs = to_device(_flat_indices([r.output_token_ids for r in requests], vocab), self.device)
-        per_row = lambda name: to_device([getattr(r.params, name) for r in requests], self.device,  # noqa: E731
-                                         torch.float32)
-        return kernels.apply_penalties(logits, prompt, outputs, per_row("repetition_penalty"),
-                                       per_row("frequency_penalty"), per_row("presence_penalty"))
+        prompt, output = self.penalty_tokens(requests)
+        penalties = to_device([[r.params.repetition_penalty for r in requests],
+                               [r.params.frequency_penalty for r in requests],
+                               [r.params.presence_penalty for r in requests]], self.device, torch.float32)
+        return kernels.apply_penalties(logits, prompt, output, *penalties)
 
-    def prompt_indices(self, requests: list[Request], vocab: int) -> np.ndarray:
-        """row * vocab + token for each distinct prompt token of each row, rows in order. A request's prompt
-        becomes an array of its distinct tokens once, on its first step with penalties: walking every prompt
-        token of every row again each step cost the host the most (benchmarks/penalties_host.py)."""
-        arrays = [self._distinct_prompt_tokens(r) + row * vocab for row, r in enumerate(requests)]
-        return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+    def penalty_tokens(self, requests: list[Request]) -> tuple[kernels.RowTokens, kernels.RowTokens]:
+        """Each row's distinct prompt tokens and its output tokens. A request's prompt tokens reach the device
+        once, on its first step with penalties; its output tokens are kept on the host, each step adding the
+        new ones, and travel with both lists' offsets in one copy: listing every prompt and output token of
+        every row again each step cost the host the most (benchmarks/penalties_host.py)."""
+        prompts, prompt_lengths = zip(*(self._device_prompt(r) for r in requests))
+        outputs = [self._output_array(r) for r in requests]
+        output_lengths = [len(a) for a in outputs]
+        rows = len(requests)
+        packed = to_device(np.concatenate([_offsets(prompt_lengths), _offsets(output_lengths),
+                                           *(np.frombuffer(a, dtype=np.int32) for a in outputs)]),
+                           self.device, torch.int32)
+        prompt = kernels.RowTokens(torch.cat(prompts), packed[: rows + 1], max(prompt_lengths, default=0))
+        output = kernels.RowTokens(packed[2 * rows + 2 :], packed[rows + 1 : 2 * rows + 2],
+                                   max(output_lengths, default=0))
+        return prompt, output
 
-    def _distinct_prompt_tokens(self, request: Request) -> np.ndarray:
-        tokens = self._prompt_tokens.get(request)
-        if tokens is None:
-            tokens = self._prompt_tokens[request] = np.unique(np.asarray(request.prompt_token_ids, dtype=np.int64))
+    def _device_prompt(self, request: Request) -> tuple[torch.Tensor, int]:
+        """The request's distinct prompt tokens on the device, and how many."""
+        entry = self._prompt_tokens.get(request)
+        if entry is None:
+            distinct = np.unique(np.asarray(request.prompt_token_ids, dtype=np.int32))
+            entry = self._prompt_tokens[request] = (to_device(distinct, self.device, torch.int32), len(distinct))
+        return entry
+
+    def _output_array(self, request: Request) -> array:
+        """The request's output tokens read back so far, the array kept from its last step grown by the new
+        ones (made again if the output shrank)."""
+        resolved = len(request.output_token_ids) - request.num_pending_tokens
+        tokens = self._output_tokens.get(request)
+        if tokens is None or len(tokens) > resolved:
+            tokens = self._output_tokens[request] = array("i")
+        tokens.extend(request.output_token_ids[len(tokens) : resolved])
         return tokens
 
     def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
@@ -154,12 +173,9 @@ def prompt_logprob_entries(logits: torch.Tensor, targets: list[int], top: int) -
     return [logprob_entry(logprobs[i], t, top) for i, t in enumerate(targets)]
 
 
-def _flat_indices(token_lists: list[list[int]], vocab: int) -> np.ndarray:
-    """row * vocab + token for every token of every row's list, rows in order."""
-    lengths = [len(tokens) for tokens in token_lists]
-    rows = np.repeat(np.arange(len(token_lists), dtype=np.int64), lengths)
-    tokens = np.fromiter(itertools.chain.from_iterable(token_lists), dtype=np.int64, count=sum(lengths))
-    return rows * vocab + tokens
+def _offsets(lengths: list[int]) -> np.ndarray:
+    """[0, l0, l0 + l1, ...] (int32): where each row's list starts in the concatenation, and its end."""
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
 
 
 def _has_penalty(p) -> bool:

@@ -122,10 +122,11 @@ def cases():
 
     from deltaserve.kernels.sampling import triton_penalties as penalties
 
-    entries = {"counts": "*i32", "entries": "*i64", "first": "i32", "n": "i32"}
-    yield ("penalties_count", penalties._count_outputs, entries, dict(BLOCK=penalties.BLOCK), 4, 1)
-    yield ("penalties_entries", penalties._penalise_entries,
-           dict(entries, logits_row_stride="i64", vocab="i32"), dict(BLOCK=penalties.BLOCK), 4, 1)
+    lists = {"counts": "*i32", "tokens": "*i32", "offsets": "*i32", "vocab": "i32",
+             "prompt_tokens": "*i32", "prompt_offsets": "*i32", "output_tokens": "*i32", "output_offsets": "*i32"}
+    yield ("penalties_count", penalties._count_outputs, lists, dict(BLOCK=penalties.BLOCK), 4, 1)
+    yield ("penalties_lists", penalties._penalise_kernel, dict(lists, logits_row_stride="i64"),
+           dict(BLOCK=penalties.BLOCK), 4, 1)
 
     from deltaserve.kernels.norm import triton_gated_rms_norm as gated_norm
     from deltaserve.kernels.norm import triton_rms_norm as norm

@@ -110,20 +110,28 @@ def test_greedy_tokens_match_torch_argmax_into_a_strided_view():
     assert out[rows:].tolist() == [-7, -7]
 
 
-@pytest.mark.parametrize("rows, vocab, outputs", [(1, 50, 0), (5, 3001, 700), (3, 40, 2000)])
-def test_penalties_kernel_gives_the_reference_bits(rows, vocab, outputs):
-    """Fresh prompt and output entries (repeats, tokens in both lists, a row with neither), on a strided
-    view of wider logits rows, with penalties that divide, multiply and subtract: the reference's bits. The
-    last shape repeats each token many times, so the counts' atomics race on the same entries."""
+def _row_tokens(lists: list[list[int]]) -> reference.RowTokens:
+    lengths = torch.tensor([0] + [len(tokens) for tokens in lists])
+    tokens = torch.tensor([t for tokens in lists for t in tokens], dtype=torch.int32)
+    return reference.RowTokens(tokens, lengths.cumsum(0).to(torch.int32), max(lengths.tolist()))
+
+
+@pytest.mark.parametrize("rows, vocab, prompt_len, output_len", [(1, 50, 7, 0), (5, 3001, 1500, 700),
+                                                                 (3, 40, 0, 2100), (4, 300, 30, 40)])
+def test_penalties_kernel_gives_the_reference_bits(rows, vocab, prompt_len, output_len):
+    """Fresh lists of ragged lengths (repeats, tokens in both lists, a row with neither, lists longer than
+    a block, an empty list in every row) on a strided view of wider logits rows, with penalties that
+    divide, multiply and subtract: the reference's bits. A vocabulary of 40 under 2100 outputs a row makes
+    the counts' atomics race on the same entries."""
     from deltaserve.kernels.sampling.triton_penalties import apply_penalties
 
     wide = torch.randn(rows, vocab + 13) * 5
     logits = wide[:, :vocab]
-    rows_of = lambda n: torch.randint(0, max(rows - 1, 1), (n,))  # noqa: E731  the last row has no entries
-    prompt = rows_of(vocab // 3) * vocab + torch.randint(0, vocab, (vocab // 3,))
-    output = torch.cat([prompt[: vocab // 10], rows_of(outputs) * vocab + torch.randint(0, vocab, (outputs,))])
+    length = lambda most, row: 0 if row == rows - 1 and rows > 1 else random.randint(most // 2, most)  # noqa: E731
+    prompts = [[random.randrange(vocab) for _ in range(length(prompt_len, r))] for r in range(rows)]
+    outputs = [prompts[r][:3] + [random.randrange(vocab) for _ in range(length(output_len, r))] for r in range(rows)]
     repetition, frequency, presence = 0.5 + torch.rand(rows) * 2, torch.randn(rows), torch.randn(rows)
-    out = apply_penalties(logits, prompt, output, repetition, frequency, presence)
-    expected = reference.apply_penalties(logits, prompt, output, repetition, frequency, presence)
-    assert torch.equal(out, expected)
+    args = (logits, _row_tokens(prompts), _row_tokens(outputs), repetition, frequency, presence)
+    out = apply_penalties(*args)
+    assert torch.equal(out, reference.apply_penalties(*args))
     assert not torch.equal(out, logits)

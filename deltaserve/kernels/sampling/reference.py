@@ -5,23 +5,34 @@ from dataclasses import dataclass
 import torch
 
 
-def apply_penalties(
-    logits: torch.Tensor,
-    prompt_entries: torch.Tensor,
-    output_entries: torch.Tensor,
-    repetition: torch.Tensor,
-    frequency: torch.Tensor,
-    presence: torch.Tensor,
-) -> torch.Tensor:
-    """A penalised copy of logits [B, V] fp32. The tokens come as flat entries row * V + token (int64):
-    `prompt_entries`, each row's prompt tokens (a repeat changes nothing); `output_entries`, one per token
-    a row generated (repeats count). Per-row penalties [B]. Sparse entries rather than [B, V] masks: a
-    step of 128 rows of a 248k vocabulary would otherwise build and read 160 MB of them."""
+@dataclass(frozen=True)
+class RowTokens:
+    """Each row's tokens, concatenated: row b's are tokens[offsets[b] : offsets[b + 1]] (tokens int32,
+    offsets [B + 1] int32, on the logits' device). `longest`: the most tokens a row has, known on the host
+    (it sizes a kernel's grid without reading the offsets back)."""
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    longest: int
+
+    def flat_entries(self, vocab: int) -> torch.Tensor:
+        """row * vocab + token (int64) for each token, rows in order."""
+        rows = torch.arange(len(self.offsets) - 1, device=self.tokens.device)
+        rows = torch.repeat_interleave(rows, self.offsets.diff(), output_size=len(self.tokens))
+        return rows * vocab + self.tokens
+
+
+def apply_penalties(logits: torch.Tensor, prompt: RowTokens, output: RowTokens, repetition: torch.Tensor,
+                    frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """A penalised copy of logits [B, V] fp32: `prompt`, each row's prompt tokens (a repeat changes
+    nothing); `output`, each row's generated tokens (repeats count); per-row penalties [B]. Lists rather than
+    [B, V] masks: a step of 128 rows of a 248k vocabulary would otherwise copy and read 160 MB of them."""
     rows, vocab = logits.shape
     prompt_mask = torch.zeros(rows * vocab, dtype=torch.bool, device=logits.device)
-    prompt_mask[prompt_entries] = True
+    prompt_mask[prompt.flat_entries(vocab)] = True
+    entries = output.flat_entries(vocab)
     counts = torch.zeros(rows * vocab, dtype=torch.float32, device=logits.device)
-    counts.index_add_(0, output_entries, torch.ones(len(output_entries), device=logits.device))
+    counts.index_add_(0, entries, torch.ones(len(entries), device=logits.device))
     return penalise(logits, prompt_mask.view(rows, vocab), counts.view(rows, vocab), repetition, frequency,
                     presence)
 
