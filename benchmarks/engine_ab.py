@@ -7,7 +7,7 @@ Each run is that tree's own benchmarks/engine_bench.py in a fresh process, with 
 to the tree's label. Odd rounds run the trees in the order given and even rounds in reverse (A B B A),
 so that the card's drift over the command (its clocks, its temperature) falls on every tree alike.
 `--concurrency` (empty by default: prefill only), `--prefill`, `--gdn-state-dtype`, `--max-model-len`,
-`--prompt-len`, `--temperature`, `--top-p` and `--top-k` pass through.
+`--prompt-len`, `--temperature`, `--top-p`, `--top-k` and the three penalties pass through.
 """
 
 import argparse
@@ -48,14 +48,21 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="the decode batches' (0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=-1)
+    ap.add_argument("--repetition-penalty", type=float, default=1.0)
+    ap.add_argument("--frequency-penalty", type=float, default=0.0)
+    ap.add_argument("--presence-penalty", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     trees = [t.split("=") for t in args.trees.split(",")]
     sampling = ("--temperature", str(args.temperature), "--top-p", str(args.top_p)) if args.temperature else ()
     sampling += ("--top-k", str(args.top_k)) if args.top_k > 0 else ()
+    for name, off in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
+        if getattr(args, name) != off:
+            sampling += ("--" + name.replace("_", "-"), str(getattr(args, name)))
     result = {**results_io.header(), "shape": args.shape, "trees": dict(trees), "temperature": args.temperature,
-              "top_p": args.top_p, "top_k": args.top_k, "runs": []}
+              "top_p": args.top_p, "top_k": args.top_k, "repetition_penalty": args.repetition_penalty,
+              "frequency_penalty": args.frequency_penalty, "presence_penalty": args.presence_penalty, "runs": []}
     for round_ in range(1, args.rounds + 1):
         for tree, label in trees if round_ % 2 else trees[::-1]:
             run = run_tree(tree, label, args.shape, args.concurrency, args.prefill, args.gdn_state_dtype,

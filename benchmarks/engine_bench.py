@@ -35,11 +35,11 @@ PROMPT, GENERATED = 128, 256
 
 
 def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
-              top_p: float = 1.0, top_k: int = -1) -> dict:
+              top_p: float = 1.0, top_k: int = -1, **penalties: float) -> dict:
     """Runs a closed batch (greedy unless a temperature is given); returns prefill time, decode steps and
-    their time."""
+    their time. `penalties`: SamplingParams' repetition, frequency and presence penalties."""
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                            ignore_eos=True, detokenize=False)
+                            ignore_eos=True, detokenize=False, **penalties)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{time.monotonic_ns()}-{i}", prompt, params)
     sync()
@@ -98,6 +98,9 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="the decode batches' (0: greedy)")
     ap.add_argument("--top-p", type=float, default=1.0, help="the decode batches' (1: off)")
     ap.add_argument("--top-k", type=int, default=-1, help="the decode batches' (-1: off)")
+    ap.add_argument("--repetition-penalty", type=float, default=1.0, help="the decode batches' (1: off)")
+    ap.add_argument("--frequency-penalty", type=float, default=0.0, help="the decode batches' (0: off)")
+    ap.add_argument("--presence-penalty", type=float, default=0.0, help="the decode batches' (0: off)")
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",") if c]
     prefills = [int(p) for p in args.prefill.split(",") if p]
@@ -110,12 +113,16 @@ def main() -> None:
     weights = weight_bytes(engine.runner.model)
     result = {**results_io.header(), "shape": args.shape, "gdn_state_dtype": args.gdn_state_dtype,
               "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+              "repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
+              "presence_penalty": args.presence_penalty,
               "startup_s": round(time.perf_counter() - started, 1),
               "weights_gb": {k: round(v / 1e9, 3) for k, v in weights.items()}, "decode": [], "prefill": []}
     tokens = random_tokens(engine.model_config.vocab_size)
     prompts = lambda n, length: [tokens(length) for _ in range(n)]  # noqa: E731
     for c in ladder:
-        sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+        sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                    "repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
+                    "presence_penalty": args.presence_penalty}
         run_batch(engine, prompts(c, args.prompt_len), 16, **sampling)  # warm-up at this concurrency
         r = run_batch(engine, prompts(c, args.prompt_len), args.generated, **sampling)
         step = r["decode_s"] / r["decode_steps"]
