@@ -98,7 +98,7 @@ class Sampler:
         """Each row's distinct prompt tokens and its output tokens. A request's prompt tokens reach the device
         once, on its first step with penalties; its output tokens are kept on the host, each step adding the
         new ones, and travel with both lists' offsets in one copy: listing every prompt and output token of
-        every row again each step cost the host the most (benchmarks/penalties_host.py)."""
+        every row again each step cost the host the most (benchmarks/penalties_device.py times the step)."""
         prompts, prompt_lengths = zip(*(self._device_prompt(r) for r in requests))
         outputs = [self._output_array(r) for r in requests]
         output_lengths = [len(a) for a in outputs]
