@@ -1,7 +1,7 @@
 """The sampler's device paths at the Qwen3.5 vocabulary: checks, then times per call.
 
     python benchmarks/sampling_masks.py --out benchmarks/results/sampling_masks.json [--rows 1,32,128]
-        [--floor-tiles 4096x8,8192x8x512]   (nucleus_floors alone with those slices, warps [and chunks])
+        [--floor-tiles 4096x8,8192x16]   (nucleus_floors alone with those slices and warps)
 
 Logits: `randn` (normal, standard deviation 3) and `zipf` (a token of rank r has logit -1.1 log r, ranks
 shuffled, plus normal noise of deviation 0.1: probabilities that fall as a power of the rank, as a language
@@ -11,8 +11,7 @@ applied by the race), `topk` (top-k 20 and top-p 0.95 in every row, through torc
 rows top-k 20 and top-p 0.95, the odd ones top-p 0.95 alone: torch.topk, then floors for the odd rows), and
 `sort` (top-p 0.95 through the reference's sort of the vocabulary, then the race: what a batch with top-k
 in some rows took before the mixed plan). `floors_alone`: nucleus_floors alone at its default tiles;
-`floors_<slice>x<warps>[x<chunk>]`: with those tiles (chunk: triton_nucleus.CHUNK's alternative), whose
-kept sets are checked as the default's are.
+`floors_<slice>x<warps>`: with those tiles.
 Checks on fresh logits: the rows whose kept tokens under the floors differ from the reference's
 mask (expected 0, but for ties and the last bit of the sums), and the share of rows where the floors and
 the mixed paths sample the sort path's token (the same draws). Times: microseconds a call over 20 calls
@@ -65,16 +64,7 @@ def mixed_top_k(rows: int) -> torch.Tensor:
     return torch.tensor([20 if r % 2 == 0 else 0 for r in range(rows)], device="cuda")
 
 
-def tiles_name(tiles: tuple) -> str:
-    return "floors_" + "x".join(str(t) for t in tiles)
-
-
-def tiles_floors(x, inverse, top_p, min_p, tiles: tuple) -> torch.Tensor:
-    slice_, warps, *chunk = tiles
-    return nucleus_floors(x, inverse, top_p, min_p, slice_=slice_, num_warps=warps, chunk=chunk[0] if chunk else 0)
-
-
-def check(rows: int, kind: str, floor_tiles: list[tuple]) -> dict:
+def check(rows: int, kind: str) -> dict:
     args = batch(rows, kind)
     x, temperature, top_k, top_p, min_p, _ = args
     inverse = 1.0 / temperature
@@ -82,12 +72,7 @@ def check(rows: int, kind: str, floor_tiles: list[tuple]) -> dict:
     expected = torch.isfinite(reference.mask_logits(scaled, top_k, top_p, min_p))
     kept = reference.order_keys(scaled) >= nucleus_floors(x, inverse, top_p, min_p)[:, None]
     mixed_args = (x, temperature, mixed_top_k(rows), top_p, min_p, args[5])
-    by_tiles = {}
-    for tiles in floor_tiles:
-        floors = tiles_floors(x, inverse, top_p, min_p, tiles)
-        by_tiles[tiles_name(tiles) + "_rows_kept_differently"] = int(
-            ((reference.order_keys(scaled) >= floors[:, None]) != expected).any(1).sum())
-    return {"rows": rows, "logits": kind, "rows_kept_differently": int((kept != expected).any(1).sum()), **by_tiles,
+    return {"rows": rows, "logits": kind, "rows_kept_differently": int((kept != expected).any(1).sum()),
             "kept_tokens_mean": round(float(expected.sum(1).float().mean()), 1),
             "floors_same_token_share": round(float((sample_from_logits(*args, mask=FLOORS) == by_sort(*args))
                                                    .float().mean()), 4),
@@ -95,7 +80,7 @@ def check(rows: int, kind: str, floor_tiles: list[tuple]) -> dict:
                                                    == by_sort(*mixed_args)).float().mean()), 4)}
 
 
-def timings(rows: int, kind: str, floor_tiles: list[tuple]) -> dict:
+def timings(rows: int, kind: str, floor_tiles: list[tuple[int, int]]) -> dict:
     args = batch(rows, kind)
     top_k_args = batch(rows, kind, torch.full((rows,), 20, device="cuda"))
     mixed_args = batch(rows, kind, mixed_top_k(rows))
@@ -107,8 +92,9 @@ def timings(rows: int, kind: str, floor_tiles: list[tuple]) -> dict:
     x, temperature, _, top_p, min_p, _ = args
     inverse = 1.0 / temperature
     paths["floors_alone"] = lambda: nucleus_floors(x, inverse, top_p, min_p)
-    for tiles in floor_tiles:
-        paths[tiles_name(tiles)] = lambda t=tiles: tiles_floors(x, inverse, top_p, min_p, t)
+    for slice_, warps in floor_tiles:
+        paths[f"floors_{slice_}x{warps}"] = (lambda s=slice_, w=warps: nucleus_floors(
+            x, inverse, top_p, min_p, slice_=s, num_warps=w))
     times = {name: round(time_us(fn, calls=20, warm=3), 1) for name, fn in paths.items()}
     return {"rows": rows, "logits": kind, **times}
 
@@ -123,7 +109,7 @@ def main() -> None:
     result = {**results_io.header(), "vocab": VOCAB, "checks": [], "us_per_call": []}
     for kind in ("randn", "zipf"):
         for rows in (int(r) for r in args.rows.split(",")):
-            result["checks"].append(check(rows, kind, floor_tiles))
+            result["checks"].append(check(rows, kind))
             result["us_per_call"].append(timings(rows, kind, floor_tiles))
             results_io.write(args.out, result)
     for c, t in zip(result["checks"], result["us_per_call"]):

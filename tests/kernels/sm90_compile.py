@@ -114,8 +114,7 @@ def cases():
     counts = {"vocab": "i32", "slices": "i32"}
     for pass_ in (0, nucleus.PASSES - 1):
         yield (f"nucleus_pivot_mass_{pass_}", nucleus._pivot_mass_kernel, dict(counts, lows="*i64"),
-               dict(PASS=pass_, SLICE=nucleus.SLICE, BLOCK_S=32, PIVOTS=nucleus.PIVOTS, CHUNK=nucleus.CHUNK),
-               nucleus.NUM_WARPS, 1)
+               dict(PASS=pass_, SLICE=nucleus.SLICE, BLOCK_S=32, PIVOTS=nucleus.PIVOTS), nucleus.NUM_WARPS, 1)
     yield ("nucleus_floor", nucleus._floor_kernel, dict(counts, lows="*i64", floors="*i32"),
            dict(PASSES=nucleus.PASSES, BLOCK_S=32, PIVOTS=nucleus.PIVOTS), 1, 1)
     yield ("race_rows", race._race_rows_kernel, {"best_index": "*i32", "tokens": "*i64", "slices": "i32"},

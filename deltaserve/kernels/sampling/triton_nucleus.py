@@ -22,7 +22,6 @@ import triton.language as tl
 SLICE = 8192
 NUM_WARPS = 8
 PIVOTS = 16
-CHUNK = 0  # 0: a reduction per pivot over the loaded slice; else tokens a step of _inside_by_chunks
 PASSES = 8  # 4 bits of the 32-bit key a pass
 KEY_MIN = -(2**31)  # no float's key: below every token, the floor of a row that keeps all
 _KEY_MIN = tl.constexpr(KEY_MIN)
@@ -70,26 +69,8 @@ def _interval_low(lows, mass, top_p, scales, total, row, rows, slices, PASS: tl.
 
 
 @triton.jit
-def _inside_by_chunks(x, scale, row, stride_x, start, vocab, ref, first, last, SHIFT: tl.constexpr,
-                      SLICE: tl.constexpr, CHUNK: tl.constexpr, PIVOTS: tl.constexpr):
-    """The slice's mass inside (first, last] above each pivot first + i * 2^SHIFT: a key above pivot i has
-    its step (key - first - 1) >> SHIFT at least i. Accumulated as [CHUNK, PIVOTS] over the slice's chunks
-    and reduced once, where a sum per pivot reduces the slice sixteen times."""
-    offs_p = tl.arange(0, PIVOTS)
-    acc = tl.zeros([CHUNK, PIVOTS], tl.float32)
-    for c in tl.range(0, SLICE, CHUNK):
-        v = _scaled_block(x, scale, row, stride_x, start + c, vocab, CHUNK)
-        key = order_key(v).to(tl.int64)
-        weight = tl.where((key > first) & (key <= last) & (v > float("-inf")), tl.exp(v - ref), 0.0)
-        step = (key - first - 1) >> SHIFT
-        acc += tl.where(step[:, None] >= offs_p[None, :], weight[:, None], 0.0)
-    return tl.sum(acc, 0)
-
-
-@triton.jit
 def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, stride_x, slices,
-                       PASS: tl.constexpr, SLICE: tl.constexpr, BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr,
-                       CHUNK: tl.constexpr):
+                       PASS: tl.constexpr, SLICE: tl.constexpr, BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
     """Program (row, slice) of pass PASS: its slice's mass (exp(logit - the slice's max)) above each of the
     pass's pivots; the row's first program also records the pass's low end. Pass 0 also records the slice's
     max and total mass. The slice is loaded whole: a walk of it by 512-token blocks took about as long. The
@@ -115,16 +96,12 @@ def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, voca
     above = tl.zeros([PIVOTS], tl.float32) + tl.sum(tl.where(key > last, weight, 0.0), 0)  # above every pivot
     between = (key > first) & (key <= last)
     if tl.max(between.to(tl.int32), 0) > 0:  # once the interval is narrow most slices hold no key inside it
-        if CHUNK > 0:
-            above += _inside_by_chunks(x, tl.load(inverse + row), row, stride_x, part * SLICE, vocab, ref, first,
-                                       last, 28 - 4 * PASS, SLICE, CHUNK, PIVOTS)
-        else:
-            # Selected once, so that each pivot's sum compares one key: 2249 -> 1547 us at 128 rows on the H200
-            # (sampling_masks_5373a45_again.json, sampling_masks_38cb2fd.json).
-            inside = tl.where(between, weight, 0.0)
-            for i in tl.static_range(PIVOTS):
-                pivot = tl.sum(tl.where(offs_p == i, pivots, 0), 0)
-                above += tl.where(offs_p == i, tl.sum(tl.where(key > pivot, inside, 0.0), 0), 0.0)
+        # Selected once, so that each pivot's sum compares one key: 2249 -> 1547 us at 128 rows on the H200
+        # (sampling_masks_5373a45_again.json, sampling_masks_38cb2fd.json).
+        inside = tl.where(between, weight, 0.0)
+        for i in tl.static_range(PIVOTS):
+            pivot = tl.sum(tl.where(offs_p == i, pivots, 0), 0)
+            above += tl.where(offs_p == i, tl.sum(tl.where(key > pivot, inside, 0.0), 0), 0.0)
     tl.store(mass + ((PASS * rows + row) * slices + part) * PIVOTS + offs_p, above)
     if PASS == 0:
         tl.store(slice_max + row * slices + part, ref)
@@ -151,7 +128,7 @@ def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices
 
 
 def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                   slice_: int = SLICE, num_warps: int = NUM_WARPS, chunk: int = CHUNK) -> torch.Tensor:
+                   slice_: int = SLICE, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """floors [B] (int32): row b keeps the tokens whose scaled logit x[b] * inverse[b] has an order key
     (reference.order_keys) at or above floors[b], what top_p[b] (1 = off) and min_p[b] (0 = off) keep.
     x [B, V] float32 (last dim contiguous); inverse, top_p, min_p [B] float32. slice_ (a power of two) and
@@ -170,7 +147,7 @@ def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, 
     for pass_ in range(PASSES):
         _pivot_mass_kernel[(rows, slices)](x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, x.stride(0),
                                            slices, PASS=pass_, SLICE=slice_, BLOCK_S=block_s, PIVOTS=PIVOTS,
-                                           CHUNK=chunk, num_warps=num_warps)
+                                           num_warps=num_warps)
     _floor_kernel[(rows,)](top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, PASSES=PASSES,
                            BLOCK_S=block_s, PIVOTS=PIVOTS, num_warps=1)
     return floors
