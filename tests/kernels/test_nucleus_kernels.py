@@ -34,6 +34,7 @@ def test_order_keys_order_as_the_floats():
 @pytest.mark.parametrize("rows, vocab", [(5, 3000), (4, SLICE * 2 + 517)])
 def test_floors_keep_what_the_reference_masks_keep(rows, vocab):
     logits = torch.randn(rows, vocab) * 3
+    logits[0, : vocab // 2] = float("-inf")  # masked tokens, a whole slice of them in the longer rows
     inverse, top_p, min_p = _rows(rows)
     floors = nucleus_floors(logits, inverse, top_p, min_p)
     scaled = logits * inverse[:, None]
