@@ -10,12 +10,14 @@ with each MaskPlan): `race` (temperature alone), `floors` (top-p 0.95 as the nuc
 applied by the race), `topk` (top-k 20 and top-p 0.95 in every row, through torch.topk), `mixed` (the even
 rows top-k 20 and top-p 0.95, the odd ones top-p 0.95 alone: torch.topk, then floors for the odd rows), and
 `sort` (top-p 0.95 through the reference's sort of the vocabulary, then the race: what a batch with top-k
-in some rows took before the mixed plan). `floors_alone`: nucleus_floors alone at its default tiles;
+in some rows took before the mixed plan). `top_k_alone` / `torch_topk_alone`: the best 20 tokens of each
+row by triton_top_k.top_k / torch.topk. `floors_alone`: nucleus_floors alone at its default tiles;
 `floors_<slice>x<warps>`: with those tiles.
 Checks on fresh logits: the rows whose kept tokens under the floors differ from the reference's
-mask (expected 0, but for ties and the last bit of the sums), and the share of rows where the floors and
-the mixed paths sample the sort path's token (the same draws). Times: microseconds a call over 20 calls
-back to back, launches included, as the engine calls them (eager, after a decode graph).
+mask (expected 0, but for ties and the last bit of the sums), the share of rows where the floors and the
+mixed paths sample the sort path's token (the same draws), and whether top_k's values are torch.topk's.
+Times: microseconds a call over 20 calls back to back, launches included, as the engine calls them (eager,
+after a decode graph).
 """
 
 import argparse
@@ -31,6 +33,7 @@ from benchmarks.kernel_times import time_us  # noqa: E402
 from deltaserve.kernels.sampling import reference  # noqa: E402
 from deltaserve.kernels.sampling.triton_nucleus import nucleus_floors  # noqa: E402
 from deltaserve.kernels.sampling.triton_race import race_or_argmax, sample_from_logits  # noqa: E402
+from deltaserve.kernels.sampling.triton_top_k import top_k  # noqa: E402
 
 VOCAB = 248320  # Qwen3.5's padded vocabulary
 FLOORS = reference.MaskPlan(nucleus=True)
@@ -77,7 +80,8 @@ def check(rows: int, kind: str) -> dict:
             "floors_same_token_share": round(float((sample_from_logits(*args, mask=FLOORS) == by_sort(*args))
                                                    .float().mean()), 4),
             "mixed_same_token_share": round(float((sample_from_logits(*mixed_args, mask=MIXED)
-                                                   == by_sort(*mixed_args)).float().mean()), 4)}
+                                                   == by_sort(*mixed_args)).float().mean()), 4),
+            "top_k_values_equal": bool(torch.equal(top_k(x, 20)[0], x.topk(20, dim=-1).values))}
 
 
 def timings(rows: int, kind: str, floor_tiles: list[tuple[int, int]]) -> dict:
@@ -92,6 +96,8 @@ def timings(rows: int, kind: str, floor_tiles: list[tuple[int, int]]) -> dict:
     x, temperature, _, top_p, min_p, _ = args
     inverse = 1.0 / temperature
     paths["floors_alone"] = lambda: nucleus_floors(x, inverse, top_p, min_p)
+    paths["top_k_alone"] = lambda: top_k(x, 20)
+    paths["torch_topk_alone"] = lambda: x.topk(20, dim=-1)
     for slice_, warps in floor_tiles:
         paths[f"floors_{slice_}x{warps}"] = (lambda s=slice_, w=warps: nucleus_floors(
             x, inverse, top_p, min_p, slice_=s, num_warps=w))

@@ -120,6 +120,15 @@ def cases():
     yield ("race_rows", race._race_rows_kernel, {"best_index": "*i32", "tokens": "*i64", "slices": "i32"},
            dict(BLOCK_S=32, USE_PDL=True), 1, 1)
 
+    from deltaserve.kernels.sampling import triton_top_k as top_k
+
+    rows_in = {"vocab": "i32", "stride_x": "i64", "blocks": "i32", "length": "i32", "threshold": "*fp32",
+               "counts": "*i32", "starts": "*i32", "above_total": "*i32", "indices": "*i64", "block_max": "*fp32"}
+    yield ("top_k_block_max", top_k._block_max_kernel, rows_in, dict(SLICE=top_k.SLICE, BLOCK=top_k.BLOCK), 8, 1)
+    yield ("top_k_count", top_k._count_kernel, rows_in, dict(SLICE=top_k.SLICE), 8, 1)
+    yield ("top_k_place", top_k._place_kernel, rows_in, dict(SLICE=top_k.SLICE), 8, 1)
+    yield ("race_candidates", race._race_candidates_kernel, {"indices": "*i64", "seeds": "*i64", "tokens": "*i64",
+                                                             "count": "i32"}, dict(BLOCK_K=32), 4, 1)
     from deltaserve.kernels.sampling import triton_penalties as penalties
 
     lists = {"counts": "*i32", "tokens": "*i32", "offsets": "*i32", "vocab": "i32",

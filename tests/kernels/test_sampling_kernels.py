@@ -45,12 +45,14 @@ def test_greedy_ties_take_the_first_index():
     assert tokens.tolist() == [7, BLOCK + 3, 2] == logits.argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("vocab", [3000, 40000])
 @pytest.mark.parametrize("plan", ["none", "all_top_k", "mixed", "mixed_no_nucleus"])
-def test_sample_from_logits_kernel_matches_the_reference(plan):
+def test_sample_from_logits_kernel_matches_the_reference(plan, vocab):
     """Each MaskPlan's path against the reference's, which sorts the whole row wherever a row masks:
     temperature alone; top-k in every sampled row; top-k in some, top-p or min-p in others (their floors);
-    top-k in some, nothing in the others."""
-    rows, vocab = 6, 3000
+    top-k in some, nothing in the others. Rows of 40000 tokens take their top-k from triton_top_k's
+    candidates, rows of 3000 from torch.topk."""
+    rows = 6
     logits = torch.randn(rows, vocab) * 3
     temperature = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.0, 0.9])
     zeros = torch.zeros(rows, dtype=torch.int64)
@@ -135,3 +137,23 @@ def test_penalties_kernel_gives_the_reference_bits(rows, vocab, prompt_len, outp
     out = apply_penalties(*args)
     assert torch.equal(out, reference.apply_penalties(*args))
     assert not torch.equal(out, logits)
+
+
+@pytest.mark.parametrize("rows, vocab, k", [(5, 40000, 20), (2, 9000, 5), (3, 33000, 64)])
+def test_top_k_kernel_matches_torch_topk(rows, vocab, k):
+    """Fresh rows on a strided view: normal logits, one with most tokens masked, one of four values
+    (thousands tied at the k-th), one with fewer finite tokens than k: torch.topk's values, indices that
+    hold them, no index twice."""
+    from deltaserve.kernels.sampling.triton_top_k import list_length, top_k
+
+    assert list_length(k) <= vocab // 4  # the candidates' path, not torch.topk of the rows
+    x = (torch.randn(rows, vocab + 7) * 3)[:, :vocab]
+    x[0, 100 : vocab - 50] = float("-inf")
+    x[1] = torch.randint(0, 4, (vocab,)).float()
+    if rows > 2:
+        x[2] = float("-inf")
+        x[2, torch.randperm(vocab)[: k // 2]] = torch.randn(k // 2)
+    values, indices = top_k(x, k)
+    assert torch.equal(values, x.topk(k, dim=-1).values)
+    assert torch.equal(x.gather(1, indices), values)
+    assert all(len(set(row)) == k for row in indices.tolist())

@@ -88,7 +88,15 @@ def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
         sorted_logits, order = logits.topk(candidates, dim=-1)
     else:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(sorted_logits.shape[-1], device=logits.device)[None, :]
+    masked = mask_sorted(sorted_logits, top_k, top_p, min_p, vocab)
+    return torch.full_like(logits, float("-inf")).scatter_(-1, order, masked)
+
+
+def mask_sorted(sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
+                vocab: int) -> torch.Tensor:
+    """mask_logits over each row's best tokens [B, n] in descending order (n <= vocab, the row's length):
+    what the masks exclude set to -inf. Top-p's mass is over these tokens."""
+    rank = torch.arange(sorted_logits.shape[-1], device=sorted_logits.device)[None, :]
     k = torch.where(top_k > 0, top_k, vocab)[:, None]
     drop = rank >= k
     # In float64: over a vocabulary of 248k tokens, float32's softmax sum and running sum drift by more than
@@ -97,8 +105,7 @@ def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     before = probs.cumsum(-1) - probs  # mass of strictly better tokens
     drop |= (before >= top_p[:, None].double()) & (rank > 0) & (top_p[:, None] < 1)  # 1 is off: rounding must not cut
     drop |= probs < min_p[:, None] * probs[:, :1]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter_(-1, order, sorted_logits)
+    return sorted_logits.masked_fill(drop, float("-inf"))
 
 
 def order_keys(x: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,9 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.pdl import launch_options, wait_for_prior_grid
-from deltaserve.kernels.sampling.reference import GOLDEN, MIX_A, MIX_B, MaskPlan, mask_logits
+from deltaserve.kernels.sampling.reference import GOLDEN, MIX_A, MIX_B, MaskPlan, mask_sorted
 from deltaserve.kernels.sampling.triton_nucleus import nucleus_floors, order_key
+from deltaserve.kernels.sampling.triton_top_k import top_k as top_k_candidates
 
 BLOCK = 2048
 SLICE_BLOCKS = 4  # blocks a program walks: rows of the 9B shape's 248320 tokens take 31 slices
@@ -90,6 +91,20 @@ def _race_rows_kernel(best_score, best_index, tokens, slices, BLOCK_S: tl.conste
     tl.store(tokens + row, _first_best(score, index)[1].to(tl.int64))
 
 
+@triton.jit
+def _race_candidates_kernel(values, indices, seeds, tokens, count, BLOCK_K: tl.constexpr):
+    """Program per row: the race over its candidates (masked and scaled values, their token indices), as
+    _race_slices_kernel runs it over the whole row: the same noise a token, the lowest index on ties."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    live = offs < count
+    value = tl.load(values + row * count + offs, mask=live, other=float("-inf"))
+    index = tl.load(indices + row * count + offs, mask=live, other=0)
+    score = value + _gumbel(tl.load(seeds + row).to(tl.uint64), index)
+    top = tl.max(score, 0)
+    tl.store(tokens + row, tl.min(tl.where(score == top, index, 2**62), 0))
+
+
 def race_or_argmax(x: torch.Tensor, inverse: torch.Tensor | None, seeds: torch.Tensor | None,
                    greedy: torch.Tensor | None, out: torch.Tensor | None = None,
                    floors: torch.Tensor | None = None) -> torch.Tensor:
@@ -126,7 +141,7 @@ def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, mask: MaskPlan) -> torch.Tensor:
     """reference.sample_from_logits with the race and the greedy argmax in the kernels above. Top-p and
     min-p in rows without top-k are floors the race applies (triton_nucleus); rows with top-k are masked by
-    the reference's mask_logits over their best mask.top_k tokens (torch.topk), never a sort of the
+    the reference's masks over their best mask.top_k tokens (triton_top_k), never a sort of the
     vocabulary. Greedy rows' best token is never masked."""
     greedy = temperature <= 0
     inverse = torch.where(greedy, 1.0, 1.0 / temperature)
@@ -135,16 +150,27 @@ def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, mask:
     if not mask.top_k:
         floors = nucleus_floors(x, inverse, top_p, min_p) if mask.nucleus else None
         return race_or_argmax(x, inverse, seeds, greedy, floors=floors)
-    scaled = x * inverse[:, None]  # masked rows arrive scaled
-    masked = mask_logits(scaled, top_k, top_p, min_p, mask.top_k)
-    unit = torch.ones_like(inverse)
+    vocab = x.shape[1]
+    best, order = top_k_candidates(x, min(mask.top_k, vocab))  # a positive scale keeps the order
+    masked = mask_sorted(best * inverse[:, None], top_k, top_p, min_p, vocab)
     if mask.all_top_k:
-        return race_or_argmax(masked, unit, seeds, greedy)
+        return torch.where(greedy, race_or_argmax(x, None, None, None), _race_candidates(masked, order, seeds))
     # Rows without top-k would lose all but their best mask.top_k tokens: they keep their scaled logits and
     # take floors for their top-p and min-p, which rows with top-k switch off (masked already).
     has_k = top_k > 0
-    x = torch.where(has_k[:, None], masked, scaled)
+    scaled = x * inverse[:, None]
+    x = torch.where(has_k[:, None], torch.full_like(x, float("-inf")).scatter_(-1, order, masked), scaled)
+    unit = torch.ones_like(inverse)
     floors = None
     if mask.nucleus:
         floors = nucleus_floors(x, unit, torch.where(has_k, 1.0, top_p), torch.where(has_k, 0.0, min_p))
     return race_or_argmax(x, unit, seeds, greedy, floors=floors)
+
+
+def _race_candidates(values: torch.Tensor, indices: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """tokens [B]: each row's race over its candidates (values [B, n] float32, indices [B, n] int64)."""
+    rows, count = values.shape
+    tokens = torch.empty(rows, dtype=torch.int64, device=values.device)
+    _race_candidates_kernel[(rows,)](values.contiguous(), indices.contiguous(), seeds, tokens, count,
+                                     BLOCK_K=triton.next_power_of_2(count), num_warps=4)
+    return tokens
