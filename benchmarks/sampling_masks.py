@@ -33,7 +33,7 @@ from benchmarks.kernel_times import time_us  # noqa: E402
 from deltaserve.kernels.sampling import reference  # noqa: E402
 from deltaserve.kernels.sampling.triton_nucleus import nucleus_floors  # noqa: E402
 from deltaserve.kernels.sampling.triton_race import race_or_argmax, sample_from_logits  # noqa: E402
-from deltaserve.kernels.sampling.triton_top_k import top_k  # noqa: E402
+from deltaserve.kernels.sampling.triton_top_k import top_k as candidates_top_k  # noqa: E402
 
 VOCAB = 248320  # Qwen3.5's padded vocabulary
 FLOORS = reference.MaskPlan(nucleus=True)
@@ -81,7 +81,7 @@ def check(rows: int, kind: str) -> dict:
                                                    .float().mean()), 4),
             "mixed_same_token_share": round(float((sample_from_logits(*mixed_args, mask=MIXED)
                                                    == by_sort(*mixed_args)).float().mean()), 4),
-            "top_k_values_equal": bool(torch.equal(top_k(x, 20)[0], x.topk(20, dim=-1).values))}
+            "top_k_values_equal": bool(torch.equal(candidates_top_k(x, 20)[0], x.topk(20, dim=-1).values))}
 
 
 def timings(rows: int, kind: str, floor_tiles: list[tuple[int, int]]) -> dict:
@@ -96,7 +96,7 @@ def timings(rows: int, kind: str, floor_tiles: list[tuple[int, int]]) -> dict:
     x, temperature, _, top_p, min_p, _ = args
     inverse = 1.0 / temperature
     paths["floors_alone"] = lambda: nucleus_floors(x, inverse, top_p, min_p)
-    paths["top_k_alone"] = lambda: top_k(x, 20)
+    paths["top_k_alone"] = lambda: candidates_top_k(x, 20)
     paths["torch_topk_alone"] = lambda: x.topk(20, dim=-1)
     for slice_, warps in floor_tiles:
         paths[f"floors_{slice_}x{warps}"] = (lambda s=slice_, w=warps: nucleus_floors(
