@@ -1,8 +1,9 @@
 """torch.topk of a few tokens of long rows, from a short list of each row's candidates.
 
-torch.topk(20) over rows of the 9B shape's 248320 tokens took about 0.9 ms at 32 rows as at 128 on the
-H200 (sampling_masks_*.json, `topk`), where one read of 128 rows is 30 us at the bandwidth. Here three
-reads of a row narrow it to at most k * BLOCK candidates, and torch.topk runs over those:
+The sampler's top-k 20 over rows of the 9B shape's 248320 tokens, built on torch.topk of the rows, took
+0.78-1.21 ms a call at 32 rows as at 128 on the H200 (sampling_masks_fbd6851.json, `topk`), where one read
+of 128 rows is 30 us at the bandwidth. Here three reads of a row narrow it to at most k * BLOCK
+candidates, and torch.topk runs over those:
 
 1. each block of BLOCK tokens takes its max; the k-th largest block max of a row is its threshold t. The
    k blocks of the largest maxima hold k tokens at or above t, so the row's best k tokens are all at or
