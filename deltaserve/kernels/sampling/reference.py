@@ -25,8 +25,9 @@ class RowTokens:
 def apply_penalties(logits: torch.Tensor, prompt: RowTokens, output: RowTokens, repetition: torch.Tensor,
                     frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
     """A penalised copy of logits [B, V] fp32: `prompt`, each row's prompt tokens (a repeat changes
-    nothing); `output`, each row's generated tokens (repeats count); per-row penalties [B]. Lists rather than
-    [B, V] masks: a step of 128 rows of a 248k vocabulary would otherwise copy and read 160 MB of them."""
+    nothing); `output`, each row's generated tokens (repeats count); per-row penalties [B]. The sampler
+    sends lists, which the Triton kernel reads as they are; here they become the definition's [B, V] mask
+    and counts (160 MB at 128 rows of a 248k vocabulary)."""
     rows, vocab = logits.shape
     prompt_mask = torch.zeros(rows * vocab, dtype=torch.bool, device=logits.device)
     prompt_mask[prompt.flat_entries(vocab)] = True
