@@ -95,11 +95,13 @@ def test_a_warmed_up_engine_serves_what_a_cold_one_serves(arch, checkpoint_facto
     assert outputs[0] == outputs[1]
 
 
-def test_the_warm_up_takes_one_step_a_group(checkpoint_factory):
-    """Without prefix caching (with it, prompts ending inside a block take a second step for the tail)."""
+def test_the_warm_up_takes_one_step_a_group_and_one_for_the_penalised_token(checkpoint_factory):
+    """Without prefix caching (with it, prompts ending inside a block take a second step for the tail); the
+    fourth group's penalised request takes one more, for its second token."""
     engine = LLMEngine.from_args(checkpoint_factory("qwen3.5"), device="cpu", max_model_len=256, max_num_seqs=40,
                                  warm_up=False, enable_prefix_caching=False)
-    assert warm_up(engine) == len(warm_up_groups(40, 2048, 256)) > 0
+    groups = len(warm_up_groups(40, 2048, 256))
+    assert groups > 3 and warm_up(engine) == groups + 1
     assert engine.stats().prompt_tokens_total == 0 and not engine.has_unfinished_requests()
 
 
@@ -139,9 +141,11 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
     assert len(met) > 3 and met <= started, sorted(met - started, key=str)
 
 
-def test_the_warm_up_samples_once_plainly_and_once_with_top_p_in_steps_of_their_own(checkpoint_factory):
-    """The sampler's kernels compile at start-up: the race alone, then the nucleus floors and the race with them
-    (a group's rows share a step, so each kind leads a group of its own)."""
+def test_the_warm_up_samples_plainly_with_top_p_with_top_k_and_with_penalties_in_steps_of_their_own(
+        checkpoint_factory):
+    """The sampler's kernels compile at start-up: the race alone, the nucleus floors and the race with them,
+    the top-k candidates and their race, then the penalties over a step with an output to count (a group's
+    rows share a step, so each kind leads a group of its own)."""
     engine = LLMEngine.from_args(checkpoint_factory("qwen3.5"), device="cpu", max_model_len=256, max_num_seqs=8,
                                  warm_up=False, enable_prefix_caching=False)
     sent, add_request = [], engine.add_request
@@ -152,5 +156,7 @@ def test_the_warm_up_samples_once_plainly_and_once_with_top_p_in_steps_of_their_
 
     engine.add_request = recorded
     warm_up(engine)
-    sampled = [(request_id.split("-")[2], p.top_p) for request_id, p in sent if p.temperature > 0]
-    assert sampled == [("0", 1.0), ("1", 0.9)]
+    sampled = [(request_id.split("-")[2], p.top_p, p.top_k) for request_id, p in sent if p.temperature > 0]
+    assert sampled == [("0", 1.0, -1), ("1", 0.9, -1), ("2", 1.0, 20)]
+    penalised = [(request_id.split("-")[2], p.max_tokens) for request_id, p in sent if p.repetition_penalty != 1.0]
+    assert penalised == [("3", 2)]

@@ -12,9 +12,11 @@ every request in flight.
 The warm-up sends, through the scheduler like any request, groups of requests for one token each,
 whose prompts make one prefill step of each class (the GDN kernels' sequence count and row count, the
 conv1d row kernel's run length), then forgets them: the prefix cache is emptied and the counters are
-reset. The first request of the first group samples at a temperature and that of the second with top-p
-too, so that the sampler's kernels (the race, the nucleus floors and the race that applies them) compile
-before the first request rather than while it waits.
+reset. The first request of the first group samples at a temperature, that of the second with top-p too,
+that of the third with top-k and that of the fourth takes penalties for two tokens (its second step has an
+output to count), so that the sampler's kernels (the race, the nucleus floors and the race that applies
+them, the top-k candidates and their race, the penalties) compile before the first request rather than
+while it waits.
 """
 
 from __future__ import annotations
@@ -85,8 +87,11 @@ def warm_up(engine, groups: list[list[int]] | None = None) -> int:
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
     greedy = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
-    sampled = [SamplingParams(max_tokens=1, temperature=1.0, top_p=top_p, ignore_eos=True, detokenize=False)
-               for top_p in (1.0, 0.9)]  # a group's rows sample in one step: one kind a group
+    # a group's rows sample in one step: one kind a group
+    sampled = [SamplingParams(max_tokens=1, temperature=1.0, top_p=top_p, top_k=top_k, ignore_eos=True,
+                              detokenize=False) for top_p, top_k in ((1.0, -1), (0.9, -1), (1.0, 20))]
+    sampled.append(SamplingParams(max_tokens=2, temperature=0, repetition_penalty=1.1, frequency_penalty=0.1,
+                                  presence_penalty=0.1, ignore_eos=True, detokenize=False))
     steps = 0
     for g, lengths in enumerate(groups):
         for i, length in enumerate(lengths):

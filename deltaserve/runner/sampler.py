@@ -89,10 +89,13 @@ class Sampler:
 
     def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         prompt, output = self.penalty_tokens(requests)
-        penalties = to_device([[r.params.repetition_penalty for r in requests],
+        rows = len(requests)
+        penalties = np.zeros((3, -(-rows // 4) * 4), dtype=np.float32)  # each row's start 16-byte aligned
+        penalties[:, :rows] = [[r.params.repetition_penalty for r in requests],
                                [r.params.frequency_penalty for r in requests],
-                               [r.params.presence_penalty for r in requests]], self.device, torch.float32)
-        return kernels.apply_penalties(logits, prompt, output, *penalties)
+                               [r.params.presence_penalty for r in requests]]
+        repetition, frequency, presence = to_device(penalties, self.device, torch.float32)[:, :rows]
+        return kernels.apply_penalties(logits, prompt, output, repetition, frequency, presence)
 
     def penalty_tokens(self, requests: list[Request]) -> tuple[kernels.RowTokens, kernels.RowTokens]:
         """Each row's distinct prompt tokens and its output tokens. A request's prompt tokens reach the device
@@ -103,12 +106,14 @@ class Sampler:
         outputs = [self._output_array(r) for r in requests]
         output_lengths = [len(a) for a in outputs]
         rows = len(requests)
-        packed = to_device(np.concatenate([_offsets(prompt_lengths), _offsets(output_lengths),
+        prompt_offsets, output_offsets = _offsets(prompt_lengths), _offsets(output_lengths)
+        packed = to_device(np.concatenate([prompt_offsets, output_offsets,
                                            *(np.frombuffer(a, dtype=np.int32) for a in outputs)]),
                            self.device, torch.int32)
-        prompt = kernels.RowTokens(torch.cat(prompts), packed[: rows + 1], max(prompt_lengths, default=0))
-        output = kernels.RowTokens(packed[2 * rows + 2 :], packed[rows + 1 : 2 * rows + 2],
-                                   max(output_lengths, default=0))
+        output_at = len(prompt_offsets)
+        tokens_at = output_at + len(output_offsets)
+        prompt = kernels.RowTokens(torch.cat(prompts), packed[: rows + 1], max(prompt_lengths))
+        output = kernels.RowTokens(packed[tokens_at:], packed[output_at : output_at + rows + 1], max(output_lengths))
         return prompt, output
 
     def _device_prompt(self, request: Request) -> tuple[torch.Tensor, int]:
@@ -174,8 +179,12 @@ def prompt_logprob_entries(logits: torch.Tensor, targets: list[int], top: int) -
 
 
 def _offsets(lengths: list[int]) -> np.ndarray:
-    """[0, l0, l0 + l1, ...] (int32): where each row's list starts in the concatenation, and its end."""
-    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
+    """[0, l0, l0 + l1, ...] (int32): where each row's list starts in the concatenation, and its end; padded
+    to a multiple of four (16 bytes), so that the parts packed after it start aligned whatever the row count
+    (Triton compiles a kernel of its own for each alignment of its pointers)."""
+    offsets = np.zeros(-(-(len(lengths) + 1) // 4) * 4, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1 : len(lengths) + 1])
+    return offsets
 
 
 def _has_penalty(p) -> bool:
