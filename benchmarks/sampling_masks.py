@@ -37,8 +37,8 @@ from deltaserve.kernels.sampling.triton_top_k import top_k as candidates_top_k  
 
 VOCAB = 248320  # Qwen3.5's padded vocabulary
 FLOORS = reference.MaskPlan(nucleus=True)
-TOP_K = reference.MaskPlan(20, True)
-MIXED = reference.MaskPlan(20, False, True)
+TOP_K = reference.MaskPlan(20, True, greedy_rows=False)  # as the sampler plans these batches: every row samples
+MIXED = reference.MaskPlan(20, False, True, greedy_rows=False)
 
 
 def logits(rows: int, kind: str) -> torch.Tensor:

@@ -81,11 +81,11 @@ def test_mask_plan_follows_the_sampled_rows():
     assert mask_plan([greedy, SamplingParams(temperature=1.0)], 100) == MaskPlan()
     assert mask_plan([greedy, SamplingParams(temperature=1.0, top_k=20, top_p=0.9),
                       SamplingParams(temperature=0.5, top_k=7)], 100) == MaskPlan(20, True)
-    assert mask_plan([SamplingParams(temperature=1.0, top_k=500)], 100) == MaskPlan(100, True)
+    assert mask_plan([SamplingParams(temperature=1.0, top_k=500)], 100) == MaskPlan(100, True, greedy_rows=False)
     assert mask_plan([SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=1.0, min_p=0.1)],
-                     100) == MaskPlan(20, False, True)
+                     100) == MaskPlan(20, False, True, False)
     assert mask_plan([SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=1.0)],
-                     100) == MaskPlan(20, False, False)
+                     100) == MaskPlan(20, False, False, False)
     assert mask_plan([SamplingParams(temperature=1.0, top_p=0.9), greedy], 100) == MaskPlan(0, False, True)
     assert not mask_plan([greedy], 100).masks
 

@@ -30,7 +30,7 @@ def mask_plan(params: list[SamplingParams], vocab: int) -> kernels.MaskPlan:
     sampled = [p for p in params if p.temperature > 0]
     top_k = [min(p.top_k, vocab) if p.top_k > 0 else 0 for p in sampled]  # -1 is off
     nucleus = any(not k and (p.top_p < 1 or p.min_p > 0) for k, p in zip(top_k, sampled))
-    return kernels.MaskPlan(max(top_k, default=0), bool(sampled) and all(top_k), nucleus)
+    return kernels.MaskPlan(max(top_k, default=0), bool(sampled) and all(top_k), nucleus, len(sampled) < len(params))
 
 
 def row_seed(seed: int, sample_index: int, position: int) -> int:

@@ -139,6 +139,22 @@ def test_penalties_kernel_gives_the_reference_bits(rows, vocab, prompt_len, outp
     assert not torch.equal(out, logits)
 
 
+def test_top_k_batch_without_greedy_rows_matches_the_reference():
+    """Every row samples with top-k (the plan says no greedy row, so no argmax is read): the reference's
+    tokens from the whole sorted rows."""
+    rows, vocab = 4, 40000
+    logits = torch.randn(rows, vocab) * 3
+    temperature, top_k = torch.tensor([0.7, 1.0, 1.3, 0.9]), torch.tensor([20, 3, 40, 1])
+    top_p, min_p = torch.tensor([0.8, 1.0, 0.95, 1.0]), torch.tensor([0.0, 0.1, 0.0, 0.0])
+    args = (logits, temperature, top_k, top_p, min_p, _seeds(rows))
+    mask = mask_plan([SamplingParams(temperature=float(t), top_k=int(k), top_p=float(p), min_p=float(m))
+                      for t, k, p, m in zip(temperature, top_k, top_p, min_p)], vocab)
+    assert mask == reference.MaskPlan(40, True, False, False)
+    tokens = sample_from_logits(*args, mask=mask)
+    assert torch.equal(tokens, reference.sample_from_logits(*args, mask=reference.MaskPlan(nucleus=True)))
+    assert tokens[3] == logits[3].argmax()  # top-k 1 keeps the best token alone
+
+
 @pytest.mark.parametrize("rows, vocab, k", [(5, 40000, 20), (2, 9000, 5), (3, 33000, 64)])
 def test_top_k_kernel_matches_torch_topk(rows, vocab, k):
     """Fresh rows on a strided view: normal logits, one with most tokens masked, one of four values

@@ -62,11 +62,13 @@ class MaskPlan:
     """What the host knows of a batch's masks from its sampled rows' parameters (reading the tensors would
     wait for the logits): `top_k`, their largest top-k (0 where none has top-k on); `all_top_k`, whether
     every one has top-k on (only then may a row's mask look at its best `top_k` tokens alone); `nucleus`,
-    whether some row without top-k has top-p or min-p on."""
+    whether some row without top-k has top-p or min-p on; `greedy_rows`, whether the batch has greedy rows
+    beside them (their argmax reads whole rows, where sampled rows with top-k read their candidates)."""
 
     top_k: int = 0
     all_top_k: bool = False
     nucleus: bool = False
+    greedy_rows: bool = True
 
     @property
     def masks(self) -> bool:

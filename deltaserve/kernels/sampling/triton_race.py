@@ -154,7 +154,8 @@ def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, mask:
     best, order = top_k_candidates(x, min(mask.top_k, vocab))  # a positive scale keeps the order
     masked = mask_sorted(best * inverse[:, None], top_k, top_p, min_p, vocab)
     if mask.all_top_k:
-        return torch.where(greedy, race_or_argmax(x, None, None, None), _race_candidates(masked, order, seeds))
+        sampled = _race_candidates(masked, order, seeds)
+        return torch.where(greedy, race_or_argmax(x, None, None, None), sampled) if mask.greedy_rows else sampled
     # Rows without top-k would lose all but their best mask.top_k tokens: they keep their scaled logits and
     # take floors for their top-p and min-p, which rows with top-k switch off (masked already).
     has_k = top_k > 0
