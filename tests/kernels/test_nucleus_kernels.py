@@ -38,7 +38,9 @@ def test_floors_keep_what_the_reference_masks_keep(rows, vocab):
     inverse, top_p, min_p = _rows(rows)
     floors = nucleus_floors(logits, inverse, top_p, min_p)
     scaled = logits * inverse[:, None]
-    kept = reference.order_keys(scaled) >= floors[:, None]
+    # A masked token is never drawn whatever the floor; a row with neither top-p nor min-p has the floor
+    # below every key (KEY_MIN), -inf's included, where the reference's mask leaves it -inf.
+    kept = (reference.order_keys(scaled) >= floors[:, None]) & torch.isfinite(scaled)
     expected = torch.isfinite(reference.mask_logits(scaled, torch.zeros(rows, dtype=torch.int64), top_p, min_p))
     assert torch.equal(kept, expected)
     assert bool(kept[torch.arange(rows), scaled.argmax(-1)].all())  # the best token always stays
