@@ -217,7 +217,7 @@ def cases():
     for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages_of, buffers in (long, short):
         stages = stages_of.get(bv, 2)
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
-        types = dict(inputs, **ints, **{n: buffers for n in ("w_buf", "chunk_states", "v_new_buf")})
+        types = dict(inputs, **ints, **{n: buffers for n in ("w_buf", "chunk_states", "v_new_buf", "kd_buf")})
         prepare_cap = gdn.LONG_PASS_PREPARE["maxnreg"] if chunk == gdn.CHUNK else None
         yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, types,
                dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32"), 4, 1,

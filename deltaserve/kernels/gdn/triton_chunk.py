@@ -10,7 +10,8 @@ and, carrying the state S [Dk, Dv] from chunk to chunk:
     v_new = u - w S;  o = exp(G) q S + Aqk v_new;  S <- exp(G_last) S + (exp(G_last - G) k)^T v_new.
 
 1. `_chunk_prepare_kernel`, one program per (chunk, value head), all chunks at once: everything that
-   does not depend on the state (G, w, u, Aqk), written to fp32 buffers. T comes from forward
+   does not depend on the state (G, w, u, Aqk, and kd = exp(G_last - G) k, k normalised, the state
+   update's operand), written to buffers. T comes from forward
    substitution in registers. q.k and k.k run on the raw inputs (bf16 products are exact) and the
    norms scale the fp32 results, so no normalised copy is ever rounded to 16 bits.
 2. `_chunk_state_kernel`, one program per (sequence, value head, tile of BV state columns): reads its
@@ -153,7 +154,7 @@ def _unit_lower_inverse(A, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl
 
 @triton.jit
 def _chunk_prepare_kernel(
-    q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, num_seqs,
+    q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, kd_buf, num_seqs,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
@@ -198,12 +199,16 @@ def _chunk_prepare_kernel(
         T = _unit_lower_inverse(A, CHUNK, SUB, INVERSE_PRECISION)
 
         row_scale = beta * tl.exp(G) * rk
+        G_last = tl.sum(tl.where(rows == count - 1, G, 0.0), 0)
+        decayed = tl.exp(G_last - G) * rk  # the state kernel's k rows: each decayed to the chunk's end
         for k0 in tl.static_range(0, BK, BV):  # w = T (beta exp(G) k), BV columns at a time
             offs_w = k0 + tl.arange(0, BV)
             mask_w = live[:, None] & (offs_w < DK)[None, :]
             kt = tl.load(k + t[:, None] * stride_k_t + key_head * stride_k_h + offs_w[None, :], mask=mask_w, other=0.0)
             w = tl.dot(T, kt.to(tl.float32) * row_scale[:, None], input_precision=PRECISION)
-            tl.store(w_buf + (t[:, None] * HV + head) * DK + offs_w[None, :], w.to(w_buf.dtype.element_ty), mask=mask_w)
+            at = (t[:, None] * HV + head) * DK + offs_w[None, :]
+            tl.store(w_buf + at, w.to(w_buf.dtype.element_ty), mask=mask_w)
+            tl.store(kd_buf + at, (kt.to(tl.float32) * decayed[:, None]).to(kd_buf.dtype.element_ty), mask=mask_w)
         for v0 in tl.static_range(0, DV, BV):  # u = T (beta v)
             offs_v = v0 + tl.arange(0, BV)
             mask_v = live[:, None] & (offs_v < DV)[None, :]
@@ -221,9 +226,9 @@ def _normalized_rows(x, t, live, head_offset, offs_k, mask_k, stride_t):
 
 
 @triton.jit
-def _chunk_step(q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
+def _chunk_step(q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
                 state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
-                stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale,
+                stride_q_t, stride_q_h, stride_o_t, scale,
                 HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, CHUNK: tl.constexpr,
                 HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PRECISION: tl.constexpr):
     """One chunk (global index `chunk`) through the state tile [BK, BV]: its output rows, or with
@@ -248,8 +253,8 @@ def _chunk_step(q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, 
                  mask=mask_k[:, None] & mask_v[None, :] & (found > 0))
         cap_i += found
 
-    w = tl.load(w_buf + (t[:, None] * HV + head) * DK + offs_k[None, :], mask=live[:, None] & mask_k[None, :],
-                other=0.0)
+    rows_k = (t[:, None] * HV + head) * DK + offs_k[None, :]
+    w = tl.load(w_buf + rows_k, mask=live[:, None] & mask_k[None, :], other=0.0)
     u = tl.load(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0).to(tl.float32)
     v_new = u - _dot(w, state, None, PRECISION)  # what the carried state does not predict
 
@@ -266,17 +271,16 @@ def _chunk_step(q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, 
         out = _dot(aqk, v_new, out, PRECISION)
         tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
 
-    kt = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
-    kt = kt * tl.exp(G_last - G)[:, None]
-    state = _dot(tl.trans(kt), v_new, state * tl.exp(G_last), PRECISION)
+    kd = tl.load(kd_buf + rows_k, mask=live[:, None] & mask_k[None, :], other=0.0)
+    state = _dot(tl.trans(kd), v_new, state * tl.exp(G_last), PRECISION)
     return state, cap_i
 
 
 @triton.jit
 def _chunk_state_kernel(
-    q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
+    q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
     o, chunk_states, num_caps,
-    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
+    stride_q_t, stride_q_h, stride_o_t, stride_h_slot, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_CAPS: tl.constexpr, HAS_CAPTURES: tl.constexpr,
     SPLIT_OUTPUT: tl.constexpr, LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
@@ -303,17 +307,17 @@ def _chunk_state_kernel(
     if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
         for row0 in range(start, end, CHUNK):
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0,
-                end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
-                stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
+                q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state,
+                row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                stride_q_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
             chunk += 1
     else:  # the interpreter cannot take loaded bounds in range()
         row0 = start
         while row0 < end:
             state, cap_i = _chunk_step(
-                q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state, row0,
-                end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t, stride_q_h,
-                stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
+                q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state,
+                row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                stride_q_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
             chunk += 1
             row0 += CHUNK
     tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & has_slot)
@@ -465,9 +469,10 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     narrow = buffer_dtype or (torch.bfloat16 if precision == "bf16" else torch.float32)
     w_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev)
     aqk_buf = torch.empty((tokens, hv, chunk), dtype=torch.float32, device=dev)
+    kd_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev)
     max_chunks = tokens // chunk + seqs
     _chunk_prepare_kernel[(max_chunks, hv)](
-        q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, seqs,
+        q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, kd_buf, seqs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=prepare.get("bv", 32), CHUNK=chunk,
         BLOCK_B=max(16, triton.next_power_of_2(seqs)),
@@ -493,9 +498,9 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=narrow, device=dev) if split else w_buf
     v_new_buf = torch.empty((tokens, hv, dv), dtype=narrow, device=dev) if split else u_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
-        q, k, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
+        q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
         o, chunk_states, num_caps,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
+        q.stride(0), q.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=caps_block,
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages,
