@@ -38,16 +38,37 @@ def packed_inputs(tokens: int, seqs: int):
             pool, slots, starts)
 
 
-def worker(tree: str, shapes: list[tuple[int, int]]) -> dict:
+def rel_errors(chunk_gdn, inputs) -> dict:
+    """max |kernel - reference| / max |reference| of the output and the written states, against the fp32
+    reference on fp32 copies of the same inputs."""
+    from deltaserve.kernels.gdn import reference
+
+    q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
+    ours, ref_pool = pool.clone(), pool.clone()
+    out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, ours, slots, starts)
+    expected = reference.chunk_gated_delta_rule(*(x.float() for x in (q, k, v, a, b)), A_log, dt_bias, ref_pool,
+                                                slots.long(), starts)
+
+    def rel(x, y):
+        return float((x.float() - y).abs().max() / y.abs().max())
+
+    return {"rel_err_out": rel(out, expected), "rel_err_state": rel(ours, ref_pool)}
+
+
+def worker(tree: str, shapes: list[tuple[int, int]], errors_up_to: int) -> dict:
     sys.path.insert(0, os.path.abspath(tree))
+    import torch
     from deltaserve.kernels.gdn import triton_chunk
 
     rows = {}
     for tokens, seqs in shapes:
-        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = packed_inputs(tokens, seqs)
+        torch.manual_seed(tokens + seqs)  # every tree's worker draws the same inputs for a shape
+        inputs = packed_inputs(tokens, seqs)
+        q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
         fn = lambda: triton_chunk.chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, slots, starts)  # noqa: E731
+        row = rel_errors(triton_chunk.chunk_gdn, inputs) if tokens <= errors_up_to else {}
         kernels = {name: us for name, us in per_kernel_us(fn, calls=5).items() if "_chunk_" in name}
-        rows[f"{seqs}x{tokens // seqs}"] = {"kernels_us": kernels, "total_us": round(sum(kernels.values()), 1)}
+        rows[f"{seqs}x{tokens // seqs}"] = {"kernels_us": kernels, "total_us": round(sum(kernels.values()), 1), **row}
     return rows
 
 
@@ -56,22 +77,25 @@ def main() -> None:
     ap.add_argument("--trees", required=True, help="comma-separated dir=label, e.g. .base=19d5b97,.=edcc4d4")
     ap.add_argument("--shapes", default="8192x1,32768x1,16384x128", help="tokens x sequences, comma-separated")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--errors-up-to", type=int, default=8192,
+                    help="shapes of at most this many tokens also report their errors against the fp32 reference")
     ap.add_argument("--out")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     if args.worker:
-        print(json.dumps(worker(args.worker, shapes)))
+        print(json.dumps(worker(args.worker, shapes, args.errors_up_to)))
         return
     trees = [t.split("=") for t in args.trees.split(",")]
     result = {**results_io.header(), "shapes": args.shapes, "trees": dict(trees), "runs": []}
     for round_ in range(args.rounds):
         for tree, label in trees:
             run = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", tree, "--shapes", args.shapes,
-                                  "--trees", args.trees], capture_output=True, text=True, check=True)
+                                  "--trees", args.trees, "--errors-up-to", str(args.errors_up_to)],
+                                 capture_output=True, text=True, check=True)
             rows = json.loads(run.stdout.strip().splitlines()[-1])
             result["runs"].append({"round": round_ + 1, "tree": label, "rows": rows})
-            print(label, {name: row["kernels_us"] for name, row in rows.items()}, flush=True)
+            print(label, rows, flush=True)
             if args.out:
                 results_io.write(args.out, result)
 

@@ -219,13 +219,17 @@ def cases():
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
         types = dict(inputs, **ints, **{n: buffers for n in ("w_buf", "chunk_states", "v_new_buf", "kd_buf")})
         prepare_cap = gdn.LONG_PASS_PREPARE["maxnreg"] if chunk == gdn.CHUNK else None
-        yield (f"gdn_chunk_prepare{name}", gdn._chunk_prepare_kernel, types,
-               dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32"), 4, 1,
-               prepare_cap)
-        for captures in (False, True):
-            yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}", gdn._chunk_state_kernel,
-                   types, dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=captures,
-                               SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision), warps, stages)
+        # one long prompt: the narrow tiles, with k normalised and decayed by the prepare kernel (DECAYED_K)
+        for decayed in (True, False):
+            yield (f"gdn_chunk_prepare{name}{'' if decayed else '_own_k'}", gdn._chunk_prepare_kernel, types,
+                   dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32",
+                        DECAYED_K=decayed), 4, 1, prepare_cap)
+        # captures keep the narrow tiles however many the programs, so with either k
+        for captures, decayed in ((False, True), (True, True), (True, False)):
+            yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}{'' if decayed else '_own_k'}",
+                   gdn._chunk_state_kernel, types, dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=captures,
+                                                        SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision,
+                                                        DECAYED_K=decayed), warps, stages)
         # with the output split off, the snapshot kernel reads v_new (its u_buf) from the narrow buffer
         snapshot_types = dict(types, u_buf=buffers if split else "*fp32")
         yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, snapshot_types,
@@ -233,7 +237,7 @@ def cases():
         # many sequences at once: the state kernel's wide tiles (never with captures, see STATE_WIDE_BLOCK_V)
         yield (f"gdn_chunk_state_wide{name}", gdn._chunk_state_kernel, types,
                dict(heads, BV=gdn.STATE_WIDE_BLOCK_V, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=False,
-                    SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision), warps,
+                    SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision, DECAYED_K=False), warps,
                stages_of.get(gdn.STATE_WIDE_BLOCK_V, 2))
     output_types = dict(inputs, **ints, v_new_buf=bf16, chunk_states=bf16)
     yield ("gdn_chunk_output", gdn._chunk_output_kernel, output_types,

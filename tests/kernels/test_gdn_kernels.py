@@ -157,9 +157,10 @@ def _check_chunk(lens, hk, hv, dk, dv, slots, captures, kernel=chunk_gdn, tol=1e
     ([70, 1, 3], 1, 3, 12, 16),
     ([130, 64], 2, 2, 32, 16),
 ])
-def test_chunk_prefill_matches_reference(lens, hk, hv, dk, dv):
+@pytest.mark.parametrize("decayed_k", [True, False])  # the state loop's k from the prepare kernel, or its own
+def test_chunk_prefill_matches_reference(lens, hk, hv, dk, dv, decayed_k):
     slots = list(range(len(lens) + 1, 1, -1))  # reversed, leaving slots 0, 1 and the spare alone
-    _check_chunk(lens, hk, hv, dk, dv, slots, [])
+    _check_chunk(lens, hk, hv, dk, dv, slots, [], decayed_k=decayed_k)
 
 
 @pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])

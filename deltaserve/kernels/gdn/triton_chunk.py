@@ -10,10 +10,11 @@ and, carrying the state S [Dk, Dv] from chunk to chunk:
     v_new = u - w S;  o = exp(G) q S + Aqk v_new;  S <- exp(G_last) S + (exp(G_last - G) k)^T v_new.
 
 1. `_chunk_prepare_kernel`, one program per (chunk, value head), all chunks at once: everything that
-   does not depend on the state (G, w, u, Aqk, and kd = exp(G_last - G) k, k normalised, the state
-   update's operand), written to buffers. T comes from forward
-   substitution in registers. q.k and k.k run on the raw inputs (bf16 products are exact) and the
-   norms scale the fp32 results, so no normalised copy is ever rounded to 16 bits.
+   does not depend on the state (G, w, u, Aqk), written to buffers. T comes from forward substitution in
+   registers. q.k and k.k run on the raw inputs (bf16 products are exact) and the norms scale the fp32
+   results, so their dots round no normalised copy to 16 bits. Where the state kernel has few programs it
+   also writes kd = exp(G_last - G) k, k normalised, the operand of the state update (DECAYED_K), in the
+   operand's dtype of that dot.
 2. `_chunk_state_kernel`, one program per (sequence, value head, tile of BV state columns): reads its
    state tile from `h_pool[state_slots[b]]`, runs the sequence's chunks in order, writes o, and writes
    the state back in place. For a chunk holding capture rows it also keeps the state before the chunk.
@@ -158,7 +159,7 @@ def _chunk_prepare_kernel(
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
-    INVERSE_PRECISION: tl.constexpr,
+    INVERSE_PRECISION: tl.constexpr, DECAYED_K: tl.constexpr,
 ):
     cid, head = tl.program_id(0), tl.program_id(1)
     row0, count, found = _chunk_of(cid, query_start_loc, num_seqs, CHUNK, BLOCK_B)
@@ -208,7 +209,8 @@ def _chunk_prepare_kernel(
             w = tl.dot(T, kt.to(tl.float32) * row_scale[:, None], input_precision=PRECISION)
             at = (t[:, None] * HV + head) * DK + offs_w[None, :]
             tl.store(w_buf + at, w.to(w_buf.dtype.element_ty), mask=mask_w)
-            tl.store(kd_buf + at, (kt.to(tl.float32) * decayed[:, None]).to(kd_buf.dtype.element_ty), mask=mask_w)
+            if DECAYED_K:
+                tl.store(kd_buf + at, (kt.to(tl.float32) * decayed[:, None]).to(kd_buf.dtype.element_ty), mask=mask_w)
         for v0 in tl.static_range(0, DV, BV):  # u = T (beta v)
             offs_v = v0 + tl.arange(0, BV)
             mask_v = live[:, None] & (offs_v < DV)[None, :]
@@ -226,11 +228,12 @@ def _normalized_rows(x, t, live, head_offset, offs_k, mask_k, stride_t):
 
 
 @triton.jit
-def _chunk_step(q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
-                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
-                stride_q_t, stride_q_h, stride_o_t, scale,
+def _chunk_step(q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows,
+                cap_state, state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v,
+                stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale,
                 HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, CHUNK: tl.constexpr,
-                HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PRECISION: tl.constexpr):
+                HAS_CAPTURES: tl.constexpr, SPLIT_OUTPUT: tl.constexpr, PRECISION: tl.constexpr,
+                DECAYED_K: tl.constexpr):
     """One chunk (global index `chunk`) through the state tile [BK, BV]: its output rows, or with
     SPLIT_OUTPUT the state before it and v_new (into v_new_buf) for the output kernel; and the state
     after it."""
@@ -271,19 +274,23 @@ def _chunk_step(q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_sta
         out = _dot(aqk, v_new, out, PRECISION)
         tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
 
-    kd = tl.load(kd_buf + rows_k, mask=live[:, None] & mask_k[None, :], other=0.0)
+    if DECAYED_K:  # the prepare kernel's kd, straight into the dot
+        kd = tl.load(kd_buf + rows_k, mask=live[:, None] & mask_k[None, :], other=0.0)
+    else:
+        kd = _normalized_rows(k, t, live, key_head * stride_k_h, offs_k, mask_k, stride_k_t)
+        kd = kd * tl.exp(G_last - G)[:, None]
     state = _dot(tl.trans(kd), v_new, state * tl.exp(G_last), PRECISION)
     return state, cap_i
 
 
 @triton.jit
 def _chunk_state_kernel(
-    q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
-    o, chunk_states, num_caps,
-    stride_q_t, stride_q_h, stride_o_t, stride_h_slot, scale,
+    q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows,
+    cap_state, o, chunk_states, num_caps,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_CAPS: tl.constexpr, HAS_CAPTURES: tl.constexpr,
-    SPLIT_OUTPUT: tl.constexpr, LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT_OUTPUT: tl.constexpr, LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr, DECAYED_K: tl.constexpr,
 ):
     seq, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     chunk = seq * 0  # the global index of the sequence's first chunk, as the prepare kernel numbers them
@@ -307,17 +314,19 @@ def _chunk_state_kernel(
     if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
         for row0 in range(start, end, CHUNK):
             state, cap_i = _chunk_step(
-                q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state,
-                row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
-                stride_q_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
+                q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
+                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
+                PRECISION, DECAYED_K)
             chunk += 1
     else:  # the interpreter cannot take loaded bounds in range()
         row0 = start
         while row0 < end:
             state, cap_i = _chunk_step(
-                q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state, state,
-                row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
-                stride_q_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT, PRECISION)
+                q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
+                state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
+                stride_q_h, stride_k_t, stride_k_h, stride_o_t, scale, HV, DK, DV, CHUNK, HAS_CAPTURES, SPLIT_OUTPUT,
+                PRECISION, DECAYED_K)
             chunk += 1
             row0 += CHUNK
     tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & has_slot)
@@ -401,9 +410,14 @@ def _chunk_output_kernel(
         tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
 
 
+def _few_state_programs(seqs: int, hv: int, dv: int, device: torch.device) -> bool:
+    """Whether the state kernel's wide tiles would leave multiprocessors idle: one long prompt, or a few."""
+    return seqs * hv * triton.cdiv(dv, STATE_WIDE_BLOCK_V) < num_sms(device)
+
+
 def _state_block_v(seqs: int, hv: int, dv: int, device: torch.device) -> int:
     """The state kernel's columns a program: the wide tiles once their programs fill the multiprocessors."""
-    return STATE_WIDE_BLOCK_V if seqs * hv * triton.cdiv(dv, STATE_WIDE_BLOCK_V) >= num_sms(device) else STATE_BLOCK_V
+    return STATE_BLOCK_V if _few_state_programs(seqs, hv, dv, device) else STATE_WIDE_BLOCK_V
 
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
@@ -415,7 +429,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
               num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
               split_output: bool | None = None, prepare: dict | None = None,
               buffer_dtype: torch.dtype | None = None, output: dict | None = None,
-              u_dtype: torch.dtype | None = None) -> torch.Tensor:
+              u_dtype: torch.dtype | None = None, decayed_k: bool | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
@@ -432,7 +446,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     v_new): by default bf16 under bf16 dots, else fp32. `output` overrides the output kernel's "bv",
     "warps" and "stages". u_dtype stores u in that dtype rather than fp32, off by default: u takes part in
     v_new = u - w S, so a 16-bit u rounds what no dot rounds, and on the H200 bf16 took the chunk kernels
-    only from 676 to 652 us at 8192 tokens (kernels_check_rotary_tiles_u_dtype.json).
+    only from 676 to 652 us at 8192 tokens (kernels_check_rotary_tiles_u_dtype.json). decayed_k overrides
+    whether the prepare kernel writes kd for the state kernel (by default where its programs are few).
 
     Long passes of 16-bit inputs take LONG_PASS_STATE."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
@@ -469,7 +484,16 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     narrow = buffer_dtype or (torch.bfloat16 if precision == "bf16" else torch.float32)
     w_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev)
     aqk_buf = torch.empty((tokens, hv, chunk), dtype=torch.float32, device=dev)
-    kd_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev)
+    if decayed_k is None:
+        # Where the state kernel has few programs (one long prompt), its serial chunk loop is the pass's critical
+        # path, so the prepare kernel, all chunks at once, writes the state update's operand kd (k normalised and
+        # decayed to its chunk's end) and the loop loads it: the state kernel took 205 against 257 us at 8192
+        # tokens and 785 against 1007 at 32768, the prepare kernel 309 against 289 and 1252 against 1170 (H200,
+        # Qwen3.5 GDN shape, gdn_prefill_kernels_decayed_k_same_machine.json). Once the programs fill the GPU the
+        # kernel is bound by its throughput, not its chain: over 128 prompts of 128 tokens the state kernel took
+        # 479 against 510 us and the prepare kernel 639 against 597, so those passes normalise k in the loop.
+        decayed_k = _few_state_programs(seqs, hv, dv, dev)
+    kd_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev) if decayed_k else w_buf  # else unused
     max_chunks = tokens // chunk + seqs
     _chunk_prepare_kernel[(max_chunks, hv)](
         q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, kd_buf, seqs,
@@ -477,7 +501,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=prepare.get("bv", 32), CHUNK=chunk,
         BLOCK_B=max(16, triton.next_power_of_2(seqs)),
         SUB=min(prepare.get("sub", 16), chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision,
-        num_warps=prepare.get("warps", 4), num_stages=1, maxnreg=prepare.get("maxnreg"),
+        DECAYED_K=decayed_k, num_warps=prepare.get("warps", 4), num_stages=1, maxnreg=prepare.get("maxnreg"),
     )
     has_captures = bool(capture_rows) and h_snapshots is not None
     block_v = block_v or (STATE_BLOCK_V if has_captures else _state_block_v(seqs, hv, dv, dev))
@@ -498,12 +522,12 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=narrow, device=dev) if split else w_buf
     v_new_buf = torch.empty((tokens, hv, dv), dtype=narrow, device=dev) if split else u_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
-        q, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows, cap_state,
-        o, chunk_states, num_caps,
-        q.stride(0), q.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
+        q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows,
+        cap_state, o, chunk_states, num_caps,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=caps_block,
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages,
+        DECAYED_K=decayed_k, num_warps=num_warps, num_stages=num_stages,
     )
     if split:
         output = output or {}
