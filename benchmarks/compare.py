@@ -38,6 +38,24 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At e73044f the GDN prefill's prepare kernel also writes kd, k normalised and decayed to its chunk's "
+        "end, where the state kernel's programs are few (one or two prompts in the pass), and the state "
+        "kernel's serial chunk loop loads it rather than normalising k in each program at every chunk. Against "
+        "4d1d46e on the same inputs, alternated twice in one command (gdn_prefill_kernels_decayed_k_same_"
+        "machine.json): the chunk kernels 644.5-645.1 against 678.2-678.3 us at 8192 tokens and 2546-2549 "
+        "against 2693-2695 at 32768 (the state kernel 202-204 against 258 and 783-786 against 1014, the prepare "
+        "kernel 311 against 290 and 1258 against 1175), with the same errors against the fp32 reference (output "
+        "4.74e-3, state 4.62e-3 at 8192). Over 128 prompts of 128 tokens, and 4 of 2048, the wide tiles fill the "
+        "GPU and the loop normalises k as before (1404-1405 and 582-583 us in both trees); kd there too "
+        "(20da48d) took the prepare kernel from 597 to 639 us and the state kernel from 510 to 479 "
+        "(gdn_prefill_kernels_decayed_k_everywhere_same_machine.json). In the engine, alternated twice "
+        "(engine_qwen3.5-9b_prefill_rows_at_e73044f.json, the prefill rows): 8k 0.2007 / 0.2006 against "
+        "0.2030 / 0.2026 s, 32k 0.8938 / 0.8924 against 0.8985 / 0.9051; on another card, with kd in every "
+        "pass, 0.2020 / 0.2029 against 0.2056 / 0.2068 and 0.9083 / 0.9079 against 0.9204 / 0.9207 "
+        "(engine_prefill_decayed_k_everywhere_same_machine.json). The 8k pass gained 2.0-3.9 ms where its "
+        "chunk kernels alone gain 0.8 (24 layers of 34 us); in the pass the state kernel runs slower than "
+        "alone (the notes on edcc4d4 below), and that is the kernel this shortens (the pass was not profiled "
+        "again). 0.9x vLLM's 8k is 0.1926 s.",
         "The rows' tree against the newest, alternated twice in one command with the default fp32 state "
         "(engine_qwen3.5-9b_0f66749_against_58293a2_same_machine.json): 58293a2 steps 5.862-5.864 / 6.957 / "
         "9.259-9.263 ms at C=32 / 64 / 128 against 0f66749's 5.797-5.798 / 6.872 / 9.198-9.204, closed batches "
@@ -441,6 +459,9 @@ NOTES = {
         "(6.946 / 9.303), which ran before cuDNN's start-up, and C=32 faster.",
     ],
     "qwen3.5-35b-a3b": [
+        "At e73044f (the GDN prefill's kd, the 9B notes' first paragraph) against 4d1d46e in one command, one "
+        "round (engine_qwen3.5-35b-a3b_prefill_rows_at_e73044f.json, the prefill rows): 8k 0.1186 against "
+        "0.1208 s, 32k 0.5534 against 0.5630 (0.807x and 0.877x the issue's vLLM times).",
         "At 5778793 (paged attention's decode splits, the 9B notes), against f00d81c alternated twice in one "
         "command with the default fp32 state (engine_qwen3.5-35b-a3b_decode_splits_same_machine.json): C=64, "
         "its 128 programs now in 4 key splits, steps 17.868-17.869 against 17.917-17.919 ms, closed batches "
@@ -604,7 +625,7 @@ def peer_instrument_tok_s(row: dict) -> float:
 def later_runs(shape: str) -> list[dict]:
     """Engine runs after the ladder's: a closed-batch run (engine_<shape>_closed.json), a prefill-only run
     (engine_<shape>_prefill.json), deltaserve's run beside vLLM (side_by_side_<shape>.json) and the rows
-    measured again at a later tree (DECODE_ROWS_AB)."""
+    measured again at a later tree (DECODE_ROWS_AB, PREFILL_ROWS_AB)."""
     runs = []
     for name in (f"engine_{shape}_closed.json", f"engine_{shape}_prefill.json"):
         path = os.path.join(RESULTS, name)
@@ -614,20 +635,22 @@ def later_runs(shape: str) -> list[dict]:
     if os.path.exists(path):
         together = json.load(open(path))
         runs.append({**together["deltaserve_raw"], "commit": together["commit"]})
-    return runs + slowest_of_newest_trees(DECODE_ROWS_AB.format(shape=shape))
+    return (runs + slowest_of_newest_trees(DECODE_ROWS_AB.format(shape=shape))
+            + slowest_of_newest_trees(PREFILL_ROWS_AB.format(shape=shape)))
 
 
 BF16_STATE_AB = "engine_{shape}_bf16_state_*same_machine*.json"  # engine_ab.py runs with a bf16 state
 DECODE_ROWS_AB = "engine_{shape}_decode_rows_at_*.json"  # engine_ab.py runs of one tree, the default fp32 state
+PREFILL_ROWS_AB = "engine_{shape}_prefill_rows_at_*.json"  # the same for the prefill rows
 
 
 def slowest_of_newest_trees(pattern: str) -> list[dict]:
     """The newest tree of each engine_ab.py file matching pattern (the tree named last), as one run whose
-    row at each concurrency is the slowest of those trees' rounds in every file."""
+    row at each concurrency, and at each prefill length, is the slowest of those trees' rounds in every file."""
     paths = sorted(glob.glob(os.path.join(RESULTS, pattern)))
     if not paths:
         return []
-    slowest, dates, commits = {}, [], []
+    slowest, slowest_prefill, dates, commits = {}, {}, [], []
     for path in paths:
         ab = json.load(open(path))
         newest = list(ab["trees"].values())[-1]
@@ -640,7 +663,12 @@ def slowest_of_newest_trees(pattern: str) -> list[dict]:
                 kept = slowest.get(row["concurrency"])
                 if kept is None or peer_instrument_tok_s(row) < peer_instrument_tok_s(kept):
                     slowest[row["concurrency"]] = row
-    return [{"date": max(dates), "commit": "/".join(commits), "decode": list(slowest.values()), "prefill": []}]
+            for row in run["prefill"]:
+                kept = slowest_prefill.get(row["tokens"])
+                if kept is None or row["ttft_s"] > kept["ttft_s"]:
+                    slowest_prefill[row["tokens"]] = row
+    return [{"date": max(dates), "commit": "/".join(commits), "decode": list(slowest.values()),
+             "prefill": list(slowest_prefill.values())}]
 
 
 def latest_rows(runs: list[dict], section: str, key: str) -> dict:

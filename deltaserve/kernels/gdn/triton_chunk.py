@@ -485,13 +485,15 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     w_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev)
     aqk_buf = torch.empty((tokens, hv, chunk), dtype=torch.float32, device=dev)
     if decayed_k is None:
-        # Where the state kernel has few programs (one long prompt), its serial chunk loop is the pass's critical
-        # path, so the prepare kernel, all chunks at once, writes the state update's operand kd (k normalised and
-        # decayed to its chunk's end) and the loop loads it: the state kernel took 205 against 257 us at 8192
-        # tokens and 785 against 1007 at 32768, the prepare kernel 309 against 289 and 1252 against 1170 (H200,
-        # Qwen3.5 GDN shape, gdn_prefill_kernels_decayed_k_same_machine.json). Once the programs fill the GPU the
-        # kernel is bound by its throughput, not its chain: over 128 prompts of 128 tokens the state kernel took
-        # 479 against 510 us and the prepare kernel 639 against 597, so those passes normalise k in the loop.
+        # Where the state kernel has few programs (one or two prompts), its serial chunk loop is the pass's
+        # critical path, so the prepare kernel, all chunks at once, writes the state update's operand kd (k
+        # normalised and decayed to its chunk's end) and the loop loads it: the state kernel took 202-204
+        # against 258 us at 8192 tokens and 783-786 against 1014 at 32768, the prepare kernel 311 against 290 and
+        # 1258 against 1175, with the same errors (H200, Qwen3.5 GDN shape, alternated twice,
+        # gdn_prefill_kernels_decayed_k_same_machine.json). Once the programs fill the GPU the loop is bound by
+        # its throughput, not its chain: with kd over 128 prompts of 128 tokens the state kernel took 479
+        # against 510 us and the prepare kernel 639 against 597
+        # (gdn_prefill_kernels_decayed_k_everywhere_same_machine.json), so those passes normalise k in the loop.
         decayed_k = _few_state_programs(seqs, hv, dv, dev)
     kd_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev) if decayed_k else w_buf  # else unused
     max_chunks = tokens // chunk + seqs
