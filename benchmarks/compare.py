@@ -53,9 +53,12 @@ NOTES = {
         "0.2030 / 0.2026 s, 32k 0.8938 / 0.8924 against 0.8985 / 0.9051; on another card, with kd in every "
         "pass, 0.2020 / 0.2029 against 0.2056 / 0.2068 and 0.9083 / 0.9079 against 0.9204 / 0.9207 "
         "(engine_prefill_decayed_k_everywhere_same_machine.json). The 8k pass gained 2.0-3.9 ms where its "
-        "chunk kernels alone gain 0.8 (24 layers of 34 us); in the pass the state kernel runs slower than "
-        "alone (the notes on edcc4d4 below), and that is the kernel this shortens (the pass was not profiled "
-        "again). 0.9x vLLM's 8k is 0.1926 s.",
+        "chunk kernels alone gain 0.8 (24 layers of 34 us): in the pass the state kernel ran slower than "
+        "alone (the notes on edcc4d4 below), and no longer does. Profiled on two cards "
+        "(profile_prefill_qwen3.5-9b_8192_4d1d46e.json, _e4e9885.json), the pass's state kernels took 5.23 ms "
+        "against 9.56 (218 us a layer against 398; alone 203 against 258), its prepare kernels 8.87 against "
+        "8.33, and all its kernels 196.7 ms against 198.2, the GEMMs 1.3% slower on the newer tree's card "
+        "(156.6 against 154.6 ms). 0.9x vLLM's 8k is 0.1926 s.",
         "The rows' tree against the newest, alternated twice in one command with the default fp32 state "
         "(engine_qwen3.5-9b_0f66749_against_58293a2_same_machine.json): 58293a2 steps 5.862-5.864 / 6.957 / "
         "9.259-9.263 ms at C=32 / 64 / 128 against 0f66749's 5.797-5.798 / 6.872 / 9.198-9.204, closed batches "
