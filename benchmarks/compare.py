@@ -59,6 +59,11 @@ NOTES = {
         "against 9.56 (218 us a layer against 398; alone 203 against 258), its prepare kernels 8.87 against "
         "8.33, and all its kernels 196.7 ms against 198.2, the GEMMs 1.3% slower on the newer tree's card "
         "(156.6 against 154.6 ms). 0.9x vLLM's 8k is 0.1926 s.",
+        "With kd, the state kernel's narrow tiles at 16 columns (two programs a multiprocessor, 3 stages; not "
+        "kept): alone 193.5-193.7 against 204.1-204.7 us at 8192 tokens and 754-766 against 783-784 at 32768, "
+        "at 2 stages 234-235 and 919-934 (gdn_prefill_kernels_state_bv16_same_machine.json), but the 8k pass "
+        "took 0.2006 / 0.2023 against 0.2002 / 0.1997 s, alternated twice against ed914df "
+        "(engine_prefill_state_bv16_same_machine.json).",
         "The rows' tree against the newest, alternated twice in one command with the default fp32 state "
         "(engine_qwen3.5-9b_0f66749_against_58293a2_same_machine.json): 58293a2 steps 5.862-5.864 / 6.957 / "
         "9.259-9.263 ms at C=32 / 64 / 128 against 0f66749's 5.797-5.798 / 6.872 / 9.198-9.204, closed batches "
