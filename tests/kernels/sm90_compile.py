@@ -219,7 +219,7 @@ def cases():
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
         types = dict(inputs, **ints, **{n: buffers for n in ("w_buf", "chunk_states", "v_new_buf", "kd_buf")})
         prepare_cap = gdn.LONG_PASS_PREPARE["maxnreg"] if chunk == gdn.CHUNK else None
-        # one long prompt: the narrow tiles, with k normalised and decayed by the prepare kernel (DECAYED_K)
+        # the prepare kernel with and without kd, k normalised and decayed for the state kernel (DECAYED_K)
         for decayed in (True, False):
             yield (f"gdn_chunk_prepare{name}{'' if decayed else '_own_k'}", gdn._chunk_prepare_kernel, types,
                    dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32",

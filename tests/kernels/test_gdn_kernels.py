@@ -163,20 +163,27 @@ def test_chunk_prefill_matches_reference(lens, hk, hv, dk, dv, decayed_k):
     _check_chunk(lens, hk, hv, dk, dv, slots, [], decayed_k=decayed_k)
 
 
+EDGE_LENS = [150, 1, 66]  # rows 0-149, 150, 151-216
+EDGE_CAPTURES = [
+    (0, 0),  # first row of a sequence (and of its first chunk)
+    (40, 1),  # inside a chunk
+    (63, 2), (64, 3),  # last row of a chunk, first row of the next
+    (127, 4), (128, 5), (129, 6),  # three rows in a row, across a chunk edge
+    (149, 7),  # last row of a sequence, inside its last (short) chunk
+    (150, 8),  # a one-row sequence
+    (151 + 65, 9),  # last row of a sequence whose second chunk has two rows
+    (40, 10),  # the same row captured twice
+]
+
+
 @pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])
 def test_prefill_captures_inside_and_at_the_edges_of_chunks(kernel):
-    lens = [150, 1, 66]  # rows 0-149, 150, 151-216
-    captures = [
-        (0, 0),  # first row of a sequence (and of its first chunk)
-        (40, 1),  # inside a chunk
-        (63, 2), (64, 3),  # last row of a chunk, first row of the next
-        (127, 4), (128, 5), (129, 6),  # three rows in a row, across a chunk edge
-        (149, 7),  # last row of a sequence, inside its last (short) chunk
-        (150, 8),  # a one-row sequence
-        (151 + 65, 9),  # last row of a sequence whose second chunk has two rows
-        (40, 10),  # the same row captured twice
-    ]
-    _check_chunk(lens, 1, 2, 16, 16, [3, 0, 4], captures, kernel)
+    _check_chunk(EDGE_LENS, 1, 2, 16, 16, [3, 0, 4], EDGE_CAPTURES, kernel)
+
+
+def test_prefill_captures_with_the_state_loop_normalising_k():
+    # captures in a pass of many sequences, where the state kernel normalises k itself (no kd)
+    _check_chunk(EDGE_LENS, 1, 2, 16, 16, [3, 0, 4], EDGE_CAPTURES, decayed_k=False)
 
 
 @pytest.mark.parametrize("kernel", [chunk_gdn, gdn_recurrent])
