@@ -49,15 +49,16 @@ def test_warm_up_groups_cover_every_class_of_the_conv_row_kernel():
     pytest.importorskip("triton")
     from deltaserve.kernels.conv1d.triton_causal_conv1d import row_tiles_for
 
-    budget = 2048  # the server's default step
-    groups = warm_up_groups(256, budget, max_model_len=4096)
-    seen = {(row_tiles_for(sum(g), 8192)[0], _int_class(len(g)), sum(g) % 16 == 0) for g in groups if sum(g) > 64}
-    run_lengths = {row_tiles_for(rows, 8192)[0] for rows in range(65, budget + 1)}
-    assert run_lengths == {8, 16, 32, 64, 128}
-    for run_length in run_lengths:
-        for count in ("one", "multiple of 16", "other"):
-            for aligned in (True, False):
-                assert (run_length, count, aligned) in seen, (run_length, count, aligned)
+    # the server's default step, and a budget that holds every class
+    for budget, classes in ((2048, {8, 16, 32}), (16384, {8, 16, 32, 64, 128})):
+        groups = warm_up_groups(256, budget, max_model_len=budget)
+        seen = {(row_tiles_for(sum(g), 8192)[0], _int_class(len(g)), sum(g) % 16 == 0) for g in groups if sum(g) > 64}
+        run_lengths = {row_tiles_for(rows, 8192)[0] for rows in range(65, budget + 1)}
+        assert run_lengths == classes
+        for run_length in run_lengths:
+            for count in ("one", "multiple of 16", "other"):
+                for aligned in (True, False):
+                    assert (run_length, count, aligned) in seen, (budget, run_length, count, aligned)
 
 
 def _int_class(n: int) -> str:

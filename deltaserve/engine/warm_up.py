@@ -33,11 +33,13 @@ ROW_TARGETS = ((12, 16), (100, 128), (1000, None))
 # make the 64-row tiles of paged attention split their keys 8 ways at Qwen3.5-9B's 4 KV heads.
 SEQUENCE_COUNTS = (1, 2, 8, 16, 17, 32, 33, 64, 65, 112, 128, 129, 256, 257, 512, 513, 1024)
 # Rows of a pass in each class of the conv1d row kernel's run length (conv1d row_tiles_for: at the
-# Qwen3.5 and Qwen3-Next shapes' 8192 channels 8, 16, 32, 64 and 128 rows a program from 65, 241, 481,
-# 961 and 1921 rows), each as a multiple of 16 and not, over one sequence, a multiple of 16 of them
-# and another count: the classes Triton compiles the kernel for. With the GDN groups alone four of
-# them compiled while a fresh server on an empty Triton cache served its first closed batches.
-CONV_ROW_TARGETS = (96, 100, 352, 360, 704, 712, 1008, 1000, 2032, 2040)
+# Qwen3.5 and Qwen3-Next shapes' 8192 channels 8, 16, 32, 64 and 128 rows a program from 65, 1009, 2017,
+# 4033 and 8065 rows), each as a multiple of 16 and not, over one sequence, a multiple of 16 of them
+# and another count: the classes Triton compiles the kernel for (those within the step's token budget).
+# With the GDN groups alone four of them compiled while a fresh server on an empty Triton cache served
+# its first closed batches. 352 and 360 rows (of the 8-row class too) are also the one-prompt passes whose
+# paged attention splits the keys of its 128-row tiles 4 and 2 ways, kernels of their own.
+CONV_ROW_TARGETS = (96, 100, 352, 360, 1024, 1020, 2032, 2040, 4048, 4050, 8080, 8090)
 CONV_SEQUENCE_COUNTS = (1, 16, 17)
 
 

@@ -11,7 +11,8 @@ channels), which walks its rows one at a time with the K-1 inputs before the row
 each input is read once; the per-sequence kernel then only writes the snapshots and the state, after
 every read of the old state. (A 2-D tile of rows per program, each tap loaded as its own tile, held
 some 170 registers a thread and took 170 us for an 8k-token prompt on the H200, 267 us with the old
-state's gathers in every tile; walking the rows takes 108 us, kernels_check conv1d_row_tiles.)
+state's gathers in every tile; walking the rows took 108 us, kernels_check conv1d_row_tiles, and 101 at
+the tiles of ROW_TILES.)
 A decode kernel of its own (each channel's old inputs loaded once, no barrier) measured no faster than
 the per-sequence kernel at 32-128 sequences (kernels_check_conv1d_decode_kernel.json).
 """
@@ -185,18 +186,23 @@ def _conv_rows_kernel(
         h3, h2, h1 = h2, h1, xt
 
 
-# The row kernel's (rows, channels, warps) per program: 107.9 us for an 8k-token prompt of the Qwen3.5
-# shape on the H200 (2.49 TB/s); 64 rows 111.8, 256 rows 162.7 (too few programs), 128 channels 149.0
-# (kernels_check conv1d_row_tiles).
-ROW_TILES = (128, 256, 1)
+# The row kernel's (rows, channels, warps) per program. Each warp walks its rows with one row's load in
+# flight, so the kernel wants many warps on every multiprocessor: 2 warps a program, and runs short enough
+# for 2048 programs. On the H200 at the Qwen3.5 shape's 8192 channels (its conv kernels' time, us;
+# conv1d_row_tiles_same_machine.json) against 1 warp and 512 programs: 101.4 against 105.7 for one 8192-token
+# prompt, 199.0 against 209.4 for 128 prompts of 128, 54.3 against 81.7 at 4096 tokens and 30.7 against 69.2
+# at 2048 (the server's default step: there 512 one-warp programs left most warp slots empty), 16.7 against
+# 19.0 at 1000 and 5.5 against 5.8 at 96. 64 rows took 111.8 us at 8192 tokens, 256 rows 162.7 and 128
+# channels 149.0 with 1 warp (kernels_check conv1d_row_tiles).
+ROW_TILES = (128, 256, 2)
 ROW_KERNEL_MAX_K = 4  # its lags are three registers
-MIN_ROW_PROGRAMS = 512
+MIN_ROW_PROGRAMS = 2048
 
 
 def row_tiles_for(tokens: int, channels: int) -> tuple[int, int, int]:
     """ROW_TILES with fewer rows a program while the grid would have fewer than MIN_ROW_PROGRAMS programs
-    (down to 8 rows): a program walks its rows in turn, so a short pass (a prefix-cache hit's tail of
-    some 80 rows) wants many short runs rather than a few long ones."""
+    (down to 8 rows): a program walks its rows in turn, so a shorter pass (a 2048-token step, a prefix-cache
+    hit's tail of some 80 rows) wants many short runs rather than a few long ones."""
     rows, block_c, warps = ROW_TILES
     channel_tiles = triton.cdiv(channels, block_c)
     while rows > 8 and triton.cdiv(tokens, rows) * channel_tiles < MIN_ROW_PROGRAMS:
