@@ -217,7 +217,8 @@ def cases():
     for chunk, bv, name, split, precision, sub, prepare_precision, warps, stages_of, buffers in (long, short):
         stages = stages_of.get(bv, 2)
         heads = dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=chunk)
-        types = dict(inputs, **ints, **{n: buffers for n in ("w_buf", "chunk_states", "v_new_buf", "kd_buf")})
+        narrow = ("w_buf", "aqk_buf", "chunk_states", "v_new_buf", "kd_buf")  # the buffers that only feed dots
+        types = dict(inputs, **ints, **{n: buffers for n in narrow})
         prepare_cap = gdn.LONG_PASS_PREPARE["maxnreg"] if chunk == gdn.CHUNK else None
         # the prepare kernel with and without kd, k normalised and decayed for the state kernel (DECAYED_K)
         for decayed in (True, False):
@@ -239,7 +240,7 @@ def cases():
                dict(heads, BV=gdn.STATE_WIDE_BLOCK_V, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=False,
                     SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision, DECAYED_K=False), warps,
                stages_of.get(gdn.STATE_WIDE_BLOCK_V, 2))
-    output_types = dict(inputs, **ints, v_new_buf=bf16, chunk_states=bf16)
+    output_types = dict(inputs, **ints, aqk_buf=bf16, v_new_buf=bf16, chunk_states=bf16)
     yield ("gdn_chunk_output", gdn._chunk_output_kernel, output_types,
            dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
                 PRECISION=gdn.LONG_PASS_STATE["precision"]), 4, 2)

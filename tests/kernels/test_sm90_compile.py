@@ -17,7 +17,11 @@ pytestmark = pytest.mark.triton
 # do not spill: paged attention's 128 x 64 tiles at head dim 256 (a prefix-cache hit's tail) spill 64
 # bytes and took 57.5 us on the H200 where 128 x 32 tiles took 62-68 (kernels_check
 # paged_attention_hit_tail_80).
-ALLOWED_SPILL_BYTES = {"paged_attention_m128": 64}
+# The long passes' GDN prepare kernel, capped at 168 registers so that three programs share a
+# multiprocessor, spills 76 bytes (88 without kd) since Aqk is stored in bf16; it took 307.7 against 311.0 us
+# at 8192 tokens, and 148.4 against 151.2 over 32 prompts of 128 tokens without kd (H200,
+# gdn_prefill_kernels_aqk_narrow_same_machine.json).
+ALLOWED_SPILL_BYTES = {"paged_attention_m128": 64, "gdn_chunk_prepare": 96, "gdn_chunk_prepare_own_k": 96}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no CUDA backend in Triton")

@@ -442,7 +442,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     a cap on each thread's registers, which decides how many of its programs share a multiprocessor).
     split_output takes the output off the state kernel's serial path: that kernel keeps the state
     before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once.
-    buffer_dtype overrides the dtype of the buffers that only feed dots (w, the states before each chunk,
+    buffer_dtype overrides the dtype of the buffers that only feed dots (w, Aqk, the states before each chunk,
     v_new): by default bf16 under bf16 dots, else fp32. `output` overrides the output kernel's "bv",
     "warps" and "stages". u_dtype stores u in that dtype rather than fp32, off by default: u takes part in
     v_new = u - w S, so a 16-bit u rounds what no dot rounds, and on the H200 bf16 took the chunk kernels
@@ -479,11 +479,13 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     u_buf = torch.empty((tokens, hv, dv), dtype=u_dtype or torch.float32, device=dev)
     g_buf = torch.empty((tokens, hv), dtype=torch.float32, device=dev)
     # A buffer that only ever feeds a dot is stored in the dot's operand dtype: under bf16 dots it is
-    # rounded there anyway (the same numbers in half the bytes). u takes part in a subtraction, and Aqk
-    # in bf16 spills the prepare kernel's registers under its cap (68 bytes at 168 on sm_90): both fp32.
+    # rounded there anyway (the same numbers in half the bytes). u takes part in a subtraction: fp32.
+    # Aqk in bf16 took the output kernel from 130.0 to 112.9 us and the prepare kernel from 310.7 to
+    # 306.4 at 8192 tokens, with the same errors against the fp32 reference (H200, Qwen3.5 GDN shape,
+    # gdn_prefill_kernels_aqk_narrow_same_machine.json).
     narrow = buffer_dtype or (torch.bfloat16 if precision == "bf16" else torch.float32)
     w_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev)
-    aqk_buf = torch.empty((tokens, hv, chunk), dtype=torch.float32, device=dev)
+    aqk_buf = torch.empty((tokens, hv, chunk), dtype=narrow, device=dev)
     if decayed_k is None:
         # Where the state kernel has few programs (one or two prompts), its serial chunk loop is the pass's
         # critical path, so the prepare kernel, all chunks at once, writes the state update's operand kd (k
