@@ -38,6 +38,21 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At a017bd4 two prefill kernels take less time. The conv1d row kernel runs 2 warps a program, in runs "
+        "short enough for 2048 programs (one warp keeps one row's load in flight, so the kernel wants many "
+        "warps): 101.4 against 105.7 us at 8192 tokens, 30.7 against 69.2 at 2048 (the server's default step), "
+        "54.3 against 81.7 at 4096 and 199.0 against 209.4 over 128 prompts of 128 (conv1d_row_tiles_same_"
+        "machine.json). Aqk is stored in bf16, the operand dtype of the dot that reads it, so the output is "
+        "unchanged: the chunk kernels 623.7-624.2 against 644.8-647.1 us at 8192 tokens and 2471.5-2471.8 "
+        "against 2547.4-2548.6 at 32768, with the same errors against the fp32 reference (gdn_prefill_kernels_"
+        "aqk_narrow_same_machine.json). In the engine, alternated twice against 487fc5e (engine_qwen3.5-9b_"
+        "prefill_rows_at_a017bd4.json), the 8k pass took 0.2005 / 0.2006 s against 0.2015 / 0.1989 and 2048 "
+        "tokens 0.0484 / 0.0491 against 0.0491 / 0.0503: the expected 0.6 ms at 8k is inside the spread of two "
+        "rounds. The pass's GEMMs run power-capped: through prefill_gemms.py the card drew a median 692 W with "
+        "the SM clock at a median 1470 MHz, the projections at 653-731 TFLOP/s on cuBLAS and cuBLASLt alike, "
+        "and W X^T no faster (prefill_gemms.json); in the 8k pass they took 154.5 of 193.9 ms of kernels "
+        "(profile_prefill_qwen3.5-9b_8192_gaps_487fc5e.json), so the 0.1926 s that 0.9x vLLM needs leaves the "
+        "other kernels and the host about 38 ms where they take some 44.",
         "At e73044f the GDN prefill's prepare kernel also writes kd, k normalised and decayed to its chunk's "
         "end, where the state kernel's programs are few (one or two prompts in the pass), and the state "
         "kernel's serial chunk loop loads it rather than normalising k in each program at every chunk. Against "
