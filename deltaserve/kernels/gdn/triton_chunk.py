@@ -480,9 +480,9 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     g_buf = torch.empty((tokens, hv), dtype=torch.float32, device=dev)
     # A buffer that only ever feeds a dot is stored in the dot's operand dtype: under bf16 dots it is
     # rounded there anyway (the same numbers in half the bytes). u takes part in a subtraction: fp32.
-    # Aqk in bf16 took the output kernel from 130.0 to 112.9 us and the prepare kernel from 310.7 to
-    # 306.4 at 8192 tokens, with the same errors against the fp32 reference (H200, Qwen3.5 GDN shape,
-    # gdn_prefill_kernels_aqk_narrow_same_machine.json).
+    # Aqk in bf16 took the output kernel from 130.3-130.6 to 113.0-113.2 us and the prepare kernel from
+    # 311.0-312.5 to 307.6-307.7 at 8192 tokens, with the same errors against the fp32 reference (H200,
+    # Qwen3.5 GDN shape, alternated twice, gdn_prefill_kernels_aqk_narrow_same_machine.json).
     narrow = buffer_dtype or (torch.bfloat16 if precision == "bf16" else torch.float32)
     w_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev)
     aqk_buf = torch.empty((tokens, hv, chunk), dtype=narrow, device=dev)
