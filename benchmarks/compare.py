@@ -685,21 +685,22 @@ def slowest_of_newest_trees(pattern: str) -> list[dict]:
             for row in run["decode"]:
                 kept = slowest.get(row["concurrency"])
                 if kept is None or peer_instrument_tok_s(row) < peer_instrument_tok_s(kept):
-                    slowest[row["concurrency"]] = row
+                    slowest[row["concurrency"]] = {**row, "commit": newest}  # the tree that measured it
             for row in run["prefill"]:
                 kept = slowest_prefill.get(row["tokens"])
                 if kept is None or row["ttft_s"] > kept["ttft_s"]:
-                    slowest_prefill[row["tokens"]] = row
+                    slowest_prefill[row["tokens"]] = {**row, "commit": newest}
     return [{"date": max(dates), "commit": "/".join(commits), "decode": list(slowest.values()),
              "prefill": list(slowest_prefill.values())}]
 
 
 def latest_rows(runs: list[dict], section: str, key: str) -> dict:
-    """key value -> (row, commit) from the latest-dated run that measured it."""
+    """key value -> (row, commit) from the latest-dated run that measured it (the row's own commit where
+    it names one: slowest_of_newest_trees merges several trees into one run)."""
     rows = {}
     for run in sorted(runs, key=lambda r: r["date"]):
         for row in run[section]:
-            rows[row[key]] = (row, run["commit"])
+            rows[row[key]] = (row, row.get("commit", run["commit"]))
     return rows
 
 

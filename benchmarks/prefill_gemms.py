@@ -4,9 +4,9 @@
 
 The 9B shape's projections at M rows (bf16): `linear` is F.linear as the model runs them (torch's default
 BLAS, cuBLAS), `cublaslt` the same under torch.backends.cuda.preferred_blas_library("cublaslt"), and
-`transposed` the product computed as W X^T (its output [N, M], the other operand order cuBLAS can pick
-kernels for). Each is the median of triton's do_bench; the table gives ms and TFLOP/s, and the largest
-difference from `linear`'s output (transposed back).
+`transposed` the product computed as W X^T on cuBLASLt (its output [N, M], the other operand order the
+library can pick kernels for). Each is the median of triton's do_bench; the table gives ms and TFLOP/s,
+and the largest difference from `linear`'s output (transposed back).
 """
 
 from __future__ import annotations
@@ -35,13 +35,9 @@ def median_ms(fn) -> float:
 
 
 def variants(x: torch.Tensor, w: torch.Tensor) -> dict:
-    def on(library):
-        def run():
-            torch.backends.cuda.preferred_blas_library(library)
-            return F.linear(x, w)
-        return run
-
-    return {"linear": on("cublas"), "cublaslt": on("cublaslt"), "transposed": lambda: torch.mm(w, x.t())}
+    """name -> (the BLAS library it runs on, the product)."""
+    return {"linear": ("cublas", lambda: F.linear(x, w)), "cublaslt": ("cublaslt", lambda: F.linear(x, w)),
+            "transposed": ("cublaslt", lambda: torch.mm(w, x.t()))}
 
 
 def run(rows: list[int]) -> list[dict]:
@@ -53,7 +49,8 @@ def run(rows: list[int]) -> list[dict]:
             flops = 2 * m * n * k
             row = {"projection": name, "rows": m, "N": n, "K": k}
             reference = None
-            for key, fn in variants(x, w).items():
+            for key, (library, fn) in variants(x, w).items():
+                torch.backends.cuda.preferred_blas_library(library)
                 got = fn()
                 got = got.t() if key == "transposed" else got
                 reference = got if reference is None else reference
