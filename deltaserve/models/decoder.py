@@ -38,15 +38,21 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, dtype, device, config.mlp_bias)
 
-    def forward(self, hidden, residual, batch, cos_sin_cache):
+    def forward(self, hidden, residual, batch, cos_sin_cache, output_rows=None):
+        """output_rows (an OutputRows, or None for every row): the rows this layer returns. The mixer
+        still takes every row in, so that the caches and states see the whole chunk."""
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         if self.is_attention:
-            hidden = self.mixer(hidden, batch, cos_sin_cache)
+            hidden = self.mixer(hidden, batch, cos_sin_cache, output_rows)
         else:
-            hidden = self.mixer(hidden, batch)
+            hidden = self.mixer(hidden, batch, output_rows)
+        if output_rows is not None:
+            residual = output_rows.select(residual)
+            if output_rows.count == 0:  # no row is wanted: nothing after the mixer runs
+                return hidden, residual
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         if self.is_moe:
             return self.mlp(hidden, batch.live_rows), residual
@@ -69,10 +75,15 @@ class DecoderLM(nn.Module):
         self.mtp_tensors: dict[str, torch.Tensor] = {}
 
     def forward(self, input_ids: torch.Tensor, batch) -> torch.Tensor:
-        """Final-norm hidden states [T, hidden] of every row of the flat batch."""
+        """Final-norm hidden states [T, hidden] of every row of the flat batch, or [R, hidden] of the rows
+        of batch.output_rows where the batch has them (the last layer computes no others)."""
         hidden, residual = F.embedding(input_ids, self.embed_tokens), None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, batch, self.cos_sin_cache)
+        output_rows = getattr(batch, "output_rows", None)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            hidden, residual = layer(hidden, residual, batch, self.cos_sin_cache, output_rows if i == last else None)
+        if hidden.shape[0] == 0:
+            return hidden
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

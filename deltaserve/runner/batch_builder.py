@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,6 +21,7 @@ class HostBatch:
     slot_mapping: list[int] | np.ndarray
     state_slots: list[int]
     logits_indices: list[int]
+    logits_sequences: list[int] = field(default_factory=list)  # the sequence of each logits row
 
 
 class RowColumn:
@@ -75,6 +76,7 @@ def build_host_batch(plan: StepPlan, block_size: int) -> HostBatch:
         batch.state_slots.append(request.state_slot if request.state_slot is not None else 0)
         if chunk.samples:
             batch.logits_indices.append(rows - 1)
+            batch.logits_sequences.append(len(batch.seq_lens) - 1)
     batch.input_ids, batch.positions, batch.slot_mapping = input_ids.values(), positions.values(), slot_mapping.values()
     return batch
 

@@ -17,6 +17,24 @@ from deltaserve.kernels.capture_rows import CaptureRows
 
 
 @dataclass
+class OutputRows:
+    """The rows of a pass whose final hidden states are wanted: the last row of each chunk that samples.
+    Every row's keys, values and recurrent state are needed by later steps, but after the last layer's
+    token mixer nothing of the other rows is: that layer attends, projects and runs its feed-forward
+    block for these rows only (for one 8192-token prompt, 1 row of 8192)."""
+
+    rows: torch.Tensor  # [R] indices into the batch's rows, in the order of logits_indices
+    query_start_loc: torch.Tensor  # [R + 1]: 0, 1, ..., R (each row attends as a one-row chunk)
+    seq_lens: torch.Tensor  # [R]: the length of each row's sequence
+    block_tables: torch.Tensor  # [R, max_blocks]: each row's sequence's blocks
+    count: int  # R, on the host: 0 when no chunk of the pass samples
+
+    def select(self, x: torch.Tensor) -> torch.Tensor:
+        """x's rows at these indices (a new tensor of R rows)."""
+        return x.index_select(0, self.rows)
+
+
+@dataclass
 class ForwardBatch:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
@@ -41,6 +59,8 @@ class ForwardBatch:
     # [1] on the device: rows at or after it pad a graph's batch (their MoE routes nowhere, so they read
     # no expert's weights); None: every row is live.
     live_rows: torch.Tensor | None = None
+    # Where set, the model returns the final hidden states of these rows only (see OutputRows).
+    output_rows: OutputRows | None = None
 
     def kv_cache(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv_pool.k[layer_idx], self.kv_pool.v[layer_idx]

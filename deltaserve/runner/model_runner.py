@@ -16,7 +16,7 @@ from deltaserve.models.decoder import DecoderLM
 from deltaserve.host_to_device import to_device
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_block_tables
 from deltaserve.runner.cuda_graphs import DecodeGraphs
-from deltaserve.runner.forward_batch import ForwardBatch
+from deltaserve.runner.forward_batch import ForwardBatch, OutputRows
 from deltaserve.runner.launched_step import LaunchedStep
 from deltaserve.runner.prefill_graphs import PrefillGraphs
 from deltaserve.runner.sampler import Sampler, prompt_logprob_entries
@@ -67,12 +67,15 @@ class ModelRunner:
             logits = self.prefill_graphs.run(host, captures, restores[0] if restores else None,
                                              plan.block_copies[0].pair if plan.block_copies else None)
         else:
-            batch = self.to_forward_batch(host, plan.is_decode)
+            every_row = any(c.request.params.prompt_logprobs is not None for c in plan.chunks)
+            batch = self.to_forward_batch(host, plan.is_decode, output_rows=not every_row)
             if captures:  # the GDN kernels save these states as they pass the rows
                 batch.capture_rows, batch.snapshot_pool = CaptureRows(captures), self.snapshots
             hidden = self.model(batch.input_ids, batch)
-            prompt_logprobs = self._prompt_logprobs(plan, host, hidden)
-            logits = self.model.compute_logits(hidden[batch.logits_indices]) if sampling else None
+            if batch.output_rows is None:  # the hidden states of every row
+                prompt_logprobs = self._prompt_logprobs(plan, host, hidden)
+                hidden = hidden[batch.logits_indices]
+            logits = self.model.compute_logits(hidden) if sampling else None
         self._save_snapshots(plan)
         if not sampling:
             return StepResult(prompt_logprobs=prompt_logprobs)
@@ -161,11 +164,19 @@ class ModelRunner:
                 and all(c.request is chunk.request for c in plan.block_copies)  # and copies its own tail
                 and self.prefill_graphs.rung(chunk.num_tokens, captures) is not None)
 
-    def to_forward_batch(self, host: HostBatch, is_decode: bool) -> ForwardBatch:
+    def to_forward_batch(self, host: HostBatch, is_decode: bool, output_rows: bool = False) -> ForwardBatch:
+        """output_rows: the model may return the logits rows' hidden states alone (see OutputRows); it does
+        where they are fewer than all the rows."""
         dev = lambda values: to_device(values, self.device)  # noqa: E731
         starts = host.query_start_loc
         lengths = [end - start for start, end in zip(starts[:-1], starts[1:])]
-        return ForwardBatch(
+        rows = len(host.logits_indices)
+        output_rows = output_rows and rows < starts[-1]
+        if output_rows:  # one copy for both
+            logits_indices, sequences = dev([host.logits_indices, host.logits_sequences])
+        else:
+            logits_indices = dev(host.logits_indices)
+        batch = ForwardBatch(
             input_ids=dev(host.input_ids),
             positions=dev(host.positions),
             query_start_loc=dev(host.query_start_loc),
@@ -173,13 +184,19 @@ class ModelRunner:
             block_tables=dev(pad_block_tables(host.block_tables)),
             slot_mapping=dev(host.slot_mapping),
             state_slots=dev(host.state_slots),
-            logits_indices=dev(host.logits_indices),
+            logits_indices=logits_indices,
             is_decode=is_decode,
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
             fresh_query_start_loc=starts if self._fresh_prefill(host, lengths) else None,
             max_query_len=max(lengths, default=0),
         )
+        if output_rows:
+            batch.output_rows = OutputRows(
+                rows=logits_indices, query_start_loc=torch.arange(rows + 1, device=self.device),
+                seq_lens=batch.seq_lens.index_select(0, sequences),
+                block_tables=batch.block_tables.index_select(0, sequences), count=rows)
+        return batch
 
     def _fresh_prefill(self, host: HostBatch, lengths: list[int]) -> bool:
         """Long prompts that all start at position 0: dense attention within each chunk beats paging.

@@ -30,8 +30,10 @@ class Attention(nn.Module):
         self.norm_eps, self.norm_offset = config.rms_norm_eps, config.norm_offset
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, batch, cos_sin_cache: torch.Tensor) -> torch.Tensor | kernels.PartialSums:
-        """The output feeds the residual add-norm only, so it may be PartialSums."""
+    def forward(self, x: torch.Tensor, batch, cos_sin_cache: torch.Tensor,
+                output_rows=None) -> torch.Tensor | kernels.PartialSums:
+        """The output feeds the residual add-norm only, so it may be PartialSums. output_rows: the rows to
+        return (None: all); every row's key and value is still stored."""
         tokens = x.shape[0]
         q, k, v = kernels.linear(x, self.qkv_proj, self.qkv_bias).split([self.q_size, self.kv_size, self.kv_size], -1)
         gate = None
@@ -40,6 +42,8 @@ class Attention(nn.Module):
         q = q.reshape(tokens, self.num_heads, self.head_dim)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        if output_rows is not None:
+            return self._attend_output_rows(q, k, v, gate, batch, cos_sin_cache, output_rows)
         k_cache, v_cache = batch.kv_cache(self.layer_idx)
         if batch.fresh_query_start_loc is not None:  # long fresh prompts: attend within the chunk
             q, k = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache,
@@ -55,3 +59,17 @@ class Attention(nn.Module):
                                           batch.block_tables, self.scale, gate,  # the gate in its last store
                                           max_query_len=batch.max_query_len)
         return kernels.linear_partial(out.reshape(tokens, -1), self.o_proj, self.o_bias)
+
+    def _attend_output_rows(self, q, k, v, gate, batch, cos_sin_cache,
+                            output_rows) -> torch.Tensor | kernels.PartialSums:
+        """Stores every row's key and value, then attends for output_rows only: each as a one-row chunk
+        over its sequence's paged keys, which holds all of them once they are stored."""
+        k_cache, v_cache = batch.kv_cache(self.layer_idx)
+        q = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
+                                    self.q_norm, self.k_norm, self.norm_eps, self.norm_offset)
+        if output_rows.count == 0:
+            return q.new_empty((0, self.o_proj.shape[0]))
+        q, gate = output_rows.select(q), output_rows.select(gate) if gate is not None else None
+        out = kernels.paged_attention(q, k_cache, v_cache, output_rows.query_start_loc, output_rows.seq_lens,
+                                      output_rows.block_tables, self.scale, gate, max_query_len=1)
+        return kernels.linear_partial(out.reshape(output_rows.count, -1), self.o_proj, self.o_bias)

@@ -32,8 +32,9 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = empty_param(config.hidden_size, self.value_size, dtype=dtype, device=device)
         self.norm_eps = config.rms_norm_eps
 
-    def forward(self, x: torch.Tensor, batch) -> torch.Tensor | kernels.PartialSums:
-        """The output feeds the residual add-norm only, so it may be PartialSums."""
+    def forward(self, x: torch.Tensor, batch, output_rows=None) -> torch.Tensor | kernels.PartialSums:
+        """The output feeds the residual add-norm only, so it may be PartialSums. output_rows: the rows
+        to return (None: all); every row still updates the state."""
         tokens = x.shape[0]
         mixed, z, b, a = kernels.linear(x, self.in_proj).split(
             [self.conv_dim, self.value_size, self.num_v_heads, self.num_v_heads], -1
@@ -60,5 +61,9 @@ class GatedDeltaNet(nn.Module):
                 batch.capture_rows, h_snap,
             )
         z = z.reshape(tokens, self.num_v_heads, self.v_dim)
+        if output_rows is not None:
+            if output_rows.count == 0:
+                return x.new_empty((0, self.out_proj.shape[0]))
+            out, z, tokens = output_rows.select(out), output_rows.select(z), output_rows.count
         out = kernels.gated_rms_norm(out, z, self.norm_weight, self.norm_eps)
         return kernels.linear_partial(out.reshape(tokens, self.value_size), self.out_proj)
