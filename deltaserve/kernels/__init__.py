@@ -113,15 +113,16 @@ def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions
                     cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
                     k_norm: torch.Tensor | None = None, eps: float = 1e-6, norm_offset: float = 0.0,
-                    k_out: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                    k_out: bool = False, q_rows: torch.Tensor | None = None
+                    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Optional per-head q/k RMSNorm, rotary, and the KV store, in one launch; returns the rotated q (with
-    k_out, the rotated q and k)."""
+    k_out, the rotated q and k). q_rows: q holds only these rows of the batch's."""
     if use_triton(q):
         from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv as kernel
         return kernel(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm, eps,
-                      norm_offset, k_out)
+                      norm_offset, k_out, q_rows=q_rows)
     return _attn.rotary_store_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm,
-                                 eps, norm_offset, k_out)
+                                 eps, norm_offset, k_out, q_rows)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,

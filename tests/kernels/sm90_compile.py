@@ -178,14 +178,18 @@ def cases():
 
     from deltaserve.kernels.attention import triton_rotary_store_kv as rotary_kv
 
-    # decode and paged prefill; a long prompt's first chunk, in the long passes' token tiles
-    for k_out, block_t, warps in ((False, 1, 2), (True, 1, 2), (True, rotary_kv.LONG_BLOCK_T, rotary_kv.LONG_WARPS)):
-        yield (f"rotary_store_kv{'_k_out' if k_out else ''}{'_long' if block_t > 1 else ''}",
+    # decode and paged prefill; a long prompt's first chunk, in the long passes' token tiles; a long pass's last
+    # layer, with q of its sampled rows
+    long_t, long_warps = rotary_kv.LONG_BLOCK_T, rotary_kv.LONG_WARPS
+    for k_out, q_rows, block_t, warps in ((False, False, 1, 2), (True, False, 1, 2), (True, False, long_t, long_warps),
+                                          (False, True, long_t, long_warps)):
+        name = f"rotary_store_kv{'_k_out' if k_out else ''}{'_q_rows' if q_rows else ''}"
+        yield (name + ("_long" if block_t > 1 else ""),
                rotary_kv._rotary_store_kv_kernel,
                {n: bf16 for n in ("q", "k", "v", "q_out", "k_out", "k_cache", "v_cache", "q_norm", "k_norm")}
-               | {"positions": "*i64", "slot_mapping": "*i64", "eps": "fp32", "offset": "fp32"},
+               | {"positions": "*i64", "slot_mapping": "*i64", "q_rows": "*i64", "eps": "fp32", "offset": "fp32"},
                dict(Q_HEADS=16, HEAD_DIM=256, HALF=32, PAGE=16, BLOCK_D=256, BLOCK_HALF=32, HAS_NORM=True,
-                    HAS_K_OUT=k_out, BLOCK_T=block_t), warps, 1)
+                    HAS_K_OUT=k_out, BLOCK_T=block_t, HAS_Q_ROWS=q_rows), warps, 1)
 
     from deltaserve.kernels.attention import triton_output_gate as output_gate
 

@@ -203,3 +203,36 @@ def test_rotary_store_kv_also_returns_the_rotated_k_rows(norm, block_t):
     live = slots >= 0
     stored = k_cache.reshape(-1, kv_heads, head_dim)[slots[live]]
     assert torch.equal(stored, out_k[live])  # the cache and the returned rows are the same rows
+
+
+@pytest.mark.parametrize("tokens,block_t,norm", [(11, None, True), (13, 4, False), (6, None, False)])
+def test_rotary_store_kv_with_q_of_some_rows(tokens, block_t, norm):
+    # A pass that attends for a few rows only (its last layer) projects q for those rows: each is rotated at
+    # its own row's position, while every row's k and v is stored as without q_rows.
+    from deltaserve.kernels.attention.triton_rotary_store_kv import rotary_store_kv
+
+    q_heads, kv_heads, head_dim, rotary_dim, page = 4, 2, 32, 16, 4
+    q_all = torch.randn(tokens, q_heads, head_dim)
+    k, v = torch.randn(tokens, kv_heads, head_dim), torch.randn(tokens, kv_heads, head_dim)
+    positions = torch.randint(0, 40, (tokens,))
+    inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    freqs = torch.arange(40).float()[:, None] * inv[None]
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], -1)
+    slots = torch.randperm(4 * page)[:tokens]
+    weights = dict(q_norm=torch.randn(head_dim), k_norm=torch.randn(head_dim), eps=1e-6, norm_offset=1.0) if norm else {}
+    rows = torch.randperm(tokens)[:torch.randint(0, 4, ()).item()].sort().values
+    rows[-1:] = tokens - 1  # the last row, as a pass's last chunk samples it (none where rows is empty)
+    every_k, every_v = torch.zeros(4, page, kv_heads, head_dim), torch.zeros(4, page, kv_heads, head_dim)
+    every_q = reference.rotary_store_kv(q_all, k, v, positions, cos_sin, every_k, every_v, slots, **weights)
+    q = q_all[rows]
+    expected_k, expected_v = torch.zeros_like(every_k), torch.zeros_like(every_v)
+    expected_q = reference.rotary_store_kv(q, k, v, positions, cos_sin, expected_k, expected_v, slots, **weights,
+                                           q_rows=rows)
+    assert torch.equal(expected_q, every_q[rows]) and torch.equal(expected_k, every_k)
+    k_cache, v_cache = torch.zeros_like(every_k), torch.zeros_like(every_v)
+    out_q = rotary_store_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, **weights, block_t=block_t,
+                            q_rows=rows)
+    assert out_q.shape == q.shape
+    assert_close(out_q, expected_q)
+    assert_close(k_cache, expected_k)
+    assert torch.equal(v_cache, expected_v)

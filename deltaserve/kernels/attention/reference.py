@@ -71,17 +71,22 @@ def rotary_store_kv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
     q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, eps: float = 1e-6,
-    norm_offset: float = 0.0, k_out: bool = False,
+    norm_offset: float = 0.0, k_out: bool = False, q_rows: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """What an attention layer does to its new q/k/v rows before attending, as one op: the per-head RMSNorm
     of q and k (when weights are given), rotary on both, and k (rotated) and v stored in their slots.
-    Returns the rotated q; k leaves only through the cache unless k_out asks for it too: (q, k)."""
+    Returns the rotated q; k leaves only through the cache unless k_out asks for it too: (q, k).
+    q_rows: q holds only these rows of the batch (a pass that attends for a few of its rows)."""
     from deltaserve.kernels.norm.reference import rms_norm
     from deltaserve.kernels.rotary.reference import apply_rotary
 
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps, norm_offset)
         k = rms_norm(k, k_norm, eps, norm_offset)
-    q, k = apply_rotary(q, k, positions, cos_sin_cache)
+    if q_rows is not None:
+        q = apply_rotary(q, q[:, :0], positions[q_rows], cos_sin_cache)[0]
+        k = apply_rotary(k[:, :0], k, positions, cos_sin_cache)[1]
+    else:
+        q, k = apply_rotary(q, k, positions, cos_sin_cache)
     store_kv(k, v, k_cache, v_cache, slot_mapping)
     return (q, k) if k_out else q

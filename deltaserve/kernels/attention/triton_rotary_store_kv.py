@@ -63,30 +63,45 @@ def _rotated_rows(src, weight, dst, cos, sin, live, offset, eps, HEAD_DIM: tl.co
 
 
 @triton.jit
+def _angles(cos_sin_cache, pos, live, stride_cache, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """cos and sin [R, BLOCK_HALF] in fp32 of the positions pos [R] (rows where live)."""
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    angles = cos_sin_cache + pos.to(tl.int64)[:, None] * stride_cache + offs
+    in_half = live[:, None] & (offs < HALF)
+    cos = tl.load(angles, mask=in_half, other=0.0).to(tl.float32)
+    sin = tl.load(angles + HALF, mask=in_half, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotary_store_kv_kernel(
     q, k, v, q_out, k_out, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, q_norm, k_norm, eps, offset,
     num_tokens, stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_ko_t, stride_cache,
     stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos, stride_vc_head,
     Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_NORM: tl.constexpr, HAS_K_OUT: tl.constexpr = False,
-    BLOCK_T: tl.constexpr = 1, USE_PDL: tl.constexpr = False,
+    BLOCK_T: tl.constexpr = 1, USE_PDL: tl.constexpr = False, q_rows=None, num_q_tokens=0,
+    HAS_Q_ROWS: tl.constexpr = False,
 ):
-    """One program per (BLOCK_T tokens, head)."""
+    """One program per (BLOCK_T tokens, head). With HAS_Q_ROWS q holds num_q_tokens rows, at the
+    positions of the rows q_rows."""
     wait_for_prior_grid(USE_PDL)
     head = tl.program_id(1)
     token = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     live = token < num_tokens
-    pos = tl.load(positions + token, mask=live, other=0).to(tl.int64)
-    offs = tl.arange(0, BLOCK_HALF)[None, :]
-    angles = cos_sin_cache + pos[:, None] * stride_cache + offs
-    in_half = live[:, None] & (offs < HALF)
-    cos = tl.load(angles, mask=in_half, other=0.0).to(tl.float32)
-    sin = tl.load(angles + HALF, mask=in_half, other=0.0).to(tl.float32)
     t = token[:, None]
     if head < Q_HEADS:
+        if HAS_Q_ROWS:
+            live = token < num_q_tokens
+            pos = tl.load(positions + tl.load(q_rows + token, mask=live, other=0), mask=live, other=0)
+        else:
+            pos = tl.load(positions + token, mask=live, other=0)
+        cos, sin = _angles(cos_sin_cache, pos, live, stride_cache, HALF, BLOCK_HALF)
         _rotated_rows(q + t * stride_q_t + head * stride_q_h, q_norm, q_out + (t * Q_HEADS + head) * HEAD_DIM,
                       cos, sin, live[:, None], offset, eps, HEAD_DIM, HALF, BLOCK_D, BLOCK_HALF, HAS_NORM)
     else:
+        cos, sin = _angles(cos_sin_cache, tl.load(positions + token, mask=live, other=0), live, stride_cache, HALF,
+                           BLOCK_HALF)
         kh = head - Q_HEADS
         if HAS_K_OUT:  # every row, padding or not: the caller attends over them
             _rotated_rows(k + t * stride_k_t + kh * stride_k_h, k_norm, k_out + t * stride_ko_t + kh * HEAD_DIM,
@@ -108,13 +123,14 @@ def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions
                     cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     slot_mapping: torch.Tensor, q_norm: torch.Tensor | None = None,
                     k_norm: torch.Tensor | None = None, eps: float = 1e-6, norm_offset: float = 0.0,
-                    k_out: bool = False, block_t: int | None = None,
-                    num_warps: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as the reference: q [T, Hq, D], k/v [T, Hk, D] (strided views welcome); returns q rotated
-    (and with k_out, k rotated too). block_t: tokens a program (by default one, LONG_BLOCK_T from
-    LONG_MIN_TOKENS on); num_warps likewise."""
+                    k_out: bool = False, block_t: int | None = None, num_warps: int | None = None,
+                    q_rows: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as the reference: q [T, Hq, D] (or [R, Hq, D] of the rows q_rows), k/v [T, Hk, D]
+    (strided views welcome); returns q rotated (and with k_out, k rotated too). block_t: tokens a program
+    (by default one, LONG_BLOCK_T from LONG_MIN_TOKENS on); num_warps likewise."""
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    tokens, q_heads, head_dim = q.shape
+    tokens = k.shape[0]
+    q_heads, head_dim = q.shape[1:]
     k_heads = k.shape[1]
     half = cos_sin_cache.shape[-1] // 2
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -134,5 +150,6 @@ def rotary_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions
             Q_HEADS=q_heads, HEAD_DIM=head_dim, HALF=half, PAGE=k_cache.shape[1],
             BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_HALF=triton.next_power_of_2(half), HAS_NORM=has_norm,
             HAS_K_OUT=k_out, BLOCK_T=block_t, num_warps=num_warps, **launch_options(q),
+            **(dict(q_rows=q_rows, num_q_tokens=q.shape[0], HAS_Q_ROWS=True) if q_rows is not None else {}),
         )
     return (q_out, k_rotated) if k_out else q_out

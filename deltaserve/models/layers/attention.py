@@ -34,16 +34,13 @@ class Attention(nn.Module):
                 output_rows=None) -> torch.Tensor | kernels.PartialSums:
         """The output feeds the residual add-norm only, so it may be PartialSums. output_rows: the rows to
         return (None: all); every row's key and value is still stored."""
+        if output_rows is not None:
+            return self._attend_output_rows(x, batch, cos_sin_cache, output_rows)
         tokens = x.shape[0]
         q, k, v = kernels.linear(x, self.qkv_proj, self.qkv_bias).split([self.q_size, self.kv_size, self.kv_size], -1)
-        gate = None
-        if self.gated:
-            q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = q.reshape(tokens, self.num_heads, self.head_dim)
+        q, gate = self._query_and_gate(q)
         k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
-        if output_rows is not None:
-            return self._attend_output_rows(q, k, v, gate, batch, cos_sin_cache, output_rows)
         k_cache, v_cache = batch.kv_cache(self.layer_idx)
         if batch.fresh_query_start_loc is not None:  # long fresh prompts: attend within the chunk
             q, k = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache,
@@ -60,16 +57,34 @@ class Attention(nn.Module):
                                           max_query_len=batch.max_query_len)
         return kernels.linear_partial(out.reshape(tokens, -1), self.o_proj, self.o_bias)
 
-    def _attend_output_rows(self, q, k, v, gate, batch, cos_sin_cache,
-                            output_rows) -> torch.Tensor | kernels.PartialSums:
-        """Stores every row's key and value, then attends for output_rows only: each as a one-row chunk
-        over its sequence's paged keys, which holds all of them once they are stored."""
+    def _query_and_gate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q [T, Hq, D] and the gate (None when ungated) out of q_proj's rows."""
+        tokens = q.shape[0]
+        gate = None
+        if self.gated:
+            q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        return q.reshape(tokens, self.num_heads, self.head_dim), gate
+
+    def _attend_output_rows(self, x, batch, cos_sin_cache, output_rows) -> torch.Tensor | kernels.PartialSums:
+        """Every row's key and value go to the cache; the queries, the attention and the output projection
+        are computed for output_rows only, each attending as a one-row chunk over its sequence's paged keys
+        (all of them, once this chunk's are stored)."""
+        tokens, count, q_size = x.shape[0], output_rows.count, self.q_size
+        weight, bias = self.qkv_proj, self.qkv_bias
+        k, v = kernels.linear(x, weight[q_size:], bias[q_size:] if bias is not None else None).split(
+            [self.kv_size, self.kv_size], -1)
+        k = k.reshape(tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        if count:
+            q = kernels.linear(output_rows.select(x), weight[:q_size], bias[:q_size] if bias is not None else None)
+        else:
+            q = x.new_empty((0, q_size))
+        q, gate = self._query_and_gate(q)
         k_cache, v_cache = batch.kv_cache(self.layer_idx)
         q = kernels.rotary_store_kv(q, k, v, batch.positions, cos_sin_cache, k_cache, v_cache, batch.slot_mapping,
-                                    self.q_norm, self.k_norm, self.norm_eps, self.norm_offset)
-        if output_rows.count == 0:
-            return q.new_empty((0, self.o_proj.shape[0]))
-        q, gate = output_rows.select(q), output_rows.select(gate) if gate is not None else None
+                                    self.q_norm, self.k_norm, self.norm_eps, self.norm_offset, q_rows=output_rows.rows)
+        if count == 0:
+            return x.new_empty((0, self.o_proj.shape[0]))
         out = kernels.paged_attention(q, k_cache, v_cache, output_rows.query_start_loc, output_rows.seq_lens,
                                       output_rows.block_tables, self.scale, gate, max_query_len=1)
-        return kernels.linear_partial(out.reshape(output_rows.count, -1), self.o_proj, self.o_bias)
+        return kernels.linear_partial(out.reshape(count, -1), self.o_proj, self.o_bias)
