@@ -10,7 +10,7 @@ import torch
 
 from deltaserve.engine.request import Request
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
-from deltaserve.host_to_device import host_tensor, to_device
+from deltaserve.host_to_device import columns_to_device, host_tensor, to_device
 from deltaserve.runner.batch_builder import RowColumn, build_host_batch, kv_slots
 from deltaserve.sampling_params import SamplingParams
 
@@ -107,3 +107,16 @@ def test_host_tensor_is_what_torch_tensor_makes(dtype):
 def test_host_tensor_refuses_a_value_its_dtype_cannot_hold():
     with pytest.raises(OverflowError):
         host_tensor([1 << 40], torch.int32)
+
+
+def test_columns_travel_in_one_copy_each_where_it_was_and_aligned():
+    rng = np.random.default_rng()
+    columns = [rng.integers(0, 1 << 40, size=rng.integers(0, 9)) for _ in range(5)]
+    columns.insert(2, rng.integers(0, 100, size=(rng.integers(1, 4), rng.integers(1, 5))).tolist())  # a 2-D list
+    columns.append([int(rng.integers(0, 100)) for _ in range(3)])
+    views = columns_to_device(columns, torch.device("cpu"))
+    base = views[0].untyped_storage().data_ptr()
+    for column, view in zip(columns, views):
+        assert view.dtype == torch.int64 and torch.equal(view, torch.as_tensor(np.asarray(column, dtype=np.int64)))
+        assert view.untyped_storage().data_ptr() == base  # one buffer: one copy to the device
+        assert (view.data_ptr() - base) % 16 == 0  # as Triton takes a tensor of its own

@@ -13,7 +13,7 @@ from deltaserve.engine.request import PENDING_TOKEN
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.models.decoder import DecoderLM
-from deltaserve.host_to_device import to_device
+from deltaserve.host_to_device import columns_to_device, to_device
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_block_tables
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.forward_batch import ForwardBatch, OutputRows
@@ -167,23 +167,24 @@ class ModelRunner:
     def to_forward_batch(self, host: HostBatch, is_decode: bool, output_rows: bool = False) -> ForwardBatch:
         """output_rows: the model may return the logits rows' hidden states alone (see OutputRows); it does
         where they are fewer than all the rows."""
-        dev = lambda values: to_device(values, self.device)  # noqa: E731
         starts = host.query_start_loc
         lengths = [end - start for start, end in zip(starts[:-1], starts[1:])]
         rows = len(host.logits_indices)
         output_rows = output_rows and rows < starts[-1]
-        if output_rows:  # one copy for both
-            logits_indices, sequences = dev([host.logits_indices, host.logits_sequences])
-        else:
-            logits_indices = dev(host.logits_indices)
+        columns = [host.input_ids, host.positions, starts, host.seq_lens, pad_block_tables(host.block_tables),
+                   host.slot_mapping, host.state_slots, host.logits_indices]
+        if output_rows:
+            columns.append(host.logits_sequences)
+        input_ids, positions, query_start_loc, seq_lens, block_tables, slot_mapping, state_slots, logits_indices, \
+            *sequences = columns_to_device(columns, self.device)
         batch = ForwardBatch(
-            input_ids=dev(host.input_ids),
-            positions=dev(host.positions),
-            query_start_loc=dev(host.query_start_loc),
-            seq_lens=dev(host.seq_lens),
-            block_tables=dev(pad_block_tables(host.block_tables)),
-            slot_mapping=dev(host.slot_mapping),
-            state_slots=dev(host.state_slots),
+            input_ids=input_ids,
+            positions=positions,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            slot_mapping=slot_mapping,
+            state_slots=state_slots,
             logits_indices=logits_indices,
             is_decode=is_decode,
             kv_pool=self.kv_pool,
@@ -194,8 +195,8 @@ class ModelRunner:
         if output_rows:
             batch.output_rows = OutputRows(
                 rows=logits_indices, query_start_loc=torch.arange(rows + 1, device=self.device),
-                seq_lens=batch.seq_lens.index_select(0, sequences),
-                block_tables=batch.block_tables.index_select(0, sequences), count=rows)
+                seq_lens=seq_lens.index_select(0, sequences[0]),
+                block_tables=block_tables.index_select(0, sequences[0]), count=rows)
         return batch
 
     def _fresh_prefill(self, host: HostBatch, lengths: list[int]) -> bool:
