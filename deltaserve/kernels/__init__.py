@@ -160,23 +160,20 @@ SHORT_CHUNK = 16
 
 def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
                            capture_rows: list[tuple[int, int]] | None = None,
-                           h_snapshots: torch.Tensor | None = None, norm: tuple | None = None) -> torch.Tensor:
-    """The gated delta rule over a ragged prefill batch (see gdn/reference.py). norm, (z, weight, eps): the
-    output goes through gated_rms_norm(o, z, weight, eps), in the chunk kernels' last store where they can."""
+                           h_snapshots: torch.Tensor | None = None) -> torch.Tensor:
+    """The gated delta rule over a ragged prefill batch (see gdn/reference.py)."""
     if use_triton(q):
         rows = q.shape[0]
-        if rows > TOKEN_LOOP_MAX_ROWS:
-            from deltaserve.kernels.gdn.triton_chunk import chunk_gdn as kernel
-            short = dict(chunk=SHORT_CHUNK, block_v=64) if rows <= SHORT_CHUNK_MAX_ROWS else {}
-            return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
-                          h_snapshots, norm=norm, **short)
-        from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
-        out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
-                            h_snapshots)
-    else:
-        out = _gdn.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
-                                          capture_rows, h_snapshots)
-    return out if norm is None else gated_rms_norm(out, *norm)
+        if rows <= TOKEN_LOOP_MAX_ROWS:
+            from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+            return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
+                                 h_snapshots)
+        from deltaserve.kernels.gdn.triton_chunk import chunk_gdn as kernel
+        short = dict(chunk=SHORT_CHUNK, block_v=64) if rows <= SHORT_CHUNK_MAX_ROWS else {}
+        return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
+                      h_snapshots, **short)
+    return _gdn.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
+                                       capture_rows, h_snapshots)
 
 
 def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots) -> torch.Tensor:

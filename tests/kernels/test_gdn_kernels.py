@@ -253,29 +253,6 @@ def test_chunk_prefill_with_u_in_16_bits(split_output):
                  buffer_dtype=torch.float16, u_dtype=torch.float16, tol=3e-3)
 
 
-# The GDN layer's output norm taken with the delta rule: in the output kernel's store where its tiles hold
-# whole rows (a block of 16 columns of dv 16; of 32 it does not), else by the norm kernel after the output.
-@pytest.mark.parametrize("split_output,dv,output_bv", [(True, 16, None), (True, 32, 16), (False, 16, None)])
-def test_chunk_prefill_with_the_output_norm(split_output, dv, output_bv):
-    from deltaserve.kernels.norm.reference import gated_rms_norm
-
-    lens, hk, hv, dk = [130, 1, 20], 2, 4, 16
-    starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
-    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(sum(lens), hk, hv, dk, dv, slots=5)
-    gates = torch.randn(sum(lens), hv * dv + 8)[:, 8:].reshape(-1, hv, dv)  # a strided view, as the model's z
-    weight, eps = torch.randn(dv), 1e-6
-    slots = torch.tensor([3, 0, 4])
-    expected_pool, pool = h_pool.clone(), h_pool.clone()
-    plain = reference.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, expected_pool, slots, starts)
-    expected = gated_rms_norm(plain, gates, weight, eps)
-    output = {"bv": output_bv} if output_bv else None
-    out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, slots, starts, split_output=split_output, output=output,
-                    norm=(gates, weight, eps))
-    assert_close(out, expected)
-    assert_close(pool, expected_pool)
-    assert not torch.allclose(out, plain, atol=1e-2)  # the norm was applied
-
-
 @triton.jit
 def _inverse_kernel(a, out, CHUNK: tl.constexpr, SUB: tl.constexpr):
     rows = tl.arange(0, CHUNK)

@@ -384,12 +384,9 @@ def _chunk_output_kernel(
     stride_q_t, stride_q_h, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, PRECISION: tl.constexpr,
-    z=None, norm_weight=None, eps=0.0, stride_z_t=0, stride_z_h=0, GATED_NORM: tl.constexpr = False,
 ):
     """Per (chunk, value head, tile of BV columns), all chunks at once: o = exp(G) q S + Aqk v_new, S the
-    state before the chunk (what the fused state kernel computes on its serial path). With GATED_NORM (a
-    tile of the whole row, BV >= DV) o is stored through the GDN layer's output norm instead:
-    w * o_hat * silu(z), o rounded to its dtype first, as the norm kernel would have read it."""
+    state before the chunk (what the fused state kernel computes on its serial path)."""
     cid, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row0, count, found = _chunk_of(cid, query_start_loc, num_seqs, CHUNK, BLOCK_B)
     if found:
@@ -410,13 +407,6 @@ def _chunk_output_kernel(
         v_new = tl.load(v_new_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0)
         out = _dot(qt, state, None, PRECISION)
         out = _dot(aqk, v_new, out, PRECISION)
-        if GATED_NORM:
-            x = out.to(o.dtype.element_ty).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, 1) / DV + eps)
-            gate = tl.load(z + t[:, None] * stride_z_t + head * stride_z_h + offs_v[None, :], mask=mask_ov,
-                           other=0.0).to(tl.float32)
-            w = tl.load(norm_weight + offs_v, mask=mask_v, other=0.0).to(tl.float32)
-            out = x * rstd[:, None] * w[None, :] * (gate / (1.0 + tl.exp(-gate)))
         tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
 
 
@@ -439,8 +429,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
               num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
               split_output: bool | None = None, prepare: dict | None = None,
               buffer_dtype: torch.dtype | None = None, output: dict | None = None,
-              u_dtype: torch.dtype | None = None, decayed_k: bool | None = None,
-              norm: tuple | None = None) -> torch.Tensor:
+              u_dtype: torch.dtype | None = None, decayed_k: bool | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
@@ -459,9 +448,6 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     v_new = u - w S, so a 16-bit u rounds what no dot rounds, and on the H200 bf16 took the chunk kernels
     only from 676 to 652 us at 8192 tokens (kernels_check_rotary_tiles_u_dtype.json). decayed_k overrides
     whether the prepare kernel writes kd for the state kernel (by default where its programs are few).
-    norm, (z [T, Hv, Dv], weight [Dv], eps): returns the GDN layer's gated RMSNorm of o with z instead of o.
-    The output kernel applies it as it stores o where its tiles hold whole rows; elsewhere the norm kernel
-    runs after.
 
     Long passes of 16-bit inputs take LONG_PASS_STATE."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
@@ -547,21 +533,14 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
         DECAYED_K=decayed_k, num_warps=num_warps, num_stages=num_stages,
     )
-    fused_norm = False
     if split:
         output = output or {}
         block_o = max(16, min(output.get("bv", OUTPUT_BLOCK_V), triton.next_power_of_2(dv)))
-        # The norm in the output kernel's store: on the H200 at 8192 tokens the separate norm kernel read o and
-        # z and wrote o again, some 53 us a layer of the Qwen3.5-9B shape's pass.
-        fused_norm = norm is not None and block_o >= dv
-        z = norm[0] if fused_norm else None
         _chunk_output_kernel[(max_chunks, hv, triton.cdiv(dv, block_o))](
             q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, seqs,
             q.stride(0), q.stride(1), o.stride(0), dk**-0.5,
             HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_o, CHUNK=chunk, BLOCK_B=block_b,
             PRECISION=precision, num_warps=output.get("warps", 4), num_stages=output.get("stages", 2),
-            **(dict(z=z, norm_weight=norm[1], eps=norm[2], stride_z_t=z.stride(0), stride_z_h=z.stride(1),
-                    GATED_NORM=True) if fused_norm else {}),
         )
     if has_captures:
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
@@ -574,7 +553,4 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         )
         for slot, source in repeats:
             h_snapshots[slot].copy_(h_snapshots[source])
-    if norm is not None and not fused_norm:
-        from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
-        return gated_rms_norm(o, *norm)
     return o

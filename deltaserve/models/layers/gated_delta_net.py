@@ -51,20 +51,16 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(tokens, self.num_k_heads, self.k_dim)
         k = k.reshape(tokens, self.num_k_heads, self.k_dim)
         v = v.reshape(tokens, self.num_v_heads, self.v_dim)
-        z = z.reshape(tokens, self.num_v_heads, self.v_dim)
         if batch.is_decode:
             out = kernels.recurrent_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots
             )
         else:
-            # Where every row is returned the output norm comes with the delta rule (in its kernels' last store).
-            norm = (z, self.norm_weight, self.norm_eps) if output_rows is None else None
             out = kernels.chunk_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
-                batch.capture_rows, h_snap, norm,
+                batch.capture_rows, h_snap,
             )
-            if norm is not None:
-                return kernels.linear_partial(out.reshape(tokens, self.value_size), self.out_proj)
+        z = z.reshape(tokens, self.num_v_heads, self.v_dim)
         if output_rows is not None:
             if output_rows.count == 0:
                 return x.new_empty((0, self.out_proj.shape[0]))
