@@ -6,7 +6,8 @@ pass that computes them runs every layer once: eagerly, the host's launches (abo
 take longer than the GPU's work. Replayed as a graph, the pass costs what its kernels cost. The
 pass's n rows are padded to the rung with a second, padding sequence (no KV written, the spare state
 slot), and its mid-pass snapshot captures to MAX_GRAPH_CAPTURES entries (the unused ones name rows
-past the pass, which the kernels skip); the logits come from row n - 1. A pass that restores its
+past the pass, which the kernels skip); the logits come from row n - 1, the one row its last layer
+computes after attention's keys and values (see OutputRows). A pass that restores its
 sequence's state from a snapshot does so inside the graph, from the slots in the buffers: launched
 from the host, that copy cost ~0.16 ms before the pass could start. So does a pass that restores
 from a cached tail copy the tail's KV block into its own (0.16 ms from the host too). The same pass
@@ -63,8 +64,7 @@ class PrefillGraphs:
             self.snapshots.restore_at(self.buffers.restore, self.buffers.state_pool)
         if self.buffers.kv_pool is not None:
             self.buffers.kv_pool.copy_block_at(self.buffers.kv_copy)
-        hidden = self.model(batch.input_ids, batch)
-        return self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        return self.model.compute_logits(self.model(batch.input_ids, batch))  # the hidden state of the last row
 
     def rung(self, num_rows: int, captures: list[tuple[int, int]]) -> int | None:
         """The smallest rung with room for the pass and a padding row; None when the pass does not fit or

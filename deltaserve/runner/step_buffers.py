@@ -30,7 +30,7 @@ from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.state_pool import StatePool
 from deltaserve.kernels.capture_rows import CaptureRows, GraphCaptureRows
 from deltaserve.runner.batch_builder import HostBatch
-from deltaserve.runner.forward_batch import ForwardBatch
+from deltaserve.runner.forward_batch import ForwardBatch, OutputRows
 
 ROW_FIELDS = ("input_ids", "positions", "slot_mapping", "token_sources")
 SEQUENCE_FIELDS = ("seq_lens", "state_slots")
@@ -83,6 +83,7 @@ class StepBuffers:
         self.block_tables = torch.zeros(self.max_batch, max_blocks_per_seq, dtype=torch.int64, device=device)
         self.captures = torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, device=device)
         self.sampled_tokens = torch.zeros(self.max_batch, dtype=torch.int64, device=device)  # by the last decode graph
+        self.one_row_start = torch.tensor([0, 1], dtype=torch.int64, device=device)  # a prefill pass's output row
         # Speculative decoding (MTP drafts verified in one step): per-row draft tokens and their count.
         self.draft_tokens = torch.zeros(self.max_batch, num_speculative_tokens, dtype=torch.int64, device=device)
         self.num_draft_tokens = torch.zeros(self.max_batch, dtype=torch.int64, device=device)
@@ -211,6 +212,10 @@ class StepBuffers:
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
             live_rows=self.live_rows,
+            # the last layer computes the sequence's last row alone, as an eager pass does (so a prefix-cache hit,
+            # whose tail a graph computes, gives the bytes of the miss that computed it eagerly)
+            output_rows=OutputRows(rows=self.logits_index, query_start_loc=self.one_row_start,
+                                   seq_lens=self.seq_lens[:1], block_tables=self.block_tables[:1], count=1),
         )
         if snapshot_pool is not None:
             rows = GraphCaptureRows(self.captures) if captures is None else CaptureRows(captures)
