@@ -97,6 +97,15 @@ def kv_slots(blocks: list[int], start: int, end: int, block_size: int) -> np.nda
     return slots[offset : offset + end - start]
 
 
+# An eager pass's block tables are as wide as a multiple of this: Triton compiles the attention kernels apart for
+# a row stride that is 1, a multiple of 16 or neither, and the last layer's rows (OutputRows) met widths
+# the start-up warm-up had not (on the H200 one kernel compiled while serving 128 requests of 128 tokens).
+BLOCK_TABLE_WIDTH_MULTIPLE = 16
+
+
 def pad_block_tables(tables: list[list[int]], width: int | None = None) -> list[list[int]]:
-    width = width or max((len(t) for t in tables), default=1) or 1
+    """The tables as rows of one width: `width`, else the longest rounded up to BLOCK_TABLE_WIDTH_MULTIPLE."""
+    if width is None:
+        longest = max((len(t) for t in tables), default=1) or 1
+        width = -(-longest // BLOCK_TABLE_WIDTH_MULTIPLE) * BLOCK_TABLE_WIDTH_MULTIPLE
     return [t + [0] * (width - len(t)) for t in tables]
