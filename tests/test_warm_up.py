@@ -22,6 +22,12 @@ def test_warm_up_groups_fit_one_step_and_cover_every_class(max_num_seqs, budget)
     # The GDN dispatch's row classes (token loop, 16-row chunks, 64-row chunks), with one sequence.
     single = {sum(g) for g in groups if len(g) == 1}
     assert any(r <= 16 for r in single) and any(16 < r <= 128 for r in single) and any(r > 128 for r in single)
+    # and a pass of 16-row chunks that no prefill graph takes (a graph's kernels read the step buffers)
+    from deltaserve.kernels import SHORT_CHUNK_MAX_ROWS
+    from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_ladder
+
+    assert any(16 < r <= SHORT_CHUNK_MAX_ROWS and not any(rung > r for rung in prefill_ladder(MAX_ROWS))
+               for r in single)
     # Every power-of-two class of the sequence count that a step can hold, with a count that is a
     # multiple of 16 and one that is not (Triton specializes integer arguments on both).
     counts = {len(g) for g in groups}
@@ -129,6 +135,7 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
     for g in warm_up_groups(max_num_seqs, budget, 4096):  # not a prefill graph's pass, nor a fresh prompt's
         if (len(g) > 1 or g[0] >= MAX_ROWS) and max(g) < FRESH_PREFILL_MIN_TOKENS:
             started.add(kernels(sum(g), len(g), max(g)))
+        started.add(kernels(len(g), len(g), 1))  # its last layer: the sampled row of each sequence alone
     rng = random.Random()
     met = set()
     # A step's sequences (past 64 a sample, whose single-tile rows split their keys four ways, take 64-key
@@ -139,6 +146,8 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
             for tokens in {fewest, most, rng.randint(fewest, most)}:
                 if seqs > 1 or longest >= MAX_ROWS:  # not a prefill graph's pass
                     met.add(kernels(tokens, seqs, longest))
+        for sampled in range(1, seqs + 1):  # an eager pass's last layer: the rows that sample, each alone
+            met.add(kernels(sampled, sampled, 1))
     assert len(met) > 3 and met <= started, sorted(met - started, key=str)
 
 

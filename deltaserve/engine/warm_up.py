@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 
+from deltaserve.kernels import SHORT_CHUNK_MAX_ROWS
 from deltaserve.sampling_params import SamplingParams
 
 # Rows of a prefill step in each of the GDN dispatch's classes (token loop up to 16 rows, 16-row chunks
@@ -69,6 +70,11 @@ def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len
             base, extra = divmod(rows, seqs)  # exactly `rows` rows: their count is the class
             if base >= 2:
                 add([base + (i < extra) for i in range(seqs)])
+    # One prompt of as many rows as a short pass takes: one row past the prefill graphs' last rung, so it runs
+    # eagerly, where the one-sequence passes above ran as graphs, whose kernels take their metadata from the step
+    # buffers. On the H200 its GDN prepare kernel (one sequence, 16-row chunks) compiled while the server served
+    # 128 requests of 128 tokens.
+    add([SHORT_CHUNK_MAX_ROWS])
     return groups
 
 
