@@ -38,6 +38,22 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At d06855f the last layer computes only the rows a pass samples (OutputRows): every row's keys and "
+        "values are still projected and stored, but the q projection, attention (one row over the sequence's "
+        "paged keys), output projection and feed-forward block run for the last row of each chunk that samples, "
+        "in eager passes and prefill graphs alike (none for a chunk that samples nothing). Alternated twice "
+        "against 1655d1c (engine_qwen3.5-9b_prefill_rows_at_d06855f.json): 8k 0.1962 / 0.1961 s against "
+        "0.2002 / 0.2020, 32k 0.8643 / 0.8718 against 0.9010 / 0.9042, the closed batch at C=32 within its "
+        "rounds' spread (5104.3 / 5117.3 against 5132.5 / 5111.8 tok/s); on two other cards in the same way "
+        "(engine_qwen3.5-9b_prefill_output_rows_same_machine.json, _q_split_same_machine.json) 8k 0.1949 / "
+        "0.1941 against 0.1975 / 0.1981 and 32k about 30 ms faster. 0.9x vLLM's 8k is 0.1926 s: this card's "
+        "0.1962 is 0.917x. The eager pass's metadata now travels in one copy (2 copies before the first GEMM "
+        "against 9, gaps over 50 us 1.27 ms against 1.48; profile_prefill_qwen3.5-9b_8192_gaps_31f5fbe.json), "
+        "not resolved by the engine rows. The GDN output norm in the chunk output kernel's store (4da217d) was "
+        "backed out: that kernel took 5.16 ms of the pass with it against 2.94 plus the norm kernel's 1.28 "
+        "(engine_qwen3.5-9b_prefill_norm_in_output_and_one_copy_same_machine.json). In the profile at 0baaacb "
+        "the pass's kernels took 188.1 ms, its GEMMs 149.5 of them; the host's lead, gaps over 50 us and tail "
+        "0.39 + 1.48 + 0.68 ms (profile_prefill_qwen3.5-9b_8192_gaps_0baaacb.json).",
         "At a017bd4 two prefill kernels take less time. The conv1d row kernel runs 2 warps a program, in runs "
         "short enough for 2048 programs (one warp keeps one row's load in flight, so the kernel wants many "
         "warps): 101.4 against 105.7 us at 8192 tokens, 30.7 against 69.2 at 2048 (the server's default step), "
@@ -668,30 +684,28 @@ PREFILL_ROWS_AB = "engine_{shape}_prefill_rows_at_*.json"  # the same for the pr
 
 
 def slowest_of_newest_trees(pattern: str) -> list[dict]:
-    """The newest tree of each engine_ab.py file matching pattern (the tree named last), as one run whose
-    row at each concurrency, and at each prefill length, is the slowest of those trees' rounds in every file."""
-    paths = sorted(glob.glob(os.path.join(RESULTS, pattern)))
-    if not paths:
-        return []
-    slowest, slowest_prefill, dates, commits = {}, {}, [], []
-    for path in paths:
+    """Each engine_ab.py file matching pattern as one run of its newest tree (the tree named last), whose row at
+    each concurrency, and at each prefill length, is the slowest of that tree's rounds. latest_rows then takes
+    each row from the latest file that measured it: an older tree's rows give way to a newer one's."""
+    runs = []
+    for path in sorted(glob.glob(os.path.join(RESULTS, pattern))):
         ab = json.load(open(path))
         newest = list(ab["trees"].values())[-1]
-        dates.append(ab["date"])
-        commits.append(newest)
+        slowest, slowest_prefill = {}, {}
         for run in ab["runs"]:
             if run["commit"] != newest:
                 continue
             for row in run["decode"]:
                 kept = slowest.get(row["concurrency"])
                 if kept is None or peer_instrument_tok_s(row) < peer_instrument_tok_s(kept):
-                    slowest[row["concurrency"]] = {**row, "commit": newest}  # the tree that measured it
+                    slowest[row["concurrency"]] = row
             for row in run["prefill"]:
                 kept = slowest_prefill.get(row["tokens"])
                 if kept is None or row["ttft_s"] > kept["ttft_s"]:
-                    slowest_prefill[row["tokens"]] = {**row, "commit": newest}
-    return [{"date": max(dates), "commit": "/".join(commits), "decode": list(slowest.values()),
-             "prefill": list(slowest_prefill.values())}]
+                    slowest_prefill[row["tokens"]] = row
+        runs.append({"date": ab["date"], "commit": newest, "decode": list(slowest.values()),
+                     "prefill": list(slowest_prefill.values())})
+    return runs
 
 
 def latest_rows(runs: list[dict], section: str, key: str) -> dict:
@@ -774,8 +788,10 @@ def decode_miss(shape: str, row: dict, entry: dict) -> dict:
     return miss
 
 
-# The newest profile of each shape's long prefills (profile_prefill.py), where a prefill target is missed.
-PREFILL_PROFILE = {"qwen3.5-9b": "profile_prefill_qwen3.5-9b_8192_32768_3a101c3.json"}
+# Each shape's profiles of its long prefills (profile_prefill.py), newest first: a missed prefill target takes
+# the first that profiled its length.
+PREFILL_PROFILE = {"qwen3.5-9b": ["profile_prefill_qwen3.5-9b_8192_gaps_0baaacb.json",
+                                  "profile_prefill_qwen3.5-9b_8192_32768_3a101c3.json"]}
 
 
 def kernel_family(name: str) -> str:
@@ -791,22 +807,27 @@ def prefill_miss(shape: str, entry: dict) -> dict:
     target_s = 0.9 * entry["vllm_s"]
     miss = {"row": f"prefill {entry['tokens']}", "commit": entry["commit"], "s": entry["deltaserve_s"],
             "needed_s": round(target_s, 4), "over_by_pct": round(100 * (entry["deltaserve_s"] / target_s - 1), 1)}
-    name = PREFILL_PROFILE.get(shape)
-    profile = json.load(open(os.path.join(RESULTS, name))) if name else {"prefill": []}
-    for run in profile["prefill"]:
-        if run["tokens"] != entry["tokens"] or run["prompts"] != 1:
-            continue
-        families = {"gemm": 0.0, "attention": 0.0}
-        for kernel in run["kernels"]:  # the device's kernels, not the host's calls nor the total
-            family = kernel_family(kernel["name"])
-            if family in families and not kernel["name"].startswith("HOST"):
-                families[family] += kernel["ms"]
-        every = next(k["ms"] for k in run["kernels"] if k["name"] == "ALL KERNELS")
-        families["other"] = every - families["gemm"] - families["attention"]  # the table may stop short
-        miss["profile"] = {"file": name, "commit": profile["commit"], "ttft_s": run["ttft_s"],
-                           "kernels_ms": {k: round(v, 1) for k, v in families.items()},
-                           "other_must_fit_ms": round(target_s * 1e3 - families["gemm"] - families["attention"], 1)}
+    for name in PREFILL_PROFILE.get(shape, []):
+        profile = json.load(open(os.path.join(RESULTS, name)))
+        run = next((r for r in profile["prefill"] if r["tokens"] == entry["tokens"] and r["prompts"] == 1), None)
+        if run is not None:
+            miss["profile"] = _profile_families(name, profile, run, target_s)
+            break
     return miss
+
+
+def _profile_families(name: str, profile: dict, run: dict, target_s: float) -> dict:
+    """A profiled pass's kernel milliseconds by family, and what all but the GEMMs and attention must fit in."""
+    families = {"gemm": 0.0, "attention": 0.0}
+    for kernel in run["kernels"]:  # the device's kernels, not the host's calls nor the total
+        family = kernel_family(kernel["name"])
+        if family in families and not kernel["name"].startswith("HOST"):
+            families[family] += kernel["ms"]
+    every = next(k["ms"] for k in run["kernels"] if k["name"] == "ALL KERNELS")
+    families["other"] = every - families["gemm"] - families["attention"]  # the table may stop short
+    return {"file": name, "commit": profile["commit"], "ttft_s": run["ttft_s"],
+            "kernels_ms": {k: round(v, 1) for k, v in families.items()},
+            "other_must_fit_ms": round(target_s * 1e3 - families["gemm"] - families["attention"], 1)}
 
 
 PREFIX_TARGET = 10.0  # warm follow-up turn at least this many times faster than cold
