@@ -78,7 +78,7 @@ class DecoderLM(nn.Module):
         """Final-norm hidden states [T, hidden] of every row of the flat batch, or [R, hidden] of the rows
         of batch.output_rows where the batch has them (the last layer computes no others)."""
         hidden, residual = F.embedding(input_ids, self.embed_tokens), None
-        output_rows = getattr(batch, "output_rows", None)
+        output_rows = batch.output_rows
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             hidden, residual = layer(hidden, residual, batch, self.cos_sin_cache, output_rows if i == last else None)
