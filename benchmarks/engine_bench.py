@@ -54,6 +54,11 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, temp
     return {"prefill_s": first_token_at - start, "decode_steps": steps, "decode_s": end - first_token_at}
 
 
+def allocator_segments() -> int:
+    """How many segments torch's CUDA caching allocator has taken from the driver so far (cudaMalloc calls)."""
+    return torch.cuda.memory_stats().get("segment.all.allocated", 0) if torch.cuda.is_available() else 0
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -101,6 +106,9 @@ def main() -> None:
     ap.add_argument("--repetition-penalty", type=float, default=1.0, help="the decode batches' (1: off)")
     ap.add_argument("--frequency-penalty", type=float, default=0.0, help="the decode batches' (0: off)")
     ap.add_argument("--presence-penalty", type=float, default=0.0, help="the decode batches' (0: off)")
+    ap.add_argument("--prefill-passes", type=int, default=1,
+                    help="prefill passes timed at each length after its warm-up; ttft_s is the first (vLLM's "
+                         "instrument), later_ttft_s the others, new_segments the allocator's segments each took")
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",") if c]
     prefills = [int(p) for p in args.prefill.split(",") if p]
@@ -137,10 +145,18 @@ def main() -> None:
         results_io.write(args.out, result)
     for length in prefills:
         run_batch(engine, prompts(1, length), 1)  # warm-up (kernels for this length)
+        segments = allocator_segments()
         r = run_batch(engine, prompts(1, length), 1)
         ttft = r["prefill_s"]
         row = {"tokens": length, "ttft_s": round(ttft, 4),
                "tflops": round(prefill_flops(engine, weights, length) / ttft / 1e12, 1)}
+        if args.prefill_passes > 1:  # the passes after the measured one, and the device memory each allocated
+            row["new_segments"] = [allocator_segments() - segments]
+            row["later_ttft_s"] = []
+            for _ in range(args.prefill_passes - 1):
+                segments = allocator_segments()
+                row["later_ttft_s"].append(round(run_batch(engine, prompts(1, length), 1)["prefill_s"], 4))
+                row["new_segments"].append(allocator_segments() - segments)
         result["prefill"].append(row)
         print(row, flush=True)
         results_io.write(args.out, result)
