@@ -6,8 +6,8 @@
 Each run is that tree's own benchmarks/engine_bench.py in a fresh process, with DELTASERVE_COMMIT set
 to the tree's label. Odd rounds run the trees in the order given and even rounds in reverse (A B B A),
 so that the card's drift over the command (its clocks, its temperature) falls on every tree alike.
-`--concurrency` (empty by default: prefill only), `--prefill`, `--gdn-state-dtype`, `--max-model-len`,
-`--prompt-len`, `--temperature`, `--top-p`, `--top-k` and the three penalties pass through.
+`--concurrency` (empty by default: prefill only), `--prefill`, `--prefill-passes`, `--gdn-state-dtype`,
+`--max-model-len`, `--prompt-len`, `--temperature`, `--top-p`, `--top-k` and the three penalties pass through.
 """
 
 import argparse
@@ -21,7 +21,8 @@ import results_io  # this directory's module: first on the path of a script
 
 
 def run_tree(tree: str, label: str, shape: str, concurrency: str, prefill: str, gdn_state_dtype: str = "float32",
-             max_model_len: int = 33024, prompt_len: int | None = None, sampling: tuple = ()) -> dict:
+             max_model_len: int = 33024, prompt_len: int | None = None, sampling: tuple = (),
+             prefill_passes: int = 1) -> dict:
     """One run of the tree's own engine_bench.py in a fresh process: its result."""
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "run.json")
@@ -31,6 +32,8 @@ def run_tree(tree: str, label: str, shape: str, concurrency: str, prefill: str, 
         if prompt_len is not None:  # a tree whose engine_bench predates the option runs without it
             command += ["--prompt-len", str(prompt_len)]
         command += list(sampling)  # empty when greedy: a tree whose engine_bench predates the options runs too
+        if prefill_passes > 1:  # likewise
+            command += ["--prefill-passes", str(prefill_passes)]
         subprocess.run(command, cwd=tree, env=dict(os.environ, DELTASERVE_COMMIT=label), check=True,
                        stdout=subprocess.DEVNULL)
         return json.load(open(out))
@@ -52,6 +55,7 @@ def main() -> None:
     ap.add_argument("--frequency-penalty", type=float, default=0.0)
     ap.add_argument("--presence-penalty", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--prefill-passes", type=int, default=1, help="engine_bench's: prefill passes timed a length")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     trees = [t.split("=") for t in args.trees.split(",")]
@@ -66,7 +70,7 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         for tree, label in trees if round_ % 2 else trees[::-1]:
             run = run_tree(tree, label, args.shape, args.concurrency, args.prefill, args.gdn_state_dtype,
-                           args.max_model_len, args.prompt_len, sampling)
+                           args.max_model_len, args.prompt_len, sampling, args.prefill_passes)
             entry = {"round": round_, "commit": label, "startup_s": run["startup_s"],
                      "decode": run["decode"], "prefill": run["prefill"]}
             result["runs"].append(entry)
