@@ -12,8 +12,7 @@ def to_device(values, device: torch.device, dtype=torch.int64) -> torch.Tensor:
     """A host list as a device tensor. On CUDA it travels from pinned memory without blocking: a copy
     from pageable memory would first wait for all the GPU work queued before it, which would undo
     asynchronous scheduling (and hold the host back mid-step)."""
-    host = host_tensor(values, dtype, pin=device.type == "cuda")
-    return host.to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+    return _upload(host_tensor(values, dtype, pin=device.type == "cuda"), device)
 
 
 def columns_to_device(columns: list, device: torch.device) -> list[torch.Tensor]:
@@ -24,16 +23,18 @@ def columns_to_device(columns: list, device: torch.device) -> list[torch.Tensor]
     # Each column starts 16 bytes in: Triton compiles a kernel apart for a pointer that is not (as the JIT
     # sees a tensor of its own, which the allocator aligns).
     spans = [a.size + a.size % 2 for a in arrays]
-    flat = np.zeros(sum(spans), dtype=np.int64)
-    at = 0
-    for a, span in zip(arrays, spans):
+    staging = torch.empty(sum(spans), dtype=torch.int64, pin_memory=device.type == "cuda")
+    starts = np.cumsum([0] + spans[:-1])
+    flat = staging.numpy()
+    for a, at in zip(arrays, starts):
         flat[at : at + a.size] = a.ravel()
-        at += span
-    packed, views, at = to_device(flat, device), [], 0
-    for a, span in zip(arrays, spans):
-        views.append(packed[at : at + a.size].view(a.shape))
-        at += span
-    return views
+    packed = _upload(staging, device)
+    return [packed[at : at + a.size].view(a.shape) for a, at in zip(arrays, starts)]
+
+
+def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """host on `device`: without blocking from pinned memory on CUDA, else as it is."""
+    return host.to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
 
 
 def host_tensor(values, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:

@@ -171,12 +171,14 @@ class ModelRunner:
         lengths = [end - start for start, end in zip(starts[:-1], starts[1:])]
         rows = len(host.logits_indices)
         output_rows = output_rows and rows < starts[-1]
-        columns = [host.input_ids, host.positions, starts, host.seq_lens, pad_block_tables(host.block_tables),
-                   host.slot_mapping, host.state_slots, host.logits_indices]
-        if output_rows:
-            columns.append(host.logits_sequences)
+        tables = pad_block_tables(host.block_tables)
+        columns = [host.input_ids, host.positions, starts, host.seq_lens, tables, host.slot_mapping,
+                   host.state_slots, host.logits_indices]
+        if output_rows:  # each logits row as a one-row chunk of its sequence
+            sampled = host.logits_sequences
+            columns += [range(rows + 1), [host.seq_lens[s] for s in sampled], [tables[s] for s in sampled]]
         input_ids, positions, query_start_loc, seq_lens, block_tables, slot_mapping, state_slots, logits_indices, \
-            *sequences = columns_to_device(columns, self.device)
+            *one_row_chunks = columns_to_device(columns, self.device)
         batch = ForwardBatch(
             input_ids=input_ids,
             positions=positions,
@@ -193,10 +195,7 @@ class ModelRunner:
             max_query_len=max(lengths, default=0),
         )
         if output_rows:
-            batch.output_rows = OutputRows(
-                rows=logits_indices, query_start_loc=torch.arange(rows + 1, device=self.device),
-                seq_lens=seq_lens.index_select(0, sequences[0]),
-                block_tables=block_tables.index_select(0, sequences[0]), count=rows)
+            batch.output_rows = OutputRows(logits_indices, *one_row_chunks, count=rows)
         return batch
 
     def _fresh_prefill(self, host: HostBatch, lengths: list[int]) -> bool:
