@@ -709,12 +709,11 @@ def slowest_of_newest_trees(pattern: str) -> list[dict]:
 
 
 def latest_rows(runs: list[dict], section: str, key: str) -> dict:
-    """key value -> (row, commit) from the latest-dated run that measured it (the row's own commit where
-    it names one: slowest_of_newest_trees merges several trees into one run)."""
+    """key value -> (row, commit) from the latest-dated run that measured it."""
     rows = {}
     for run in sorted(runs, key=lambda r: r["date"]):
         for row in run[section]:
-            rows[row[key]] = (row, row.get("commit", run["commit"]))
+            rows[row[key]] = (row, run["commit"])
     return rows
 
 
