@@ -8,7 +8,7 @@ from deltaserve.kernels.gdn import reference
 from deltaserve.kernels.gdn.fla_chunk import split_at_captures
 from deltaserve.kernels.gdn.segmented_launch import segment_bounds
 from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
-from deltaserve.kernels.gdn.triton_chunk import CHUNK, _default_segments, _unit_lower_inverse, chunk_gdn
+from deltaserve.kernels.gdn.triton_chunk import CHUNK, _unit_lower_inverse, chunk_gdn
 from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
 from tests.kernels.conftest import assert_close
 
@@ -279,14 +279,6 @@ def test_segment_bounds_cover_every_chunk_once_in_even_runs(chunks, segments):
     assert all(end == begin for (_, end), (begin, _) in zip(bounds, bounds[1:]))
     sizes = [end - begin for begin, end in bounds]
     assert len(bounds) == min(segments, chunks) and max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
-
-
-def test_long_passes_of_few_state_programs_over_an_fp32_pool_take_segments():
-    pool = torch.zeros(2, 2, 2, 2)
-    assert [_default_segments(True, True, pool, c) for c in (33, 65, 129, 513)] == [1, 2, 4, 4]
-    assert _default_segments(True, True, pool.bfloat16(), 513) == 1  # the slot would round the state between
-    assert _default_segments(True, False, pool, 513) == 1  # many sequences: the state kernel fills the GPU
-    assert _default_segments(False, True, pool, 513) == 1  # short chunks, or the interpreter
 
 
 @triton.jit

@@ -80,12 +80,9 @@ LONG_PASS_STATE = {"precision": "bf16", "split_output": True, "num_warps": 4}
 LONG_PASS_STAGES = {STATE_BLOCK_V: 3, STATE_WIDE_BLOCK_V: 2}
 # Long passes whose state kernel has few programs run in segments of chunks, the state kernel's chain beside
 # the prepare and output kernels of other segments (segmented_launch.py), each segment at least
-# MIN_SEGMENT_CHUNKS chunks (fewer segments on shorter passes). One call's time in 1 / 2 / 4 / 8 segments, us
-# (H200, Qwen3.5 GDN shape, alternated twice, gdn_segments_same_machine.json): one 8192-token prompt 633 / 594 /
-# 591 / 655, one of 32768 2488 / 2252 / 2225 / 2221, two of 8192 1264 / 1180 / 1178 / 1187, and one of 2048
-# 176 / 186 / 189 / 247, where a segment's launches cost more than its overlap gives back.
+# MIN_SEGMENT_CHUNKS chunks (fewer segments on shorter passes).
 LONG_PASS_SEGMENTS = 4
-MIN_SEGMENT_CHUNKS = 32
+MIN_SEGMENT_CHUNKS = 8
 
 
 @triton.jit
@@ -442,7 +439,7 @@ def _default_segments(long_16bit_pass: bool, few_state_programs: bool, h_pool: t
     graph capture (the streams' work would have to join the graph)."""
     if not (long_16bit_pass and few_state_programs and h_pool.dtype == torch.float32):
         return 1
-    if h_pool.is_cuda and torch.cuda.is_current_stream_capturing():
+    if torch.cuda.is_current_stream_capturing():
         return 1
     return max(1, min(LONG_PASS_SEGMENTS, chunks // MIN_SEGMENT_CHUNKS))
 
