@@ -5,9 +5,7 @@
 The segments overlap the state kernel's serial chain with the other segments' prepare and output kernels
 on three streams (segmented_launch.py), so the profiler's per-kernel sums do not show the gain: this times
 the call from its first launch to the end of its last, with CUDA events, the median of `--calls` calls in
-the order given, rounds alternated. Each call is queued behind a 5 ms spin of the GPU, so the host's
-launches (some 60 us each) are all queued before the first runs, as in a long pass, where the host runs
-ahead of the GEMMs. Every count of segments is checked against one segment, byte for byte
+the order given, rounds alternated. Every count of segments is checked against one segment, byte for byte
 (the output and the state pool).
 """
 
@@ -26,14 +24,11 @@ from benchmarks import results_io  # noqa: E402
 from benchmarks.gdn_prefill_kernels import packed_inputs  # noqa: E402
 from deltaserve.kernels.gdn.triton_chunk import chunk_gdn  # noqa: E402
 
-SPIN_CYCLES = 10_000_000  # some 5 ms at the H200's clocks
-
 
 def call_us(inputs, segments: int, calls: int) -> float:
     q, k, v, a, b, A_log, dt_bias, pool, slots, starts = inputs
     times = []
     for _ in range(calls):
-        torch.cuda._sleep(SPIN_CYCLES)
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, slots, starts, segments=segments)
