@@ -211,7 +211,6 @@ def cases():
            dict(Q_HEADS=16, HEAD_DIM=256, BLOCK_D=256, BLOCK_S=paged.MAX_SPLITS, HAS_GATE=True), 4, 1)  # as launched
 
     ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps")}
-    ints.update({n: "i32" for n in ("chunk_offset", "chunk_begin", "chunk_end")})  # a segment's chunks
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
     state = gdn.LONG_PASS_STATE
     # (chunk, block_v, name, split, precision, sub, prepare precision, warps, stages by block_v, buffers between

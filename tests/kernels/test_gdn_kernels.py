@@ -6,7 +6,6 @@ import triton.language as tl
 from deltaserve.kernels.capture_rows import capture_tables
 from deltaserve.kernels.gdn import reference
 from deltaserve.kernels.gdn.fla_chunk import split_at_captures
-from deltaserve.kernels.gdn.segmented_launch import segment_bounds
 from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
 from deltaserve.kernels.gdn.triton_chunk import CHUNK, _unit_lower_inverse, chunk_gdn
 from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
@@ -252,33 +251,6 @@ def test_chunk_prefill_with_u_in_16_bits(split_output):
     captures = [(15, 0), (64, 1), (100, 2), (131, 3)]
     _check_chunk([130, 1, 20], 2, 4, 16, 16, [3, 0, 4], captures, split_output=split_output,
                  buffer_dtype=torch.float16, u_dtype=torch.float16, tol=3e-3)
-
-
-# A pass in segments of chunks (segmented_launch.py; the long passes' default on the GPU): the same bytes
-# as in one, whatever the segments' edges cut (sequences, captures), with the output in either kernel.
-@pytest.mark.parametrize("segments,split_output", [(2, True), (3, False), (5, True)])
-def test_chunk_prefill_in_segments_gives_the_same_bytes(segments, split_output):
-    lens, captures = [130, 1, 70], [(15, 0), (64, 1), (100, 2), (131, 3), (140, 4)]
-    starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
-    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(sum(lens), 2, 4, 16, 16, slots=5)
-    runs = []
-    for n in (1, segments):
-        pool, snaps = h_pool.clone(), torch.zeros(6, 4, 16, 16)
-        out = chunk_gdn(q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([3, 0, 4]), starts, captures, snaps,
-                        chunk=32, split_output=split_output, segments=n)
-        runs.append((out, pool, snaps))
-    for whole, cut in zip(*runs):
-        assert torch.equal(whole, cut)
-    assert not torch.equal(runs[0][1], h_pool)  # the pass wrote its states
-
-
-@pytest.mark.parametrize("chunks,segments", [(9, 4), (3, 8), (129, 4), (1, 1)])
-def test_segment_bounds_cover_every_chunk_once_in_even_runs(chunks, segments):
-    bounds = segment_bounds(chunks, segments)
-    assert bounds[0][0] == 0 and bounds[-1][1] == chunks
-    assert all(end == begin for (_, end), (begin, _) in zip(bounds, bounds[1:]))
-    sizes = [end - begin for begin, end in bounds]
-    assert len(bounds) == min(segments, chunks) and max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
 
 
 @triton.jit

@@ -35,7 +35,6 @@ import triton
 import triton.language as tl
 
 from deltaserve.kernels.capture_rows import as_capture_rows
-from deltaserve.kernels.gdn.segmented_launch import run_segments, segment_bounds
 from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
 from deltaserve.kernels.sm_count import num_sms
 
@@ -78,11 +77,6 @@ STATE_WIDE_BLOCK_V = 64
 # 8 warps, or 3 stages on the wide tiles, measured slower).
 LONG_PASS_STATE = {"precision": "bf16", "split_output": True, "num_warps": 4}
 LONG_PASS_STAGES = {STATE_BLOCK_V: 3, STATE_WIDE_BLOCK_V: 2}
-# Long passes whose state kernel has few programs run in segments of chunks, the state kernel's chain beside
-# the prepare and output kernels of other segments (segmented_launch.py), each segment at least
-# MIN_SEGMENT_CHUNKS chunks (fewer segments on shorter passes).
-LONG_PASS_SEGMENTS = 4
-MIN_SEGMENT_CHUNKS = 8
 
 
 @triton.jit
@@ -159,15 +153,15 @@ def _unit_lower_inverse(A, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl
     return tl.dot(series, D, D, input_precision=PRECISION)
 
 
-@triton.jit(do_not_specialize=["chunk_offset"])
+@triton.jit
 def _chunk_prepare_kernel(
-    q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, kd_buf, num_seqs, chunk_offset,
+    q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, kd_buf, num_seqs,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
     INVERSE_PRECISION: tl.constexpr, DECAYED_K: tl.constexpr,
 ):
-    cid, head = chunk_offset + tl.program_id(0), tl.program_id(1)
+    cid, head = tl.program_id(0), tl.program_id(1)
     row0, count, found = _chunk_of(cid, query_start_loc, num_seqs, CHUNK, BLOCK_B)
     if found:
         key_head = head // (HV // HK)
@@ -289,28 +283,22 @@ def _chunk_step(q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_
     return state, cap_i
 
 
-@triton.jit(do_not_specialize=["chunk_begin", "chunk_end"])
+@triton.jit
 def _chunk_state_kernel(
     q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows,
-    cap_state, o, chunk_states, num_caps, chunk_begin, chunk_end,
+    cap_state, o, chunk_states, num_caps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_CAPS: tl.constexpr, HAS_CAPTURES: tl.constexpr,
     SPLIT_OUTPUT: tl.constexpr, LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr, DECAYED_K: tl.constexpr,
 ):
-    """The sequence's chunks whose global index is in [chunk_begin, chunk_end), from the state in its slot
-    back to the slot (a segment of the pass: see chunk_gdn's `segments`)."""
     seq, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    chunk = seq * 0  # the global index of the sequence's first chunk, as the prepare kernel numbers them
+    if SPLIT_OUTPUT:  # only the split output's per-chunk states are stored by it
+        chunk = _first_chunk(seq, query_start_loc, CHUNK, BLOCK_B)
     key_head = head // (HV // HK)
     start = tl.load(query_start_loc + seq)
     end = tl.load(query_start_loc + seq + 1)
-    first = _first_chunk(seq, query_start_loc, CHUNK, BLOCK_B)  # the global index of its first chunk
-    count = (end - start + CHUNK - 1) // CHUNK
-    lo = tl.minimum(tl.maximum(chunk_begin - first, 0), count)
-    hi = tl.minimum(tl.maximum(chunk_end - first, 0), count)
-    row_lo = start + lo * CHUNK
-    row_hi = tl.minimum(start + hi * CHUNK, end)
-    chunk = first + lo  # the split output's per-chunk states are stored under it
     slot = tl.load(state_slots + seq).to(tl.int64)
     has_slot = slot >= 0  # a negative slot marks a padding row: zero state in, nothing stored
     offs_k = tl.arange(0, BK)
@@ -322,9 +310,9 @@ def _chunk_state_kernel(
 
     cap_i = start * 0  # int32 index of the next capture, carried through the chunk loop
     if HAS_CAPTURES:
-        cap_i = captures_before(cap_rows, num_caps, row_lo, BLOCK_CAPS)  # the first at or after its first row
+        cap_i = captures_before(cap_rows, num_caps, start, BLOCK_CAPS)  # the first at or after its first row
     if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch
-        for row0 in range(row_lo, row_hi, CHUNK):
+        for row0 in range(start, end, CHUNK):
             state, cap_i = _chunk_step(
                 q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
                 state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
@@ -332,8 +320,8 @@ def _chunk_state_kernel(
                 PRECISION, DECAYED_K)
             chunk += 1
     else:  # the interpreter cannot take loaded bounds in range()
-        row0 = row_lo
-        while row0 < row_hi:
+        row0 = start
+        while row0 < end:
             state, cap_i = _chunk_step(
                 q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_states, chunk, cap_rows, cap_state,
                 state, row0, end, head, key_head, vtile, cap_i, num_caps, offs_k, offs_v, mask_k, mask_v, stride_q_t,
@@ -390,17 +378,16 @@ def _chunk_snapshot_kernel(
                  mask=mask_kv)
 
 
-@triton.jit(do_not_specialize=["chunk_offset"])
+@triton.jit
 def _chunk_output_kernel(
-    q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, num_seqs, chunk_offset,
+    q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, num_seqs,
     stride_q_t, stride_q_h, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """Per (chunk, value head, tile of BV columns), all chunks at once: o = exp(G) q S + Aqk v_new, S the
-    state before the chunk (what the fused state kernel computes on its serial path). Chunks from
-    chunk_offset on."""
-    cid, head, vtile = chunk_offset + tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    state before the chunk (what the fused state kernel computes on its serial path)."""
+    cid, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row0, count, found = _chunk_of(cid, query_start_loc, num_seqs, CHUNK, BLOCK_B)
     if found:
         key_head = head // (HV // HK)
@@ -433,17 +420,6 @@ def _state_block_v(seqs: int, hv: int, dv: int, device: torch.device) -> int:
     return STATE_BLOCK_V if _few_state_programs(seqs, hv, dv, device) else STATE_WIDE_BLOCK_V
 
 
-def _default_segments(long_16bit_pass: bool, few_state_programs: bool, h_pool: torch.Tensor, chunks: int) -> int:
-    """LONG_PASS_SEGMENTS for a long pass whose state kernel has few programs, else one. Only over an fp32
-    state pool (a segment hands the next its state through the slot, which must not round it) and outside
-    graph capture (the streams' work would have to join the graph)."""
-    if not (long_16bit_pass and few_state_programs and h_pool.dtype == torch.float32):
-        return 1
-    if torch.cuda.is_current_stream_capturing():
-        return 1
-    return max(1, min(LONG_PASS_SEGMENTS, chunks // MIN_SEGMENT_CHUNKS))
-
-
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
@@ -453,8 +429,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
               num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
               split_output: bool | None = None, prepare: dict | None = None,
               buffer_dtype: torch.dtype | None = None, output: dict | None = None,
-              u_dtype: torch.dtype | None = None, decayed_k: bool | None = None,
-              segments: int | None = None) -> torch.Tensor:
+              u_dtype: torch.dtype | None = None, decayed_k: bool | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
@@ -473,8 +448,6 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     v_new = u - w S, so a 16-bit u rounds what no dot rounds, and on the H200 bf16 took the chunk kernels
     only from 676 to 652 us at 8192 tokens (kernels_check_rotary_tiles_u_dtype.json). decayed_k overrides
     whether the prepare kernel writes kd for the state kernel (by default where its programs are few).
-    segments cuts the pass into that many runs of chunks whose kernels overlap on three streams
-    (segmented_launch.py); by default LONG_PASS_SEGMENTS where the state kernel has few programs.
 
     Long passes of 16-bit inputs take LONG_PASS_STATE."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
@@ -526,17 +499,14 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         decayed_k = _few_state_programs(seqs, hv, dv, dev)
     kd_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev) if decayed_k else w_buf  # else unused
     max_chunks = tokens // chunk + seqs
-    block_b = max(16, triton.next_power_of_2(seqs))
-
-    def prepare_chunks(begin: int, end: int) -> None:
-        _chunk_prepare_kernel[(end - begin, hv)](
-            q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, kd_buf, seqs, begin,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
-            dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=prepare.get("bv", 32), CHUNK=chunk, BLOCK_B=block_b,
-            SUB=min(prepare.get("sub", 16), chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision,
-            DECAYED_K=decayed_k, num_warps=prepare.get("warps", 4), num_stages=1, maxnreg=prepare.get("maxnreg"),
-        )
-
+    _chunk_prepare_kernel[(max_chunks, hv)](
+        q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, kd_buf, seqs,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
+        dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=prepare.get("bv", 32), CHUNK=chunk,
+        BLOCK_B=max(16, triton.next_power_of_2(seqs)),
+        SUB=min(prepare.get("sub", 16), chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision,
+        DECAYED_K=decayed_k, num_warps=prepare.get("warps", 4), num_stages=1, maxnreg=prepare.get("maxnreg"),
+    )
     has_captures = bool(capture_rows) and h_snapshots is not None
     block_v = block_v or (STATE_BLOCK_V if has_captures else _state_block_v(seqs, hv, dv, dev))
     block_v = max(16, min(block_v, triton.next_power_of_2(dv)))
@@ -551,35 +521,27 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         num_caps = cap_rows.shape[0]
         cap_state = torch.empty((num_caps, hv, dk, dv), dtype=torch.float32, device=dev)
     split = bool(split_output)
+    block_b = max(16, triton.next_power_of_2(seqs))
     caps_block = block_caps(num_caps)
     chunk_states = torch.empty((max_chunks, hv, dk, dv), dtype=narrow, device=dev) if split else w_buf
     v_new_buf = torch.empty((tokens, hv, dv), dtype=narrow, device=dev) if split else u_buf
-
-    def state_chunks(begin: int, end: int) -> None:
-        _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
-            q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows,
-            cap_state, o, chunk_states, num_caps, begin, end,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
-            HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=caps_block,
-            HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
-            DECAYED_K=decayed_k, num_warps=num_warps, num_stages=num_stages,
-        )
-
-    output = output or {}
-    block_o = max(16, min(output.get("bv", OUTPUT_BLOCK_V), triton.next_power_of_2(dv)))
-
-    def output_chunks(begin: int, end: int) -> None:
-        _chunk_output_kernel[(end - begin, hv, triton.cdiv(dv, block_o))](
-            q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, seqs, begin,
+    _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
+        q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows,
+        cap_state, o, chunk_states, num_caps,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
+        HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=caps_block,
+        HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
+        DECAYED_K=decayed_k, num_warps=num_warps, num_stages=num_stages,
+    )
+    if split:
+        output = output or {}
+        block_o = max(16, min(output.get("bv", OUTPUT_BLOCK_V), triton.next_power_of_2(dv)))
+        _chunk_output_kernel[(max_chunks, hv, triton.cdiv(dv, block_o))](
+            q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, seqs,
             q.stride(0), q.stride(1), o.stride(0), dk**-0.5,
             HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_o, CHUNK=chunk, BLOCK_B=block_b,
             PRECISION=precision, num_warps=output.get("warps", 4), num_stages=output.get("stages", 2),
         )
-
-    if segments is None:
-        segments = _default_segments(long_16bit_pass, _few_state_programs(seqs, hv, dv, dev), h_pool, max_chunks)
-    run_segments(segment_bounds(max_chunks, segments), prepare_chunks, state_chunks, output_chunks if split else None,
-                 dev)
     if has_captures:
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
             k, w_buf, v_new_buf if split else u_buf, g_buf, query_start_loc, seqs, cap_rows, cap_snaps, cap_state,
