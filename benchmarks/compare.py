@@ -38,6 +38,16 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At a23b328 (the rows of C=1, C=32 and the prefill; engine_qwen3.5-9b_decode_rows_at_a23b328.json, "
+        "_prefill_rows_at_a23b328.json, each from an A/B where it was the base tree) the measured 8k pass is no "
+        "slower than the passes after it in its process: 0.1903-0.2144 s over three to six passes a run on three "
+        "cards, no allocator segment taken (engine_qwen3.5-9b_prefill_passes_at_a23b328.json), so the profiled "
+        "pass's 190.3 ms was within that spread. Measured, not kept: the long passes' GDN layers in four segments "
+        "of chunks, each segment's state kernel on a high-priority stream beside the other segments' prepare and "
+        "output kernels; the same bytes, 8k 0.1972 against 0.1989 s and 32k 0.8659 against 0.8710 (means of six "
+        "passes; engine_qwen3.5-9b_prefill_gdn_segments_same_machine.json, gdn_segments_same_machine.json), but "
+        "with the other streams' work in the process the decode steps at C=32 took 5.971-5.974 ms against "
+        "5.858-5.859 (engine_qwen3.5-9b_decode_after_gdn_segments_same_machine.json).",
         "At d06855f the last layer computes only the rows a pass samples (OutputRows): every row's keys and "
         "values are still projected and stored, but the q projection, attention (one row over the sequence's "
         "paged keys), output projection and feed-forward block run for the last row of each chunk that samples, "
