@@ -15,14 +15,14 @@ from tests.checkpoints import every_expert
 PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
 
 
-def _with_padded_prefill_passes(llm: LLM) -> list[tuple[int, bool, bool]]:
-    """Gives the engine prefill graphs that were never captured (so each pass runs its padded batch
-    eagerly); returns a list that records (row count, whether it restored a snapshot, whether it copied a
-    cached tail's KV block) of every such pass."""
+def _with_padded_prefill_passes(llm: LLM, max_rows: int) -> list[tuple[int, bool, bool]]:
+    """Gives the engine prefill graphs of up to max_rows rows that were never captured (so each pass runs its
+    padded batch eagerly); returns a list that records (row count, whether it restored a snapshot, whether it
+    copied a cached tail's KV block) of every such pass."""
     loaded = llm.engine.loaded
     runner = loaded.runner
     buffers = StepBuffers(llm.engine.config.max_num_seqs, -(-loaded.max_model_len // llm.engine.config.block_size),
-                          runner.kv_pool, runner.state_pool, runner.device, max_prefill_rows=128)
+                          runner.kv_pool, runner.state_pool, runner.device, max_prefill_rows=max_rows)
     graphs = PrefillGraphs(runner.model, buffers, runner.snapshots)
     passes, run = [], graphs.run
 
@@ -56,11 +56,13 @@ def _snapshots(llm: LLM) -> dict:
             for name, slot in pool.index._slot_of.items()}
 
 
-@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3.5-moe"])
-def test_padded_prefill_passes_equal_unpadded_ones(arch, checkpoint_factory):
+# Graphs up to 128 rows (the first turn's long pass runs eagerly) and up to 512 (the whole ladder: it runs padded
+# too, at a rung of 32 or 64 rows' step).
+@pytest.mark.parametrize("arch,max_rows", [("qwen3.5", 128), ("qwen3.5-moe", 128), ("qwen3.5", 512)])
+def test_padded_prefill_passes_equal_unpadded_ones(arch, max_rows, checkpoint_factory):
     path = checkpoint_factory(arch, **every_expert(arch))  # the two agree to rounding only
     plain, padded = (LLM(path, device="cpu", max_num_batched_tokens=256) for _ in range(2))
-    passes = _with_padded_prefill_passes(padded)
+    passes = _with_padded_prefill_passes(padded, max_rows)
     rng = random.Random()
     length = rng.randint(150, 220)
     length += (length + PARAMS.max_tokens - 1) % 16 == 0  # the first turn ends inside a block: a tail
@@ -72,7 +74,7 @@ def test_padded_prefill_passes_equal_unpadded_ones(arch, checkpoint_factory):
         follow_up = history + first.outputs[0].token_ids + message
         # warm: one short pass from the first turn's tail (padded, with captures), then again
         outs[name] = (first, _generate(llm, follow_up, [0, len(history) + 6]), _generate(llm, follow_up, []))
-    assert passes and all(n <= 124 for n, _, _ in passes)
+    assert passes and all(n <= 124 for n, _, _ in passes) == (max_rows == 128)  # the long pass padded at 512
     # the warm passes restore from the first turn's tail inside the padded pass, its KV block copied there
     assert any(restored and copied for _, restored, copied in passes)
     for plain_out, padded_out in zip(outs["plain"], outs["padded"]):
@@ -84,6 +86,21 @@ def test_padded_prefill_passes_equal_unpadded_ones(arch, checkpoint_factory):
     for name, (conv, h) in saved.items():
         torch.testing.assert_close(padded_saved[name][0], conv, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(padded_saved[name][1], h, rtol=1e-4, atol=1e-4)
+
+
+def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_512():
+    from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_ladder
+
+    rungs = prefill_ladder(MAX_ROWS)
+    assert MAX_ROWS == 512 and rungs[-1] == 512 and rungs == sorted(set(rungs))
+    steps = {b - a for a, b in zip([0] + rungs, rungs)}
+    assert steps == {16, 32, 64}
+    assert all(b - a <= max(16, a // 4) for a, b in zip(rungs, rungs[1:]))  # padding at most a quarter past 16
+    assert prefill_ladder(300) == [r for r in rungs if r <= 300] and prefill_ladder(100)[-1] == 96
+    buffers = StepBuffers(4, 64, None, None, torch.device("cpu"), max_prefill_rows=MAX_ROWS)
+    graphs = PrefillGraphs(None, buffers)
+    assert graphs.rung(128, []) == 160 and graphs.rung(300, []) == 320 and graphs.rung(511, []) == 512
+    assert graphs.rung(512, []) is None
 
 
 def test_a_pass_takes_the_smallest_rung_with_room_for_a_padding_row():

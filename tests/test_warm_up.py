@@ -22,12 +22,12 @@ def test_warm_up_groups_fit_one_step_and_cover_every_class(max_num_seqs, budget)
     # The GDN dispatch's row classes (token loop, 16-row chunks, 64-row chunks), with one sequence.
     single = {sum(g) for g in groups if len(g) == 1}
     assert any(r <= 16 for r in single) and any(16 < r <= 128 for r in single) and any(r > 128 for r in single)
-    # and a pass of 16-row chunks that no prefill graph takes (a graph's kernels read the step buffers)
+    # and a pass of 16-row chunks that no prefill graph takes (a graph's kernels read the step buffers): one that
+    # asks for prompt logprobs
+    from deltaserve.engine.warm_up import EAGER_SHORT_PASS
     from deltaserve.kernels import SHORT_CHUNK_MAX_ROWS
-    from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_ladder
 
-    assert any(16 < r <= SHORT_CHUNK_MAX_ROWS and not any(rung > r for rung in prefill_ladder(MAX_ROWS))
-               for r in single)
+    assert EAGER_SHORT_PASS in groups and 16 < sum(EAGER_SHORT_PASS) <= SHORT_CHUNK_MAX_ROWS
     # Every power-of-two class of the sequence count that a step can hold, with a count that is a
     # multiple of 16 and one that is not (Triton specializes integer arguments on both).
     counts = {len(g) for g in groups}

@@ -38,10 +38,13 @@ SEQUENCE_COUNTS = (1, 2, 8, 16, 17, 32, 33, 64, 65, 112, 128, 129, 256, 257, 512
 # 4033 and 8065 rows), each as a multiple of 16 and not, over one sequence, a multiple of 16 of them
 # and another count: the classes Triton compiles the kernel for (those within the step's token budget).
 # With the GDN groups alone four of them compiled while a fresh server on an empty Triton cache served
-# its first closed batches. 352 and 360 rows (of the 8-row class too) are also the one-prompt passes whose
-# paged attention splits the keys of its 128-row tiles 4 and 2 ways, kernels of their own.
+# its first closed batches.
 CONV_ROW_TARGETS = (96, 100, 352, 360, 1024, 1020, 2032, 2040, 4048, 4050, 8080, 8090)
 CONV_SEQUENCE_COUNTS = (1, 16, 17)
+# Two prompts of 176 and of 180 rows: passes whose paged attention splits the keys of its 128-row tiles 4 and 2
+# ways, kernels of their own (one prompt of 352 or 360 rows would run as a prefill graph).
+ATTENTION_SPLIT_GROUPS = ([176, 176], [180, 180])
+EAGER_SHORT_PASS = [SHORT_CHUNK_MAX_ROWS]  # the group whose request asks for prompt logprobs
 
 
 def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[list[int]]:
@@ -70,11 +73,14 @@ def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len
             base, extra = divmod(rows, seqs)  # exactly `rows` rows: their count is the class
             if base >= 2:
                 add([base + (i < extra) for i in range(seqs)])
-    # One prompt of as many rows as a short pass takes: one row past the prefill graphs' last rung, so it runs
-    # eagerly, where the one-sequence passes above ran as graphs, whose kernels take their metadata from the step
-    # buffers. On the H200 its GDN prepare kernel (one sequence, 16-row chunks) compiled while the server served
-    # 128 requests of 128 tokens.
-    add([SHORT_CHUNK_MAX_ROWS])
+    for lengths in ATTENTION_SPLIT_GROUPS:
+        add(lengths)
+    # One prompt of as many rows as a short pass takes, sent with prompt logprobs (EAGER_SHORT_PASS), so that it
+    # runs eagerly, where the one-sequence passes above up to the prefill graphs' last rung ran as graphs, whose
+    # kernels take their metadata from the step buffers: as a pass that asks for prompt logprobs or holds more
+    # captures than a graph does runs. On the H200 its GDN prepare kernel (one sequence, 16-row chunks) compiled
+    # while the server served 128 requests of 128 tokens, when such a prompt still ran eagerly.
+    add(EAGER_SHORT_PASS)
     return groups
 
 
@@ -100,10 +106,11 @@ def warm_up(engine, groups: list[list[int]] | None = None) -> int:
                               detokenize=False) for top_p, top_k in ((1.0, -1), (0.9, -1), (1.0, 20))]
     sampled.append(SamplingParams(max_tokens=2, temperature=0, repetition_penalty=1.1, frequency_penalty=0.1,
                                   presence_penalty=0.1, ignore_eos=True, detokenize=False))
+    eager = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False, prompt_logprobs=0)
     steps = 0
     for g, lengths in enumerate(groups):
         for i, length in enumerate(lengths):
-            params = sampled[g] if i == 0 and g < len(sampled) else greedy
+            params = sampled[g] if i == 0 and g < len(sampled) else eager if lengths == EAGER_SHORT_PASS else greedy
             engine.add_request(f"warm-up-{g}-{i}", [rng.randrange(vocab) for _ in range(length)], params)
         while engine.has_unfinished_requests():
             engine.step(final_only=True)

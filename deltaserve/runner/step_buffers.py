@@ -55,6 +55,7 @@ class StepBuffers:
                  state_pool: StatePool | None, device: torch.device, num_speculative_tokens: int = 0,
                  max_prefill_rows: int = 0):
         self.max_batch = max(max_batch, 2)  # a prefill pass is two sequences: its own and the padding
+        self.max_prefill_rows = max_prefill_rows  # the longest pass a prefill graph may take
         self.max_rows = max(self.max_batch, max_prefill_rows)
         self.max_blocks = max_blocks_per_seq
         self.kv_pool, self.state_pool = kv_pool, state_pool
