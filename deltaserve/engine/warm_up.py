@@ -41,8 +41,8 @@ SEQUENCE_COUNTS = (1, 2, 8, 16, 17, 32, 33, 64, 65, 112, 128, 129, 256, 257, 512
 # its first closed batches.
 CONV_ROW_TARGETS = (96, 100, 352, 360, 1024, 1020, 2032, 2040, 4048, 4050, 8080, 8090)
 CONV_SEQUENCE_COUNTS = (1, 16, 17)
-# Two prompts of 176 and of 180 rows: passes whose paged attention splits the keys of its 128-row tiles 4 and 2
-# ways, kernels of their own (one prompt of 352 or 360 rows would run as a prefill graph).
+# Two prompts of 176 rows, and two of 180: passes whose paged attention splits the keys of its 128-row tiles 4
+# and 2 ways, kernels of their own (one prompt of 352 or 360 rows would run as a prefill graph).
 ATTENTION_SPLIT_GROUPS = ([176, 176], [180, 180])
 EAGER_SHORT_PASS = [SHORT_CHUNK_MAX_ROWS]  # the group whose request asks for prompt logprobs
 
