@@ -3,7 +3,8 @@
 - greedy tokens on the GPU in fp32 identical to the CPU reference path, every architecture;
 - in bf16, decode steps replayed as CUDA graphs give the same tokens as the same steps run eagerly,
   greedy and with seeded sampled rows beside greedy ones (top-k among them, and top-p / min-p alone);
-- each prompt sent alone (its short prefill passes replayed as graphs) gives in fp32 the CPU's tokens;
+- each prompt sent alone (its short prefill passes replayed as graphs), and one of 300 tokens, gives in fp32 the
+  CPU's tokens;
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
   byte-identical tokens and logprobs;
 - in bf16 with graphs, no launched decode step (greedy rows beside seeded sampled ones) waits for the GPU;
@@ -98,6 +99,7 @@ def main() -> None:
     state = {"gdn_state_dtype": args.gdn_state_dtype}
     rng = random.Random(0)
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, 17, 90, 33)]
+    long_prompt = [rng.randrange(300) for _ in range(300)]  # alone: a prefill graph past 128 rows (rung 320)
     result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
               "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {},
               "graph_vs_eager_bf16_top_p_min_p_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
@@ -116,7 +118,8 @@ def main() -> None:
         graph_nucleus = tokens(graph_llm, prompts, NUCLEUS)
         cpu_llm.reset_prefix_cache()
         gpu_llm.reset_prefix_cache()
-        result["fp32_alone_gpu_vs_cpu"][arch] = {"identical": alone(gpu_llm, prompts) == alone(cpu_llm, prompts)}
+        result["fp32_alone_gpu_vs_cpu"][arch] = {
+            "identical": alone(gpu_llm, prompts + [long_prompt]) == alone(cpu_llm, prompts + [long_prompt])}
         result["bf16_graph_cache_hit_byte_identical"][arch] = replays_exactly(graph_llm, prompts[2], rng)
         result["bf16_graph_launches_without_sync"][arch] = launches_without_sync(graph_llm, prompts)
         penalised = tokens(gpu_llm, prompts, PENALISED)
