@@ -101,6 +101,11 @@ def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_512():
     graphs = PrefillGraphs(None, buffers)
     assert graphs.rung(128, []) == 160 and graphs.rung(300, []) == 320 and graphs.rung(511, []) == 512
     assert graphs.rung(512, []) is None
+    # a step budget under the first rung (max_num_batched_tokens 8): no graph, nothing to capture
+    small = PrefillGraphs(None, StepBuffers(16, 8, None, None, torch.device("cpu"), max_prefill_rows=8))
+    assert small.sizes == [] and small.rung(4, []) is None
+    small.capture(None)
+    assert small.graphs == {}
 
 
 def test_a_pass_takes_the_smallest_rung_with_room_for_a_padding_row():
