@@ -118,3 +118,17 @@ def test_a_pass_takes_the_smallest_rung_with_room_for_a_padding_row():
     assert graphs.rung(63, []) == 64 and graphs.rung(64, []) is None  # past the last rung: eager
     assert graphs.rung(8, [(1, 0)] * 5) is None  # more captures than the graphs hold
     assert graphs.rung(8, [(1, 0), (1, 1)]) is None  # one row captured twice
+
+
+def test_the_warm_ups_short_pass_runs_eagerly_where_a_plain_prompt_of_its_rows_takes_a_graph(checkpoint_factory):
+    """The warm-up's EAGER_SHORT_PASS asks for prompt logprobs, which no prefill graph computes: its pass runs
+    eagerly (its kernels' eager specializations compile at start-up), where the same rows as a plain prompt
+    replay a graph."""
+    from deltaserve.engine.warm_up import EAGER_SHORT_PASS, warm_up
+
+    llm = LLM(checkpoint_factory("qwen3.5"), device="cpu", max_num_batched_tokens=256, enable_prefix_caching=False)
+    passes = _with_padded_prefill_passes(llm, 512)
+    assert warm_up(llm.engine, [EAGER_SHORT_PASS]) == 1 and passes == []
+    rows = sum(EAGER_SHORT_PASS)
+    llm.generate([[random.randrange(300) for _ in range(rows)]], SamplingParams(max_tokens=1, temperature=0))
+    assert [n for n, _, _ in passes] == [rows]

@@ -110,7 +110,7 @@ def warm_up(engine, groups: list[list[int]] | None = None) -> int:
     steps = 0
     for g, lengths in enumerate(groups):
         for i, length in enumerate(lengths):
-            params = sampled[g] if i == 0 and g < len(sampled) else eager if lengths == EAGER_SHORT_PASS else greedy
+            params = eager if lengths == EAGER_SHORT_PASS else sampled[g] if i == 0 and g < len(sampled) else greedy
             engine.add_request(f"warm-up-{g}-{i}", [rng.randrange(vocab) for _ in range(length)], params)
         while engine.has_unfinished_requests():
             engine.step(final_only=True)
