@@ -228,8 +228,7 @@ def cases():
         for decayed in (True, False):
             yield (f"gdn_chunk_prepare{name}{'' if decayed else '_own_k'}", gdn._chunk_prepare_kernel, types,
                    dict(heads, BV=32, BLOCK_B=16, SUB=sub, PRECISION=prepare_precision, INVERSE_PRECISION="tf32",
-                        DECAYED_K=decayed, HEADS=gdn.LONG_PASS_PREPARE.get("heads", 1) if chunk == gdn.CHUNK else 1),
-                   4, 1, prepare_cap)
+                        DECAYED_K=decayed), 4, 1, prepare_cap)
         # captures keep the narrow tiles however many the programs, so with either k
         for captures, decayed in ((False, True), (True, True), (True, False)):
             yield (f"gdn_chunk_state{name}{'_captures' if captures else ''}{'' if decayed else '_own_k'}",

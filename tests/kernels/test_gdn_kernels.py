@@ -280,13 +280,6 @@ def test_chunk_prefill_prepare_kernel_tiles(prepare):
     _check_chunk([70, 9], 1, 2, 32, 32, [1, 0], [(30, 0)], prepare=prepare)
 
 
-@pytest.mark.parametrize("hk, hv, heads", [(1, 2, 2), (2, 8, 2), (1, 4, 4)])
-def test_chunk_prefill_prepares_value_heads_of_one_key_head_together(hk, hv, heads):
-    # One prepare program for `heads` value heads of a key head (its q.k and k.k once): the same result.
-    lens = torch.randint(1, 90, (3,)).tolist()
-    _check_chunk(lens, hk, hv, 16, 16, [2, 0, 1], [(lens[0] // 2, 0)], prepare={"heads": heads})
-
-
 def test_chunk_prefill_of_many_sequences_takes_the_wide_state_tiles():
     # Enough sequences that 64-column tiles fill an H200's multiprocessors (the interpreter counts its 132):
     # the state kernel takes them, with the same result as the reference.

@@ -52,7 +52,7 @@ OUTPUT_BLOCK_V = 128
 # tokens, with the same output (kernels_check_occupancy.json, gdn_prefill_occupancy_*). The inverse's series
 # as a product (_unit_lower_inverse) took it from 302.5 to 292.0 us at 8192, 1214 to 1181 at 32768 and 621 to
 # 604 over 128 prompts of 128 (gdn_prefill_kernels_same_machine.json).
-LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32", "heads": 2}
+LONG_PASS_PREPARE = {"sub": 8, "precision": "tf32", "maxnreg": 168}
 # On short passes (chunk 16), 4-row diagonal blocks: forward substitution over 3 rows instead of 15, the
 # rest in three small dots. The prepare kernel of an 80-row pass took 8.4 us against 11.5, with the same
 # errors (H200, kernels_check_short_pass_tiles.json, gdn_short_pass_80).
@@ -154,32 +154,17 @@ def _unit_lower_inverse(A, CHUNK: tl.constexpr, SUB: tl.constexpr, PRECISION: tl
 
 
 @triton.jit
-def _chunk_gates(a, b, A_log, dt_bias, t, live, head, stride_a_t, stride_b_t):
-    """G (the running sum of g inside the chunk) and beta of one value head's chunk rows, fp32 [CHUNK]."""
-    a_t = tl.load(a + t * stride_a_t + head, mask=live, other=0.0).to(tl.float32)
-    a_t += tl.load(dt_bias + head).to(tl.float32)
-    softplus = tl.where(a_t > 20.0, a_t, tl.log(1.0 + tl.exp(tl.minimum(a_t, 20.0))))
-    g = tl.where(live, -tl.exp(tl.load(A_log + head).to(tl.float32)) * softplus, 0.0)
-    beta = tl.where(live, 1.0 / (1.0 + tl.exp(-tl.load(b + t * stride_b_t + head, mask=live, other=0.0)
-                                               .to(tl.float32))), 0.0)
-    return tl.cumsum(g, 0), beta
-
-
-@triton.jit
 def _chunk_prepare_kernel(
     q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, kd_buf, num_seqs,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, SUB: tl.constexpr, PRECISION: tl.constexpr,
-    INVERSE_PRECISION: tl.constexpr, DECAYED_K: tl.constexpr, HEADS: tl.constexpr,
+    INVERSE_PRECISION: tl.constexpr, DECAYED_K: tl.constexpr,
 ):
-    """One program per (chunk, HEADS value heads of one key head; HEADS divides HV // HK). q.k and k.k are
-    the key head's, so its value heads share them: first q.k and every head's Aqk, then k.k and every
-    head's w and u (q.k is dead by then: fewer registers live at once)."""
-    cid, first_head = tl.program_id(0), tl.program_id(1) * HEADS
+    cid, head = tl.program_id(0), tl.program_id(1)
     row0, count, found = _chunk_of(cid, query_start_loc, num_seqs, CHUNK, BLOCK_B)
     if found:
-        key_head = first_head // (HV // HK)
+        key_head = head // (HV // HK)
         rows = tl.arange(0, CHUNK)
         cols = tl.arange(0, CHUNK)
         live = rows < count
@@ -187,55 +172,51 @@ def _chunk_prepare_kernel(
         offs_k = tl.arange(0, BK)
         mask_qk = live[:, None] & (offs_k < DK)[None, :]
 
+        # gates
+        a_t = tl.load(a + t * stride_a_t + head, mask=live, other=0.0).to(tl.float32)
+        a_t += tl.load(dt_bias + head).to(tl.float32)
+        softplus = tl.where(a_t > 20.0, a_t, tl.log(1.0 + tl.exp(tl.minimum(a_t, 20.0))))
+        g = tl.where(live, -tl.exp(tl.load(A_log + head).to(tl.float32)) * softplus, 0.0)
+        G = tl.cumsum(g, 0)
+        beta = tl.where(live, 1.0 / (1.0 + tl.exp(-tl.load(b + t * stride_b_t + head, mask=live, other=0.0)
+                                                   .to(tl.float32))), 0.0)
+        tl.store(g_buf + t * HV + head, G, mask=live)
+
         # q.k and k.k on the raw rows; the L2 norms scale the fp32 results
         kr = tl.load(k + t[:, None] * stride_k_t + key_head * stride_k_h + offs_k[None, :], mask=mask_qk, other=0.0)
         qr = tl.load(q + t[:, None] * stride_q_t + key_head * stride_q_h + offs_k[None, :], mask=mask_qk, other=0.0)
         rk = 1.0 / tl.sqrt(tl.sum(kr.to(tl.float32) * kr.to(tl.float32), 1) + 1e-6)
         rq = 1.0 / tl.sqrt(tl.sum(qr.to(tl.float32) * qr.to(tl.float32), 1) + 1e-6)
+        decay = tl.exp(tl.minimum(G[:, None] - G[None, :], 0.0))  # exp(G_i - G_j), used where j <= i
+        qk = tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
         on_or_below = (cols[None, :] <= rows[:, None]) & live[:, None]
-        qk = tl.dot(qr, tl.trans(kr), input_precision=PRECISION) * (rq * scale)[:, None] * rk[None, :]
-        for j in tl.static_range(HEADS):
-            G, beta = _chunk_gates(a, b, A_log, dt_bias, t, live, first_head + j, stride_a_t, stride_b_t)
-            tl.store(g_buf + t * HV + first_head + j, G, mask=live)
-            decay = tl.exp(tl.minimum(G[:, None] - G[None, :], 0.0))  # exp(G_i - G_j), used where j <= i
-            aqk = tl.where(on_or_below, qk * decay, 0.0)
-            tl.store(aqk_buf + (t[:, None] * HV + first_head + j) * CHUNK + cols[None, :],
-                     aqk.to(aqk_buf.dtype.element_ty), mask=live[:, None])
-
+        aqk = tl.where(on_or_below, qk * (rq * scale)[:, None] * rk[None, :] * decay, 0.0)
+        tl.store(aqk_buf + (t[:, None] * HV + head) * CHUNK + cols[None, :], aqk.to(aqk_buf.dtype.element_ty),
+                 mask=live[:, None])
+        kk = tl.dot(kr, tl.trans(kr), input_precision=PRECISION)
         below = (cols[None, :] < rows[:, None]) & live[:, None]
-        kk = tl.where(below, tl.dot(kr, tl.trans(kr), input_precision=PRECISION) * rk[:, None] * rk[None, :], 0.0)
-        for j in tl.static_range(HEADS):
-            G, beta = _chunk_gates(a, b, A_log, dt_bias, t, live, first_head + j, stride_a_t, stride_b_t)
-            decay = tl.exp(tl.minimum(G[:, None] - G[None, :], 0.0))
-            T = _unit_lower_inverse(kk * beta[:, None] * decay, CHUNK, SUB, INVERSE_PRECISION)
-            _write_w_u(k, v, w_buf, u_buf, kd_buf, T, G, beta, rk, t, live, count, key_head, first_head + j,
-                       stride_k_t, stride_k_h, stride_v_t, stride_v_h, HV, DK, DV, BV, CHUNK, PRECISION, DECAYED_K)
+        A = tl.where(below, kk * (beta * rk)[:, None] * rk[None, :] * decay, 0.0)
 
+        T = _unit_lower_inverse(A, CHUNK, SUB, INVERSE_PRECISION)
 
-@triton.jit
-def _write_w_u(k, v, w_buf, u_buf, kd_buf, T, G, beta, rk, t, live, count, key_head, head,
-               stride_k_t, stride_k_h, stride_v_t, stride_v_h, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-               BV: tl.constexpr, CHUNK: tl.constexpr, PRECISION: tl.constexpr, DECAYED_K: tl.constexpr):
-    """One value head's w = T (beta exp(G) k) and u = T (beta v), BV columns a dot, and kd where DECAYED_K."""
-    rows = tl.arange(0, CHUNK)
-    row_scale = beta * tl.exp(G) * rk
-    G_last = tl.sum(tl.where(rows == count - 1, G, 0.0), 0)
-    decayed = tl.exp(G_last - G) * rk  # the state kernel's k rows: each decayed to the chunk's end
-    for k0 in tl.static_range(0, DK, BV):
-        offs_w = k0 + tl.arange(0, BV)
-        mask_w = live[:, None] & (offs_w < DK)[None, :]
-        kt = tl.load(k + t[:, None] * stride_k_t + key_head * stride_k_h + offs_w[None, :], mask=mask_w, other=0.0)
-        w = tl.dot(T, kt.to(tl.float32) * row_scale[:, None], input_precision=PRECISION)
-        at = (t[:, None] * HV + head) * DK + offs_w[None, :]
-        tl.store(w_buf + at, w.to(w_buf.dtype.element_ty), mask=mask_w)
-        if DECAYED_K:
-            tl.store(kd_buf + at, (kt.to(tl.float32) * decayed[:, None]).to(kd_buf.dtype.element_ty), mask=mask_w)
-    for v0 in tl.static_range(0, DV, BV):
-        offs_v = v0 + tl.arange(0, BV)
-        mask_v = live[:, None] & (offs_v < DV)[None, :]
-        vt = tl.load(v + t[:, None] * stride_v_t + head * stride_v_h + offs_v[None, :], mask=mask_v, other=0.0)
-        u = tl.dot(T, vt.to(tl.float32) * beta[:, None], input_precision=PRECISION)
-        tl.store(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], u.to(u_buf.dtype.element_ty), mask=mask_v)
+        row_scale = beta * tl.exp(G) * rk
+        G_last = tl.sum(tl.where(rows == count - 1, G, 0.0), 0)
+        decayed = tl.exp(G_last - G) * rk  # the state kernel's k rows: each decayed to the chunk's end
+        for k0 in tl.static_range(0, BK, BV):  # w = T (beta exp(G) k), BV columns at a time
+            offs_w = k0 + tl.arange(0, BV)
+            mask_w = live[:, None] & (offs_w < DK)[None, :]
+            kt = tl.load(k + t[:, None] * stride_k_t + key_head * stride_k_h + offs_w[None, :], mask=mask_w, other=0.0)
+            w = tl.dot(T, kt.to(tl.float32) * row_scale[:, None], input_precision=PRECISION)
+            at = (t[:, None] * HV + head) * DK + offs_w[None, :]
+            tl.store(w_buf + at, w.to(w_buf.dtype.element_ty), mask=mask_w)
+            if DECAYED_K:
+                tl.store(kd_buf + at, (kt.to(tl.float32) * decayed[:, None]).to(kd_buf.dtype.element_ty), mask=mask_w)
+        for v0 in tl.static_range(0, DV, BV):  # u = T (beta v)
+            offs_v = v0 + tl.arange(0, BV)
+            mask_v = live[:, None] & (offs_v < DV)[None, :]
+            vt = tl.load(v + t[:, None] * stride_v_t + head * stride_v_h + offs_v[None, :], mask=mask_v, other=0.0)
+            u = tl.dot(T, vt.to(tl.float32) * beta[:, None], input_precision=PRECISION)
+            tl.store(u_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], u.to(u_buf.dtype.element_ty), mask=mask_v)
 
 
 @triton.jit
@@ -457,9 +438,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     output kernels' dot precision: by default "tf32" for 16-bit inputs (relative error ~1e-3, under the
     bf16 rounding of o) and "tf32x3" (about fp32) for fp32 inputs; "bf16" rounds the operands to bf16
     (the state itself stays fp32). `prepare` overrides the prepare kernel's options (LONG_PASS_PREPARE:
-    "sub", "precision", "inverse_precision", "warps", "bv", the columns of w and u per dot, "heads", the value
-    heads a program prepares from one key head's q.k and k.k, and "maxnreg", a cap on each thread's
-    registers, which decides how many of its programs share a multiprocessor).
+    "sub", "precision", "inverse_precision", "warps", "bv", the columns of w and u per dot, and "maxnreg",
+    a cap on each thread's registers, which decides how many of its programs share a multiprocessor).
     split_output takes the output off the state kernel's serial path: that kernel keeps the state
     before each chunk and v_new, and `_chunk_output_kernel` computes o for all chunks at once.
     buffer_dtype overrides the dtype of the buffers that only feed dots (w, Aqk, the states before each chunk,
@@ -519,16 +499,13 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         decayed_k = _few_state_programs(seqs, hv, dv, dev)
     kd_buf = torch.empty((tokens, hv, dk), dtype=narrow, device=dev) if decayed_k else w_buf  # else unused
     max_chunks = tokens // chunk + seqs
-    heads = prepare.get("heads", 1)
-    assert (hv // hk) % heads == 0, f"{heads} value heads a prepare program must divide the {hv // hk} of a key head"
-    _chunk_prepare_kernel[(max_chunks, hv // heads)](
+    _chunk_prepare_kernel[(max_chunks, hv)](
         q, k, v, a, b, A_log, dt_bias, query_start_loc, w_buf, u_buf, g_buf, aqk_buf, kd_buf, seqs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         dk**-0.5, HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=prepare.get("bv", 32), CHUNK=chunk,
         BLOCK_B=max(16, triton.next_power_of_2(seqs)),
         SUB=min(prepare.get("sub", 16), chunk), PRECISION=prepare_precision, INVERSE_PRECISION=inverse_precision,
-        DECAYED_K=decayed_k, HEADS=heads, num_warps=prepare.get("warps", 4), num_stages=1,
-        maxnreg=prepare.get("maxnreg"),
+        DECAYED_K=decayed_k, num_warps=prepare.get("warps", 4), num_stages=1, maxnreg=prepare.get("maxnreg"),
     )
     has_captures = bool(capture_rows) and h_snapshots is not None
     block_v = block_v or (STATE_BLOCK_V if has_captures else _state_block_v(seqs, hv, dv, dev))
