@@ -3,7 +3,7 @@
 - greedy tokens on the GPU in fp32 identical to the CPU reference path, every architecture;
 - in bf16, decode steps replayed as CUDA graphs give the same tokens as the same steps run eagerly,
   greedy and with seeded sampled rows beside greedy ones (top-k among them, and top-p / min-p alone);
-- each prompt sent alone (its short prefill passes replayed as graphs), and one of 300 tokens, gives in fp32 the
+- each prompt sent alone (its short prefill passes replayed as graphs), and one of 700 tokens, gives in fp32 the
   CPU's tokens;
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
   byte-identical tokens and logprobs;
@@ -99,14 +99,14 @@ def main() -> None:
     state = {"gdn_state_dtype": args.gdn_state_dtype}
     rng = random.Random(0)
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, 17, 90, 33)]
-    long_prompt = [rng.randrange(300) for _ in range(300)]  # alone: a prefill graph past 128 rows (rung 320)
+    long_prompt = [rng.randrange(300) for _ in range(700)]  # alone: a prefill graph past 512 rows (rung 704)
     result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
               "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {},
               "graph_vs_eager_bf16_top_p_min_p_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
               "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {},
               "fp32_penalised_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
-        path = make_checkpoint(arch, tempfile.mkdtemp())
+        path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=1024)  # room for long_prompt
         cpu_llm = LLM(path, device="cpu", **state)
         gpu_llm = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, **state)
         cpu, gpu = tokens(cpu_llm, prompts), tokens(gpu_llm, prompts)

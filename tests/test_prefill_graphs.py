@@ -56,9 +56,9 @@ def _snapshots(llm: LLM) -> dict:
             for name, slot in pool.index._slot_of.items()}
 
 
-# Graphs up to 128 rows (the first turn's long pass runs eagerly) and up to 512 (the whole ladder: it runs padded
-# too, at a rung of 32 or 64 rows' step).
-@pytest.mark.parametrize("arch,max_rows", [("qwen3.5", 128), ("qwen3.5-moe", 128), ("qwen3.5", 512)])
+# Graphs up to 128 rows (the first turn's long pass runs eagerly) and up to 1024 (the whole ladder: it runs
+# padded too, at a rung of 32 or 64 rows' step).
+@pytest.mark.parametrize("arch,max_rows", [("qwen3.5", 128), ("qwen3.5-moe", 128), ("qwen3.5", 1024)])
 def test_padded_prefill_passes_equal_unpadded_ones(arch, max_rows, checkpoint_factory):
     path = checkpoint_factory(arch, **every_expert(arch))  # the two agree to rounding only
     plain, padded = (LLM(path, device="cpu", max_num_batched_tokens=256) for _ in range(2))
@@ -74,7 +74,7 @@ def test_padded_prefill_passes_equal_unpadded_ones(arch, max_rows, checkpoint_fa
         follow_up = history + first.outputs[0].token_ids + message
         # warm: one short pass from the first turn's tail (padded, with captures), then again
         outs[name] = (first, _generate(llm, follow_up, [0, len(history) + 6]), _generate(llm, follow_up, []))
-    assert passes and all(n <= 124 for n, _, _ in passes) == (max_rows == 128)  # the long pass padded at 512
+    assert passes and all(n <= 124 for n, _, _ in passes) == (max_rows == 128)  # the long pass padded too
     # the warm passes restore from the first turn's tail inside the padded pass, its KV block copied there
     assert any(restored and copied for _, restored, copied in passes)
     for plain_out, padded_out in zip(outs["plain"], outs["padded"]):
@@ -88,11 +88,13 @@ def test_padded_prefill_passes_equal_unpadded_ones(arch, max_rows, checkpoint_fa
         torch.testing.assert_close(padded_saved[name][1], h, rtol=1e-4, atol=1e-4)
 
 
-def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_512():
+def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_1024():
+    from deltaserve.runner.model_runner import FRESH_PREFILL_MIN_TOKENS
     from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_ladder
 
     rungs = prefill_ladder(MAX_ROWS)
-    assert MAX_ROWS == 512 and rungs[-1] == 512 and rungs == sorted(set(rungs))
+    assert MAX_ROWS == 1024 and rungs[-1] == 1024 and rungs == sorted(set(rungs))
+    assert MAX_ROWS <= FRESH_PREFILL_MIN_TOKENS  # the passes a graph holds all take paged attention
     steps = {b - a for a, b in zip([0] + rungs, rungs)}
     assert steps == {16, 32, 64}
     assert all(b - a <= max(16, a // 4) for a, b in zip(rungs, rungs[1:]))  # padding at most a quarter past 16
@@ -100,7 +102,7 @@ def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_512():
     buffers = StepBuffers(4, 64, None, None, torch.device("cpu"), max_prefill_rows=MAX_ROWS)
     graphs = PrefillGraphs(None, buffers)
     assert graphs.rung(128, []) == 160 and graphs.rung(300, []) == 320 and graphs.rung(511, []) == 512
-    assert graphs.rung(512, []) is None
+    assert graphs.rung(512, []) == 576 and graphs.rung(1023, []) == 1024 and graphs.rung(1024, []) is None
     # a step budget under the first rung (max_num_batched_tokens 8): no graph, nothing to capture
     small = PrefillGraphs(None, StepBuffers(16, 8, None, None, torch.device("cpu"), max_prefill_rows=8))
     assert small.sizes == [] and small.rung(4, []) is None
@@ -127,7 +129,7 @@ def test_the_warm_ups_short_pass_runs_eagerly_where_a_plain_prompt_of_its_rows_t
     from deltaserve.engine.warm_up import EAGER_SHORT_PASS, warm_up
 
     llm = LLM(checkpoint_factory("qwen3.5"), device="cpu", max_num_batched_tokens=256, enable_prefix_caching=False)
-    passes = _with_padded_prefill_passes(llm, 512)
+    passes = _with_padded_prefill_passes(llm, 1024)
     assert warm_up(llm.engine, [EAGER_SHORT_PASS]) == 1 and passes == []
     rows = sum(EAGER_SHORT_PASS)
     llm.generate([[random.randrange(300) for _ in range(rows)]], SamplingParams(max_tokens=1, temperature=0))
