@@ -38,6 +38,11 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "Measured, not kept (5dcf59e, reverted in b64abb4): the GDN prepare kernel with the two value heads of a "
+        "key head in one program, q.k and k.k computed once for both. It compiled to 255 registers a thread, two "
+        "programs a multiprocessor against three, and took 471.6-472.1 against 306.6-307.5 us at 8192 tokens and "
+        "1945.6-1952.4 against 1235.4-1236.5 at 32768 (gdn_prefill_prepare_heads_same_machine.json); the 9B 32k "
+        "prefill took 0.870-0.876 against 0.860-0.865 s (engine_qwen3.5-9b_prefill_prepare_heads_same_machine.json).",
         "At a23b328 (the rows of C=1, C=32 and the prefill; engine_qwen3.5-9b_decode_rows_at_a23b328.json, "
         "_prefill_rows_at_a23b328.json, each from an A/B where it was the base tree) the measured 8k pass is no "
         "slower than the passes after it in its process: 0.1903-0.2144 s over three to six passes a run on three "
