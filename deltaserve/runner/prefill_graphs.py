@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 # block size) up to 128, then every 32 and every 64, so that a pass past 128 rows pads by less than a quarter.
 # Eagerly a one-prompt pass is bound by the host's launches up to some hundreds of rows: a 128-token prompt
 # of the Qwen3.5-9B shape took 24-44 ms to its first token, where its kernels take 6.3 ms
-# (profile_prefill_qwen3.5-9b_1x128_gaps_a23b328.json), and eager passes of 128 to 1024 rows took 20-37 ms
-# whatever their length (engine_qwen3.5-9b_short_prompts_*at_4e717ea.json).
+# (profile_prefill_qwen3.5-9b_1x128_gaps_a23b328.json), and eager passes of 128 to 1024 rows took 20-53 ms
+# whatever their length, the host's time varying with the machine and the process
+# (engine_qwen3.5-9b_short_prompts_*at_4e717ea.json, engine_qwen3.5-9b_prompts_to_1000_e8e4685_same_machine.json).
 LADDER = ((128, 16), (256, 32), (1024, 64))
 # Longer passes run eagerly (a graph per rung costs start-up time and memory). A rung holds a pass of one
 # row fewer, so the last one's passes stop below the model runner's FRESH_PREFILL_MIN_TOKENS: a first
