@@ -27,7 +27,11 @@ class OutputRows:
     query_start_loc: torch.Tensor  # [R + 1]: 0, 1, ..., R (each row attends as a one-row chunk)
     seq_lens: torch.Tensor  # [R]: the length of each row's sequence
     block_tables: torch.Tensor  # [R, max_blocks]: each row's sequence's blocks
-    count: int  # R, on the host: 0 when no chunk of the pass samples
+
+    @property
+    def count(self) -> int:
+        """R, from the rows' shape (no read of the device): 0 when no chunk of the pass samples."""
+        return self.rows.shape[0]
 
     def select(self, x: torch.Tensor) -> torch.Tensor:
         """x's rows at these indices (a new tensor of R rows)."""

@@ -195,7 +195,7 @@ class ModelRunner:
             max_query_len=max(lengths, default=0),
         )
         if output_rows:
-            batch.output_rows = OutputRows(logits_indices, *one_row_chunks, count=rows)
+            batch.output_rows = OutputRows(logits_indices, *one_row_chunks)
         return batch
 
     def _fresh_prefill(self, host: HostBatch, lengths: list[int]) -> bool:

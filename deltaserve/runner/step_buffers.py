@@ -216,7 +216,7 @@ class StepBuffers:
             # the last layer computes the sequence's last row alone, as an eager pass does (so a prefix-cache hit,
             # whose tail a graph computes, gives the bytes of the miss that computed it eagerly)
             output_rows=OutputRows(rows=self.logits_index, query_start_loc=self.one_row_start,
-                                   seq_lens=self.seq_lens[:1], block_tables=self.block_tables[:1], count=1),
+                                   seq_lens=self.seq_lens[:1], block_tables=self.block_tables[:1]),
         )
         if snapshot_pool is not None:
             rows = GraphCaptureRows(self.captures) if captures is None else CaptureRows(captures)
