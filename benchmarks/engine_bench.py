@@ -54,6 +54,21 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, temp
     return {"prefill_s": first_token_at - start, "decode_steps": steps, "decode_s": end - first_token_at}
 
 
+def run_chunked(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> dict:
+    """A prompt longer than the step budget, greedy, for one token: prefill_s is the time from its first step
+    to the end of the step that sampled its token (its prefill's steps, one chunk each)."""
+    assert max_tokens == 1 and len(prompts) == 1
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+    engine.add_request(f"r{time.monotonic_ns()}", prompts[0], params)
+    sync()
+    start, steps = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    sync()
+    return {"prefill_s": time.perf_counter() - start, "prefill_steps": steps}
+
+
 def allocator_segments() -> int:
     """How many segments torch's CUDA caching allocator has taken from the driver so far (cudaMalloc calls)."""
     return torch.cuda.memory_stats().get("segment.all.allocated", 0) if torch.cuda.is_available() else 0
@@ -109,17 +124,22 @@ def main() -> None:
     ap.add_argument("--prefill-passes", type=int, default=1,
                     help="prefill passes timed at each length after its warm-up; ttft_s is the first (vLLM's "
                          "instrument), later_ttft_s the others, new_segments the allocator's segments each took")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="the step's token budget (default: the longest prompt, or a closed batch's prompts): "
+                         "a longer prompt's prefill takes several steps, timed to its first token")
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",") if c]
     prefills = [int(p) for p in args.prefill.split(",") if p]
     started = time.perf_counter()
     widest = max(ladder, default=1)  # an empty ladder: prefill only
     engine = dummy_engine(args.shape, device=args.device, max_num_seqs=widest,
-                          max_num_batched_tokens=max(prefills + [args.prompt_len * widest]),
+                          max_num_batched_tokens=args.max_num_batched_tokens or max(prefills + [args.prompt_len * widest]),
                           max_model_len=args.max_model_len, enable_prefix_caching=False,
                           gdn_state_dtype=args.gdn_state_dtype)
     weights = weight_bytes(engine.runner.model)
+    budget = engine.config.max_num_batched_tokens
     result = {**results_io.header(), "shape": args.shape, "gdn_state_dtype": args.gdn_state_dtype,
+              "max_num_batched_tokens": budget,
               "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
               "repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
               "presence_penalty": args.presence_penalty,
@@ -144,18 +164,21 @@ def main() -> None:
         print(row, flush=True)
         results_io.write(args.out, result)
     for length in prefills:
-        run_batch(engine, prompts(1, length), 1)  # warm-up (kernels for this length)
+        first_token = run_batch if length <= budget else run_chunked
+        first_token(engine, prompts(1, length), 1)  # warm-up (kernels for this length)
         segments = allocator_segments()
-        r = run_batch(engine, prompts(1, length), 1)
+        r = first_token(engine, prompts(1, length), 1)
         ttft = r["prefill_s"]
         row = {"tokens": length, "ttft_s": round(ttft, 4),
                "tflops": round(prefill_flops(engine, weights, length) / ttft / 1e12, 1)}
+        if "prefill_steps" in r:
+            row["prefill_steps"] = r["prefill_steps"]
         if args.prefill_passes > 1:  # the passes after the measured one, and the device memory each allocated
             row["new_segments"] = [allocator_segments() - segments]
             row["later_ttft_s"] = []
             for _ in range(args.prefill_passes - 1):
                 segments = allocator_segments()
-                row["later_ttft_s"].append(round(run_batch(engine, prompts(1, length), 1)["prefill_s"], 4))
+                row["later_ttft_s"].append(round(first_token(engine, prompts(1, length), 1)["prefill_s"], 4))
                 row["new_segments"].append(allocator_segments() - segments)
         result["prefill"].append(row)
         print(row, flush=True)
