@@ -88,21 +88,23 @@ def test_padded_prefill_passes_equal_unpadded_ones(arch, max_rows, checkpoint_fa
         torch.testing.assert_close(padded_saved[name][1], h, rtol=1e-4, atol=1e-4)
 
 
-def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_1024():
-    from deltaserve.runner.model_runner import FRESH_PREFILL_MIN_TOKENS
-    from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_ladder
+def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_1024_then_128_past_a_2048_token_step():
+    from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_graph_rows, prefill_ladder
 
     rungs = prefill_ladder(MAX_ROWS)
-    assert MAX_ROWS == 1024 and rungs[-1] == 1024 and rungs == sorted(set(rungs))
-    assert MAX_ROWS <= FRESH_PREFILL_MIN_TOKENS  # the passes a graph holds all take paged attention
+    assert MAX_ROWS == 2176 and rungs[-1] == 2176 and rungs == sorted(set(rungs))
     steps = {b - a for a, b in zip([0] + rungs, rungs)}
-    assert steps == {16, 32, 64}
+    assert steps == {16, 32, 64, 128}
     assert all(b - a <= max(16, a // 4) for a, b in zip(rungs, rungs[1:]))  # padding at most a quarter past 16
     assert prefill_ladder(300) == [r for r in rungs if r <= 300] and prefill_ladder(100)[-1] == 96
+    # the graphs a step budget needs: a pass of the whole budget beside its padding row
+    assert prefill_graph_rows(2048) == 2176 and prefill_graph_rows(2047) == 2048 and prefill_graph_rows(100) == 112
+    assert prefill_graph_rows(1024) == 1152 and prefill_graph_rows(8192) == MAX_ROWS and prefill_graph_rows(1) == 16
     buffers = StepBuffers(4, 64, None, None, torch.device("cpu"), max_prefill_rows=MAX_ROWS)
     graphs = PrefillGraphs(None, buffers)
     assert graphs.rung(128, []) == 160 and graphs.rung(300, []) == 320 and graphs.rung(511, []) == 512
-    assert graphs.rung(512, []) == 576 and graphs.rung(1023, []) == 1024 and graphs.rung(1024, []) is None
+    assert graphs.rung(512, []) == 576 and graphs.rung(1023, []) == 1024 and graphs.rung(1024, []) == 1152
+    assert graphs.rung(2048, []) == 2176 and graphs.rung(2175, []) == 2176 and graphs.rung(2176, []) is None
     # a step budget under the first rung (max_num_batched_tokens 8): no graph, nothing to capture
     small = PrefillGraphs(None, StepBuffers(16, 8, None, None, torch.device("cpu"), max_prefill_rows=8))
     assert small.sizes == [] and small.rung(4, []) is None

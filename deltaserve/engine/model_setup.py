@@ -19,8 +19,7 @@ from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.model_runner import ModelRunner
-from deltaserve.runner.prefill_graphs import MAX_ROWS as PREFILL_GRAPH_MAX_ROWS
-from deltaserve.runner.prefill_graphs import PrefillGraphs
+from deltaserve.runner.prefill_graphs import PrefillGraphs, prefill_graph_rows
 from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.tokenizer import Tokenizer
@@ -65,7 +64,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     graphs = prefill_graphs = None
     if device.type == "cuda" and not config.enforce_eager:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
-                              max_prefill_rows=min(PREFILL_GRAPH_MAX_ROWS, config.max_num_batched_tokens))
+                              max_prefill_rows=prefill_graph_rows(config.max_num_batched_tokens))
         pool = torch.cuda.graph_pool_handle()
         graphs = DecodeGraphs(model, buffers, config.max_num_seqs, model_config.vocab_size)
         graphs.capture(pool)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import random
 
 from deltaserve.kernels import SHORT_CHUNK_MAX_ROWS
+from deltaserve.runner.model_runner import FRESH_PREFILL_MIN_TOKENS
 from deltaserve.sampling_params import SamplingParams
 
 # Rows of a prefill step in each of the GDN dispatch's classes (token loop up to 16 rows, 16-row chunks
@@ -45,6 +46,11 @@ CONV_SEQUENCE_COUNTS = (1, 16, 17)
 # and 2 ways, kernels of their own (one prompt of 352 or 360 rows would run as a prefill graph).
 ATTENTION_SPLIT_GROUPS = ([176, 176], [180, 180])
 EAGER_SHORT_PASS = [SHORT_CHUNK_MAX_ROWS]  # the group whose request asks for prompt logprobs
+# Two first prompts in one step, each long enough for the dense attention of fresh prompts (eager: a prefill
+# graph holds one sequence). One prompt that long replays a graph up to the graphs' last rung, so under the
+# default step budget of 2048 tokens this pair is the warm-up's only such pass: cuDNN starts at start-up (a
+# handle, a plan for the shape) rather than under the first step that needs it.
+FRESH_PAIR = [FRESH_PREFILL_MIN_TOKENS] * 2
 
 
 def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[list[int]]:
@@ -75,6 +81,7 @@ def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len
                 add([base + (i < extra) for i in range(seqs)])
     for lengths in ATTENTION_SPLIT_GROUPS:
         add(lengths)
+    add(FRESH_PAIR)
     # One prompt of as many rows as a short pass takes, sent with prompt logprobs (EAGER_SHORT_PASS), so that it
     # runs eagerly, where the one-sequence passes above up to the prefill graphs' last rung ran as graphs, whose
     # kernels take their metadata from the step buffers: as a pass that asks for prompt logprobs or holds more

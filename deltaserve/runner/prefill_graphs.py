@@ -29,17 +29,27 @@ from deltaserve.runner.step_buffers import MAX_GRAPH_CAPTURES, StepBuffers
 log = logging.getLogger(__name__)
 
 # (last rung, rows between rungs) of each stretch of the ladder: every 16 rows (one KV block at the default
-# block size) up to 128, then every 32 and every 64, so that a pass past 128 rows pads by less than a quarter.
+# block size) up to 128, then every 32, 64 and 128, so that a pass past 128 rows pads by less than a quarter.
 # Eagerly a one-prompt pass is bound by the host's launches up to some hundreds of rows: a 128-token prompt
 # of the Qwen3.5-9B shape took 24-44 ms to its first token, where its kernels take 6.3 ms
 # (profile_prefill_qwen3.5-9b_1x128_gaps_a23b328.json), and eager passes of 128 to 1024 rows took 20-53 ms
 # whatever their length, the host's time varying with the machine and the process
 # (engine_qwen3.5-9b_short_prompts_*at_4e717ea.json, engine_qwen3.5-9b_prompts_to_1000_e8e4685_same_machine.json).
-LADDER = ((128, 16), (256, 32), (1024, 64))
-# Longer passes run eagerly (a graph per rung costs start-up time and memory). A rung holds a pass of one
-# row fewer, so the last one's passes stop below the model runner's FRESH_PREFILL_MIN_TOKENS: a first
-# prompt of 1024 rows or more takes the dense attention of fresh prompts, eagerly.
+# The Qwen3.5-35B-A3B shape's eager passes of 1024 and 2048 rows took 73-78 ms where a 1000-row graph took
+# 30 (engine_qwen3.5-35b-a3b_prompts_to_2048_at_929dea4.json): its host launched 562 kernels, Triton's
+# launcher alone some 80 us each under cProfile (eager_host_qwen3.5-35b-a3b_at_929dea4.json). So the ladder
+# reaches past the server's default step of 2048 tokens: every chunk of a long prompt replays a graph.
+LADDER = ((128, 16), (256, 32), (1024, 64), (2176, 128))
+# Longer passes run eagerly (a graph per rung costs start-up time and memory). A graph's attention is
+# paged, a first prompt's too; an eager first prompt of FRESH_PREFILL_MIN_TOKENS rows or more (the model
+# runner's) takes the dense attention of fresh prompts.
 MAX_ROWS = LADDER[-1][0]
+
+
+def prefill_graph_rows(max_num_batched_tokens: int) -> int:
+    """The last rung the graphs need under a step budget: the first one with room for a pass of the whole
+    budget and its padding row, at most MAX_ROWS."""
+    return next((r for r in prefill_ladder(MAX_ROWS) if r > max_num_batched_tokens), MAX_ROWS)
 
 
 def prefill_ladder(max_rows: int) -> list[int]:
