@@ -3,8 +3,8 @@
 - greedy tokens on the GPU in fp32 identical to the CPU reference path, every architecture;
 - in bf16, decode steps replayed as CUDA graphs give the same tokens as the same steps run eagerly,
   greedy and with seeded sampled rows beside greedy ones (top-k among them, and top-p / min-p alone);
-- each prompt sent alone (its short prefill passes replayed as graphs), and one of 700 tokens, gives in fp32 the
-  CPU's tokens;
+- each prompt sent alone (its prefill passes replayed as graphs), and prompts of 128, 700, 1500 and 2048 tokens
+  (128 and 2048 fill their rungs beside a padding sequence of no rows), gives in fp32 the CPU's tokens;
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
   byte-identical tokens and logprobs;
 - in bf16 with graphs, no launched decode step (greedy rows beside seeded sampled ones) waits for the GPU;
@@ -99,14 +99,15 @@ def main() -> None:
     state = {"gdn_state_dtype": args.gdn_state_dtype}
     rng = random.Random(0)
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, 17, 90, 33)]
-    long_prompt = [rng.randrange(300) for _ in range(700)]  # alone: a prefill graph past 512 rows (rung 704)
+    # alone: rungs 128 and 2048 filled, 704 and 1536 (a first prompt past 1024 rows, paged attention in a graph)
+    long_prompts = [[rng.randrange(300) for _ in range(n)] for n in (128, 700, 1500, 2048)]
     result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
               "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {},
               "graph_vs_eager_bf16_top_p_min_p_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
               "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {},
               "fp32_penalised_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
-        path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=1024)  # room for long_prompt
+        path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         cpu_llm = LLM(path, device="cpu", **state)
         gpu_llm = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, **state)
         cpu, gpu = tokens(cpu_llm, prompts), tokens(gpu_llm, prompts)
@@ -119,7 +120,7 @@ def main() -> None:
         cpu_llm.reset_prefix_cache()
         gpu_llm.reset_prefix_cache()
         result["fp32_alone_gpu_vs_cpu"][arch] = {
-            "identical": alone(gpu_llm, prompts + [long_prompt]) == alone(cpu_llm, prompts + [long_prompt])}
+            "identical": alone(gpu_llm, prompts + long_prompts) == alone(cpu_llm, prompts + long_prompts)}
         result["bf16_graph_cache_hit_byte_identical"][arch] = replays_exactly(graph_llm, prompts[2], rng)
         result["bf16_graph_launches_without_sync"][arch] = launches_without_sync(graph_llm, prompts)
         penalised = tokens(gpu_llm, prompts, PENALISED)

@@ -88,6 +88,22 @@ def test_padded_prefill_passes_equal_unpadded_ones(arch, max_rows, checkpoint_fa
         torch.testing.assert_close(padded_saved[name][1], h, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3.5-moe"])
+def test_a_pass_that_fills_its_rung_equals_the_unpadded_one(arch, checkpoint_factory):
+    """A prompt of exactly a rung's rows takes that rung, beside a padding sequence of no rows."""
+    path = checkpoint_factory(arch, **every_expert(arch))
+    plain, padded = (LLM(path, device="cpu", max_num_batched_tokens=256, enable_prefix_caching=False)
+                     for _ in range(2))
+    passes = _with_padded_prefill_passes(padded, 128)
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.choice([16, 48, 64, 128]))]
+    plain_out, padded_out = (_generate(llm, prompt, []) for llm in (plain, padded))
+    assert passes[0][0] == len(prompt) and padded.engine.loaded.runner.prefill_graphs.rung(len(prompt), []) == len(
+        prompt)
+    assert plain_out.outputs[0].token_ids == padded_out.outputs[0].token_ids
+    torch.testing.assert_close(_logprobs(padded_out), _logprobs(plain_out), rtol=0, atol=1e-4)
+
+
 def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_1024_then_128_past_a_2048_token_step():
     from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_graph_rows, prefill_ladder
 
@@ -97,29 +113,30 @@ def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_1024_then_128
     assert steps == {16, 32, 64, 128}
     assert all(b - a <= max(16, a // 4) for a, b in zip(rungs, rungs[1:]))  # padding at most a quarter past 16
     assert prefill_ladder(300) == [r for r in rungs if r <= 300] and prefill_ladder(100)[-1] == 96
-    # the graphs a step budget needs: a pass of the whole budget beside its padding row
-    assert prefill_graph_rows(2048) == 2176 and prefill_graph_rows(2047) == 2048 and prefill_graph_rows(100) == 112
-    assert prefill_graph_rows(1024) == 1152 and prefill_graph_rows(8192) == MAX_ROWS and prefill_graph_rows(1) == 16
+    # the graphs a step budget needs: a pass of the whole budget, which may fill its rung
+    assert prefill_graph_rows(2048) == 2048 and prefill_graph_rows(2049) == 2176 and prefill_graph_rows(100) == 112
+    assert prefill_graph_rows(1024) == 1024 and prefill_graph_rows(8192) == MAX_ROWS and prefill_graph_rows(1) == 16
     buffers = StepBuffers(4, 64, None, None, torch.device("cpu"), max_prefill_rows=MAX_ROWS)
     graphs = PrefillGraphs(None, buffers)
-    assert graphs.rung(128, []) == 160 and graphs.rung(300, []) == 320 and graphs.rung(511, []) == 512
-    assert graphs.rung(512, []) == 576 and graphs.rung(1023, []) == 1024 and graphs.rung(1024, []) == 1152
-    assert graphs.rung(2048, []) == 2176 and graphs.rung(2175, []) == 2176 and graphs.rung(2176, []) is None
-    # a step budget under the first rung (max_num_batched_tokens 8): no graph, nothing to capture
+    assert graphs.rung(128, []) == 128 and graphs.rung(129, []) == 160 and graphs.rung(300, []) == 320
+    assert graphs.rung(512, []) == 512 and graphs.rung(513, []) == 576 and graphs.rung(1024, []) == 1024
+    assert graphs.rung(1025, []) == 1152 and graphs.rung(2048, []) == 2048 and graphs.rung(2176, []) == 2176
+    assert graphs.rung(2177, []) is None
+    # buffers with fewer rows than the first rung: no graph, nothing to capture
     small = PrefillGraphs(None, StepBuffers(16, 8, None, None, torch.device("cpu"), max_prefill_rows=8))
     assert small.sizes == [] and small.rung(4, []) is None
     small.capture(None)
     assert small.graphs == {}
 
 
-def test_a_pass_takes_the_smallest_rung_with_room_for_a_padding_row():
+def test_a_pass_takes_the_smallest_rung_with_room_for_its_rows():
     buffers = StepBuffers(4, 8, None, None, torch.device("cpu"), max_prefill_rows=64)
     graphs = PrefillGraphs(None, buffers)
     assert graphs.sizes == [16, 32, 48, 64]
     assert graphs.rung(12, []) == 16  # unused captures name rows past the pass: they take no room
     assert graphs.rung(15, [(1, 0), (2, 1), (3, 2), (4, 3)]) == 16  # one padding row
-    assert graphs.rung(16, []) == 32
-    assert graphs.rung(63, []) == 64 and graphs.rung(64, []) is None  # past the last rung: eager
+    assert graphs.rung(16, []) == 16 and graphs.rung(17, []) == 32  # the padding sequence may be empty
+    assert graphs.rung(64, []) == 64 and graphs.rung(65, []) is None  # past the last rung: eager
     assert graphs.rung(8, [(1, 0)] * 5) is None  # more captures than the graphs hold
     assert graphs.rung(8, [(1, 0), (1, 1)]) is None  # one row captured twice
 

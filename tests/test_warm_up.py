@@ -137,7 +137,7 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
         return plan.block_m, plan.block_n, plan.merge_rows if plan.splits > 1 else None
 
     started = {kernels(b, b, 1) for b in batch_size_ladder(max_num_seqs)}  # a graph's bound T - B + 1 is 1
-    started |= {kernels(rows, 2, rows - 1) for rows in prefill_ladder(MAX_ROWS)}  # beside a padding row
+    started |= {kernels(rows, 2, rows) for rows in prefill_ladder(MAX_ROWS)}  # sized by the rung they may fill
     for g in warm_up_groups(max_num_seqs, budget, 4096):  # not a prefill graph's pass, nor a fresh prompt's
         if (len(g) > 1 or g[0] >= MAX_ROWS) and max(g) < FRESH_PREFILL_MIN_TOKENS:
             started.add(kernels(sum(g), len(g), max(g)))

@@ -57,8 +57,9 @@ class ForwardBatch:
     # Host copy of query_start_loc when every sequence starts at position 0 in this step and the
     # chunks are long: attention then runs over the chunk itself (dense FlashAttention).
     fresh_query_start_loc: list[int] | None = None
-    # The longest chunk of the step, known on the host for an eager pass (None in a graph, whose kernels
-    # take the bound that any batch of its rows keeps): attention sizes its grid by it.
+    # The longest chunk of the step, known on the host for an eager pass (a prefill graph's rung, which its
+    # sequence may fill; None in a decode graph, whose kernels take the bound that any batch of its rows
+    # keeps): attention sizes its grid by it.
     max_query_len: int | None = None
     # [1] on the device: rows at or after it pad a graph's batch (their MoE routes nowhere, so they read
     # no expert's weights); None: every row is live.

@@ -133,7 +133,7 @@ class StepBuffers:
                      padding_snapshot_slot: int, restore: tuple[int, int] | None = None,
                      kv_copy: tuple[int, int] | None = None) -> list[tuple[int, int]]:
         """Writes one sequence's prefill pass into rows [0, n) and a padding sequence into rows
-        [n, num_rows): it writes no KV and runs on the spare state slot. Row n - 1 gives the logits.
+        [n, num_rows) (none where n == num_rows): it writes no KV and runs on the spare state slot. Row n - 1 gives the logits.
         `captures` (row, snapshot slot), rows distinct and below n, are padded with entries past the pass
         (see graph_capture_pairs) up to MAX_GRAPH_CAPTURES; returns them all. `restore` (snapshot slot,
         state slot): the pass starts by copying that snapshot into the sequence's slot (None: -1, none);
@@ -141,7 +141,7 @@ class StepBuffers:
         none)."""
         n = len(host.input_ids)
         pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
-        assert len(host.seq_lens) == 1 and n < num_rows and all(row < n for row, _ in captures)
+        assert len(host.seq_lens) == 1 and n <= num_rows and all(row < n for row, _ in captures)
         mirror, mirror_blocks, mirror_captures = self._next_mirror()
         meta = mirror.numpy()
         fill = {"input_ids": (host.input_ids, np.zeros(num_rows - n)),
@@ -213,6 +213,9 @@ class StepBuffers:
             kv_pool=self.kv_pool,
             state_pool=self.state_pool,
             live_rows=self.live_rows,
+            # the sequence may fill every row and the padding one none: the attention's bound T - B + 1 on the
+            # longest chunk holds only where every sequence has a row
+            max_query_len=num_rows,
             # the last layer computes the sequence's last row alone, as an eager pass does (so a prefix-cache hit,
             # whose tail a graph computes, gives the bytes of the miss that computed it eagerly)
             output_rows=OutputRows(rows=self.logits_index, query_start_loc=self.one_row_start,

@@ -61,6 +61,19 @@ def test_paged_attention_sized_by_the_longest_chunk_matches_the_bound():
     assert torch.equal(sized, paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3))
 
 
+def test_paged_attention_of_a_graphs_pass_that_fills_its_rows_beside_an_empty_padding_sequence():
+    # The bound T - B + 1 assumes a row in every sequence; a prefill graph passes its rung instead.
+    rows = int(torch.randint(2, 40, ()))
+    seq_lens = [rows, 0]
+    k_cache, v_cache, tables = _paged_pools(seq_lens, 4, 2, 16)
+    starts, lens = torch.tensor([0, rows, rows]), torch.tensor(seq_lens)
+    q = torch.randn(rows, 8, 16)
+    expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3)
+    for block_m in (None, 16, 64):
+        out = paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, block_m=block_m, max_query_len=rows)
+        assert_close(out, expected)
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_paged_attention_applies_the_output_gate_in_its_last_store(splits):
     # Qwen3.5's gate: the second half of each head's q projection, a strided view like q itself.

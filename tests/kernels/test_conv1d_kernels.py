@@ -79,6 +79,21 @@ def test_long_prefill_by_row_tiles(kernel, row_tiles):
     assert_close(snaps, expected_snaps)
 
 
+@pytest.mark.parametrize("rows", [12, 80])  # the per-sequence kernel, the row tiles
+def test_a_graphs_pass_that_fills_its_rows_beside_an_empty_padding_sequence(rows):
+    channels, kernel = 20, 4
+    weight = torch.randn(channels, kernel)
+    state = torch.randn(3, channels, kernel - 1)
+    starts, slots = torch.tensor([0, rows, rows]), torch.tensor([1, 2])
+    x = torch.randn(rows, channels)
+    expected_state, out_state = state.clone(), state.clone()
+    expected = reference.causal_conv1d(x, weight, expected_state, slots, starts)
+    out = causal_conv1d(x, weight, out_state, slots, starts)
+    assert_close(out, expected)
+    assert_close(out_state, expected_state)
+    assert torch.equal(out_state[[0, 2]], state[[0, 2]])  # the empty sequence's slot is as it was
+
+
 def test_row_runs_shorten_for_short_passes():
     from deltaserve.kernels.conv1d.triton_causal_conv1d import MIN_ROW_PROGRAMS, ROW_TILES, row_tiles_for
 

@@ -151,11 +151,13 @@ def _check_chunk(lens, hk, hv, dk, dv, slots, captures, kernel=chunk_gdn, tol=1e
     assert_close(snaps, expected_snaps, tol)
 
 
-# Ragged lengths: 1, 0, under a chunk, one row past a chunk, several chunks; value heads grouped 1, 2, 3.
+# Ragged lengths: 1, 0, under a chunk, one row past a chunk, several chunks, a last sequence of no rows
+# (a graph's pass that fills its rung); value heads grouped 1, 2, 3.
 @pytest.mark.parametrize("lens,hk,hv,dk,dv", [
     ([1, 9, 0, 5], 2, 4, 16, 24),
     ([70, 1, 3], 1, 3, 12, 16),
     ([130, 64], 2, 2, 32, 16),
+    ([128, 0], 1, 2, 16, 16),
 ])
 @pytest.mark.parametrize("decayed_k", [True, False])  # the state loop's k from the prepare kernel, or its own
 def test_chunk_prefill_matches_reference(lens, hk, hv, dk, dv, decayed_k):
@@ -214,10 +216,11 @@ def test_prefill_padding_sequence_reads_and_writes_no_state(kernel):
     _check_chunk([5, 3, 70], 1, 2, 16, 16, [2, -1, 0], [(2, 0), (80, 1)], kernel)
 
 
-# The token loop on ragged prefill rows (short passes take it): lengths 1 and 0, grouped value heads.
+# The token loop on ragged prefill rows (short passes take it): lengths 1 and 0 (last too), grouped value heads.
 @pytest.mark.parametrize("lens,hk,hv,dk,dv,block_v", [
     ([1, 9, 0, 5], 2, 4, 16, 24, None),
     ([20, 1, 3], 1, 3, 12, 16, 8),
+    ([16, 0], 1, 2, 16, 16, None),
 ])
 def test_token_loop_prefill_matches_reference(lens, hk, hv, dk, dv, block_v):
     slots = list(range(len(lens) + 1, 1, -1))
