@@ -81,11 +81,15 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=1, help="prompts of each length, prefilled together")
     ap.add_argument("--rows", type=int, default=40, help="rows of each kernel table")
     ap.add_argument("--gaps", action="store_true", help="also where the GPU idles during the pass")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="the step's token budget (default: the whole batch in one pass); the kernel table then "
+                         "sums every chunk's pass")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     lengths = [int(n) for n in args.tokens.split(",")]
     batch = args.prompts
-    engine = dummy_engine(args.shape, max_num_seqs=batch, max_num_batched_tokens=max(lengths) * batch,
+    engine = dummy_engine(args.shape, max_num_seqs=batch,
+                          max_num_batched_tokens=args.max_num_batched_tokens or max(lengths) * batch,
                           max_model_len=max(lengths) + 256, enable_prefix_caching=False)
     tokens = random_tokens(engine.model_config.vocab_size)
     result = {**results_io.header(), "shape": args.shape, "prefill": []}
