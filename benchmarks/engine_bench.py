@@ -127,6 +127,9 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="the step's token budget (default: the longest prompt, or a closed batch's prompts): "
                          "a longer prompt's prefill takes several steps, timed to its first token")
+    ap.add_argument("--no-prefill-warm-up", action="store_true",
+                    help="time each prefill length's first pass (none of its length before it), as a server meets a "
+                         "prompt length it has not seen")
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",") if c]
     prefills = [int(p) for p in args.prefill.split(",") if p]
@@ -165,7 +168,8 @@ def main() -> None:
         results_io.write(args.out, result)
     for length in prefills:
         first_token = run_batch if length <= budget else run_chunked
-        first_token(engine, prompts(1, length), 1)  # warm-up (kernels for this length)
+        if not args.no_prefill_warm_up:
+            first_token(engine, prompts(1, length), 1)  # warm-up (kernels for this length)
         segments = allocator_segments()
         r = first_token(engine, prompts(1, length), 1)
         ttft = r["prefill_s"]
