@@ -1,7 +1,7 @@
 """Where an eager prefill pass spends the host's time: one prompt's first token with graphs off, timed, then
 under cProfile (the Python functions by their own time and by their time with callees).
 
-    python benchmarks/eager_host_profile.py qwen3.5-35b-a3b --tokens 128,1024 --out benchmarks/results/eager_host_SHAPE.json
+    python benchmarks/eager_host_profile.py qwen3.5-35b-a3b --tokens 128,1024 --out benchmarks/results/eager_host.json
 
 The engine is engine_bench.py's (random weights, no prefix cache) with enforce_eager, so every pass is
 launched kernel by kernel from the host, as the passes no prefill graph holds are. cProfile slows the

@@ -135,12 +135,11 @@ def main() -> None:
     prefills = [int(p) for p in args.prefill.split(",") if p]
     started = time.perf_counter()
     widest = max(ladder, default=1)  # an empty ladder: prefill only
-    engine = dummy_engine(args.shape, device=args.device, max_num_seqs=widest,
-                          max_num_batched_tokens=args.max_num_batched_tokens or max(prefills + [args.prompt_len * widest]),
+    budget = args.max_num_batched_tokens or max(prefills + [args.prompt_len * widest])
+    engine = dummy_engine(args.shape, device=args.device, max_num_seqs=widest, max_num_batched_tokens=budget,
                           max_model_len=args.max_model_len, enable_prefix_caching=False,
                           gdn_state_dtype=args.gdn_state_dtype)
     weights = weight_bytes(engine.runner.model)
-    budget = engine.config.max_num_batched_tokens
     result = {**results_io.header(), "shape": args.shape, "gdn_state_dtype": args.gdn_state_dtype,
               "max_num_batched_tokens": budget,
               "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,

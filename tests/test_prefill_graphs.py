@@ -104,24 +104,23 @@ def test_a_pass_that_fills_its_rung_equals_the_unpadded_one(arch, checkpoint_fac
     torch.testing.assert_close(_logprobs(padded_out), _logprobs(plain_out), rtol=0, atol=1e-4)
 
 
-def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_1024_then_128_past_a_2048_token_step():
+def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_1024_then_128_to_a_2048_token_step():
     from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_graph_rows, prefill_ladder
 
     rungs = prefill_ladder(MAX_ROWS)
-    assert MAX_ROWS == 2176 and rungs[-1] == 2176 and rungs == sorted(set(rungs))
+    assert MAX_ROWS == 2048 and rungs[-1] == 2048 and rungs == sorted(set(rungs))
     steps = {b - a for a, b in zip([0] + rungs, rungs)}
     assert steps == {16, 32, 64, 128}
     assert all(b - a <= max(16, a // 4) for a, b in zip(rungs, rungs[1:]))  # padding at most a quarter past 16
     assert prefill_ladder(300) == [r for r in rungs if r <= 300] and prefill_ladder(100)[-1] == 96
     # the graphs a step budget needs: a pass of the whole budget, which may fill its rung
-    assert prefill_graph_rows(2048) == 2048 and prefill_graph_rows(2049) == 2176 and prefill_graph_rows(100) == 112
+    assert prefill_graph_rows(2048) == 2048 and prefill_graph_rows(2047) == 2048 and prefill_graph_rows(100) == 112
     assert prefill_graph_rows(1024) == 1024 and prefill_graph_rows(8192) == MAX_ROWS and prefill_graph_rows(1) == 16
     buffers = StepBuffers(4, 64, None, None, torch.device("cpu"), max_prefill_rows=MAX_ROWS)
     graphs = PrefillGraphs(None, buffers)
     assert graphs.rung(128, []) == 128 and graphs.rung(129, []) == 160 and graphs.rung(300, []) == 320
     assert graphs.rung(512, []) == 512 and graphs.rung(513, []) == 576 and graphs.rung(1024, []) == 1024
-    assert graphs.rung(1025, []) == 1152 and graphs.rung(2048, []) == 2048 and graphs.rung(2176, []) == 2176
-    assert graphs.rung(2177, []) is None
+    assert graphs.rung(1025, []) == 1152 and graphs.rung(2048, []) == 2048 and graphs.rung(2049, []) is None
     # buffers with fewer rows than the first rung: no graph, nothing to capture
     small = PrefillGraphs(None, StepBuffers(16, 8, None, None, torch.device("cpu"), max_prefill_rows=8))
     assert small.sizes == [] and small.rung(4, []) is None

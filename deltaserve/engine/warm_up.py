@@ -48,8 +48,9 @@ ATTENTION_SPLIT_GROUPS = ([176, 176], [180, 180])
 EAGER_SHORT_PASS = [SHORT_CHUNK_MAX_ROWS]  # the group whose request asks for prompt logprobs
 # Two first prompts in one step, each long enough for the dense attention of fresh prompts (eager: a prefill
 # graph holds one sequence). One prompt that long replays a graph up to the graphs' last rung, so under the
-# default step budget of 2048 tokens this pair is the warm-up's only such pass: cuDNN starts at start-up (a
-# handle, a plan for the shape) rather than under the first step that needs it.
+# default step budget of 2048 tokens this pair is the warm-up's only such pass: cuDNN starts at start-up
+# rather than under the first step that needs it (its first calls took about 1 s; each new length after them
+# still builds a plan of its own, 54-57 ms, fresh_attention_new_lengths_at_1c13f5a.json).
 FRESH_PAIR = [FRESH_PREFILL_MIN_TOKENS] * 2
 
 

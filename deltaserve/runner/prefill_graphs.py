@@ -35,14 +35,20 @@ log = logging.getLogger(__name__)
 # (profile_prefill_qwen3.5-9b_1x128_gaps_a23b328.json), and eager passes of 128 to 1024 rows took 20-53 ms
 # whatever their length, the host's time varying with the machine and the process
 # (engine_qwen3.5-9b_short_prompts_*at_4e717ea.json, engine_qwen3.5-9b_prompts_to_1000_e8e4685_same_machine.json).
-# The Qwen3.5-35B-A3B shape's eager passes of 1024 and 2048 rows took 73-78 ms where a 1000-row graph took
-# 30 (engine_qwen3.5-35b-a3b_prompts_to_2048_at_929dea4.json): its host launched 562 kernels, Triton's
-# launcher alone some 80 us each under cProfile (eager_host_qwen3.5-35b-a3b_at_929dea4.json). So the ladder
-# reaches past the server's default step of 2048 tokens: every chunk of a long prompt replays a graph.
-LADDER = ((128, 16), (256, 32), (1024, 64), (2176, 128))
-# Longer passes run eagerly (a graph per rung costs start-up time and memory). A graph's attention is
-# paged, a first prompt's too; an eager first prompt of FRESH_PREFILL_MIN_TOKENS rows or more (the model
-# runner's) takes the dense attention of fresh prompts.
+# Past 1024 rows too: the Qwen3.5-35B-A3B shape's eager passes of 1024 and 2048 rows took 56-78 ms on two
+# hosts, where its 1000-row graph took 30 (engine_qwen3.5-35b-a3b_prompts_to_2048_at_929dea4.json; its host
+# launched 562 kernels a pass, eager_host_qwen3.5-35b-a3b_at_929dea4.json), and an eager first prompt of
+# 1024 rows or more builds a cuDNN plan for each new length (54-57 ms a length,
+# fresh_attention_new_lengths_at_1c13f5a.json).
+# At prompt lengths seen for the first time, 1100 to 2000 tokens, the graphs took 28-50 ms (9B) and 31-43
+# (35B-A3B) against 95-388 and 122-173 eagerly (engine_new_prompt_lengths_same_machine.json). A graph's
+# attention is paged, so where the host is fast and the length seen before, a fresh 2048-row prompt costs
+# it 1-4 ms more than cuDNN's (engine_prefill_graphs_to_2048_same_machine.json). The last rung holds a chunk
+# of the server's default step, 2048 tokens.
+LADDER = ((128, 16), (256, 32), (1024, 64), (2048, 128))
+# Longer passes run eagerly (a graph per rung costs start-up time and memory: 32 graphs to 2048 rows took
+# 6.5 s and 30 MiB at the 9B shape). An eager first prompt of FRESH_PREFILL_MIN_TOKENS rows or more (the
+# model runner's) takes the dense attention of fresh prompts.
 MAX_ROWS = LADDER[-1][0]
 
 
@@ -95,9 +101,9 @@ class PrefillGraphs:
 
     def rung(self, num_rows: int, captures: list[tuple[int, int]]) -> int | None:
         """The smallest rung with room for the pass (the padding sequence may be empty: a full step's chunk
-        of 2048 rows takes rung 2048, whose GEMMs took 5.5 ms less of the Qwen3.5-9B pass than rung 2176's,
-        profile_prefill_qwen3.5-9b_2048_rows_same_machine.json); None when the pass does not fit or its
-        captures do not (too many, or a row captured twice)."""
+        of 2048 rows takes rung 2048, where padded to 2176 rows the Qwen3.5-9B pass's GEMMs took 39.1 ms
+        against 34.2, profile_prefill_qwen3.5-9b_2048_rows_same_machine.json); None when the pass does not
+        fit or its captures do not (too many, or a row captured twice)."""
         if len(captures) > MAX_GRAPH_CAPTURES or len({row for row, _ in captures}) < len(captures):
             return None
         return next((s for s in self.sizes if s >= num_rows), None)

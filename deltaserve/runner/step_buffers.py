@@ -133,12 +133,12 @@ class StepBuffers:
                      padding_snapshot_slot: int, restore: tuple[int, int] | None = None,
                      kv_copy: tuple[int, int] | None = None) -> list[tuple[int, int]]:
         """Writes one sequence's prefill pass into rows [0, n) and a padding sequence into rows
-        [n, num_rows) (none where n == num_rows): it writes no KV and runs on the spare state slot. Row n - 1 gives the logits.
-        `captures` (row, snapshot slot), rows distinct and below n, are padded with entries past the pass
-        (see graph_capture_pairs) up to MAX_GRAPH_CAPTURES; returns them all. `restore` (snapshot slot,
-        state slot): the pass starts by copying that snapshot into the sequence's slot (None: -1, none);
-        `kv_copy` (source block, destination block): and that KV block into the sequence's (None: -1,
-        none)."""
+        [n, num_rows) (none where n == num_rows): it writes no KV and runs on the spare state slot. Row
+        n - 1 gives the logits. `captures` (row, snapshot slot), rows distinct and below n, are padded with
+        entries past the pass (see graph_capture_pairs) up to MAX_GRAPH_CAPTURES; returns them all.
+        `restore` (snapshot slot, state slot): the pass starts by copying that snapshot into the sequence's
+        slot (None: -1, none); `kv_copy` (source block, destination block): and that KV block into the
+        sequence's (None: -1, none)."""
         n = len(host.input_ids)
         pairs = graph_capture_pairs(captures, num_rows, padding_snapshot_slot)
         assert len(host.seq_lens) == 1 and n <= num_rows and all(row < n for row, _ in captures)
