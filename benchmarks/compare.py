@@ -38,6 +38,22 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At 0a85c66 one sequence's prefill passes replay graphs up to 2048 rows (every 128 rows past 1024; a pass may "
+        "fill its rung, beside a padding sequence of no rows), so every chunk of a long prompt under the server's "
+        "default 2048-token step replays one; longer single passes (the 8k and 32k rows) run eagerly as before. "
+        "Beside 929dea4 in one command (engine_prefill_graphs_to_2048_same_machine.json), on a host whose eager "
+        "passes were fast: 1024 / 1500 / 2048 tokens 25.2-26.5 / 38.0-38.6 / 50.2-50.7 ms against 24.7-25.2 / "
+        "34.9-37.3 / 46.5-48.5 eagerly (the rows above at 0a85c66: engine_qwen3.5-9b_prefill_rows_at_0a85c66.json). "
+        "A graph attends through the pages where an eager first prompt of 1024 rows or more takes cuDNN: the fresh "
+        "prompt's attention took about 2.4 ms more over 2048 rows (profile_prefill_4096_in_2048_chunks_same_machine."
+        "json). But cuDNN builds a plan for each prompt length it has not seen (54-57 ms, fresh_attention_new_lengths_"
+        "at_1c13f5a.json): at lengths seen for the first time, 1100 to 2000 tokens, the graphs took 28.3-50.4 ms "
+        "against 94.6-387.8 eagerly (engine_new_prompt_lengths_same_machine.json). While a pass still needed a "
+        "padding row (1c13f5a), 2048 rows took rung 2176, whose GEMMs took 39.1 ms against 34.2 over 2048 rows "
+        "(profile_prefill_qwen3.5-9b_2048_rows_same_machine.json), and the 2048-token pass 56.1-56.5 ms against "
+        "47.9-49.1 eagerly (engine_prefill_graphs_to_2176_same_machine.json); hence the empty padding sequence. "
+        "gpu_correctness_at_0a85c66.json: all seven "
+        "architectures pass, with prompts of 128 and 2048 tokens alone filling their rungs.",
         "Measured, not kept (5dcf59e, reverted in b64abb4): the GDN prepare kernel with the two value heads of a "
         "key head in one program, q.k and k.k computed once for both. It compiled to 255 registers a thread, two "
         "programs a multiprocessor against three, and took 471.6-472.1 against 306.6-307.5 us at 8192 tokens and "
@@ -513,6 +529,16 @@ NOTES = {
         "(6.946 / 9.303), which ran before cuDNN's start-up, and C=32 faster.",
     ],
     "qwen3.5-35b-a3b": [
+        "At 0a85c66 (prefill graphs to 2048 rows, the 9B notes' first paragraph) beside 929dea4 in one command "
+        "(engine_prefill_graphs_to_2048_same_machine.json): 1024 / 1500 / 2048 tokens 28.7-28.8 / 35.0-35.8 / "
+        "42.3-42.5 ms against 34.7-40.2 / 34.1-34.8 / 40.9-41.3 eagerly, on a fast host; on two slower ones the "
+        "eager 1024- and 2048-token passes took 56-78 ms (engine_qwen3.5-35b-a3b_prompts_to_2048_at_929dea4.json, "
+        "engine_prefill_graphs_to_2176_same_machine.json: 562 kernels launched a pass, eager_host_qwen3.5-35b-a3b_"
+        "at_929dea4.json). At prompt lengths seen for the first time, 1100 to 2000 tokens, 31.3-43.0 ms against "
+        "121.7-172.8 (engine_new_prompt_lengths_same_machine.json). A 4096-token prompt in two 2048-token chunks: "
+        "86.4 ms of kernels as graphs against 83.5, the fresh chunk's paged attention about 3.4 ms against cuDNN's "
+        "0.8 (profile_prefill_4096_in_2048_chunks_same_machine.json); an 8192-token prompt in four chunks "
+        "206.2-215.1 ms against 197.2-197.3 on the fast host, 212.2-217.8 against 237.5-259.7 on a slower one.",
         "At e73044f (the GDN prefill's kd, the 9B notes' first paragraph) against 4d1d46e in one command, one "
         "round (engine_qwen3.5-35b-a3b_prefill_rows_at_e73044f.json, the prefill rows): 8k 0.1186 against "
         "0.1208 s, 32k 0.5534 against 0.5630 (0.807x and 0.877x the issue's vLLM times).",
