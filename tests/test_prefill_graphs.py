@@ -98,8 +98,8 @@ def test_a_pass_that_fills_its_rung_equals_the_unpadded_one(arch, checkpoint_fac
     rng = random.Random()
     prompt = [rng.randrange(300) for _ in range(rng.choice([16, 48, 64, 128]))]
     plain_out, padded_out = (_generate(llm, prompt, []) for llm in (plain, padded))
-    assert passes[0][0] == len(prompt) and padded.engine.loaded.runner.prefill_graphs.rung(len(prompt), []) == len(
-        prompt)
+    graphs = padded.engine.loaded.runner.prefill_graphs
+    assert passes[0][0] == len(prompt) and graphs.rung(len(prompt), []) == len(prompt)
     assert plain_out.outputs[0].token_ids == padded_out.outputs[0].token_ids
     torch.testing.assert_close(_logprobs(padded_out), _logprobs(plain_out), rtol=0, atol=1e-4)
 

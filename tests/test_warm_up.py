@@ -139,7 +139,7 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
     started = {kernels(b, b, 1) for b in batch_size_ladder(max_num_seqs)}  # a graph's bound T - B + 1 is 1
     started |= {kernels(rows, 2, rows) for rows in prefill_ladder(MAX_ROWS)}  # sized by the rung they may fill
     for g in warm_up_groups(max_num_seqs, budget, 4096):  # not a prefill graph's pass, nor a fresh prompt's
-        if (len(g) > 1 or g[0] >= MAX_ROWS) and max(g) < FRESH_PREFILL_MIN_TOKENS:
+        if (len(g) > 1 or g[0] > MAX_ROWS) and max(g) < FRESH_PREFILL_MIN_TOKENS:
             started.add(kernels(sum(g), len(g), max(g)))
         started.add(kernels(len(g), len(g), 1))  # its last layer: the sampled row of each sequence alone
     rng = random.Random()
@@ -150,7 +150,7 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
         for longest in range(2, budget - seqs + 2):
             fewest, most = longest + seqs - 1, min(budget, longest * seqs)
             for tokens in {fewest, most, rng.randint(fewest, most)}:
-                if seqs > 1 or longest >= MAX_ROWS:  # not a prefill graph's pass
+                if seqs > 1 or longest > MAX_ROWS:  # not a prefill graph's pass
                     met.add(kernels(tokens, seqs, longest))
         for sampled in range(1, seqs + 1):  # an eager pass's last layer: the rows that sample, each alone
             met.add(kernels(sampled, sampled, 1))
