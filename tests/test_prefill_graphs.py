@@ -104,6 +104,19 @@ def test_a_pass_that_fills_its_rung_equals_the_unpadded_one(arch, checkpoint_fac
     torch.testing.assert_close(_logprobs(padded_out), _logprobs(plain_out), rtol=0, atol=1e-4)
 
 
+def test_a_rung_longer_than_max_model_len_runs_its_capture_layout(checkpoint_factory):
+    """Padding rows sit at position 0: the rotary table holds max_model_len positions, fewer than a rung's rows."""
+    llm = LLM(checkpoint_factory("qwen3.5"), device="cpu", max_model_len=40, max_num_batched_tokens=256,
+              enable_prefix_caching=False)  # a graph's capture table lives on the device
+    _with_padded_prefill_passes(llm, 128)
+    graphs = llm.engine.loaded.runner.prefill_graphs
+    batch = graphs.capture_batch(128)
+    assert int(batch.positions.max()) < 40
+    with torch.inference_mode():
+        logits = graphs._forward(batch)
+    assert logits.shape[0] == 1 and torch.isfinite(logits).all()
+
+
 def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_1024_then_128_to_a_2048_token_step():
     from deltaserve.runner.prefill_graphs import MAX_ROWS, prefill_graph_rows, prefill_ladder
 

@@ -81,12 +81,16 @@ class PrefillGraphs:
             return
         started, before = time.perf_counter(), torch.cuda.memory_allocated()
         for size in reversed(self.sizes):
-            self.buffers.load_prefill(HostBatch([0], [0], [0, 1], [1], [[]], [-1], [self.buffers.padding_slot], [0]),
-                                      size, [], self._padding_snapshot_slot)
-            batch = self.buffers.prefill_view(size, self.snapshots)
+            batch = self.capture_batch(size)
             self.graphs[size], self.logits[size] = capture_graph(lambda: self._forward(batch), pool)
         log.info("captured %d prefill graphs (%d..%d rows) in %.1f s using %.0f MiB", len(self.sizes), self.sizes[0],
                  self.sizes[-1], time.perf_counter() - started, (torch.cuda.memory_allocated() - before) / 2**20)
+
+    def capture_batch(self, size: int):
+        """The layout a rung is captured over: a one-row pass (no KV written), the rest padding."""
+        self.buffers.load_prefill(HostBatch([0], [0], [0, 1], [1], [[]], [-1], [self.buffers.padding_slot], [0]),
+                                  size, [], self._padding_snapshot_slot)
+        return self.buffers.prefill_view(size, self.snapshots)
 
     @property
     def _padding_snapshot_slot(self) -> int:

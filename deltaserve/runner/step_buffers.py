@@ -144,8 +144,10 @@ class StepBuffers:
         assert len(host.seq_lens) == 1 and n <= num_rows and all(row < n for row, _ in captures)
         mirror, mirror_blocks, mirror_captures = self._next_mirror()
         meta = mirror.numpy()
+        # padding rows at position 0, as a decode step's are: the rotary table holds max_model_len positions,
+        # which may be fewer than a rung's rows (--max-model-len under the step budget)
         fill = {"input_ids": (host.input_ids, np.zeros(num_rows - n)),
-                "positions": (host.positions, np.arange(num_rows - n)),
+                "positions": (host.positions, np.zeros(num_rows - n)),
                 "slot_mapping": (host.slot_mapping, np.full(num_rows - n, -1))}
         for name, (values, padding) in fill.items():
             field = self._field(meta, name)
