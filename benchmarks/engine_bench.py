@@ -37,36 +37,26 @@ PROMPT, GENERATED = 128, 256
 def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
               top_p: float = 1.0, top_k: int = -1, **penalties: float) -> dict:
     """Runs a closed batch (greedy unless a temperature is given); returns prefill time, decode steps and
-    their time. `penalties`: SamplingParams' repetition, frequency and presence penalties."""
+    their time. `penalties`: SamplingParams' repetition, frequency and presence penalties. The batch prefills
+    in one step where the token budget covers it; a prompt past the budget takes a step per chunk, and
+    prefill_s runs to the end of the step that samples its first token."""
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                             ignore_eos=True, detokenize=False, **penalties)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{time.monotonic_ns()}-{i}", prompt, params)
+    prefill_steps = -(-sum(map(len, prompts)) // engine.config.max_num_batched_tokens)
     sync()
     start = time.perf_counter()
-    engine.step()  # the whole batch prefills in one step: the token budget covers it
+    for _ in range(prefill_steps):
+        engine.step()
     sync()
     first_token_at, steps = time.perf_counter(), 0
     while engine.has_unfinished_requests():
         engine.step(final_only=True)
         steps += 1
     end = time.perf_counter()
-    return {"prefill_s": first_token_at - start, "decode_steps": steps, "decode_s": end - first_token_at}
-
-
-def run_chunked(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> dict:
-    """A prompt longer than the step budget, greedy, for one token: prefill_s is the time from its first step
-    to the end of the step that sampled its token (its prefill's steps, one chunk each)."""
-    assert max_tokens == 1 and len(prompts) == 1
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
-    engine.add_request(f"r{time.monotonic_ns()}", prompts[0], params)
-    sync()
-    start, steps = time.perf_counter(), 0
-    while engine.has_unfinished_requests():
-        engine.step()
-        steps += 1
-    sync()
-    return {"prefill_s": time.perf_counter() - start, "prefill_steps": steps}
+    return {"prefill_s": first_token_at - start, "prefill_steps": prefill_steps, "decode_steps": steps,
+            "decode_s": end - first_token_at}
 
 
 def allocator_segments() -> int:
@@ -166,22 +156,21 @@ def main() -> None:
         print(row, flush=True)
         results_io.write(args.out, result)
     for length in prefills:
-        first_token = run_batch if length <= budget else run_chunked
         if not args.no_prefill_warm_up:
-            first_token(engine, prompts(1, length), 1)  # warm-up (kernels for this length)
+            run_batch(engine, prompts(1, length), 1)  # warm-up (kernels for this length)
         segments = allocator_segments()
-        r = first_token(engine, prompts(1, length), 1)
+        r = run_batch(engine, prompts(1, length), 1)
         ttft = r["prefill_s"]
         row = {"tokens": length, "ttft_s": round(ttft, 4),
                "tflops": round(prefill_flops(engine, weights, length) / ttft / 1e12, 1)}
-        if "prefill_steps" in r:
+        if r["prefill_steps"] > 1:
             row["prefill_steps"] = r["prefill_steps"]
         if args.prefill_passes > 1:  # the passes after the measured one, and the device memory each allocated
             row["new_segments"] = [allocator_segments() - segments]
             row["later_ttft_s"] = []
             for _ in range(args.prefill_passes - 1):
                 segments = allocator_segments()
-                row["later_ttft_s"].append(round(first_token(engine, prompts(1, length), 1)["prefill_s"], 4))
+                row["later_ttft_s"].append(round(run_batch(engine, prompts(1, length), 1)["prefill_s"], 4))
                 row["new_segments"].append(allocator_segments() - segments)
         result["prefill"].append(row)
         print(row, flush=True)

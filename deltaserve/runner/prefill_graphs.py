@@ -77,7 +77,7 @@ class PrefillGraphs:
         self.logits: dict[int, torch.Tensor] = {}
 
     def capture(self, pool) -> None:
-        if not self.sizes:  # a step budget under the first rung: every prefill pass runs eagerly
+        if not self.sizes:  # buffers of fewer rows than the first rung: every prefill pass runs eagerly
             return
         started, before = time.perf_counter(), torch.cuda.memory_allocated()
         for size in reversed(self.sizes):

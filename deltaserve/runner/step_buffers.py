@@ -146,9 +146,8 @@ class StepBuffers:
         meta = mirror.numpy()
         # padding rows at position 0, as a decode step's are: the rotary table holds max_model_len positions,
         # which may be fewer than a rung's rows (--max-model-len under the step budget)
-        fill = {"input_ids": (host.input_ids, np.zeros(num_rows - n)),
-                "positions": (host.positions, np.zeros(num_rows - n)),
-                "slot_mapping": (host.slot_mapping, np.full(num_rows - n, -1))}
+        fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0),
+                "slot_mapping": (host.slot_mapping, -1)}
         for name, (values, padding) in fill.items():
             field = self._field(meta, name)
             field[:n] = values
