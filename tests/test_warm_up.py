@@ -134,7 +134,7 @@ def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_he
 
     def kernels(tokens: int, seqs: int, longest: int) -> tuple:
         plan = launch_plan(tokens, seqs, longest, group, kv_heads, 256, sms=132)
-        return plan.block_m, plan.block_n, plan.merge_rows if plan.splits > 1 else None
+        return plan.block_m, plan.block_n, plan.merge_rows if plan.splits > 1 else None, plan.interior
 
     started = {kernels(b, b, 1) for b in batch_size_ladder(max_num_seqs)}  # a graph's bound T - B + 1 is 1
     started |= {kernels(rows, 2, rows) for rows in prefill_ladder(MAX_ROWS)}  # sized by the rung they may fill

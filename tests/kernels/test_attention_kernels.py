@@ -74,6 +74,24 @@ def test_paged_attention_of_a_graphs_pass_that_fills_its_rows_beside_an_empty_pa
         assert_close(out, expected)
 
 
+@pytest.mark.parametrize("block_m,block_n,splits", [(64, 16, 1), (128, 16, 1), (64, 32, 3)])
+def test_tall_tiles_walk_their_interior_keys_unmasked_to_the_same_bits(block_m, block_n, splits):
+    # A tile's unmasked interior ends at its first row's position, the masked walk takes the rest: chunks over
+    # cached prefixes of every length modulo the key tile (where an interior one key too long or short would
+    # show), a fresh prompt and a decode row.
+    cached = [r + block_n * int(torch.randint(0, 3, ())) for r in range(block_n)]
+    q_lens = torch.randint(1, 40, (block_n,)).tolist() + [int(torch.randint(40, 120, ())), 1]
+    seq_lens = [c + n for c, n in zip(cached, q_lens)] + [q_lens[-2], 77]
+    k_cache, v_cache, tables = _paged_pools(seq_lens, 4, 2, 16)
+    starts, lens = torch.tensor([0] + q_lens).cumsum(0), torch.tensor(seq_lens)
+    q = torch.randn(sum(q_lens), 8, 16)
+    expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3)
+    tiles = dict(block_m=block_m, block_n=block_n, splits=splits, max_query_len=max(q_lens))
+    walked = paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, interior=True, **tiles)
+    assert_close(walked, expected)
+    assert torch.equal(walked, paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, interior=False, **tiles))
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_paged_attention_applies_the_output_gate_in_its_last_store(splits):
     # Qwen3.5's gate: the second half of each head's q projection, a strided view like q itself.

@@ -28,26 +28,38 @@ from deltaserve.kernels.sm_count import num_sms
 @triton.jit
 def _attend_keys(n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
                  mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos,
-                 stride_vc_head, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """One step of the online softmax over keys [n, n + BLOCK_N), gathered page by page."""
+                 stride_vc_head, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                 MASKED: tl.constexpr = True):
+    """One step of the online softmax over keys [n, n + BLOCK_N), gathered page by page. Unless MASKED,
+    every one of those keys exists and every row of the tile may attend to it (see INTERIOR)."""
     k_pos = n + tl.arange(0, BLOCK_N)
     k_valid = k_pos < kv_stop
-    page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE, mask=k_valid, other=0).to(tl.int64)
+    if MASKED:
+        page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE, mask=k_valid, other=0).to(tl.int64)
+    else:
+        page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE).to(tl.int64)
     in_page = k_pos % PAGE
     k_ptrs = (k_cache + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_pos
               + kv_head * stride_kc_head + offs_d[None, :])
     v_ptrs = (v_cache + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_pos
               + kv_head * stride_vc_head + offs_d[None, :])
-    k_tile = tl.load(k_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+    if MASKED:
+        k_tile = tl.load(k_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+    else:
+        k_tile = tl.load(k_ptrs, mask=mask_d[None, :], other=0.0).to(q_tile.dtype)
     scores = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale_log2
-    allowed = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
-    scores = tl.where(allowed, scores, float("-inf"))
+    if MASKED:
+        allowed = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        scores = tl.where(allowed, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
     p = tl.exp2(scores - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v_tile = tl.load(v_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+    if MASKED:
+        v_tile = tl.load(v_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
+    else:
+        v_tile = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0).to(q_tile.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
     return m_new, l_i, acc
 
@@ -74,11 +86,13 @@ def _paged_attention_kernel(
     stride_kc_head, stride_vc_block, stride_vc_pos, stride_vc_head, stride_bt,
     GROUP: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-    LOOP_FOR: tl.constexpr, HAS_GATE: tl.constexpr,
+    LOOP_FOR: tl.constexpr, HAS_GATE: tl.constexpr, INTERIOR: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, tile = tl.program_id(0), tl.program_id(2)
+    if INTERIOR:  # the last tiles, whose rows attend to the most keys, start first
+        tile = tl.num_programs(2) - 1 - tile
     kv_head, split = tl.program_id(1) % KV_HEADS, tl.program_id(1) // KV_HEADS
     q_start = tl.load(query_start_loc + seq)
     q_len = tl.load(query_start_loc + seq + 1) - q_start
@@ -106,6 +120,23 @@ def _paged_attention_kernel(
         else:
             n = 0
             kv_stop = kv_end
+        if INTERIOR:  # whole key tiles that every row of the tile attends to: no masks
+            first_pos = seq_len - q_len + (tile * BLOCK_M) // GROUP  # the position of the tile's first row
+            interior_end = n + tl.maximum(tl.minimum(kv_stop, first_pos + 1) - n, 0) // BLOCK_N * BLOCK_N
+            if LOOP_FOR:
+                for key0 in range(n, interior_end, BLOCK_N):
+                    m_i, l_i, acc = _attend_keys(
+                        key0, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head,
+                        offs_d, mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
+                        stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION, MASKED=False)
+            else:
+                while n < interior_end:
+                    m_i, l_i, acc = _attend_keys(
+                        n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head,
+                        offs_d, mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
+                        stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION, MASKED=False)
+                    n += BLOCK_N
+            n = interior_end
         if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch (a while loop it cannot)
             for key0 in range(n, kv_stop, BLOCK_N):
                 m_i, l_i, acc = _attend_keys(
@@ -158,6 +189,15 @@ def _merge_splits_kernel(part, lse, o, gate, splits, stride_o_t, stride_o_h, str
 
 
 MAX_SPLITS = 32
+# Prefill chunks whose sequences hold LONG_ROWS rows or more (tokens times the GQA group) take 128 x 64 tiles,
+# 8 warps; from INTERIOR_ROWS the key tiles that every row of a query tile attends to are walked without
+# masks, the last (longest) query tiles first. On the H200 (16 query heads of 256 over 4 KV heads; 2 alike):
+# a 2048-row chunk took 89.3 us fresh (cuDNN's sdpa 89.2), 234.9 over 2048 cached keys, 577.0 over 6144 and
+# 2489.7 over 30720 (428 TFLOP/s), against 307.7 / 783.9 / 1917.4 / 8649.8 in masked 64 x 32 tiles and 148.3 /
+# 332.7 / 731.7 / 3272.0 in masked 128 x 64 ones; 128 prompts of 128 tokens 190.9 us masked, 213.5 walked,
+# against 300.3 in 64 x 32 tiles (paged_attention_prefill.json).
+LONG_ROWS = 512
+INTERIOR_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -168,6 +208,9 @@ class LaunchPlan:
     block_n: int
     tiles: int  # row tiles a (sequence, KV head)
     splits: int
+    # Whether the kernel walks the keys that every row of a tile attends to without masks, the longest
+    # tiles first (see LONG_ROWS).
+    interior: bool = False
 
     @property
     def merge_rows(self) -> int:
@@ -194,6 +237,8 @@ def launch_plan(tokens: int, seqs: int, longest: int, group: int, kv_heads: int,
         # (kernels_check paged_attention_hit_tail_*).
         work_tiles = kv_heads * triton.cdiv(tokens * group, 128)
         return LaunchPlan(128, 64, triton.cdiv(max_rows, 128), max(1, min(MAX_SPLITS, sms // work_tiles)))
+    if not tuned and max_rows >= LONG_ROWS:
+        return LaunchPlan(128, 64, triton.cdiv(max_rows, 128), 1, interior=max_rows >= INTERIOR_ROWS)
     if splits is None:
         splits = key_splits(programs, block_m, sms)
         if splits == 2 and block_m == 16 and head_dim > 128 and not tuned:
@@ -228,12 +273,13 @@ def key_splits(programs: int, block_m: int, sms: int) -> int:
 def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
                     block_m: int | None = None, block_n: int | None = None, splits: int | None = None,
                     num_warps: int | None = None, num_stages: int = 2, loop_for: bool | None = None,
-                    gate: torch.Tensor | None = None, max_query_len: int | None = None) -> torch.Tensor:
+                    gate: torch.Tensor | None = None, max_query_len: int | None = None,
+                    interior: bool | None = None) -> torch.Tensor:
     """Same contract as the reference: q [T, Hq, D] over pools [blocks, page, Hk, D]; returns [T, Hq, D],
     times sigmoid(gate) when given (applied in the last store: a Qwen3.5 attention layer's gate took three
     elementwise launches after it). loop_for: walk the keys in a for loop (pipelined) rather than a while
     loop; by default on the GPU. max_query_len: the longest q_len of the batch, where the caller knows it
-    (None: the bound T - B + 1, as a graph needs). block_m, block_n, splits: override the plan's."""
+    (None: the bound T - B + 1, as a graph needs). block_m, block_n, splits, interior: override the plan's."""
     if q.stride(-1) != 1:
         q = q.contiguous()
     if gate is not None and gate.stride(-1) != 1:
@@ -265,6 +311,7 @@ def paged_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables
         BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
         SPLIT=plan.splits > 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         LOOP_FOR=q.is_cuda if loop_for is None else loop_for, HAS_GATE=gate is not None and plan.splits == 1,
+        INTERIOR=plan.interior if interior is None else interior,
         num_warps=num_warps or (8 if plan.block_m * head_dim >= 64 * 256 else 4), num_stages=num_stages,
         **launch_options(q),
     )
