@@ -6,7 +6,7 @@ fp32 reference (against the default plan's output where the reference's scores w
 
 Cases: the chunks a long prompt meets under the server's default 2048-token step (2048 rows over 0, 2048,
 6144 and 30720 cached keys: the first, second, fourth and sixteenth chunks of a 32k prompt), fresh prompts of
-1024, 512 and 256 tokens, closed batches' prompts (128 of 128 tokens, 32 of 256, 16 of 64), a prefix-cache
+8192, 4096, 1024, 512 and 256 tokens, closed batches' prompts (128 of 128 tokens, 32 of 256, 16 of 64), a prefix-cache
 hit's 80-row tail over 8240 keys, and 64 chunks of 32 rows over 96 cached keys. Shapes: Qwen3.5-9B's attention (16 query heads, 4 KV heads) and Qwen3.5-35B-A3B's (2 KV heads), head
 dim 256, bf16, 16-token pages. cuDNN's fresh-prompt attention (torch's sdpa) on the fresh cases is the
 yardstick.
@@ -35,7 +35,8 @@ CASES = [("2048 rows fresh", 0, 2048, 1), ("2048 rows over 2048", 2048, 2048, 1)
          ("2048 rows over 6144", 6144, 2048, 1), ("2048 rows over 30720", 30720, 2048, 1),
          ("1024 rows fresh", 0, 1024, 1), ("128 x 128 rows fresh", 0, 128, 128), ("80 rows over 8240", 8240, 80, 1),
          ("256 rows fresh", 0, 256, 1), ("512 rows fresh", 0, 512, 1), ("32 x 256 rows fresh", 0, 256, 32),
-         ("16 x 64 rows fresh", 0, 64, 16), ("64 x 32 rows over 96", 96, 32, 64)]
+         ("16 x 64 rows fresh", 0, 64, 16), ("64 x 32 rows over 96", 96, 32, 64), ("4096 rows fresh", 0, 4096, 1),
+         ("8192 rows fresh", 0, 8192, 1)]
 REFERENCE_MAX_SCORES = 1 << 28  # the reference holds every score in fp32
 
 
