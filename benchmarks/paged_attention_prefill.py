@@ -4,10 +4,11 @@ fp32 reference (against the default plan's output where the reference's scores w
 
     python benchmarks/paged_attention_prefill.py --out benchmarks/results/paged_attention_prefill.json
 
-Cases: the chunks a long prompt meets under the server's default 2048-token step (2048 rows over 0, 2048,
-6144 and 30720 cached keys: the first, second, fourth and sixteenth chunks of a 32k prompt), fresh prompts of
-8192, 4096, 1024, 512 and 256 tokens, closed batches' prompts (128 of 128 tokens, 32 of 256, 16 of 64), a prefix-cache
-hit's 80-row tail over 8240 keys, and 64 chunks of 32 rows over 96 cached keys. Shapes: Qwen3.5-9B's attention (16 query heads, 4 KV heads) and Qwen3.5-35B-A3B's (2 KV heads), head
+Cases (rows: a chunk's tokens): the chunks a long prompt meets under the server's default 2048-token step
+(2048 rows over 0, 2048, 6144 and 30720 cached keys: the first, second, fourth and sixteenth chunks of a 32k
+prompt), fresh prompts of 8192, 4096, 1024, 512 and 256 tokens, closed batches' prompts (128 of 128 tokens, 32
+of 256, 16 of 64), a prefix-cache hit's 80-row tail over 8240 keys, and 64 chunks of 32 rows over 96 cached
+keys. Shapes: Qwen3.5-9B's attention (16 query heads, 4 KV heads) and Qwen3.5-35B-A3B's (2 KV heads), head
 dim 256, bf16, 16-token pages. cuDNN's fresh-prompt attention (torch's sdpa) on the fresh cases is the
 yardstick.
 """
@@ -28,8 +29,8 @@ from deltaserve.kernels.attention.triton_paged_attention import paged_attention 
 
 # (block_m, block_n, num_warps, num_stages, interior)
 TILES = [(64, 32, 8, 2, False), (64, 32, 4, 2, True), (64, 64, 4, 2, True), (64, 64, 4, 3, True),
-         (128, 32, 8, 2, True), (128, 64, 8, 2, False), (128, 64, 8, 2, True), (128, 64, 8, 3, True),
-         (128, 128, 8, 2, True)]
+         (128, 32, 8, 2, True), (128, 64, 8, 2, False), (128, 64, 8, 2, True), (128, 64, 8, 3, True)]
+# 128 x 128 tiles at head dim 256 ask for 320 KiB of shared memory (paged_attention_prefill.json), over sm_90's 227.
 # (label, cached keys a sequence, rows a sequence, sequences)
 CASES = [("2048 rows fresh", 0, 2048, 1), ("2048 rows over 2048", 2048, 2048, 1),
          ("2048 rows over 6144", 6144, 2048, 1), ("2048 rows over 30720", 30720, 2048, 1),

@@ -42,9 +42,10 @@ log = logging.getLogger(__name__)
 # fresh_attention_new_lengths_at_1c13f5a.json).
 # At prompt lengths seen for the first time, 1100 to 2000 tokens, the graphs took 28-50 ms (9B) and 31-43
 # (35B-A3B) against 95-388 and 122-173 eagerly (engine_new_prompt_lengths_same_machine.json). A graph's
-# attention is paged, so where the host is fast and the length seen before, a fresh 2048-row prompt costs
-# it 1-4 ms more than cuDNN's (engine_prefill_graphs_to_2048_same_machine.json). The last rung holds a chunk
-# of the server's default step, 2048 tokens.
+# attention is paged: where the host was fast and the length seen before, a fresh 2048-row prompt cost it
+# 1-4 ms more than cuDNN's (engine_prefill_graphs_to_2048_same_machine.json), in the 64 x 32 tiles that paged
+# attention then took; its long-chunk tiles since take such a chunk in cuDNN's time (89.3 against 89.2 us a
+# layer, paged_attention_prefill.json). The last rung holds a chunk of the server's default step, 2048 tokens.
 LADDER = ((128, 16), (256, 32), (1024, 64), (2048, 128))
 # Longer passes run eagerly (a graph per rung costs start-up time and memory: 32 graphs to 2048 rows took
 # 6.5 s and 30 MiB at the 9B shape). An eager first prompt of FRESH_PREFILL_MIN_TOKENS rows or more (the

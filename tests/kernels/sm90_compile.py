@@ -198,14 +198,18 @@ def cases():
 
     from deltaserve.kernels.attention import triton_paged_attention as paged
 
-    # decode (split; filling the SMs once, in 64-key tiles); prefill chunks; a short chunk over a long cached prefix
-    for block_m, block_n, splits, warps in ((16, 32, 16, 4), (16, 64, 1, 4), (64, 32, 1, 8), (128, 64, 11, 8)):
-        yield (f"paged_attention_m{block_m}" + ("_n64" if block_m == 16 and block_n == 64 else ""),
-               paged._paged_attention_kernel,
+    # decode (split; filling the SMs once, in 64-key tiles); short prefill chunks; a short chunk over a long cached
+    # prefix; long prefill chunks, masked and with their interior walked unmasked
+    for name, block_m, block_n, splits, warps, interior in (
+            ("m16", 16, 32, 16, 4, False), ("m16_n64", 16, 64, 1, 4, False), ("m64", 64, 32, 1, 8, False),
+            ("m128", 128, 64, 11, 8, False), ("m128_long", 128, 64, 1, 8, False),
+            ("m128_interior", 128, 64, 1, 8, True)):
+        yield (f"paged_attention_{name}", paged._paged_attention_kernel,
                {"q": bf16, "k_cache": bf16, "v_cache": bf16, "gate": bf16, "query_start_loc": "*i64",
                 "seq_lens": "*i64", "block_tables": "*i64", "scale_log2": "fp32", "splits": "i32"},
                dict(GROUP=8, KV_HEADS=2, HEAD_DIM=256, BLOCK_D=256, PAGE=16, BLOCK_M=block_m, BLOCK_N=block_n,
-                    SPLIT=splits > 1, PRECISION="tf32", LOOP_FOR=True, HAS_GATE=splits == 1), warps, 2)
+                    SPLIT=splits > 1, PRECISION="tf32", LOOP_FOR=True, HAS_GATE=splits == 1, INTERIOR=interior),
+               warps, 2)
     yield ("paged_attention_merge", paged._merge_splits_kernel,
            {"part": "*fp32", "lse": "*fp32", "o": bf16, "gate": bf16, "splits": "i32"},
            dict(Q_HEADS=16, HEAD_DIM=256, BLOCK_D=256, BLOCK_S=paged.MAX_SPLITS, HAS_GATE=True), 4, 1)  # as launched

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.triton
 # multiprocessor, spills 76 bytes (88 without kd) since Aqk is stored in bf16; it took 307.6-307.7 against
 # 311.0-312.5 us at 8192 tokens, and 147.9-148.4 against 151.2-151.7 over 32 prompts of 128 tokens without kd
 # (H200, gdn_prefill_kernels_aqk_narrow_same_machine.json).
-ALLOWED_SPILL_BYTES = {"paged_attention_m128": 64, "gdn_chunk_prepare": 96, "gdn_chunk_prepare_own_k": 96}
+# Unsplit, the same tiles over long prefill chunks spill 344 bytes (360 with the interior walk) and took a 2048-row
+# chunk over 30720 cached keys in 2489.7 us where the 64 x 32 tiles, which spill nothing, took 8649.8
+# (paged_attention_prefill.json).
+ALLOWED_SPILL_BYTES = {"paged_attention_m128": 64, "paged_attention_m128_long": 384,
+                       "paged_attention_m128_interior": 384, "gdn_chunk_prepare": 96, "gdn_chunk_prepare_own_k": 96}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no CUDA backend in Triton")

@@ -10,6 +10,10 @@ longest q_len, passes it: over 128 prompts of 128 tokens the bound made 1017 til
 head) where 8 hold rows, and the empty programs alone took 1.8 ms a layer on the H200
 (profile_prefill_qwen3.5-9b_128x128_f3df3cd.json).
 
+Long prefill chunks take 128-row tiles (LONG_ROWS). A tile's rows attend to every key up to its first
+row's position, so those key tiles are walked without the causal and bounds masks (INTERIOR), the rest with
+them, and the last row tiles, which walk the most keys, are launched first.
+
 Where there are few programs (decode, or a short chunk over a long cached prefix) most of the GPU
 would sit idle, so the keys are split into `splits` ranges (flash-decoding): each program writes its range's normalised
 output and log-sum-exp, and a second kernel merges the ranges.
@@ -189,13 +193,15 @@ def _merge_splits_kernel(part, lse, o, gate, splits, stride_o_t, stride_o_h, str
 
 
 MAX_SPLITS = 32
-# Prefill chunks whose sequences hold LONG_ROWS rows or more (tokens times the GQA group) take 128 x 64 tiles,
-# 8 warps; from INTERIOR_ROWS the key tiles that every row of a query tile attends to are walked without
-# masks, the last (longest) query tiles first. On the H200 (16 query heads of 256 over 4 KV heads; 2 alike):
-# a 2048-row chunk took 89.3 us fresh (cuDNN's sdpa 89.2), 234.9 over 2048 cached keys, 577.0 over 6144 and
-# 2489.7 over 30720 (428 TFLOP/s), against 307.7 / 783.9 / 1917.4 / 8649.8 in masked 64 x 32 tiles and 148.3 /
-# 332.7 / 731.7 / 3272.0 in masked 128 x 64 ones; 128 prompts of 128 tokens 190.9 us masked, 213.5 walked,
-# against 300.3 in 64 x 32 tiles (paged_attention_prefill.json).
+# Prefill chunks whose sequences hold LONG_ROWS rows or more (tokens times the GQA group) take 128 x 64 tiles
+# at 8 warps; from INTERIOR_ROWS the key tiles that every row of a query tile attends to are walked without
+# masks, the last (longest) query tiles first. On the H200, 16 query heads of 256 over 4 KV heads (2 alike), a
+# chunk of 2048 tokens took 89.3 us fresh (cuDNN's sdpa 89.2), 234.9 over 2048 cached keys, 577.0 over 6144
+# and 2489.7 over 30720 (428 TFLOP/s), against 307.7 / 783.9 / 1917.4 / 8649.8 in masked 64 x 32 tiles and
+# 148.3 / 332.7 / 731.7 / 3272.0 in masked 128 x 64 ones. Walked, the 128 x 64 tiles took one 1024-token
+# prompt (4096 rows) in 42.6 us against 52.6 masked, but 128 prompts of 128 tokens (512 rows each) in 213.5
+# against 190.9 masked and 300.3 in 64 x 32 tiles (paged_attention_prefill.json); between 512 and 4096 rows
+# the threshold is not measured.
 LONG_ROWS = 512
 INTERIOR_ROWS = 1024
 
