@@ -28,12 +28,14 @@ def test_warm_up_groups_fit_one_step_and_cover_every_class(max_num_seqs, budget)
     from deltaserve.kernels import SHORT_CHUNK_MAX_ROWS
 
     assert EAGER_SHORT_PASS in groups and 16 < sum(EAGER_SHORT_PASS) <= SHORT_CHUNK_MAX_ROWS
-    # and, where the budget holds two first prompts long enough for the dense attention of fresh prompts
-    # (a step no prefill graph takes), such a step: its attention's library starts before serving does
+    # and, where the budget holds a first prompt long enough for the dense attention of fresh prompts (past
+    # the prefill graphs' last rung), such a step: its attention's library starts before serving does
     from deltaserve.runner.model_runner import FRESH_PREFILL_MIN_TOKENS
+    from deltaserve.runner.prefill_graphs import MAX_ROWS
 
-    fresh = [g for g in groups if len(g) > 1 and max(g) >= FRESH_PREFILL_MIN_TOKENS]
-    assert bool(fresh) == (budget >= 2 * FRESH_PREFILL_MIN_TOKENS), fresh
+    assert FRESH_PREFILL_MIN_TOKENS > MAX_ROWS
+    fresh = [g for g in groups if max(g) >= FRESH_PREFILL_MIN_TOKENS]
+    assert bool(fresh) == (budget >= FRESH_PREFILL_MIN_TOKENS), fresh
     # Every power-of-two class of the sequence count that a step can hold, with a count that is a
     # multiple of 16 and one that is not (Triton specializes integer arguments on both).
     counts = {len(g) for g in groups}

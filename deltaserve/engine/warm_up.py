@@ -46,12 +46,12 @@ CONV_SEQUENCE_COUNTS = (1, 16, 17)
 # and 2 ways, kernels of their own (one prompt of 352 or 360 rows would run as a prefill graph).
 ATTENTION_SPLIT_GROUPS = ([176, 176], [180, 180])
 EAGER_SHORT_PASS = [SHORT_CHUNK_MAX_ROWS]  # the group whose request asks for prompt logprobs
-# Two first prompts in one step, each long enough for the dense attention of fresh prompts (eager: a prefill
-# graph holds one sequence). One prompt that long replays a graph up to the graphs' last rung, so under the
-# default step budget of 2048 tokens this pair is the warm-up's only such pass: cuDNN starts at start-up
-# rather than under the first step that needs it (its first calls took about 1 s; each new length after them
-# still builds a plan of its own, 54-57 ms, fresh_attention_new_lengths_at_1c13f5a.json).
-FRESH_PAIR = [FRESH_PREFILL_MIN_TOKENS] * 2
+# One first prompt long enough for the dense attention of fresh prompts, past the prefill graphs' last rung
+# (eager), where the step budget holds it (not the server's default of 2048 tokens, under which no step takes
+# that attention): cuDNN starts at start-up rather than under the first step that needs it (its first calls
+# took about 1 s; each new length after them still builds a plan of its own, 54-57 ms,
+# fresh_attention_new_lengths_at_1c13f5a.json).
+FRESH_PROMPT = [FRESH_PREFILL_MIN_TOKENS]
 
 
 def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int) -> list[list[int]]:
@@ -82,7 +82,7 @@ def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len
                 add([base + (i < extra) for i in range(seqs)])
     for lengths in ATTENTION_SPLIT_GROUPS:
         add(lengths)
-    add(FRESH_PAIR)
+    add(FRESH_PROMPT)
     # One prompt of as many rows as a short pass takes, sent with prompt logprobs (EAGER_SHORT_PASS), so that it
     # runs eagerly, where the one-sequence passes above up to the prefill graphs' last rung ran as graphs, whose
     # kernels take their metadata from the step buffers: as a pass that asks for prompt logprobs or holds more

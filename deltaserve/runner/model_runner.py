@@ -18,12 +18,17 @@ from deltaserve.runner.batch_builder import HostBatch, build_host_batch, pad_blo
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.forward_batch import ForwardBatch, OutputRows
 from deltaserve.runner.launched_step import LaunchedStep
-from deltaserve.runner.prefill_graphs import PrefillGraphs
+from deltaserve.runner.prefill_graphs import MAX_ROWS, PrefillGraphs
 from deltaserve.runner.sampler import Sampler, prompt_logprob_entries
 from deltaserve.runner.snapshot_steps import chunk_end_saves, mid_chunk_capture_rows, restore_pairs
 
-
-FRESH_PREFILL_MIN_TOKENS = 1024
+# A first chunk longer than the prefill graphs' last rung attends through cuDNN (attention/fresh_prefill.py):
+# up to that rung paged attention's long-chunk tiles take as long (2048 tokens 89.3 against 89.2 us a layer,
+# 1024 tokens 42.6 against 29.6; paged_attention_prefill.json), where cuDNN builds a plan for each prompt
+# length it has not seen (54-57 ms, fresh_attention_new_lengths_at_1c13f5a.json) and, once started, makes
+# the decode steps slower (fresh_prefill's docstring). So under the server's default step of 2048 tokens cuDNN
+# never starts.
+FRESH_PREFILL_MIN_TOKENS = MAX_ROWS + 1
 
 
 @dataclass
@@ -199,8 +204,8 @@ class ModelRunner:
         return batch
 
     def _fresh_prefill(self, host: HostBatch, lengths: list[int]) -> bool:
-        """Long prompts that all start at position 0: dense attention within each chunk beats paging.
-        lengths: each sequence's rows in this step."""
+        """Prompts that all start at position 0, one longer than FRESH_PREFILL_MIN_TOKENS: dense attention
+        within each chunk. lengths: each sequence's rows in this step."""
         return (self.device.type == "cuda" and max(lengths, default=0) >= FRESH_PREFILL_MIN_TOKENS
                 and all(n == seq_len for n, seq_len in zip(lengths, host.seq_lens)))
 

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 # layer, paged_attention_prefill.json). The last rung holds a chunk of the server's default step, 2048 tokens.
 LADDER = ((128, 16), (256, 32), (1024, 64), (2048, 128))
 # Longer passes run eagerly (a graph per rung costs start-up time and memory: 32 graphs to 2048 rows took
-# 6.5 s and 30 MiB at the 9B shape). An eager first prompt of FRESH_PREFILL_MIN_TOKENS rows or more (the
+# 6.5 s and 30 MiB at the 9B shape). A first chunk longer than the last rung (FRESH_PREFILL_MIN_TOKENS, the
 # model runner's) takes the dense attention of fresh prompts.
 MAX_ROWS = LADDER[-1][0]
 

@@ -1,11 +1,10 @@
 """Causal attention for prefill chunks that start a sequence: every key a row attends to is in the
 chunk itself, so nothing needs to be read back from the paged pool and a dense fused attention
 kernel (torch's scaled_dot_product_attention) does the work. Same definition as the paged
-reference for such chunks; the model uses it only where it is faster (long fresh prompts on GPU, in
-eager passes: a prefill graph, which holds one sequence's pass of up to 2048 rows, attends through the
-pages). Each new prompt length costs the host a cuDNN plan, 54-57 ms at the Qwen3.5-9B shape between
-1100 and 2048 tokens, where the same length again took under 0.5 ms
-(fresh_attention_new_lengths_at_1c13f5a.json).
+reference for such chunks; the model uses it on the GPU for first chunks longer than the prefill graphs'
+last rung, 2048 rows (model_runner.FRESH_PREFILL_MIN_TOKENS): up to there paged attention is as fast. Each
+new prompt length costs the host a cuDNN plan, 54-57 ms at the Qwen3.5-9B shape between 1100 and 2048
+tokens, where the same length again took under 0.5 ms (fresh_attention_new_lengths_at_1c13f5a.json).
 
 sdpa picks its backend itself: cuDNN's on the H200, which at this head size (256) takes half the time
 of FlashAttention's (878 against 1895 us at 8k tokens, 14.0 against 28.5 ms at 32k; kernels_check
