@@ -194,16 +194,17 @@ def _merge_splits_kernel(part, lse, o, gate, splits, stride_o_t, stride_o_h, str
 
 MAX_SPLITS = 32
 # Prefill chunks whose sequences hold LONG_ROWS rows or more (tokens times the GQA group) take 128 x 64 tiles
-# at 8 warps; from INTERIOR_ROWS the key tiles that every row of a query tile attends to are walked without
-# masks, the last (longest) query tiles first. On the H200, 16 query heads of 256 over 4 KV heads (2 alike), a
-# chunk of 2048 tokens took 89.3 us fresh (cuDNN's sdpa 89.2), 234.9 over 2048 cached keys, 577.0 over 6144
-# and 2489.7 over 30720 (428 TFLOP/s), against 307.7 / 783.9 / 1917.4 / 8649.8 in masked 64 x 32 tiles and
-# 148.3 / 332.7 / 731.7 / 3272.0 in masked 128 x 64 ones. Walked, the 128 x 64 tiles took one 1024-token
-# prompt (4096 rows) in 42.6 us against 52.6 masked, but 128 prompts of 128 tokens (512 rows each) in 213.5
-# against 190.9 masked and 300.3 in 64 x 32 tiles (paged_attention_prefill.json); between 512 and 4096 rows
-# the threshold is not measured.
+# at 8 warps; chunks of INTERIOR_TOKENS tokens or more walk the key tiles that every row of a query tile
+# attends to without masks, the last (longest) query tiles first. On the H200, 16 query heads of 256 over 4 KV
+# heads (2 alike), a chunk of 2048 tokens took 89.3 us fresh (cuDNN's sdpa 89.2), 234.9 over 2048 cached keys,
+# 577.0 over 6144 and 2489.7 over 30720 (428 TFLOP/s), against 307.7 / 783.9 / 1917.4 / 8649.8 in masked
+# 64 x 32 tiles and 148.3 / 332.7 / 731.7 / 3272.0 in masked 128 x 64 ones. Walked, the 128 x 64 tiles took a
+# 1024-token prompt in 42.6 us against 52.6 masked, but 128 prompts of 128 tokens in 213.5 against 190.9
+# masked (211.0 against 192.1 at 2 KV heads), where 64 x 32 tiles took 300.3 (paged_attention_prefill.json):
+# a few key tiles a sequence gain less from the walk than its second loop costs. Between 128 and 1024 tokens
+# the walk is not measured, so it waits for 1024.
 LONG_ROWS = 512
-INTERIOR_ROWS = 1024
+INTERIOR_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ def launch_plan(tokens: int, seqs: int, longest: int, group: int, kv_heads: int,
         work_tiles = kv_heads * triton.cdiv(tokens * group, 128)
         return LaunchPlan(128, 64, triton.cdiv(max_rows, 128), max(1, min(MAX_SPLITS, sms // work_tiles)))
     if not tuned and max_rows >= LONG_ROWS:
-        return LaunchPlan(128, 64, triton.cdiv(max_rows, 128), 1, interior=max_rows >= INTERIOR_ROWS)
+        return LaunchPlan(128, 64, triton.cdiv(max_rows, 128), 1, interior=min(longest, tokens) >= INTERIOR_TOKENS)
     if splits is None:
         splits = key_splits(programs, block_m, sms)
         if splits == 2 and block_m == 16 and head_dim > 128 and not tuned:
