@@ -153,6 +153,24 @@ def test_decode_that_fills_the_sms_once_takes_wider_key_tiles_rather_than_two_sp
     assert launch_plan(128, 128, 1, 4, 4, 256, sms=132).block_n == 32  # one program a (sequence, KV head)
 
 
+def test_long_prefill_chunks_take_tall_tiles_and_from_1024_tokens_walk_their_interior():
+    from deltaserve.kernels.attention.triton_paged_attention import INTERIOR_TOKENS, LONG_ROWS, launch_plan
+
+    for group, kv_heads in ((4, 4), (8, 2)):  # Qwen3.5-9B's and 35B-A3B's attention, head dim 256
+        longest = int(torch.randint(INTERIOR_TOKENS, 2049, ()))
+        plan = launch_plan(longest + 1, 2, longest, group, kv_heads, 256, sms=132)  # a prefill graph's pass
+        assert (plan.block_m, plan.block_n, plan.splits, plan.interior) == (128, 64, 1, True)
+        assert plan.tiles == -(-longest * group // 128)
+        short = LONG_ROWS // group  # many prompts of this length: tall tiles, every key tile masked
+        for length in (short, INTERIOR_TOKENS - 1):
+            plan = launch_plan(128 * length, 128, length, group, kv_heads, 256, sms=132)
+            assert (plan.block_m, plan.block_n, plan.splits, plan.interior) == (128, 64, 1, False)
+        plan = launch_plan(128 * (short - 1), 128, short - 1, group, kv_heads, 256, sms=132)
+        assert (plan.block_m, plan.interior) == (64, False)
+        plan = launch_plan(96, 2, 80, group, kv_heads, 256, sms=132)  # a prefix-cache hit's tail: split, masked
+        assert plan.block_m == 128 and plan.splits > 1 and not plan.interior
+
+
 def test_store_kv_skips_padding():
     tokens, heads, dim, page, blocks = 7, 2, 24, 4, 5
     k, v = torch.randn(tokens, heads, 2 * dim)[..., :dim], torch.randn(tokens, heads, dim)
