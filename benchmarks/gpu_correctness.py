@@ -4,7 +4,10 @@
 - in bf16, decode steps replayed as CUDA graphs give the same tokens as the same steps run eagerly,
   greedy and with seeded sampled rows beside greedy ones (top-k among them, and top-p / min-p alone);
 - each prompt sent alone (its prefill passes replayed as graphs), and prompts of 128, 700, 1500 and 2048 tokens
-  (128 and 2048 fill their rungs beside a padding sequence of no rows), gives in fp32 the CPU's tokens;
+  (128 and 2048 fill their rungs beside a padding sequence of no rows) and 3000 (a chunk of 2048 rows, then 952
+  over its keys), gives in fp32 the CPU's tokens;
+- two first prompts of 1100 and 900 tokens in one step (an eager pass, paged attention in 128-row tiles
+  walking their unmasked interior) give in fp32 the CPU's tokens;
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
   byte-identical tokens and logprobs;
 - in bf16 with graphs, no launched decode step (greedy rows beside seeded sampled ones) waits for the GPU;
@@ -99,13 +102,15 @@ def main() -> None:
     state = {"gdn_state_dtype": args.gdn_state_dtype}
     rng = random.Random(0)
     prompts = [[rng.randrange(300) for _ in range(n)] for n in (1, 17, 90, 33)]
-    # alone: rungs 128 and 2048 filled, 704 and 1536 (a first prompt past 1024 rows, paged attention in a graph)
-    long_prompts = [[rng.randrange(300) for _ in range(n)] for n in (128, 700, 1500, 2048)]
+    # alone: rungs 128 and 2048 filled, 704 and 1536 (a first prompt past 1024 rows, paged attention in a graph), and
+    # two chunks under the 2048-token step, the second attending over the first's keys
+    long_prompts = [[rng.randrange(300) for _ in range(n)] for n in (128, 700, 1500, 2048, 3000)]
+    long_pair = [[rng.randrange(300) for _ in range(n)] for n in (1100, 900)]
     result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
               "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {},
               "graph_vs_eager_bf16_top_p_min_p_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
               "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {},
-              "fp32_penalised_gpu_vs_cpu": {}}
+              "fp32_penalised_gpu_vs_cpu": {}, "fp32_long_pair_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         cpu_llm = LLM(path, device="cpu", **state)
@@ -123,6 +128,8 @@ def main() -> None:
             "identical": alone(gpu_llm, prompts + long_prompts) == alone(cpu_llm, prompts + long_prompts)}
         result["bf16_graph_cache_hit_byte_identical"][arch] = replays_exactly(graph_llm, prompts[2], rng)
         result["bf16_graph_launches_without_sync"][arch] = launches_without_sync(graph_llm, prompts)
+        pair = tokens(gpu_llm, long_pair)
+        result["fp32_long_pair_gpu_vs_cpu"][arch] = {"identical": pair == tokens(cpu_llm, long_pair)}
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -131,7 +138,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-8:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-9:]), flush=True)
         results_io.write(args.out, result)
 
 
