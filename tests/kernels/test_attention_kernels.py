@@ -74,17 +74,18 @@ def test_paged_attention_of_a_graphs_pass_that_fills_its_rows_beside_an_empty_pa
         assert_close(out, expected)
 
 
-@pytest.mark.parametrize("block_m,block_n,splits", [(64, 16, 1), (128, 16, 1), (64, 32, 3)])
-def test_tall_tiles_walk_their_interior_keys_unmasked_to_the_same_bits(block_m, block_n, splits):
+@pytest.mark.parametrize("block_m,block_n,splits,q_heads,kv_heads", [(64, 16, 1, 8, 2), (128, 16, 1, 9, 3),
+                                                                   (64, 32, 3, 8, 2)])
+def test_tall_tiles_walk_their_interior_keys_unmasked_to_the_same_bits(block_m, block_n, splits, q_heads, kv_heads):
     # A tile's unmasked interior ends at its first row's position, the masked walk takes the rest: chunks over
     # cached prefixes of every length modulo the key tile (where an interior one key too long or short would
-    # show), a fresh prompt and a decode row.
+    # show), a fresh prompt and a decode row; GQA groups of 4 and of 3 (whose tiles start inside a token's rows).
     cached = [r + block_n * int(torch.randint(0, 3, ())) for r in range(block_n)]
     q_lens = torch.randint(1, 40, (block_n,)).tolist() + [int(torch.randint(40, 120, ())), 1]
     seq_lens = [c + n for c, n in zip(cached, q_lens)] + [q_lens[-2], 77]
-    k_cache, v_cache, tables = _paged_pools(seq_lens, 4, 2, 16)
+    k_cache, v_cache, tables = _paged_pools(seq_lens, 4, kv_heads, 16)
     starts, lens = torch.tensor([0] + q_lens).cumsum(0), torch.tensor(seq_lens)
-    q = torch.randn(sum(q_lens), 8, 16)
+    q = torch.randn(sum(q_lens), q_heads, 16)
     expected = reference.paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3)
     tiles = dict(block_m=block_m, block_n=block_n, splits=splits, max_query_len=max(q_lens))
     walked = paged_attention(q, k_cache, v_cache, starts, lens, tables, 0.3, interior=True, **tiles)
