@@ -33,39 +33,57 @@ from deltaserve.kernels.sm_count import num_sms
 def _attend_keys(n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
                  mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos,
                  stride_vc_head, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-                 MASKED: tl.constexpr = True):
+                 MASKED: tl.constexpr):
     """One step of the online softmax over keys [n, n + BLOCK_N), gathered page by page. Unless MASKED,
     every one of those keys exists and every row of the tile may attend to it (see INTERIOR)."""
     k_pos = n + tl.arange(0, BLOCK_N)
-    k_valid = k_pos < kv_stop
     if MASKED:
+        k_valid = k_pos < kv_stop
         page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE, mask=k_valid, other=0).to(tl.int64)
+        kv_mask = k_valid[:, None] & mask_d[None, :]
     else:
         page = tl.load(block_tables + seq * stride_bt + k_pos // PAGE).to(tl.int64)
+        kv_mask = mask_d[None, :]
     in_page = k_pos % PAGE
     k_ptrs = (k_cache + page[:, None] * stride_kc_block + in_page[:, None] * stride_kc_pos
               + kv_head * stride_kc_head + offs_d[None, :])
     v_ptrs = (v_cache + page[:, None] * stride_vc_block + in_page[:, None] * stride_vc_pos
               + kv_head * stride_vc_head + offs_d[None, :])
-    if MASKED:
-        k_tile = tl.load(k_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
-    else:
-        k_tile = tl.load(k_ptrs, mask=mask_d[None, :], other=0.0).to(q_tile.dtype)
+    k_tile = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q_tile.dtype)
     scores = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale_log2
     if MASKED:
-        allowed = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
-        scores = tl.where(allowed, scores, float("-inf"))
+        scores = tl.where((k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :], scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing allowed yet
     p = tl.exp2(scores - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASKED:
-        v_tile = tl.load(v_ptrs, mask=k_valid[:, None] & mask_d[None, :], other=0.0).to(q_tile.dtype)
-    else:
-        v_tile = tl.load(v_ptrs, mask=mask_d[None, :], other=0.0).to(q_tile.dtype)
+    v_tile = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(q_tile.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _walk_keys(start, stop, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head,
+               offs_d, mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
+               stride_vc_pos, stride_vc_head, stride_bt, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+               PRECISION: tl.constexpr, MASKED: tl.constexpr, LOOP_FOR: tl.constexpr):
+    """_attend_keys over the key tiles from `start` to `stop`, BLOCK_N apart."""
+    if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch (a while loop it cannot)
+        for key0 in range(start, stop, BLOCK_N):
+            m_i, l_i, acc = _attend_keys(
+                key0, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
+                mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos,
+                stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION, MASKED)
+    else:  # the interpreter cannot take loaded bounds in range()
+        n = start
+        while n < stop:
+            m_i, l_i, acc = _attend_keys(
+                n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
+                mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos,
+                stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION, MASKED)
+            n += BLOCK_N
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -127,33 +145,15 @@ def _paged_attention_kernel(
         if INTERIOR:  # whole key tiles that every row of the tile attends to: no masks
             first_pos = seq_len - q_len + (tile * BLOCK_M) // GROUP  # the position of the tile's first row
             interior_end = n + tl.maximum(tl.minimum(kv_stop, first_pos + 1) - n, 0) // BLOCK_N * BLOCK_N
-            if LOOP_FOR:
-                for key0 in range(n, interior_end, BLOCK_N):
-                    m_i, l_i, acc = _attend_keys(
-                        key0, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head,
-                        offs_d, mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
-                        stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION, MASKED=False)
-            else:
-                while n < interior_end:
-                    m_i, l_i, acc = _attend_keys(
-                        n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head,
-                        offs_d, mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
-                        stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION, MASKED=False)
-                    n += BLOCK_N
+            m_i, l_i, acc = _walk_keys(
+                n, interior_end, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head,
+                offs_d, mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
+                stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION, False, LOOP_FOR)
             n = interior_end
-        if LOOP_FOR:  # compiled: a for loop, which the pipeliner can prefetch (a while loop it cannot)
-            for key0 in range(n, kv_stop, BLOCK_N):
-                m_i, l_i, acc = _attend_keys(
-                    key0, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
-                    mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
-                    stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION)
-        else:  # the interpreter cannot take loaded bounds in range()
-            while n < kv_stop:
-                m_i, l_i, acc = _attend_keys(
-                    n, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
-                    mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block,
-                    stride_vc_pos, stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION)
-                n += BLOCK_N
+        m_i, l_i, acc = _walk_keys(
+            n, kv_stop, kv_stop, q_tile, q_pos, m_i, l_i, acc, k_cache, v_cache, block_tables, seq, kv_head, offs_d,
+            mask_d, scale_log2, stride_kc_block, stride_kc_pos, stride_kc_head, stride_vc_block, stride_vc_pos,
+            stride_vc_head, stride_bt, PAGE, BLOCK_N, PRECISION, True, LOOP_FOR)
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         out_row = (q_start + token).to(tl.int64)
         if SPLIT:  # partial output [T, Hq, splits, D] fp32 and its log2-sum-exp [T, Hq, splits]
