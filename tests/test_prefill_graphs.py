@@ -113,8 +113,28 @@ def test_a_rung_longer_than_max_model_len_runs_its_capture_layout(checkpoint_fac
     batch = graphs.capture_batch(128)
     assert int(batch.positions.max()) < 40
     with torch.inference_mode():
-        logits = graphs._forward(batch)
-    assert logits.shape[0] == 1 and torch.isfinite(logits).all()
+        hidden = graphs._forward(batch)
+    assert hidden.shape == (1, graphs.model.config.hidden_size) and torch.isfinite(hidden).all()
+
+
+def test_only_the_chunk_that_samples_runs_the_lm_head_after_its_pass(checkpoint_factory):
+    """A prompt longer than the step budget prefills in chunks, each a padded pass; the passes end at the last
+    row's hidden state, and the LM head runs for the last chunk alone, as eagerly."""
+    path = checkpoint_factory("qwen3.5")
+    plain, padded = (LLM(path, device="cpu", max_num_batched_tokens=48, enable_prefix_caching=False)
+                     for _ in range(2))
+    passes = _with_padded_prefill_passes(padded, 64)
+    model = padded.engine.loaded.runner.model
+    heads, compute_logits = [], model.compute_logits
+    model.compute_logits = lambda hidden: heads.append(len(passes)) or compute_logits(hidden)
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(97, 140))]
+    params = SamplingParams(max_tokens=1, temperature=0, logprobs=0)
+    plain_out, padded_out = (llm.generate([prompt], params)[0] for llm in (plain, padded))
+    assert [n for n, _, _ in passes] == [48, 48, len(prompt) - 96]
+    assert heads == [3]  # once, after the third pass
+    assert plain_out.outputs[0].token_ids == padded_out.outputs[0].token_ids
+    torch.testing.assert_close(_logprobs(padded_out), _logprobs(plain_out), rtol=0, atol=1e-4)
 
 
 def test_the_ladder_steps_16_rows_to_128_then_32_to_256_then_64_to_1024_then_128_to_a_2048_token_step():

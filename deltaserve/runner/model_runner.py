@@ -69,8 +69,9 @@ class ModelRunner:
         if decode_graph:
             logits, _ = self.graphs.run(host)
         elif prefill_graph:
-            logits = self.prefill_graphs.run(host, captures, restores[0] if restores else None,
+            hidden = self.prefill_graphs.run(host, captures, restores[0] if restores else None,
                                              plan.block_copies[0].pair if plan.block_copies else None)
+            logits = self.model.compute_logits(hidden) if sampling else None
         else:
             every_row = any(c.request.params.prompt_logprobs is not None for c in plan.chunks)
             batch = self.to_forward_batch(host, plan.is_decode, output_rows=not every_row)

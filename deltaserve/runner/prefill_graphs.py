@@ -6,8 +6,11 @@ pass that computes them runs every layer once: eagerly, the host's launches (abo
 take longer than the GPU's work. Replayed as a graph, the pass costs what its kernels cost. The
 pass's n rows are padded to the rung with a second, padding sequence (no KV written, the spare state
 slot), and its mid-pass snapshot captures to MAX_GRAPH_CAPTURES entries (the unused ones name rows
-past the pass, which the kernels skip); the logits come from row n - 1, the one row its last layer
-computes after attention's keys and values (see OutputRows). A pass that restores its
+past the pass, which the kernels skip). The graph ends at the hidden state of row n - 1, the one row its
+last layer computes after attention's keys and values (see OutputRows); the LM head runs after the replay,
+and only for a pass that samples: every chunk of a long prompt but its last one samples nothing, and the
+head reads its whole weight even for one row (0.44 ms a chunk at the Qwen3.5-9B shape's 248320 x 4096,
+skinny_gemm.json). A pass that restores its
 sequence's state from a snapshot does so inside the graph, from the slots in the buffers: launched
 from the host, that copy cost ~0.16 ms before the pass could start. So does a pass that restores
 from a cached tail copy the tail's KV block into its own (0.16 ms from the host too). The same pass
@@ -75,7 +78,7 @@ class PrefillGraphs:
         self.snapshots = snapshots  # SnapshotPool: captures on; None: the model or the engine keeps none
         self.sizes = prefill_ladder(min(MAX_ROWS, buffers.max_prefill_rows))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.hidden: dict[int, torch.Tensor] = {}  # per rung: the last row's hidden state [1, H] a replay writes
 
     def capture(self, pool) -> None:
         if not self.sizes:  # buffers of fewer rows than the first rung: every prefill pass runs eagerly
@@ -83,7 +86,7 @@ class PrefillGraphs:
         started, before = time.perf_counter(), torch.cuda.memory_allocated()
         for size in reversed(self.sizes):
             batch = self.capture_batch(size)
-            self.graphs[size], self.logits[size] = capture_graph(lambda: self._forward(batch), pool)
+            self.graphs[size], self.hidden[size] = capture_graph(lambda: self._forward(batch), pool)
         log.info("captured %d prefill graphs (%d..%d rows) in %.1f s using %.0f MiB", len(self.sizes), self.sizes[0],
                  self.sizes[-1], time.perf_counter() - started, (torch.cuda.memory_allocated() - before) / 2**20)
 
@@ -102,7 +105,7 @@ class PrefillGraphs:
             self.snapshots.restore_at(self.buffers.restore, self.buffers.state_pool)
         if self.buffers.kv_pool is not None:
             self.buffers.kv_pool.copy_block_at(self.buffers.kv_copy)
-        return self.model.compute_logits(self.model(batch.input_ids, batch))  # the hidden state of the last row
+        return self.model(batch.input_ids, batch)  # the hidden state of the last row
 
     def rung(self, num_rows: int, captures: list[tuple[int, int]]) -> int | None:
         """The smallest rung with room for the pass (the padding sequence may be empty: a full step's chunk
@@ -117,11 +120,11 @@ class PrefillGraphs:
             kv_copy: tuple[int, int] | None = None) -> torch.Tensor:
         """Runs the pass of host's one sequence (see rung), first restoring its state when `restore`
         (snapshot slot, state slot) and copying a KV block when `kv_copy` (source, destination); returns
-        the logits of its last row [1, V]. Without a captured graph (CPU) the same padded batch runs
-        eagerly."""
+        the hidden state of its last row [1, H], for the LM head where the pass samples. Without a captured
+        graph (CPU) the same padded batch runs eagerly."""
         size = self.rung(len(host.input_ids), captures)
         pairs = self.buffers.load_prefill(host, size, captures, self._padding_snapshot_slot, restore, kv_copy)
         if size in self.graphs:
             self.graphs[size].replay()
-            return self.logits[size]
+            return self.hidden[size]
         return self._forward(self.buffers.prefill_view(size, self.snapshots, pairs))
