@@ -7,7 +7,8 @@ Each run is that tree's own benchmarks/engine_bench.py in a fresh process, with 
 to the tree's label. Odd rounds run the trees in the order given and even rounds in reverse (A B B A),
 so that the card's drift over the command (its clocks, its temperature) falls on every tree alike.
 `--concurrency` (empty by default: prefill only), `--prefill`, `--prefill-passes`, `--gdn-state-dtype`,
-`--max-model-len`, `--prompt-len`, `--temperature`, `--top-p`, `--top-k` and the three penalties pass through.
+`--max-model-len`, `--max-num-batched-tokens`, `--prompt-len`, `--temperature`, `--top-p`, `--top-k` and the
+three penalties pass through.
 """
 
 import argparse
@@ -21,7 +22,7 @@ import results_io  # this directory's module: first on the path of a script
 
 
 def run_tree(tree: str, label: str, shape: str, concurrency: str, prefill: str, gdn_state_dtype: str = "float32",
-             max_model_len: int = 33024, prompt_len: int | None = None, sampling: tuple = (),
+             max_model_len: int = 33024, prompt_len: int | None = None, options: tuple = (),
              prefill_passes: int = 1) -> dict:
     """One run of the tree's own engine_bench.py in a fresh process: its result."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -31,7 +32,7 @@ def run_tree(tree: str, label: str, shape: str, concurrency: str, prefill: str, 
                    "--max-model-len", str(max_model_len), "--out", out]
         if prompt_len is not None:  # a tree whose engine_bench predates the option runs without it
             command += ["--prompt-len", str(prompt_len)]
-        command += list(sampling)  # empty when greedy: a tree whose engine_bench predates the options runs too
+        command += list(options)  # only those set: a tree whose engine_bench predates the others runs too
         if prefill_passes > 1:  # likewise
             command += ["--prefill-passes", str(prefill_passes)]
         subprocess.run(command, cwd=tree, env=dict(os.environ, DELTASERVE_COMMIT=label), check=True,
@@ -56,21 +57,26 @@ def main() -> None:
     ap.add_argument("--presence-penalty", type=float, default=0.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prefill-passes", type=int, default=1, help="engine_bench's: prefill passes timed a length")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="engine_bench's step budget (its default: a whole prompt in one pass)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     trees = [t.split("=") for t in args.trees.split(",")]
-    sampling = ("--temperature", str(args.temperature), "--top-p", str(args.top_p)) if args.temperature else ()
-    sampling += ("--top-k", str(args.top_k)) if args.top_k > 0 else ()
+    options = ("--temperature", str(args.temperature), "--top-p", str(args.top_p)) if args.temperature else ()
+    options += ("--top-k", str(args.top_k)) if args.top_k > 0 else ()
+    if args.max_num_batched_tokens is not None:
+        options += ("--max-num-batched-tokens", str(args.max_num_batched_tokens))
     for name, off in (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0)):
         if getattr(args, name) != off:
-            sampling += ("--" + name.replace("_", "-"), str(getattr(args, name)))
+            options += ("--" + name.replace("_", "-"), str(getattr(args, name)))
     result = {**results_io.header(), "shape": args.shape, "trees": dict(trees), "temperature": args.temperature,
               "top_p": args.top_p, "top_k": args.top_k, "repetition_penalty": args.repetition_penalty,
-              "frequency_penalty": args.frequency_penalty, "presence_penalty": args.presence_penalty, "runs": []}
+              "frequency_penalty": args.frequency_penalty, "presence_penalty": args.presence_penalty,
+              "max_num_batched_tokens": args.max_num_batched_tokens, "runs": []}
     for round_ in range(1, args.rounds + 1):
         for tree, label in trees if round_ % 2 else trees[::-1]:
             run = run_tree(tree, label, args.shape, args.concurrency, args.prefill, args.gdn_state_dtype,
-                           args.max_model_len, args.prompt_len, sampling, args.prefill_passes)
+                           args.max_model_len, args.prompt_len, options, args.prefill_passes)
             entry = {"round": round_, "commit": label, "startup_s": run["startup_s"],
                      "decode": run["decode"], "prefill": run["prefill"]}
             result["runs"].append(entry)
