@@ -205,7 +205,7 @@ class ModelRunner:
         return batch
 
     def _fresh_prefill(self, host: HostBatch, lengths: list[int]) -> bool:
-        """Prompts that all start at position 0, one longer than FRESH_PREFILL_MIN_TOKENS: dense attention
+        """Prompts that all start at position 0, one of FRESH_PREFILL_MIN_TOKENS rows or more: dense attention
         within each chunk. lengths: each sequence's rows in this step."""
         return (self.device.type == "cuda" and max(lengths, default=0) >= FRESH_PREFILL_MIN_TOKENS
                 and all(n == seq_len for n, seq_len in zip(lengths, host.seq_lens)))
