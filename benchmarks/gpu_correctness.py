@@ -4,8 +4,8 @@
 - in bf16, decode steps replayed as CUDA graphs give the same tokens as the same steps run eagerly,
   greedy and with seeded sampled rows beside greedy ones (top-k among them, and top-p / min-p alone);
 - each prompt sent alone (its prefill passes replayed as graphs), and prompts of 128, 700, 1500 and 2048 tokens
-  (128 and 2048 fill their rungs beside a padding sequence of no rows) and 3000 (a chunk of 2048 rows, then 952
-  over its keys), gives in fp32 the CPU's tokens;
+  (128 and 2048 fill their rungs beside a padding sequence of no rows) and 3000 (a chunk of 2048 rows that samples
+  nothing, so no LM head runs after its graph, then 952 over its keys), gives in fp32 the CPU's tokens;
 - two first prompts of 1100 and 900 tokens in one step (an eager pass, paged attention in 128-row tiles
   walking their unmasked interior) give in fp32 the CPU's tokens;
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
