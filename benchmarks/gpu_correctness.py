@@ -11,7 +11,9 @@
 - in bf16 with graphs, a prompt and a follow-up turn sent twice (the second a prefix-cache hit) give
   byte-identical tokens and logprobs;
 - in bf16 with graphs, no launched decode step (greedy rows beside seeded sampled ones) waits for the GPU;
-- greedy tokens under repetition, frequency and presence penalties on the GPU in fp32 identical to the CPU's.
+- greedy tokens under repetition, frequency and presence penalties on the GPU in fp32 identical to the CPU's;
+- a prompt arriving while two others decode (their step split into a decode graph and a prefill graph) gives,
+  with the rows decoding beside it, in fp32 the CPU's tokens.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -64,6 +66,32 @@ def replays_exactly(llm: LLM, prompt: list[int], rng: random.Random) -> bool:
     return all(same)
 
 
+def arrivals(llm: LLM, prompts) -> tuple[list[list[int]], int]:
+    """prompts[0] and prompts[1] decode; a few steps on, prompts[2] arrives alone (a step of decode rows and
+    one short chunk: two graphs on the GPU, see model_runner.MIXED_SPLIT_MAX_ROWS). Their greedy tokens, and
+    the steps that ran split."""
+    engine, done = llm.engine, {}
+    runner = engine.runner
+    execute_split, splits = runner._execute_split, []
+    runner._execute_split = lambda plan, *parts: splits.append(plan) or execute_split(plan, *parts)
+    try:
+        for i, prompt in enumerate(prompts[:2]):
+            engine.add_request(f"arrival-{i}", prompt, GREEDY)
+        for step in range(40):
+            if step == 4:
+                engine.add_request("arrival-2", prompts[2], GREEDY)
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+    finally:
+        del runner._execute_split  # the class's method again
+    return [done[f"arrival-{i}"] for i in range(3)], len(splits)
+
+
 def launches_without_sync(llm: LLM, prompts) -> dict:
     """The MIXED and NUCLEUS prompts with every launched decode step under torch's sync debug mode set to raise: a
     launched step (greedy rows replayed, sampled rows sampled on the device) must not wait for the GPU, or
@@ -110,7 +138,7 @@ def main() -> None:
               "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {},
               "graph_vs_eager_bf16_top_p_min_p_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
               "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {},
-              "fp32_penalised_gpu_vs_cpu": {}, "fp32_long_pair_gpu_vs_cpu": {}}
+              "fp32_penalised_gpu_vs_cpu": {}, "fp32_long_pair_gpu_vs_cpu": {}, "fp32_arrival_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         cpu_llm = LLM(path, device="cpu", **state)
@@ -130,6 +158,9 @@ def main() -> None:
         result["bf16_graph_launches_without_sync"][arch] = launches_without_sync(graph_llm, prompts)
         pair = tokens(gpu_llm, long_pair)
         result["fp32_long_pair_gpu_vs_cpu"][arch] = {"identical": pair == tokens(cpu_llm, long_pair)}
+        arrived, splits = arrivals(gpu_llm, prompts[1:])
+        result["fp32_arrival_gpu_vs_cpu"][arch] = {"identical": arrived == arrivals(cpu_llm, prompts[1:])[0],
+                                                   "split_steps": splits}
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -138,7 +169,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-9:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-10:]), flush=True)
         results_io.write(args.out, result)
 
 

@@ -19,6 +19,8 @@ def test_warm_up_groups_fit_one_step_and_cover_every_class(max_num_seqs, budget)
     groups = warm_up_groups(max_num_seqs, budget, max_model_len=4096)
     for lengths in groups:  # a longer prompt in each: a step of one-token prompts alone runs as decode
         assert len(lengths) <= max_num_seqs and sum(lengths) <= budget and max(lengths) >= 2
+        # and two where there are one-token ones: beside one, they would run as two graphs (mixed split)
+        assert len(lengths) == 1 or sum(n > 1 for n in lengths) >= 2, lengths
     # The GDN dispatch's row classes (token loop, 16-row chunks, 64-row chunks), with one sequence.
     single = {sum(g) for g in groups if len(g) == 1}
     assert any(r <= 16 for r in single) and any(16 < r <= 128 for r in single) and any(r > 128 for r in single)

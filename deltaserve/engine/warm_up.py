@@ -71,9 +71,11 @@ def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len
         for rows, bound in ROW_TARGETS:
             lengths = _ragged(seqs, min(rows, max_num_batched_tokens), max_model_len)
             if bound is not None and sum(lengths) > bound:
-                # Many sequences in few rows, as when decode rows share a step with a short chunk: one-token
-                # prompts beside one longer one (a step of one-token prompts alone would run as decode).
-                lengths = [1] * (seqs - 1) + [max(2, min(rows, bound) - (seqs - 1))]
+                # Many sequences in few rows, as when decode rows share a step with short chunks: one-token
+                # prompts beside two longer ones (one-token prompts alone would run as a decode step, and beside
+                # one longer prompt as a decode graph and a prefill graph: model_runner.MIXED_SPLIT_MAX_ROWS).
+                rest = max(4, min(rows, bound) - (seqs - 2))
+                lengths = [1] * (seqs - 2) + [rest // 2, rest - rest // 2]
             add(lengths, bound)
     for seqs in CONV_SEQUENCE_COUNTS:
         for rows in CONV_ROW_TARGETS:

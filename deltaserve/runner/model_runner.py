@@ -30,6 +30,14 @@ from deltaserve.runner.snapshot_steps import chunk_end_saves, mid_chunk_capture_
 # never starts.
 FRESH_PREFILL_MIN_TOKENS = MAX_ROWS + 1
 
+# A step of decode rows and one prefill chunk of at most this many rows (a request arriving while others
+# decode) runs as two graphs, the decode rows' and the chunk's, instead of one eager pass. Eagerly a pass of
+# 128 to 1024 rows is bound by the host's launches: one prompt of the Qwen3.5-9B shape took 20-53 ms whatever
+# its length, where its graph took 7.3-7.9 ms at 128 tokens, 16.8-17.1 at 600 and 29.5-39.9 at 1000
+# (prefill_graphs.LADDER's notes), and the decode graph 4.5-9.4 ms a step from 1 to 128 rows. A longer chunk's
+# kernels outlast the host's launches, and its decode rows ride along for little more than the chunk's time.
+MIXED_SPLIT_MAX_ROWS = 1024
+
 
 @dataclass
 class StepResult:
@@ -57,6 +65,9 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan):
         """Runs one step: the sampled tokens of the chunks that reach their end, and logprobs asked for."""
+        split = self._mixed_split(plan)
+        if split is not None:
+            return self._execute_split(plan, *split)
         sampling = [c for c in plan.chunks if c.samples]
         prompt_logprobs = {}
         decode_graph = self._replayable(plan)
@@ -69,8 +80,7 @@ class ModelRunner:
         if decode_graph:
             logits, _ = self.graphs.run(host)
         elif prefill_graph:
-            hidden = self.prefill_graphs.run(host, captures, restores[0] if restores else None,
-                                             plan.block_copies[0].pair if plan.block_copies else None)
+            hidden = self._run_prefill_graph(plan, host, captures)
             logits = self.model.compute_logits(hidden) if sampling else None
         else:
             every_row = any(c.request.params.prompt_logprobs is not None for c in plan.chunks)
@@ -87,6 +97,48 @@ class ModelRunner:
             return StepResult(prompt_logprobs=prompt_logprobs)
         tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
         return StepResult(sampling, tokens, logprobs, prompt_logprobs)
+
+    def _execute_split(self, plan: StepPlan, decode: StepPlan, prefill: StepPlan,
+                       captures: list[tuple[int, int]]) -> StepResult:
+        """Runs `plan` as its decode rows' graph (`decode`), then its prefill chunk's (`prefill`, whose mid-chunk
+        captures are `captures`); see _mixed_split."""
+        self._prepare_states(plan, [], copy_blocks=False)  # the prefill graph restores and copies its own
+        logits, _ = self.graphs.run(build_host_batch(decode, self.block_size))
+        hidden = self._run_prefill_graph(prefill, build_host_batch(prefill, self.block_size), captures)
+        sampling = list(decode.chunks)  # every decode row samples
+        chunk = prefill.chunks[0]
+        if chunk.samples:
+            logits = torch.cat([logits, self.model.compute_logits(hidden)])
+            sampling.append(chunk)
+        self._save_snapshots(plan)
+        tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
+        return StepResult(sampling, tokens, logprobs)
+
+    def _run_prefill_graph(self, plan: StepPlan, host: HostBatch, captures: list[tuple[int, int]]) -> torch.Tensor:
+        """The one-sequence pass of `plan` by its prefill graph, which restores the sequence's snapshot and
+        copies its cached tail block itself: the hidden state of its last row."""
+        restores = restore_pairs(plan)
+        return self.prefill_graphs.run(host, captures, restores[0] if restores else None,
+                                       plan.block_copies[0].pair if plan.block_copies else None)
+
+    def _mixed_split(self, plan: StepPlan) -> tuple[StepPlan, StepPlan, list[tuple[int, int]]] | None:
+        """A step of decode rows and one prefill chunk of at most MIXED_SPLIT_MAX_ROWS rows, as the plan of its
+        decode rows and that of its chunk (with the chunk's mid-chunk captures, rows counted from the chunk's
+        first): None unless both replay graphs. A restore or a tail's copy for a decode row (a prompt restored
+        to its last token) keeps the step eager."""
+        if self.graphs is None or self.prefill_graphs is None or plan.is_decode:
+            return None
+        chunks = [c for c in plan.chunks if c.num_tokens > 1]
+        if len(chunks) != 1 or chunks[0].num_tokens > MIXED_SPLIT_MAX_ROWS:
+            return None
+        chunk = chunks[0]
+        decode = StepPlan(chunks=[c for c in plan.chunks if c is not chunk])
+        prefill = StepPlan(chunks=[chunk], restores=plan.restores, block_copies=plan.block_copies,
+                           captures=[c for c in plan.captures if c.chunk is chunk])
+        captures = mid_chunk_capture_rows(prefill) if self.snapshots is not None else []
+        if not self._replayable(decode) or not self._prefill_replayable(prefill, captures):
+            return None
+        return decode, prefill, captures
 
     def can_launch(self, plan: StepPlan) -> bool:
         """Whether the plan can run without its tokens being read back before the next step is
