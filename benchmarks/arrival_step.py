@@ -1,0 +1,112 @@
+"""The step a request arrives in while others decode: two graphs (the decode rows', then the new prompt's
+prefill graph) against one eager pass, random weights in a real shape.
+
+    python benchmarks/arrival_step.py SHAPE --concurrency 1,8,32,128 --prompt-len 128,512,1024 --rounds 3 \
+        --out benchmarks/results/arrival_step_SHAPE.json
+
+C requests of 128-token prompts decode; a few steps on, one prompt of L tokens arrives, and the engine.step()
+call whose step takes it beside the decode rows is timed to its return (its tokens read back, the GPU idle
+before it). Both ways run in one process, alternated (A B B A) over `--rounds`: the split as the engine
+makes it (ModelRunner._mixed_split), and the same step kept eager (_mixed_split answering None), each after
+one untimed trial of its own. `decode_step_ms` is a plain decode step of the C rows, for scale. Prefix
+caching is off, so the prompt arrives as one chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from benchmarks import results_io  # noqa: E402
+from benchmarks.engine_bench import sync  # noqa: E402
+from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
+from deltaserve.engine.llm_engine import LLMEngine  # noqa: E402
+from deltaserve.errors import RequestNotFoundError  # noqa: E402
+from deltaserve.sampling_params import SamplingParams  # noqa: E402
+
+DECODING = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True, detokenize=False)
+ARRIVING = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, detokenize=False)
+PROMPT = 128
+DECODE_STEPS = 8  # decode steps before the arrival (the first ones timed for decode_step_ms)
+
+
+def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: bool) -> tuple[float, float]:
+    """One arrival: (the arrival step's wall time, a decode step's mean wall time before it), in seconds."""
+    runner = engine.runner
+    if split:
+        runner.__dict__.pop("_mixed_split", None)  # the class's method
+    else:
+        runner._mixed_split = lambda plan: None
+    ids = [f"d{time.monotonic_ns()}-{i}" for i in range(concurrency)]
+    for request_id in ids:
+        engine.add_request(request_id, tokens(PROMPT), DECODING)
+    engine.step()  # their prefill
+    sync()
+    started = time.perf_counter()
+    for _ in range(DECODE_STEPS):
+        engine.step()
+    sync()
+    decode_step = (time.perf_counter() - started) / DECODE_STEPS
+    arriving = f"a{time.monotonic_ns()}"
+    engine.add_request(arriving, tokens(prompt_len), ARRIVING)
+    started = time.perf_counter()
+    while not any(out.request_id == arriving and out.outputs[0].token_ids for out in engine.step()):
+        pass
+    arrival = time.perf_counter() - started
+    for request_id in ids + [arriving]:
+        try:
+            engine.abort(request_id)
+        except RequestNotFoundError:  # the arriving request finished meanwhile
+            pass
+    while engine.has_unfinished_requests():
+        engine.step()
+    sync()
+    return arrival, decode_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape")
+    ap.add_argument("--concurrency", default="1,8,32,128")
+    ap.add_argument("--prompt-len", default="128,512,1024")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    ladder = [int(c) for c in args.concurrency.split(",")]
+    lengths = [int(n) for n in args.prompt_len.split(",")]
+    budget = max(2048, max(lengths) + max(ladder))  # the arriving prompt in one chunk beside the decode rows
+    engine = dummy_engine(args.shape, device=args.device, max_num_seqs=max(ladder) + 1, max_num_batched_tokens=budget,
+                          max_model_len=args.max_model_len, enable_prefix_caching=False)
+    tokens = random_tokens(engine.model_config.vocab_size)
+    result = {**results_io.header(), "shape": args.shape, "max_num_batched_tokens": budget, "rows": []}
+    for c in ladder:
+        for length in lengths:
+            times = {True: [], False: []}
+            decode = []
+            for split in (True, False):  # one untimed trial each: kernels compiled, plans built
+                trial(engine, tokens, c, length, split)
+            for round_ in range(args.rounds):
+                for split in (True, False) if round_ % 2 == 0 else (False, True):
+                    arrival, step = trial(engine, tokens, c, length, split)
+                    times[split].append(round(arrival * 1e3, 3))
+                    decode.append(step * 1e3)
+            row = {"concurrency": c, "prompt_len": length, "split_ms": times[True], "eager_ms": times[False],
+                   "decode_step_ms": round(statistics.median(decode), 3)}
+            result["rows"].append(row)
+            print(row, flush=True)
+            results_io.write(args.out, result)
+    print(f"\n{'C':>4} {'prompt':>7} {'split ms':>10} {'eager ms':>10} {'decode ms':>10}")
+    for row in result["rows"]:
+        print(f"{row['concurrency']:>4} {row['prompt_len']:>7} {statistics.median(row['split_ms']):>10.2f} "
+              f"{statistics.median(row['eager_ms']):>10.2f} {row['decode_step_ms']:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
