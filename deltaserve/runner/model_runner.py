@@ -32,11 +32,13 @@ FRESH_PREFILL_MIN_TOKENS = MAX_ROWS + 1
 
 # A step of decode rows and one prefill chunk of at most this many rows (a request arriving while others
 # decode) runs as two graphs, the decode rows' and the chunk's, instead of one eager pass. Eagerly a pass of
-# 128 to 1024 rows is bound by the host's launches: one prompt of the Qwen3.5-9B shape took 20-53 ms whatever
-# its length, where its graph took 7.3-7.9 ms at 128 tokens, 16.8-17.1 at 600 and 29.5-39.9 at 1000
-# (prefill_graphs.LADDER's notes), and the decode graph 4.5-9.4 ms a step from 1 to 128 rows. A longer chunk's
-# kernels outlast the host's launches, and its decode rows ride along for little more than the chunk's time.
-MIXED_SPLIT_MAX_ROWS = 1024
+# 128 to 1024 rows is bound by the host's launches on most hosts: one prompt of the Qwen3.5-9B shape took
+# 20-53 ms whatever its length, where its graph took 7.3-7.9 ms at 128 tokens and 16.8-17.1 at 600
+# (prefill_graphs.LADDER's notes), and the decode graph takes 4.5-9.4 ms a step from 1 to 128 rows. On a host
+# whose eager passes were fast, 1024 rows took 24.7-25.2 ms eagerly and 25.2-26.5 as a graph: there the
+# decode graph would be added for nothing, while at 512 rows the two graphs take about what the host's
+# launches do. A longer chunk's kernels outlast the launches, and its decode rows ride along for little.
+MIXED_SPLIT_MAX_ROWS = 512
 
 
 @dataclass
