@@ -7,9 +7,10 @@ prefill graph) against one eager pass, random weights in a real shape.
 C requests of 128-token prompts decode; a few steps on, one prompt of L tokens arrives, and the engine.step()
 call whose step takes it beside the decode rows is timed to its return (its tokens read back, the GPU idle
 before it). Both ways run in one process, alternated (A B B A) over `--rounds`: the split as the engine
-makes it (ModelRunner._mixed_split), and the same step kept eager (_mixed_split answering None), each after
-one untimed trial of its own. `decode_step_ms` is a plain decode step of the C rows, for scale. Prefix
-caching is off, so the prompt arrives as one chunk.
+makes it (ModelRunner._mixed_split, here for a prompt of any length: MIXED_SPLIT_MAX_ROWS is what these
+times set), and the same step kept eager (_mixed_split answering None), each after one untimed trial of its
+own. `split_steps` counts the split arm's steps that did run split. `decode_step_ms` is a plain decode step
+of the C rows, for scale. Prefix caching is off, so the prompt arrives as one chunk.
 """
 
 from __future__ import annotations
@@ -27,21 +28,28 @@ from benchmarks.engine_bench import sync  # noqa: E402
 from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.llm_engine import LLMEngine  # noqa: E402
 from deltaserve.errors import RequestNotFoundError  # noqa: E402
+from deltaserve.runner import model_runner  # noqa: E402
 from deltaserve.sampling_params import SamplingParams  # noqa: E402
 
 DECODING = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True, detokenize=False)
 ARRIVING = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, detokenize=False)
 PROMPT = 128
+SPLIT_ROWS = model_runner.MIXED_SPLIT_MAX_ROWS
 DECODE_STEPS = 8  # decode steps before the arrival (the first ones timed for decode_step_ms)
 
 
-def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: bool) -> tuple[float, float]:
-    """One arrival: (the arrival step's wall time, a decode step's mean wall time before it), in seconds."""
+def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: bool) -> tuple[float, float, int]:
+    """One arrival: the arrival step's wall time and a decode step's mean wall time before it, in seconds, and
+    how many steps ran split."""
     runner = engine.runner
     if split:
         runner.__dict__.pop("_mixed_split", None)  # the class's method
+        model_runner.MIXED_SPLIT_MAX_ROWS = max(SPLIT_ROWS, prompt_len)
     else:
         runner._mixed_split = lambda plan: None
+    splits = []
+    execute_split = type(runner)._execute_split
+    runner._execute_split = lambda plan, *parts: splits.append(plan) or execute_split(runner, plan, *parts)
     ids = [f"d{time.monotonic_ns()}-{i}" for i in range(concurrency)]
     for request_id in ids:
         engine.add_request(request_id, tokens(PROMPT), DECODING)
@@ -66,7 +74,7 @@ def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: b
     while engine.has_unfinished_requests():
         engine.step()
     sync()
-    return arrival, decode_step
+    return arrival, decode_step, len(splits)
 
 
 def main() -> None:
@@ -88,17 +96,19 @@ def main() -> None:
     result = {**results_io.header(), "shape": args.shape, "max_num_batched_tokens": budget, "rows": []}
     for c in ladder:
         for length in lengths:
-            times = {True: [], False: []}
+            times, splits = {True: [], False: []}, {True: 0, False: 0}
             decode = []
             for split in (True, False):  # one untimed trial each: kernels compiled, plans built
                 trial(engine, tokens, c, length, split)
             for round_ in range(args.rounds):
                 for split in (True, False) if round_ % 2 == 0 else (False, True):
-                    arrival, step = trial(engine, tokens, c, length, split)
+                    arrival, step, split_steps = trial(engine, tokens, c, length, split)
                     times[split].append(round(arrival * 1e3, 3))
+                    splits[split] += split_steps
                     decode.append(step * 1e3)
             row = {"concurrency": c, "prompt_len": length, "split_ms": times[True], "eager_ms": times[False],
-                   "decode_step_ms": round(statistics.median(decode), 3)}
+                   "decode_step_ms": round(statistics.median(decode), 3), "split_steps": splits[True],
+                   "split_steps_of_the_eager_arm": splits[False]}
             result["rows"].append(row)
             print(row, flush=True)
             results_io.write(args.out, result)
