@@ -44,8 +44,8 @@ def _step(engine: LLMEngine, done: dict) -> None:
     for out in engine.step():
         if out.finished:
             o = out.outputs[0]
-            done[out.request_id] = (o.token_ids, [entry[t].logprob for entry, t in zip(o.logprobs, o.token_ids)],
-                                    out.num_cached_tokens)
+            logprobs = [entry[t].logprob for entry, t in zip(o.logprobs or [], o.token_ids)]
+            done[out.request_id] = (o.token_ids, logprobs, out.num_cached_tokens)
 
 
 def _arrivals(engine: LLMEngine, seed: int) -> dict:
