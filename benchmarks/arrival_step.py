@@ -7,10 +7,10 @@ prefill graph) against one eager pass, random weights in a real shape.
 C requests of 128-token prompts decode; a few steps on, one prompt of L tokens arrives, and the engine.step()
 call whose step takes it beside the decode rows is timed to its return (its tokens read back, the GPU idle
 before it). Both ways run in one process, alternated (A B B A) over `--rounds`: the split as the engine
-makes it (ModelRunner._mixed_split, here for a prompt of any length: MIXED_SPLIT_MAX_ROWS is what these
-times set), and the same step kept eager (_mixed_split answering None), each after one untimed trial of its
-own. `split_steps` counts the split arm's steps that did run split. `decode_step_ms` is a plain decode step
-of the C rows, for scale. Prefix caching is off, so the prompt arrives as one chunk.
+makes it (ModelRunner._graph_passes, here for a prompt of any length: MIXED_SPLIT_MAX_ROWS is what these
+times set), and the same step kept eager (MIXED_SPLIT_MAX_ROWS 0), each after one untimed trial of its own.
+`split_steps` counts the split arm's steps that did run split. `decode_step_ms` is a plain decode step of the
+C rows, for scale. Prefix caching is off, so the prompt arrives as one chunk.
 """
 
 from __future__ import annotations
@@ -42,14 +42,16 @@ def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: b
     """One arrival: the arrival step's wall time and a decode step's mean wall time before it, in seconds, and
     how many steps ran split."""
     runner = engine.runner
-    if split:
-        runner.__dict__.pop("_mixed_split", None)  # the class's method
-        model_runner.MIXED_SPLIT_MAX_ROWS = max(SPLIT_ROWS, prompt_len)
-    else:
-        runner._mixed_split = lambda plan: None
+    model_runner.MIXED_SPLIT_MAX_ROWS = max(SPLIT_ROWS, prompt_len) if split else 0
     splits = []
-    execute_split = type(runner)._execute_split
-    runner._execute_split = lambda plan, *parts: splits.append(plan) or execute_split(runner, plan, *parts)
+    execute_graphs = type(runner)._execute_graphs
+
+    def counted(plan, decode, *parts):
+        if decode is not None:
+            splits.append(plan)
+        return execute_graphs(runner, plan, decode, *parts)
+
+    runner._execute_graphs = counted
     ids = [f"d{time.monotonic_ns()}-{i}" for i in range(concurrency)]
     for request_id in ids:
         engine.add_request(request_id, tokens(PROMPT), DECODING)

@@ -72,8 +72,14 @@ def arrivals(llm: LLM, prompts) -> tuple[list[list[int]], int]:
     the steps that ran split."""
     engine, done = llm.engine, {}
     runner = engine.runner
-    execute_split, splits = runner._execute_split, []
-    runner._execute_split = lambda plan, *parts: splits.append(plan) or execute_split(plan, *parts)
+    execute_graphs, splits = runner._execute_graphs, []
+
+    def counted(plan, decode, *parts):
+        if decode is not None:
+            splits.append(plan)
+        return execute_graphs(plan, decode, *parts)
+
+    runner._execute_graphs = counted
     try:
         for i, prompt in enumerate(prompts[:2]):
             engine.add_request(f"arrival-{i}", prompt, GREEDY)
@@ -88,7 +94,7 @@ def arrivals(llm: LLM, prompts) -> tuple[list[list[int]], int]:
                 if out.finished:
                     done[out.request_id] = out.outputs[0].token_ids
     finally:
-        del runner._execute_split  # the class's method again
+        del runner._execute_graphs  # the class's method again
     return [done[f"arrival-{i}"] for i in range(3)], len(splits)
 
 

@@ -25,13 +25,14 @@ def _with_uncaptured_graphs(engine: LLMEngine, max_prefill_rows: int) -> list[tu
                           runner.state_pool, runner.device, max_prefill_rows=max_prefill_rows)
     runner.graphs = DecodeGraphs(runner.model, buffers, config.max_num_seqs, loaded.model_config.vocab_size)
     runner.prefill_graphs = PrefillGraphs(runner.model, buffers, runner.snapshots)
-    splits, execute_split = [], runner._execute_split
+    splits, execute_graphs = [], runner._execute_graphs
 
     def recorded(plan, decode, prefill, captures):
-        splits.append((len(decode.chunks), prefill.chunks[0].num_tokens, bool(prefill.restores)))
-        return execute_split(plan, decode, prefill, captures)
+        if decode is not None:
+            splits.append((len(decode.chunks), prefill.chunks[0].num_tokens, bool(prefill.restores)))
+        return execute_graphs(plan, decode, prefill, captures)
 
-    runner._execute_split = recorded
+    runner._execute_graphs = recorded
     return splits
 
 

@@ -67,23 +67,17 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan):
         """Runs one step: the sampled tokens of the chunks that reach their end, and logprobs asked for."""
-        split = self._mixed_split(plan)
-        if split is not None:
-            return self._execute_split(plan, *split)
+        passes = self._graph_passes(plan)
+        if passes is not None:
+            return self._execute_graphs(plan, *passes)
         sampling = [c for c in plan.chunks if c.samples]
         prompt_logprobs = {}
         decode_graph = self._replayable(plan)
         captures = mid_chunk_capture_rows(plan) if self.snapshots is not None and not decode_graph else []
-        prefill_graph = not decode_graph and self._prefill_replayable(plan, captures)
-        restores = restore_pairs(plan)
-        # A prefill graph restores its one sequence's state and copies its KV tail itself (see PrefillGraphs).
-        self._prepare_states(plan, [] if prefill_graph else restores, copy_blocks=not prefill_graph)
+        self._prepare_states(plan, restore_pairs(plan))
         host = build_host_batch(plan, self.block_size)
         if decode_graph:
             logits, _ = self.graphs.run(host)
-        elif prefill_graph:
-            hidden = self._run_prefill_graph(plan, host, captures)
-            logits = self.model.compute_logits(hidden) if sampling else None
         else:
             every_row = any(c.request.params.prompt_logprobs is not None for c in plan.chunks)
             batch = self.to_forward_batch(host, plan.is_decode, output_rows=not every_row)
@@ -100,45 +94,52 @@ class ModelRunner:
         tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
         return StepResult(sampling, tokens, logprobs, prompt_logprobs)
 
-    def _execute_split(self, plan: StepPlan, decode: StepPlan, prefill: StepPlan,
-                       captures: list[tuple[int, int]]) -> StepResult:
-        """Runs `plan` as its decode rows' graph (`decode`), then its prefill chunk's (`prefill`, whose mid-chunk
-        captures are `captures`); see _mixed_split."""
-        self._prepare_states(plan, [], copy_blocks=False)  # the prefill graph restores and copies its own
-        logits, _ = self.graphs.run(build_host_batch(decode, self.block_size))
-        hidden = self._run_prefill_graph(prefill, build_host_batch(prefill, self.block_size), captures)
-        sampling = list(decode.chunks)  # every decode row samples
+    def _execute_graphs(self, plan: StepPlan, decode: StepPlan | None, prefill: StepPlan,
+                        captures: list[tuple[int, int]]) -> StepResult:
+        """Runs `plan` as its decode rows' graph (`decode`, None without them), then its prefill chunk's
+        (`prefill`, whose mid-chunk captures are `captures`); see _graph_passes. The prefill graph restores its
+        sequence's state and copies its KV tail itself (see PrefillGraphs); the LM head runs after it, where
+        the chunk samples."""
+        self._prepare_states(plan, [], copy_blocks=False)
+        logits, sampling = [], []
+        if decode is not None:
+            logits.append(self.graphs.run(build_host_batch(decode, self.block_size))[0])
+            sampling += decode.chunks  # every decode row samples
+        restores = restore_pairs(prefill)
+        hidden = self.prefill_graphs.run(build_host_batch(prefill, self.block_size), captures,
+                                         restores[0] if restores else None,
+                                         prefill.block_copies[0].pair if prefill.block_copies else None)
         chunk = prefill.chunks[0]
         if chunk.samples:
-            logits = torch.cat([logits, self.model.compute_logits(hidden)])
+            logits.append(self.model.compute_logits(hidden))
             sampling.append(chunk)
         self._save_snapshots(plan)
-        tokens, logprobs = self.sampler(logits, [c.request for c in sampling])
+        if not sampling:
+            return StepResult()
+        tokens, logprobs = self.sampler(torch.cat(logits) if len(logits) > 1 else logits[0],
+                                        [c.request for c in sampling])
         return StepResult(sampling, tokens, logprobs)
 
-    def _run_prefill_graph(self, plan: StepPlan, host: HostBatch, captures: list[tuple[int, int]]) -> torch.Tensor:
-        """The one-sequence pass of `plan` by its prefill graph, which restores the sequence's snapshot and
-        copies its cached tail block itself: the hidden state of its last row."""
-        restores = restore_pairs(plan)
-        return self.prefill_graphs.run(host, captures, restores[0] if restores else None,
-                                       plan.block_copies[0].pair if plan.block_copies else None)
-
-    def _mixed_split(self, plan: StepPlan) -> tuple[StepPlan, StepPlan, list[tuple[int, int]]] | None:
-        """A step of decode rows and one prefill chunk of at most MIXED_SPLIT_MAX_ROWS rows, as the plan of its
-        decode rows and that of its chunk (with the chunk's mid-chunk captures, rows counted from the chunk's
-        first): None unless both replay graphs. A restore or a tail's copy for a decode row (a prompt restored
-        to its last token) keeps the step eager."""
-        if self.graphs is None or self.prefill_graphs is None or plan.is_decode:
+    def _graph_passes(self, plan: StepPlan) -> tuple[StepPlan | None, StepPlan, list[tuple[int, int]]] | None:
+        """A step of one prefill chunk, alone or beside decode rows, as the plan of its decode rows (None without
+        them) and that of its chunk with the chunk's mid-chunk captures (rows counted from the chunk's first):
+        None unless they replay graphs. Beside decode rows the chunk holds at most MIXED_SPLIT_MAX_ROWS rows,
+        and a restore or a tail's copy for a decode row (a prompt restored to its last token) keeps the step
+        eager."""
+        if self.prefill_graphs is None or plan.is_decode:
             return None
         chunks = [c for c in plan.chunks if c.num_tokens > 1]
-        if len(chunks) != 1 or chunks[0].num_tokens > MIXED_SPLIT_MAX_ROWS:
+        if len(chunks) != 1:
             return None
         chunk = chunks[0]
-        decode = StepPlan(chunks=[c for c in plan.chunks if c is not chunk])
+        rows = [c for c in plan.chunks if c is not chunk]
+        decode = StepPlan(chunks=rows) if rows else None
+        if decode is not None and (chunk.num_tokens > MIXED_SPLIT_MAX_ROWS or not self._replayable(decode)):
+            return None
         prefill = StepPlan(chunks=[chunk], restores=plan.restores, block_copies=plan.block_copies,
                            captures=[c for c in plan.captures if c.chunk is chunk])
         captures = mid_chunk_capture_rows(prefill) if self.snapshots is not None else []
-        if not self._replayable(decode) or not self._prefill_replayable(prefill, captures):
+        if not self._prefill_replayable(prefill, captures):
             return None
         return decode, prefill, captures
 
