@@ -100,6 +100,8 @@ def test_a_warmed_up_engine_serves_what_a_cold_one_serves(arch, checkpoint_facto
                  SamplingParams(max_tokens=rng.randint(4, 20), temperature=0, ignore_eos=True)) for _ in range(5)]
     requests.append(([rng.randrange(300) for _ in range(40)],
                      SamplingParams(max_tokens=12, temperature=0.8, seed=rng.randrange(1000), ignore_eos=True)))
+    requests.append(([rng.randrange(300) for _ in range(30)],  # seeded by the engine's generator
+                     SamplingParams(max_tokens=12, temperature=0.8, ignore_eos=True)))
     outputs = []
     for warm in (False, True):
         engine = LLMEngine.from_args(path, device="cpu", max_model_len=256, max_num_seqs=40, warm_up=warm)

@@ -25,6 +25,9 @@ class RecentChains:
         if names:
             self._entries.append((token_bytes[: len(names) * self.step], names))
 
+    def clear(self) -> None:
+        self._entries.clear()
+
     def shared_names(self, token_bytes: bytes, max_blocks: int) -> list[BlockHash]:
         """The names of the longest run of leading blocks (at most max_blocks) that `token_bytes` shares
         with a remembered sequence."""

@@ -320,6 +320,7 @@ class PrefixCache:
         """Forgets every cached block and every snapshot not in use."""
         self.blocks.reset_cache()
         self.replay_points.clear()
+        self.recent.clear()
         if self.snapshots is not None:
             self.snapshots.clear()
 

@@ -111,8 +111,9 @@ def warm_up(engine, groups: list[list[int]] | None = None) -> int:
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
     greedy = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, detokenize=False)
-    # a group's rows sample in one step: one kind a group
-    sampled = [SamplingParams(max_tokens=1, temperature=1.0, top_p=top_p, top_k=top_k, ignore_eos=True,
+    # a group's rows sample in one step: one kind a group; seeded, so that the engine's generator, which
+    # seeds the rows of requests that bring no seed, starts serving where a cold engine's would
+    sampled = [SamplingParams(max_tokens=1, temperature=1.0, top_p=top_p, top_k=top_k, ignore_eos=True, seed=0,
                               detokenize=False) for top_p, top_k in ((1.0, -1), (0.9, -1), (1.0, 20))]
     sampled.append(SamplingParams(max_tokens=2, temperature=0, repetition_penalty=1.1, frequency_penalty=0.1,
                                   presence_penalty=0.1, ignore_eos=True, detokenize=False))
