@@ -8,6 +8,9 @@ from deltaserve.errors import InvalidSamplingParamsError
 
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 makes it the only choice
+# Below this a temperature samples greedily, as in vLLM: logits over 1e-45 overflow to inf and the row's
+# softmax to NaN, where the user plainly asked for the most likely token.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 @dataclass
@@ -42,6 +45,8 @@ class SamplingParams:
             self.stop_strings = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.validate()
+        if self.temperature < GREEDY_BELOW_TEMPERATURE:
+            self.temperature = 0.0
 
     def validate(self) -> None:
         def bad(name: str, value, why: str) -> InvalidSamplingParamsError:

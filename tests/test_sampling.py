@@ -50,6 +50,20 @@ def test_top_k_one_is_greedy_and_logprobs_are_reported(checkpoint_factory):
         assert max(e.logprob for e in entry.values()) == entry[token].logprob
 
 
+def test_a_tiny_temperature_is_greedy_and_a_huge_top_k_keeps_every_token(checkpoint_factory):
+    """Below 1e-5 the logits over the temperature would overflow; k past the vocabulary (any int64) is k off."""
+    llm = LLM(checkpoint_factory("llama"), device="cpu")
+    prompt = [random.randrange(300) for _ in range(10)]
+    seed = random.randrange(2**31)
+
+    def tokens(**fields):
+        return llm.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True, **fields))[0].outputs[0].token_ids
+
+    assert SamplingParams(temperature=1e-45).temperature == 0.0 and SamplingParams(temperature=2e-5).temperature > 0
+    assert tokens(temperature=1e-45) == tokens(temperature=1e-6) == tokens(temperature=0)
+    assert tokens(temperature=1.0, seed=seed, top_k=2**63 - 1) == tokens(temperature=1.0, seed=seed)
+
+
 def test_mask_logits_matches_a_direct_definition():
     logits = torch.randn(4, 50)
     top_k = torch.tensor([0, 5, 0, 3])

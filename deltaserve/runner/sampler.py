@@ -25,10 +25,15 @@ from deltaserve.sampling_params import SamplingParams
 _MIX = 0x9E3779B97F4A7C15
 
 
+def row_top_k(params: SamplingParams, vocab: int) -> int:
+    """A row's k, at most the vocabulary (any int64 is asked for); 0 where top-k is off (-1)."""
+    return min(params.top_k, vocab) if params.top_k > 0 else 0
+
+
 def mask_plan(params: list[SamplingParams], vocab: int) -> kernels.MaskPlan:
     """The batch's MaskPlan from its sampled rows' parameters (greedy rows take their argmax unmasked)."""
     sampled = [p for p in params if p.temperature > 0]
-    top_k = [min(p.top_k, vocab) if p.top_k > 0 else 0 for p in sampled]  # -1 is off
+    top_k = [row_top_k(p, vocab) for p in sampled]
     nucleus = any(not k and (p.top_p < 1 or p.min_p > 0) for k, p in zip(top_k, sampled))
     return kernels.MaskPlan(max(top_k, default=0), bool(sampled) and all(top_k), nucleus, len(sampled) < len(params))
 
@@ -80,7 +85,7 @@ class Sampler:
         params = [r.params for r in requests]
         tensor = lambda values, dtype: to_device(values, self.device, dtype)  # noqa: E731
         temperature = tensor([p.temperature for p in params], torch.float32)
-        top_k = tensor([p.top_k if p.top_k > 0 else 0 for p in params], torch.int64)
+        top_k = tensor([row_top_k(p, self.vocab_size) for p in params], torch.int64)
         top_p = tensor([p.top_p for p in params], torch.float32)
         min_p = tensor([p.min_p for p in params], torch.float32)
         seeds = tensor(self._seeds(requests), torch.int64)
