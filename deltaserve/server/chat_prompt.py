@@ -32,8 +32,11 @@ def message_text(content: Any, param: str) -> str:
     for part in content:
         kind = part.type if hasattr(part, "type") else part.get("type")
         text = part.text if hasattr(part, "text") else part.get("text")
-        if kind != "text" or text is None:
-            raise bad_request(f"content part of type {kind!r} is not supported: this model reads text only", param)
+        if kind != "text":
+            raise bad_request(f"content part of type {kind!r} is not supported: this model reads text only", param,
+                              "unsupported_value")
+        if text is None:
+            raise bad_request("a content part of type 'text' needs its text", param, "invalid_value")
         texts.append(text)
     return "".join(texts)
 
@@ -94,13 +97,8 @@ def render_chat(
     tools: list[dict] | None,
     template_kwargs: dict | None = None,
 ) -> ChatPrompt:
-    kwargs = dict(template_kwargs or {})
-    kwargs.pop("tools", None)
-    kwargs.pop("add_generation_prompt", None)
-    try:
-        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, **kwargs)
-    except Exception as exc:  # the template refused these messages (roles, order, fields)
-        raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
+    kwargs = _template_options(template_kwargs)
+    text = render_chat_text(tokenizer, messages, tools, kwargs)
     token_ids = tokenizer.encode(text, add_special_tokens=False)
     try:
         capture_points = _message_offsets(tokenizer, messages, tools, kwargs, token_ids)
@@ -108,6 +106,24 @@ def render_chat(
         logger.debug("message_offsets failed", exc_info=True)
         capture_points = None
     return ChatPrompt(text=text, token_ids=token_ids, capture_points=capture_points, opens_reasoning=prompt_opens_reasoning(text))
+
+
+def _template_options(template_kwargs: dict | None) -> dict:
+    """A request's chat_template_kwargs, less what the server sets itself."""
+    kwargs = dict(template_kwargs or {})
+    kwargs.pop("tools", None)
+    kwargs.pop("add_generation_prompt", None)
+    return kwargs
+
+
+def render_chat_text(tokenizer: Any, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None,
+                     add_generation_prompt: bool = True) -> str:
+    """The conversation as the template writes it; a template's refusal is the request's 400."""
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                             **_template_options(template_kwargs))
+    except Exception as exc:  # the template refused these messages (roles, order, fields)
+        raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
 
 
 def _message_offsets(tokenizer: Any, messages: list[dict], tools: list[dict] | None, kwargs: dict,
@@ -137,10 +153,15 @@ def _message_offsets(tokenizer: Any, messages: list[dict], tools: list[dict] | N
     return offsets
 
 
+def _template_source(tokenizer: Any) -> str | None:
+    template = getattr(tokenizer, "chat_template", None) or getattr(getattr(tokenizer, "hf", None), "chat_template", None)
+    return template if isinstance(template, str) else None
+
+
 def template_has_reasoning(tokenizer: Any) -> bool:
     """Does this model think in `<think>` blocks? The template says so, or the vocabulary does."""
-    template = getattr(tokenizer, "chat_template", None) or getattr(getattr(tokenizer, "hf", None), "chat_template", None)
-    if isinstance(template, str) and "</think>" in template:
+    template = _template_source(tokenizer)
+    if template is not None and "</think>" in template:
         return True
     try:
         return len(tokenizer.encode("</think>", add_special_tokens=False)) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -73,11 +74,37 @@ async def read_json_object(request: Request) -> dict:
     body = await request.body()
     try:
         data = json.loads(body)
+        if isinstance(data, dict) and _ESCAPED_SURROGATE.search(body):
+            _refuse_lone_surrogates(data, "")
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"Malformed JSON body: {exc}", code="invalid_json") from exc
+    except RecursionError as exc:
+        raise bad_request("The JSON body nests too deeply", code="invalid_json") from exc
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object", code="invalid_json")
     return data
+
+
+# JSON may escape a UTF-16 surrogate alone ("\ud800"), which decodes to a string no tokenizer can encode;
+# a body without such an escape has none to look for.
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_lone_surrogates(value: Any, path: str) -> None:
+    """A 400 naming the first string (a value or a key) that holds half of a surrogate pair."""
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise bad_request(f"'{path or 'body'}' holds a lone UTF-16 surrogate, which is not text",
+                              path or None, "invalid_value")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            _refuse_lone_surrogates(key, where)
+            _refuse_lone_surrogates(item, where)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_lone_surrogates(item, f"{path}.{i}" if path else str(i))
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -87,14 +87,24 @@ def _field_path(loc: tuple) -> str:
 
 
 def from_validation_error(exc: ValidationError) -> APIError:
-    first = exc.errors()[0]
+    errors = exc.errors()
+    first = errors[0]
     loc = _field_path(tuple(first.get("loc", ())))
     kind = first.get("type", "")
     if kind == "missing":
         message = f"Missing required field: '{loc}'"
     else:
-        message = f"Invalid value for '{loc}': {first.get('msg', 'invalid')}"
+        message = f"Invalid value for '{loc}': {_what_fits(errors, loc)}"
     return APIError(400, message, param=loc or None, code="missing_required_parameter" if kind == "missing" else "invalid_value")
+
+
+def _what_fits(errors: list[dict], loc: str) -> str:
+    """The first field's message; where it is a union, each member's ("a valid integer or a valid number")."""
+    msgs = [e.get("msg", "invalid") for e in errors if _field_path(tuple(e.get("loc", ()))) == loc]
+    prefix = "Input should be "
+    if len(msgs) > 1 and all(m.startswith(prefix) for m in msgs):
+        return prefix + " or ".join(dict.fromkeys(m[len(prefix):] for m in msgs))
+    return msgs[0]
 
 
 def from_exception(exc: BaseException) -> APIError:

@@ -8,6 +8,8 @@ from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.sampling_params import SamplingParams
 from deltaserve.server.errors import bad_request, context_length_error
 
+MAX_N = 128  # OpenAI's bound on the choices of one request: each is a sequence the engine runs
+
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
     """The number of tokens to generate; a request that cannot fit the context is refused.
@@ -55,8 +57,22 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
 
 
 def refuse_unsupported(req: Any) -> None:
-    """Fields the server would otherwise accept and silently not honour: an error names them instead.
-    Called once per request, before it is admitted."""
+    """Fields the server would otherwise accept and silently not honour, or whose combination means nothing:
+    an error names them instead. Called once per request, before it is admitted."""
+    if isinstance(req.n, int) and req.n > MAX_N:
+        raise bad_request(f"n={req.n}: at most {MAX_N} choices a request", "n", "invalid_value")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only for streamed responses (stream: true)", "stream_options",
+                          "invalid_value")
+    tool_choice = getattr(req, "tool_choice", None)
+    if tool_choice is not None and tool_choice != "none":
+        if not getattr(req, "tools", None):
+            raise bad_request("tool_choice needs tools", "tool_choice", "invalid_value")
+        if tool_choice != "auto":
+            wanted = "required" if tool_choice == "required" else f"a call of {tool_choice.function.name!r}"
+            raise bad_request(f"tool_choice asking for {wanted} is not supported: the output is not constrained "
+                              "to a tool call (use 'auto', where the model decides)", "tool_choice",
+                              "unsupported_value")
     if getattr(req, "suffix", None):
         raise bad_request("suffix is not supported: the model only continues the prompt", "suffix",
                           "unsupported_value")

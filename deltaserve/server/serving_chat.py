@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
+from deltaserve.sampling_params import MAX_LOGPROBS
 from deltaserve.server.chat_prompt import (
     ChatPrompt,
     openai_messages_for_template,
@@ -32,17 +33,21 @@ from deltaserve.server.tool_parsers import ToolCall
 
 
 def _select_tools(req: ChatCompletionRequest) -> list[dict] | None:
-    """The tools the template shows the model, after tool_choice."""
+    """The tools the template shows the model, after tool_choice (refuse_unsupported has left "none", "auto"
+    or no choice). A template that never reads them drops them: the model then calls none, as "auto" allows."""
     tools = openai_tools_for_template(req.tools)
-    choice = req.tool_choice
-    if tools is None or choice == "none":
-        return None
-    if choice is not None and not isinstance(choice, str):
-        named = [t for t in tools if t["function"]["name"] == choice.function.name]
-        if not named:
-            raise bad_request(f"tool_choice names {choice.function.name!r}, which is not in tools", "tool_choice")
-        return named
-    return tools
+    return None if tools is None or req.tool_choice == "none" else tools
+
+
+def _check_chat_ranges(req: ChatCompletionRequest) -> None:
+    """The ranges of chat's own names for what SamplingParams calls max_tokens and logprobs, so that the error
+    names the field the request used."""
+    if req.max_completion_tokens is not None and req.max_completion_tokens < 1:
+        raise bad_request(f"max_completion_tokens={req.max_completion_tokens}: must be at least 1",
+                          "max_completion_tokens", "invalid_value")
+    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+        raise bad_request(f"top_logprobs={req.top_logprobs}: must be in [0, {MAX_LOGPROBS}]", "top_logprobs",
+                          "invalid_value")
 
 
 def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
@@ -64,6 +69,7 @@ class ChatCompletions:
         refuse_unsupported(req)
         if req.top_logprobs and not req.logprobs:  # OpenAI's rule: the top ones come with the chosen one's
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs", "invalid_value")
+        _check_chat_ranges(req)
         self.ctx.admit()
         tools = _select_tools(req)
         messages = openai_messages_for_template(req.messages)

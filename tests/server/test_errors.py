@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import openai
 import pytest
@@ -11,6 +13,8 @@ from tests.server.conftest import API_KEY, MODEL
 pytestmark = pytest.mark.timeout(300)
 
 QUESTION = [{"role": "user", "content": "Hi"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
 def _post(server, path, body=None, *, content=None, headers=None):
@@ -66,6 +70,32 @@ CASES = {
     "best_of above n": ("/v1/completions", {"model": MODEL, "prompt": "a", "best_of": 3}, None, "best_of"),
     "image part": ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}]}]}, None, "messages.0.content"),
+    "text part without text": ("/v1/chat/completions", {"model": MODEL, "messages": [
+        {"role": "user", "content": [{"type": "text"}]}]}, None, "messages.0.content"),
+    "n above OpenAI's bound": ("/v1/completions", {"model": MODEL, "prompt": "a", "n": 129}, None, "n"),
+    "stream_options without stream": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
+                                                               "stream_options": {"include_usage": True}}, None,
+                                      "stream_options"),
+    "tool_choice without tools": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
+                                                           "tool_choice": "auto"}, None, "tool_choice"),
+    "required tool_choice": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "tools": TOOLS,
+                                                      "tool_choice": "required"}, None, "tool_choice"),
+    "named tool_choice": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "tools": TOOLS,
+                                                   "tool_choice": {"type": "function",
+                                                                   "function": {"name": "get_weather"}}},
+                          None, "tool_choice"),
+    "zero max_completion_tokens": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
+                                                            "max_completion_tokens": 0}, None, "max_completion_tokens"),
+    "too many top_logprobs": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "logprobs": True,
+                                                       "top_logprobs": 25}, None, "top_logprobs"),
+    "lone surrogate in a prompt": ("/v1/completions", None,
+                                   b'{"model": "smollm2", "prompt": "hi \\ud800 there", "max_tokens": 2}', "prompt"),
+    "lone surrogate in a message": ("/v1/chat/completions", None,
+                                    b'{"model": "smollm2", "messages": [{"role": "user", "content": "\\udfff"}]}',
+                                    "messages.0.content"),
+    "lone surrogate to tokenize": ("/tokenize", None, b'{"prompt": "a\\ud83d"}', "prompt"),
+    "nested past any parser": ("/v1/completions", None,
+                               b'{"prompt": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),
 }
 
 
@@ -83,6 +113,30 @@ def test_unusable_prompts_share_one_code(server, prompt):
     r = _post(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2})
     _assert_error(r, 400, "prompt")
     assert r.json()["error"]["code"] == "invalid_prompt", r.text
+
+
+def test_an_escaped_surrogate_pair_is_text(server):
+    """An emoji escaped as a UTF-16 pair is one character: only half of a pair is refused."""
+    r = _post(server, "/tokenize", content=b'{"prompt": "a\\ud83d\\ude00"}',
+              headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == _post(server, "/tokenize", {"prompt": "a\U0001F600"}).json()["tokens"]
+
+
+def test_a_top_k_past_the_vocabulary_is_top_k_off_and_harms_no_other_request(server):
+    """k is an integer of any size; one past the vocabulary keeps every token, as -1 does, and the step it
+    shares with other requests runs."""
+    def complete(**fields):
+        body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0.9,
+                "seed": 7, **fields}
+        r = _post(server, "/v1/completions", body)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(complete, top_k=k) for k in (2**63, 2**80, 10**6, -1)]
+        texts = [f.result() for f in futures]
+    assert texts[0] == texts[1] == texts[2] == texts[3]
 
 
 def test_text_response_format_and_best_of_n_are_served(server):

@@ -42,6 +42,15 @@ def test_validation_errors_name_the_field():
     assert _param_of(MessagesRequest, {"model": "m", "messages": msgs}) == "max_tokens"
 
 
+def test_a_union_field_names_every_type_it_takes():
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"prompt": "a", "temperature": "0.5"})
+    assert from_exception(info.value).message.endswith("Input should be a valid integer or a valid number")
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"prompt": "a", "stop": 3})
+    assert from_exception(info.value).message.endswith("Input should be a valid string or a valid list")
+
+
 def test_requests_accept_unknown_fields_and_numbers():
     req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "temperature": 1,
                                                 "frobnicate": True, "top_p": 0.5})
