@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import importlib.metadata
 import logging
 from contextlib import asynccontextmanager
 
@@ -74,6 +75,13 @@ def _answering_errors(handler):
     return route
 
 
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("deltaserve")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, *, api_key: str | None = None,
               reasoning: bool | None = None) -> FastAPI:
     """The app; it starts the engine thread on startup and stops it on shutdown."""
@@ -132,6 +140,12 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         if not engine.is_alive:
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return {"status": "ok"}
+
+    app.add_api_route("/ping", health, methods=["GET", "POST"])  # the health check under vLLM's other name
+
+    @app.get("/version")
+    async def version():
+        return {"version": _package_version()}
 
     @app.get("/metrics")
     async def metrics():

@@ -62,7 +62,9 @@ def completion_logprobs(
         text = token_text(token_id, chosen)
         tokens.append(text)
         token_logprobs.append(_finite(chosen.logprob) if chosen else -9999.0)
-        top_logprobs.append({token_text(tid, lp): _finite(lp.logprob) for tid, lp in _ranked(entry, top)})
+        # the chosen token, then the top ones (vLLM's and OpenAI's legacy shape: up to top + 1 entries)
+        ranked = ([(token_id, chosen)] if chosen else []) + _ranked(entry, top)
+        top_logprobs.append({token_text(tid, lp): _finite(lp.logprob) for tid, lp in ranked})
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}

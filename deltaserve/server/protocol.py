@@ -125,6 +125,7 @@ class TokenizeRequest(_Lenient):
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
     tools: list[ToolDef] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_Lenient):

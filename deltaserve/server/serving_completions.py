@@ -68,9 +68,12 @@ class Completions:
         refuse_unsupported(req)
         self.ctx.admit()
         prompts = [self._tokenize(p) for p in _split_prompts(req.prompt)]
+        # echo with max_tokens 0 scores the prompt (its logprobs) and generates nothing: the engine samples one
+        # token, which the response leaves out
+        requested = 1 if _scores_only(req) else req.max_tokens
         params = []
         for p in prompts:
-            max_tokens = resolve_max_tokens(req.max_tokens, len(p.token_ids), self.ctx.max_model_len, "prompt")
+            max_tokens = resolve_max_tokens(requested, len(p.token_ids), self.ctx.max_model_len, "prompt")
             params.append(build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
                                                 prompt_logprobs=req.logprobs if req.echo else None))
         base_id = random_id("cmpl-")
@@ -89,10 +92,15 @@ class Completions:
         return JSONResponse(job.response(finals))
 
 
+def _scores_only(req: CompletionRequest) -> bool:
+    return req.echo and req.max_tokens == 0
+
+
 class _CompletionJob:
     def __init__(self, api: Completions, req: CompletionRequest, model: str, request_id: str, prompts: list[_Prompt]):
         self.api = api
         self.req = req
+        self.scores_only = _scores_only(req)
         self.model = model
         self.request_id = request_id
         self.created = int(time.time())
@@ -106,7 +114,7 @@ class _CompletionJob:
         return p.text
 
     def _logprobs(self, o: CompletionOutput, start: int, end: int, text_offset: int) -> dict | None:
-        if self.req.logprobs is None or o.logprobs is None:
+        if self.req.logprobs is None or o.logprobs is None or self.scores_only:
             return None
         return completion_logprobs(o.token_ids[start:end], o.logprobs[start:end], self.req.logprobs,
                                    self.api.token_text, text_offset)
@@ -125,7 +133,7 @@ class _CompletionJob:
     def _usage(self, outputs: list[RequestOutput]) -> dict:
         return usage_dict(
             sum(len(r.prompt_token_ids) for r in outputs),
-            sum(len(o.token_ids) for r in outputs for o in r.outputs),
+            0 if self.scores_only else sum(len(o.token_ids) for r in outputs for o in r.outputs),
             sum(r.num_cached_tokens for r in outputs),
         )
 
@@ -134,17 +142,24 @@ class _CompletionJob:
         for k, output in enumerate(finals):
             prefix = self._echo_text(k) if self.req.echo else ""
             for o in sorted(output.outputs, key=lambda o: o.index):
+                text, finish_reason, stop_reason = self._generated(o, o.text)
                 choices.append(
                     {
                         "index": k * self.req.n + o.index,
-                        "text": prefix + o.text,
+                        "text": prefix + text,
                         "logprobs": _joined(self._prompt_logprobs(output) if self.req.echo else None,
                                             self._logprobs(o, 0, len(o.token_ids), len(prefix))),
-                        "finish_reason": o.finish_reason,
-                        "stop_reason": o.stop_reason,
+                        "finish_reason": finish_reason,
+                        "stop_reason": stop_reason,
                     }
                 )
         return completion_envelope(self, "text_completion", choices, self._usage(finals))
+
+    def _generated(self, o: CompletionOutput, text: str) -> tuple[str, str | None, int | str | None]:
+        """A choice's new text, finish reason and stop reason; none of the one token that scoring samples."""
+        if self.scores_only:
+            return "", None if o.finish_reason is None else "length", None
+        return text, o.finish_reason, o.stop_reason
 
     def _echo_chunks(self, k: int, logprobs: dict | None, text_offset: list[int]) -> list[str]:
         echo, n = self._echo_text(k), self.req.n
@@ -179,16 +194,16 @@ class _CompletionJob:
                     c = k * n + o.index
                     if done[c]:
                         continue
-                    text = o.text[sent_chars[c]:]
+                    text, finish_reason, stop_reason = self._generated(o, o.text[sent_chars[c]:])
                     sent_chars[c] = len(o.text)
                     logprobs = self._logprobs(o, sent_tokens[c], len(o.token_ids), text_offset[c])
                     sent_tokens[c] = len(o.token_ids)
                     text_offset[c] += len(text)
-                    finished = o.finish_reason is not None
+                    finished = finish_reason is not None
                     if text or finished or (logprobs and logprobs["tokens"]):
                         yield self._chunk(
-                            [{"index": c, "text": text, "logprobs": logprobs, "finish_reason": o.finish_reason,
-                              "stop_reason": o.stop_reason}]
+                            [{"index": c, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                              "stop_reason": stop_reason}]
                         )
                     done[c] = finished
             if include_usage and lasts:

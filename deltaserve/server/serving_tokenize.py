@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from deltaserve.server.chat_prompt import openai_messages_for_template, openai_tools_for_template, render_chat
+from deltaserve.server.chat_prompt import openai_messages_for_template, openai_tools_for_template, render_chat_text
 from deltaserve.server.context import ServerContext, read_json_object
 from deltaserve.server.errors import bad_request
 from deltaserve.server.protocol import DetokenizeRequest, TokenizeRequest
@@ -17,7 +17,9 @@ async def tokenize(ctx: ServerContext, request: Request) -> dict:
         raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
     if req.messages is not None:
         messages = openai_messages_for_template(req.messages)
-        tokens = render_chat(ctx.tokenizer, messages, openai_tools_for_template(req.tools)).token_ids
+        text = render_chat_text(ctx.tokenizer, messages, openai_tools_for_template(req.tools), req.chat_template_kwargs,
+                                add_generation_prompt=req.add_generation_prompt)
+        tokens = ctx.tokenizer.encode(text, add_special_tokens=False)  # the template writes any BOS it wants
     else:
         tokens = ctx.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}

@@ -184,12 +184,29 @@ def test_logprobs(client):
         assert entry.top_logprobs[0].token == entry.token  # greedy picks the most likely token
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
     assert "".join(e.token for e in content) == r.choices[0].message.content
-    c = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2)
+    # legacy completions: the chosen token, then the top ones (sampled, so that it is often not among them)
+    c = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.5, seed=3, logprobs=2)
     lp = c.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == c.usage.completion_tokens
-    assert all(len(top) <= 2 for top in lp.top_logprobs)
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        others = [v for t, v in top.items() if t != token]
+        assert top[token] == logprob
+        # among the two best, it stands once; otherwise beside them, and no likelier than either
+        assert len(top) == 2 and len(others) == 1 or len(top) == 3 and logprob <= min(others)
     assert "".join(lp.tokens) == c.choices[0].text
     assert lp.text_offset[0] == 0
+    alone = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.5, seed=3, logprobs=0)
+    assert [dict(top) for top in alone.choices[0].logprobs.top_logprobs] == [
+        {t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy(client):
+    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1)
+    for temperature in (1e-45, 1e-6):
+        tiny = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=temperature,
+                                         logprobs=1)
+        assert tiny.choices[0].text == greedy.choices[0].text
+        assert tiny.choices[0].logprobs.token_logprobs == greedy.choices[0].logprobs.token_logprobs
 
 
 def test_sixteen_concurrent_streams_all_complete(server):
@@ -226,6 +243,40 @@ def test_tokenize_and_detokenize_round_trip(server):
     chat = post("/tokenize", {"model": MODEL, "messages": QUESTION}).json()
     r = post("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": 1}).json()
     assert chat["count"] == r["usage"]["prompt_tokens"]
+
+
+def test_tokenize_renders_the_chat_as_asked(server):
+    post = lambda body: httpx.post(server.url + "/tokenize", json=body, headers=server.headers, timeout=30)  # noqa: E731
+    asked = post({"messages": QUESTION}).json()["tokens"]
+    bare = post({"messages": QUESTION, "add_generation_prompt": False}).json()["tokens"]
+    assert len(bare) < len(asked) and asked[: len(bare)] == bare
+    assert post({"messages": QUESTION, "chat_template_kwargs": {"enable_thinking": False}}).status_code == 200
+
+
+def test_ping_and_version_answer_without_a_key(server):
+    for method in ("GET", "POST"):
+        assert httpx.request(method, server.url + "/ping", timeout=10).json() == {"status": "ok"}
+    version = httpx.get(server.url + "/version", timeout=10).json()["version"]
+    assert version and version[0].isdigit()
+
+
+def test_completions_echo_without_tokens_scores_the_prompt_alone(client, server):
+    """echo with max_tokens 0: the prompt and its logprobs, as with tokens after it, and nothing generated."""
+    ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": PROMPT}, headers=server.headers,
+                     timeout=30).json()["tokens"]
+    scored = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1)
+    longer = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    choice = scored.choices[0]
+    assert choice.finish_reason == "length" and scored.usage.completion_tokens == 0
+    assert scored.usage.prompt_tokens == len(ids) == len(choice.logprobs.tokens)
+    assert choice.text == "".join(choice.logprobs.tokens) == longer.choices[0].text[: len(choice.text)]
+    assert choice.logprobs.token_logprobs == longer.choices[0].logprobs.token_logprobs[: len(ids)]
+    streamed = list(client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1,
+                                              stream=True))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "length"
+    assert [t for c in streamed if c.choices and c.choices[0].logprobs
+            for t in c.choices[0].logprobs.token_logprobs] == choice.logprobs.token_logprobs
 
 
 def test_completions_echo_with_logprobs_scores_the_prompt(client, server):
