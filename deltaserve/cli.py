@@ -30,6 +30,12 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gdn-state-dtype", choices=("float32", "bfloat16"), default=None,
                    help="dtype of the GDN layers' recurrent state and its snapshots (default: float32)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="share of the GPU's free memory at start-up that the engine may take (default: 0.9)")
+    p.add_argument("--generation-config", default=None,
+                   help="sampling defaults for fields a request leaves unset: auto (default: the checkpoint's "
+                        "generation_config.json), vllm (the API's own), or a directory holding a "
+                        "generation_config.json")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None,
                    help="dummy: random weights in the checkpoint's shapes, from its config.json alone (benchmarks)")
     p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,

@@ -25,10 +25,15 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate and chat use without SamplingParams: the checkpoint's generation_config.json values
+        (unless generation_config="vllm") over SamplingParams' own."""
+        return self.engine.default_sampling_params()
+
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         prompts = _as_prompt_list(prompts)
-        params = _params_per_prompt(sampling_params, len(prompts))
+        params = _params_per_prompt(sampling_params, len(prompts), self.get_default_sampling_params)
         return self._run([(p, sp, None) for p, sp in zip(prompts, params)])
 
     def chat(self, messages: list[dict] | list[list[dict]],
@@ -36,7 +41,7 @@ class LLM:
              add_generation_prompt: bool = True, **template_kwargs) -> list[RequestOutput]:
         """Renders each conversation with the checkpoint's chat template and generates its reply."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        params = _params_per_prompt(sampling_params, len(conversations))
+        params = _params_per_prompt(sampling_params, len(conversations), self.get_default_sampling_params)
         tok = self.engine.tokenizer
         jobs = []
         for conversation, sp in zip(conversations, params):
@@ -83,9 +88,9 @@ def _as_prompt_list(prompts) -> list[Prompt]:
     return list(prompts)
 
 
-def _params_per_prompt(params, count: int) -> list[SamplingParams]:
+def _params_per_prompt(params, count: int, default) -> list[SamplingParams]:
     if params is None:
-        return [SamplingParams() for _ in range(count)]
+        return [default() for _ in range(count)]
     if isinstance(params, SamplingParams):
         return [params] * count
     if len(params) != count:

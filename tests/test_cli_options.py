@@ -11,10 +11,12 @@ from deltaserve.server.launcher import engine_kwargs
 def test_serve_options_become_engine_config_fields():
     args = _build_parser().parse_args(["serve", "--gdn-state-dtype", "bfloat16", "--no-prefix-caching",
                                        "--ssm-snapshot-interval", "512", "--decode-snapshot-interval", "64",
-                                       "--enforce-eager", "--max-num-seqs", "8", "--load-format", "dummy"])
+                                       "--enforce-eager", "--max-num-seqs", "8", "--load-format", "dummy",
+                                       "--gpu-memory-utilization", "0.5", "--generation-config", "vllm"])
     kwargs = engine_kwargs(args)
     assert kwargs == {"gdn_state_dtype": "bfloat16", "enable_prefix_caching": False, "ssm_snapshot_interval": 512,
-                      "decode_snapshot_interval": 64, "enforce_eager": True, "max_num_seqs": 8, "load_format": "dummy"}
+                      "decode_snapshot_interval": 64, "enforce_eager": True, "max_num_seqs": 8, "load_format": "dummy",
+                      "gpu_memory_utilization": 0.5, "generation_config": "vllm"}
     config = EngineConfig(**kwargs)
     assert config.gdn_state_dtype == "bfloat16" and config.max_num_seqs == 8
     assert "gdn_state_dtype" not in engine_kwargs(_build_parser().parse_args(["serve"]))  # the default rules
@@ -25,3 +27,9 @@ def test_an_unknown_state_dtype_is_refused():
         _build_parser().parse_args(["serve", "--gdn-state-dtype", "float16"])
     with pytest.raises(DeltaServeError, match="gdn_state_dtype='int8'"):
         EngineConfig(gdn_state_dtype="int8")
+
+
+@pytest.mark.parametrize("share", [0, 1.5, -0.1, True, "0.9"])
+def test_a_memory_share_outside_zero_to_one_is_refused(share):
+    with pytest.raises(DeltaServeError, match="gpu_memory_utilization"):
+        EngineConfig(gpu_memory_utilization=share)

@@ -33,6 +33,9 @@ class EngineConfig:
     async_scheduling: bool = True  # plan the next decode step while the GPU runs this one
     warm_up: bool | None = None  # prefill steps at start-up that compile their kernels (None: on a GPU)
     gpu_memory_utilization: float = 0.9
+    # Sampling defaults for fields a request leaves unset: "auto" (the checkpoint's generation_config.json),
+    # "vllm" (the API's own), or a directory holding a generation_config.json (engine/sampling_defaults.py)
+    generation_config: str = "auto"
     cpu_kv_cache_gib: float = 1.0
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
 
@@ -50,6 +53,11 @@ class EngineConfig:
                                   f"{', '.join(GDN_STATE_DTYPES)}")
         if self.load_format not in ("auto", "dummy"):
             raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
+        utilization = self.gpu_memory_utilization
+        if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+            raise DeltaServeError(f"gpu_memory_utilization={utilization!r}: must be in (0, 1]")
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise DeltaServeError(f"generation_config={self.generation_config!r}: give 'auto', 'vllm' or a directory")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise DeltaServeError(f"max_model_len={self.max_model_len!r}: must be an integer >= 2")
 

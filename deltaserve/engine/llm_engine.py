@@ -71,6 +71,7 @@ class LLMEngine:
         self.model_config = loaded.model_config
         self.model_name = loaded.name
         self.max_model_len = loaded.max_model_len
+        self.sampling_defaults = loaded.sampling_defaults
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(loaded.model_config.eos_token_ids)
         prefix_cache = None
         if config.enable_prefix_caching:
@@ -92,6 +93,10 @@ class LLMEngine:
     @classmethod
     def from_args(cls, model: str | None = None, **kwargs) -> "LLMEngine":
         return cls(EngineConfig(model=model, **kwargs))
+
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the checkpoint's recommended values (engine/sampling_defaults.py)."""
+        return SamplingParams(**self.sampling_defaults)
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,

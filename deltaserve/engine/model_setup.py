@@ -16,6 +16,7 @@ from deltaserve.cache.state_pool import StatePool
 from deltaserve.engine.engine_config import GDN_STATE_DTYPES, EngineConfig, resolve_device, resolve_dtype
 from deltaserve.errors import DeltaServeError
 from deltaserve.models.config import ModelConfig, parse_model_config
+from deltaserve.engine.sampling_defaults import load_sampling_defaults
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.model_runner import ModelRunner
@@ -43,11 +44,13 @@ class LoadedModel:
     runner: ModelRunner
     device: torch.device
     dtype: torch.dtype
+    sampling_defaults: dict  # SamplingParams fields the checkpoint recommends (engine/sampling_defaults.py)
 
 
 def load_engine_model(config: EngineConfig) -> LoadedModel:
     started = time.perf_counter()
     source = resolve_model_source(config.model)
+    sampling_defaults = load_sampling_defaults(config.generation_config, source.path, source.is_gguf)
     device = resolve_device(config.device)
     model_config, tokenizer, gguf_tensors = _read_checkpoint(source)
     dtype = resolve_dtype(config.dtype, model_config.dtype, device)
@@ -76,7 +79,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, snapshots.num_slots if snapshots else 0, max_model_len)
     return LoadedModel(source.name, model_config, tokenizer, max_model_len, blocks, slots, snapshots, runner, device,
-                       dtype)
+                       dtype, sampling_defaults)
 
 
 def _read_checkpoint(source: ModelSource):

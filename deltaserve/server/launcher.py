@@ -13,6 +13,7 @@ from typing import Any
 import uvicorn
 
 from deltaserve.engine.async_engine import AsyncEngine
+from deltaserve.engine.sampling_defaults import describe
 from deltaserve.server.app import build_app
 
 logger = logging.getLogger("deltaserve.server")
@@ -65,7 +66,8 @@ def engine_kwargs(args: Any) -> dict:
     """The engine options given on the command line (the engine's defaults rule the rest)."""
     names = ("dtype", "device", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
              "num_kv_blocks", "seed", "enable_prefix_caching", "ssm_snapshot_slots", "ssm_snapshot_interval",
-             "decode_snapshot_interval", "gdn_state_dtype", "enforce_eager", "async_scheduling", "load_format", "warm_up")
+             "decode_snapshot_interval", "gdn_state_dtype", "enforce_eager", "async_scheduling", "load_format", "warm_up",
+             "gpu_memory_utilization", "generation_config")
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
@@ -75,6 +77,10 @@ def serve(args: Any) -> int:
     print(f"deltaserve: loading {args.model or 'the demo model'} ...", file=sys.stderr, flush=True)
     engine = AsyncEngine.from_args(args.model, max_queue=args.max_queue, **engine_kwargs(args))
     served = args.served_model_name or [engine.model_name]
+    if engine.sampling_defaults:
+        print(f"deltaserve: requests that leave them unset sample with the checkpoint's "
+              f"{describe(engine.sampling_defaults)} (--generation-config vllm for the API's defaults)",
+              file=sys.stderr, flush=True)
     app = build_app(engine, served, api_key=api_key)
     config = uvicorn.Config(
         app,

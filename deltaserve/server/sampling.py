@@ -11,27 +11,31 @@ from deltaserve.server.errors import bad_request, context_length_error
 MAX_N = 128  # OpenAI's bound on the choices of one request: each is a sequence the engine runs
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str,
+                       default: int | None = None) -> int:
     """The number of tokens to generate; a request that cannot fit the context is refused.
 
-    Without a limit the request may use what the context has left after the prompt.
+    Without a limit the request may use what the context has left after the prompt, or the checkpoint's
+    max_new_tokens (`default`) where that is less.
     """
     if requested is None:
         if prompt_len >= max_model_len:
             raise context_length_error(prompt_len, 1, max_model_len, param)
-        return max_model_len - prompt_len
+        return min(max_model_len - prompt_len, default or max_model_len)
     if isinstance(requested, int) and requested >= 1 and prompt_len + requested > max_model_len:
         raise context_length_error(prompt_len, requested, max_model_len, param)
     return requested
 
 
-def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None,
-                          prompt_logprobs: int | None = None) -> SamplingParams:
-    """SamplingParams from the fields chat and completions share; range errors propagate."""
+def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
+                          defaults: dict[str, Any] | None = None) -> SamplingParams:
+    """SamplingParams from the fields chat and completions share, where a field left unset takes the checkpoint's
+    value (`defaults`, engine/sampling_defaults.py) or else the API's; range errors propagate."""
+    defaults = defaults or {}
 
     def pick(name: str, default):
         value = getattr(req, name, None)
-        return default if value is None else value
+        return defaults.get(name, default) if value is None else value
 
     top_k = pick("top_k", -1)
     return SamplingParams(

@@ -75,9 +75,11 @@ class ChatCompletions:
         messages = openai_messages_for_template(req.messages)
         prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools, req.chat_template_kwargs)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages")
+        defaults = self.ctx.engine.sampling_defaults
+        max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages",
+                                        defaults.get("max_tokens"))
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top)
+        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top, defaults=defaults)
         request_id = random_id("chatcmpl-")
         stream = await self.ctx.engine.generate(
             request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points

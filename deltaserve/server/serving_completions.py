@@ -75,7 +75,8 @@ class Completions:
         for p in prompts:
             max_tokens = resolve_max_tokens(requested, len(p.token_ids), self.ctx.max_model_len, "prompt")
             params.append(build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
-                                                prompt_logprobs=req.logprobs if req.echo else None))
+                                                prompt_logprobs=req.logprobs if req.echo else None,
+                                                defaults=self.ctx.engine.sampling_defaults))
         base_id = random_id("cmpl-")
         streams: list[RequestStream] = []
         try:

@@ -119,10 +119,13 @@ class Messages:
         tools = anthropic_tools_for_template(req.tools, req.tool_choice)
         prompt = await self._prompt(req.system, req.messages, tools)
         max_tokens = resolve_max_tokens(req.max_tokens, len(prompt.token_ids), self.ctx.max_model_len, "messages")
+        defaults = self.ctx.engine.sampling_defaults  # the checkpoint's, for what the request leaves unset
         params = SamplingParams(
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=-1 if not req.top_k else req.top_k,
+            temperature=defaults.get("temperature", 1.0) if req.temperature is None else req.temperature,
+            top_p=defaults.get("top_p", 1.0) if req.top_p is None else req.top_p,
+            top_k=defaults.get("top_k", -1) if req.top_k is None else req.top_k or -1,
+            min_p=defaults.get("min_p", 0.0),
+            repetition_penalty=defaults.get("repetition_penalty", 1.0),
             max_tokens=max_tokens,
             stop=req.stop_sequences or None,
         )
