@@ -32,6 +32,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="share of the GPU's free memory at start-up that the engine may take (default: 0.9)")
+    p.add_argument("--chat-template", default=None,
+                   help="a chat template (a file, or the template itself) in place of the checkpoint's")
     p.add_argument("--generation-config", default=None,
                    help="sampling defaults for fields a request leaves unset: auto (default: the checkpoint's "
                         "generation_config.json), vllm (the API's own), or a directory holding a "

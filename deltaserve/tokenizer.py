@@ -91,6 +91,14 @@ class Tokenizer:
 
     # ----- chat -----
 
+    def set_chat_template(self, template: str) -> None:
+        """Replaces the checkpoint's chat template (or gives one to a checkpoint without)."""
+        try:
+            jinja2.Environment().parse(template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise WeightLoadError(f"the chat template does not parse: {exc}") from exc
+        self.hf.chat_template = template
+
     def apply_chat_template(
         self, messages, *, tools=None, add_generation_prompt: bool = True, **template_kwargs
     ) -> str:
@@ -186,3 +194,13 @@ def _eos_ids_in_json(path: str) -> list[int]:
     if eos is None:
         return []
     return [int(eos)] if isinstance(eos, int) else [int(i) for i in eos]
+
+
+def read_chat_template(value: str) -> str:
+    """--chat-template: a file's text, or the template itself where it is written inline (as vLLM reads it)."""
+    if os.path.isfile(value):
+        with open(value) as f:
+            return f.read()
+    if "{" not in value:  # neither a file nor a template: most likely a mistyped path
+        raise WeightLoadError(f"chat template {value!r}: no such file, and not a template")
+    return value

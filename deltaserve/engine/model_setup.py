@@ -14,16 +14,16 @@ from deltaserve.cache.slot_allocator import SlotAllocator
 from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.cache.state_pool import StatePool
 from deltaserve.engine.engine_config import GDN_STATE_DTYPES, EngineConfig, resolve_device, resolve_dtype
+from deltaserve.engine.sampling_defaults import load_sampling_defaults
 from deltaserve.errors import DeltaServeError
 from deltaserve.models.config import ModelConfig, parse_model_config
-from deltaserve.engine.sampling_defaults import load_sampling_defaults
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.model_runner import ModelRunner
 from deltaserve.runner.prefill_graphs import PrefillGraphs, prefill_graph_rows
 from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.step_buffers import StepBuffers
-from deltaserve.tokenizer import Tokenizer
+from deltaserve.tokenizer import Tokenizer, read_chat_template
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     sampling_defaults = load_sampling_defaults(config.generation_config, source.path, source.is_gguf)
     device = resolve_device(config.device)
     model_config, tokenizer, gguf_tensors = _read_checkpoint(source)
+    if config.chat_template is not None:
+        tokenizer.set_chat_template(read_chat_template(config.chat_template))
     dtype = resolve_dtype(config.dtype, model_config.dtype, device)
     max_positions = config.max_model_len or model_config.max_position_embeddings
     model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,
