@@ -454,6 +454,12 @@ def test_recent_chains_give_the_names_of_the_blocks_a_prompt_shares():
     branch = history[: 6 * bs + 1] + [history[6 * bs + 1] + 1] + history[6 * bs + 2 :]  # differs in block 6
     assert recent.shared_names(as_bytes(branch), 100) == chain_hashes(history, bs)[:6]
     assert recent.shared_names(as_bytes([history[0] + 1] + history[1:]), 100) == []
+    named = chain_hashes(history, bs)
+    recent.remember(as_bytes(history[: 3 * bs]), named[:3])
+    live = named[:2]
+    recent.remember(as_bytes(history[: 2 * bs]), live)
+    live.extend(chain_hashes([7] * (4 * bs), bs)[2:])  # the sequence names more blocks after it was remembered
+    assert recent.shared_names(as_bytes(history[: 2 * bs] + [7] * (2 * bs)), 100) == named[:2]
     for _ in range(2):  # the oldest entry is dropped past the capacity
         other = [rng.randrange(1000) for _ in range(3 * bs)]
         recent.remember(as_bytes(other), chain_hashes(other, bs))

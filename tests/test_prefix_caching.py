@@ -330,6 +330,26 @@ def test_eviction_with_few_blocks_and_two_snapshot_slots_keeps_outputs_correct(c
     _pools_are_clean(tight)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3.5"])
+def test_a_prompt_leaving_a_preempted_reply_takes_none_of_the_blocks_it_named_later(arch, checkpoint_factory):
+    """A preempted request's names are remembered as far as its tokens then went; it goes on naming blocks,
+    and a later prompt that leaves its reply past that point must not take those names (with them, the
+    blocks and snapshots of tokens it does not have)."""
+    path = checkpoint_factory(arch)
+    tight = LLM(path, device="cpu", block_size=4, num_kv_blocks=16, max_model_len=64)
+    roomy = LLM(path, device="cpu", enable_prefix_caching=False)
+    rng = random.Random()
+    x, z = ([rng.randrange(300) for _ in range(20)] for _ in range(2))
+    reply = tight.generate([x, z], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))[1].outputs[0]
+    assert tight.engine.stats().num_preemptions >= 1
+    for leave in rng.sample(range(1, 29), 8):
+        y = z + reply.token_ids[:leave] + [(reply.token_ids[leave] + 1) % 300] + [rng.randrange(300) for _ in range(5)]
+        got = tight.generate([y], GREEDY)[0]
+        _assert_same([got], roomy.generate([y], GREEDY))
+        assert got.num_cached_tokens <= 20 + leave
+    _pools_are_clean(tight)
+
+
 def test_two_interleaved_conversations_sharing_a_system_prompt(checkpoint_factory):
     path = _checkpoint(checkpoint_factory, "qwen3.5-moe")
     on = LLM(path, device="cpu", max_num_batched_tokens=64)

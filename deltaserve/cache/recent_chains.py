@@ -21,9 +21,10 @@ class RecentChains:
         self._entries: deque[tuple[bytes, list[BlockHash]]] = deque(maxlen=capacity)  # oldest first
 
     def remember(self, token_bytes: bytes, names: list[BlockHash]) -> None:
-        """A sequence's int64 token bytes and the names of its first len(names) blocks."""
+        """A sequence's int64 token bytes and the names of its first len(names) blocks, copied: a preempted
+        request goes on naming blocks in its own list, past the bytes remembered here."""
         if names:
-            self._entries.append((token_bytes[: len(names) * self.step], names))
+            self._entries.append((token_bytes[: len(names) * self.step], list(names)))
 
     def clear(self) -> None:
         self._entries.clear()
