@@ -8,6 +8,7 @@ from deltaserve.errors import (
     PromptTooLongError,
     RequestNotFoundError,
     ShapeMismatchError,
+    StepFailedError,
     UnsupportedArchitectureError,
     WeightLoadError,
 )
@@ -27,5 +28,6 @@ def __getattr__(name):
 __all__ = [
     "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "DeltaServeError",
     "EngineDeadError", "InvalidPromptError", "InvalidSamplingParamsError", "PromptTooLongError",
-    "RequestNotFoundError", "ShapeMismatchError", "UnsupportedArchitectureError", "WeightLoadError",
+    "RequestNotFoundError", "ShapeMismatchError", "StepFailedError", "UnsupportedArchitectureError",
+    "WeightLoadError",
 ]

@@ -1,4 +1,4 @@
-"""Exception types, one per kind of problem, all raised before any work is scheduled."""
+"""Exception types, one per kind of problem; bad input is refused before any work is scheduled."""
 
 
 class DeltaServeError(Exception):
@@ -36,6 +36,10 @@ class InvalidSamplingParamsError(DeltaServeError, ValueError):
 
 class RequestNotFoundError(DeltaServeError, KeyError):
     """abort() or a lookup named a request the engine does not hold."""
+
+
+class StepFailedError(DeltaServeError):
+    """A step failed inside the engine, which aborted the requests in it (the cause is chained)."""
 
 
 class EngineDeadError(DeltaServeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from deltaserve.engine.llm_engine import LLMEngine
-from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError
+from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, RequestNotFoundError, StepFailedError
 from deltaserve.outputs import RequestOutput
 from deltaserve.sampling_params import SamplingParams
 
@@ -40,7 +40,7 @@ class LLM:
              sampling_params: SamplingParams | list[SamplingParams] | None = None, *, tools: list[dict] | None = None,
              add_generation_prompt: bool = True, **template_kwargs) -> list[RequestOutput]:
         """Renders each conversation with the checkpoint's chat template and generates its reply."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        conversations = _as_conversation_list(messages)
         params = _params_per_prompt(sampling_params, len(conversations), self.get_default_sampling_params)
         tok = self.engine.tokenizer
         jobs = []
@@ -73,11 +73,27 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         finished: dict[str, RequestOutput] = {}
-        while len(finished) < len(ids):
-            for output in self.engine.step(final_only=True):
-                if output.finished:
-                    finished[output.request_id] = output
+        try:
+            while len(finished) < len(ids):
+                for output in self.engine.step(final_only=True):
+                    if output.finished:
+                        finished[output.request_id] = output
+        except BaseException:  # a failure out of the step, or Ctrl-C: the engine keeps nothing of this call
+            for request_id in ids:
+                if request_id not in finished:
+                    self._abort_quietly(request_id)
+            raise
+        aborted = [i for i in ids if any(o.finish_reason == "abort" for o in finished[i].outputs)]
+        if aborted:  # only a failed step aborts a request this call is waiting for
+            raise StepFailedError(f"a step failed and the engine aborted {len(aborted)} of the {len(ids)} "
+                                  "requests; the log has the traceback") from self.engine.last_failure
         return [finished[i] for i in ids]
+
+    def _abort_quietly(self, request_id: str) -> None:
+        try:
+            self.engine.abort(request_id)
+        except RequestNotFoundError:  # finished and forgotten in the step that failed
+            pass
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:
@@ -88,11 +104,25 @@ def _as_prompt_list(prompts) -> list[Prompt]:
     return list(prompts)
 
 
+def _as_conversation_list(messages) -> list[list[dict]]:
+    """One conversation (a list of message dicts) or a non-empty list of them."""
+    if isinstance(messages, (list, tuple)) and messages and all(isinstance(m, dict) for m in messages):
+        return [list(messages)]
+    if (isinstance(messages, (list, tuple)) and messages
+            and all(isinstance(c, (list, tuple)) and c and all(isinstance(m, dict) for m in c) for c in messages)):
+        return [list(c) for c in messages]
+    raise InvalidPromptError("messages must be a conversation (a non-empty list of message dicts) or a non-empty "
+                             f"list of conversations, got {type(messages).__name__}")
+
+
 def _params_per_prompt(params, count: int, default) -> list[SamplingParams]:
     if params is None:
         return [default() for _ in range(count)]
     if isinstance(params, SamplingParams):
         return [params] * count
+    if not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):
+        raise InvalidSamplingParamsError(f"sampling_params must be a SamplingParams or a list of them, got "
+                                         f"{type(params).__name__}")
     if len(params) != count:
         raise InvalidSamplingParamsError(f"{len(params)} sampling params for {count} prompts")
     return list(params)

@@ -37,20 +37,31 @@ class SamplingParams:
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Checks every field and derives what the engine reads (stop_strings; a temperature too small to
+        divide by as 0). The engine calls it again when a request is added, so fields set after
+        construction are checked too."""
+        def bad(name: str, value, why: str) -> InvalidSamplingParamsError:
+            return InvalidSamplingParamsError(f"{name}={value!r}: {why}")
+
         if self.stop is None:
             self.stop_strings = []
         elif isinstance(self.stop, str):
             self.stop_strings = [self.stop]
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             self.stop_strings = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        self.validate()
-        if self.temperature < GREEDY_BELOW_TEMPERATURE:
-            self.temperature = 0.0
-
-    def validate(self) -> None:
-        def bad(name: str, value, why: str) -> InvalidSamplingParamsError:
-            return InvalidSamplingParamsError(f"{name}={value!r}: {why}")
+        else:
+            raise bad("stop", self.stop, "must be a string or a list of strings")
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        elif not isinstance(self.stop_token_ids, (list, tuple)):
+            raise bad("stop_token_ids", self.stop_token_ids, "must be a list of token ids")
+        self.stop_token_ids = list(self.stop_token_ids)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "detokenize"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, getattr(self, name), "must be True or False")
 
         _check_int("n", self.n)
         if self.n < 1:
@@ -103,6 +114,8 @@ class SamplingParams:
                 raise bad("stop", self.stop, "stop strings must be non-empty strings")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t)
+        if self.temperature < GREEDY_BELOW_TEMPERATURE:
+            self.temperature = 0.0
 
 
 def _check_int(name: str, value) -> None:

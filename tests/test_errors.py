@@ -16,6 +16,7 @@ from deltaserve import (
     PromptTooLongError,
     SamplingParams,
     ShapeMismatchError,
+    StepFailedError,
     UnsupportedArchitectureError,
     WeightLoadError,
 )
@@ -82,7 +83,10 @@ def test_shape_not_matching_config(broken_copy):
     ({"top_p": 1.5}, "top_p"), ({"temperature": -0.1}, "temperature"), ({"top_k": 0}, "top_k"),
     ({"min_p": 2.0}, "min_p"), ({"n": 0}, "n"), ({"presence_penalty": 3.0}, "presence_penalty"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"logprobs": 100}, "logprobs"),
-    ({"max_tokens": "ten"}, "max_tokens"), ({"stop": [""]}, "stop"),
+    ({"max_tokens": "ten"}, "max_tokens"), ({"stop": [""]}, "stop"), ({"stop": 5}, "stop"),
+    ({"stop_token_ids": 5}, "stop_token_ids"), ({"stop_token_ids": ["a"]}, "stop_token_ids"),
+    ({"ignore_eos": "yes"}, "ignore_eos"), ({"include_stop_str_in_output": "no"}, "include_stop_str_in_output"),
+    ({"skip_special_tokens": None}, "skip_special_tokens"), ({"detokenize": 1}, "detokenize"),
 ])
 def test_invalid_sampling_values(kwargs, field):
     with pytest.raises(InvalidSamplingParamsError, match=field):
@@ -143,3 +147,75 @@ def test_failed_request_leaves_the_others_running(small_llm):
                 done[out.request_id] = out.outputs[0].token_ids
     assert done == {"a": expected[0].outputs[0].token_ids, "b": expected[1].outputs[0].token_ids}
     assert engine.stats().kv_blocks_used == 0 and engine.stats().state_slots_used == 0
+
+
+def _is_clean(llm) -> bool:
+    """Nothing running or waiting, and nothing held (a queued step may still run: it finds its rows done)."""
+    stats = llm.engine.stats()
+    return (stats.num_running == stats.num_waiting == stats.kv_blocks_used == stats.state_slots_used == 0
+            and not llm.engine._parents)
+
+
+def test_fields_set_after_construction_are_checked_when_the_request_is_added(small_llm):
+    expected = small_llm.generate([[5, 6, 7]], GREEDY)[0].outputs[0].token_ids
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    params.max_tokens = 0
+    with pytest.raises(InvalidSamplingParamsError, match="max_tokens"):
+        small_llm.generate([[5, 6, 7]], params)
+    params.max_tokens, params.stop_token_ids = 6, [expected[2]]  # read when added, not when built
+    assert small_llm.generate([[5, 6, 7]], params)[0].outputs[0].token_ids == expected[:3]
+    for tokens in ([-1], [10**30]):
+        with pytest.raises(InvalidSamplingParamsError, match="stop_token_ids.*outside the vocabulary"):
+            small_llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, stop_token_ids=tokens))
+    assert _is_clean(small_llm)
+
+
+def test_sampling_params_and_chats_of_the_wrong_shape_are_named(small_llm):
+    with pytest.raises(InvalidSamplingParamsError, match="got int"):
+        small_llm.generate("a b", 5)
+    with pytest.raises(InvalidSamplingParamsError, match="got dict"):
+        small_llm.generate("a b", {"temperature": 0})
+    for messages in (None, {"role": "user", "content": "hi"}, [], [[]], ["hi"]):
+        with pytest.raises(InvalidPromptError, match="conversation"):
+            small_llm.chat(messages, GREEDY)
+    assert _is_clean(small_llm)
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("a bug in the step"), KeyboardInterrupt()])
+def test_a_failure_out_of_the_step_leaves_the_engine_empty(small_llm, monkeypatch, raised):
+    """What escapes LLMEngine.step (a bug, Ctrl-C) reaches the caller, and the requests of the call are
+    aborted, so the next call runs alone and right."""
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    expected = [o.outputs[0].token_ids for o in small_llm.generate(prompts, GREEDY)]
+    take_token, calls = small_llm.engine._take_token, []
+
+    def fails_on_the_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise raised
+        return take_token(*args, **kwargs)
+
+    monkeypatch.setattr(small_llm.engine, "_take_token", fails_on_the_third)
+    with pytest.raises(type(raised)):
+        small_llm.generate(prompts, GREEDY)
+    monkeypatch.undo()
+    assert _is_clean(small_llm)
+    assert [o.outputs[0].token_ids for o in small_llm.generate(prompts, GREEDY)] == expected
+
+
+def test_a_step_that_fails_inside_the_engine_raises_with_its_cause(small_llm, monkeypatch):
+    """The engine aborts the requests of a failed step and goes on; generate says so instead of returning
+    them cut short."""
+    execute = small_llm.engine.runner.execute
+
+    def broken(plan):
+        raise ValueError("the device is gone")
+
+    monkeypatch.setattr(small_llm.engine.runner, "execute", broken)
+    monkeypatch.setattr(small_llm.engine.config, "async_scheduling", False)
+    with pytest.raises(StepFailedError, match="aborted 2 of the 2") as info:
+        small_llm.generate([[5, 6, 7], [8, 9]], GREEDY)
+    assert isinstance(info.value.__cause__, ValueError)
+    monkeypatch.setattr(small_llm.engine.runner, "execute", execute)
+    assert _is_clean(small_llm)
+    assert len(small_llm.generate([[5, 6, 7]], GREEDY)[0].outputs[0].token_ids) == 6

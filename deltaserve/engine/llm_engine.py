@@ -85,6 +85,7 @@ class LLMEngine:
         self._owner: dict[Request, ParentRequest] = {}
         self._launched = None  # LaunchedStep of a step still running, its tokens not read back
         self.stats_counters = EngineStats()
+        self.last_failure: BaseException | None = None  # what the newest failed step raised
         if config.warm_up if config.warm_up is not None else loaded.device.type == "cuda":
             started = time.perf_counter()
             steps = warm_up(self)
@@ -103,9 +104,10 @@ class LLMEngine:
                     prompt_text: str | None = None, capture_points: list[int] | None = None) -> None:
         if not isinstance(params, SamplingParams):
             raise InvalidSamplingParamsError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()  # again: a field may have been set since construction
         if request_id in self._parents:
             raise InvalidPromptError(f"request id {request_id!r} is already in use")
-        self._check_logit_bias(params)
+        self._check_token_ids(params)
         token_ids, text, token_bytes = self._prompt_tokens(prompt, prompt_text)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
         children = [
@@ -120,12 +122,14 @@ class LLMEngine:
             self._owner[child] = parent
             self.scheduler.add(child)
 
-    def _check_logit_bias(self, params: SamplingParams) -> None:
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """The token ids of logit_bias and stop_token_ids name tokens of the vocabulary."""
         vocab = self.model_config.vocab_size
-        for token in params.logit_bias or ():
-            if not 0 <= token < vocab:
-                raise InvalidSamplingParamsError(
-                    f"logit_bias={token}: token id {token} is outside the vocabulary [0, {vocab})")
+        for name, tokens in (("logit_bias", params.logit_bias or ()), ("stop_token_ids", params.stop_token_ids)):
+            for token in tokens:
+                if not 0 <= token < vocab:
+                    raise InvalidSamplingParamsError(
+                        f"{name}={token}: token id {token} is outside the vocabulary [0, {vocab})")
 
     def _prompt_tokens(self, prompt, prompt_text) -> tuple[list[int], str | None, bytes]:
         """(token ids, text, the ids as int64 bytes: the prefix cache names blocks from them)."""
@@ -204,9 +208,9 @@ class LLMEngine:
         if plan and self.config.async_scheduling and self.runner.can_launch(plan):
             try:
                 launched = self.runner.launch(plan, previous)
-            except Exception:
+            except Exception as exc:
                 log.exception("step failed; aborting the %d requests it held", len(plan.chunks))
-                failed = self._fail(plan)
+                failed = self._fail(plan, exc)
             else:
                 self._started(plan)
                 self._launched = launched
@@ -218,9 +222,9 @@ class LLMEngine:
         if plan:
             try:
                 result = self.runner.execute(plan)
-            except Exception:
+            except Exception as exc:
                 log.exception("step failed; aborting the %d requests it held", len(plan.chunks))
-                failed += self._fail(plan)
+                failed += self._fail(plan, exc)
             else:
                 self._started(plan)
                 self._record_prompt_logprobs(result.prompt_logprobs)
@@ -301,7 +305,8 @@ class LLMEngine:
             self._forget(parent)
         return out
 
-    def _fail(self, plan) -> list[RequestOutput]:
+    def _fail(self, plan, exc: BaseException) -> list[RequestOutput]:
+        self.last_failure = exc
         parents = {self._owner[c.request].request_id: self._owner[c.request] for c in plan.chunks}
         for parent in parents.values():
             for child in parent.children:
