@@ -34,6 +34,7 @@ class AnthropicMessage(_Lenient):
 
 
 class AnthropicTool(_Lenient):
+    type: StrictStr | None = None  # "custom", or one of Anthropic's server tools (web search, code execution...)
     name: StrictStr
     description: StrictStr | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
@@ -64,3 +65,4 @@ class CountTokensRequest(_Lenient):
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: StrictStr | list[ContentBlock] | None = None
     tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None

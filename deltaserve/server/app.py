@@ -47,11 +47,10 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in _OPEN_PATHS or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        given = headers.get(b"x-api-key", b"")
         auth = headers.get(b"authorization", b"")
-        if auth[:7].lower() == b"bearer ":
-            given = auth[7:].strip()
-        if hmac.compare_digest(given, self.api_key):
+        keys = [headers.get(b"x-api-key", b""), auth[7:].strip() if auth[:7].lower() == b"bearer " else b""]
+        # either header may carry the key (a client may send both, one of them for another service)
+        if any([hmac.compare_digest(given, self.api_key) for given in keys]):
             return await self.app(scope, receive, send)
         error = APIError(401, "Invalid or missing API key", type="authentication_error", code="invalid_api_key")
         await error_response(scope["path"], error)(scope, receive, send)

@@ -96,9 +96,20 @@ def render_chat(
     messages: list[dict],
     tools: list[dict] | None,
     template_kwargs: dict | None = None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final: bool = False,
 ) -> ChatPrompt:
+    """The prompt of a chat: a new assistant turn opened after the messages (add_generation_prompt), or with
+    continue_final the last (assistant) message left open, for the model to go on writing it (a prefill)."""
     kwargs = _template_options(template_kwargs)
-    text = render_chat_text(tokenizer, messages, tools, kwargs)
+    if continue_final:
+        if not messages or messages[-1]["role"] != "assistant":
+            raise bad_request("continuing the final message needs a final assistant message", "messages")
+        # the capture points then come from each earlier turn rendered the same way (_message_offsets)
+        kwargs["continue_final_message"] = True
+        add_generation_prompt = False
+    text = render_chat_text(tokenizer, messages, tools, kwargs, add_generation_prompt)
     token_ids = tokenizer.encode(text, add_special_tokens=False)
     try:
         capture_points = _message_offsets(tokenizer, messages, tools, kwargs, token_ids)
@@ -113,6 +124,8 @@ def _template_options(template_kwargs: dict | None) -> dict:
     kwargs = dict(template_kwargs or {})
     kwargs.pop("tools", None)
     kwargs.pop("add_generation_prompt", None)
+    if not kwargs.get("continue_final_message"):
+        kwargs.pop("continue_final_message", None)
     return kwargs
 
 

@@ -107,6 +107,9 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's: open a new assistant turn after the messages (the default), or go on writing the last one
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
 
 
 class CompletionRequest(_SamplingFields):

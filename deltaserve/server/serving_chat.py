@@ -73,7 +73,12 @@ class ChatCompletions:
         self.ctx.admit()
         tools = _select_tools(req)
         messages = openai_messages_for_template(req.messages)
-        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools, req.chat_template_kwargs)
+        if req.continue_final_message and req.add_generation_prompt:
+            raise bad_request("continue_final_message goes on writing the last message, so it needs "
+                              "add_generation_prompt set to false", "continue_final_message", "invalid_value")
+        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools, req.chat_template_kwargs,
+                                         add_generation_prompt=req.add_generation_prompt,
+                                         continue_final=req.continue_final_message)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         defaults = self.ctx.engine.sampling_defaults
         max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages",

@@ -33,10 +33,22 @@ def _block_text(content: Any, param: str) -> str:
     for block in content:
         kind = block.get("type") if isinstance(block, dict) else block.type
         text = block.get("text") if isinstance(block, dict) else block.text
-        if kind != "text" or text is None:
+        if kind != "text":
             raise bad_request(f"content block of type {kind!r} is not supported here: this model reads text only", param)
-        texts.append(text)
+        texts.append(_text_of(text, param))
     return "".join(texts)
+
+
+def _text_of(text: str | None, where: str) -> str:
+    if text is None:
+        raise bad_request("a content block of type 'text' needs its text", where)
+    return text
+
+
+def _required(block: Any, fields: tuple[str, ...], where: str) -> None:
+    missing = [name for name in fields if getattr(block, name) is None]
+    if missing:
+        raise bad_request(f"a {block.type} block needs {' and '.join(missing)}", f"{where}.{missing[0]}")
 
 
 def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage]) -> list[dict]:
@@ -51,15 +63,21 @@ def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage
         for j, block in enumerate(msg.content):
             where = f"messages.{i}.content.{j}"
             if block.type == "text":
-                texts.append(block.text or "")
+                texts.append(_text_of(block.text, where))
             elif block.type == "tool_use" and msg.role == "assistant":
+                _required(block, ("id", "name"), where)
                 calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input or {}}})
             elif block.type == "tool_result" and msg.role == "user":
-                results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": _block_text(block.content, where)})
+                _required(block, ("tool_use_id",), where)
+                text = _block_text(block.content, where)
+                results.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                                "content": f"Error: {text}" if block.is_error else text})
             elif block.type in ("thinking", "redacted_thinking") and msg.role == "assistant":
                 thinking.append(block.thinking or "")
             else:
-                raise bad_request(f"content block of type {block.type!r} is not supported in a {msg.role} message", where)
+                article = "an" if msg.role == "assistant" else "a"
+                raise bad_request(f"content block of type {block.type!r} is not supported in {article} {msg.role} "
+                                  "message", where)
         if msg.role == "user":
             out.extend(results)
             if texts or not results:
@@ -75,17 +93,25 @@ def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage
 
 
 def anthropic_tools_for_template(tools: list[AnthropicTool] | None, choice: Any) -> list[dict] | None:
+    """The tools the template shows the model. Refused: a choice the output would have to be constrained to
+    honour ("any", a named tool), a choice without tools, and Anthropic's server tools, which run on its side."""
+    if choice is not None and choice.type != "none":
+        if not tools:
+            raise bad_request("tool_choice needs tools", "tool_choice")
+        if choice.type != "auto":
+            wanted = "a tool call" if choice.type == "any" else f"a call of {choice.name!r}"
+            raise bad_request(f"tool_choice asking for {wanted} is not supported: the output is not constrained to "
+                              "a tool call (use 'auto', where the model decides)", "tool_choice")
+    for i, tool in enumerate(tools or ()):
+        if tool.type not in (None, "custom"):
+            raise bad_request(f"tool of type {tool.type!r} is not supported: only tools the client runs (custom)",
+                              f"tools.{i}.type")
     if not tools or (choice is not None and choice.type == "none"):
         return None
-    converted = [
+    return [
         {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
         for t in tools
     ]
-    if choice is not None and choice.type == "tool":
-        converted = [t for t in converted if t["function"]["name"] == choice.name]
-        if not converted:
-            raise bad_request(f"tool_choice names {choice.name!r}, which is not in tools", "tool_choice")
-    return converted
 
 
 def _stop_reason(o: CompletionOutput, stop_sequences: list[str], used_tools: bool) -> tuple[str, str | None]:
@@ -103,13 +129,15 @@ class Messages:
         self.ctx = ctx
 
     async def _prompt(self, system: Any, messages: list[AnthropicMessage], tools: list[dict] | None) -> ChatPrompt:
+        """A final assistant message is a prefill: the reply goes on from its text, as Anthropic's does."""
         converted = anthropic_messages_for_template(system, messages)
-        return await asyncio.to_thread(render_chat, self.ctx.tokenizer, converted, tools)
+        prefill = messages[-1].role == "assistant"
+        return await asyncio.to_thread(render_chat, self.ctx.tokenizer, converted, tools, continue_final=prefill)
 
     async def count_tokens(self, request: Request):
         req = CountTokensRequest.model_validate(await read_json_object(request))
         self.ctx.check_model(req.model)
-        prompt = await self._prompt(req.system, req.messages, anthropic_tools_for_template(req.tools, None))
+        prompt = await self._prompt(req.system, req.messages, anthropic_tools_for_template(req.tools, req.tool_choice))
         return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
     async def __call__(self, request: Request):
@@ -119,6 +147,8 @@ class Messages:
         tools = anthropic_tools_for_template(req.tools, req.tool_choice)
         prompt = await self._prompt(req.system, req.messages, tools)
         max_tokens = resolve_max_tokens(req.max_tokens, len(prompt.token_ids), self.ctx.max_model_len, "messages")
+        if any(not s for s in req.stop_sequences or ()):
+            raise bad_request("stop_sequences must be non-empty strings", "stop_sequences")
         defaults = self.ctx.engine.sampling_defaults  # the checkpoint's, for what the request leaves unset
         params = SamplingParams(
             temperature=defaults.get("temperature", 1.0) if req.temperature is None else req.temperature,
@@ -152,11 +182,10 @@ class _MessageJob:
             reasoning=bool(ctx.reasoning), start_in_reasoning=prompt.opens_reasoning, tool_schemas=tool_schemas(tools)
         )
 
-    def _usage(self, output: RequestOutput | None, output_tokens: int) -> dict:
-        prompt_tokens = len(output.prompt_token_ids) if output else len(self.prompt.token_ids)
-        cached = output.num_cached_tokens if output else 0
+    def _usage(self, output: RequestOutput, output_tokens: int) -> dict:
+        cached = output.num_cached_tokens
         return {
-            "input_tokens": prompt_tokens - cached,
+            "input_tokens": len(output.prompt_token_ids) - cached,
             "output_tokens": output_tokens,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": cached,
@@ -191,11 +220,12 @@ class _MessageJob:
         sent = 0
         last = None
         try:
-            yield sse_event("message_start", {"type": "message_start", "message": {
-                "id": self.request_id, "type": "message", "role": "assistant", "model": self.model, "content": [],
-                "stop_reason": None, "stop_sequence": None, "usage": self._usage(None, 0)}})
-            yield sse_event("ping", {"type": "ping"})
             async for output in stream:
+                if last is None:  # the first output knows the prompt tokens the cache held: the usage agrees
+                    yield sse_event("message_start", {"type": "message_start", "message": {  # with message_delta's
+                        "id": self.request_id, "type": "message", "role": "assistant", "model": self.model,
+                        "content": [], "stop_reason": None, "stop_sequence": None, "usage": self._usage(output, 0)}})
+                    yield sse_event("ping", {"type": "ping"})
                 last = output
                 o = output.outputs[0]
                 delta = self.parser.feed(o.text[sent:])

@@ -79,3 +79,67 @@ def test_errors_use_the_anthropic_shape(client, server):
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in body["error"]["message"]
     assert client.messages.create(model=MODEL, max_tokens=2, messages=QUESTION).usage.output_tokens >= 1
+
+
+def _post(server, body, headers=None):
+    return httpx.post(server.url + "/v1/messages", json={"model": MODEL, "max_tokens": 4, **body},
+                      headers=headers or {"x-api-key": API_KEY}, timeout=60)
+
+
+def test_a_final_assistant_message_is_a_prefill_the_reply_goes_on_from(client, server):
+    """The reply continues the assistant's text: the prompt is the conversation with that turn left open."""
+    free = client.messages.create(model=MODEL, max_tokens=8, messages=QUESTION, extra_body=GREEDY).content[0].text
+    words = free.split(" ")
+    assert len(words) > 2
+    head = " ".join(words[:2])
+    prefilled = client.messages.create(model=MODEL, max_tokens=4, extra_body=GREEDY,
+                                       messages=QUESTION + [{"role": "assistant", "content": head}])
+    opened = httpx.post(server.url + "/tokenize", json={"messages": QUESTION}, headers=server.headers,
+                        timeout=30).json()["count"]
+    head_tokens = httpx.post(server.url + "/tokenize", json={"prompt": head, "add_special_tokens": False},
+                             headers=server.headers, timeout=30).json()["count"]
+    assert prefilled.usage.input_tokens + (prefilled.usage.cache_read_input_tokens or 0) == opened + head_tokens
+    # the model wrote head itself, so it goes on as it did (the prompt holds head's tokens as it sampled them)
+    assert free.startswith(head + prefilled.content[0].text)
+
+
+def test_tool_choices_that_would_constrain_the_output_are_refused_by_name(server):
+    tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}]
+    for body, where in (({"tool_choice": {"type": "auto"}}, "tool_choice needs tools"),
+                        ({"tools": tools, "tool_choice": {"type": "any"}}, "tool call"),
+                        ({"tools": tools, "tool_choice": {"type": "tool", "name": "get_weather"}}, "get_weather"),
+                        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
+                        ({"stop_sequences": ["a", ""]}, "stop_sequences"),
+                        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "needs its text"),
+                        ({"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, "tool_use_id"),
+                        ({"messages": QUESTION + [{"role": "assistant", "content": [{"type": "image"}]}]},
+                         "in an assistant message")):
+        r = _post(server, {"messages": QUESTION, **body})
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["type"] == "invalid_request_error" and where in r.json()["error"]["message"], r.text
+    r = httpx.get(server.url + "/v1/messages", headers={"x-api-key": API_KEY}, timeout=30)
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    assert _post(server, {"messages": QUESTION, "tools": tools, "tool_choice": {"type": "none"}}).status_code == 200
+
+
+def test_either_header_may_carry_the_key(server):
+    for headers in ({"x-api-key": API_KEY, "authorization": "Bearer other"},
+                    {"x-api-key": "other", "authorization": f"Bearer {API_KEY}"}):
+        assert _post(server, {"messages": QUESTION}, headers).status_code == 200
+    assert _post(server, {"messages": QUESTION}, {"x-api-key": "other", "authorization": "Bearer x"}).status_code == 401
+
+
+def test_streamed_usage_agrees_from_start_to_end_on_a_cache_hit(client):
+    long_question = [{"role": "user", "content": "Name the capital of France, and tell me about it. " * 4}]
+    client.messages.create(model=MODEL, max_tokens=2, messages=long_question, extra_body=GREEDY)  # fills the cache
+    starts, deltas = [], []
+    with client.messages.stream(model=MODEL, max_tokens=3, messages=long_question, extra_body=GREEDY) as stream:
+        for event in stream:
+            if event.type == "message_start":
+                starts.append(event.message.usage)
+            elif event.type == "message_delta":
+                deltas.append(event.usage)
+    assert len(starts) == len(deltas) == 1
+    assert deltas[0].cache_read_input_tokens and deltas[0].cache_read_input_tokens > 0
+    assert (starts[0].input_tokens, starts[0].cache_read_input_tokens) == (
+        deltas[0].input_tokens, deltas[0].cache_read_input_tokens)

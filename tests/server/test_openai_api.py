@@ -253,6 +253,22 @@ def test_tokenize_renders_the_chat_as_asked(server):
     assert post({"messages": QUESTION, "chat_template_kwargs": {"enable_thinking": False}}).status_code == 200
 
 
+def test_continue_final_message_goes_on_writing_the_assistants_text(client, server):
+    free = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
+    head = " ".join(free.choices[0].message.content.split(" ")[:2])
+    messages = QUESTION + [{"role": "assistant", "content": head}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    go_on = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
+                                           extra_body=extra)
+    assert free.choices[0].message.content.startswith(head + go_on.choices[0].message.content)
+    r = httpx.post(server.url + "/v1/chat/completions", headers=server.headers, timeout=30,
+                   json={"model": MODEL, "messages": messages, "continue_final_message": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
+    r = httpx.post(server.url + "/v1/chat/completions", headers=server.headers, timeout=30,
+                   json={"model": MODEL, "messages": QUESTION, **extra})
+    assert r.status_code == 400 and "final assistant message" in r.json()["error"]["message"], r.text
+
+
 def test_ping_and_version_answer_without_a_key(server):
     for method in ("GET", "POST"):
         assert httpx.request(method, server.url + "/ping", timeout=10).json() == {"status": "ok"}
