@@ -90,6 +90,13 @@ def _field_path(loc: tuple) -> str:
 def from_validation_error(exc: ValidationError) -> APIError:
     errors = exc.errors()
     first = errors[0]
+    # Where a union's members all fail and one of them failed for a field missing inside the value (content
+    # given as blocks, one block without its type), that is the error, not the first member's type (not a string).
+    path = _field_path(tuple(first.get("loc", ())))
+    inside = [e for e in errors if e.get("type") == "missing"
+              and _field_path(tuple(e.get("loc", ()))).startswith(path + ".")]
+    if first.get("type", "").endswith("_type") and inside:
+        first = inside[0]
     loc = _field_path(tuple(first.get("loc", ())))
     kind = first.get("type", "")
     if kind == "missing":

@@ -40,6 +40,8 @@ def test_validation_errors_name_the_field():
     assert _param_of(ChatCompletionRequest, {"messages": [{"role": "user", "content": 3}]}) == "messages.0.content"
     assert _param_of(CompletionRequest, {"prompt": [1, "a"]}) == "prompt"
     assert _param_of(MessagesRequest, {"model": "m", "messages": msgs}) == "max_tokens"
+    blocks = [{"role": "user", "content": [{"text": "x"}]}]  # a block without its type
+    assert _param_of(MessagesRequest, {"model": "m", "max_tokens": 3, "messages": blocks}) == "messages.0.content.0.type"
 
 
 def test_a_union_field_names_every_type_it_takes():
