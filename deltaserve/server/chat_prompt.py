@@ -167,7 +167,8 @@ def _message_offsets(tokenizer: Any, messages: list[dict], tools: list[dict] | N
 
 
 def _template_source(tokenizer: Any) -> str | None:
-    template = getattr(tokenizer, "chat_template", None) or getattr(getattr(tokenizer, "hf", None), "chat_template", None)
+    hf = getattr(tokenizer, "hf", None)
+    template = getattr(tokenizer, "chat_template", None) or getattr(hf, "chat_template", None)
     return template if isinstance(template, str) else None
 
 

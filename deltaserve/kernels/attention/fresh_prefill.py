@@ -25,7 +25,8 @@ The paged kernel's long-chunk tiles took 42.6 us at 1024 rows against cuDNN's 29
 against 89.2 (paged_attention_prefill.json).
 Where the step budget holds one (not the default 2048 tokens), the start-up warm-up's long pass starts cuDNN.
 Without cuDNN the 9B shape's steps were 1.7% (32 rows) and 1.0% (128 rows) shorter but its first token 3-10%
-later at 8k tokens (12-14% at the 35B-A3B shape) and 13% at 32k, so cuDNN stays (warm_up_cost_*.json, engine_*_fresh_attention_backend_same_machine.json)."""
+later at 8k tokens (12-14% at the 35B-A3B shape) and 13% at 32k, so cuDNN stays (warm_up_cost_*.json,
+engine_*_fresh_attention_backend_same_machine.json)."""
 
 import torch
 from torch.nn import functional as F
