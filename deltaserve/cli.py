@@ -27,8 +27,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="save a GDN state snapshot every N prompt tokens (default: 1024)")
     p.add_argument("--decode-snapshot-interval", type=int, default=None,
                    help="save a GDN state snapshot every N tokens while decoding (default: 256)")
-    p.add_argument("--gdn-state-dtype", choices=("float32", "bfloat16"), default=None,
-                   help="dtype of the GDN layers' recurrent state and its snapshots (default: float32)")
+    p.add_argument("--gdn-state-dtype", "--mamba-ssm-cache-dtype", choices=("auto", "float32", "bfloat16"),
+                   default=None, help="dtype of the GDN layers' recurrent state and its snapshots (default: auto, the "
+                   "config's mamba_ssm_dtype where it names one, else float32)")
     p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="share of the GPU's free memory at start-up that the engine may take (default: 0.9)")

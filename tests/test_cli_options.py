@@ -20,6 +20,8 @@ def test_serve_options_become_engine_config_fields():
     config = EngineConfig(**kwargs)
     assert config.gdn_state_dtype == "bfloat16" and config.max_num_seqs == 8
     assert "gdn_state_dtype" not in engine_kwargs(_build_parser().parse_args(["serve"]))  # the default rules
+    vllm_name = _build_parser().parse_args(["serve", "--mamba-ssm-cache-dtype", "float32"])  # vLLM's name for it
+    assert engine_kwargs(vllm_name)["gdn_state_dtype"] == "float32"
 
 
 def test_an_unknown_state_dtype_is_refused():

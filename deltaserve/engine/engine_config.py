@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from deltaserve.errors import DeltaServeError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -26,9 +29,10 @@ class EngineConfig:
     # While decoding, a snapshot every this many tokens: each copies the sequence's whole state (48 MiB
     # on the 9B shape in fp32; 3.96 ms for 128 sequences, 2.5% of their decode at every 16-token block).
     decode_snapshot_interval: int = 256
-    # The GDN layers' recurrent state (and its snapshots): float32 by default; bfloat16 halves the bytes
-    # a decode step reads and writes for it (what vLLM keeps when a config names no mamba_ssm_dtype).
-    gdn_state_dtype: str = "float32"
+    # The GDN layers' recurrent state (and its snapshots): "auto" takes the dtype a checkpoint's config names in
+    # mamba_ssm_dtype (float32 or bfloat16, as vLLM does) and float32 where it names none; bfloat16 halves the
+    # bytes a decode step reads and writes for it (resolve_gdn_state_dtype).
+    gdn_state_dtype: str = "auto"
     enforce_eager: bool = False
     async_scheduling: bool = True  # plan the next decode step while the GPU runs this one
     warm_up: bool | None = None  # prefill steps at start-up that compile their kernels (None: on a GPU)
@@ -49,8 +53,8 @@ class EngineConfig:
         slots = self.ssm_snapshot_slots
         if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 0):
             raise DeltaServeError(f"ssm_snapshot_slots={slots!r}: must be an integer >= 0")
-        if self.gdn_state_dtype not in GDN_STATE_DTYPES:
-            raise DeltaServeError(f"gdn_state_dtype={self.gdn_state_dtype!r}: must be one of "
+        if self.gdn_state_dtype != "auto" and self.gdn_state_dtype not in GDN_STATE_DTYPES:
+            raise DeltaServeError(f"gdn_state_dtype={self.gdn_state_dtype!r}: must be auto or one of "
                                   f"{', '.join(GDN_STATE_DTYPES)}")
         if self.load_format not in ("auto", "dummy"):
             raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
@@ -76,6 +80,20 @@ def resolve_device(device: str) -> torch.device:
 
 
 GDN_STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_gdn_state_dtype(asked: str, config_names: str | None) -> str:
+    """The recurrent state's dtype: the one asked for, or under "auto" the one the checkpoint's config names
+    (mamba_ssm_dtype: the released Qwen3.5 configs name float32), float32 where it names none or one the
+    kernels do not keep. vLLM falls back to the model dtype there; fp32 keeps the recurrence's precision."""
+    if asked != "auto":
+        return asked
+    if config_names in GDN_STATE_DTYPES:
+        return config_names
+    if config_names not in (None, "auto"):
+        log.warning("the config's mamba_ssm_dtype %r is not a GDN state dtype (%s): keeping float32", config_names,
+                    ", ".join(GDN_STATE_DTYPES))
+    return "float32"
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "float": torch.float32}

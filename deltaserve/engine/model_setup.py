@@ -13,7 +13,13 @@ from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.slot_allocator import SlotAllocator
 from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.cache.state_pool import StatePool
-from deltaserve.engine.engine_config import GDN_STATE_DTYPES, EngineConfig, resolve_device, resolve_dtype
+from deltaserve.engine.engine_config import (
+    GDN_STATE_DTYPES,
+    EngineConfig,
+    resolve_device,
+    resolve_dtype,
+    resolve_gdn_state_dtype,
+)
 from deltaserve.engine.sampling_defaults import load_sampling_defaults
 from deltaserve.errors import DeltaServeError
 from deltaserve.models.config import ModelConfig, parse_model_config
@@ -77,9 +83,10 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         prefill_graphs.capture(pool)
     runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device,
                          Sampler(model_config.vocab_size, device, config.seed), graphs, snapshots, prefill_graphs)
-    log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots, %d snapshot slots, "
+    log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
-             blocks.num_blocks, slots.num_slots if slots else 0, snapshots.num_slots if snapshots else 0, max_model_len)
+             blocks.num_blocks, slots.num_slots if slots else 0, state_pool.h_all.dtype if state_pool else "-",
+             snapshots.num_slots if snapshots else 0, max_model_len)
     return LoadedModel(source.name, model_config, tokenizer, max_model_len, blocks, slots, snapshots, runner, device,
                        dtype, sampling_defaults)
 
@@ -103,7 +110,7 @@ def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, devi
                  mc.linear_value_head_dim)
     if gdn_layers:
         slots = SlotAllocator(config.max_num_seqs)
-        state_dtype = GDN_STATE_DTYPES[config.gdn_state_dtype]
+        state_dtype = GDN_STATE_DTYPES[resolve_gdn_state_dtype(config.gdn_state_dtype, mc.mamba_ssm_dtype)]
         state_pool = StatePool(gdn_layers, config.max_num_seqs, *gdn_shape, dtype, device, state_dtype)
     if gdn_layers and config.enable_prefix_caching:  # allocated before the KV pool is sized to what is left
         num_snapshots = config.ssm_snapshot_slots

@@ -52,6 +52,7 @@ class ModelConfig:
     dtype: torch.dtype = torch.float32
     weight_prefix: str = "model."  # where the text model's tensors start
     num_mtp_layers: int = 0
+    mamba_ssm_dtype: str | None = None  # the recurrent state's dtype the checkpoint asks for, if it names one
 
     @property
     def attention_layers(self) -> list[int]:
@@ -170,6 +171,7 @@ def parse_model_config(raw: dict, architecture: str) -> ModelConfig:
         dtype=_dtype_of(cfg if ("dtype" in cfg or "torch_dtype" in cfg) else raw),
         weight_prefix="model.language_model." if architecture.endswith("ForConditionalGeneration") else "model.",
         num_mtp_layers=cfg.get("mtp_num_hidden_layers", cfg.get("num_nextn_predict_layers", 0)) or 0,
+        mamba_ssm_dtype=cfg.get("mamba_ssm_dtype", raw.get("mamba_ssm_dtype")),
     )
     config.validate()
     return config
