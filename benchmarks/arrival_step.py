@@ -55,7 +55,9 @@ def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: b
     ids = [f"d{time.monotonic_ns()}-{i}" for i in range(concurrency)]
     for request_id in ids:
         engine.add_request(request_id, tokens(PROMPT), DECODING)
-    engine.step()  # their prefill
+    prefilled: set[str] = set()
+    while len(prefilled) < concurrency:  # their prefill, in as many steps as the budget takes
+        prefilled.update(out.request_id for out in engine.step() if out.outputs[0].token_ids)
     sync()
     started = time.perf_counter()
     for _ in range(DECODE_STEPS):
