@@ -7,9 +7,9 @@ prefill graph) against one eager pass, random weights in a real shape.
 C requests of 128-token prompts decode; a few steps on, one prompt of L tokens arrives, and the engine.step()
 call whose step takes it beside the decode rows is timed to its return (its tokens read back, the GPU idle
 before it). Both ways run in one process, alternated (A B B A) over `--rounds`: the split as the engine
-makes it (ModelRunner._graph_passes, here for a prompt of any length: MIXED_SPLIT_MAX_ROWS is what these
-times set), and the same step kept eager (MIXED_SPLIT_MAX_ROWS 0), each after one untimed trial of its own.
-`split_steps` counts the split arm's steps that did run split. `decode_step_ms` is a plain decode step of the
+makes it (ModelRunner._graph_passes, here for a prompt of any length: MIXED_SPLIT_MAX_ROWS and
+MIXED_SPLIT_MAX_ROWS_BESIDE_MANY are what these times set), and the same step kept eager (both 0), each after
+one untimed trial of its own. `split_steps` counts the split arm's steps that did run split. `decode_step_ms` is a plain decode step of the
 C rows, for scale. Prefix caching is off, so the prompt arrives as one chunk.
 """
 
@@ -35,6 +35,7 @@ DECODING = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True, det
 ARRIVING = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, detokenize=False)
 PROMPT = 128
 SPLIT_ROWS = model_runner.MIXED_SPLIT_MAX_ROWS
+SPLIT_ROWS_BESIDE_MANY = model_runner.MIXED_SPLIT_MAX_ROWS_BESIDE_MANY
 DECODE_STEPS = 8  # decode steps before the arrival (the first ones timed for decode_step_ms)
 
 
@@ -43,6 +44,7 @@ def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: b
     how many steps ran split."""
     runner = engine.runner
     model_runner.MIXED_SPLIT_MAX_ROWS = max(SPLIT_ROWS, prompt_len) if split else 0
+    model_runner.MIXED_SPLIT_MAX_ROWS_BESIDE_MANY = max(SPLIT_ROWS_BESIDE_MANY, prompt_len) if split else 0
     splits = []
     execute_graphs = type(runner)._execute_graphs
 

@@ -10,7 +10,7 @@ import torch
 from deltaserve import SamplingParams
 from deltaserve.engine.llm_engine import LLMEngine
 from deltaserve.runner.cuda_graphs import DecodeGraphs
-from deltaserve.runner.model_runner import MIXED_SPLIT_MAX_ROWS
+from deltaserve.runner.model_runner import MANY_DECODE_ROWS, MIXED_SPLIT_MAX_ROWS, MIXED_SPLIT_MAX_ROWS_BESIDE_MANY
 from deltaserve.runner.prefill_graphs import PrefillGraphs
 from deltaserve.runner.step_buffers import StepBuffers
 
@@ -112,3 +112,31 @@ def test_a_chunk_past_the_split_rows_or_beside_another_keeps_the_step_eager(chec
     engine.add_request("short", short, params)
     _step(engine, done)
     assert [(rows, n) for rows, n, _ in splits] == [(4, len(short))]  # beside "decoding", "long", "x" and "y"
+
+
+def test_beside_many_decode_rows_a_longer_chunk_splits_and_gives_the_eager_outputs(checkpoint_factory):
+    path = checkpoint_factory("qwen3.5")
+    rng = random.Random()
+    decoding = [[rng.randrange(300) for _ in range(rng.randint(2, 6))] for _ in range(MANY_DECODE_ROWS)]
+    length = rng.randint(MIXED_SPLIT_MAX_ROWS + 1, MIXED_SPLIT_MAX_ROWS_BESIDE_MANY)  # eager beside fewer rows
+    longer = [rng.randrange(300) for _ in range(length)]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=0)
+    outputs, recorded = [], None
+    for split in (False, True):
+        engine = LLMEngine.from_args(path, device="cpu", max_model_len=2048, max_num_seqs=MANY_DECODE_ROWS + 1,
+                                     max_num_batched_tokens=2048, enable_prefix_caching=False)
+        splits = _with_uncaptured_graphs(engine, MIXED_SPLIT_MAX_ROWS_BESIDE_MANY) if split else []
+        done = {}
+        for i, prompt in enumerate(decoding):
+            engine.add_request(f"d{i}", prompt, params)
+        _step(engine, done)  # their prompts; then one decode step, and the longer prompt arrives
+        _step(engine, done)
+        engine.add_request("longer", longer, params)
+        while engine.has_unfinished_requests():
+            _step(engine, done)
+        outputs.append(done)
+        recorded = splits
+    assert [(rows, n) for rows, n, _ in recorded] == [(MANY_DECODE_ROWS, len(longer))]
+    for name, (tokens, logprobs, _) in outputs[0].items():
+        torch.testing.assert_close(torch.tensor(outputs[1][name][1]), torch.tensor(logprobs), rtol=0, atol=1e-4)
+        assert outputs[1][name][0] == tokens, name

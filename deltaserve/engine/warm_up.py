@@ -73,7 +73,7 @@ def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len
             if bound is not None and sum(lengths) > bound:
                 # Many sequences in few rows, as when decode rows share a step with short chunks: one-token
                 # prompts beside two longer ones (one-token prompts alone would run as a decode step, and beside
-                # one longer prompt as a decode graph and a prefill graph: model_runner.MIXED_SPLIT_MAX_ROWS).
+                # one longer prompt as a decode graph and a prefill graph: model_runner.mixed_split_max_rows).
                 rest = max(4, min(rows, bound) - (seqs - 2))
                 lengths = [1] * (seqs - 2) + [rest // 2, rest - rest // 2]
             add(lengths, bound)

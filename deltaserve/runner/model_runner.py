@@ -39,6 +39,17 @@ FRESH_PREFILL_MIN_TOKENS = MAX_ROWS + 1
 # decode graph would be added for nothing, while at 512 rows the two graphs take about what the host's
 # launches do. A longer chunk's kernels outlast the launches, and its decode rows ride along for little.
 MIXED_SPLIT_MAX_ROWS = 512
+# Beside many decode rows the eager pass also runs their rows' layers eagerly, and the split wins for longer
+# chunks: on an H100 at the 9B shape (arrival_step_qwen3.5-9b_h100.json) a 1024-token arrival took 32.7 /
+# 38.0 ms split against 34.8 / 48.3 eagerly beside 32 / 128 decoding requests, where beside 1 and 8 the
+# split lost (30.5 / 31.2 against 26.4 / 28.2).
+MIXED_SPLIT_MAX_ROWS_BESIDE_MANY = 1024
+MANY_DECODE_ROWS = 32
+
+
+def mixed_split_max_rows(decode_rows: int) -> int:
+    """The longest prefill chunk that runs as its own graph beside `decode_rows` decode rows."""
+    return MIXED_SPLIT_MAX_ROWS_BESIDE_MANY if decode_rows >= MANY_DECODE_ROWS else MIXED_SPLIT_MAX_ROWS
 
 
 @dataclass
@@ -123,7 +134,7 @@ class ModelRunner:
     def _graph_passes(self, plan: StepPlan) -> tuple[StepPlan | None, StepPlan, list[tuple[int, int]]] | None:
         """A step of one prefill chunk, alone or beside decode rows, as the plan of its decode rows (None without
         them) and that of its chunk with the chunk's mid-chunk captures (rows counted from the chunk's first):
-        None unless they replay graphs. Beside decode rows the chunk holds at most MIXED_SPLIT_MAX_ROWS rows,
+        None unless they replay graphs. Beside decode rows the chunk holds at most mixed_split_max_rows rows,
         and a restore or a tail's copy for a decode row (a prompt restored to its last token) keeps the step
         eager."""
         if self.prefill_graphs is None or plan.is_decode:
@@ -134,7 +145,8 @@ class ModelRunner:
         chunk = chunks[0]
         rows = [c for c in plan.chunks if c is not chunk]
         decode = StepPlan(chunks=rows) if rows else None
-        if decode is not None and (chunk.num_tokens > MIXED_SPLIT_MAX_ROWS or not self._replayable(decode)):
+        if decode is not None and (chunk.num_tokens > mixed_split_max_rows(len(rows))
+                                   or not self._replayable(decode)):
             return None
         prefill = StepPlan(chunks=[chunk], restores=plan.restores, block_copies=plan.block_copies,
                            captures=[c for c in plan.captures if c.chunk is chunk])
