@@ -13,7 +13,8 @@
 - in bf16 with graphs, no launched decode step (greedy rows beside seeded sampled ones) waits for the GPU;
 - greedy tokens under repetition, frequency and presence penalties on the GPU in fp32 identical to the CPU's;
 - a prompt arriving while two others decode (their step split into a decode graph and a prefill graph) gives,
-  with the rows decoding beside it, in fp32 the CPU's tokens.
+  with the rows decoding beside it, in fp32 the CPU's tokens, and so does one of 800 tokens arriving while 32
+  others decode (a chunk past 512 rows, split beside that many decode rows).
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -31,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from deltaserve import LLM, SamplingParams  # noqa: E402
+from deltaserve.runner.model_runner import MANY_DECODE_ROWS  # noqa: E402
 from tests.checkpoints import ARCHITECTURES, make_checkpoint  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
@@ -66,10 +68,10 @@ def replays_exactly(llm: LLM, prompt: list[int], rng: random.Random) -> bool:
     return all(same)
 
 
-def arrivals(llm: LLM, prompts) -> tuple[list[list[int]], int]:
-    """prompts[0] and prompts[1] decode; a few steps on, prompts[2] arrives alone (a step of decode rows and
-    one short chunk: two graphs on the GPU, see model_runner.MIXED_SPLIT_MAX_ROWS). Their greedy tokens, and
-    the steps that ran split."""
+def arrivals(llm: LLM, decoding, arriving) -> tuple[list[list[int]], int]:
+    """The `decoding` prompts decode; a few steps on, `arriving` arrives alone (a step of decode rows and one
+    chunk: two graphs on the GPU, see model_runner.mixed_split_max_rows). Their greedy tokens, the arriving
+    prompt's last, and the steps that ran split."""
     engine, done = llm.engine, {}
     runner = engine.runner
     execute_graphs, splits = runner._execute_graphs, []
@@ -80,12 +82,13 @@ def arrivals(llm: LLM, prompts) -> tuple[list[list[int]], int]:
         return execute_graphs(plan, decode, *parts)
 
     runner._execute_graphs = counted
+    ids = [f"arrival-{i}" for i in range(len(decoding) + 1)]
     try:
-        for i, prompt in enumerate(prompts[:2]):
-            engine.add_request(f"arrival-{i}", prompt, GREEDY)
+        for request_id, prompt in zip(ids, decoding):
+            engine.add_request(request_id, prompt, GREEDY)
         for step in range(40):
             if step == 4:
-                engine.add_request("arrival-2", prompts[2], GREEDY)
+                engine.add_request(ids[-1], arriving, GREEDY)
             for out in engine.step():
                 if out.finished:
                     done[out.request_id] = out.outputs[0].token_ids
@@ -95,7 +98,7 @@ def arrivals(llm: LLM, prompts) -> tuple[list[list[int]], int]:
                     done[out.request_id] = out.outputs[0].token_ids
     finally:
         del runner._execute_graphs  # the class's method again
-    return [done[f"arrival-{i}"] for i in range(3)], len(splits)
+    return [done[i] for i in ids], len(splits)
 
 
 def launches_without_sync(llm: LLM, prompts) -> dict:
@@ -140,11 +143,14 @@ def main() -> None:
     # two chunks under the 2048-token step, the second attending over the first's keys
     long_prompts = [[rng.randrange(300) for _ in range(n)] for n in (128, 700, 1500, 2048, 3000)]
     long_pair = [[rng.randrange(300) for _ in range(n)] for n in (1100, 900)]
+    many = [[rng.randrange(300) for _ in range(rng.randint(2, 40))] for _ in range(MANY_DECODE_ROWS)]
+    many_arriving = [rng.randrange(300) for _ in range(800)]
     result = {**results_io.header(), "gdn_state_dtype": args.gdn_state_dtype, "fp32_gpu_vs_cpu": {},
               "graph_vs_eager_bf16": {}, "graph_vs_eager_bf16_mixed_sampling": {},
               "graph_vs_eager_bf16_top_p_min_p_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
               "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {},
-              "fp32_penalised_gpu_vs_cpu": {}, "fp32_long_pair_gpu_vs_cpu": {}, "fp32_arrival_gpu_vs_cpu": {}}
+              "fp32_penalised_gpu_vs_cpu": {}, "fp32_long_pair_gpu_vs_cpu": {}, "fp32_arrival_gpu_vs_cpu": {},
+              "fp32_arrival_beside_many_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         cpu_llm = LLM(path, device="cpu", **state)
@@ -164,9 +170,14 @@ def main() -> None:
         result["bf16_graph_launches_without_sync"][arch] = launches_without_sync(graph_llm, prompts)
         pair = tokens(gpu_llm, long_pair)
         result["fp32_long_pair_gpu_vs_cpu"][arch] = {"identical": pair == tokens(cpu_llm, long_pair)}
-        arrived, splits = arrivals(gpu_llm, prompts[1:])
-        result["fp32_arrival_gpu_vs_cpu"][arch] = {"identical": arrived == arrivals(cpu_llm, prompts[1:])[0],
-                                                   "split_steps": splits}
+        arrived, splits = arrivals(gpu_llm, prompts[1:3], prompts[3])
+        result["fp32_arrival_gpu_vs_cpu"][arch] = {
+            "identical": arrived == arrivals(cpu_llm, prompts[1:3], prompts[3])[0], "split_steps": splits}
+        busy_llm = LLM(path, device="cuda", dtype="float32", max_num_seqs=MANY_DECODE_ROWS + 1, **state)
+        arrived, splits = arrivals(busy_llm, many, many_arriving)
+        result["fp32_arrival_beside_many_gpu_vs_cpu"][arch] = {
+            "identical": arrived == arrivals(cpu_llm, many, many_arriving)[0], "split_steps": splits}
+        del busy_llm
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -175,7 +186,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-10:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-11:]), flush=True)
         results_io.write(args.out, result)
 
 
