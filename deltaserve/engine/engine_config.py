@@ -95,6 +95,7 @@ def resolve_gdn_state_dtype(asked: str, config_names: str | None) -> str:
                     ", ".join(GDN_STATE_DTYPES))
     return "float32"
 
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16, "float": torch.float32}
 
