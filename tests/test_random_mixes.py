@@ -1,0 +1,177 @@
+"""Randomized differential test: what a request gets must not depend on what runs beside it.
+
+Each trial draws an engine (block size, step budget, a KV pool near its minimum so that requests are
+preempted and recomputed, prefix caching with few snapshot slots, asynchronous scheduling or not) and a mix
+of requests: prompts cut from shared prefixes at block boundaries and one token either side, follow-ups
+built from earlier replies (whole, partial, or all but the last token), greedy and seeded sampled rows,
+n > 1, stop strings and stop tokens, logprobs, and aborts mid-way. Every request that finishes must give the
+tokens, finish reason and text it gives alone on an engine without prefix caching, its logprobs within
+rounding; at the end no block, state slot or snapshot may be held. The seed of a failing trial is in the
+assertion's message."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from deltaserve import SamplingParams
+from deltaserve.engine.llm_engine import LLMEngine
+
+MAX_MODEL_LEN = 320
+VOCAB = 300
+STOP_STRINGS = ["e", "th", " a", "o", "!"]
+TRIALS = 5
+
+
+def _params(rng: random.Random) -> SamplingParams:
+    kw: dict = {"max_tokens": rng.randint(1, 24), "ignore_eos": rng.random() < 0.7}
+    if rng.random() < 0.5:
+        kw["temperature"] = 0.0
+    else:
+        kw.update(temperature=rng.choice([0.7, 1.0]), seed=rng.randrange(2**31))
+        if rng.random() < 0.4:
+            kw["top_k"] = rng.choice([1, 5, 40])
+        if rng.random() < 0.4:
+            kw["top_p"] = 0.9
+        kw["n"] = rng.choice([1, 1, 2, 3])
+    if rng.random() < 0.4:
+        kw["logprobs"] = rng.choice([0, 2])
+    if rng.random() < 0.15:
+        kw["repetition_penalty"] = 1.3
+    if rng.random() < 0.2:
+        kw["stop_token_ids"] = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 4))]
+    if rng.random() < 0.2:
+        kw["stop"] = rng.sample(STOP_STRINGS, rng.randint(1, 2))
+    return SamplingParams(**kw)
+
+
+def _summary(output) -> list[tuple]:
+    """Per sample: tokens, finish reason, text, and the chosen tokens' logprobs (or None)."""
+    samples = []
+    for o in sorted(output.outputs, key=lambda o: o.index):
+        logprobs = None if o.logprobs is None else [e[t].logprob for e, t in zip(o.logprobs, o.token_ids)]
+        samples.append((list(o.token_ids), o.finish_reason, o.text, logprobs))
+    return samples
+
+
+class Alone:
+    """Each request run by itself, without prefix caching: what it must give in any mix."""
+
+    def __init__(self, path: str):
+        self.engine = LLMEngine.from_args(path, device="cpu", enable_prefix_caching=False, max_num_seqs=4,
+                                          max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=2048)
+        self.known: dict = {}
+
+    def run(self, prompt: list[int], params: SamplingParams) -> list[tuple]:
+        key = (tuple(prompt), repr(params))
+        if key not in self.known:
+            self.engine.add_request("alone", list(prompt), params)
+            done = None
+            while done is None:
+                done = next((o for o in self.engine.step() if o.finished), None)
+            self.known[key] = _summary(done)
+        return self.known[key]
+
+
+class Mix:
+    def __init__(self, path: str, rng: random.Random):
+        self.rng = rng
+        self.block = rng.choice([8, 16, 32])
+        fewest = -(-MAX_MODEL_LEN // self.block)  # one longest sequence's blocks
+        self.engine = LLMEngine.from_args(
+            path, device="cpu", max_model_len=MAX_MODEL_LEN, block_size=self.block,
+            max_num_seqs=rng.choice([1, 2, 4, 6]),
+            max_num_batched_tokens=rng.choice([rng.randint(1, 16), rng.randint(16, 128), 2048]),
+            num_kv_blocks=rng.randint(fewest, fewest + fewest // 2), enable_prefix_caching=rng.random() < 0.85,
+            ssm_snapshot_slots=rng.choice([None, 0, 1, 4]), ssm_snapshot_interval=rng.choice([1024, self.block]),
+            decode_snapshot_interval=rng.choice([256, self.block]), async_scheduling=rng.random() < 0.7,
+            seed=rng.randrange(1000))
+        self.prefixes = [self._tokens(rng.randint(1, 250)) for _ in range(2)]
+        self.sent: dict[str, tuple] = {}  # request id -> (prompt, params)
+        self.finished: dict = {}
+        self.aborted: set[str] = set()
+
+    def _tokens(self, n: int) -> list[int]:
+        return [self.rng.randrange(3, VOCAB) for _ in range(n)]
+
+    def _prompt(self) -> list[int]:
+        rng, base = self.rng, self.rng.choice(self.prefixes)
+        kind = rng.random()
+        if kind < 0.3:
+            return self._tokens(rng.randint(1, 250))
+        if kind < 0.7:  # at a block boundary of a shared prefix, or a token either side of it
+            cut = rng.randint(0, len(base) // self.block) * self.block + rng.choice([-1, 0, 1])
+            return base[: max(1, min(cut, len(base)))]
+        return base + self._tokens(rng.randint(0, 30))
+
+    def _follow_up(self, request_id: str, output) -> list[int] | None:
+        rng = self.rng
+        if len(self.sent) > 16 or rng.random() > 0.4:
+            return None
+        reply = list(rng.choice(output.outputs).token_ids)
+        cut = rng.choice([reply, reply[:-1], reply[: rng.randint(0, len(reply))]])
+        prompt = self.sent[request_id][0] + cut + self._tokens(rng.choice([0, 1, rng.randint(1, 20)]))
+        return prompt[-(MAX_MODEL_LEN - 40):]
+
+    def run(self) -> None:
+        rng, engine = self.rng, self.engine
+        arrivals = [(rng.choice([0, 0, rng.randint(0, 20)]), self._prompt()) for _ in range(rng.randint(2, 7))]
+        abort_at: dict[str, int] = {}
+        step = 0
+        while arrivals or engine.has_unfinished_requests():
+            for item in [a for a in arrivals if a[0] <= step]:
+                arrivals.remove(item)
+                request_id = f"r{len(self.sent)}"
+                self.sent[request_id] = (item[1], _params(rng))
+                engine.add_request(request_id, *self.sent[request_id])
+                if rng.random() < 0.12:
+                    abort_at[request_id] = step + rng.randint(0, 12)
+            for request_id in [r for r, at in abort_at.items() if at <= step]:
+                del abort_at[request_id]
+                if request_id not in self.finished:
+                    engine.abort(request_id)
+                    self.aborted.add(request_id)
+            for output in engine.step() if engine.has_unfinished_requests() else ():
+                if output.finished:
+                    self.finished[output.request_id] = output
+                    follow_up = self._follow_up(output.request_id, output)
+                    if follow_up:
+                        arrivals.append((step + rng.choice([0, 1, 3]), follow_up))
+            step += 1
+            assert step < 5000, "the mix made no progress"
+
+    def assert_nothing_held(self) -> None:
+        stats, blocks = self.engine.stats(), self.engine.scheduler.blocks
+        assert (stats.kv_blocks_used, stats.state_slots_used, stats.num_running, stats.num_waiting) == (0, 0, 0, 0)
+        assert not any(blocks.ref_counts)
+        snapshots = self.engine.loaded.snapshots
+        if snapshots is not None:
+            assert snapshots.index.num_referenced == 0
+        self.engine.reset_prefix_cache()
+        assert blocks.num_free == blocks.num_blocks and blocks.num_cached == 0
+
+
+@pytest.fixture(scope="module")
+def alone_engines():
+    return {}  # arch -> Alone, shared by the module's tests
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3.5-moe", "qwen3-next", "llama"])
+def test_a_request_gets_in_any_mix_what_it_gets_alone(arch, checkpoint_factory, alone_engines):
+    path = checkpoint_factory(arch)
+    alone = alone_engines.setdefault(arch, Alone(path))
+    for _ in range(TRIALS):
+        seed = random.randrange(2**32)
+        mix = Mix(path, random.Random(seed))
+        mix.run()
+        mix.assert_nothing_held()
+        for request_id, output in mix.finished.items():
+            if request_id in mix.aborted:
+                continue
+            prompt, params = mix.sent[request_id]
+            for got, want in zip(_summary(output), alone.run(prompt, params), strict=True):
+                where = f"trial seed {seed}, {request_id} ({len(prompt)} prompt tokens, {params})"
+                assert got[:3] == want[:3], where
+                if want[3] is not None:
+                    assert max(abs(a - b) for a, b in zip(got[3], want[3])) < 1e-4, where
