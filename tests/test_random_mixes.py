@@ -22,6 +22,7 @@ MAX_MODEL_LEN = 320
 VOCAB = 300
 STOP_STRINGS = ["e", "th", " a", "o", "!"]
 TRIALS = 5
+LOGPROB_TOLERANCE = 5e-4  # a wrong row or state moves a logprob by far more
 
 
 def _params(rng: random.Random) -> SamplingParams:
@@ -173,5 +174,5 @@ def test_a_request_gets_in_any_mix_what_it_gets_alone(arch, checkpoint_factory, 
             for got, want in zip(_summary(output), alone.run(prompt, params), strict=True):
                 where = f"trial seed {seed}, {request_id} ({len(prompt)} prompt tokens, {params})"
                 assert got[:3] == want[:3], where
-                if want[3] is not None:
-                    assert max(abs(a - b) for a, b in zip(got[3], want[3])) < 1e-4, where
+                if want[3] is not None:  # fp32 rounding of other batch shapes moves them up to about 6e-5
+                    assert max(abs(a - b) for a, b in zip(got[3], want[3])) < LOGPROB_TOLERANCE, where
