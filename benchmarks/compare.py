@@ -38,6 +38,22 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At eb1c8ea on an H100 (these rows do not replace the H200 rows above), against 6d753a5 alternated "
+        "twice in one command. A prompt prefilled in steps of the server's default 2048 tokens "
+        "(engine_qwen3.5-9b_chunked_prefill_6d753a5_vs_eb1c8ea_h100.json, first passes): 32768 tokens 1.0454 "
+        "/ 1.0375 s against 1.6174 / 1.6223, 8192 0.2052 / 0.2061 against 0.2331 / 0.2370, 2048 0.0504 / "
+        "0.0489 against 0.0523 / 0.0501: the long-chunk paged-attention tiles and the LM head run only for a "
+        "chunk that samples (under 10 ms of the 32k difference). Closed batches "
+        "(engine_qwen3.5-9b_decode_6d753a5_vs_eb1c8ea_h100.json): C=32 / 128 steps 7.883-7.884 / "
+        "12.239-12.243 ms in both trees; C=1 6.148-6.149 against 6.091-6.093 ms in that ladder run (its step "
+        "budget the C=128 batch's 16384 tokens), but 6.140-6.144 ms in all of 6d753a5, 9ebe693, 1d51251 and "
+        "eb1c8ea run at C=1 alone (engine_qwen3.5-9b_c1_four_trees_h100.json), so no change to the decode "
+        "step is seen at the budget a C=1 run takes. The step budget itself "
+        "(engine_qwen3.5-9b_step_budget_2048_same_machine_h100.json): 2048 against the batch's prompts, "
+        "alternated twice, C=32 steps 7.896 / 7.898 against 7.881 / 7.881 ms and C=128 12.229 / 12.230 "
+        "against 12.240 / 12.239, closed batches 3850 / 3842 against 3874 / 3876 and 9094 / 9087 against 9270 "
+        "/ 9279 tok/s (the batch's prefill then takes several steps): on this card the warm-up's cuDNN start "
+        "costs the decode step nothing measurable, so the 2048 budget would not close the C=32 miss here.",
         "At a4c2d03, measured per kernel only (the engine rows above predate it): paged attention takes a "
         "sequence's chunk of 512 rows or more (tokens times the GQA group) in 128 x 64 tiles, and from 1024 tokens "
         "walks the key tiles that every row of a query tile attends to without masks, the last row tiles first. At "
