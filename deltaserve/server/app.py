@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from deltaserve.engine.async_engine import AsyncEngine
 from deltaserve.server.context import ClientDisconnected, ServerContext
@@ -62,7 +63,7 @@ def _answering_errors(handler):
     async def route(request: Request):
         try:
             return await handler(request)
-        except ClientDisconnected:
+        except (ClientDisconnected, ClientDisconnect):  # gone before the answer (or before sending all its body)
             return Response(status_code=499)
         except Exception as exc:
             error = from_exception(exc)
@@ -117,7 +118,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(request.url.path, APIError(exc.status_code, str(exc.detail), type=kind))
+        return error_response(request.url.path, APIError(exc.status_code, str(exc.detail), type=kind,
+                                                         headers=exc.headers))  # a 405's Allow
 
     @app.exception_handler(ClientDisconnected)
     async def _gone(request: Request, exc: ClientDisconnected):

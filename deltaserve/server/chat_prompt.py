@@ -120,8 +120,12 @@ def render_chat(
 
 
 def _template_options(template_kwargs: dict | None) -> dict:
-    """A request's chat_template_kwargs, less what the server sets itself."""
+    """A request's chat_template_kwargs, less what the server sets itself. A template of the client's own is
+    refused: it would run in the server (a loop of loops renders for as long as the client likes)."""
     kwargs = dict(template_kwargs or {})
+    if "chat_template" in kwargs:
+        raise bad_request("chat_template_kwargs may not carry a chat_template: the server renders with its own "
+                          "(--chat-template)", "chat_template_kwargs.chat_template", "unsupported_value")
     kwargs.pop("tools", None)
     kwargs.pop("add_generation_prompt", None)
     if not kwargs.get("continue_final_message"):
@@ -132,9 +136,10 @@ def _template_options(template_kwargs: dict | None) -> dict:
 def render_chat_text(tokenizer: Any, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None,
                      add_generation_prompt: bool = True) -> str:
     """The conversation as the template writes it; a template's refusal is the request's 400."""
+    options = _template_options(template_kwargs)  # its refusals name their field, not the messages
     try:
         return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                             **_template_options(template_kwargs))
+                                             **options)
     except Exception as exc:  # the template refused these messages (roles, order, fields)
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
 

@@ -97,4 +97,6 @@ def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None
     for key in logit_bias:
         if not (key.isascii() and key.isdigit()):
             raise InvalidSamplingParamsError(f"logit_bias={key!r}: keys must be token ids (integers)")
+        if len(key.lstrip("0")) > 20:  # past any int64 (and past int()'s 4300-digit limit, a ValueError)
+            raise InvalidSamplingParamsError(f"logit_bias={key[:24]}...: token id outside the vocabulary")
     return {int(key): bias for key, bias in logit_bias.items()}

@@ -39,9 +39,11 @@ def _block_text(content: Any, param: str) -> str:
     return "".join(texts)
 
 
-def _text_of(text: str | None, where: str) -> str:
+def _text_of(text: Any, where: str) -> str:
     if text is None:
         raise bad_request("a content block of type 'text' needs its text", where)
+    if not isinstance(text, str):  # a tool_result's blocks are plain dicts, which pydantic does not type
+        raise bad_request(f"the text of a content block must be a string, not {type(text).__name__}", where)
     return text
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import Request
 
 from deltaserve.server.chat_prompt import openai_messages_for_template, openai_tools_for_template, render_chat_text
@@ -15,14 +17,17 @@ async def tokenize(ctx: ServerContext, request: Request) -> dict:
     ctx.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
+    tokens = await asyncio.to_thread(_tokens, ctx, req)  # off the event loop, as chat's rendering is
+    return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
+
+
+def _tokens(ctx: ServerContext, req: TokenizeRequest) -> list[int]:
     if req.messages is not None:
         messages = openai_messages_for_template(req.messages)
         text = render_chat_text(ctx.tokenizer, messages, openai_tools_for_template(req.tools), req.chat_template_kwargs,
                                 add_generation_prompt=req.add_generation_prompt)
-        tokens = ctx.tokenizer.encode(text, add_special_tokens=False)  # the template writes any BOS it wants
-    else:
-        tokens = ctx.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-    return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
+        return ctx.tokenizer.encode(text, add_special_tokens=False)  # the template writes any BOS it wants
+    return ctx.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
 
 
 async def detokenize(ctx: ServerContext, request: Request) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from deltaserve.server.tool_parsers.tool_call import ToolCall
+from deltaserve.server.tool_parsers.tool_call import ToolCall, loads_json
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?=</parameter>|<parameter=|</function>|\Z)", re.DOTALL)
@@ -60,13 +60,16 @@ def _properties(schemas: dict[str, dict] | None, name: str) -> dict:
 def _convert(value: str, schema: dict | None):
     """Type a raw parameter value by its schema; without one, read JSON where it parses."""
     kind = schema.get("type") if isinstance(schema, dict) else None
-    kinds = set(kind) if isinstance(kind, list) else {kind}
+    # the schema is the client's: a type that is not a name (or a list of names) types nothing
+    kinds = {k for k in (kind if isinstance(kind, list) else [kind]) if isinstance(k, str)}
+    if not kinds:
+        kind = None
     if "string" in kinds:
         return value
     if value.strip() == "null" and (kind is None or "null" in kinds):
         return None
     try:
-        parsed = json.loads(value)
+        parsed = loads_json(value)
     except ValueError:
         if "boolean" in kinds and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
