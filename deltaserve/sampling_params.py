@@ -11,6 +11,9 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 makes it the on
 # Below this a temperature samples greedily, as in vLLM: logits over 1e-45 overflow to inf and the row's
 # softmax to NaN, where the user plainly asked for the most likely token.
 GREEDY_BELOW_TEMPERATURE = 1e-5
+# The sampler computes in float32: a value past these rounds to inf or 0 there.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 
 @dataclass
@@ -69,6 +72,8 @@ class SamplingParams:
         _check_number("temperature", self.temperature)
         if self.temperature < 0:
             raise bad("temperature", self.temperature, "must be >= 0 (0 means greedy)")
+        if self.temperature > FLOAT32_MAX:
+            raise bad("temperature", self.temperature, f"must be at most {FLOAT32_MAX:.4g} (the sampler's float32)")
         _check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", self.top_p, "must be in (0, 1]")
@@ -88,8 +93,9 @@ class SamplingParams:
             if not -2.0 <= value <= 2.0:
                 raise bad(name, value, "must be in [-2, 2]")
         _check_number("repetition_penalty", self.repetition_penalty)
-        if self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", self.repetition_penalty, "must be > 0")
+        if not FLOAT32_TINY <= self.repetition_penalty <= FLOAT32_MAX:  # float32 0 or inf: logits of inf and NaN
+            raise bad("repetition_penalty", self.repetition_penalty,
+                      f"must be > 0, within float32's normal range [{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}]")
         if self.seed is not None:
             _check_int("seed", self.seed)
         if self.logit_bias is not None:
