@@ -9,8 +9,8 @@ call whose step takes it beside the decode rows is timed to its return (its toke
 before it). Both ways run in one process, alternated (A B B A) over `--rounds`: the split as the engine
 makes it (ModelRunner._graph_passes, here for a prompt of any length: MIXED_SPLIT_MAX_ROWS and
 MIXED_SPLIT_MAX_ROWS_BESIDE_MANY are what these times set), and the same step kept eager (both 0), each after
-one untimed trial of its own. `split_steps` counts the split arm's steps that did run split. `decode_step_ms` is a plain decode step of the
-C rows, for scale. Prefix caching is off, so the prompt arrives as one chunk.
+one untimed trial of its own. `split_steps` counts the split arm's steps that did run split. `decode_step_ms`
+is a plain decode step of the C rows, for scale. Prefix caching is off, so the prompt arrives as one chunk.
 """
 
 from __future__ import annotations

@@ -9,7 +9,11 @@ MODEL = "smollm2"
 @pytest.fixture(scope="session")
 def server():
     """One live server for the server tests, with an API key and two served names."""
-    live = LiveServer("--served-model-name", MODEL, "demo", api_key=API_KEY)
+    yield from serving(LiveServer("--served-model-name", MODEL, "demo", api_key=API_KEY))
+
+
+def serving(live: LiveServer):
+    """Yields the live server, then stops it: it must exit cleanly with no traceback in its log."""
     try:
         yield live
         log = live.read_log()

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from deltaserve.server.tool_parsers.parser import ToolCallParser, parse_tool_call_body
-from tests.server.conftest import API_KEY, MODEL
+from tests.server.conftest import API_KEY, MODEL, serving
 from tests.server.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -161,14 +161,7 @@ def _checkpoint_that_calls(path: str, text: str) -> str:
 @pytest.fixture(scope="module")
 def calling_server(tmp_path_factory):
     path = _checkpoint_that_calls(str(tmp_path_factory.mktemp("calls")), NAN_CALL)
-    live = LiveServer(path)
-    try:
-        yield live
-        log = live.read_log()
-        assert live.stop() == 0, log
-        assert "Traceback" not in log, log
-    finally:
-        live.cleanup()
+    yield from serving(LiveServer(path))
 
 
 def test_a_model_calling_a_tool_with_nan_still_gets_json_responses(calling_server):
