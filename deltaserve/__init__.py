@@ -13,7 +13,7 @@ from deltaserve.errors import (
     WeightLoadError,
 )
 from deltaserve.outputs import CompletionOutput, Logprob, RequestOutput
-from deltaserve.sampling_params import SamplingParams
+from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 def __getattr__(name):
@@ -26,8 +26,8 @@ def __getattr__(name):
 
 
 __all__ = [
-    "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "DeltaServeError",
-    "EngineDeadError", "InvalidPromptError", "InvalidSamplingParamsError", "PromptTooLongError",
+    "LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob",
+    "DeltaServeError", "EngineDeadError", "InvalidPromptError", "InvalidSamplingParamsError", "PromptTooLongError",
     "RequestNotFoundError", "ShapeMismatchError", "StepFailedError", "UnsupportedArchitectureError",
     "WeightLoadError",
 ]

@@ -17,6 +17,44 @@ FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 
 @dataclass
+class StructuredOutputsParams:
+    """What a request's output must match, as vLLM's StructuredOutputsParams: exactly one of a JSON schema
+    (`json`, a dict or its JSON text), any JSON object (`json_object`), a regular expression (`regex`) or one
+    of a list of strings (`choice`). `start_after`: the constraint holds only after the output has produced
+    this text (a reasoning model's "</think>"); before it the output is free."""
+
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    start_after: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        kinds = [name for name in ("json", "regex", "choice") if getattr(self, name) is not None]
+        if not isinstance(self.json_object, bool):
+            raise InvalidSamplingParamsError(f"structured_outputs.json_object={self.json_object!r}: must be True "
+                                             "or False")
+        kinds += ["json_object"] * self.json_object
+        if len(kinds) != 1:
+            raise InvalidSamplingParamsError("structured_outputs needs exactly one of json, json_object, regex and "
+                                             f"choice, got {', '.join(kinds) or 'none'}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise InvalidSamplingParamsError(f"structured_outputs.json: a JSON schema must be an object or its "
+                                             f"text, got {type(self.json).__name__}")
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise InvalidSamplingParamsError("structured_outputs.regex must be a string")
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise InvalidSamplingParamsError("structured_outputs.choice must be a non-empty list of non-empty "
+                                             "strings")
+        if self.start_after is not None and (not isinstance(self.start_after, str) or not self.start_after):
+            raise InvalidSamplingParamsError("structured_outputs.start_after must be a non-empty string")
+
+
+@dataclass
 class SamplingParams:
     n: int = 1
     temperature: float = 1.0
@@ -37,6 +75,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (no text, so no stop strings)
+    structured_outputs: StructuredOutputsParams | None = None  # what the output must match (engine/grammar.py)
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +159,10 @@ class SamplingParams:
                 raise bad("stop", self.stop, "stop strings must be non-empty strings")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise bad("structured_outputs", self.structured_outputs, "must be a StructuredOutputsParams")
+            self.structured_outputs.validate()
         if self.temperature < GREEDY_BELOW_TEMPERATURE:
             self.temperature = 0.0
 

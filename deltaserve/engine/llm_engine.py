@@ -13,6 +13,7 @@ import numpy as np
 
 from deltaserve.engine.detokenizer import IncrementalDetokenizer
 from deltaserve.engine.engine_config import EngineConfig
+from deltaserve.engine.grammar import GrammarCompiler
 from deltaserve.engine.model_setup import LoadedModel, load_engine_model
 from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.request import Request
@@ -81,6 +82,8 @@ class LLMEngine:
         self.scheduler = Scheduler(loaded.blocks, loaded.slots, config.block_size, config.max_num_seqs,
                                    config.max_num_batched_tokens, prefix_cache)
         self.runner = loaded.runner
+        self.grammars = GrammarCompiler(self.tokenizer.hf, self.model_config.vocab_size, self.eos_token_ids,
+                                        lambda text: self.tokenizer.encode(text, add_special_tokens=False))
         self._parents: dict[str, ParentRequest] = {}
         self._owner: dict[Request, ParentRequest] = {}
         self._launched = None  # LaunchedStep of a step still running, its tokens not read back
@@ -110,9 +113,12 @@ class LLMEngine:
         self._check_token_ids(params)
         token_ids, text, token_bytes = self._prompt_tokens(prompt, prompt_text)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
+        structured = params.structured_outputs
+        grammar = self.grammars.compile(structured) if structured is not None else None
         children = [
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
-                    sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes)
+                    sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes,
+                    grammar=self.grammars.matcher(structured, grammar) if grammar is not None else None)
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,
@@ -274,12 +280,20 @@ class LLMEngine:
             request.output_logprobs.append(logprob)
         self.stats_counters.generation_tokens_total += 1
         params = request.params
+        if request.grammar is not None and not request.grammar.accept(token):
+            # the mask allows only what the grammar accepts: a refused token is the matcher's own failure
+            log.error("request %s: structured output refused token %d: %s", request.request_id, token,
+                      request.grammar.error())
+            self.scheduler.finish(request, "abort")
+            return
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             self.scheduler.finish(request, "stop", token if token in params.stop_token_ids else None)
             return
         stop = detok.append(token) if params.detokenize else None
         if stop is not None:
             self.scheduler.finish(request, "stop", stop)
+        elif request.grammar is not None and request.grammar.finished:  # the grammar takes nothing more
+            self.scheduler.finish(request, "stop")
         elif position - request.num_prompt_tokens + 1 >= request.max_tokens:
             self.scheduler.finish(request, "length")
 

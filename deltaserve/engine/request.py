@@ -6,6 +6,7 @@ import enum
 from array import array
 from dataclasses import dataclass, field
 
+from deltaserve.engine.grammar import RequestGrammar
 from deltaserve.outputs import Logprob
 from deltaserve.sampling_params import SamplingParams
 
@@ -50,6 +51,7 @@ class Request:
     snapshot_refs: dict[int, bytes | None] = field(default_factory=dict)  # slot -> hash (capture) or None (restore)
     last_decode_snapshot: bytes | None = None
     tail_source: int | None = None  # the cached tail block its hit copied from, held until it stops
+    grammar: RequestGrammar | None = None  # structured outputs: what its next tokens may be (engine/grammar.py)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from deltaserve import kernels
+from deltaserve.engine.grammar import allowed_tokens, mask_shape
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
 from deltaserve.host_to_device import to_device
@@ -56,6 +57,8 @@ class Sampler:
         """logits [B, V] fp32 for requests[b]. Returns (token ids, per-row logprob dicts or None)."""
         params = [r.params for r in requests]
         processed = logits[:, : self.vocab_size]
+        if any(r.grammar is not None and r.grammar.active for r in requests):
+            processed = self._constrained(processed, requests)
         if any(_has_penalty(p) for p in params):
             processed = self._penalise(processed, requests)
         tokens = self.sample_on_device(processed, requests).tolist()
@@ -66,14 +69,16 @@ class Sampler:
     @staticmethod
     def device_only(params) -> bool:
         """Whether a row's sampling needs nothing but its logits on the device: no logprobs to read
-        back and no penalties over its past tokens (a step can then start before the last one's
-        tokens are read back)."""
-        return params.logprobs is None and params.prompt_logprobs is None and not _has_penalty(params)
+        back, no penalties over its past tokens and no grammar, whose mask follows the last token (a step
+        can then start before the last one's tokens are read back)."""
+        return (params.logprobs is None and params.prompt_logprobs is None and not _has_penalty(params)
+                and params.structured_outputs is None)
 
     @staticmethod
     def greedy(requests: list[Request]) -> bool:
         """Whether every row takes its logits' argmax as they are (what a decode graph computes itself)."""
-        return all(r.params.temperature == 0 and not r.params.logit_bias for r in requests)
+        return all(r.params.temperature == 0 and not r.params.logit_bias and r.params.structured_outputs is None
+                   for r in requests)
 
     def sample_on_device(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """The tokens [B] (int64, on the logits' device) of rows without penalties; nothing is read back."""
@@ -138,6 +143,19 @@ class Sampler:
             tokens = self._output_tokens[request] = array("i")
         tokens.extend(request.output_token_ids[len(tokens) : resolved])
         return tokens
+
+    def _constrained(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """A copy of the logits where each row with an active grammar keeps only the tokens it allows (-inf
+        elsewhere). Logprobs are still read from the model's own logits, as vLLM reports them."""
+        rows = [i for i, r in enumerate(requests) if r.grammar is not None and r.grammar.active]
+        bitmask = torch.empty(mask_shape(len(rows), self.vocab_size), dtype=torch.int32)
+        for row, i in enumerate(rows):
+            requests[i].grammar.fill_mask(bitmask, row)
+        allowed = allowed_tokens(to_device(bitmask.numpy(), self.device, torch.int32), self.vocab_size)
+        constrained = logits.clone()
+        index = to_device(rows, self.device)
+        constrained[index] = logits[index].masked_fill(~allowed, float("-inf"))
+        return constrained
 
     def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits with each row's logit_bias added (the logits themselves stay the model's:

@@ -1,0 +1,167 @@
+"""Structured outputs: a request's output held to a JSON schema, any JSON object, a regular expression or a
+choice of strings. Each such request carries a RequestGrammar, an llguidance matcher over the model's
+vocabulary: before a step samples, the sampler masks the tokens that would leave the grammar (`fill_mask`),
+and each token taken advances the matcher (`accept`). Where the grammar can go no further the request stops.
+
+The vocabulary's view for llguidance (its LLTokenizer) is built once per engine, on the first request that
+asks for a grammar (about half a second for a 49k vocabulary); a grammar is compiled when its request is
+added, so a schema that does not compile is refused then, naming llguidance's reason."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+
+import torch
+
+from deltaserve.errors import InvalidSamplingParamsError
+from deltaserve.sampling_params import StructuredOutputsParams
+
+
+def grammar_text(params: StructuredOutputsParams) -> str:
+    """The llguidance grammar of what `params` asks for."""
+    from llguidance import LLMatcher
+
+    if params.json is not None:
+        schema = params.json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise InvalidSamplingParamsError(f"structured_outputs.json: not JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise InvalidSamplingParamsError("structured_outputs.json: a JSON schema must be an object")
+        return LLMatcher.grammar_from_json_schema(closed_objects(schema))
+    if params.json_object:
+        return LLMatcher.grammar_from_json_schema({"type": "object"})
+    if params.regex is not None:
+        return LLMatcher.grammar_from_regex(params.regex)
+    # Lark string literals take JSON's escapes: each choice is matched as exactly its text.
+    return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in params.choice))
+
+
+# Keywords whose value is a schema, a list of schemas, or a map of names to schemas (JSON Schema 2020-12 and
+# draft 7's): where closed_objects looks for objects.
+_SCHEMA_KEYS = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties",
+                "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+_SCHEMA_LIST_KEYS = ("anyOf", "allOf", "oneOf", "prefixItems", "items")
+_SCHEMA_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed_objects(schema):
+    """A copy of the schema whose objects with listed properties take no others, where the schema does not say
+    (`additionalProperties: false`): as vLLM's default grammar backend reads a schema, and what a client that
+    lists the fields means. An object that lists none stays open."""
+    if not isinstance(schema, dict):
+        return schema
+    closed = dict(schema)
+    for key in _SCHEMA_KEYS:
+        if isinstance(closed.get(key), dict):
+            closed[key] = closed_objects(closed[key])
+    for key in _SCHEMA_LIST_KEYS:
+        if isinstance(closed.get(key), list):
+            closed[key] = [closed_objects(s) for s in closed[key]]
+    for key in _SCHEMA_MAP_KEYS:
+        if isinstance(closed.get(key), dict):
+            closed[key] = {name: closed_objects(s) for name, s in closed[key].items()}
+    if isinstance(closed.get("properties"), dict) and closed["properties"] and "additionalProperties" not in closed:
+        closed["additionalProperties"] = False
+    return closed
+
+
+class GrammarCompiler:
+    """Compiles requests' structured_outputs against one tokenizer and vocabulary."""
+
+    def __init__(self, hf_tokenizer, vocab_size: int, eos_token_ids: Iterable[int], encode):
+        self._hf = hf_tokenizer
+        self.vocab_size = vocab_size  # the logits' width: ids past the tokenizer's are never allowed
+        self._eos = sorted(eos_token_ids)
+        self._encode = encode  # text -> token ids without special tokens (start_after's)
+        self._lock = threading.Lock()
+        self._ll_tokenizer = None
+
+    def ll_tokenizer(self):
+        """llguidance's view of the vocabulary, built on first use (also from another thread: see prepare)."""
+        with self._lock:
+            if self._ll_tokenizer is None:
+                try:
+                    import llguidance.hf
+                except ImportError as exc:
+                    raise InvalidSamplingParamsError("structured outputs need the llguidance package, which is "
+                                                     "not installed") from exc
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size,
+                                                                  eos_token=self._eos)
+            return self._ll_tokenizer
+
+    def compile(self, params: StructuredOutputsParams) -> str:
+        """The request's grammar, checked: a schema, regex or choice that does not compile is refused here."""
+        from llguidance import LLMatcher
+
+        text = grammar_text(params)
+        error = LLMatcher.validate_grammar(text, self.ll_tokenizer())
+        if error and not error.startswith("WARNING"):
+            raise InvalidSamplingParamsError(f"structured_outputs: {_one_line(error)}")
+        return text
+
+    def matcher(self, params: StructuredOutputsParams, text: str) -> RequestGrammar:
+        """A fresh RequestGrammar over a grammar `compile` returned (one per sequence: each advances alone)."""
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self.ll_tokenizer(), text, log_level=0)
+        if matcher.is_error():
+            raise InvalidSamplingParamsError(f"structured_outputs: {_one_line(matcher.get_error())}")
+        start_after = self._encode(params.start_after) if params.start_after is not None else None
+        return RequestGrammar(matcher, start_after)
+
+
+class RequestGrammar:
+    """One sequence's matcher. With `start_after` (token ids) it waits, free, until the output ends with them."""
+
+    def __init__(self, matcher, start_after: list[int] | None = None):
+        self.matcher = matcher
+        self._waiting_for = list(start_after) if start_after else None
+        self._recent: list[int] = []  # the output's last tokens while waiting
+
+    @property
+    def active(self) -> bool:
+        """Whether the grammar holds the next token."""
+        return self._waiting_for is None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the output is complete: the grammar accepts nothing more (but an end of sequence)."""
+        return self.active and self.matcher.is_stopped()
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Writes the allowed next tokens into bitmask[row] (int32 on the host, bit t % 32 of word t // 32)."""
+        target = bitmask[row]
+        self.matcher.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * target.element_size())
+
+    def accept(self, token: int) -> bool:
+        """Takes the output's next token; False where the grammar refuses it."""
+        if not self.active:
+            self._recent = (self._recent + [token])[-len(self._waiting_for):]
+            if self._recent == self._waiting_for:
+                self._waiting_for = None
+            return True
+        return self.matcher.consume_token(token)
+
+    def error(self) -> str:
+        return self.matcher.get_error()
+
+
+def mask_shape(rows: int, vocab_size: int) -> tuple[int, int]:
+    return rows, -(-vocab_size // 32)
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool [rows, vocab_size]: the bits of an int32 bitmask, bit t % 32 of word t // 32 standing for token t."""
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def _one_line(message: str) -> str:
+    """llguidance's message (a regex's spans over several lines) on one line, at most 400 characters."""
+    return " ".join(message.split())[:400] or "the grammar does not compile"

@@ -1,0 +1,212 @@
+"""Structured outputs: greedy tokens under a grammar are transformers' argmax over the tokens the grammar
+allows, sampled outputs always match it, a constrained request gives what it gives alone beside others, and a
+grammar that does not compile is refused by name with nothing held."""
+
+import json
+import random
+import string
+
+import pytest
+import torch
+
+from deltaserve import LLM, SamplingParams, StructuredOutputsParams
+from deltaserve.engine.grammar import RequestGrammar, allowed_tokens, closed_objects, mask_shape
+from deltaserve.errors import InvalidSamplingParamsError
+from tests.reference import load_reference
+
+llguidance = pytest.importorskip("llguidance")
+
+
+def _random_structure(rng: random.Random) -> StructuredOutputsParams:
+    """One of each kind, its content drawn afresh."""
+    kind = rng.choice(["json", "regex", "choice"])
+    if kind == "json":
+        names = rng.sample(["name", "city", "age", "ok", "tags"], rng.randint(1, 3))
+        types = {"name": {"type": "string", "maxLength": 6}, "city": {"enum": ["Paris", "Oslo", "Lima"]},
+                 "age": {"type": "integer", "minimum": 0, "maximum": 999}, "ok": {"type": "boolean"},
+                 "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2}}
+        return StructuredOutputsParams(json={"type": "object", "properties": {n: types[n] for n in names},
+                                             "required": names, "additionalProperties": False})
+    if kind == "regex":
+        word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 3)))
+        return StructuredOutputsParams(regex=f"{word}[a-z]{{1,4}}( [0-9]{{1,3}}){{1,{rng.randint(1, 3)}}}")
+    words = ["".join(rng.choice(string.ascii_letters + " ") for _ in range(rng.randint(1, 8))) for _ in range(4)]
+    return StructuredOutputsParams(choice=[w for w in words if w.strip()] or ["yes"])
+
+
+def _reference_grammar(path: str, structure: StructuredOutputsParams):
+    """An llguidance matcher built apart from the engine's: the checkpoint's own tokenizer and grammar."""
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=320, eos_token=tokenizer.eos_token_id)
+    if structure.json is not None:
+        text = llguidance.LLMatcher.grammar_from_json_schema(structure.json)
+    elif structure.regex is not None:
+        text = llguidance.LLMatcher.grammar_from_regex(structure.regex)
+    else:
+        text = llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in structure.choice))
+    return llguidance.LLMatcher(ll_tokenizer, text), tokenizer.eos_token_id
+
+
+def _allowed(matcher, vocab: int) -> torch.Tensor:
+    bits = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.uint8)
+    return ((bits.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten()[:vocab].bool()
+
+
+def _reference_constrained_greedy(model, path, structure, prompt, max_tokens) -> tuple[list[int], str]:
+    """transformers' logits at each step (the whole sequence again), the argmax over the allowed tokens."""
+    matcher, eos = _reference_grammar(path, structure)
+    ids = list(prompt)
+    out = []
+    with torch.no_grad():
+        while len(out) < max_tokens:
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            token = int(logits.masked_fill(~_allowed(matcher, logits.numel()), float("-inf")).argmax())
+            assert matcher.consume_token(token)
+            out.append(token)
+            ids.append(token)
+            if token == eos or matcher.is_stopped():
+                return out, "stop"
+    return out, "length"
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "llama"])
+def test_greedy_under_a_grammar_is_the_reference_argmax_over_what_it_allows(arch, checkpoint_factory):
+    path = checkpoint_factory(arch)
+    rng = random.Random()
+    llm = LLM(path, device="cpu")
+    reference = load_reference(path)
+    for _ in range(3):
+        structure = _random_structure(rng)
+        prompt = [rng.randrange(300) for _ in range(rng.randint(1, 30))]
+        out = llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0,
+                                                    structured_outputs=structure))[0].outputs[0]
+        tokens, reason = _reference_constrained_greedy(reference, path, structure, prompt, 24)
+        assert (out.token_ids, out.finish_reason) == (tokens, reason), structure
+
+
+def test_sampled_outputs_match_their_grammar_and_a_request_gives_what_it_gives_alone(checkpoint_factory):
+    """Seeded samples (n=3, with top-k and top-p) beside unconstrained requests and other grammars, each replayed
+    through a fresh matcher: every token taken, and a finished output complete."""
+    path = checkpoint_factory("qwen3.5")
+    rng = random.Random()
+    llm = LLM(path, device="cpu")
+    structures = [_random_structure(rng) for _ in range(3)]
+    params = [SamplingParams(n=3, max_tokens=40, temperature=1.5, top_k=rng.choice([-1, 50]), top_p=0.95,
+                             seed=rng.randrange(2**31), structured_outputs=s) for s in structures]
+    free = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = [[rng.randrange(300) for _ in range(rng.randint(1, 30))] for _ in range(5)]
+    together = llm.generate(prompts, params + [free, free])
+    for prompt, p, mixed in zip(prompts, params, together):
+        alone = llm.generate([prompt], p)[0]
+        assert [o.token_ids for o in alone.outputs] == [o.token_ids for o in mixed.outputs]
+        matcher, eos = _reference_grammar(path, p.structured_outputs)
+        for o in mixed.outputs:
+            m = matcher.deep_copy()
+            assert all(m.consume_token(t) for t in o.token_ids), (p.structured_outputs, o.token_ids)
+            if o.finish_reason == "stop":
+                assert m.is_accepting() or m.is_stopped()
+            else:
+                assert o.finish_reason == "length" and len(o.token_ids) == 40
+    for prompt, mixed in zip(prompts[3:], together[3:]):
+        assert llm.generate([prompt], free)[0].outputs[0].token_ids == mixed.outputs[0].token_ids
+
+
+def test_a_json_output_parses_and_holds_to_its_schema(demo_llm):
+    """The demo model, asked for a person: a closed schema's object, every field of its type, no other."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer"}}, "required": ["name", "age"]}
+    messages = [{"role": "user", "content": "Describe a person named Ann, aged 31, as JSON."}]
+    for structure in [StructuredOutputsParams(json=random.choice([schema, json.dumps(schema)]))]:
+        out = demo_llm.chat(messages, SamplingParams(max_tokens=64, temperature=0.8, seed=random.randrange(2**31),
+                                                     structured_outputs=structure))[0].outputs[0]
+        assert out.finish_reason == "stop", out.text
+        value = json.loads(out.text)
+        assert set(value) == {"name", "age"} and isinstance(value["name"], str) and type(value["age"]) is int
+    messages = [{"role": "user", "content": 'Answer with the JSON object {"ok": true} alone.'}]
+    out = demo_llm.chat(messages, SamplingParams(max_tokens=32, temperature=0,
+                                                 structured_outputs=StructuredOutputsParams(json_object=True)))
+    assert out[0].outputs[0].finish_reason == "stop" and isinstance(json.loads(out[0].outputs[0].text), dict)
+
+
+def test_the_grammar_starts_after_its_marker(checkpoint_factory):
+    """Free until the output ends with start_after: the marker, pushed to the front by a logit bias, comes
+    first; then the grammar alone decides (the bias cannot lift a token it masks)."""
+    path = checkpoint_factory("qwen3.5")
+    llm = LLM(path, device="cpu")
+    marker = llm.engine.tokenizer.encode("<|im_start|>", add_special_tokens=False)
+    assert len(marker) == 1
+    choices = ["Paris", "Oslo"]
+    params = SamplingParams(max_tokens=20, temperature=0, logit_bias={marker[0]: 100.0},
+                            structured_outputs=StructuredOutputsParams(choice=choices, start_after="<|im_start|>"))
+    out = llm.generate([[random.randrange(300) for _ in range(8)]], params)[0].outputs[0]
+    assert out.token_ids[0] == marker[0] and out.finish_reason == "stop"
+    assert llm.engine.tokenizer.decode(out.token_ids[1:]) in choices
+
+
+def test_request_grammar_waits_for_the_whole_marker():
+    matcher = _FakeMatcher()
+    grammar = RequestGrammar(matcher, start_after=[7, 8])
+    for token in (8, 7, 9, 7):
+        assert grammar.accept(token) and not grammar.active
+    assert grammar.accept(8) and grammar.active and matcher.consumed == []
+    assert grammar.accept(5) and matcher.consumed == [5]
+
+
+class _FakeMatcher:
+    def __init__(self):
+        self.consumed = []
+
+    def consume_token(self, token):
+        self.consumed.append(token)
+        return True
+
+
+@pytest.mark.parametrize("structure", [
+    StructuredOutputsParams(regex="a(b"),
+    StructuredOutputsParams(json={"type": "objectx"}),
+    StructuredOutputsParams(json="{not json"),
+    StructuredOutputsParams(json="[1, 2]"),
+])
+def test_a_grammar_that_does_not_compile_is_refused_by_name_and_nothing_is_held(structure, checkpoint_factory):
+    llm = LLM(checkpoint_factory("llama"), device="cpu")
+    with pytest.raises(InvalidSamplingParamsError, match="structured_outputs"):
+        llm.engine.add_request("r", [1, 2, 3], SamplingParams(structured_outputs=structure))
+    assert not llm.engine.has_unfinished_requests() and llm.engine.loaded.blocks.num_used == 0
+    assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].outputs[0].finish_reason == "length"
+
+
+def test_structured_outputs_params_need_exactly_one_kind():
+    for fields in ({}, {"regex": "a", "choice": ["a"]}, {"json_object": True, "json": {}}):
+        with pytest.raises(InvalidSamplingParamsError, match="exactly one"):
+            StructuredOutputsParams(**fields)
+    for fields in ({"choice": []}, {"choice": ["a", ""]}, {"json": 3}, {"regex": 3}, {"json_object": 1},
+                   {"choice": ["a"], "start_after": ""}):
+        with pytest.raises(InvalidSamplingParamsError, match="structured_outputs"):
+            StructuredOutputsParams(**fields)
+    with pytest.raises(InvalidSamplingParamsError, match="structured_outputs"):
+        SamplingParams(structured_outputs={"regex": "a"})
+
+
+def test_closed_objects_close_every_object_that_lists_properties_and_nothing_else():
+    inner = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    schema = {"type": "object",
+              "properties": {"properties": inner, "open": {"type": "object"},
+                             "kept": {"type": "object", "properties": {"y": {}}, "additionalProperties": True}},
+              "$defs": {"d": inner}, "anyOf": [inner], "items": inner}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"]["additionalProperties"] is False  # a property named "properties"
+    assert "additionalProperties" not in closed["properties"]["open"]
+    assert closed["properties"]["kept"]["additionalProperties"] is True
+    assert all(s["additionalProperties"] is False for s in (closed["$defs"]["d"], closed["anyOf"][0], closed["items"]))
+    assert "additionalProperties" not in inner and "additionalProperties" not in schema  # copies
+
+
+def test_allowed_tokens_reads_bit_t_mod_32_of_word_t_div_32():
+    vocab = random.randint(1, 200)
+    bitmask = torch.randint(-2**31, 2**31 - 1, mask_shape(3, vocab), dtype=torch.int32)
+    expected = torch.tensor([[(int(bitmask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(3)])
+    assert torch.equal(allowed_tokens(bitmask, vocab), expected.bool())
