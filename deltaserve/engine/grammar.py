@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 
 import torch
@@ -32,7 +33,10 @@ def grammar_text(params: StructuredOutputsParams) -> str:
                 raise InvalidSamplingParamsError(f"structured_outputs.json: not JSON: {exc}") from None
         if not isinstance(schema, dict):
             raise InvalidSamplingParamsError("structured_outputs.json: a JSON schema must be an object")
-        return LLMatcher.grammar_from_json_schema(closed_objects(schema))
+        try:
+            return LLMatcher.grammar_from_json_schema(closed_objects(schema))
+        except (TypeError, ValueError) as exc:  # a value JSON cannot hold (offline callers may pass any dict)
+            raise InvalidSamplingParamsError(f"structured_outputs.json: not a JSON schema: {exc}") from None
     if params.json_object:
         return LLMatcher.grammar_from_json_schema({"type": "object"})
     if params.regex is not None:
@@ -40,6 +44,8 @@ def grammar_text(params: StructuredOutputsParams) -> str:
     # Lark string literals take JSON's escapes: each choice is matched as exactly its text.
     return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in params.choice))
 
+
+COMPILED_KEPT = 64
 
 # Keywords whose value is a schema, a list of schemas, or a map of names to schemas (JSON Schema 2020-12 and
 # draft 7's): where closed_objects looks for objects.
@@ -80,6 +86,7 @@ class GrammarCompiler:
         self._encode = encode  # text -> token ids without special tokens (start_after's)
         self._lock = threading.Lock()
         self._ll_tokenizer = None
+        self._compiled: OrderedDict[str, str] = OrderedDict()  # _spec_key -> grammar text, oldest first
 
     def ll_tokenizer(self):
         """llguidance's view of the vocabulary, built on first use (also from another thread: see prepare)."""
@@ -95,13 +102,25 @@ class GrammarCompiler:
             return self._ll_tokenizer
 
     def compile(self, params: StructuredOutputsParams) -> str:
-        """The request's grammar, checked: a schema, regex or choice that does not compile is refused here."""
+        """The request's grammar, checked: a schema, regex or choice that does not compile is refused here.
+        The newest COMPILED_KEPT grammars are kept: the server checks a request's before the engine thread
+        takes it, and clients send the same schema again and again."""
         from llguidance import LLMatcher
 
+        key = _spec_key(params)
+        with self._lock:
+            text = self._compiled.get(key)
+            if text is not None:
+                self._compiled.move_to_end(key)
+                return text
         text = grammar_text(params)
         error = LLMatcher.validate_grammar(text, self.ll_tokenizer())
         if error and not error.startswith("WARNING"):
             raise InvalidSamplingParamsError(f"structured_outputs: {_one_line(error)}")
+        with self._lock:
+            self._compiled[key] = text
+            while len(self._compiled) > COMPILED_KEPT:
+                self._compiled.popitem(last=False)
         return text
 
     def matcher(self, params: StructuredOutputsParams, text: str) -> RequestGrammar:
@@ -160,6 +179,11 @@ def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
     bits = (bitmask.unsqueeze(-1) >> shifts) & 1
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+def _spec_key(params: StructuredOutputsParams) -> str:
+    """What the grammar depends on, as text (start_after is the matcher's, not the grammar's)."""
+    return json.dumps([params.json, params.json_object, params.regex, params.choice], sort_keys=True, default=repr)
 
 
 def _one_line(message: str) -> str:

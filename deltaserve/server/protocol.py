@@ -1,5 +1,5 @@
 """OpenAI request bodies, validated with pydantic. Unknown fields are accepted and ignored; known ones
-the server cannot honour (a response_format other than text, best_of other than n, a suffix) are read
+the server cannot honour (a response_format of another type, best_of other than n, a suffix) are read
 so that the server can refuse them by name.
 
 Only the shape and types are checked here; value ranges are SamplingParams' job, so one
@@ -68,8 +68,29 @@ class StreamOptions(_Lenient):
     include_usage: StrictBool | None = False
 
 
+class JsonSchemaFormat(_Lenient):
+    """OpenAI's response_format.json_schema: the schema under "schema" (a name pydantic keeps for itself)."""
+
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
 class ResponseFormat(_Lenient):
     type: StrictStr
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's structured_outputs: exactly one kind. A field the server does not know is refused, not dropped:
+    a constraint silently left out would be worse than an error."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
+    json_object: StrictBool | None = None
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
 
 
 class _SamplingFields(_Lenient):
@@ -94,6 +115,7 @@ class _SamplingFields(_Lenient):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
+    structured_outputs: StructuredOutputsField | None = None  # vLLM's
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -119,6 +141,7 @@ class CompletionRequest(_SamplingFields):
     best_of: StrictInt | None = None
     logprobs: StrictInt | None = None
     suffix: StrictStr | None = None
+    response_format: ResponseFormat | None = None  # vLLM's, for completions too
 
 
 class TokenizeRequest(_Lenient):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from deltaserve.errors import InvalidSamplingParamsError
-from deltaserve.sampling_params import SamplingParams
+from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams
+from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.errors import bad_request, context_length_error
 
 MAX_N = 128  # OpenAI's bound on the choices of one request: each is a sequence the engine runs
@@ -80,14 +82,53 @@ def refuse_unsupported(req: Any) -> None:
     if getattr(req, "suffix", None):
         raise bad_request("suffix is not supported: the model only continues the prompt", "suffix",
                           "unsupported_value")
-    response_format = getattr(req, "response_format", None)
-    if response_format is not None and response_format.type != "text":
-        raise bad_request(f"response_format of type {response_format.type!r} is not supported: the output is not "
-                          "constrained to a format (only 'text')", "response_format", "unsupported_value")
     best_of = getattr(req, "best_of", None)
     if best_of is not None and best_of != req.n:
         raise bad_request(f"best_of={best_of} is not supported: ask for n choices instead", "best_of",
                           "unsupported_value")
+
+
+def requested_structure(req: Any, opens_reasoning: bool = False) -> StructuredOutputsParams | None:
+    """What the output must match: OpenAI's response_format (json_object, json_schema) or vLLM's
+    structured_outputs, one of them. Where the prompt leaves a think block open the reasoning stays free and
+    the constraint holds from its "</think>" on."""
+    response_format = getattr(req, "response_format", None)
+    kind = response_format.type if response_format is not None else "text"
+    field = req.structured_outputs
+    if kind != "text" and field is not None:
+        raise bad_request("response_format and structured_outputs each constrain the output: give one",
+                          "structured_outputs", "invalid_value")
+    start_after = THINK_CLOSE if opens_reasoning else None
+    try:
+        if field is not None:
+            return StructuredOutputsParams(json=field.json_, json_object=bool(field.json_object), regex=field.regex,
+                                           choice=field.choice, start_after=start_after)
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return StructuredOutputsParams(json_object=True, start_after=start_after)
+        if kind == "json_schema":
+            spec = response_format.json_schema
+            if spec is None or spec.schema_ is None:
+                raise bad_request("response_format of type 'json_schema' needs json_schema.schema",
+                                  "response_format", "invalid_value")
+            return StructuredOutputsParams(json=spec.schema_, start_after=start_after)
+    except InvalidSamplingParamsError as exc:
+        raise bad_request(str(exc), "structured_outputs", "invalid_value") from None
+    raise bad_request(f"response_format of type {kind!r} is not supported (text, json_object or json_schema)",
+                      "response_format", "unsupported_value")
+
+
+async def check_structure(engine: Any, structure: StructuredOutputsParams | None, param: str) -> None:
+    """Compiles the request's grammar off the event loop (the engine thread then finds it compiled); one that
+    does not compile is a 400 naming `param`."""
+    grammars = getattr(getattr(engine, "engine", None), "grammars", None)
+    if structure is None or grammars is None:
+        return
+    try:
+        await asyncio.to_thread(grammars.compile, structure)
+    except InvalidSamplingParamsError as exc:
+        raise bad_request(str(exc), param, "invalid_value") from None
 
 
 def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -26,7 +26,8 @@ from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, chat_logprobs
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.protocol import ChatCompletionRequest
-from deltaserve.server.sampling import build_sampling_params, refuse_unsupported, resolve_max_tokens
+from deltaserve.server.sampling import (build_sampling_params, check_structure, refuse_unsupported,
+                                       requested_structure, resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall
@@ -85,6 +86,9 @@ class ChatCompletions:
                                         defaults.get("max_tokens"))
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top, defaults=defaults)
+        params.structured_outputs = requested_structure(req, prompt.opens_reasoning)
+        await check_structure(self.ctx.engine, params.structured_outputs,
+                              "structured_outputs" if req.structured_outputs is not None else "response_format")
         request_id = random_id("chatcmpl-")
         stream = await self.ctx.engine.generate(
             request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points

@@ -26,7 +26,8 @@ from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, completion_logprobs
 from deltaserve.server.protocol import CompletionRequest
-from deltaserve.server.sampling import build_sampling_params, refuse_unsupported, resolve_max_tokens
+from deltaserve.server.sampling import (build_sampling_params, check_structure, refuse_unsupported,
+                                       requested_structure, resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 
@@ -71,12 +72,16 @@ class Completions:
         # echo with max_tokens 0 scores the prompt (its logprobs) and generates nothing: the engine samples one
         # token, which the response leaves out
         requested = 1 if _scores_only(req) else req.max_tokens
+        structure = requested_structure(req)
+        await check_structure(self.ctx.engine, structure,
+                              "structured_outputs" if req.structured_outputs is not None else "response_format")
         params = []
         for p in prompts:
             max_tokens = resolve_max_tokens(requested, len(p.token_ids), self.ctx.max_model_len, "prompt")
             params.append(build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
                                                 prompt_logprobs=req.logprobs if req.echo else None,
                                                 defaults=self.ctx.engine.sampling_defaults))
+            params[-1].structured_outputs = structure
         base_id = random_id("cmpl-")
         streams: list[RequestStream] = []
         try:

@@ -1,0 +1,80 @@
+"""Structured outputs through the OpenAI API of a live server on the demo model: response_format's json_schema
+and json_object, and vLLM's structured_outputs (regex, choice), whole and streamed."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import openai
+import pytest
+
+from tests.server.conftest import API_KEY, MODEL
+
+pytestmark = pytest.mark.timeout(300)
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+          "required": ["name", "age"]}
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def _ask(name: str, age: int) -> list[dict]:
+    return [{"role": "user", "content": f"Describe a person named {name}, aged {age}, as JSON."}]
+
+
+def test_a_json_schema_answer_parses_and_holds_to_the_schema(client):
+    name, age = random.choice(["Ann", "Omar", "Li"]), random.randint(18, 90)
+    r = client.chat.completions.create(
+        model=MODEL, messages=_ask(name, age), max_tokens=60, temperature=0.7, seed=random.randrange(2**31),
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    value = json.loads(choice.message.content)
+    assert set(value) == {"name", "age"} and isinstance(value["name"], str) and len(value["name"]) <= 16
+    assert type(value["age"]) is int and 0 <= value["age"] <= 150
+
+
+def test_a_streamed_json_object_parses_once_joined(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": 'Answer with the JSON object {"ok": true} alone.'}],
+        max_tokens=32, temperature=0, stream=True, response_format={"type": "json_object"})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert isinstance(json.loads(text), dict)
+
+
+def test_completions_hold_to_a_regex_and_to_a_choice(client):
+    digits = random.randint(2, 5)
+    r = client.completions.create(model=MODEL, prompt="The year the war ended was", max_tokens=12, temperature=1.0,
+                                  n=3, extra_body={"structured_outputs": {"regex": f"[0-9]{{{digits}}}"}})
+    assert [c.text for c in r.choices if re.fullmatch(f"[0-9]{{{digits}}}", c.text)] == [c.text for c in r.choices]
+    assert all(c.finish_reason == "stop" for c in r.choices)
+    options = random.sample(["Paris", "Lyon", "Marseille", "Nice", "Lille"], 3)
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Capital of France?"}],
+                                       max_tokens=12, temperature=0,
+                                       extra_body={"structured_outputs": {"choice": options}})
+    assert r.choices[0].message.content in options and r.choices[0].finish_reason == "stop"
+
+
+def test_a_constrained_request_beside_free_ones_leaves_them_as_they_were(client):
+    """Greedy free answers are the same with a constrained request running beside them."""
+    import concurrent.futures
+
+    def free():
+        return client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=0).choices[0].text
+
+    alone = free()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        constrained = pool.submit(client.chat.completions.create, model=MODEL, messages=_ask("Ann", 31), max_tokens=60,
+                                  temperature=0, response_format={"type": "json_schema",
+                                                                  "json_schema": {"name": "p", "schema": PERSON}})
+        beside = [pool.submit(free) for _ in range(3)]
+        assert [f.result() for f in beside] == [alone] * 3
+        assert set(json.loads(constrained.result().choices[0].message.content)) == {"name", "age"}
