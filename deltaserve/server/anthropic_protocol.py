@@ -43,6 +43,7 @@ class AnthropicTool(_Lenient):
 class AnthropicToolChoice(_Lenient):
     type: Literal["auto", "any", "tool", "none"]
     name: StrictStr | None = None
+    disable_parallel_tool_use: StrictBool | None = None
 
 
 class MessagesRequest(_Lenient):

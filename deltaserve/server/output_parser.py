@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from deltaserve.server.forced_tool_calls import ForcedToolCalls
 from deltaserve.server.reasoning import ReasoningSplitter
 from deltaserve.server.tool_parsers import ToolCall, ToolCallParser
 
@@ -32,9 +33,12 @@ class ChoiceParser:
         reasoning: bool = False,
         start_in_reasoning: bool = False,
         tool_schemas: dict[str, dict] | None = None,
+        forced: ForcedToolCalls | None = None,
     ):
+        """forced: the answer is the JSON of a demanded tool call (forced_tool_calls.py), not text."""
         self._splitter = ReasoningSplitter(start_in_reasoning) if reasoning else None
-        self._tools = ToolCallParser(tool_schemas) if tool_schemas is not None else None
+        self._tools = ToolCallParser(tool_schemas) if tool_schemas is not None and forced is None else None
+        self._forced = forced
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -58,6 +62,12 @@ class ChoiceParser:
         return out
 
     def _answer(self, text: str, *, final: bool) -> ChoiceDelta:
+        if self._forced is not None:
+            self._forced.feed(text)
+            if not final:
+                return ChoiceDelta()
+            content, calls = self._forced.finish()
+            return ChoiceDelta(content=content, tool_calls=calls)
         if self._tools is None:
             return ChoiceDelta(content=text)
         parsed = self._tools.finish() if final else self._tools.feed(text)

@@ -74,11 +74,10 @@ def refuse_unsupported(req: Any) -> None:
     if tool_choice is not None and tool_choice != "none":
         if not getattr(req, "tools", None):
             raise bad_request("tool_choice needs tools", "tool_choice", "invalid_value")
-        if tool_choice != "auto":
-            wanted = "required" if tool_choice == "required" else f"a call of {tool_choice.function.name!r}"
-            raise bad_request(f"tool_choice asking for {wanted} is not supported: the output is not constrained "
-                              "to a tool call (use 'auto', where the model decides)", "tool_choice",
-                              "unsupported_value")
+        if tool_choice not in ("auto", "required") and tool_choice.function.name not in {
+                t.function.name for t in req.tools}:
+            raise bad_request(f"tool_choice names {tool_choice.function.name!r}, which is not among the tools",
+                              "tool_choice", "invalid_value")
     if getattr(req, "suffix", None):
         raise bad_request("suffix is not supported: the model only continues the prompt", "suffix",
                           "unsupported_value")

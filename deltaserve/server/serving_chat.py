@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
-from deltaserve.sampling_params import MAX_LOGPROBS
+from deltaserve.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 from deltaserve.server.chat_prompt import (
     ChatPrompt,
     openai_messages_for_template,
@@ -23,9 +23,11 @@ from deltaserve.server.chat_prompt import (
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect, usage_dict
 from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
+from deltaserve.server.forced_tool_calls import ForcedToolCalls, forced_tool_schema
 from deltaserve.server.logprobs import TokenText, chat_logprobs
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.protocol import ChatCompletionRequest
+from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.sampling import (build_sampling_params, check_structure, refuse_unsupported,
                                        requested_structure, resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
@@ -34,10 +36,31 @@ from deltaserve.server.tool_parsers import ToolCall
 
 
 def _select_tools(req: ChatCompletionRequest) -> list[dict] | None:
-    """The tools the template shows the model, after tool_choice (refuse_unsupported has left "none", "auto"
-    or no choice). A template that never reads them drops them: the model then calls none, as "auto" allows."""
+    """The tools the template shows the model, after tool_choice. A template that never reads them drops them:
+    the model then calls none, as "auto" allows (a demanded call is held to their schemas all the same)."""
     tools = openai_tools_for_template(req.tools)
     return None if tools is None or req.tool_choice == "none" else tools
+
+
+def _demanded_call(req: ChatCompletionRequest) -> tuple[bool, str | None]:
+    """(whether the request demands a tool call, the function it names or None for any)."""
+    choice = req.tool_choice
+    if choice is None or choice in ("none", "auto"):
+        return False, None
+    return True, None if choice == "required" else choice.function.name
+
+
+def _tool_call_structure(req: ChatCompletionRequest, tools: list[dict], opens_reasoning: bool,
+                         given: StructuredOutputsParams | None) -> StructuredOutputsParams | None:
+    """The structure of a demanded tool call (forced_tool_calls.py), else what the request gave."""
+    demanded, name = _demanded_call(req)
+    if not demanded:
+        return given
+    if given is not None:
+        raise bad_request("a demanded tool call constrains the output, as response_format and structured_outputs "
+                          "do: give one", "tool_choice", "invalid_value")
+    schema = forced_tool_schema(tool_schemas(tools), name, req.parallel_tool_calls is not False)
+    return StructuredOutputsParams(json=schema, start_after=THINK_CLOSE if opens_reasoning else None)
 
 
 def _check_chat_ranges(req: ChatCompletionRequest) -> None:
@@ -86,8 +109,10 @@ class ChatCompletions:
                                         defaults.get("max_tokens"))
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top, defaults=defaults)
-        params.structured_outputs = requested_structure(req, prompt.opens_reasoning)
+        params.structured_outputs = _tool_call_structure(req, tools, prompt.opens_reasoning,
+                                                         requested_structure(req, prompt.opens_reasoning))
         await check_structure(self.ctx.engine, params.structured_outputs,
+                              "tool_choice" if _demanded_call(req)[0] else
                               "structured_outputs" if req.structured_outputs is not None else "response_format")
         request_id = random_id("chatcmpl-")
         stream = await self.ctx.engine.generate(
@@ -114,13 +139,19 @@ class _ChatJob:
         self.prompt = prompt
         self.schemas = tool_schemas(tools)
         self.top = (req.top_logprobs or 0) if req.logprobs else None
+        self.demanded, self.demanded_name = _demanded_call(req)
 
     def _parser(self) -> ChoiceParser:
         return ChoiceParser(
             reasoning=bool(self.api.ctx.reasoning),
             start_in_reasoning=self.prompt.opens_reasoning,
             tool_schemas=self.schemas,
+            forced=ForcedToolCalls(self.demanded_name) if self.demanded else None,
         )
+
+    def _finish_reason(self, reason: str | None, calls: int) -> str | None:
+        """"tool_calls" where the choice called tools, except a named function's call: OpenAI's "stop" there."""
+        return "tool_calls" if calls and self.demanded_name is None else reason
 
     def _usage(self, output: RequestOutput) -> dict:
         return usage_dict(
@@ -143,11 +174,10 @@ class _ChatJob:
             message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.reasoning:
                 message["reasoning_content"] = parsed.reasoning
-            finish_reason = o.finish_reason
+            finish_reason = self._finish_reason(o.finish_reason, len(parsed.tool_calls))
             if parsed.tool_calls:
                 message["tool_calls"] = [_tool_call_json(c) for c in parsed.tool_calls]
                 message["content"] = parsed.content or None
-                finish_reason = "tool_calls"
             choices.append(
                 {
                     "index": o.index,
@@ -205,7 +235,7 @@ class _ChatJob:
                         tools_sent[i] += len(delta.tool_calls)
                     if o.finish_reason is not None:
                         done[i] = True
-                        reason = "tool_calls" if tools_sent[i] else o.finish_reason
+                        reason = self._finish_reason(o.finish_reason, tools_sent[i])
                         yield self._chunk(
                             [{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
                               "stop_reason": o.stop_reason}]

@@ -12,13 +12,15 @@ from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
-from deltaserve.sampling_params import SamplingParams
+from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams
 from deltaserve.server.anthropic_protocol import AnthropicMessage, AnthropicTool, CountTokensRequest, MessagesRequest
 from deltaserve.server.chat_prompt import ChatPrompt, render_chat, tool_schemas
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
 from deltaserve.server.errors import bad_request, from_exception
+from deltaserve.server.forced_tool_calls import ForcedToolCalls, forced_tool_schema
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
-from deltaserve.server.sampling import resolve_max_tokens
+from deltaserve.server.reasoning import THINK_CLOSE
+from deltaserve.server.sampling import check_structure, resolve_max_tokens
 from deltaserve.server.sse import SSE_HEADERS, sse_event
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import new_tool_call_id
@@ -95,15 +97,13 @@ def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage
 
 
 def anthropic_tools_for_template(tools: list[AnthropicTool] | None, choice: Any) -> list[dict] | None:
-    """The tools the template shows the model. Refused: a choice the output would have to be constrained to
-    honour ("any", a named tool), a choice without tools, and Anthropic's server tools, which run on its side."""
+    """The tools the template shows the model. Refused: a choice without tools, a named tool that is not among
+    them, and Anthropic's server tools, which run on its side."""
     if choice is not None and choice.type != "none":
         if not tools:
             raise bad_request("tool_choice needs tools", "tool_choice")
-        if choice.type != "auto":
-            wanted = "a tool call" if choice.type == "any" else f"a call of {choice.name!r}"
-            raise bad_request(f"tool_choice asking for {wanted} is not supported: the output is not constrained to "
-                              "a tool call (use 'auto', where the model decides)", "tool_choice")
+        if choice.type == "tool" and choice.name not in {t.name for t in tools}:
+            raise bad_request(f"tool_choice names {choice.name!r}, which is not among the tools", "tool_choice")
     for i, tool in enumerate(tools or ()):
         if tool.type not in (None, "custom"):
             raise bad_request(f"tool of type {tool.type!r} is not supported: only tools the client runs (custom)",
@@ -114,6 +114,13 @@ def anthropic_tools_for_template(tools: list[AnthropicTool] | None, choice: Any)
         {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
         for t in tools
     ]
+
+
+def _demanded_call(choice: Any) -> tuple[bool, str | None]:
+    """(whether tool_choice demands a tool call, the tool it names or None for any)."""
+    if choice is None or choice.type not in ("any", "tool"):
+        return False, None
+    return True, choice.name if choice.type == "tool" else None
 
 
 def _stop_reason(o: CompletionOutput, stop_sequences: list[str], used_tools: bool) -> tuple[str, str | None]:
@@ -161,6 +168,12 @@ class Messages:
             max_tokens=max_tokens,
             stop=req.stop_sequences or None,
         )
+        demanded, name = _demanded_call(req.tool_choice)
+        if demanded:  # the answer is held to the calls' JSON (forced_tool_calls.py)
+            schema = forced_tool_schema(tool_schemas(tools), name, not req.tool_choice.disable_parallel_tool_use)
+            params.structured_outputs = StructuredOutputsParams(
+                json=schema, start_after=THINK_CLOSE if prompt.opens_reasoning else None)
+            await check_structure(self.ctx.engine, params.structured_outputs, "tool_choice")
         request_id = random_id("msg_")
         stream = await self.ctx.engine.generate(
             request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points
@@ -180,8 +193,10 @@ class _MessageJob:
         self.model = model
         self.request_id = request_id
         self.prompt = prompt
+        demanded, name = _demanded_call(req.tool_choice)
         self.parser = ChoiceParser(
-            reasoning=bool(ctx.reasoning), start_in_reasoning=prompt.opens_reasoning, tool_schemas=tool_schemas(tools)
+            reasoning=bool(ctx.reasoning), start_in_reasoning=prompt.opens_reasoning, tool_schemas=tool_schemas(tools),
+            forced=ForcedToolCalls(name) if demanded else None,
         )
 
     def _usage(self, output: RequestOutput, output_tokens: int) -> dict:

@@ -103,11 +103,10 @@ def test_a_final_assistant_message_is_a_prefill_the_reply_goes_on_from(client, s
     assert free.startswith(head + prefilled.content[0].text)
 
 
-def test_tool_choices_that_would_constrain_the_output_are_refused_by_name(server):
+def test_bad_tool_choices_and_bodies_are_refused_by_name(server):
     tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}]
     for body, where in (({"tool_choice": {"type": "auto"}}, "tool_choice needs tools"),
-                        ({"tools": tools, "tool_choice": {"type": "any"}}, "tool call"),
-                        ({"tools": tools, "tool_choice": {"type": "tool", "name": "get_weather"}}, "get_weather"),
+                        ({"tools": tools, "tool_choice": {"type": "tool", "name": "get_time"}}, "get_time"),
                         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
                         ({"stop_sequences": ["a", ""]}, "stop_sequences"),
                         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "needs its text"),
@@ -143,3 +142,30 @@ def test_streamed_usage_agrees_from_start_to_end_on_a_cache_hit(client):
     assert deltas[0].cache_read_input_tokens and deltas[0].cache_read_input_tokens > 0
     assert (starts[0].input_tokens, starts[0].cache_read_input_tokens) == (
         deltas[0].input_tokens, deltas[0].cache_read_input_tokens)
+
+
+def test_a_demanded_tool_is_used_whole_and_streamed(client):
+    """tool_choice "tool" (and "any" with parallel use off): one tool_use block of the tool's input schema."""
+    import json
+    import random
+
+    tools = [{"name": "get_weather", "description": "Weather for a city",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                               "required": ["city"]}},
+             {"name": "get_time", "description": "Time in a zone",
+              "input_schema": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                               "required": ["zone"]}}]
+    name = random.choice(["get_weather", "get_time"])
+    for choice in ({"type": "tool", "name": name}, {"type": "any", "disable_parallel_tool_use": True}):
+        kwargs = dict(model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "Plan my day in Paris."}],
+                      tools=tools, tool_choice=choice, extra_body=GREEDY)
+        m = client.messages.create(**kwargs)
+        assert m.stop_reason == "tool_use" and [b.type for b in m.content if b.type != "text"] == ["tool_use"]
+        use = next(b for b in m.content if b.type == "tool_use")
+        assert use.name in {"get_weather", "get_time"} and (choice["type"] == "any" or use.name == name)
+        assert set(use.input) == ({"city"} if use.name == "get_weather" else {"zone"})
+        with client.messages.stream(**kwargs) as stream:
+            final = stream.get_final_message()
+        assert [(b.name, json.dumps(b.input)) for b in final.content if b.type == "tool_use"] == [
+            (use.name, json.dumps(use.input))]
+        assert final.stop_reason == "tool_use"

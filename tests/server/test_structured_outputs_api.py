@@ -78,3 +78,53 @@ def test_a_constrained_request_beside_free_ones_leaves_them_as_they_were(client)
         beside = [pool.submit(free) for _ in range(3)]
         assert [f.result() for f in beside] == [alone] * 3
         assert set(json.loads(constrained.result().choices[0].message.content)) == {"name", "age"}
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time in a zone",
+                                           "parameters": {"type": "object", "properties": {
+                                               "zone": {"enum": ["UTC", "CET", "JST"]}}, "required": ["zone"]}}}]
+
+
+def _check_call(call, name=None):
+    assert call.type == "function" and call.id
+    arguments = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert set(arguments) == {"city"} and isinstance(arguments["city"], str) and len(arguments["city"]) <= 12
+    else:
+        assert call.function.name == "get_time" and arguments in ({"zone": z} for z in ("UTC", "CET", "JST"))
+    assert name is None or call.function.name == name
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_a_required_tool_call_is_made_and_reads_back_as_calls(client, parallel):
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What's the weather in Paris, and the time in Tokyo?"}],
+        max_tokens=96, temperature=random.choice([0, 0.8]), seed=random.randrange(2**31), tools=TOOLS,
+        tool_choice="required", parallel_tool_calls=parallel)
+    choice = r.choices[0]
+    if parallel and choice.finish_reason == "length":  # a small model may go on listing calls: the text stays
+        assert choice.message.content.startswith("[") and not choice.message.tool_calls
+        return
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    calls = choice.message.tool_calls
+    assert len(calls) >= 1 and (parallel or len(calls) == 1)
+    for call in calls:
+        _check_call(call)
+
+
+def test_a_named_function_is_called_whole_and_streamed(client):
+    name = random.choice(["get_weather", "get_time"])
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Help me plan a trip to Japan."}],
+                  max_tokens=64, temperature=0, tools=TOOLS,
+                  tool_choice={"type": "function", "function": {"name": name}})
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "stop" and len(whole.message.tool_calls) == 1  # OpenAI's reason for a named call
+    _check_call(whole.message.tool_calls[0], name)
+    chunks = [c for c in client.chat.completions.create(**kwargs, stream=True) if c.choices]
+    calls = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
+    assert [(t.index, t.function.name, t.function.arguments) for t in calls] == [
+        (0, name, whole.message.tool_calls[0].function.arguments)]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]

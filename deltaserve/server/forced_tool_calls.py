@@ -1,0 +1,55 @@
+"""A tool call the request demands (OpenAI's tool_choice "required" or a named function, Anthropic's "any" or
+"tool"): the answer is held by structured outputs to JSON that names the calls, and read back as tool calls
+instead of through the model's own tool-call format.
+
+- A named function: the answer is that function's arguments, a JSON object of its parameters' schema.
+- "required": the answer is a JSON array of one call or more (one where parallel calls are off), each
+  {"name": a tool's name, "parameters": that tool's arguments}.
+"""
+
+from __future__ import annotations
+
+import json
+
+from deltaserve.server.tool_parsers import ToolCall
+
+ANY_OBJECT = {"type": "object"}
+
+
+def forced_tool_schema(schemas: dict[str, dict], name: str | None, parallel: bool = True) -> dict:
+    """The JSON schema of the answer: `schemas` maps each tool's name to its parameters' schema; `name` is the
+    function demanded, or None for any one of them."""
+    if name is not None:
+        return schemas[name] or ANY_OBJECT
+    calls = [{"type": "object", "properties": {"name": {"const": tool}, "parameters": schema or ANY_OBJECT},
+              "required": ["name", "parameters"]} for tool, schema in schemas.items()]
+    array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        array["maxItems"] = 1
+    return array
+
+
+class ForcedToolCalls:
+    """One choice's answer text, held until it is complete, then its calls (`calls`). An answer the grammar did
+    not finish (the length ran out) stays text."""
+
+    def __init__(self, name: str | None):
+        self.name = name
+        self._text = ""
+
+    def feed(self, text: str) -> None:
+        self._text += text
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """(text left as the answer, the calls)."""
+        try:
+            value = json.loads(self._text)
+        except ValueError:
+            return self._text, []
+        if self.name is not None:
+            return "", [ToolCall(self.name, _arguments(value))]
+        return "", [ToolCall(call["name"], _arguments(call["parameters"])) for call in value]
+
+
+def _arguments(value) -> str:
+    return json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,37 @@
+"""forced_tool_calls: the schema of a demanded call, and its answer read back as calls."""
+
+import json
+import random
+
+from deltaserve.server.forced_tool_calls import ANY_OBJECT, ForcedToolCalls, forced_tool_schema
+
+SCHEMAS = {"a": {"type": "object", "properties": {"x": {"type": "integer"}}}, "b": {}}
+
+
+def test_a_named_call_is_its_parameters_schema_and_reads_back_whole():
+    assert forced_tool_schema(SCHEMAS, "a") == SCHEMAS["a"] and forced_tool_schema(SCHEMAS, "b") == ANY_OBJECT
+    x = random.randint(-99, 99)
+    forced = ForcedToolCalls("a")
+    text = json.dumps({"x": x}, indent=random.choice([None, 2]))
+    cut = random.randrange(len(text))
+    forced.feed(text[:cut])
+    forced.feed(text[cut:])
+    content, calls = forced.finish()
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("a", {"x": x})]
+
+
+def test_required_calls_are_an_array_of_named_calls_and_an_unfinished_one_stays_text():
+    schema = forced_tool_schema(SCHEMAS, None, parallel=False)
+    assert schema["maxItems"] == 1 and "maxItems" not in forced_tool_schema(SCHEMAS, None)
+    assert [s["properties"]["name"]["const"] for s in schema["items"]["anyOf"]] == ["a", "b"]
+    assert [s["properties"]["parameters"] for s in schema["items"]["anyOf"]] == [SCHEMAS["a"], ANY_OBJECT]
+    values = [{"name": random.choice("ab"), "parameters": {"x": random.randint(0, 9)}} for _ in range(3)]
+    forced = ForcedToolCalls(None)
+    forced.feed(json.dumps(values))
+    content, calls = forced.finish()
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        (v["name"], v["parameters"]) for v in values]
+    assert len({c.id for c in calls}) == 3
+    unfinished = ForcedToolCalls(None)
+    unfinished.feed(json.dumps(values)[:-1])
+    assert unfinished.finish() == (json.dumps(values)[:-1], [])
