@@ -84,13 +84,15 @@ class GrammarCompiler:
         self.vocab_size = vocab_size  # the logits' width: ids past the tokenizer's are never allowed
         self._eos = sorted(eos_token_ids)
         self._encode = encode  # text -> token ids without special tokens (start_after's)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the compiled grammars'
+        self._build_lock = threading.Lock()  # the LLTokenizer's, held while it is built (seconds at most)
         self._ll_tokenizer = None
         self._compiled: OrderedDict[str, str] = OrderedDict()  # _spec_key -> grammar text, oldest first
 
     def ll_tokenizer(self):
-        """llguidance's view of the vocabulary, built on first use (also from another thread: see prepare)."""
-        with self._lock:
+        """llguidance's view of the vocabulary, built on first use: by the server's check, off the event loop,
+        or by the engine thread for an offline request."""
+        with self._build_lock:
             if self._ll_tokenizer is None:
                 try:
                     import llguidance.hf
