@@ -14,7 +14,10 @@
 - greedy tokens under repetition, frequency and presence penalties on the GPU in fp32 identical to the CPU's;
 - a prompt arriving while two others decode (their step split into a decode graph and a prefill graph) gives,
   with the rows decoding beside it, in fp32 the CPU's tokens, and so does one of 800 tokens arriving while 32
-  others decode (a chunk past 512 rows, split beside that many decode rows).
+  others decode (a chunk past 512 rows, split beside that many decode rows);
+- rows held to a grammar (a regex, greedy; a JSON schema, seeded sampling) beside free greedy rows give in fp32
+  the CPU's tokens, and in bf16 the same tokens with graphs as eagerly (their steps run through the sampler's
+  mask, never launched ahead).
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -31,7 +34,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from deltaserve import LLM, SamplingParams  # noqa: E402
+from deltaserve import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from deltaserve.runner.model_runner import MANY_DECODE_ROWS  # noqa: E402
 from tests.checkpoints import ARCHITECTURES, make_checkpoint  # noqa: E402
 
@@ -47,6 +50,15 @@ PENALISED = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, repeti
 # Top-p and min-p without top-k: the sampled rows' masks are the nucleus kernels' floors.
 NUCLEUS = [GREEDY, SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, seed=13, ignore_eos=True),
            GREEDY, SamplingParams(max_tokens=24, temperature=1.0, min_p=0.05, seed=14, ignore_eos=True)]
+# Structured outputs: a greedy row under a regex and a seeded sampled row under a JSON schema, beside free rows.
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "n": {"type": "integer"}}, "required": ["name", "n"]}
+STRUCTURED = [SamplingParams(max_tokens=24, temperature=0,
+                             structured_outputs=StructuredOutputsParams(regex="[a-z]{2,5}( [0-9]{1,3}){1,4}")),
+              GREEDY,
+              SamplingParams(max_tokens=24, temperature=0.9, seed=15,
+                             structured_outputs=StructuredOutputsParams(json=PERSON)),
+              GREEDY]
 
 
 def tokens(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
@@ -150,7 +162,8 @@ def main() -> None:
               "graph_vs_eager_bf16_top_p_min_p_sampling": {}, "fp32_alone_gpu_vs_cpu": {},
               "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {},
               "fp32_penalised_gpu_vs_cpu": {}, "fp32_long_pair_gpu_vs_cpu": {}, "fp32_arrival_gpu_vs_cpu": {},
-              "fp32_arrival_beside_many_gpu_vs_cpu": {}}
+              "fp32_arrival_beside_many_gpu_vs_cpu": {}, "fp32_structured_gpu_vs_cpu": {},
+              "graph_vs_eager_bf16_structured": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         cpu_llm = LLM(path, device="cpu", **state)
@@ -178,6 +191,10 @@ def main() -> None:
         result["fp32_arrival_beside_many_gpu_vs_cpu"][arch] = {
             "identical": arrived == arrivals(cpu_llm, many, many_arriving)[0], "split_steps": splits}
         del busy_llm
+        structured = tokens(gpu_llm, prompts, STRUCTURED)
+        result["fp32_structured_gpu_vs_cpu"][arch] = {"identical": structured == tokens(cpu_llm, prompts, STRUCTURED)}
+        result["graph_vs_eager_bf16_structured"][arch] = {
+            "identical": tokens(graph_llm, prompts, STRUCTURED) == tokens(eager_llm, prompts, STRUCTURED)}
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -186,7 +203,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-11:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-13:]), flush=True)
         results_io.write(args.out, result)
 
 
