@@ -4,7 +4,7 @@ Each trial draws an engine (block size, step budget, a KV pool near its minimum 
 preempted and recomputed, prefix caching with few snapshot slots, asynchronous scheduling or not) and a mix
 of requests: prompts cut from shared prefixes at block boundaries and one token either side, follow-ups
 built from earlier replies (whole, partial, or all but the last token), greedy and seeded sampled rows,
-n > 1, stop strings and stop tokens, logprobs, and aborts mid-way. Every request that finishes must give the
+n > 1, stop strings and stop tokens, logprobs, grammars, and aborts mid-way. Every request that finishes must give the
 tokens, finish reason and text it gives alone on an engine without prefix caching, its logprobs within
 rounding; at the end no block, state slot or snapshot may be held. The seed of a failing trial is in the
 assertion's message."""
@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from deltaserve import SamplingParams
+from deltaserve import SamplingParams, StructuredOutputsParams
 from deltaserve.engine.llm_engine import LLMEngine
 
 MAX_MODEL_LEN = 320
@@ -23,6 +23,9 @@ VOCAB = 300
 STOP_STRINGS = ["e", "th", " a", "o", "!"]
 TRIALS = 5
 LOGPROB_TOLERANCE = 5e-4  # a wrong row or state moves a logprob by far more
+STRUCTURES = [StructuredOutputsParams(regex="[a-z]{1,6}( [0-9]{1,3}){1,5}"),
+              StructuredOutputsParams(choice=["the fox", "the dog", "Paris"]),
+              StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}})]
 
 
 def _params(rng: random.Random) -> SamplingParams:
@@ -44,6 +47,8 @@ def _params(rng: random.Random) -> SamplingParams:
         kw["stop_token_ids"] = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 4))]
     if rng.random() < 0.2:
         kw["stop"] = rng.sample(STOP_STRINGS, rng.randint(1, 2))
+    if rng.random() < 0.15:
+        kw["structured_outputs"] = rng.choice(STRUCTURES)
     return SamplingParams(**kw)
 
 
