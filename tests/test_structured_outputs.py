@@ -164,11 +164,20 @@ class _FakeMatcher:
         return True
 
 
+def _nested(depth: int) -> dict:
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 @pytest.mark.parametrize("structure", [
     StructuredOutputsParams(regex="a(b"),
     StructuredOutputsParams(json={"type": "objectx"}),
     StructuredOutputsParams(json="{not json"),
     StructuredOutputsParams(json="[1, 2]"),
+    StructuredOutputsParams(json=_nested(200)),  # past llguidance's own bound
+    StructuredOutputsParams(json=_nested(5000)),  # past Python's stack
 ])
 def test_a_grammar_that_does_not_compile_is_refused_by_name_and_nothing_is_held(structure, checkpoint_factory):
     llm = LLM(checkpoint_factory("llama"), device="cpu")

@@ -109,13 +109,16 @@ class GrammarCompiler:
         takes it, and clients send the same schema again and again."""
         from llguidance import LLMatcher
 
-        key = _spec_key(params)
-        with self._lock:
-            text = self._compiled.get(key)
-            if text is not None:
-                self._compiled.move_to_end(key)
-                return text
-        text = grammar_text(params)
+        try:
+            key = _spec_key(params)
+            with self._lock:
+                text = self._compiled.get(key)
+                if text is not None:
+                    self._compiled.move_to_end(key)
+                    return text
+            text = grammar_text(params)
+        except RecursionError:  # a schema nested past Python's stack (llguidance refuses less deep ones itself)
+            raise InvalidSamplingParamsError("structured_outputs.json: the schema nests too deeply") from None
         error = LLMatcher.validate_grammar(text, self.ll_tokenizer())
         if error and not error.startswith("WARNING"):
             raise InvalidSamplingParamsError(f"structured_outputs: {_one_line(error)}")

@@ -40,6 +40,13 @@ def _still_serves(server):
     assert r.json()["usage"]["completion_tokens"] >= 1
 
 
+def _nested(depth: int) -> dict:
+    schema = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 CASES = {
     "malformed json": ("/v1/chat/completions", None, b'{"model": "smollm2", "messages": [', None),
     "body not an object": ("/v1/completions", None, b"[1, 2]", None),
@@ -71,6 +78,8 @@ CASES = {
                                                               "response_format": {"type": "json_schema", "json_schema": {
                                                                   "name": "x", "schema": {"type": "objectx"}}}},
                                      None, "response_format"),
+    "schema nested deep": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": _nested(900)}}}, None, "response_format"),
     "regex that does not compile": ("/v1/completions", {"model": MODEL, "prompt": "a",
                                                         "structured_outputs": {"regex": "a(b"}}, None,
                                     "structured_outputs"),
