@@ -209,11 +209,14 @@ def test_a_follow_up_turn_restores_from_the_end_of_the_reply(arch, async_schedul
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, stop_token_ids=[reply[3]])
     stop_at = reply.index(reply[3])
     one_row_pass = on.generate([prompt], params)[0].num_cached_tokens == len(prompt) - 1
-    follow_up = prompt + reply[: stop_at + 1] + new_tokens()
+    new = new_tokens()
+    new[0] = (reply[stop_at + 1] + 1 + new[0] % 299) % 300  # not the greedy turn's next token: no longer match
+    follow_up = prompt + reply[: stop_at + 1] + new
     (warm,), (cold,) = on.generate([follow_up], GREEDY), off.generate([follow_up], GREEDY)
     # (When the stop token ends a decode snapshot's interval, the greedy turn's decode saved that block and
-    # its state: better.)
-    interval = on.engine.config.decode_snapshot_interval
+    # its state: better. Without GDN layers a block is all there is to save: the greedy turn's full blocks
+    # reach as far.)
+    interval = BS if on.engine.loaded.snapshots is None else on.engine.config.decode_snapshot_interval
     ends_a_block = (len(prompt) + stop_at + 1) // interval * interval
     ran_on = async_scheduling and (stop_at > 0 or one_row_pass)
     assert warm.num_cached_tokens == max(len(prompt) + stop_at + ran_on, ends_a_block)
