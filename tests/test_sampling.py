@@ -154,7 +154,9 @@ def test_prompt_logprobs_match_transformers(checkpoint_factory):
         entry = out.prompt_logprobs[position]
         token = prompt[position]
         assert abs(entry[token].logprob - expected[position - 1, token].item()) < 1e-4
-        assert entry[token].rank == int((expected[position - 1] > expected[position - 1, token]).sum()) + 1
+        # its rank among the reference's logprobs, where those within rounding of its own may stand either side
+        row, own = expected[position - 1], expected[position - 1, token]
+        assert int((row > own + 1e-4).sum()) + 1 <= entry[token].rank <= int((row > own - 1e-4).sum())
         assert len([t for t, e in entry.items() if e.rank <= 2]) >= 2
 
 
