@@ -80,6 +80,8 @@ def test_mask_logits_of_top_k_candidates_matches_the_whole_sort():
     the whole vocabulary keeps, with top-p and min-p beside top-k in some rows; a greedy row's argmax stays."""
     rows, vocab = 6, 3000
     logits = torch.randn(rows, vocab) * 2
+    while any(row.unique().numel() < vocab for row in logits):  # tied logits may be kept either way by either
+        logits = torch.randn(rows, vocab) * 2
     top_k = torch.tensor([random.randrange(1, 200) for _ in range(rows)])
     top_p = torch.tensor([random.choice([1.0, random.uniform(0.2, 0.99)]) for _ in range(rows)])
     min_p = torch.tensor([random.choice([0.0, random.uniform(0.0, 0.3)]) for _ in range(rows)])
