@@ -42,7 +42,11 @@ def test_floors_keep_what_the_reference_masks_keep(rows, vocab):
     # below every key (KEY_MIN), -inf's included, where the reference's mask leaves it -inf.
     kept = (reference.order_keys(scaled) >= floors[:, None]) & torch.isfinite(scaled)
     expected = torch.isfinite(reference.mask_logits(scaled, torch.zeros(rows, dtype=torch.int64), top_p, min_p))
-    assert torch.equal(kept, expected)
+    # The kernel's min-p cut-off (best + log min_p) is a float32 sum; a token within its rounding of the cut-off
+    # may fall either side of the reference's float64 one.
+    cut = scaled.double().max(-1, keepdim=True).values + torch.log(min_p.double())[:, None]
+    at_the_cut = (scaled.double() - cut).abs() < 1e-5 * cut.abs().clamp(min=1)
+    assert torch.equal(kept[~at_the_cut], expected[~at_the_cut])
     assert bool(kept[torch.arange(rows), scaled.argmax(-1)].all())  # the best token always stays
 
 
