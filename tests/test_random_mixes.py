@@ -86,15 +86,19 @@ class Mix:
         self.rng = rng
         self.block = rng.choice([8, 16, 32])
         fewest = -(-MAX_MODEL_LEN // self.block)  # one longest sequence's blocks
+        budget = rng.choice([rng.randint(1, 16), rng.randint(16, 128), 2048])
+        # Under a budget of a few tokens a step is a few rows: prompts of up to 250 tokens, recomputed after
+        # preemptions, made mixes of 15k steps and more. Shorter ones meet the same chunk edges in fewer steps.
+        self.longest = 250 if budget > 16 else 48
         self.engine = LLMEngine.from_args(
             path, device="cpu", max_model_len=MAX_MODEL_LEN, block_size=self.block,
             max_num_seqs=rng.choice([1, 2, 4, 6]),
-            max_num_batched_tokens=rng.choice([rng.randint(1, 16), rng.randint(16, 128), 2048]),
+            max_num_batched_tokens=budget,
             num_kv_blocks=rng.randint(fewest, fewest + fewest // 2), enable_prefix_caching=rng.random() < 0.85,
             ssm_snapshot_slots=rng.choice([None, 0, 1, 4]), ssm_snapshot_interval=rng.choice([1024, self.block]),
             decode_snapshot_interval=rng.choice([256, self.block]), async_scheduling=rng.random() < 0.7,
             seed=rng.randrange(1000))
-        self.prefixes = [self._tokens(rng.randint(1, 250)) for _ in range(2)]
+        self.prefixes = [self._tokens(rng.randint(1, self.longest)) for _ in range(2)]
         self.sent: dict[str, tuple] = {}  # request id -> (prompt, params)
         self.finished: dict = {}
         self.aborted: set[str] = set()
@@ -106,7 +110,7 @@ class Mix:
         rng, base = self.rng, self.rng.choice(self.prefixes)
         kind = rng.random()
         if kind < 0.3:
-            return self._tokens(rng.randint(1, 250))
+            return self._tokens(rng.randint(1, self.longest))
         if kind < 0.7:  # at a block boundary of a shared prefix, or a token either side of it
             cut = rng.randint(0, len(base) // self.block) * self.block + rng.choice([-1, 0, 1])
             return base[: max(1, min(cut, len(base)))]
