@@ -148,10 +148,12 @@ class Sampler:
         """A copy of the logits where each row with an active grammar keeps only the tokens it allows (-inf
         elsewhere). Logprobs are still read from the model's own logits, as vLLM reports them."""
         rows = [i for i, r in enumerate(requests) if r.grammar is not None and r.grammar.active]
-        bitmask = torch.empty(mask_shape(len(rows), self.vocab_size), dtype=torch.int32)
+        # filled in pinned memory where it travels to a GPU, so that its copy neither blocks nor copies twice
+        bitmask = torch.empty(mask_shape(len(rows), self.vocab_size), dtype=torch.int32,
+                              pin_memory=self.device.type == "cuda")
         for row, i in enumerate(rows):
             requests[i].grammar.fill_mask(bitmask, row)
-        allowed = allowed_tokens(to_device(bitmask.numpy(), self.device, torch.int32), self.vocab_size)
+        allowed = allowed_tokens(bitmask.to(self.device, non_blocking=True), self.vocab_size)
         constrained = logits.clone()
         index = to_device(rows, self.device)
         constrained[index] = logits[index].masked_fill(~allowed, float("-inf"))

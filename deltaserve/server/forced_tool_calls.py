@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 
+from deltaserve.sampling_params import StructuredOutputsParams
+from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.tool_parsers import ToolCall
+from deltaserve.server.tool_parsers.tool_call import loads_json
 
 ANY_OBJECT = {"type": "object"}
 
@@ -29,6 +32,13 @@ def forced_tool_schema(schemas: dict[str, dict], name: str | None, parallel: boo
     return array
 
 
+def demanded_call_structure(schemas: dict[str, dict], name: str | None, parallel: bool,
+                            opens_reasoning: bool) -> StructuredOutputsParams:
+    """The request's structured output for a demanded call: after the think block where the prompt opens one."""
+    return StructuredOutputsParams(json=forced_tool_schema(schemas, name, parallel),
+                                   start_after=THINK_CLOSE if opens_reasoning else None)
+
+
 class ForcedToolCalls:
     """One choice's answer text, held until it is complete, then its calls (`calls`). An answer the grammar did
     not finish (the length ran out) stays text."""
@@ -43,7 +53,7 @@ class ForcedToolCalls:
     def finish(self) -> tuple[str, list[ToolCall]]:
         """(text left as the answer, the calls)."""
         try:
-            value = json.loads(self._text)
+            value = loads_json(self._text)  # a number past a float's range (1e400) is JSON the grammar lets by
         except ValueError:
             return self._text, []
         if self.name is not None:

@@ -23,11 +23,10 @@ from deltaserve.server.chat_prompt import (
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect, usage_dict
 from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
-from deltaserve.server.forced_tool_calls import ForcedToolCalls, forced_tool_schema
+from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_structure
 from deltaserve.server.logprobs import TokenText, chat_logprobs
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.protocol import ChatCompletionRequest
-from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.sampling import (build_sampling_params, check_structure, refuse_unsupported,
                                        requested_structure, resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
@@ -50,17 +49,19 @@ def _demanded_call(req: ChatCompletionRequest) -> tuple[bool, str | None]:
     return True, None if choice == "required" else choice.function.name
 
 
-def _tool_call_structure(req: ChatCompletionRequest, tools: list[dict], opens_reasoning: bool,
-                         given: StructuredOutputsParams | None) -> StructuredOutputsParams | None:
-    """The structure of a demanded tool call (forced_tool_calls.py), else what the request gave."""
+def _output_structure(req: ChatCompletionRequest, tools: list[dict], opens_reasoning: bool
+                      ) -> tuple[StructuredOutputsParams | None, str]:
+    """What the output must match, and the request field that asks it: a demanded tool call
+    (forced_tool_calls.py), response_format or structured_outputs, one of them."""
+    given = requested_structure(req, opens_reasoning)
     demanded, name = _demanded_call(req)
     if not demanded:
-        return given
+        return given, "structured_outputs" if req.structured_outputs is not None else "response_format"
     if given is not None:
         raise bad_request("a demanded tool call constrains the output, as response_format and structured_outputs "
                           "do: give one", "tool_choice", "invalid_value")
-    schema = forced_tool_schema(tool_schemas(tools), name, req.parallel_tool_calls is not False)
-    return StructuredOutputsParams(json=schema, start_after=THINK_CLOSE if opens_reasoning else None)
+    parallel = req.parallel_tool_calls is not False
+    return demanded_call_structure(tool_schemas(tools), name, parallel, opens_reasoning), "tool_choice"
 
 
 def _check_chat_ranges(req: ChatCompletionRequest) -> None:
@@ -109,11 +110,8 @@ class ChatCompletions:
                                         defaults.get("max_tokens"))
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top, defaults=defaults)
-        params.structured_outputs = _tool_call_structure(req, tools, prompt.opens_reasoning,
-                                                         requested_structure(req, prompt.opens_reasoning))
-        await check_structure(self.ctx.engine, params.structured_outputs,
-                              "tool_choice" if _demanded_call(req)[0] else
-                              "structured_outputs" if req.structured_outputs is not None else "response_format")
+        params.structured_outputs, field = _output_structure(req, tools, prompt.opens_reasoning)
+        await check_structure(self.ctx.engine, params.structured_outputs, field)
         request_id = random_id("chatcmpl-")
         stream = await self.ctx.engine.generate(
             request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points

@@ -12,14 +12,13 @@ from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
-from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams
+from deltaserve.sampling_params import SamplingParams
 from deltaserve.server.anthropic_protocol import AnthropicMessage, AnthropicTool, CountTokensRequest, MessagesRequest
 from deltaserve.server.chat_prompt import ChatPrompt, render_chat, tool_schemas
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
 from deltaserve.server.errors import bad_request, from_exception
-from deltaserve.server.forced_tool_calls import ForcedToolCalls, forced_tool_schema
+from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_structure
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
-from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.sampling import check_structure, resolve_max_tokens
 from deltaserve.server.sse import SSE_HEADERS, sse_event
 from deltaserve.server.streaming import EngineStreamResponse
@@ -170,9 +169,8 @@ class Messages:
         )
         demanded, name = _demanded_call(req.tool_choice)
         if demanded:  # the answer is held to the calls' JSON (forced_tool_calls.py)
-            schema = forced_tool_schema(tool_schemas(tools), name, not req.tool_choice.disable_parallel_tool_use)
-            params.structured_outputs = StructuredOutputsParams(
-                json=schema, start_after=THINK_CLOSE if prompt.opens_reasoning else None)
+            params.structured_outputs = demanded_call_structure(
+                tool_schemas(tools), name, not req.tool_choice.disable_parallel_tool_use, prompt.opens_reasoning)
             await check_structure(self.ctx.engine, params.structured_outputs, "tool_choice")
         request_id = random_id("msg_")
         stream = await self.ctx.engine.generate(

@@ -35,3 +35,11 @@ def test_required_calls_are_an_array_of_named_calls_and_an_unfinished_one_stays_
     unfinished = ForcedToolCalls(None)
     unfinished.feed(json.dumps(values)[:-1])
     assert unfinished.finish() == (json.dumps(values)[:-1], [])
+
+
+def test_arguments_that_json_cannot_write_back_stay_text():
+    """1e400 is JSON the grammar lets by, but as a float it is inf, which no JSON carries: the answer stays text."""
+    text = random.choice(['{"x": 1e400}', '[{"name": "a", "parameters": {"x": -1e999}}]'])
+    forced = ForcedToolCalls("a" if text.startswith("{") else None)
+    forced.feed(text)
+    assert forced.finish() == (text, [])
