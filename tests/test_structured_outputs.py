@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from deltaserve import LLM, SamplingParams, StructuredOutputsParams
-from deltaserve.engine.grammar import RequestGrammar, allowed_tokens, closed_objects, mask_shape
+from deltaserve.engine.grammar import RequestGrammar, closed_objects, mask_shape
+from deltaserve.kernels.sampling.reference import allowed_tokens
 from deltaserve.errors import InvalidSamplingParamsError
 from tests.reference import load_reference
 

@@ -179,13 +179,6 @@ def mask_shape(rows: int, vocab_size: int) -> tuple[int, int]:
     return rows, -(-vocab_size // 32)
 
 
-def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """bool [rows, vocab_size]: the bits of an int32 bitmask, bit t % 32 of word t // 32 standing for token t."""
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
-
-
 def _spec_key(params: StructuredOutputsParams) -> str:
     """What the grammar depends on, as text (start_after is the matcher's, not the grammar's)."""
     return json.dumps([params.json, params.json_object, params.regex, params.choice], sort_keys=True, default=repr)

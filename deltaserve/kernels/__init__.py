@@ -278,6 +278,15 @@ def apply_penalties(logits: torch.Tensor, prompt: RowTokens, output: RowTokens, 
     return _sampling.apply_penalties(logits, prompt, output, repetition, frequency, presence)
 
 
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A copy of logits [B, V] where rows[i] keeps only the tokens bitmask[i] allows (a grammar's mask,
+    sampling/reference.py)."""
+    if use_triton(logits):
+        from deltaserve.kernels.sampling.triton_token_bitmask import apply_token_bitmask as kernel
+        return kernel(logits, bitmask, rows)
+    return _sampling.apply_token_bitmask(logits, bitmask, rows)
+
+
 def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out[b] = argmax of logits[b], the first on ties (a decode graph's greedy tokens)."""
     if use_triton(logits):
@@ -301,6 +310,6 @@ __all__ = [
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
-    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "MaskPlan", "RowTokens",
+    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "apply_token_bitmask", "MaskPlan", "RowTokens",
     "sample_from_logits", "greedy_tokens",
 ]

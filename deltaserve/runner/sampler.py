@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from deltaserve import kernels
-from deltaserve.engine.grammar import allowed_tokens, mask_shape
+from deltaserve.engine.grammar import mask_shape
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
 from deltaserve.host_to_device import to_device
@@ -153,11 +153,8 @@ class Sampler:
                               pin_memory=self.device.type == "cuda")
         for row, i in enumerate(rows):
             requests[i].grammar.fill_mask(bitmask, row)
-        allowed = allowed_tokens(bitmask.to(self.device, non_blocking=True), self.vocab_size)
-        constrained = logits.clone()
-        index = to_device(rows, self.device)
-        constrained[index] = logits[index].masked_fill(~allowed, float("-inf"))
-        return constrained
+        return kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
+                                           to_device(rows, self.device))
 
     def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits with each row's logit_bias added (the logits themselves stay the model's:

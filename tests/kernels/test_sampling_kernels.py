@@ -2,7 +2,8 @@
 (greedy and sampled rows together, masked tokens and masked rows, each mask plan's path, a vocabulary of
 one partial block and one of several slices, ties, a strided view written into a buffer), the reference's
 draws against the 64-bit hash written with Python's integers, and its draws' frequencies against the
-softmax they sample."""
+softmax they sample. A grammar's token bitmask against its reference (strided rows, held rows in any order).
+"""
 
 import random
 
@@ -14,6 +15,7 @@ from deltaserve.runner.sampler import mask_plan
 from deltaserve.sampling_params import SamplingParams
 from deltaserve.kernels.sampling.triton_race import (BLOCK, SLICE_BLOCKS, greedy_tokens, race_or_argmax,
                                                      sample_from_logits)
+from deltaserve.kernels.sampling.triton_token_bitmask import BLOCK as BITMASK_BLOCK, apply_token_bitmask
 
 pytestmark = pytest.mark.triton
 
@@ -173,3 +175,18 @@ def test_top_k_kernel_matches_torch_topk(rows, vocab, k):
     assert torch.equal(values, x.topk(k, dim=-1).values)
     assert torch.equal(x.gather(1, indices), values)
     assert all(len(set(row)) == k for row in indices.tolist())
+
+
+@pytest.mark.parametrize("vocab", [1, 33, BITMASK_BLOCK + 77])
+def test_token_bitmask_kernel_gives_the_reference_bits(vocab):
+    batch = random.randint(1, 6)
+    wide = torch.randn(batch, vocab + random.randint(0, 40)) * 3  # the sampler's logits are a view of padded rows
+    logits = wide[:, :vocab]
+    rows = torch.randperm(batch)[: random.randint(0, batch)]  # held rows, in any order, maybe none
+    bitmask = torch.randint(-2**31, 2**31 - 1, (len(rows), -(-vocab // 32)), dtype=torch.int32)
+    out = apply_token_bitmask(logits, bitmask, rows)
+    expected = reference.apply_token_bitmask(logits, bitmask, rows)
+    assert torch.equal(out, expected)
+    refused = sum(1 for words in bitmask.tolist() for t in range(vocab) if not (words[t // 32] >> t % 32) & 1)
+    assert out.isinf().sum().item() == refused  # the held rows' zero bits, and nothing else
+    assert torch.equal(out[~out.isinf()], logits[~out.isinf()])

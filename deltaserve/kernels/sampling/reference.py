@@ -111,6 +111,21 @@ def mask_sorted(sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return sorted_logits.masked_fill(drop, float("-inf"))
 
 
+def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bool [rows, vocab]: the bits of an int32 bitmask, bit t % 32 of word t // 32 standing for token t."""
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], bitmask.shape[1] * 32)[:, :vocab].bool()
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """A copy of logits [B, V] where row rows[i] keeps the tokens that bitmask[i] (int32 [R, ceil(V / 32)])
+    allows and holds -inf elsewhere; the other rows are copied as they are."""
+    out = logits.clone()
+    out[rows] = logits[rows].masked_fill(~allowed_tokens(bitmask, logits.shape[-1]), float("-inf"))
+    return out
+
+
 def order_keys(x: torch.Tensor) -> torch.Tensor:
     """int32 keys that order as the float32 values x, -inf lowest (the float's bits, the magnitude's
     reversed where the sign is set): a floor on them is a floor on the values."""
