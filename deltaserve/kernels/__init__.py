@@ -278,13 +278,13 @@ def apply_penalties(logits: torch.Tensor, prompt: RowTokens, output: RowTokens, 
     return _sampling.apply_penalties(logits, prompt, output, repetition, frequency, presence)
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """A copy of logits [B, V] where rows[i] keeps only the tokens bitmask[i] allows (a grammar's mask,
-    sampling/reference.py)."""
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor) -> torch.Tensor:
+    """A copy of logits [B, V] where row b keeps only the tokens that bitmask[mask_rows[b]] allows (a grammar's
+    mask; -1: a free row), sampling/reference.py."""
     if use_triton(logits):
         from deltaserve.kernels.sampling.triton_token_bitmask import apply_token_bitmask as kernel
-        return kernel(logits, bitmask, rows)
-    return _sampling.apply_token_bitmask(logits, bitmask, rows)
+        return kernel(logits, bitmask, mask_rows)
+    return _sampling.apply_token_bitmask(logits, bitmask, mask_rows)
 
 
 def greedy_tokens(logits: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -151,10 +151,12 @@ class Sampler:
         # filled in pinned memory where it travels to a GPU, so that its copy neither blocks nor copies twice
         bitmask = torch.empty(mask_shape(len(rows), self.vocab_size), dtype=torch.int32,
                               pin_memory=self.device.type == "cuda")
+        mask_rows = [-1] * len(requests)
         for row, i in enumerate(rows):
             requests[i].grammar.fill_mask(bitmask, row)
+            mask_rows[i] = row
         return kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
-                                           to_device(rows, self.device))
+                                           to_device(mask_rows, self.device, torch.int32))
 
     def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits with each row's logit_bias added (the logits themselves stay the model's:

@@ -182,11 +182,12 @@ def test_token_bitmask_kernel_gives_the_reference_bits(vocab):
     batch = random.randint(1, 6)
     wide = torch.randn(batch, vocab + random.randint(0, 40)) * 3  # the sampler's logits are a view of padded rows
     logits = wide[:, :vocab]
-    rows = torch.randperm(batch)[: random.randint(0, batch)]  # held rows, in any order, maybe none
-    bitmask = torch.randint(-2**31, 2**31 - 1, (len(rows), -(-vocab // 32)), dtype=torch.int32)
-    out = apply_token_bitmask(logits, bitmask, rows)
-    expected = reference.apply_token_bitmask(logits, bitmask, rows)
-    assert torch.equal(out, expected)
+    held = torch.randperm(batch)[: random.randint(0, batch)]  # rows a grammar holds, in any order, maybe none
+    mask_rows = torch.full((batch,), -1, dtype=torch.int32)
+    mask_rows[held] = torch.arange(len(held), dtype=torch.int32)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (len(held), -(-vocab // 32)), dtype=torch.int32)
+    out = apply_token_bitmask(logits, bitmask, mask_rows)
+    assert torch.equal(out, reference.apply_token_bitmask(logits, bitmask, mask_rows))
     refused = sum(1 for words in bitmask.tolist() for t in range(vocab) if not (words[t // 32] >> t % 32) & 1)
     assert out.isinf().sum().item() == refused  # the held rows' zero bits, and nothing else
     assert torch.equal(out[~out.isinf()], logits[~out.isinf()])

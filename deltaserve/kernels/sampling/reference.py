@@ -118,12 +118,13 @@ def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return bits.reshape(bitmask.shape[0], bitmask.shape[1] * 32)[:, :vocab].bool()
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """A copy of logits [B, V] where row rows[i] keeps the tokens that bitmask[i] (int32 [R, ceil(V / 32)])
-    allows and holds -inf elsewhere; the other rows are copied as they are."""
-    out = logits.clone()
-    out[rows] = logits[rows].masked_fill(~allowed_tokens(bitmask, logits.shape[-1]), float("-inf"))
-    return out
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor) -> torch.Tensor:
+    """A copy of logits [B, V] where a row whose mask_rows entry (int [B]) is r >= 0 keeps the tokens that
+    bitmask[r] (int32 [R, ceil(V / 32)]) allows and holds -inf elsewhere; rows of -1 are copied as they are."""
+    if not len(bitmask):
+        return logits.clone()
+    allowed = allowed_tokens(bitmask, logits.shape[-1])[mask_rows.clamp(min=0).long()] | (mask_rows < 0)[:, None]
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def order_keys(x: torch.Tensor) -> torch.Tensor:
