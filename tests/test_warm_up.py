@@ -124,6 +124,21 @@ def test_the_warm_up_takes_one_step_a_group_and_one_for_the_penalised_token(chec
     assert engine.stats().prompt_tokens_total == 0 and not engine.has_unfinished_requests()
 
 
+def test_the_warm_up_runs_the_grammar_mask_over_a_row_that_keeps_every_token(checkpoint_factory, monkeypatch):
+    """Its kernel compiles at start-up, without a grammar (llguidance's vocabulary is built on first use)."""
+    from deltaserve import kernels
+
+    engine = LLMEngine.from_args(checkpoint_factory("qwen3.5"), device="cpu", max_model_len=256, max_num_seqs=8,
+                                 warm_up=False)
+    masked = []
+    real = kernels.apply_token_bitmask
+    monkeypatch.setattr(kernels, "apply_token_bitmask", lambda *a: masked.append(real(*a)) or masked[-1])
+    warm_up(engine, [[4]])
+    assert len(masked) == 1 and masked[0].shape == (1, engine.model_config.vocab_size)
+    assert not masked[0].isinf().any()
+    assert engine.grammars._ll_tokenizer is None
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2])  # the attention of Qwen3.5-9B and 35B-A3B: 16 query heads of 256
 def test_start_up_compiles_every_paged_attention_kernel_that_serving_meets(kv_heads):
     """Paged attention compiles a kernel per tile shape, split or not, and a merge kernel per power of two

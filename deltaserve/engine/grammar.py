@@ -1,6 +1,6 @@
 """Structured outputs: a request's output held to a JSON schema, any JSON object, a regular expression or a
 choice of strings. Each such request carries a RequestGrammar, an llguidance matcher over the model's
-vocabulary: before a step samples, the sampler masks the tokens that would leave the grammar (`fill_mask`),
+vocabulary: before a step samples, the sampler masks the tokens that would leave the grammar (`fill_masks`),
 and each token taken advances the matcher (`accept`). Where the grammar can go no further the request stops.
 
 The vocabulary's view for llguidance (its LLTokenizer) is built once per engine, on the first request that
@@ -9,6 +9,7 @@ added, so a schema that does not compile is refused then, naming llguidance's re
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -173,6 +174,23 @@ class RequestGrammar:
 
     def error(self) -> str:
         return self.matcher.get_error()
+
+
+def fill_masks(grammars: list[RequestGrammar], bitmask: torch.Tensor) -> None:
+    """bitmask[i] (int32 on the host) = what grammars[i] allows next. llguidance fills the rows on its own
+    threads, outside the GIL (benchmarks/grammar_mask_host.py: at 128 rows a step's median fill took about 1.0
+    against 1.25 ms one row after another, on two cores)."""
+    import llguidance.torch
+
+    llguidance.torch.fill_next_token_bitmask_par(_executor(), [(g.matcher, row) for row, g in enumerate(grammars)],
+                                                 bitmask)
+
+
+@functools.cache
+def _executor():
+    import llguidance
+
+    return llguidance.LLExecutor()
 
 
 def mask_shape(rows: int, vocab_size: int) -> tuple[int, int]:

@@ -16,7 +16,8 @@ reset. The first request of the first group samples at a temperature, that of th
 that of the third with top-k and that of the fourth takes penalties for two tokens (its second step has an
 output to count), so that the sampler's kernels (the race, the nucleus floors and the race that applies
 them, the top-k candidates and their race, the penalties) compile before the first request rather than
-while it waits.
+while it waits. The grammar mask's kernel runs once on its own (Sampler.compile_grammar_mask): a request
+with a grammar would build llguidance's view of the vocabulary, which only such a request needs.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def warm_up(engine, groups: list[list[int]] | None = None) -> int:
         while engine.has_unfinished_requests():
             engine.step(final_only=True)
             steps += 1
+    engine.runner.sampler.compile_grammar_mask()
     engine.reset_prefix_cache()
     engine.reset_stats()
     return steps

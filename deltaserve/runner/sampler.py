@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from deltaserve import kernels
-from deltaserve.engine.grammar import mask_shape
+from deltaserve.engine.grammar import fill_masks, mask_shape
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
 from deltaserve.host_to_device import to_device
@@ -65,6 +65,13 @@ class Sampler:
         if not any(p.logprobs is not None for p in params):
             return tokens, None
         return tokens, self._logprobs(logits[:, : self.vocab_size], tokens, requests)
+
+    def compile_grammar_mask(self) -> None:
+        """Masks one row that a grammar holds to every token, so that the mask's kernel compiles at start-up
+        rather than under the first request with a grammar (whose matcher the warm-up does not build)."""
+        logits = torch.zeros(1, self.vocab_size, device=self.device)
+        everything = torch.full(mask_shape(1, self.vocab_size), -1, dtype=torch.int32, device=self.device)
+        kernels.apply_token_bitmask(logits, everything, torch.zeros(1, dtype=torch.int32, device=self.device))
 
     @staticmethod
     def device_only(params) -> bool:
@@ -151,9 +158,9 @@ class Sampler:
         # filled in pinned memory where it travels to a GPU, so that its copy neither blocks nor copies twice
         bitmask = torch.empty(mask_shape(len(rows), self.vocab_size), dtype=torch.int32,
                               pin_memory=self.device.type == "cuda")
+        fill_masks([requests[i].grammar for i in rows], bitmask)
         mask_rows = [-1] * len(requests)
         for row, i in enumerate(rows):
-            requests[i].grammar.fill_mask(bitmask, row)
             mask_rows[i] = row
         return kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
                                            to_device(mask_rows, self.device, torch.int32))
