@@ -19,28 +19,30 @@ FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 @dataclass
 class StructuredOutputsParams:
     """What a request's output must match, as vLLM's StructuredOutputsParams: exactly one of a JSON schema
-    (`json`, a dict or its JSON text), any JSON object (`json_object`), a regular expression (`regex`) or one
-    of a list of strings (`choice`). `start_after`: the constraint holds only after the output has produced
-    this text (a reasoning model's "</think>"); before it the output is free."""
+    (`json`, a dict or its JSON text), any JSON object (`json_object`), a regular expression (`regex`), one
+    of a list of strings (`choice`) or a context-free grammar (`grammar`: Lark, as llguidance reads it, or
+    GBNF / the EBNF of vLLM's examples, `root ::= ...`). `start_after`: the constraint holds only after the
+    output has produced this text (a reasoning model's "</think>"); before it the output is free."""
 
     json: dict | str | None = None
     json_object: bool = False
     regex: str | None = None
     choice: list[str] | None = None
+    grammar: str | None = None
     start_after: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        kinds = [name for name in ("json", "regex", "choice") if getattr(self, name) is not None]
+        kinds = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
         if not isinstance(self.json_object, bool):
             raise InvalidSamplingParamsError(f"structured_outputs.json_object={self.json_object!r}: must be True "
                                              "or False")
         kinds += ["json_object"] * self.json_object
         if len(kinds) != 1:
-            raise InvalidSamplingParamsError("structured_outputs needs exactly one of json, json_object, regex and "
-                                             f"choice, got {', '.join(kinds) or 'none'}")
+            raise InvalidSamplingParamsError("structured_outputs needs exactly one of json, json_object, regex, "
+                                             f"choice and grammar, got {', '.join(kinds) or 'none'}")
         if self.json is not None and not isinstance(self.json, (dict, str)):
             raise InvalidSamplingParamsError(f"structured_outputs.json: a JSON schema must be an object or its "
                                              f"text, got {type(self.json).__name__}")
@@ -50,6 +52,8 @@ class StructuredOutputsParams:
                                         or not all(isinstance(c, str) and c for c in self.choice)):
             raise InvalidSamplingParamsError("structured_outputs.choice must be a non-empty list of non-empty "
                                              "strings")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise InvalidSamplingParamsError("structured_outputs.grammar must be a non-empty string")
         if self.start_after is not None and (not isinstance(self.start_after, str) or not self.start_after):
             raise InvalidSamplingParamsError("structured_outputs.start_after must be a non-empty string")
 

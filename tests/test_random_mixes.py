@@ -26,7 +26,8 @@ TRIALS = 5
 LOGPROB_TOLERANCE = 5e-4  # a wrong row or state moves a logprob by far more
 STRUCTURES = [StructuredOutputsParams(regex="[a-z]{1,6}( [0-9]{1,3}){1,5}"),
               StructuredOutputsParams(choice=["the fox", "the dog", "Paris"]),
-              StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}})]
+              StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}}),
+              StructuredOutputsParams(grammar='root ::= word (" " word)*\nword ::= [a-z]+')]
 
 
 def _params(rng: random.Random) -> SamplingParams:

@@ -20,7 +20,7 @@ llguidance = pytest.importorskip("llguidance")
 
 def _random_structure(rng: random.Random) -> StructuredOutputsParams:
     """One of each kind, its content drawn afresh."""
-    kind = rng.choice(["json", "regex", "choice"])
+    kind = rng.choice(["json", "regex", "choice", "gbnf", "lark"])
     if kind == "json":
         names = rng.sample(["name", "city", "age", "ok", "tags"], rng.randint(1, 3))
         types = {"name": {"type": "string", "maxLength": 6}, "city": {"enum": ["Paris", "Oslo", "Lima"]},
@@ -31,6 +31,14 @@ def _random_structure(rng: random.Random) -> StructuredOutputsParams:
     if kind == "regex":
         word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 3)))
         return StructuredOutputsParams(regex=f"{word}[a-z]{{1,4}}( [0-9]{{1,3}}){{1,{rng.randint(1, 3)}}}")
+    if kind in ("gbnf", "lark"):  # a word, then one to `most` numbers, each rule of its own
+        word, most = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 3))), rng.randint(1, 3)
+        if kind == "gbnf":
+            return StructuredOutputsParams(grammar=f'root ::= head (" " number){{1,{most}}}\nhead ::= "{word}" '
+                                                   f'[a-z]{{1,4}}\nnumber ::= [0-9] [0-9]? [0-9]?')
+        tail = "".join(' (" " NUMBER)?' for _ in range(most - 1))
+        return StructuredOutputsParams(grammar=f'start: head " " NUMBER{tail}\nhead: "{word}" /[a-z]{{1,4}}/\n'
+                                               f'NUMBER: /[0-9]{{1,3}}/')
     words = ["".join(rng.choice(string.ascii_letters + " ") for _ in range(rng.randint(1, 8))) for _ in range(4)]
     return StructuredOutputsParams(choice=[w for w in words if w.strip()] or ["yes"])
 
@@ -46,6 +54,8 @@ def _reference_grammar(path: str, structure: StructuredOutputsParams):
         text = llguidance.LLMatcher.grammar_from_json_schema(structure.json)
     elif structure.regex is not None:
         text = llguidance.LLMatcher.grammar_from_regex(structure.regex)
+    elif structure.grammar is not None:
+        text = llguidance.grammar_from("grammar", structure.grammar)
     else:
         text = llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in structure.choice))
     return llguidance.LLMatcher(ll_tokenizer, text), tokenizer.eos_token_id
@@ -179,6 +189,8 @@ def _nested(depth: int) -> dict:
     StructuredOutputsParams(json="[1, 2]"),
     StructuredOutputsParams(json=_nested(200)),  # past llguidance's own bound
     StructuredOutputsParams(json=_nested(5000)),  # past Python's stack
+    StructuredOutputsParams(grammar='root ::= ("a"'),  # GBNF that does not parse
+    StructuredOutputsParams(grammar='start: a b\na: "x"'),  # Lark naming a rule it does not define
 ])
 def test_a_grammar_that_does_not_compile_is_refused_by_name_and_nothing_is_held(structure, checkpoint_factory):
     llm = LLM(checkpoint_factory("llama"), device="cpu")
@@ -189,11 +201,12 @@ def test_a_grammar_that_does_not_compile_is_refused_by_name_and_nothing_is_held(
 
 
 def test_structured_outputs_params_need_exactly_one_kind():
-    for fields in ({}, {"regex": "a", "choice": ["a"]}, {"json_object": True, "json": {}}):
+    for fields in ({}, {"regex": "a", "choice": ["a"]}, {"json_object": True, "json": {}}, {"grammar": "start: \"a\"",
+                                                                                             "regex": "a"}):
         with pytest.raises(InvalidSamplingParamsError, match="exactly one"):
             StructuredOutputsParams(**fields)
     for fields in ({"choice": []}, {"choice": ["a", ""]}, {"json": 3}, {"regex": 3}, {"json_object": 1},
-                   {"choice": ["a"], "start_after": ""}):
+                   {"choice": ["a"], "start_after": ""}, {"grammar": " "}, {"grammar": 3}):
         with pytest.raises(InvalidSamplingParamsError, match="structured_outputs"):
             StructuredOutputsParams(**fields)
     with pytest.raises(InvalidSamplingParamsError, match="structured_outputs"):

@@ -1,6 +1,6 @@
-"""Structured outputs: a request's output held to a JSON schema, any JSON object, a regular expression or a
-choice of strings. Each such request carries a RequestGrammar, an llguidance matcher over the model's
-vocabulary: before a step samples, the sampler masks the tokens that would leave the grammar (`fill_masks`),
+"""Structured outputs: a request's output held to a JSON schema, any JSON object, a regular expression, a
+choice of strings or a context-free grammar. Each such request carries a RequestGrammar, an llguidance
+matcher over the model's vocabulary: before a step samples, the sampler masks the tokens that would leave the grammar (`fill_masks`),
 and each token taken advances the matcher (`accept`). Where the grammar can go no further the request stops.
 
 The vocabulary's view for llguidance (its LLTokenizer) is built once per engine, on the first request that
@@ -42,6 +42,13 @@ def grammar_text(params: StructuredOutputsParams) -> str:
         return LLMatcher.grammar_from_json_schema({"type": "object"})
     if params.regex is not None:
         return LLMatcher.grammar_from_regex(params.regex)
+    if params.grammar is not None:
+        from llguidance import grammar_from
+
+        try:  # Lark as it is; GBNF (rules written `name ::= ...`) converted to Lark
+            return grammar_from("grammar", params.grammar)
+        except ValueError as exc:
+            raise InvalidSamplingParamsError(f"structured_outputs.grammar: {_one_line(str(exc))}") from None
     # Lark string literals take JSON's escapes: each choice is matched as exactly its text.
     return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in params.choice))
 
@@ -199,7 +206,8 @@ def mask_shape(rows: int, vocab_size: int) -> tuple[int, int]:
 
 def _spec_key(params: StructuredOutputsParams) -> str:
     """What the grammar depends on, as text (start_after is the matcher's, not the grammar's)."""
-    return json.dumps([params.json, params.json_object, params.regex, params.choice], sort_keys=True, default=repr)
+    return json.dumps([params.json, params.json_object, params.regex, params.choice, params.grammar], sort_keys=True,
+                      default=repr)
 
 
 def _one_line(message: str) -> str:

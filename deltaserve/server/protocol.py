@@ -91,6 +91,7 @@ class StructuredOutputsField(BaseModel):
     json_object: StrictBool | None = None
     regex: StrictStr | None = None
     choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
 
 
 class _SamplingFields(_Lenient):

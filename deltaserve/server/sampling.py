@@ -101,7 +101,7 @@ def requested_structure(req: Any, opens_reasoning: bool = False) -> StructuredOu
     try:
         if field is not None:
             return StructuredOutputsParams(json=field.json_, json_object=bool(field.json_object), regex=field.regex,
-                                           choice=field.choice, start_after=start_after)
+                                           choice=field.choice, grammar=field.grammar, start_after=start_after)
         if kind == "text":
             return None
         if kind == "json_object":

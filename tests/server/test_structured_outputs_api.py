@@ -1,5 +1,5 @@
 """Structured outputs through the OpenAI API of a live server on the demo model: response_format's json_schema
-and json_object, and vLLM's structured_outputs (regex, choice), whole and streamed."""
+and json_object, and vLLM's structured_outputs (regex, choice, grammar), whole and streamed."""
 
 from __future__ import annotations
 
@@ -61,6 +61,20 @@ def test_completions_hold_to_a_regex_and_to_a_choice(client):
                                        max_tokens=12, temperature=0,
                                        extra_body={"structured_outputs": {"choice": options}})
     assert r.choices[0].message.content in options and r.choices[0].finish_reason == "stop"
+
+
+def test_completions_hold_to_a_gbnf_grammar_and_chat_to_a_lark_one(client):
+    words = random.sample(["red", "green", "blue", "black", "white"], 3)
+    gbnf = 'root ::= "Colour: " colour "."\ncolour ::= ' + " | ".join(f'"{w}"' for w in words)
+    r = client.completions.create(model=MODEL, prompt="My favourite colour", max_tokens=12, temperature=1.0, n=3,
+                                  seed=random.randrange(2**31), extra_body={"structured_outputs": {"grammar": gbnf}})
+    assert all(re.fullmatch(f"Colour: ({'|'.join(words)})\\.", c.text) for c in r.choices), [c.text for c in r.choices]
+    assert all(c.finish_reason == "stop" for c in r.choices)
+    lark = 'start: NUMBER (", " NUMBER)~2\nNUMBER: /[1-9][0-9]?/'
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Three numbers, please."}],
+                                       max_tokens=16, temperature=0, extra_body={"structured_outputs": {"grammar": lark}})
+    assert re.fullmatch(r"[1-9][0-9]?(, [1-9][0-9]?){2}", r.choices[0].message.content)
+    assert r.choices[0].finish_reason == "stop"
 
 
 def test_a_constrained_request_beside_free_ones_leaves_them_as_they_were(client):
