@@ -66,6 +66,7 @@ class SamplingParams:
     top_k: int = -1
     min_p: float = 0.0
     max_tokens: int | None = 16
+    min_tokens: int = 0  # before this many output tokens, no end of sequence, stop token or stop string ends it
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -130,6 +131,11 @@ class SamplingParams:
             _check_int("max_tokens", self.max_tokens)
             if self.max_tokens < 1:
                 raise bad("max_tokens", self.max_tokens, "must be at least 1")
+        _check_int("min_tokens", self.min_tokens)
+        if self.min_tokens < 0:
+            raise bad("min_tokens", self.min_tokens, "must be at least 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", self.min_tokens, f"must be at most max_tokens ({self.max_tokens})")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check_number(name, value)

@@ -4,9 +4,9 @@ Each trial draws an engine (block size, step budget, a KV pool near its minimum 
 preempted and recomputed, prefix caching with few snapshot slots, asynchronous scheduling or not) and a mix
 of requests: prompts cut from shared prefixes at block boundaries and one token either side, follow-ups
 built from earlier replies (whole, partial, or all but the last token), greedy and seeded sampled rows,
-n > 1, stop strings and stop tokens, logprobs, grammars, and aborts mid-way. Every request that finishes must give the
-tokens, finish reason and text it gives alone on an engine without prefix caching, its logprobs within
-rounding; at the end no block, state slot or snapshot may be held. The seed of a failing trial is in the
+n > 1, stop strings and stop tokens, min_tokens, logprobs, grammars, and aborts mid-way. Every request that
+finishes must give the tokens, finish reason and text it gives alone on an engine without prefix caching, its
+logprobs within rounding; at the end no block, state slot or snapshot may be held. The seed of a failing trial is in the
 assertion's message."""
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def _params(rng: random.Random) -> SamplingParams:
         kw["stop"] = rng.sample(STOP_STRINGS, rng.randint(1, 2))
     if rng.random() < 0.15:
         kw["structured_outputs"] = rng.choice(STRUCTURES)
+    if rng.random() < 0.2:
+        kw["min_tokens"] = rng.randint(0, kw["max_tokens"])
     return SamplingParams(**kw)
 
 

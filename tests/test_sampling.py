@@ -195,12 +195,13 @@ def test_bad_logit_bias_is_refused(checkpoint_factory):
 
 
 def test_a_biased_greedy_row_is_not_left_to_the_decode_graphs_argmax():
-    def rows(*params):
-        return [SimpleNamespace(params=p) for p in params]
+    def rows(*params, held=False):
+        return [SimpleNamespace(params=p, holds_back_stops=held and i == 0) for i, p in enumerate(params)]
 
     plain = SamplingParams(temperature=0)
     assert Sampler.greedy(rows(plain, plain))
     assert not Sampler.greedy(rows(plain, SamplingParams(temperature=0, logit_bias={3: -100})))
+    assert not Sampler.greedy(rows(plain, plain, held=True))  # short of its min_tokens: its stop tokens refused
     assert Sampler.device_only(SamplingParams(temperature=0, logit_bias={3: 5}))  # no past tokens needed
 
 
@@ -226,9 +227,11 @@ def test_sampling_on_device_reads_nothing_back(masked):
     params = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, **mask),
               SamplingParams(temperature=1.0, seed=random.randrange(1000), **mask),
               SamplingParams(temperature=0.7, top_p=0.5 if masked else 1.0, min_p=0.1 if masked else 0.0),
-              SamplingParams(temperature=0.9, logit_bias={3: 100.0})]
-    requests = [SimpleNamespace(params=p, sample_index=0, output_token_ids=[1, 2]) for p in params]
+              SamplingParams(temperature=0.9, logit_bias={3: 100.0}), SamplingParams(temperature=0, min_tokens=5)]
+    requests = [SimpleNamespace(params=p, sample_index=0, output_token_ids=[1, 2], holds_back_stops=False,
+                                held_back=[]) for p in params]
     logits = torch.randn(len(params), vocab)
+    requests[5].holds_back_stops, requests[5].held_back = True, [int(logits[5].argmax())]
     with _NoHostReads():
         tokens = sampler.sample_on_device(logits, requests)
     best = logits.argmax(-1)
@@ -236,6 +239,7 @@ def test_sampling_on_device_reads_nothing_back(masked):
     if masked:
         assert torch.equal(tokens[1:3], best[1:3])
     assert tokens[4] == 3  # its bias outweighs every other logit
+    assert tokens[5] == logits[5].topk(2).indices[1]  # its argmax is a stop token it may not take yet
     assert all(0 <= t < vocab for t in tokens.tolist())
 
 
@@ -273,3 +277,67 @@ def test_penalties_of_many_rows_match_each_row_built_alone():
     assert output.longest == max(len(r.resolved_output_ids) for r in requests)
     # each part of the one copy starts 16-byte aligned, whatever the row count: one kernel compile serves all
     assert all(t.data_ptr() % 16 == 0 for t in (prompt.offsets, output.offsets, output.tokens))
+
+
+def _reference_greedy_holding_back(reference, prompt, stops, min_tokens, max_tokens):
+    """transformers' greedy tokens where the stop tokens are refused before min_tokens and end the output after."""
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        while len(out) < max_tokens:
+            logits = reference(torch.tensor([ids])).logits[0, -1].float()
+            if len(out) < min_tokens:
+                logits[stops] = float("-inf")
+            token = int(logits.argmax())
+            out.append(token)
+            ids.append(token)
+            if token in stops:
+                return out, "stop"
+    return out, "length"
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "llama"])
+def test_min_tokens_refuses_the_stop_tokens_until_then(arch, checkpoint_factory):
+    """The model's own first tokens made stop tokens: before min_tokens it takes its next best instead, after
+    them a stop token ends the output, as transformers' argmax with the same rule gives."""
+    from tests.reference import load_reference
+
+    path = checkpoint_factory(arch)
+    llm = LLM(path, device="cpu")
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(2, 20))]
+    plain = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0].outputs[0]
+    stops = sorted(set(plain.token_ids[:2]))
+    min_tokens = rng.randint(2, 8)
+    params = SamplingParams(max_tokens=12, min_tokens=min_tokens, temperature=0, ignore_eos=True, stop_token_ids=stops)
+    out = llm.generate([prompt], params)[0].outputs[0]
+    tokens, reason = _reference_greedy_holding_back(load_reference(path), prompt, stops, min_tokens, 12)
+    assert (out.token_ids, out.finish_reason) == (tokens, reason)
+    assert not set(out.token_ids[:min_tokens]) & set(stops)
+    again = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
+                                                  stop_token_ids=stops))[0].outputs[0]
+    assert again.token_ids == plain.token_ids[:1] and again.finish_reason == "stop"  # nothing stays behind
+
+
+def test_min_tokens_holds_back_the_end_of_sequence_and_stop_strings(checkpoint_factory, demo_llm):
+    llm = LLM(checkpoint_factory("llama"), device="cpu")
+    eos = min(llm.engine.eos_token_ids)
+    prompt = [random.randrange(300) for _ in range(8)]
+    min_tokens = random.randint(1, 10)
+    for temperature in (0, 1.0):  # the end of sequence outweighs every other token: it comes just at min_tokens
+        out = llm.generate([prompt], SamplingParams(max_tokens=16, min_tokens=min_tokens, temperature=temperature,
+                                                    logit_bias={eos: 100}))[0].outputs[0]
+        assert len(out.token_ids) == min_tokens + 1 and out.token_ids[-1] == eos and out.finish_reason == "stop"
+        assert eos not in out.token_ids[:-1]
+    # A stop string found before min_tokens does not count; one in the text after does.
+    params = dict(max_tokens=40, temperature=0, stop=[","])
+    early = demo_llm.generate(["Count with me: 1, 2, 3, 4, 5"], SamplingParams(**params))[0].outputs[0]
+    later = demo_llm.generate(["Count with me: 1, 2, 3, 4, 5"], SamplingParams(min_tokens=6, **params))[0].outputs[0]
+    assert early.stop_reason == "," and len(early.token_ids) < 6
+    assert later.stop_reason == "," and len(later.token_ids) > 6 and later.text.count(",") >= 2
+
+
+def test_min_tokens_past_max_tokens_is_refused():
+    for fields in ({"min_tokens": -1}, {"min_tokens": 5, "max_tokens": 4}, {"min_tokens": 1.5}):
+        with pytest.raises(InvalidSamplingParamsError, match="min_tokens"):
+            SamplingParams(**fields)
+    assert SamplingParams(min_tokens=4, max_tokens=4).min_tokens == 4

@@ -28,8 +28,9 @@ class IncrementalDetokenizer:
         self.text = ""
         self.stopped_by: str | None = None
 
-    def append(self, token_id: int) -> str | None:
-        """Adds one token. Returns the stop string it completed, if any (the text is cut there)."""
+    def append(self, token_id: int, find_stop: bool = True) -> str | None:
+        """Adds one token. Returns the stop string it completed, if any (the text is cut there); with
+        find_stop False, none is looked for (the output is shorter than its min_tokens)."""
         self.ids.append(token_id)
         before = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip_special)
         after = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip_special)
@@ -38,7 +39,7 @@ class IncrementalDetokenizer:
         searched_from = max(0, len(self.text) - self.longest_stop)
         self.text += after[len(before):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return self._find_stop(searched_from)
+        return self._find_stop(searched_from) if find_stop else None
 
     def _find_stop(self, searched_from: int) -> str | None:
         best = None

@@ -115,10 +115,12 @@ class LLMEngine:
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
         structured = params.structured_outputs
         grammar = self.grammars.compile(structured) if structured is not None else None
+        held_back = self._stop_tokens(params) if params.min_tokens else []
         children = [
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
                     sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes,
-                    grammar=self.grammars.matcher(structured, grammar) if grammar is not None else None)
+                    grammar=self.grammars.matcher(structured, grammar) if grammar is not None else None,
+                    held_back=held_back)
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,
@@ -127,6 +129,10 @@ class LLMEngine:
         for child in children:
             self._owner[child] = parent
             self.scheduler.add(child)
+
+    def _stop_tokens(self, params: SamplingParams) -> list[int]:
+        """The tokens that would end the output: its stop_token_ids, and the end of sequence unless ignored."""
+        return sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids))
 
     def _check_token_ids(self, params: SamplingParams) -> None:
         """The token ids of logit_bias and stop_token_ids name tokens of the vocabulary."""
@@ -289,7 +295,10 @@ class LLMEngine:
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             self.scheduler.finish(request, "stop", token if token in params.stop_token_ids else None)
             return
-        stop = detok.append(token) if params.detokenize else None
+        # as vLLM does, a stop string found before min_tokens does not count (nor later: the search goes on from
+        # the text's end)
+        long_enough = position - request.num_prompt_tokens + 1 >= params.min_tokens
+        stop = detok.append(token, find_stop=long_enough) if params.detokenize else None
         if stop is not None:
             self.scheduler.finish(request, "stop", stop)
         elif request.grammar is not None and request.grammar.finished:  # the grammar takes nothing more

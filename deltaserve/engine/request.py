@@ -52,6 +52,7 @@ class Request:
     last_decode_snapshot: bytes | None = None
     tail_source: int | None = None  # the cached tail block its hit copied from, held until it stops
     grammar: RequestGrammar | None = None  # structured outputs: what its next tokens may be (engine/grammar.py)
+    held_back: list[int] = field(default_factory=list)  # stop tokens the sampler refuses before min_tokens
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -100,6 +101,11 @@ class Request:
         if self.num_pending_tokens:
             del self.output_token_ids[-self.num_pending_tokens :]
             self.num_pending_tokens = 0
+
+    @property
+    def holds_back_stops(self) -> bool:
+        """Whether the token sampled next must not be a stop token: the output is still short of min_tokens."""
+        return bool(self.held_back) and len(self.output_token_ids) < self.params.min_tokens
 
     @property
     def is_finished(self) -> bool:

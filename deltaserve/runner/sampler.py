@@ -85,13 +85,15 @@ class Sampler:
     def greedy(requests: list[Request]) -> bool:
         """Whether every row takes its logits' argmax as they are (what a decode graph computes itself)."""
         return all(r.params.temperature == 0 and not r.params.logit_bias and r.params.structured_outputs is None
-                   for r in requests)
+                   and not r.holds_back_stops for r in requests)
 
     def sample_on_device(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """The tokens [B] (int64, on the logits' device) of rows without penalties; nothing is read back."""
         logits = logits[:, : self.vocab_size]
         if any(r.params.logit_bias for r in requests):
             logits = self._biased(logits, requests)
+        if any(r.holds_back_stops for r in requests):
+            logits = self._without_stops(logits, requests)
         if all(r.params.temperature == 0 for r in requests):
             return logits.argmax(-1)  # greedy rows need neither masks nor noise
         params = [r.params for r in requests]
@@ -178,6 +180,17 @@ class Sampler:
         bias = to_device(biases, self.device, torch.float32).to(logits.dtype)
         biased[to_device(rows, self.device), to_device(tokens, self.device)] += bias
         return biased
+
+    def _without_stops(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """A copy of the logits where each row still short of its min_tokens refuses its stop tokens (-inf)."""
+        rows, tokens = [], []
+        for i, r in enumerate(requests):
+            if r.holds_back_stops:
+                rows += [i] * len(r.held_back)
+                tokens += r.held_back
+        held = logits.clone()
+        held[to_device(rows, self.device), to_device(tokens, self.device)] = float("-inf")
+        return held
 
     def _seeds(self, requests: list[Request]) -> list[int]:
         """Each row's 63-bit noise seed: its request's own (row_seed) or the engine generator's next (0 for

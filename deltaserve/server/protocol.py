@@ -106,6 +106,7 @@ class _SamplingFields(_Lenient):
     seed: StrictInt | None = None
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
+    min_tokens: StrictInt = 0  # vLLM's: no end before this many tokens
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None

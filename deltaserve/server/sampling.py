@@ -47,6 +47,7 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, pr
         top_k=-1 if top_k == 0 else top_k,  # 0 means "off" to most OpenAI-style clients
         min_p=pick("min_p", 0.0),
         max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
         stop=req.stop,
         stop_token_ids=req.stop_token_ids,
         ignore_eos=req.ignore_eos,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import httpx
 import openai
@@ -117,6 +118,18 @@ def test_stop_strings_end_the_text_and_never_leak(client):
         model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=stop, stream=True) if c.choices]
     assert "".join(chunks) == expected
     assert all(stop not in "".join(chunks[: i + 1]) for i in range(len(chunks)))
+
+
+def test_min_tokens_holds_back_the_stop_until_then(client):
+    """vLLM's min_tokens: a stop string that would end the text at once counts only past that many tokens."""
+    count = "Count with me: 1, 2, 3, 4, 5"
+    early = client.completions.create(model=MODEL, prompt=count, max_tokens=40, temperature=0, stop=[","])
+    assert early.usage.completion_tokens < 6 and early.choices[0].finish_reason == "stop"
+    min_tokens = random.randint(6, 10)
+    later = client.completions.create(model=MODEL, prompt=count, max_tokens=40, temperature=0, stop=[","],
+                                      extra_body={"min_tokens": min_tokens})
+    assert later.usage.completion_tokens > min_tokens and later.choices[0].finish_reason == "stop"
+    assert later.choices[0].text.startswith(early.choices[0].text)
 
 
 def test_logit_bias_forces_a_token_and_bans_the_greedy_ones(client, server):
