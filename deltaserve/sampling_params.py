@@ -75,6 +75,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
+    allowed_token_ids: list[int] | None = None  # vLLM's: the only tokens the output may take
+    bad_words: list[str] | None = None  # vLLM's: words the output may not write (each as its tokens, with and
+    # without a leading space: the last token is refused where the output ends with the others)
     logprobs: int | None = None
     prompt_logprobs: int | None = None  # per prompt token: its logprob and the top ones (no prefix-cache hit)
     include_stop_str_in_output: bool = False
@@ -156,6 +159,17 @@ class SamplingParams:
                 if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
                     limit = f"{MAX_LOGIT_BIAS:g}"
                     raise bad("logit_bias", {token: bias}, f"a bias must be in [-{limit}, {limit}]")
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, (list, tuple)) or not self.allowed_token_ids:
+                raise bad("allowed_token_ids", self.allowed_token_ids, "must be a non-empty list of token ids")
+            self.allowed_token_ids = list(self.allowed_token_ids)
+            for t in self.allowed_token_ids:
+                _check_int("allowed_token_ids", t)
+        if self.bad_words is not None:
+            if not isinstance(self.bad_words, (list, tuple)) or not all(
+                    isinstance(w, str) and w.strip() for w in self.bad_words):
+                raise bad("bad_words", self.bad_words, "must be a list of non-empty strings")
+            self.bad_words = list(self.bad_words)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:

@@ -2,6 +2,7 @@
 
 import math
 import random
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -195,13 +196,18 @@ def test_bad_logit_bias_is_refused(checkpoint_factory):
 
 
 def test_a_biased_greedy_row_is_not_left_to_the_decode_graphs_argmax():
-    def rows(*params, held=False):
-        return [SimpleNamespace(params=p, holds_back_stops=held and i == 0) for i, p in enumerate(params)]
+    def rows(*params, **fields):
+        return [Request(f"r{i}", [1, 2], p, 16, **fields) for i, p in enumerate(params)]
 
     plain = SamplingParams(temperature=0)
     assert Sampler.greedy(rows(plain, plain))
     assert not Sampler.greedy(rows(plain, SamplingParams(temperature=0, logit_bias={3: -100})))
-    assert not Sampler.greedy(rows(plain, plain, held=True))  # short of its min_tokens: its stop tokens refused
+    assert not Sampler.greedy(rows(plain, SamplingParams(temperature=0, allowed_token_ids=[3, 4])))
+    assert not Sampler.greedy(rows(plain, bad_words_ids=[[5, 6]]))
+    # short of its min_tokens, a row refuses its stop tokens; past them it is plain again
+    assert not Sampler.greedy(rows(SamplingParams(temperature=0, min_tokens=2), held_back=[0]))
+    assert Sampler.greedy(rows(SamplingParams(temperature=0, min_tokens=2), held_back=[0], output_token_ids=[7, 8]))
+    assert not Sampler.device_only(SamplingParams(bad_words=["no"]))  # its refusals follow the last tokens
     assert Sampler.device_only(SamplingParams(temperature=0, logit_bias={3: 5}))  # no past tokens needed
 
 
@@ -227,11 +233,11 @@ def test_sampling_on_device_reads_nothing_back(masked):
     params = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, **mask),
               SamplingParams(temperature=1.0, seed=random.randrange(1000), **mask),
               SamplingParams(temperature=0.7, top_p=0.5 if masked else 1.0, min_p=0.1 if masked else 0.0),
-              SamplingParams(temperature=0.9, logit_bias={3: 100.0}), SamplingParams(temperature=0, min_tokens=5)]
-    requests = [SimpleNamespace(params=p, sample_index=0, output_token_ids=[1, 2], holds_back_stops=False,
-                                held_back=[]) for p in params]
+              SamplingParams(temperature=0.9, logit_bias={3: 100.0}), SamplingParams(temperature=0, min_tokens=5),
+              SamplingParams(temperature=0.8, allowed_token_ids=[9])]
     logits = torch.randn(len(params), vocab)
-    requests[5].holds_back_stops, requests[5].held_back = True, [int(logits[5].argmax())]
+    requests = [Request(f"r{i}", [1], p, 16, output_token_ids=[1, 2], held_back=[int(logits[i].argmax())] if i == 5
+                        else []) for i, p in enumerate(params)]
     with _NoHostReads():
         tokens = sampler.sample_on_device(logits, requests)
     best = logits.argmax(-1)
@@ -240,6 +246,7 @@ def test_sampling_on_device_reads_nothing_back(masked):
         assert torch.equal(tokens[1:3], best[1:3])
     assert tokens[4] == 3  # its bias outweighs every other logit
     assert tokens[5] == logits[5].topk(2).indices[1]  # its argmax is a stop token it may not take yet
+    assert tokens[6] == 9
     assert all(0 <= t < vocab for t in tokens.tolist())
 
 
@@ -341,3 +348,75 @@ def test_min_tokens_past_max_tokens_is_refused():
         with pytest.raises(InvalidSamplingParamsError, match="min_tokens"):
             SamplingParams(**fields)
     assert SamplingParams(min_tokens=4, max_tokens=4).min_tokens == 4
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "llama"])
+def test_allowed_token_ids_keep_the_output_to_them(arch, checkpoint_factory):
+    """Greedy: transformers' argmax over the allowed tokens; sampled: never a token outside them."""
+    from tests.reference import load_reference
+
+    path = checkpoint_factory(arch)
+    llm = LLM(path, device="cpu")
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(2, 20))]
+    allowed = rng.sample(range(300), rng.randint(1, 12))
+    out = llm.generate([prompt], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True,
+                                                allowed_token_ids=allowed))[0].outputs[0]
+    reference, ids, expected = load_reference(path), list(prompt), []
+    with torch.no_grad():
+        for _ in range(10):
+            logits = reference(torch.tensor([ids])).logits[0, -1].float()
+            token = allowed[int(logits[allowed].argmax())]
+            expected.append(token)
+            ids.append(token)
+    assert out.token_ids == expected
+    sampled = llm.generate([prompt] * 2, [SamplingParams(n=3, max_tokens=10, temperature=1.5, ignore_eos=True,
+                                                         seed=rng.randrange(1000), allowed_token_ids=allowed),
+                                          SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)])
+    assert all(set(o.token_ids) <= set(allowed) for o in sampled[0].outputs)
+    assert sampled[1].outputs[0].token_ids == llm.generate([prompt], SamplingParams(
+        max_tokens=10, temperature=0, ignore_eos=True))[0].outputs[0].token_ids  # the free row beside them
+    vocab = llm.engine.model_config.vocab_size
+    for bad in ([], [vocab], [1.5]):
+        with pytest.raises(InvalidSamplingParamsError, match="allowed_token_ids"):
+            llm.generate([prompt], SamplingParams(max_tokens=2, allowed_token_ids=bad))
+
+
+def _bad_words_ids(tok, word: str) -> list[list[int]]:
+    """vLLM's reading of a bad word: its tokens bare, and after a space where that has as many, another first."""
+    bare, spaced = tok.encode(word, add_special_tokens=False), tok.encode(" " + word, add_special_tokens=False)
+    return [bare] + ([spaced] if len(spaced) == len(bare) and spaced[0] != bare[0] else [])
+
+
+def _holds(tokens: list[int], word: list[int]) -> bool:
+    return any(tokens[i : i + len(word)] == word for i in range(len(tokens) - len(word) + 1))
+
+
+def test_bad_words_are_never_written(demo_llm, demo_reference):
+    """Words of the demo model's own greedy answer made bad: its tokens are transformers' argmax where the last
+    token of each bad word (bare, and after a space) is refused wherever the output ends with its others."""
+    tok = demo_llm.get_tokenizer()
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Name three fruits and a colour."}]),
+                        add_special_tokens=False)
+    free = demo_llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0))[0].outputs[0]
+    written = [w for w in sorted(set(re.findall(r"[A-Za-z]{3,}", free.text)))
+               if any(_holds(free.token_ids, ids) for ids in _bad_words_ids(tok, w))]
+    words = random.sample(written, 2)
+    out = demo_llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0, bad_words=words))[0].outputs[0]
+    bad = [ids for w in words for ids in _bad_words_ids(tok, w)]
+    ids, expected = list(prompt), []
+    with torch.no_grad():
+        while len(expected) < 24:
+            logits = demo_reference(torch.tensor([ids])).logits[0, -1].float()
+            for b in bad:
+                if len(b) == 1 or (len(expected) >= len(b) - 1 and expected[len(expected) - len(b) + 1:] == b[:-1]):
+                    logits[b[-1]] = float("-inf")
+            token = int(logits.argmax())
+            expected.append(token)
+            ids.append(token)
+            if token in demo_llm.engine.eos_token_ids:
+                break
+    assert out.token_ids == expected, (words, free.text, out.text)
+    assert not any(_holds(out.token_ids, b) for b in bad) and out.token_ids != free.token_ids
+    with pytest.raises(InvalidSamplingParamsError, match="bad_words"):
+        SamplingParams(bad_words=["ok", " "])

@@ -116,11 +116,12 @@ class LLMEngine:
         structured = params.structured_outputs
         grammar = self.grammars.compile(structured) if structured is not None else None
         held_back = self._stop_tokens(params) if params.min_tokens else []
+        bad_words_ids = self._bad_words_ids(params.bad_words or [])
         children = [
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
                     sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes,
                     grammar=self.grammars.matcher(structured, grammar) if grammar is not None else None,
-                    held_back=held_back)
+                    held_back=held_back, bad_words_ids=bad_words_ids)
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,
@@ -134,10 +135,22 @@ class LLMEngine:
         """The tokens that would end the output: its stop_token_ids, and the end of sequence unless ignored."""
         return sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids))
 
-    def _check_token_ids(self, params: SamplingParams) -> None:
-        """The token ids of logit_bias and stop_token_ids name tokens of the vocabulary."""
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        """Each bad word's tokens as vLLM reads them: the word without its leading spaces, and after one space
+        where that spells it with as many tokens but another first one (a word's form inside a sentence)."""
+        found = []
+        for word in words:
+            bare = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            found += [bare] + ([spaced] if len(spaced) == len(bare) and spaced[0] != bare[0] else [])
         vocab = self.model_config.vocab_size
-        for name, tokens in (("logit_bias", params.logit_bias or ()), ("stop_token_ids", params.stop_token_ids)):
+        return [ids for ids in found if ids and all(t < vocab for t in ids)]
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """The token ids of logit_bias, stop_token_ids and allowed_token_ids name tokens of the vocabulary."""
+        vocab = self.model_config.vocab_size
+        for name, tokens in (("logit_bias", params.logit_bias or ()), ("stop_token_ids", params.stop_token_ids),
+                             ("allowed_token_ids", params.allowed_token_ids or ())):
             for token in tokens:
                 if not 0 <= token < vocab:
                     raise InvalidSamplingParamsError(
@@ -295,9 +308,9 @@ class LLMEngine:
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             self.scheduler.finish(request, "stop", token if token in params.stop_token_ids else None)
             return
-        # as vLLM does, a stop string found before min_tokens does not count (nor later: the search goes on from
-        # the text's end)
-        long_enough = position - request.num_prompt_tokens + 1 >= params.min_tokens
+        # as vLLM does, stop strings are looked for once the output is longer than min_tokens, in the text of the
+        # tokens after those (and the few characters before, where a stop string may begin)
+        long_enough = position - request.num_prompt_tokens + 1 > params.min_tokens
         stop = detok.append(token, find_stop=long_enough) if params.detokenize else None
         if stop is not None:
             self.scheduler.finish(request, "stop", stop)

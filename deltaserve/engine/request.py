@@ -53,6 +53,12 @@ class Request:
     tail_source: int | None = None  # the cached tail block its hit copied from, held until it stops
     grammar: RequestGrammar | None = None  # structured outputs: what its next tokens may be (engine/grammar.py)
     held_back: list[int] = field(default_factory=list)  # stop tokens the sampler refuses before min_tokens
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # params.bad_words as token ids (engine's)
+
+    def __post_init__(self) -> None:
+        # read every step, so kept: logit biases, allowed tokens or bad words change every step's logits
+        self._adjusts_every_step = bool(self.params.logit_bias or self.bad_words_ids
+                                        or self.params.allowed_token_ids is not None)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -106,6 +112,21 @@ class Request:
     def holds_back_stops(self) -> bool:
         """Whether the token sampled next must not be a stop token: the output is still short of min_tokens."""
         return bool(self.held_back) and len(self.output_token_ids) < self.params.min_tokens
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the sampler changes this row's logits before temperature and top-k/p now (Sampler._adjusted)."""
+        return self._adjusts_every_step or self.holds_back_stops
+
+    def refused_tokens(self) -> list[int]:
+        """The tokens the next one may not be: its stop tokens while short of min_tokens, and the last token of
+        each bad word whose other tokens end the output (of a one-token word, always)."""
+        refused = list(self.held_back) if self.holds_back_stops else []
+        output = self.output_token_ids
+        for word in self.bad_words_ids:
+            if len(word) == 1 or (len(output) >= len(word) - 1 and output[len(output) - len(word) + 1:] == word[:-1]):
+                refused.append(word[-1])
+        return refused
 
     @property
     def is_finished(self) -> bool:

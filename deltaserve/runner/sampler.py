@@ -52,6 +52,7 @@ class Sampler:
         self.generator = random.Random(seed)  # the seeds of rows whose request has none
         self._prompt_tokens = weakref.WeakKeyDictionary()  # request -> its prompt's distinct tokens, on the device
         self._output_tokens = weakref.WeakKeyDictionary()  # request -> array("i") of its output tokens read back
+        self._allowed = weakref.WeakKeyDictionary()  # request -> bool [V] of its allowed_token_ids, on the device
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]):
         """logits [B, V] fp32 for requests[b]. Returns (token ids, per-row logprob dicts or None)."""
@@ -79,21 +80,19 @@ class Sampler:
         back, no penalties over its past tokens and no grammar, whose mask follows the last token (a step
         can then start before the last one's tokens are read back)."""
         return (params.logprobs is None and params.prompt_logprobs is None and not _has_penalty(params)
-                and params.structured_outputs is None)
+                and params.structured_outputs is None and not params.bad_words)
 
     @staticmethod
     def greedy(requests: list[Request]) -> bool:
         """Whether every row takes its logits' argmax as they are (what a decode graph computes itself)."""
-        return all(r.params.temperature == 0 and not r.params.logit_bias and r.params.structured_outputs is None
-                   and not r.holds_back_stops for r in requests)
+        return all(r.params.temperature == 0 and r.params.structured_outputs is None and not r.adjusts_logits
+                   for r in requests)
 
     def sample_on_device(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """The tokens [B] (int64, on the logits' device) of rows without penalties; nothing is read back."""
         logits = logits[:, : self.vocab_size]
-        if any(r.params.logit_bias for r in requests):
-            logits = self._biased(logits, requests)
-        if any(r.holds_back_stops for r in requests):
-            logits = self._without_stops(logits, requests)
+        if any(r.adjusts_logits for r in requests):
+            logits = self._adjusted(logits, requests)
         if all(r.params.temperature == 0 for r in requests):
             return logits.argmax(-1)  # greedy rows need neither masks nor noise
         params = [r.params for r in requests]
@@ -181,16 +180,40 @@ class Sampler:
         biased[to_device(rows, self.device), to_device(tokens, self.device)] += bias
         return biased
 
-    def _without_stops(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """A copy of the logits where each row still short of its min_tokens refuses its stop tokens (-inf)."""
+    def _adjusted(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """The logits with each row's logit_bias added, and -inf outside its allowed_token_ids and over the tokens
+        it refuses now (Request.refused_tokens: stop tokens before min_tokens, bad words)."""
+        if any(r.params.logit_bias for r in requests):
+            logits = self._biased(logits, requests)
+        if any(r.params.allowed_token_ids is not None for r in requests):
+            logits = self._only_allowed(logits, requests)
         rows, tokens = [], []
         for i, r in enumerate(requests):
-            if r.holds_back_stops:
-                rows += [i] * len(r.held_back)
-                tokens += r.held_back
+            refused = r.refused_tokens() if r.adjusts_logits else ()
+            rows += [i] * len(refused)
+            tokens += refused
+        if not rows:
+            return logits
         held = logits.clone()
         held[to_device(rows, self.device), to_device(tokens, self.device)] = float("-inf")
         return held
+
+    def _only_allowed(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """A copy of the logits where a row with allowed_token_ids keeps only those (each request's mask reaches
+        the device once)."""
+        rows = [i for i, r in enumerate(requests) if r.params.allowed_token_ids is not None]
+        masks = []
+        for i in rows:
+            mask = self._allowed.get(requests[i])
+            if mask is None:
+                host = torch.zeros(self.vocab_size, dtype=torch.bool)
+                host[requests[i].params.allowed_token_ids] = True
+                mask = self._allowed[requests[i]] = host.to(self.device)
+            masks.append(mask)
+        index = to_device(rows, self.device)
+        allowed = logits.clone()
+        allowed[index] = logits[index].masked_fill(~torch.stack(masks), float("-inf"))
+        return allowed
 
     def _seeds(self, requests: list[Request]) -> list[int]:
         """Each row's 63-bit noise seed: its request's own (row_seed) or the engine generator's next (0 for

@@ -107,6 +107,8 @@ class _SamplingFields(_Lenient):
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
     min_tokens: StrictInt = 0  # vLLM's: no end before this many tokens
+    allowed_token_ids: list[StrictInt] | None = None  # vLLM's
+    bad_words: list[StrictStr] | None = None  # vLLM's
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None

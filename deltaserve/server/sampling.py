@@ -56,6 +56,8 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, pr
         frequency_penalty=pick("frequency_penalty", 0.0),
         repetition_penalty=pick("repetition_penalty", 1.0),
         logit_bias=token_biases(getattr(req, "logit_bias", None)),
+        allowed_token_ids=req.allowed_token_ids,
+        bad_words=req.bad_words,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         include_stop_str_in_output=req.include_stop_str_in_output,

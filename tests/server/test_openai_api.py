@@ -132,6 +132,22 @@ def test_min_tokens_holds_back_the_stop_until_then(client):
     assert later.choices[0].text.startswith(early.choices[0].text)
 
 
+def test_allowed_token_ids_and_bad_words(client, server):
+    """vLLM's: a choice of tokens keeps the text to them; a bad word of the greedy answer is not written."""
+    tokens = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": " yes no maybe",
+                                                        "add_special_tokens": False},
+                        headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30).json()["tokens"]
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=1.0,
+                                  seed=random.randrange(2**31), extra_body={"allowed_token_ids": tokens})
+    assert r.usage.completion_tokens == 6 and not r.choices[0].text.replace(" yes", "").replace(" no", "").replace(
+        " maybe", "").strip()
+    free = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text
+    word = free.split()[0].strip(".,")
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0,
+                                  extra_body={"bad_words": [word]})
+    assert word not in r.choices[0].text.split()
+
+
 def test_logit_bias_forces_a_token_and_bans_the_greedy_ones(client, server):
     free = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
     ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": " Lyon"}, headers=server.headers,
