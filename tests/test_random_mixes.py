@@ -4,10 +4,10 @@ Each trial draws an engine (block size, step budget, a KV pool near its minimum 
 preempted and recomputed, prefix caching with few snapshot slots, asynchronous scheduling or not) and a mix
 of requests: prompts cut from shared prefixes at block boundaries and one token either side, follow-ups
 built from earlier replies (whole, partial, or all but the last token), greedy and seeded sampled rows,
-n > 1, stop strings and stop tokens, min_tokens, logprobs, grammars, and aborts mid-way. Every request that
-finishes must give the tokens, finish reason and text it gives alone on an engine without prefix caching, its
-logprobs within rounding; at the end no block, state slot or snapshot may be held. The seed of a failing trial is in the
-assertion's message."""
+n > 1, stop strings and stop tokens, min_tokens, allowed tokens, bad words, logprobs, grammars, and aborts
+mid-way. Every request that finishes must give the tokens, finish reason and text it gives alone on an engine
+without prefix caching, its logprobs within rounding; at the end no block, state slot or snapshot may be
+held. The seed of a failing trial is in the assertion's message."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tests.checkpoints import every_expert
 MAX_MODEL_LEN = 320
 VOCAB = 300
 STOP_STRINGS = ["e", "th", " a", "o", "!"]
+BAD_WORDS = ["the", "e", "an", "of"]
 TRIALS = 5
 LOGPROB_TOLERANCE = 5e-4  # a wrong row or state moves a logprob by far more
 STRUCTURES = [StructuredOutputsParams(regex="[a-z]{1,6}( [0-9]{1,3}){1,5}"),
@@ -53,6 +54,10 @@ def _params(rng: random.Random) -> SamplingParams:
         kw["structured_outputs"] = rng.choice(STRUCTURES)
     if rng.random() < 0.2:
         kw["min_tokens"] = rng.randint(0, kw["max_tokens"])
+    if rng.random() < 0.1 and "structured_outputs" not in kw:  # beside a grammar it could leave no token
+        kw["allowed_token_ids"] = rng.sample(range(3, VOCAB), rng.randint(1, 40))
+    if rng.random() < 0.1:
+        kw["bad_words"] = rng.sample(BAD_WORDS, rng.randint(1, 2))
     return SamplingParams(**kw)
 
 
