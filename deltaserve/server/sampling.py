@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from deltaserve.errors import InvalidSamplingParamsError
@@ -11,6 +12,15 @@ from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.errors import bad_request, context_length_error
 
 MAX_N = 128  # OpenAI's bound on the choices of one request: each is a sequence the engine runs
+# vLLM's fields that would change what is generated and that this server does not implement: refused by name
+# where set, rather than ignored as fields it does not know are
+NOT_IMPLEMENTED = {"use_beam_search": "beam search", "logits_processors": "logits processors",
+                   "guided_json": "guided_json (use structured_outputs or response_format)",
+                   "guided_regex": "guided_regex (use structured_outputs)",
+                   "guided_choice": "guided_choice (use structured_outputs)",
+                   "guided_grammar": "guided_grammar (use structured_outputs)"}
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str,
@@ -70,6 +80,12 @@ def refuse_unsupported(req: Any) -> None:
     an error names them instead. Called once per request, before it is admitted."""
     if isinstance(req.n, int) and req.n > MAX_N:
         raise bad_request(f"n={req.n}: at most {MAX_N} choices a request", "n", "invalid_value")
+    extra = req.model_extra or {}
+    for name, what in NOT_IMPLEMENTED.items():
+        if extra.get(name) not in (None, False, [], {}):
+            raise bad_request(f"{name}: {what} is not supported", name, "unsupported_value")
+    if extra:  # as vLLM does: fields it does not know are ignored, and said to be
+        logger.warning("request fields ignored: %s", ", ".join(sorted(extra)))
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only for streamed responses (stream: true)", "stream_options",
                           "invalid_value")

@@ -106,6 +106,10 @@ CASES = {
                                                                  "allowed_token_ids": [5, 10_000_000]}, None,
                                              "allowed_token_ids"),
     "empty bad word": ("/v1/completions", {"model": MODEL, "prompt": "a", "bad_words": [""]}, None, "bad_words"),
+    "beam search": ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True}, None,
+                    "use_beam_search"),
+    "guided_json": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "guided_json": {"type": "object"}},
+                    None, "guided_json"),
     "top_logprobs without logprobs": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
                                                                "top_logprobs": 3}, None, "top_logprobs"),
     "suffix": ("/v1/completions", {"model": MODEL, "prompt": "a", "suffix": "b"}, None, "suffix"),
@@ -188,6 +192,10 @@ def test_text_response_format_and_best_of_n_are_served(server):
     assert r.status_code == 200, r.text
     r = _post(server, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2, "n": 2, "best_of": 2})
     assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
+    # fields the server does not know are ignored (and logged), as vLLM does; beam search turned off is no beam
+    r = _post(server, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2, "priority": 3,
+                                          "use_beam_search": False})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
 
 
 def test_context_overflow_names_both_numbers(server):
