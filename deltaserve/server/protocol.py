@@ -109,6 +109,7 @@ class _SamplingFields(_Lenient):
     min_tokens: StrictInt = 0  # vLLM's: no end before this many tokens
     allowed_token_ids: list[StrictInt] | None = None  # vLLM's
     bad_words: list[StrictStr] | None = None  # vLLM's
+    truncate_prompt_tokens: StrictInt | None = None  # vLLM's: keep the prompt's last k tokens (-1: the context)
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None

@@ -39,6 +39,22 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
     return requested
 
 
+def kept_prompt_tokens(truncate: int | None, max_model_len: int) -> int | None:
+    """How many of the prompt's last tokens vLLM's truncate_prompt_tokens keeps: k, or the model's context for -1
+    (None: the whole prompt)."""
+    if truncate is None:
+        return None
+    if truncate == -1:
+        return max_model_len
+    if truncate < 1:
+        raise bad_request(f"truncate_prompt_tokens={truncate}: must be -1 (the model's context) or at least 1",
+                          "truncate_prompt_tokens", "invalid_value")
+    if truncate > max_model_len:
+        raise bad_request(f"truncate_prompt_tokens={truncate} is more than the model's context of {max_model_len} "
+                          "tokens", "truncate_prompt_tokens", "invalid_value")
+    return truncate
+
+
 def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
                           defaults: dict[str, Any] | None = None) -> SamplingParams:
     """SamplingParams from the fields chat and completions share, where a field left unset takes the checkpoint's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,8 +28,8 @@ from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_s
 from deltaserve.server.logprobs import TokenText, chat_logprobs
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.protocol import ChatCompletionRequest
-from deltaserve.server.sampling import (build_sampling_params, check_structure, refuse_unsupported,
-                                       requested_structure, resolve_max_tokens)
+from deltaserve.server.sampling import (build_sampling_params, check_structure, kept_prompt_tokens,
+                                       refuse_unsupported, requested_structure, resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall
@@ -87,6 +88,17 @@ class ChatCompletions:
         self.ctx = ctx
         self.token_text = TokenText(ctx.tokenizer)
 
+    def _truncated(self, prompt: ChatPrompt, keep: int | None) -> ChatPrompt:
+        """The rendered prompt's last `keep` tokens (vLLM's truncate_prompt_tokens), its capture points moved with
+        them; the whole prompt where keep is None or covers it."""
+        cut = len(prompt.token_ids) - keep if keep is not None else 0
+        if cut <= 0:
+            return prompt
+        kept = prompt.token_ids[cut:]
+        points = [p - cut for p in prompt.capture_points or [] if p > cut]
+        return dataclasses.replace(prompt, token_ids=kept, capture_points=points,
+                                   text=self.ctx.tokenizer.decode(kept, skip_special_tokens=False))
+
     async def __call__(self, request: Request):
         body = await read_json_object(request)
         req = ChatCompletionRequest.model_validate(body)
@@ -104,6 +116,7 @@ class ChatCompletions:
         prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools, req.chat_template_kwargs,
                                          add_generation_prompt=req.add_generation_prompt,
                                          continue_final=req.continue_final_message)
+        prompt = self._truncated(prompt, kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len))
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         defaults = self.ctx.engine.sampling_defaults
         max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages",

@@ -27,7 +27,7 @@ from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, completion_logprobs
 from deltaserve.server.protocol import CompletionRequest
 from deltaserve.server.sampling import (build_sampling_params, check_structure, refuse_unsupported,
-                                       requested_structure, resolve_max_tokens)
+                                       kept_prompt_tokens, requested_structure, resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 
@@ -69,6 +69,9 @@ class Completions:
         refuse_unsupported(req)
         self.ctx.admit()
         prompts = [self._tokenize(p) for p in _split_prompts(req.prompt)]
+        keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len)
+        if keep is not None:  # the prompt's last tokens alone: its text is what they decode to (for echo)
+            prompts = [p if len(p.token_ids) <= keep else _Prompt(None, p.token_ids[-keep:]) for p in prompts]
         # echo with max_tokens 0 scores the prompt (its logprobs) and generates nothing: the engine samples one
         # token, which the response leaves out
         requested = 1 if _scores_only(req) else req.max_tokens

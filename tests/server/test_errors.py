@@ -106,6 +106,10 @@ CASES = {
                                                                  "allowed_token_ids": [5, 10_000_000]}, None,
                                              "allowed_token_ids"),
     "empty bad word": ("/v1/completions", {"model": MODEL, "prompt": "a", "bad_words": [""]}, None, "bad_words"),
+    "truncate_prompt_tokens of 0": ("/v1/completions", {"model": MODEL, "prompt": "a", "truncate_prompt_tokens": 0},
+                                    None, "truncate_prompt_tokens"),
+    "truncate_prompt_tokens past the context": ("/v1/chat/completions", {
+        "model": MODEL, "messages": QUESTION, "truncate_prompt_tokens": 10**7}, None, "truncate_prompt_tokens"),
     "beam search": ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True}, None,
                     "use_beam_search"),
     "guided_json": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "guided_json": {"type": "object"}},

@@ -148,6 +148,24 @@ def test_allowed_token_ids_and_bad_words(client, server):
     assert word not in r.choices[0].text.split()
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, server):
+    """vLLM's truncate_prompt_tokens: the answer is the one to the prompt's last k tokens sent alone."""
+    text = "Here is a list of fruits: apple, pear, plum, fig, lime, kiwi, mango, peach, grape, melon, and"
+    tokens = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": text},
+                        headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30).json()["tokens"]
+    keep = random.randint(3, len(tokens) - 2)
+    cut = client.completions.create(model=MODEL, prompt=text, max_tokens=6, temperature=0,
+                                    extra_body={"truncate_prompt_tokens": keep})
+    alone = client.completions.create(model=MODEL, prompt=tokens[-keep:], max_tokens=6, temperature=0)
+    assert cut.usage.prompt_tokens == keep and cut.choices[0].text == alone.choices[0].text
+    whole = client.completions.create(model=MODEL, prompt=text, max_tokens=1, extra_body={"truncate_prompt_tokens": -1})
+    assert whole.usage.prompt_tokens == len(tokens)
+    keep = random.randint(3, 8)  # of the chat's rendered prompt
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2,
+                                          extra_body={"truncate_prompt_tokens": keep})
+    assert chat.usage.prompt_tokens == keep
+
+
 def test_logit_bias_forces_a_token_and_bans_the_greedy_ones(client, server):
     free = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
     ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": " Lyon"}, headers=server.headers,
