@@ -1,7 +1,8 @@
 """Structured outputs: a request's output held to a JSON schema, any JSON object, a regular expression, a
 choice of strings or a context-free grammar. Each such request carries a RequestGrammar, an llguidance
-matcher over the model's vocabulary: before a step samples, the sampler masks the tokens that would leave the grammar (`fill_masks`),
-and each token taken advances the matcher (`accept`). Where the grammar can go no further the request stops.
+matcher over the model's vocabulary: before a step samples, the sampler masks the tokens that would leave the
+grammar (`fill_masks`), and each token taken advances the matcher (`accept`). Where the grammar can go no
+further the request stops.
 
 The vocabulary's view for llguidance (its LLTokenizer) is built once per engine, on the first request that
 asks for a grammar (about half a second for a 49k vocabulary); a grammar is compiled when its request is

@@ -142,7 +142,7 @@ class LLMEngine:
         for word in words:
             bare = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
             spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-            found += [bare] + ([spaced] if len(spaced) == len(bare) and spaced[0] != bare[0] else [])
+            found += [bare] + ([spaced] if bare and len(spaced) == len(bare) and spaced[0] != bare[0] else [])
         vocab = self.model_config.vocab_size
         return [ids for ids in found if ids and all(t < vocab for t in ids)]
 

@@ -310,6 +310,6 @@ __all__ = [
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
-    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "apply_token_bitmask", "MaskPlan", "RowTokens",
-    "sample_from_logits", "greedy_tokens",
+    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "apply_token_bitmask", "MaskPlan",
+    "RowTokens", "sample_from_logits", "greedy_tokens",
 ]

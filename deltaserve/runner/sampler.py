@@ -77,8 +77,8 @@ class Sampler:
     @staticmethod
     def device_only(params) -> bool:
         """Whether a row's sampling needs nothing but its logits on the device: no logprobs to read
-        back, no penalties over its past tokens and no grammar, whose mask follows the last token (a step
-        can then start before the last one's tokens are read back)."""
+        back, no penalties over its past tokens, and no grammar or bad words, whose refusals follow the last
+        token (a step can then start before the last one's tokens are read back)."""
         return (params.logprobs is None and params.prompt_logprobs is None and not _has_penalty(params)
                 and params.structured_outputs is None and not params.bad_words)
 
@@ -205,10 +205,10 @@ class Sampler:
         masks = []
         for i in rows:
             mask = self._allowed.get(requests[i])
-            if mask is None:
-                host = torch.zeros(self.vocab_size, dtype=torch.bool)
-                host[requests[i].params.allowed_token_ids] = True
-                mask = self._allowed[requests[i]] = host.to(self.device)
+            if mask is None:  # built on the device from pinned ids: a pageable copy would wait for the GPU
+                mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+                mask[to_device(requests[i].params.allowed_token_ids, self.device)] = True
+                self._allowed[requests[i]] = mask
             masks.append(mask)
         index = to_device(rows, self.device)
         allowed = logits.clone()
