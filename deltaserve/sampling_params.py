@@ -22,7 +22,12 @@ class StructuredOutputsParams:
     (`json`, a dict or its JSON text), any JSON object (`json_object`), a regular expression (`regex`), one
     of a list of strings (`choice`) or a context-free grammar (`grammar`: Lark, as llguidance reads it, or
     GBNF / the EBNF of vLLM's examples, `root ::= ...`). `start_after`: the constraint holds only after the
-    output has produced this text (a reasoning model's "</think>"); before it the output is free."""
+    output has produced this text (a reasoning model's "</think>"); before it the output is free.
+
+    For JSON (a schema or any object), as vLLM reads them: `disable_any_whitespace` allows no whitespace between
+    JSON tokens, `whitespace_pattern` is the regular expression that whitespace must match instead, and
+    `disable_additional_properties` leaves a schema's objects open where it does not say (they are closed by
+    default). `disable_fallback` asks that no other backend take over, which none does here."""
 
     json: dict | str | None = None
     json_object: bool = False
@@ -30,6 +35,10 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     start_after: str | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+    disable_additional_properties: bool = False
+    disable_fallback: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -56,6 +65,13 @@ class StructuredOutputsParams:
             raise InvalidSamplingParamsError("structured_outputs.grammar must be a non-empty string")
         if self.start_after is not None and (not isinstance(self.start_after, str) or not self.start_after):
             raise InvalidSamplingParamsError("structured_outputs.start_after must be a non-empty string")
+        for name in ("disable_any_whitespace", "disable_additional_properties", "disable_fallback"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidSamplingParamsError(f"structured_outputs.{name}={getattr(self, name)!r}: must be True "
+                                                 "or False")
+        if self.whitespace_pattern is not None and (not isinstance(self.whitespace_pattern, str)
+                                                    or not self.whitespace_pattern):
+            raise InvalidSamplingParamsError("structured_outputs.whitespace_pattern must be a non-empty string")
 
 
 @dataclass

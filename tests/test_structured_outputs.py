@@ -142,6 +142,45 @@ def test_a_json_output_parses_and_holds_to_its_schema(demo_llm):
     assert out[0].outputs[0].finish_reason == "stop" and isinstance(json.loads(out[0].outputs[0].text), dict)
 
 
+def test_json_whitespace_follows_the_request(demo_llm):
+    """The demo model lays its JSON out over lines; with disable_any_whitespace it writes it compact, and with a
+    whitespace pattern of one space it puts one space where whitespace goes and no line break."""
+    names = random.sample(["n", "ok", "colour", "size"], 3)
+    types = {"n": {"type": "integer"}, "ok": {"type": "boolean"}, "colour": {"enum": ["red", "blue"]},
+             "size": {"type": "integer", "minimum": 0, "maximum": 9}}
+    schema = {"type": "object", "properties": {n: types[n] for n in names}, "required": names}
+    messages = [{"role": "user", "content": f"Give a JSON object with {', '.join(names)}."}]
+
+    def answer(**layout):
+        structure = StructuredOutputsParams(json=schema, **layout)
+        out = demo_llm.chat(messages, SamplingParams(max_tokens=60, temperature=0, structured_outputs=structure))
+        text = out[0].outputs[0].text
+        assert set(json.loads(text)) == set(names), text
+        return text
+
+    assert "\n" in answer()
+    compact = answer(disable_any_whitespace=True)
+    assert compact == json.dumps(json.loads(compact), separators=(",", ":"))
+    spaced = answer(whitespace_pattern="[ ]")
+    assert "\n" not in spaced and "  " not in spaced
+
+
+def test_a_schemas_objects_are_closed_unless_asked_otherwise(demo_llm):
+    """disable_additional_properties leaves the objects open, as vLLM reads it: a matcher over the compiled
+    grammar takes a property the schema does not list only then."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    extra = random.choice(["zz", "b", "other"])
+    text = json.dumps({"a": random.randint(0, 99), extra: random.randint(0, 99)})
+    grammars = demo_llm.engine.grammars
+    accepted = []
+    for opened in (False, True):
+        structure = StructuredOutputsParams(json=schema, disable_additional_properties=opened)
+        grammar = grammars.matcher(structure, grammars.compile(structure))
+        tokens = demo_llm.engine.tokenizer.encode(text, add_special_tokens=False)
+        accepted.append(all(grammar.accept(t) for t in tokens) and grammar.matcher.is_accepting())
+    assert accepted == [False, True]
+
+
 def test_the_grammar_starts_after_its_marker(checkpoint_factory):
     """Free until the output ends with start_after: the marker, pushed to the front by a logit bias, comes
     first; then the grammar alone decides (the bias cannot lift a token it masks)."""

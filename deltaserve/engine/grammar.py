@@ -36,11 +36,13 @@ def grammar_text(params: StructuredOutputsParams) -> str:
         if not isinstance(schema, dict):
             raise InvalidSamplingParamsError("structured_outputs.json: a JSON schema must be an object")
         try:
-            return LLMatcher.grammar_from_json_schema(closed_objects(schema))
+            return LLMatcher.grammar_from_json_schema(
+                schema if params.disable_additional_properties else closed_objects(schema),
+                defaults=_json_layout(params))
         except (TypeError, ValueError) as exc:  # a value JSON cannot hold (offline callers may pass any dict)
             raise InvalidSamplingParamsError(f"structured_outputs.json: not a JSON schema: {exc}") from None
     if params.json_object:
-        return LLMatcher.grammar_from_json_schema({"type": "object"})
+        return LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_json_layout(params))
     if params.regex is not None:
         return LLMatcher.grammar_from_regex(params.regex)
     if params.grammar is not None:
@@ -52,6 +54,13 @@ def grammar_text(params: StructuredOutputsParams) -> str:
             raise InvalidSamplingParamsError(f"structured_outputs.grammar: {_one_line(str(exc))}") from None
     # Lark string literals take JSON's escapes: each choice is matched as exactly its text.
     return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in params.choice))
+
+
+def _json_layout(params: StructuredOutputsParams) -> dict | None:
+    """llguidance's JSON options for the whitespace a request allows (its schema's own "x-guidance" wins)."""
+    if params.whitespace_pattern is not None:
+        return {"whitespace_pattern": params.whitespace_pattern}
+    return {"whitespace_flexible": False} if params.disable_any_whitespace else None
 
 
 COMPILED_KEPT = 64
@@ -207,8 +216,9 @@ def mask_shape(rows: int, vocab_size: int) -> tuple[int, int]:
 
 def _spec_key(params: StructuredOutputsParams) -> str:
     """What the grammar depends on, as text (start_after is the matcher's, not the grammar's)."""
-    return json.dumps([params.json, params.json_object, params.regex, params.choice, params.grammar], sort_keys=True,
-                      default=repr)
+    return json.dumps([params.json, params.json_object, params.regex, params.choice, params.grammar,
+                       params.disable_any_whitespace, params.whitespace_pattern, params.disable_additional_properties],
+                      sort_keys=True, default=repr)
 
 
 def _one_line(message: str) -> str:

@@ -92,6 +92,10 @@ class StructuredOutputsField(BaseModel):
     regex: StrictStr | None = None
     choice: list[StrictStr] | None = None
     grammar: StrictStr | None = None
+    disable_any_whitespace: StrictBool = False
+    whitespace_pattern: StrictStr | None = None
+    disable_additional_properties: StrictBool = False
+    disable_fallback: StrictBool = False
 
 
 class _SamplingFields(_Lenient):

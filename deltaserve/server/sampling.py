@@ -136,7 +136,11 @@ def requested_structure(req: Any, opens_reasoning: bool = False) -> StructuredOu
     try:
         if field is not None:
             return StructuredOutputsParams(json=field.json_, json_object=bool(field.json_object), regex=field.regex,
-                                           choice=field.choice, grammar=field.grammar, start_after=start_after)
+                                           choice=field.choice, grammar=field.grammar, start_after=start_after,
+                                           disable_any_whitespace=field.disable_any_whitespace,
+                                           whitespace_pattern=field.whitespace_pattern,
+                                           disable_additional_properties=field.disable_additional_properties,
+                                           disable_fallback=field.disable_fallback)
         if kind == "text":
             return None
         if kind == "json_object":

@@ -77,6 +77,14 @@ def test_completions_hold_to_a_gbnf_grammar_and_chat_to_a_lark_one(client):
     assert r.choices[0].finish_reason == "stop"
 
 
+def test_compact_json_when_whitespace_is_disabled(client):
+    r = client.chat.completions.create(model=MODEL, messages=_ask("Li", random.randint(18, 90)), max_tokens=60,
+                                       temperature=0, extra_body={"structured_outputs": {
+                                           "json": PERSON, "disable_any_whitespace": True, "disable_fallback": True}})
+    text = r.choices[0].message.content
+    assert text == json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)
+
+
 def test_a_constrained_request_beside_free_ones_leaves_them_as_they_were(client):
     """Greedy free answers are the same with a constrained request running beside them."""
     import concurrent.futures
