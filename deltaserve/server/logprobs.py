@@ -1,4 +1,5 @@
-"""The engine's per-token logprobs in OpenAI's two shapes (chat and legacy completions)."""
+"""The engine's per-token logprobs in OpenAI's two shapes (chat and legacy completions), and the prompt's in
+vLLM's."""
 
 from __future__ import annotations
 
@@ -68,3 +69,15 @@ def completion_logprobs(
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": offsets}
+
+
+def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None,
+                         token_text: TokenText) -> list[dict | None] | None:
+    """vLLM's `prompt_logprobs`: for each prompt token (None for the first, which nothing predicts) its own
+    logprob and the top ones, by token id, each with its rank and decoded text."""
+    if entries is None:
+        return None
+    return [None if entry is None else
+            {tid: {"logprob": _finite(lp.logprob), "rank": lp.rank, "decoded_token": token_text(tid, lp)}
+             for tid, lp in entry.items()}
+            for entry in entries]

@@ -114,6 +114,7 @@ class _SamplingFields(_Lenient):
     allowed_token_ids: list[StrictInt] | None = None  # vLLM's
     bad_words: list[StrictStr] | None = None  # vLLM's
     truncate_prompt_tokens: StrictInt | None = None  # vLLM's: keep the prompt's last k tokens (-1: the context)
+    prompt_logprobs: StrictInt | None = None  # vLLM's: each prompt token's logprob and the top ones
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None

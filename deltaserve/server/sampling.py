@@ -102,6 +102,8 @@ def refuse_unsupported(req: Any) -> None:
             raise bad_request(f"{name}: {what} is not supported", name, "unsupported_value")
     if extra:  # as vLLM does: fields it does not know are ignored, and said to be
         logger.warning("request fields ignored: %s", ", ".join(sorted(extra)))
+    if req.prompt_logprobs is not None and req.stream:  # as vLLM: they would come only with the last chunk
+        raise bad_request("prompt_logprobs are not available with stream: true", "prompt_logprobs", "invalid_value")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only for streamed responses (stream: true)", "stream_options",
                           "invalid_value")

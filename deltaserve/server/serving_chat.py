@@ -25,7 +25,7 @@ from deltaserve.server.context import ServerContext, last_output, random_id, rea
 from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_structure
-from deltaserve.server.logprobs import TokenText, chat_logprobs
+from deltaserve.server.logprobs import TokenText, chat_logprobs, prompt_logprobs_json
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.sampling import (build_sampling_params, check_structure, kept_prompt_tokens,
@@ -122,7 +122,8 @@ class ChatCompletions:
         max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages",
                                         defaults.get("max_tokens"))
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top, defaults=defaults)
+        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top, prompt_logprobs=req.prompt_logprobs,
+                                       defaults=defaults)
         params.structured_outputs, field = _output_structure(req, tools, prompt.opens_reasoning)
         await check_structure(self.ctx.engine, params.structured_outputs, field)
         request_id = random_id("chatcmpl-")
@@ -198,7 +199,10 @@ class _ChatJob:
                     "stop_reason": o.stop_reason,
                 }
             )
-        return completion_envelope(self, "chat.completion", choices, self._usage(output))
+        payload = completion_envelope(self, "chat.completion", choices, self._usage(output))
+        if self.req.prompt_logprobs is not None:
+            payload["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs, self.api.token_text)
+        return payload
 
     # ---- streamed response ------------------------------------------------------------------
 

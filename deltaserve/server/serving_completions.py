@@ -24,7 +24,7 @@ from deltaserve.server.context import (
 )
 from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
-from deltaserve.server.logprobs import TokenText, completion_logprobs
+from deltaserve.server.logprobs import TokenText, completion_logprobs, prompt_logprobs_json
 from deltaserve.server.protocol import CompletionRequest
 from deltaserve.server.sampling import (build_sampling_params, check_structure, refuse_unsupported,
                                        kept_prompt_tokens, requested_structure, resolve_max_tokens)
@@ -46,6 +46,12 @@ def _split_prompts(prompt: Any) -> list[str | list[int]]:
     if isinstance(prompt[0], int):
         return [prompt]
     return list(prompt)
+
+
+def _prompt_logprobs_asked(req: CompletionRequest) -> int | None:
+    """The top prompt logprobs the engine computes: vLLM's prompt_logprobs, and echo's (its logprobs) with it."""
+    asked = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
+    return max(asked) if asked else None
 
 
 class Completions:
@@ -82,7 +88,7 @@ class Completions:
         for p in prompts:
             max_tokens = resolve_max_tokens(requested, len(p.token_ids), self.ctx.max_model_len, "prompt")
             params.append(build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
-                                                prompt_logprobs=req.logprobs if req.echo else None,
+                                                prompt_logprobs=_prompt_logprobs_asked(req),
                                                 defaults=self.ctx.engine.sampling_defaults))
             params[-1].structured_outputs = structure
         base_id = random_id("cmpl-")
@@ -162,6 +168,8 @@ class _CompletionJob:
                         "stop_reason": stop_reason,
                     }
                 )
+                if self.req.prompt_logprobs is not None:
+                    choices[-1]["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs, self.api.token_text)
         return completion_envelope(self, "text_completion", choices, self._usage(finals))
 
     def _generated(self, o: CompletionOutput, text: str) -> tuple[str, str | None, int | str | None]:

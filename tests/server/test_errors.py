@@ -110,6 +110,8 @@ CASES = {
                                     None, "truncate_prompt_tokens"),
     "truncate_prompt_tokens past the context": ("/v1/chat/completions", {
         "model": MODEL, "messages": QUESTION, "truncate_prompt_tokens": 10**7}, None, "truncate_prompt_tokens"),
+    "prompt_logprobs past the bound": ("/v1/completions", {"model": MODEL, "prompt": "a", "prompt_logprobs": 10**6},
+                                       None, "prompt_logprobs"),
     "beam search": ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True}, None,
                     "use_beam_search"),
     "guided_json": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "guided_json": {"type": "object"}},

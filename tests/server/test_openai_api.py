@@ -166,6 +166,35 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, server):
     assert chat.usage.prompt_tokens == keep
 
 
+def test_prompt_logprobs_are_the_models(client, server, demo_reference):
+    """vLLM's prompt_logprobs: each prompt token's logprob as transformers computes it from the same GGUF file,
+    its rank, and the top k; the chat's cover its rendered prompt; a stream is refused."""
+    import torch
+
+    top = random.randint(0, 3)
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, extra_body={"prompt_logprobs": top})
+    entries = r.choices[0].model_extra["prompt_logprobs"]
+    tokens = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": PROMPT},
+                        headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30).json()["tokens"]
+    with torch.no_grad():
+        expected = torch.log_softmax(demo_reference(torch.tensor([tokens])).logits[0].float(), -1)
+    assert entries[0] is None and len(entries) == len(tokens)
+    for position in range(1, len(tokens)):
+        entry = {int(tid): e for tid, e in entries[position].items()}
+        own, row = entry[tokens[position]], expected[position - 1]
+        assert abs(own["logprob"] - row[tokens[position]].item()) < 1e-3
+        # its rank among the reference's, where those within rounding of its own may stand either side
+        better, near = int((row > own["logprob"] + 1e-3).sum()), int((row > own["logprob"] - 1e-3).sum())
+        assert better + 1 <= own["rank"] <= near + 1
+        assert set(range(1, top + 1)) <= {e["rank"] for e in entry.values()} and len(entry) <= top + 1
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=1,
+                                          extra_body={"prompt_logprobs": 0})
+    assert len(chat.model_extra["prompt_logprobs"]) == chat.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=1, stream=True,
+                                       extra_body={"prompt_logprobs": 0})
+
+
 def test_logit_bias_forces_a_token_and_bans_the_greedy_ones(client, server):
     free = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0)
     ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": " Lyon"}, headers=server.headers,
