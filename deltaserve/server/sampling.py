@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from deltaserve.errors import InvalidSamplingParamsError
-from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams
+from deltaserve.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
 from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.errors import bad_request, context_length_error
 
@@ -104,6 +104,9 @@ def refuse_unsupported(req: Any) -> None:
         logger.warning("request fields ignored: %s", ", ".join(sorted(extra)))
     if req.prompt_logprobs is not None and req.stream:  # as vLLM: they would come only with the last chunk
         raise bad_request("prompt_logprobs are not available with stream: true", "prompt_logprobs", "invalid_value")
+    if req.prompt_logprobs is not None and not 0 <= req.prompt_logprobs <= MAX_LOGPROBS:  # echo's must not hide it
+        raise bad_request(f"prompt_logprobs={req.prompt_logprobs}: must be in [0, {MAX_LOGPROBS}]", "prompt_logprobs",
+                          "invalid_value")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only for streamed responses (stream: true)", "stream_options",
                           "invalid_value")
