@@ -66,6 +66,7 @@ class NamedToolChoice(_Lenient):
 
 class StreamOptions(_Lenient):
     include_usage: StrictBool | None = False
+    continuous_usage_stats: StrictBool | None = False  # vLLM's: with include_usage, usage in every chunk
 
 
 class JsonSchemaFormat(_Lenient):

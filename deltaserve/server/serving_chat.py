@@ -224,11 +224,17 @@ class _ChatJob:
         tools_sent = [0] * n
         done = [False] * n
         include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        continuous = include_usage and bool(self.req.stream_options.continuous_usage_stats)
+
+        def so_far(tokens: int, cached: int = 0) -> dict | None:
+            """vLLM's continuous usage: each chunk counts its choice's tokens so far."""
+            return usage_dict(len(self.prompt.token_ids), tokens, cached) if continuous else None
+
         last = None
         try:
             yield self._chunk(
                 [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                 for i in range(n)]
+                 for i in range(n)], usage=so_far(0)
             )
             async for output in stream:
                 last = output
@@ -245,7 +251,7 @@ class _ChatJob:
                     if delta or (logprobs and logprobs["content"]):
                         yield self._chunk(
                             [{"index": i, "delta": self._delta_json(delta, tools_sent[i]), "logprobs": logprobs,
-                              "finish_reason": None}]
+                              "finish_reason": None}], usage=so_far(len(o.token_ids), output.num_cached_tokens)
                         )
                         tools_sent[i] += len(delta.tool_calls)
                     if o.finish_reason is not None:
@@ -253,7 +259,7 @@ class _ChatJob:
                         reason = self._finish_reason(o.finish_reason, tools_sent[i])
                         yield self._chunk(
                             [{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
-                              "stop_reason": o.stop_reason}]
+                              "stop_reason": o.stop_reason}], usage=so_far(len(o.token_ids), output.num_cached_tokens)
                         )
             if include_usage and last is not None:
                 yield self._chunk([], usage=self._usage(last))

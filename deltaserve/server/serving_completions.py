@@ -169,7 +169,8 @@ class _CompletionJob:
                     }
                 )
                 if self.req.prompt_logprobs is not None:
-                    choices[-1]["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs, self.api.token_text)
+                    choices[-1]["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs,
+                                                                          self.api.token_text)
         return completion_envelope(self, "text_completion", choices, self._usage(finals))
 
     def _generated(self, o: CompletionOutput, text: str) -> tuple[str, str | None, int | str | None]:
@@ -195,6 +196,7 @@ class _CompletionJob:
         done = [False] * total
         lasts: dict[int, RequestOutput] = {}
         include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
+        continuous = include_usage and bool(self.req.stream_options.continuous_usage_stats)
         try:
             # With logprobs the echo waits for the prefill, which yields the prompt's logprobs.
             echo_first = self.req.echo and self.req.logprobs is None
@@ -218,9 +220,12 @@ class _CompletionJob:
                     text_offset[c] += len(text)
                     finished = finish_reason is not None
                     if text or finished or (logprobs and logprobs["tokens"]):
+                        # vLLM's continuous usage: the chunk's prompt and its choice's tokens so far
+                        usage = usage_dict(len(output.prompt_token_ids), 0 if self.scores_only else len(o.token_ids),
+                                           output.num_cached_tokens) if continuous else None
                         yield self._chunk(
                             [{"index": c, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
-                              "stop_reason": stop_reason}]
+                              "stop_reason": stop_reason}], usage=usage
                         )
                     done[c] = finished
             if include_usage and lasts:

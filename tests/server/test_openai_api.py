@@ -58,6 +58,21 @@ def test_chat_stream_matches_the_whole_response(client):
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_continuous_usage_counts_every_chunk(client):
+    """vLLM's continuous_usage_stats: each chunk carries its choice's tokens so far, growing to the final count."""
+    max_tokens = random.randint(4, 12)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chat = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=max_tokens, temperature=0,
+                                               stream=True, stream_options=options, extra_body={"ignore_eos": True}))
+    counts = [c.usage.completion_tokens for c in chat]
+    assert all(c.usage is not None and c.usage.prompt_tokens == chat[-1].usage.prompt_tokens for c in chat)
+    assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == max_tokens and counts[-2] == max_tokens
+    text = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=max_tokens, temperature=0,
+                                          stream=True, stream_options=options, extra_body={"ignore_eos": True}))
+    counts = [c.usage.completion_tokens for c in text]
+    assert counts == sorted(counts) and counts[-1] == max_tokens and len(set(counts)) > 1
+
+
 def test_sampled_multibyte_text_streams_without_loss_or_repeats(client):
     # high-temperature samples from a non-Latin prompt hit tokens that hold parts of a UTF-8 character
     for seed in (11, 12):
