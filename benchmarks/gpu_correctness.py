@@ -19,7 +19,9 @@
   the CPU's tokens, and in bf16 the same tokens with graphs as eagerly (their steps run through the sampler's
   mask, never launched ahead);
 - in bf16, rows that finish at different steps (the batch passing through sizes between the graphs' rungs) give
-  the same tokens with graphs as eagerly.
+  the same tokens with graphs as eagerly;
+- rows whose logits the sampler changes (a logit bias, min_tokens with stop tokens, allowed tokens, bad words)
+  give in fp32 the CPU's tokens, and in bf16 the same tokens with graphs as eagerly.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -61,6 +63,13 @@ STRUCTURED = [SamplingParams(max_tokens=24, temperature=0,
               SamplingParams(max_tokens=24, temperature=0.9, seed=15,
                              structured_outputs=StructuredOutputsParams(json=PERSON)),
               GREEDY]
+# Rows whose logits the sampler changes before sampling, beside a plain greedy one: a logit bias, min_tokens with
+# stop tokens, allowed tokens, bad words (sampled outside the decode graph; bad words never launched ahead).
+ADJUSTED = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logit_bias={7: 3.0, 11: -5.0}),
+            SamplingParams(max_tokens=24, temperature=0, min_tokens=12, stop_token_ids=[5, 9, 13, 17]),
+            SamplingParams(max_tokens=24, temperature=0.9, seed=16, ignore_eos=True,
+                           allowed_token_ids=list(range(40, 90))),
+            SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, bad_words=["the", "a", "of"])]
 # Rows that finish at different steps: the batch shrinks through sizes between the graphs' rungs (3 rows replay
 # rung 4 beside a padding row; eagerly they run as 3).
 SHRINKING = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (8, 24, 13, 24)]
@@ -168,7 +177,8 @@ def main() -> None:
               "bf16_graph_cache_hit_byte_identical": {}, "bf16_graph_launches_without_sync": {},
               "fp32_penalised_gpu_vs_cpu": {}, "fp32_long_pair_gpu_vs_cpu": {}, "fp32_arrival_gpu_vs_cpu": {},
               "fp32_arrival_beside_many_gpu_vs_cpu": {}, "fp32_structured_gpu_vs_cpu": {},
-              "graph_vs_eager_bf16_structured": {}, "graph_vs_eager_bf16_shrinking_batch": {}}
+              "graph_vs_eager_bf16_structured": {}, "graph_vs_eager_bf16_shrinking_batch": {},
+              "fp32_adjusted_gpu_vs_cpu": {}, "graph_vs_eager_bf16_adjusted": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         cpu_llm = LLM(path, device="cpu", **state)
@@ -184,6 +194,7 @@ def main() -> None:
         # (a hit restored elsewhere agrees with a miss only to rounding, which bf16 tokens of a random model show)
         structured_pair = [tokens(llm, prompts, STRUCTURED) for llm in (graph_llm, eager_llm)]
         shrinking_pair = [tokens(llm, prompts, SHRINKING) for llm in (graph_llm, eager_llm)]
+        adjusted_pair = [tokens(llm, prompts, ADJUSTED) for llm in (graph_llm, eager_llm)]
         cpu_llm.reset_prefix_cache()
         gpu_llm.reset_prefix_cache()
         result["fp32_alone_gpu_vs_cpu"][arch] = {
@@ -204,6 +215,9 @@ def main() -> None:
         result["fp32_structured_gpu_vs_cpu"][arch] = {"identical": structured == tokens(cpu_llm, prompts, STRUCTURED)}
         result["graph_vs_eager_bf16_structured"][arch] = {"identical": structured_pair[0] == structured_pair[1]}
         result["graph_vs_eager_bf16_shrinking_batch"][arch] = {"identical": shrinking_pair[0] == shrinking_pair[1]}
+        adjusted = tokens(gpu_llm, prompts, ADJUSTED)
+        result["fp32_adjusted_gpu_vs_cpu"][arch] = {"identical": adjusted == tokens(cpu_llm, prompts, ADJUSTED)}
+        result["graph_vs_eager_bf16_adjusted"][arch] = {"identical": adjusted_pair[0] == adjusted_pair[1]}
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -212,7 +226,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-14:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-16:]), flush=True)
         results_io.write(args.out, result)
 
 
