@@ -3,10 +3,10 @@
     python benchmarks/grammar_mask_host.py --out benchmarks/results/grammar_mask_host_cpu.json [--rows 1,32,128]
 
 The demo model's tokenizer (49152 tokens) and a JSON schema of a string, an integer and a list of strings. R
-matchers walk the tokens of one answer that holds to it; before each token every row's bitmask is filled, as
-Sampler._constrained does (RequestGrammar.fill_mask, one row after another), and then by llguidance's batch fill
-on its own threads (fill_next_token_bitmask_par), checked to give the same bits. Reported: the median and the
-longest fill of a step over the answer's tokens, in milliseconds.
+matchers walk the tokens of one answer that holds to it; before each token every row's bitmask is filled one row
+after another (llguidance's fill_next_token_bitmask, as Sampler._constrained once did), and then by llguidance's
+batch fill on its own threads (fill_next_token_bitmask_par, as it does now), checked to give the same bits.
+Reported: the median and the longest fill of a step over the answer's tokens, in milliseconds.
 """
 
 import argparse
@@ -48,8 +48,10 @@ def walk(engine: LLMEngine, rows: int, fill) -> list[float]:
 
 
 def one_by_one(grammars, bitmask):
+    import llguidance.torch
+
     for row, grammar in enumerate(grammars):
-        grammar.fill_mask(bitmask, row)
+        llguidance.torch.fill_next_token_bitmask(grammar.matcher, bitmask, row)
 
 
 def main() -> None:

@@ -57,3 +57,21 @@ def test_a_stop_string_cuts_the_text_at_its_first_match(tokenizer):
                 break
         assert found == stop, (seed, full, stops)
         assert detok.visible_text(False) == full[: at + len(stop) if include else at], (seed, full, stops)
+
+
+def test_stop_strings_count_only_past_min_tokens(tokenizer):
+    """As vLLM: a stop string in the text of the first min_tokens tokens does not count; one after them does."""
+    words = [" stop", " go", " stop", " stay", " stop", " end"]
+    output = [t for w in words for t in tokenizer.encode(w, add_special_tokens=False)]
+    first_stop_end = len(tokenizer.encode(" stop", add_special_tokens=False))
+    min_tokens = random.randint(first_stop_end, len(output) - 3)
+    detok = IncrementalDetokenizer(tokenizer, [], SamplingParams(max_tokens=len(output), stop=["stop"],
+                                                                  min_tokens=min_tokens))
+    found = [(n, detok.append(t)) for n, t in enumerate(output, start=1)]
+    stopped = [n for n, stop in found if stop is not None]
+    text_before = tokenizer.decode(output[:min_tokens])
+    later = next(n for n in range(min_tokens + 1, len(output) + 1)
+                 if tokenizer.decode(output[:n]).count("stop") > text_before.count("stop"))
+    assert stopped and stopped[0] == later
+    plain = IncrementalDetokenizer(tokenizer, [], SamplingParams(max_tokens=len(output), stop=["stop"]))
+    assert next(n for n, t in enumerate(output, start=1) if plain.append(t) is not None) == first_stop_end

@@ -22,24 +22,30 @@ class IncrementalDetokenizer:
         self.stop_strings = params.stop_strings
         self.longest_stop = max((len(s) for s in self.stop_strings), default=0)
         self.include_stop = params.include_stop_str_in_output
+        # as vLLM does, stop strings are looked for once the output is longer than min_tokens, in the text of the
+        # tokens after those (and the few characters before, where a stop string may begin)
+        self.min_tokens = params.min_tokens
+        self.num_tokens = 0
         self.ids = list(prompt_token_ids[-CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.text = ""
         self.stopped_by: str | None = None
 
-    def append(self, token_id: int, find_stop: bool = True) -> str | None:
-        """Adds one token. Returns the stop string it completed, if any (the text is cut there); with
-        find_stop False, none is looked for (the output is shorter than its min_tokens)."""
+    def append(self, token_id: int) -> str | None:
+        """Adds one token. Returns the stop string it completed, if any (the text is cut there)."""
         self.ids.append(token_id)
+        self.num_tokens += 1
         before = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip_special)
         after = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip_special)
         if len(after) <= len(before) or after.endswith(REPLACEMENT):
             return None  # an unfinished character (or nothing printable) so far
-        searched_from = max(0, len(self.text) - self.longest_stop)
+        # a stop string that ends in the new text starts at most len - 1 characters before it (one wholly in the
+        # old text was found then, or did not count then: within min_tokens)
+        searched_from = max(0, len(self.text) - self.longest_stop + 1)
         self.text += after[len(before):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return self._find_stop(searched_from) if find_stop else None
+        return self._find_stop(searched_from) if self.num_tokens > self.min_tokens else None
 
     def _find_stop(self, searched_from: int) -> str | None:
         best = None

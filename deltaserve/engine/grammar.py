@@ -175,11 +175,6 @@ class RequestGrammar:
         """Whether the output is complete: the grammar accepts nothing more (but an end of sequence)."""
         return self.active and self.matcher.is_stopped()
 
-    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Writes the allowed next tokens into bitmask[row] (int32 on the host, bit t % 32 of word t // 32)."""
-        target = bitmask[row]
-        self.matcher.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * target.element_size())
-
     def accept(self, token: int) -> bool:
         """Takes the output's next token; False where the grammar refuses it."""
         if not self.active:

@@ -308,10 +308,7 @@ class LLMEngine:
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             self.scheduler.finish(request, "stop", token if token in params.stop_token_ids else None)
             return
-        # as vLLM does, stop strings are looked for once the output is longer than min_tokens, in the text of the
-        # tokens after those (and the few characters before, where a stop string may begin)
-        long_enough = position - request.num_prompt_tokens + 1 > params.min_tokens
-        stop = detok.append(token, find_stop=long_enough) if params.detokenize else None
+        stop = detok.append(token) if params.detokenize else None
         if stop is not None:
             self.scheduler.finish(request, "stop", stop)
         elif request.grammar is not None and request.grammar.finished:  # the grammar takes nothing more

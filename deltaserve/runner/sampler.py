@@ -166,54 +166,42 @@ class Sampler:
         return kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
                                            to_device(mask_rows, self.device, torch.int32))
 
-    def _biased(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """A copy of the logits with each row's logit_bias added (the logits themselves stay the model's:
-        logprobs are read from them)."""
+    def _adjusted(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """A copy of the logits (the logits themselves stay the model's: logprobs are read from them) with each
+        row's logit_bias added, and -inf outside its allowed_token_ids and over the tokens it refuses now
+        (Request.refused_tokens: stop tokens before min_tokens, bad words)."""
+        adjusted = logits.clone()
         rows, tokens, biases = [], [], []
         for i, r in enumerate(requests):
             for token, bias in (r.params.logit_bias or {}).items():
                 rows.append(i)
                 tokens.append(token)
                 biases.append(bias)
-        biased = logits.clone()
-        bias = to_device(biases, self.device, torch.float32).to(logits.dtype)
-        biased[to_device(rows, self.device), to_device(tokens, self.device)] += bias
-        return biased
-
-    def _adjusted(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """The logits with each row's logit_bias added, and -inf outside its allowed_token_ids and over the tokens
-        it refuses now (Request.refused_tokens: stop tokens before min_tokens, bad words)."""
-        if any(r.params.logit_bias for r in requests):
-            logits = self._biased(logits, requests)
-        if any(r.params.allowed_token_ids is not None for r in requests):
-            logits = self._only_allowed(logits, requests)
+        if rows:
+            bias = to_device(biases, self.device, torch.float32).to(logits.dtype)
+            adjusted[to_device(rows, self.device), to_device(tokens, self.device)] += bias
+        allowed = [i for i, r in enumerate(requests) if r.params.allowed_token_ids is not None]
+        if allowed:
+            index = to_device(allowed, self.device)
+            masks = torch.stack([self._allowed_mask(requests[i]) for i in allowed])
+            adjusted[index] = adjusted[index].masked_fill(~masks, float("-inf"))
         rows, tokens = [], []
         for i, r in enumerate(requests):
             refused = r.refused_tokens() if r.adjusts_logits else ()
             rows += [i] * len(refused)
             tokens += refused
-        if not rows:
-            return logits
-        held = logits.clone()
-        held[to_device(rows, self.device), to_device(tokens, self.device)] = float("-inf")
-        return held
+        if rows:
+            adjusted[to_device(rows, self.device), to_device(tokens, self.device)] = float("-inf")
+        return adjusted
 
-    def _only_allowed(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """A copy of the logits where a row with allowed_token_ids keeps only those (each request's mask reaches
-        the device once)."""
-        rows = [i for i, r in enumerate(requests) if r.params.allowed_token_ids is not None]
-        masks = []
-        for i in rows:
-            mask = self._allowed.get(requests[i])
-            if mask is None:  # built on the device from pinned ids: a pageable copy would wait for the GPU
-                mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
-                mask[to_device(requests[i].params.allowed_token_ids, self.device)] = True
-                self._allowed[requests[i]] = mask
-            masks.append(mask)
-        index = to_device(rows, self.device)
-        allowed = logits.clone()
-        allowed[index] = logits[index].masked_fill(~torch.stack(masks), float("-inf"))
-        return allowed
+    def _allowed_mask(self, request: Request) -> torch.Tensor:
+        """bool [V] of the request's allowed_token_ids on the device, made once; built there from pinned ids (a
+        pageable copy would wait for the GPU)."""
+        mask = self._allowed.get(request)
+        if mask is None:
+            mask = self._allowed[request] = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+            mask[to_device(request.params.allowed_token_ids, self.device)] = True
+        return mask
 
     def _seeds(self, requests: list[Request]) -> list[int]:
         """Each row's 63-bit noise seed: its request's own (row_seed) or the engine generator's next (0 for
