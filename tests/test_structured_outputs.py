@@ -146,7 +146,9 @@ def test_json_whitespace_follows_the_request(demo_llm):
     """The demo model lays its JSON out over lines; with disable_any_whitespace it writes it compact, and with a
     whitespace pattern of one space it puts one space where whitespace goes and no line break."""
     names = random.sample(["n", "ok", "colour", "size"], 3)
-    types = {"n": {"type": "integer"}, "ok": {"type": "boolean"}, "colour": {"enum": ["red", "blue"]},
+    # every value bounded: unbounded, a compact answer's integer ran on to max_tokens
+    types = {"n": {"type": "integer", "minimum": 0, "maximum": 999}, "ok": {"type": "boolean"},
+             "colour": {"enum": ["red", "blue"]},
              "size": {"type": "integer", "minimum": 0, "maximum": 9}}
     schema = {"type": "object", "properties": {n: types[n] for n in names}, "required": names}
     messages = [{"role": "user", "content": f"Give a JSON object with {', '.join(names)}."}]
