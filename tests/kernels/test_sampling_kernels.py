@@ -30,6 +30,8 @@ def _seeds(rows: int) -> torch.Tensor:
 def test_race_kernel_matches_the_reference(rows, vocab):
     logits = torch.randn(rows, vocab) * 4
     logits[:, torch.randint(0, vocab, (vocab // 5,))] = float("-inf")  # masked tokens never win
+    if rows > 1:  # a row that refuses every token takes token 0, as torch's argmax: a token id the next step can read
+        logits[random.randrange(rows)] = float("-inf")
     greedy = torch.rand(rows) < 0.4
     inverse = torch.where(greedy, 1.0, 1.0 / (0.2 + torch.rand(rows)))
     seeds = _seeds(rows)

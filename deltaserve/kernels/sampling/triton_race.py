@@ -62,7 +62,9 @@ def _race_slices_kernel(x, inverse, seeds, greedy, floors, best_score, best_inde
     if HAS_FLOORS:
         floor = tl.load(floors + row)
     score = tl.full([BLOCK], float("-inf"), tl.float32)
-    index = tl.full([BLOCK], 2**31 - 1, tl.int32)
+    # each lane starts at its first column: a row that refuses every token (-inf throughout) takes token 0, as
+    # torch's argmax does, rather than an index past the vocabulary that the next step would read as its input
+    index = part * SLICE_BLOCKS * BLOCK + tl.arange(0, BLOCK)
     for b in range(SLICE_BLOCKS):
         cols = (part * SLICE_BLOCKS + b) * BLOCK + tl.arange(0, BLOCK)
         live = cols < vocab
