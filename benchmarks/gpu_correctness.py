@@ -21,7 +21,9 @@
 - in bf16, rows that finish at different steps (the batch passing through sizes between the graphs' rungs) give
   the same tokens with graphs as eagerly;
 - rows whose logits the sampler changes (a logit bias, min_tokens with stop tokens, allowed tokens, bad words)
-  give in fp32 the CPU's tokens, and in bf16 the same tokens with graphs as eagerly.
+  give in fp32 the CPU's tokens, and in bf16 the same tokens with graphs as eagerly;
+- a request whose constraints refuse every token, arriving beside decoding rows in a decode step launched ahead,
+  ends with NoTokenAllowedError; the other rows' tokens are unchanged and the engine serves on.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -38,7 +40,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from deltaserve import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
+from deltaserve import LLM, NoTokenAllowedError, SamplingParams, StructuredOutputsParams  # noqa: E402
 from deltaserve.runner.model_runner import MANY_DECODE_ROWS  # noqa: E402
 from tests.checkpoints import ARCHITECTURES, make_checkpoint  # noqa: E402
 
@@ -127,6 +129,33 @@ def arrivals(llm: LLM, decoding, arriving) -> tuple[list[list[int]], int]:
     return [done[i] for i in ids], len(splits)
 
 
+def dead_end_beside(llm: LLM, prompts) -> dict:
+    """Two prompts decode; a few steps on, a sampled request arrives whose allowed tokens min_tokens holds back as
+    stop tokens, its prompt cached (its first token then comes from a decode step, launched ahead, whose row
+    refuses every token and still feeds the next step its token). It ends with NoTokenAllowedError at output
+    token 0, the decoding rows give their tokens as without it, and the engine serves on."""
+    stuck = SamplingParams(max_tokens=24, temperature=0.9, seed=17, min_tokens=4, stop_token_ids=[5, 9],
+                           allowed_token_ids=[5, 9])
+    decoding, arriving = prompts[1:3], prompts[3]
+    expected = tokens(llm, decoding)
+    tokens(llm, [arriving])  # caches the arriving prompt
+    engine, finished = llm.engine, {}
+    for i, prompt in enumerate(decoding):
+        engine.add_request(f"free-{i}", prompt, GREEDY)
+    for step in range(200):
+        if step == 4:
+            engine.add_request("stuck", arriving, stuck)
+        finished.update((o.request_id, o) for o in engine.step(final_only=True))
+        if not engine.has_unfinished_requests():
+            break
+    error = finished["stuck"].error
+    return {"error": None if error is None else str(error),
+            "ended_at_output_token_0": isinstance(error, NoTokenAllowedError) and "output token 0" in str(error)
+            and all(o.token_ids == [] for o in finished["stuck"].outputs),
+            "others_identical": [finished[f"free-{i}"].outputs[0].token_ids for i in range(2)] == expected,
+            "serves_after": tokens(llm, decoding) == expected}
+
+
 def launches_without_sync(llm: LLM, prompts) -> dict:
     """The MIXED and NUCLEUS prompts with every launched decode step under torch's sync debug mode set to raise: a
     launched step (greedy rows replayed, sampled rows sampled on the device) must not wait for the GPU, or
@@ -178,7 +207,7 @@ def main() -> None:
               "fp32_penalised_gpu_vs_cpu": {}, "fp32_long_pair_gpu_vs_cpu": {}, "fp32_arrival_gpu_vs_cpu": {},
               "fp32_arrival_beside_many_gpu_vs_cpu": {}, "fp32_structured_gpu_vs_cpu": {},
               "graph_vs_eager_bf16_structured": {}, "graph_vs_eager_bf16_shrinking_batch": {},
-              "fp32_adjusted_gpu_vs_cpu": {}, "graph_vs_eager_bf16_adjusted": {}}
+              "fp32_adjusted_gpu_vs_cpu": {}, "graph_vs_eager_bf16_adjusted": {}, "fp32_dead_end_beside_decoding": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         cpu_llm = LLM(path, device="cpu", **state)
@@ -218,6 +247,7 @@ def main() -> None:
         adjusted = tokens(gpu_llm, prompts, ADJUSTED)
         result["fp32_adjusted_gpu_vs_cpu"][arch] = {"identical": adjusted == tokens(cpu_llm, prompts, ADJUSTED)}
         result["graph_vs_eager_bf16_adjusted"][arch] = {"identical": adjusted_pair[0] == adjusted_pair[1]}
+        result["fp32_dead_end_beside_decoding"][arch] = dead_end_beside(gpu_llm, prompts)
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -226,7 +256,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-16:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-17:]), flush=True)
         results_io.write(args.out, result)
 
 

@@ -5,6 +5,7 @@ from deltaserve.errors import (
     EngineDeadError,
     InvalidPromptError,
     InvalidSamplingParamsError,
+    NoTokenAllowedError,
     PromptTooLongError,
     RequestNotFoundError,
     ShapeMismatchError,
@@ -27,7 +28,7 @@ def __getattr__(name):
 
 __all__ = [
     "LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob",
-    "DeltaServeError", "EngineDeadError", "InvalidPromptError", "InvalidSamplingParamsError", "PromptTooLongError",
-    "RequestNotFoundError", "ShapeMismatchError", "StepFailedError", "UnsupportedArchitectureError",
-    "WeightLoadError",
+    "DeltaServeError", "EngineDeadError", "InvalidPromptError", "InvalidSamplingParamsError", "NoTokenAllowedError",
+    "PromptTooLongError", "RequestNotFoundError", "ShapeMismatchError", "StepFailedError",
+    "UnsupportedArchitectureError", "WeightLoadError",
 ]

@@ -34,6 +34,15 @@ class InvalidSamplingParamsError(DeltaServeError, ValueError):
     """A sampling value is out of its range or of the wrong type."""
 
 
+class NoTokenAllowedError(InvalidSamplingParamsError):
+    """A request's constraints together refuse every token at some point of its output (allowed_token_ids
+    and min_tokens, bad words or a structured output): it cannot go on, and fails with this message."""
+
+    def __init__(self, message: str, fields: list[str]):
+        super().__init__(message)
+        self.fields = fields
+
+
 class RequestNotFoundError(DeltaServeError, KeyError):
     """abort() or a lookup named a request the engine does not hold."""
 

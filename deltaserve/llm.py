@@ -84,7 +84,10 @@ class LLM:
                     self._abort_quietly(request_id)
             raise
         aborted = [i for i in ids if any(o.finish_reason == "abort" for o in finished[i].outputs)]
-        if aborted:  # only a failed step aborts a request this call is waiting for
+        at_fault = [finished[i].error for i in aborted if finished[i].error is not None]
+        if at_fault:  # a request that could not go on (its constraints refused every token)
+            raise at_fault[0]
+        if aborted:  # otherwise only a failed step aborts a request this call is waiting for
             raise StepFailedError(f"a step failed and the engine aborted {len(aborted)} of the {len(ids)} "
                                   "requests; the log has the traceback") from self.engine.last_failure
         return [finished[i] for i in ids]

@@ -41,3 +41,6 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first.
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     metrics: dict = field(default_factory=dict)
+    # Why the engine ended it early, where the request itself was at fault (its outputs' finish_reason "abort"):
+    # errors.NoTokenAllowedError where its constraints refused every token.
+    error: Exception | None = None

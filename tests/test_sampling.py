@@ -10,7 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from deltaserve import LLM, SamplingParams
-from deltaserve.errors import InvalidSamplingParamsError
+from deltaserve.errors import InvalidSamplingParamsError, NoTokenAllowedError
 from deltaserve.engine.request import Request
 from deltaserve.kernels.sampling.reference import MaskPlan, mask_logits, penalise
 from deltaserve.runner.sampler import Sampler, mask_plan
@@ -380,6 +380,64 @@ def test_allowed_token_ids_keep_the_output_to_them(arch, checkpoint_factory):
     for bad in ([], [vocab], [1.5]):
         with pytest.raises(InvalidSamplingParamsError, match="allowed_token_ids"):
             llm.generate([prompt], SamplingParams(max_tokens=2, allowed_token_ids=bad))
+
+
+def _run_together(engine, requests: dict) -> dict:
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    finished = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step(final_only=True):
+            finished[output.request_id] = output
+    return finished
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "llama"])
+def test_constraints_that_refuse_every_token_end_that_request_alone(arch, checkpoint_factory):
+    """allowed_token_ids all among the stop tokens that min_tokens holds back leave nothing to come first: the
+    request ends there with an error naming both, having written no token they refuse (a row of -inf had
+    sampled token 0), and a request in the same steps gives what it gives alone."""
+    llm = LLM(checkpoint_factory(arch), device="cpu")
+    rng = random.Random()
+    prompt = lambda: [rng.randrange(300) for _ in range(rng.randint(2, 20))]  # noqa: E731
+    stops = rng.sample(range(300), rng.randint(1, 4))
+    n = rng.randint(1, 3)
+    stuck = SamplingParams(max_tokens=8, min_tokens=rng.randint(1, 4), stop_token_ids=stops, n=n,
+                           allowed_token_ids=rng.sample(stops, rng.randint(1, len(stops))),
+                           temperature=rng.choice([0.0, 1.0]) if n == 1 else 1.0)
+    free_prompt, free = prompt(), SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    alone = llm.generate([free_prompt], free)[0].outputs[0].token_ids
+    finished = _run_together(llm.engine, {"stuck": (prompt(), stuck), "free": (free_prompt, free)})
+    error = finished["stuck"].error
+    assert isinstance(error, NoTokenAllowedError) and error.fields == ["allowed_token_ids", "min_tokens"], error
+    assert "output token 0" in str(error)
+    assert [(o.finish_reason, o.token_ids) for o in finished["stuck"].outputs] == [("abort", [])] * n
+    assert finished["free"].outputs[0].token_ids == alone and finished["free"].error is None
+    with pytest.raises(NoTokenAllowedError, match="allowed_token_ids and min_tokens together refuse"):
+        llm.generate([prompt()], stuck)
+    # one allowed token that nothing refuses is enough: the output is that token until it may stop
+    other = rng.choice([t for t in range(300) if t not in stops])
+    out = llm.generate([prompt()], SamplingParams(max_tokens=8, min_tokens=stuck.min_tokens, stop_token_ids=stops,
+                                                  allowed_token_ids=stuck.allowed_token_ids + [other],
+                                                  temperature=0))[0].outputs[0]
+    assert out.token_ids[: stuck.min_tokens] == [other] * stuck.min_tokens and out.finish_reason in ("stop", "length")
+
+
+def test_a_dead_end_names_the_constraints_that_meet_there():
+    """Which constraints refuse every token, read from the request as the sampler leaves it."""
+    word = [random.randrange(100, 200) for _ in range(random.randint(1, 3))]
+    params = SamplingParams(allowed_token_ids=[word[-1]], stop_token_ids=[7], min_tokens=2)
+    request = Request("r", [1, 2], params, 16, output_token_ids=word[:-1], held_back=[7], bad_words_ids=[word])
+    refused = request.refused_tokens()
+    assert request.allows_no_token(refused) and set(refused) == {word[-1]} | ({7} if len(word) < 3 else set())
+    request.mark_dead_end()
+    index, error = request.dead_end
+    assert index == len(word) - 1 and f"output token {index}" in str(error)
+    assert error.fields == ["allowed_token_ids"] + (["min_tokens"] if len(word) < 3 else []) + ["bad_words"]
+    request.output_token_ids.append(250)  # a longer word no longer ends the output: its last token may come
+    assert request.allows_no_token(request.refused_tokens()) == (len(word) == 1)
+    request.mark_dead_end()
+    assert request.dead_end == (index, error)  # the first dead end stays
 
 
 def _bad_words_ids(tok, word: str) -> list[list[int]]:

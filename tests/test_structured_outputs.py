@@ -12,7 +12,7 @@ import torch
 from deltaserve import LLM, SamplingParams, StructuredOutputsParams
 from deltaserve.engine.grammar import RequestGrammar, closed_objects, mask_shape
 from deltaserve.kernels.sampling.reference import allowed_tokens
-from deltaserve.errors import InvalidSamplingParamsError
+from deltaserve.errors import InvalidSamplingParamsError, NoTokenAllowedError
 from tests.reference import load_reference
 
 llguidance = pytest.importorskip("llguidance")
@@ -196,6 +196,36 @@ def test_the_grammar_starts_after_its_marker(checkpoint_factory):
     out = llm.generate([[random.randrange(300) for _ in range(8)]], params)[0].outputs[0]
     assert out.token_ids[0] == marker[0] and out.finish_reason == "stop"
     assert llm.engine.tokenizer.decode(out.token_ids[1:]) in choices
+
+
+def test_a_grammar_and_allowed_tokens_that_leave_nothing_end_the_request_there(checkpoint_factory):
+    """allowed_token_ids of just "{" under any JSON object: the "{" comes, then nothing the grammar takes is
+    allowed. The request ends with an error at output token 1 and keeps the "{"; with no allowed token the
+    grammar takes, at output token 0; beside it a request under the same grammar runs to its end."""
+    llm = LLM(checkpoint_factory(random.choice(["qwen3.5", "llama"])), device="cpu")
+    brace = llm.engine.tokenizer.encode("{", add_special_tokens=False)
+    assert len(brace) == 1
+    prompt = [random.randrange(300) for _ in range(8)]
+    json_object = StructuredOutputsParams(json_object=True)
+
+    def params(**fields):
+        return SamplingParams(max_tokens=12, temperature=0, structured_outputs=json_object, **fields)
+
+    engine = llm.engine
+    engine.add_request("brace", prompt, params(allowed_token_ids=brace))
+    engine.add_request("free", prompt, params())
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update((o.request_id, o) for o in engine.step(final_only=True))
+    stuck, free = finished["brace"], finished["free"]
+    assert isinstance(stuck.error, NoTokenAllowedError) and "output token 1" in str(stuck.error)
+    assert stuck.error.fields == ["allowed_token_ids", "structured_outputs"]
+    assert (stuck.outputs[0].finish_reason, stuck.outputs[0].token_ids) == ("abort", brace)
+    assert free.error is None and free.outputs[0].finish_reason in ("stop", "length")
+    assert free.outputs[0].token_ids == llm.generate([prompt], params())[0].outputs[0].token_ids
+    letters = llm.engine.tokenizer.encode("abc", add_special_tokens=False)  # no JSON text starts with a letter
+    with pytest.raises(NoTokenAllowedError, match="structured output together refuse every token for output token 0"):
+        llm.generate([prompt], params(allowed_token_ids=letters))
 
 
 def test_request_grammar_waits_for_the_whole_marker():

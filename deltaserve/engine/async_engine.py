@@ -334,6 +334,8 @@ class RequestStream:
             reasons = [o.finish_reason for o in output.outputs]
             if "abort" in reasons:  # only the engine aborts a request whose stream is still open
                 self._finish("error")
+                if output.error is not None:  # the request's own fault (its constraints left no token)
+                    raise output.error
                 raise RequestFailedError("the engine failed while running this request")
             self._finish("length" if "length" in reasons else "stop")
         return output

@@ -57,6 +57,7 @@ class ParentRequest:
     prompt_token_ids: list[int]
     children: list[Request]
     detokenizers: list[IncrementalDetokenizer]
+    error: Exception | None = None  # the request's own fault that ended it (RequestOutput.error)
 
     @property
     def finished(self) -> bool:
@@ -292,6 +293,9 @@ class LLMEngine:
     def _take_token(self, request: Request, position: int, token: int, logprob) -> None:
         """The token sampled at `position` (the request's oldest pending one): stop checks, text."""
         parent = self._owner[request]
+        if request.dead_end is not None and position - request.num_prompt_tokens >= request.dead_end[0]:
+            self._end_at_fault(parent, request.dead_end[1])  # the token sampled there is one they refuse
+            return
         detok = parent.detokenizers[request.sample_index]
         request.resolve_token(position, token)
         if logprob is not None:
@@ -330,13 +334,22 @@ class LLMEngine:
             ))
         out = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outputs,
                             finished=parent.finished,
-                            num_cached_tokens=min(c.num_cached_tokens for c in parent.children))
+                            num_cached_tokens=min(c.num_cached_tokens for c in parent.children), error=parent.error)
         first = parent.children[0]
         if first.params.prompt_logprobs is not None and len(first.prompt_logprobs) == first.num_prompt_tokens:
             out.prompt_logprobs = list(first.prompt_logprobs)
         if out.finished:
             self._forget(parent)
         return out
+
+    def _end_at_fault(self, parent: ParentRequest, error: Exception) -> None:
+        """Ends every sequence of a request that cannot go on for a reason of its own, keeping the error for
+        its output; nothing else in the step is touched."""
+        log.info("request %s ends: %s", parent.request_id, error)
+        parent.error = error
+        for child in parent.children:
+            if not child.is_finished:
+                self.scheduler.finish(child, "abort")
 
     def _fail(self, plan, exc: BaseException) -> list[RequestOutput]:
         self.last_failure = exc

@@ -7,6 +7,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from deltaserve.engine.grammar import RequestGrammar
+from deltaserve.errors import NoTokenAllowedError
 from deltaserve.outputs import Logprob
 from deltaserve.sampling_params import SamplingParams
 
@@ -54,6 +55,8 @@ class Request:
     grammar: RequestGrammar | None = None  # structured outputs: what its next tokens may be (engine/grammar.py)
     held_back: list[int] = field(default_factory=list)  # stop tokens the sampler refuses before min_tokens
     bad_words_ids: list[list[int]] = field(default_factory=list)  # params.bad_words as token ids (engine's)
+    # (output index, error): the sampler found that its constraints refuse every token there (mark_dead_end)
+    dead_end: tuple[int, NoTokenAllowedError] | None = None
 
     def __post_init__(self) -> None:
         # read every step, so kept: logit biases, allowed tokens or bad words change every step's logits
@@ -121,13 +124,43 @@ class Request:
     def refused_tokens(self) -> list[int]:
         """The tokens the next one may not be: its stop tokens while short of min_tokens, and the last token of
         each bad word whose other tokens end the output (of a one-token word, always)."""
-        refused = list(self.held_back) if self.holds_back_stops else []
-        output = self.output_token_ids
-        for word in self.bad_words_ids:
-            if len(word) == 1 or (len(output) >= len(word) - 1 and output[len(output) - len(word) + 1:] == word[:-1]):
-                refused.append(word[-1])
-        return refused
+        return (list(self.held_back) if self.holds_back_stops else []) + self._bad_word_ends()
+
+    def _bad_word_ends(self) -> list[int]:
+        return [word[-1] for word in self.bad_words_ids if _ends_with(self.output_token_ids, word[:-1])]
+
+    def allows_no_token(self, refused: list[int]) -> bool:
+        """Whether every one of its allowed_token_ids is refused now: outside a grammar, the way its constraints
+        leave no token (short of bad words and stop tokens that span the whole vocabulary, which is not looked for)."""
+        allowed = self.params.allowed_token_ids
+        if allowed is None or not refused:
+            return False
+        refused_set = set(refused)
+        return all(token in refused_set for token in allowed)
+
+    def mark_dead_end(self) -> None:
+        """The sampler found no token that the constraints allow as the output's next one: the request fails
+        there with an error naming them (LLMEngine._take_token), rather than take a token they refuse. The first
+        stays: a step launched ahead samples the token after it before that one is read back."""
+        if self.dead_end is not None:
+            return
+        fields = [name for name, present in (
+            ("allowed_token_ids", self.params.allowed_token_ids is not None),
+            ("min_tokens", self.holds_back_stops),
+            ("bad_words", bool(self._bad_word_ends())),
+            ("structured_outputs", self.grammar is not None and self.grammar.active),
+        ) if present]
+        index = len(self.output_token_ids)
+        # the structured output by what it is: a server request may have asked for it as response_format
+        named = [{"structured_outputs": "the structured output"}.get(f, f) for f in fields]
+        refuse = f"{' and '.join(named)} together refuse" if len(named) > 1 else f"{named[0]} refuses"
+        message = f"{refuse} every token for output token {index}, so the request cannot go on"
+        self.dead_end = (index, NoTokenAllowedError(message, fields))
 
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+
+def _ends_with(tokens: list[int], head: list[int]) -> bool:
+    return not head or (len(tokens) >= len(head) and tokens[len(tokens) - len(head):] == head)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from deltaserve import kernels
-from deltaserve.engine.grammar import fill_masks, mask_shape
+from deltaserve.engine.grammar import fill_masks, mask_allows_any, mask_shape
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
 from deltaserve.host_to_device import to_device
@@ -160,6 +160,12 @@ class Sampler:
         bitmask = torch.empty(mask_shape(len(rows), self.vocab_size), dtype=torch.int32,
                               pin_memory=self.device.type == "cuda")
         fill_masks([requests[i].grammar for i in rows], bitmask)
+        for row, i in enumerate(rows):  # a grammar row that the other constraints narrow: is anything left?
+            request = requests[i]
+            if request.adjusts_logits:
+                allowed, refused = request.params.allowed_token_ids, request.refused_tokens()
+                if (allowed is not None or refused) and not mask_allows_any(bitmask[row].numpy(), allowed, refused):
+                    request.mark_dead_end()
         mask_rows = [-1] * len(requests)
         for row, i in enumerate(rows):
             mask_rows[i] = row
@@ -188,6 +194,8 @@ class Sampler:
         rows, tokens = [], []
         for i, r in enumerate(requests):
             refused = r.refused_tokens() if r.adjusts_logits else ()
+            if r.allows_no_token(refused):
+                r.mark_dead_end()  # the row samples a token it refuses, which the engine never takes
             rows += [i] * len(refused)
             tokens += refused
         if rows:

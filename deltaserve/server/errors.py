@@ -15,6 +15,7 @@ from deltaserve.errors import (
     EngineDeadError,
     InvalidPromptError,
     InvalidSamplingParamsError,
+    NoTokenAllowedError,
     PromptTooLongError,
 )
 
@@ -121,6 +122,8 @@ def from_exception(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ValidationError):
         return from_validation_error(exc)
+    if isinstance(exc, NoTokenAllowedError):
+        return APIError(400, str(exc), param=exc.fields[0], code="no_token_allowed")
     if isinstance(exc, InvalidSamplingParamsError):
         match = re.match(r"(\w+)=", str(exc))
         return APIError(400, str(exc), param=match.group(1) if match else None, code="invalid_value")

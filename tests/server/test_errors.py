@@ -207,6 +207,29 @@ def test_text_response_format_and_best_of_n_are_served(server):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
 
 
+def test_constraints_that_leave_no_token_are_a_400_naming_them(server):
+    """allowed_token_ids that no JSON text starts with, under response_format json_object, and allowed tokens
+    that min_tokens holds back as stop tokens: each request ends with a 400 naming them (a stream with an error
+    event), and the server goes on serving with nothing held."""
+    ids = _post(server, "/tokenize", {"model": MODEL, "prompt": "hello there"}).json()["tokens"]
+    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "allowed_token_ids": ids,
+            "response_format": {"type": "json_object"}}
+    error = _assert_error(_post(server, "/v1/chat/completions", body), 400, "allowed_token_ids", "structured output")
+    assert error["code"] == "no_token_allowed" and "output token 0" in error["message"]
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60,
+                      headers=server.headers) as r:
+        events = "".join(r.iter_text())
+    assert '"no_token_allowed"' in events and "[DONE]" in events
+    stops = {"stop_token_ids": ids, "allowed_token_ids": ids, "min_tokens": 3}
+    error = _assert_error(_post(server, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 8, **stops}),
+                          400, "allowed_token_ids", "min_tokens")
+    assert error["code"] == "no_token_allowed"
+    _still_serves(server)
+    gauges = [line for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines()
+              if line.startswith(("deltaserve_kv_blocks_used ", "deltaserve_requests_running "))]
+    assert sorted(gauges) == ["deltaserve_kv_blocks_used 0.0", "deltaserve_requests_running 0.0"]
+
+
 def test_context_overflow_names_both_numbers(server):
     prompt = "hello " * 300
     n_prompt = _post(server, "/tokenize", {"model": MODEL, "prompt": prompt}).json()["count"]
