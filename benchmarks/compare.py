@@ -38,6 +38,10 @@ C1_TARGET = {"qwen3.5-9b": 215.0, "qwen3.5-35b-a3b": 400.0}
 # kernels_check*.json and skinny_gemm.json (per-kernel times), and the step times above.
 NOTES = {
     "qwen3.5-9b": [
+        "At b28e199 on an H200 (engine_qwen3.5-9b_closed_at_b28e199.json; one warm machine, three runs in a row), "
+        "the closed batches stepped in 5.858 / 5.859 ms at C=32 (5145.4 / 5139.1 tok/s), 6.987 at C=64 (8293.7) "
+        "and 9.357 at C=128 (11754.1): the misses above stand, 2.1-2.2% / 7.2% / 10.6% short of 1.1x vLLM's figures "
+        "in those runs.",
         "At eb1c8ea on an H100 (these rows do not replace the H200 rows above), against 6d753a5 alternated "
         "twice in one command. A prompt prefilled in steps of the server's default 2048 tokens "
         "(engine_qwen3.5-9b_chunked_prefill_6d753a5_vs_eb1c8ea_h100.json, first passes): 32768 tokens 1.0454 "
