@@ -226,6 +226,16 @@ def test_a_grammar_and_allowed_tokens_that_leave_nothing_end_the_request_there(c
     letters = llm.engine.tokenizer.encode("abc", add_special_tokens=False)  # no JSON text starts with a letter
     with pytest.raises(NoTokenAllowedError, match="structured output together refuse every token for output token 0"):
         llm.generate([prompt], params(allowed_token_ids=letters))
+    # after "a" the regex takes "b" or "c": made stop tokens that min_tokens holds back, they leave nothing there
+    regex = StructuredOutputsParams(regex="a[bc]d{1,9}")
+    b, c = (llm.engine.tokenizer.encode(x, add_special_tokens=False) for x in "bc")
+    held = SamplingParams(max_tokens=12, min_tokens=5, temperature=0, stop_token_ids=b + c, structured_outputs=regex)
+    with pytest.raises(NoTokenAllowedError, match="min_tokens and the structured output together refuse") as info:
+        llm.generate([prompt], held)
+    assert info.value.fields == ["min_tokens", "structured_outputs"]
+    one_held = SamplingParams(max_tokens=12, min_tokens=5, temperature=0, stop_token_ids=b, structured_outputs=regex)
+    text = llm.engine.tokenizer.decode(llm.generate([prompt], one_held)[0].outputs[0].token_ids)
+    assert text.startswith("ac") and set(text[2:]) == {"d"}
 
 
 def test_request_grammar_waits_for_the_whole_marker():

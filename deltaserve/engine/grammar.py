@@ -16,7 +16,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-import numpy as np
 import torch
 
 from deltaserve.errors import InvalidSamplingParamsError
@@ -208,22 +207,6 @@ def _executor():
 
 def mask_shape(rows: int, vocab_size: int) -> tuple[int, int]:
     return rows, -(-vocab_size // 32)
-
-
-def mask_allows_any(mask_row: np.ndarray, allowed: list[int] | None, refused: list[int]) -> bool:
-    """Whether one row of a bitmask (int32 words, bit t of word t // 32 set where token t is allowed) keeps a
-    token that is among `allowed` (None: any) and not `refused`."""
-    words = mask_row.view(np.uint32)
-    if allowed is not None:
-        ids = np.setdiff1d(np.asarray(allowed, dtype=np.int64), np.asarray(refused, dtype=np.int64))
-        ids = ids[ids < words.size * 32]
-        return bool(((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).any())
-    if not refused:
-        return bool(words.any())
-    words = words.copy()
-    ids = np.asarray(refused, dtype=np.int64)
-    np.bitwise_and.at(words, ids >> 5, ~(np.uint32(1) << (ids & 31).astype(np.uint32)))
-    return bool(words.any())
 
 
 def _spec_key(params: StructuredOutputsParams) -> str:

@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from deltaserve import kernels
-from deltaserve.engine.grammar import fill_masks, mask_allows_any, mask_shape
+from deltaserve.engine.grammar import fill_masks, mask_shape
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
 from deltaserve.host_to_device import to_device
+from deltaserve.kernels.sampling.reference import allowed_tokens
 from deltaserve.sampling_params import SamplingParams
 
 _MIX = 0x9E3779B97F4A7C15
@@ -160,17 +161,26 @@ class Sampler:
         bitmask = torch.empty(mask_shape(len(rows), self.vocab_size), dtype=torch.int32,
                               pin_memory=self.device.type == "cuda")
         fill_masks([requests[i].grammar for i in rows], bitmask)
-        for row, i in enumerate(rows):  # a grammar row that the other constraints narrow: is anything left?
-            request = requests[i]
-            if request.adjusts_logits:
-                allowed, refused = request.params.allowed_token_ids, request.refused_tokens()
-                if (allowed is not None or refused) and not mask_allows_any(bitmask[row].numpy(), allowed, refused):
-                    request.mark_dead_end()
+        for row, i in enumerate(rows):
+            if requests[i].adjusts_logits and self._grammar_leaves_nothing(bitmask[row], requests[i]):
+                requests[i].mark_dead_end()
         mask_rows = [-1] * len(requests)
         for row, i in enumerate(rows):
             mask_rows[i] = row
         return kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
                                            to_device(mask_rows, self.device, torch.int32))
+
+    def _grammar_leaves_nothing(self, mask_row: torch.Tensor, request: Request) -> bool:
+        """Whether none of the tokens a grammar's mask row (on the host) allows is among the request's
+        allowed_token_ids and outside what it refuses now."""
+        allowed, refused = request.params.allowed_token_ids, request.refused_tokens()
+        if allowed is None and not refused:  # its logit bias alone changes no token's place in the mask
+            return False
+        kept = allowed_tokens(mask_row[None], self.vocab_size)[0]
+        if allowed is not None:
+            kept &= torch.zeros_like(kept).index_fill_(0, torch.tensor(allowed), True)
+        kept[refused] = False
+        return not kept.any()
 
     def _adjusted(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits (the logits themselves stay the model's: logprobs are read from them) with each
