@@ -8,7 +8,8 @@ import sys
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
-                   help="checkpoint: an HF directory or a .gguf file (default: the built-in demo model)")
+                   help="checkpoint: an HF directory, a .gguf file or a Hugging Face repo id (org/name: its snapshot in "
+                        "the local hub cache, downloaded there first if missing) (default: the built-in demo model)")
     p.add_argument("--dtype", default=None, help="auto (default), float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="auto (default: CUDA when present), cuda, cpu")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")

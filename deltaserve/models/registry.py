@@ -12,6 +12,7 @@ import torch
 from deltaserve.errors import UnsupportedArchitectureError, WeightLoadError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.decoder import DecoderLM
+from deltaserve.models.hub_checkpoint import hub_checkpoint, looks_like_repo_id
 from deltaserve.models.loader import load_weights
 from deltaserve.models.random_init import init_random_weights
 from deltaserve.models.weights import iterate_safetensors, safetensors_files
@@ -33,14 +34,16 @@ SUPPORTED_ARCHITECTURES = (
 
 @dataclass
 class ModelSource:
-    """Where a model comes from: a Hugging Face directory or a GGUF file."""
+    """Where a model comes from: a Hugging Face directory or a GGUF file, and the hub's repo id where it was
+    named by one (its snapshot directory's name is a commit hash)."""
 
     path: str
     is_gguf: bool
+    repo_id: str | None = None
 
     @property
     def name(self) -> str:
-        return os.path.basename(os.path.normpath(self.path))
+        return self.repo_id or os.path.basename(os.path.normpath(self.path))
 
 
 def resolve_model_source(model: str | None) -> ModelSource:
@@ -49,7 +52,10 @@ def resolve_model_source(model: str | None) -> ModelSource:
 
         return ModelSource(demo_model_path(), True)
     if not os.path.exists(model):
-        raise WeightLoadError(f"model path {model!r} does not exist (give a checkpoint directory or a .gguf file)")
+        if looks_like_repo_id(model):
+            return ModelSource(hub_checkpoint(model), False, repo_id=model)
+        raise WeightLoadError(f"model path {model!r} does not exist (give a checkpoint directory, a .gguf file "
+                              "or a Hugging Face repo id)")
     if os.path.isfile(model):
         if model.endswith(".gguf"):
             return ModelSource(model, True)

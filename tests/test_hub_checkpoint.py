@@ -1,0 +1,99 @@
+"""A Hugging Face repo id as the model: its snapshot in the local hub cache serves as the checkpoint
+directory would, under the repo id's name; a repo the cache lacks is downloaded or refused by name."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import huggingface_hub.constants
+import pytest
+
+from deltaserve import LLM, SamplingParams
+from deltaserve.errors import WeightLoadError
+from deltaserve.models.hub_checkpoint import looks_like_repo_id
+from deltaserve.models.registry import resolve_model_source
+from tests.server.live_server import REPO_ROOT
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def cache_repo(cache: str, repo_id: str, files_from: str, only: tuple[str, ...] | None = None) -> str:
+    """Lays a checkpoint out as the hub's cache does: the snapshot named by its commit, refs/main naming it."""
+    repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+    snapshot = os.path.join(repo, "snapshots", COMMIT)
+    os.makedirs(snapshot)
+    for name in os.listdir(files_from):
+        if only is None or name in only:
+            shutil.copy(os.path.join(files_from, name), snapshot)
+    os.makedirs(os.path.join(repo, "refs"))
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write(COMMIT)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    """An empty hub cache of this test's own, offline unless a test says otherwise, and a hub that refuses
+    every connection (no request leaves the machine)."""
+    cache = str(tmp_path / "hub")
+    os.makedirs(cache)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", cache)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    return cache
+
+
+def test_repo_ids_are_told_from_paths():
+    for repo_id in ("Qwen/Qwen3.5-9B", "meta-llama/Llama-3.1-8B-Instruct", "org/name_v2.1"):
+        assert looks_like_repo_id(repo_id), repo_id
+    for path in ("model", "a/b/c", "../x", "/abs/dir", "org/", "/org", "./x", "org/../x", "org name/x"):
+        assert not looks_like_repo_id(path), path
+
+
+def test_a_cached_repo_serves_as_its_directory_does(hub_cache, checkpoint_factory):
+    directory = checkpoint_factory("qwen3.5")
+    snapshot = cache_repo(hub_cache, "tiny-org/tiny-qwen3.5", directory)
+    source = resolve_model_source("tiny-org/tiny-qwen3.5")
+    assert (source.path, source.is_gguf, source.name) == (snapshot, False, "tiny-org/tiny-qwen3.5")
+
+    prompt = [random.randrange(1, 200) for _ in range(random.randint(3, 12))]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    by_repo = LLM("tiny-org/tiny-qwen3.5", device="cpu", dtype="float32", max_model_len=128)
+    by_path = LLM(directory, device="cpu", dtype="float32", max_model_len=128)
+    assert by_repo.engine.model_name == "tiny-org/tiny-qwen3.5"
+    tokens = by_repo.generate([prompt], params)[0].outputs[0].token_ids
+    assert tokens == by_path.generate([prompt], params)[0].outputs[0].token_ids
+
+
+def test_a_repo_the_cache_lacks_is_refused_by_name_offline(hub_cache, checkpoint_factory):
+    # a cache holding only the config, as a config lookup leaves it, is not a checkpoint
+    cache_repo(hub_cache, "org/config-only", checkpoint_factory("llama"), only=("config.json",))
+    for repo_id in ("org/absent", "org/config-only"):
+        with pytest.raises(WeightLoadError, match=f"'{repo_id}' is neither a local path nor in the Hugging Face "
+                                                  f"cache \\({hub_cache}\\), and HF_HUB_OFFLINE is set"):
+            resolve_model_source(repo_id)
+
+
+def test_a_failed_download_names_the_repo_and_the_failure(hub_cache, monkeypatch):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(WeightLoadError, match="'org/absent' is neither a local path nor in the Hugging Face cache "
+                                              ".*, and downloading it failed: .*Error"):
+        resolve_model_source("org/absent")
+
+
+def test_a_path_that_is_no_repo_id_is_refused_as_a_path(tmp_path):
+    with pytest.raises(WeightLoadError, match="model path '.*no/such/dir' does not exist"):
+        resolve_model_source(str(tmp_path / "no" / "such" / "dir"))
+
+
+def test_serve_names_the_missing_repo_and_exits(tmp_path):
+    env = dict(os.environ, HF_HUB_CACHE=str(tmp_path), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-m", "deltaserve.cli", "serve", "org/absent", "--port", "0"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "error: model 'org/absent' is neither a local path nor in the Hugging Face cache" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
