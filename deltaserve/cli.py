@@ -74,6 +74,9 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-queue", type=int, default=None,
                      help="most requests waiting for the engine; beyond it requests get 503 + Retry-After")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from deltaserve.server.vllm_flags import add_vllm_flags
+
+    add_vllm_flags(srv)
 
     chat = sub.add_parser("chat", help="chat with a model in the terminal")
     _engine_options(chat)

@@ -15,6 +15,7 @@ import uvicorn
 from deltaserve.engine.async_engine import AsyncEngine
 from deltaserve.engine.sampling_defaults import describe
 from deltaserve.server.app import build_app
+from deltaserve.server.vllm_flags import check_vllm_flags
 
 logger = logging.getLogger("deltaserve.server")
 
@@ -74,6 +75,7 @@ def engine_kwargs(args: Any) -> dict:
 def serve(args: Any) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    reasoning = check_vllm_flags(args)  # before the model loads: a flag it cannot honour ends the start at once
     print(f"deltaserve: loading {args.model or 'the demo model'} ...", file=sys.stderr, flush=True)
     engine = AsyncEngine.from_args(args.model, max_queue=args.max_queue, **engine_kwargs(args))
     served = args.served_model_name or [engine.model_name]
@@ -81,7 +83,7 @@ def serve(args: Any) -> int:
         print(f"deltaserve: requests that leave them unset sample with the checkpoint's "
               f"{describe(engine.sampling_defaults)} (--generation-config vllm for the API's defaults)",
               file=sys.stderr, flush=True)
-    app = build_app(engine, served, api_key=api_key)
+    app = build_app(engine, served, api_key=api_key, reasoning=reasoning)
     config = uvicorn.Config(
         app,
         host=args.host,

@@ -1,0 +1,51 @@
+"""vLLM's `serve` flags that a command line written for vLLM carries, so that it starts deltaserve as it is:
+each is taken where deltaserve does what it asks (or always does it), and refused by name where it cannot."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from deltaserve.errors import DeltaServeError
+
+# vLLM's names for the tool-call formats that tool_parsers/ reads, whichever it meets: Qwen3's JSON bodies
+# (hermes) and the XML bodies of Qwen3.5 and Qwen3-Next (qwen3_coder, qwen3_xml).
+TOOL_CALL_PARSERS = ("hermes", "qwen3_coder", "qwen3_xml")
+# vLLM's names for `<think>...</think>` split from the answer, the one reasoning format reasoning.py reads.
+REASONING_PARSERS = ("qwen3", "deepseek_r1")
+
+
+def add_vllm_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("vLLM's flags", "taken so that a command line written for vLLM starts deltaserve")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted: deltaserve runs no code from a checkpoint, so there is none to trust")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="accepted: tool calls are parsed wherever the chat template speaks of tools")
+    g.add_argument("--tool-call-parser", default=None,
+                   help=f"{', '.join(TOOL_CALL_PARSERS)}: the formats deltaserve reads, both of them whichever is "
+                        "named (any other is refused)")
+    g.add_argument("--reasoning-parser", default=None,
+                   help=f"{' or '.join(REASONING_PARSERS)}: split <think> blocks from the answer into "
+                        "reasoning_content (default: where the chat template thinks)")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                   help="1 only: deltaserve runs a model on one GPU")
+    g.add_argument("--enable-chunked-prefill", action="store_true",
+                   help="accepted: a prompt longer than --max-num-batched-tokens is always prefilled in chunks")
+
+
+def check_vllm_flags(args: Any) -> bool | None:
+    """Refuses what deltaserve cannot do; returns whether replies are split into reasoning and answer where a
+    reasoning parser is named (None: as the chat template says)."""
+    parser = getattr(args, "tool_call_parser", None)
+    if parser is not None and parser not in TOOL_CALL_PARSERS:
+        raise DeltaServeError(f"--tool-call-parser {parser}: deltaserve reads the tool calls of "
+                              f"{', '.join(TOOL_CALL_PARSERS)} (Qwen3's JSON and Qwen3.5's XML bodies), not others")
+    reasoning = getattr(args, "reasoning_parser", None)
+    if reasoning is not None and reasoning not in REASONING_PARSERS:
+        raise DeltaServeError(f"--reasoning-parser {reasoning}: deltaserve splits <think> blocks "
+                              f"({', '.join(REASONING_PARSERS)}), not others")
+    size = getattr(args, "tensor_parallel_size", None)
+    if size is not None and size != 1:
+        raise DeltaServeError(f"--tensor-parallel-size {size}: deltaserve runs a model on one GPU (give 1 or "
+                              "leave it out)")
+    return True if reasoning is not None else None

@@ -1,0 +1,62 @@
+"""A `vllm serve` command line starts deltaserve as it is: vLLM's flags are taken where deltaserve does what
+they ask, and a reasoning parser named there splits `<think>` blocks from the answer even where the chat
+template never thinks (the demo model's does not)."""
+
+from __future__ import annotations
+
+import random
+import string
+
+import httpx
+import pytest
+
+from deltaserve.cli import _build_parser
+from deltaserve.errors import DeltaServeError
+from deltaserve.server.launcher import engine_kwargs
+from deltaserve.server.vllm_flags import check_vllm_flags
+from tests.server.conftest import MODEL, serving
+from tests.server.live_server import LiveServer
+
+pytestmark = pytest.mark.timeout(400)
+
+VLLM_LINE = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
+             "--reasoning-parser", "qwen3", "-tp", "1", "--enable-chunked-prefill"]
+
+
+@pytest.fixture(scope="module")
+def vllm_style_server():
+    yield from serving(LiveServer("--served-model-name", MODEL, *VLLM_LINE))
+
+
+def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
+    args = _build_parser().parse_args(["serve", *VLLM_LINE])
+    assert check_vllm_flags(args) is True  # the reasoning parser turns the split on
+    assert engine_kwargs(args) == engine_kwargs(_build_parser().parse_args(["serve"]))
+    assert check_vllm_flags(_build_parser().parse_args(["serve", "--tool-call-parser", "hermes"])) is None
+
+
+@pytest.mark.parametrize("line, named", [(["--tool-call-parser", "mistral"], "--tool-call-parser mistral"),
+                                         (["--reasoning-parser", "granite"], "--reasoning-parser granite"),
+                                         (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2"),
+                                         (["-tp", "4"], "--tensor-parallel-size 4")])
+def test_what_deltaserve_cannot_do_is_refused_by_name(line, named):
+    with pytest.raises(DeltaServeError, match=named):
+        check_vllm_flags(_build_parser().parse_args(["serve", *line]))
+
+
+def _forced_think_reply(live: LiveServer, thought: str) -> dict:
+    """A chat reply held by a regex to `<think>THOUGHT</think>Paris`."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 40, "temperature": 0,
+            "structured_outputs": {"regex": f"<think>{thought}</think>Paris"}}
+    r = httpx.post(live.base_url + "/chat/completions", json=body, headers=live.headers, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]
+
+
+def test_a_named_reasoning_parser_splits_the_reply(vllm_style_server, server):
+    thought = "".join(random.choices(string.ascii_lowercase, k=random.randint(3, 8)))
+    split = _forced_think_reply(vllm_style_server, thought)
+    assert (split.get("reasoning_content"), split["content"]) == (thought, "Paris")
+    whole = _forced_think_reply(server, thought)  # the same model without the flag: its template never thinks
+    assert whole["content"] == f"<think>{thought}</think>Paris" and not whole.get("reasoning_content")
