@@ -52,6 +52,14 @@ def _arguments_for_template(arguments: Any) -> Any:
     return arguments
 
 
+def _reasoning(msg: ChatMessage, param: str) -> str | None:
+    """A message's reasoning under either name a client may send it by (a reply gives both)."""
+    if msg.reasoning is not None and msg.reasoning_content is not None and msg.reasoning != msg.reasoning_content:
+        raise bad_request("reasoning and reasoning_content differ: give the reasoning once", f"{param}.reasoning",
+                          "invalid_value")
+    return msg.reasoning_content if msg.reasoning_content is not None else msg.reasoning
+
+
 def openai_messages_for_template(messages: list[ChatMessage]) -> list[dict]:
     out = []
     for i, msg in enumerate(messages):
@@ -63,8 +71,9 @@ def openai_messages_for_template(messages: list[ChatMessage]) -> list[dict]:
             entry["name"] = msg.name
         if msg.tool_call_id is not None:
             entry["tool_call_id"] = msg.tool_call_id
-        if msg.reasoning_content is not None:
-            entry["reasoning_content"] = msg.reasoning_content
+        reasoning = _reasoning(msg, f"messages.{i}")
+        if reasoning is not None:
+            entry["reasoning_content"] = reasoning
         if msg.tool_calls:
             entry["tool_calls"] = [
                 {

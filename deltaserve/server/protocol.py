@@ -41,7 +41,8 @@ class ChatMessage(_Lenient):
     name: StrictStr | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: StrictStr | None = None
-    reasoning_content: StrictStr | None = None
+    reasoning: StrictStr | None = None  # an earlier turn's reasoning, under vLLM's name ...
+    reasoning_content: StrictStr | None = None  # ... or DeepSeek's; the template reads reasoning_content
 
 
 class FunctionDef(_Lenient):

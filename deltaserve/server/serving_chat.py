@@ -184,8 +184,8 @@ class _ChatJob:
             parsed = parser.feed(o.text)
             parsed.extend(parser.finish())
             message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-            if parsed.reasoning:
-                message["reasoning_content"] = parsed.reasoning
+            if parsed.reasoning:  # under vLLM's name and DeepSeek's, which clients read
+                message["reasoning"] = message["reasoning_content"] = parsed.reasoning
             finish_reason = self._finish_reason(o.finish_reason, len(parsed.tool_calls))
             if parsed.tool_calls:
                 message["tool_calls"] = [_tool_call_json(c) for c in parsed.tool_calls]
@@ -209,7 +209,7 @@ class _ChatJob:
     def _delta_json(self, delta: ChoiceDelta, tool_index: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if delta.reasoning:
-            out["reasoning_content"] = delta.reasoning
+            out["reasoning"] = out["reasoning_content"] = delta.reasoning
         if delta.content:
             out["content"] = delta.content
         if delta.tool_calls:

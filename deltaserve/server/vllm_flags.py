@@ -26,7 +26,7 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                         "named (any other is refused)")
     g.add_argument("--reasoning-parser", default=None,
                    help=f"{' or '.join(REASONING_PARSERS)}: split <think> blocks from the answer into "
-                        "reasoning_content (default: where the chat template thinks)")
+                        "reasoning (default: where the chat template thinks)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                    help="1 only: deltaserve runs a model on one GPU")
     g.add_argument("--enable-chunked-prefill", action="store_true",

@@ -14,7 +14,7 @@ from deltaserve.errors import EngineDeadError, InvalidPromptError, InvalidSampli
 from deltaserve.server.anthropic_protocol import MessagesRequest
 from deltaserve.server.chat_prompt import openai_messages_for_template
 from deltaserve.server.envelope import ChunkEvents, completion_envelope
-from deltaserve.server.errors import context_length_error, from_exception
+from deltaserve.server.errors import APIError, context_length_error, from_exception
 from deltaserve.server.metrics import ServerMetrics
 from deltaserve.server.output_parser import ChoiceDelta
 from deltaserve.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -85,6 +85,20 @@ def test_openai_tool_call_arguments_become_a_mapping_for_the_template():
     assert out[0] == {"role": "system", "content": "be brief"}
     assert out[1]["content"] == "" and out[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
     assert out[2] == {"role": "tool", "content": "42", "tool_call_id": "c1"}
+
+
+def test_an_earlier_turns_reasoning_reaches_the_template_under_either_name():
+    thought = "".join(random.choices("abc xyz", k=random.randint(1, 30)))
+    for names in (["reasoning"], ["reasoning_content"], ["reasoning", "reasoning_content"]):
+        req = ChatCompletionRequest.model_validate({"messages": [
+            {"role": "user", "content": "q"}, {"role": "assistant", "content": "a", **dict.fromkeys(names, thought)}]})
+        assert openai_messages_for_template(req.messages)[1] == {
+            "role": "assistant", "content": "a", "reasoning_content": thought}, names
+    req = ChatCompletionRequest.model_validate({"messages": [
+        {"role": "assistant", "content": "a", "reasoning": thought, "reasoning_content": thought + "!"}]})
+    with pytest.raises(APIError) as caught:
+        openai_messages_for_template(req.messages)
+    assert caught.value.status == 400 and caught.value.param == "messages.0.reasoning"
 
 
 def test_anthropic_messages_become_chat_messages():

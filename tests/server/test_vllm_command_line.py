@@ -4,6 +4,7 @@ template never thinks (the demo model's does not)."""
 
 from __future__ import annotations
 
+import json
 import random
 import string
 
@@ -44,19 +45,32 @@ def test_what_deltaserve_cannot_do_is_refused_by_name(line, named):
         check_vllm_flags(_build_parser().parse_args(["serve", *line]))
 
 
-def _forced_think_reply(live: LiveServer, thought: str) -> dict:
-    """A chat reply held by a regex to `<think>THOUGHT</think>Paris`."""
+def _forced_think_reply(live: LiveServer, thought: str, stream: bool = False) -> dict:
+    """A chat reply held by a regex to `<think>THOUGHT</think>Paris`; a stream's deltas joined field by field."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "max_tokens": 40, "temperature": 0,
+            "max_tokens": 40, "temperature": 0, "stream": stream,
             "structured_outputs": {"regex": f"<think>{thought}</think>Paris"}}
     r = httpx.post(live.base_url + "/chat/completions", json=body, headers=live.headers, timeout=120)
     assert r.status_code == 200, r.text
-    return r.json()["choices"][0]["message"]
+    if not stream:
+        return r.json()["choices"][0]["message"]
+    joined: dict[str, str] = {}
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                for name, value in choice["delta"].items():
+                    if isinstance(value, str) and name != "role":
+                        joined[name] = joined.get(name, "") + value
+    return joined
 
 
 def test_a_named_reasoning_parser_splits_the_reply(vllm_style_server, server):
     thought = "".join(random.choices(string.ascii_lowercase, k=random.randint(3, 8)))
     split = _forced_think_reply(vllm_style_server, thought)
-    assert (split.get("reasoning_content"), split["content"]) == (thought, "Paris")
+    # under vLLM's name and DeepSeek's
+    assert (split.get("reasoning"), split.get("reasoning_content"), split["content"]) == (thought, thought, "Paris")
     whole = _forced_think_reply(server, thought)  # the same model without the flag: its template never thinks
-    assert whole["content"] == f"<think>{thought}</think>Paris" and not whole.get("reasoning_content")
+    assert whole["content"] == f"<think>{thought}</think>Paris"
+    assert "reasoning" not in whole and "reasoning_content" not in whole
+    streamed = _forced_think_reply(vllm_style_server, thought, stream=True)
+    assert streamed == {"reasoning": thought, "reasoning_content": thought, "content": "Paris"}
