@@ -9,7 +9,7 @@ from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, Re
 from deltaserve.outputs import RequestOutput
 from deltaserve.sampling_params import SamplingParams
 
-Prompt = str | list[int]
+Prompt = str | list[int]  # generate also takes vLLM's prompt dicts, {"prompt": text} and {"prompt_token_ids": ids}
 
 
 class LLM:
@@ -100,11 +100,26 @@ class LLM:
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:
-    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-        return [prompts]
+    if (isinstance(prompts, (str, dict))
+            or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))):
+        return [_plain_prompt(prompts)]
     if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise InvalidPromptError("prompts must be a string, a list of token ids, or a non-empty list of those")
-    return list(prompts)
+        raise InvalidPromptError("prompts must be a string, a list of token ids, a prompt dict, or a non-empty "
+                                 "list of those")
+    return [_plain_prompt(p) for p in prompts]
+
+
+def _plain_prompt(prompt) -> Prompt:
+    """vLLM's prompt dicts, {"prompt": text} and {"prompt_token_ids": ids}, as the text or ids they hold."""
+    if not isinstance(prompt, dict):
+        return prompt
+    unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+    if unknown:
+        raise InvalidPromptError(f"a prompt dict's {', '.join(map(repr, unknown))} is not supported: give "
+                                 "'prompt' (text) or 'prompt_token_ids'")
+    if len(prompt) != 1:
+        raise InvalidPromptError("a prompt dict holds either 'prompt' (text) or 'prompt_token_ids', one of them")
+    return next(iter(prompt.values()))
 
 
 def _as_conversation_list(messages) -> list[list[dict]]:

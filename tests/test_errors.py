@@ -123,6 +123,20 @@ def test_bad_prompts_raise_and_leave_nothing_queued(small_llm):
     assert engine.stats().kv_blocks_used == 0 and engine.stats().state_slots_used == 0
 
 
+def test_vllm_prompt_dicts_are_taken_as_the_text_or_ids_they_hold(small_llm):
+    ids = [int(t) for t in np.random.default_rng().integers(2, 200, size=int(np.random.default_rng().integers(2, 9)))]
+    text = small_llm.get_tokenizer().decode(ids)
+    expected = [o.outputs[0].token_ids for o in small_llm.generate([ids, text], GREEDY)]
+    got = small_llm.generate([{"prompt_token_ids": ids}, {"prompt": text}], GREEDY)
+    assert [o.outputs[0].token_ids for o in got] == expected
+    assert small_llm.generate({"prompt_token_ids": ids}, GREEDY)[0].outputs[0].token_ids == expected[0]
+    for bad, named in (({"prompt": text, "multi_modal_data": {}}, "'multi_modal_data' is not supported"),
+                       ({"prompt": text, "prompt_token_ids": ids}, "either 'prompt'"), ({}, "either 'prompt'")):
+        with pytest.raises(InvalidPromptError, match=named):
+            small_llm.generate([{"prompt": text}, bad], GREEDY)
+    assert not small_llm.engine.has_unfinished_requests()
+
+
 def test_integer_ids_of_any_integer_type_are_taken(small_llm):
     ids = [int(t) for t in np.random.default_rng().integers(2, 200, size=9)]
     expected = small_llm.generate([ids], GREEDY)[0]
