@@ -27,6 +27,11 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--reasoning-parser", default=None,
                    help=f"{' or '.join(REASONING_PARSERS)}: split <think> blocks from the answer into "
                         "reasoning (default: where the chat template thinks)")
+    g.add_argument("--enable-reasoning", action="store_true",
+                   help="accepted (older vLLM's companion of --reasoning-parser): replies are split where the "
+                        "template thinks or a reasoning parser is named")
+    g.add_argument("--language-model-only", action="store_true",
+                   help="accepted: deltaserve loads a Qwen3.5 checkpoint's language model only")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                    help="1 only: deltaserve runs a model on one GPU")
     g.add_argument("--enable-chunked-prefill", action="store_true",

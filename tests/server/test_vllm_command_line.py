@@ -21,7 +21,8 @@ from tests.server.live_server import LiveServer
 pytestmark = pytest.mark.timeout(400)
 
 VLLM_LINE = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
-             "--reasoning-parser", "qwen3", "-tp", "1", "--enable-chunked-prefill"]
+             "--reasoning-parser", "qwen3", "-tp", "1", "--enable-chunked-prefill", "--enable-reasoning",
+             "--language-model-only"]
 
 
 @pytest.fixture(scope="module")
