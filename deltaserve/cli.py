@@ -10,6 +10,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="checkpoint: an HF directory, a .gguf file or a Hugging Face repo id (org/name: its snapshot in "
                         "the local hub cache, downloaded there first if missing) (default: the built-in demo model)")
+    p.add_argument("--revision", default=None, help="the hub revision (branch, tag or commit) of a repo id")
+    p.add_argument("--download-dir", default=None,
+                   help="the hub cache a repo id's checkpoint is read from and downloaded to (default: Hugging "
+                        "Face's)")
     p.add_argument("--dtype", default=None, help="auto (default), float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="auto (default: CUDA when present), cuda, cpu")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")

@@ -12,11 +12,13 @@ def test_serve_options_become_engine_config_fields():
     args = _build_parser().parse_args(["serve", "--gdn-state-dtype", "bfloat16", "--no-prefix-caching",
                                        "--ssm-snapshot-interval", "512", "--decode-snapshot-interval", "64",
                                        "--enforce-eager", "--max-num-seqs", "8", "--load-format", "dummy",
-                                       "--gpu-memory-utilization", "0.5", "--generation-config", "vllm"])
+                                       "--gpu-memory-utilization", "0.5", "--generation-config", "vllm",
+                                       "--revision", "v2", "--download-dir", "/models"])
     kwargs = engine_kwargs(args)
     assert kwargs == {"gdn_state_dtype": "bfloat16", "enable_prefix_caching": False, "ssm_snapshot_interval": 512,
                       "decode_snapshot_interval": 64, "enforce_eager": True, "max_num_seqs": 8, "load_format": "dummy",
-                      "gpu_memory_utilization": 0.5, "generation_config": "vllm"}
+                      "gpu_memory_utilization": 0.5, "generation_config": "vllm", "revision": "v2",
+                      "download_dir": "/models"}
     config = EngineConfig(**kwargs)
     assert config.gdn_state_dtype == "bfloat16" and config.max_num_seqs == 8
     assert "gdn_state_dtype" not in engine_kwargs(_build_parser().parse_args(["serve"]))  # the default rules

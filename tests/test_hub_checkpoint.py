@@ -21,17 +21,18 @@ from tests.server.live_server import REPO_ROOT
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-def cache_repo(cache: str, repo_id: str, files_from: str, only: tuple[str, ...] | None = None) -> str:
-    """Lays a checkpoint out as the hub's cache does: the snapshot named by its commit, refs/main naming it."""
+def cache_repo(cache: str, repo_id: str, files_from: str, only: tuple[str, ...] | None = None,
+               commit: str = COMMIT, branch: str = "main") -> str:
+    """Lays a checkpoint out as the hub's cache does: the snapshot named by its commit, refs/BRANCH naming it."""
     repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
-    snapshot = os.path.join(repo, "snapshots", COMMIT)
+    snapshot = os.path.join(repo, "snapshots", commit)
     os.makedirs(snapshot)
     for name in os.listdir(files_from):
         if only is None or name in only:
             shutil.copy(os.path.join(files_from, name), snapshot)
-    os.makedirs(os.path.join(repo, "refs"))
-    with open(os.path.join(repo, "refs", "main"), "w") as f:
-        f.write(COMMIT)
+    os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+    with open(os.path.join(repo, "refs", branch), "w") as f:
+        f.write(commit)
     return snapshot
 
 
@@ -67,6 +68,29 @@ def test_a_cached_repo_serves_as_its_directory_does(hub_cache, checkpoint_factor
     assert by_repo.engine.model_name == "tiny-org/tiny-qwen3.5"
     tokens = by_repo.generate([prompt], params)[0].outputs[0].token_ids
     assert tokens == by_path.generate([prompt], params)[0].outputs[0].token_ids
+
+
+def test_a_revision_and_a_download_dir_pick_the_snapshot(hub_cache, tmp_path, checkpoint_factory):
+    main = cache_repo(hub_cache, "org/model", checkpoint_factory("llama"))
+    other = "f" * 40
+    branch = cache_repo(hub_cache, "org/model", checkpoint_factory("llama", seed=1), commit=other, branch="v2")
+    assert resolve_model_source("org/model").path == main
+    assert resolve_model_source("org/model", revision="v2").path == branch
+    assert resolve_model_source("org/model", revision=other).path == branch  # a commit names its snapshot
+    with pytest.raises(WeightLoadError, match="'org/model@v3' is neither a local path nor in the Hugging Face cache"):
+        resolve_model_source("org/model", revision="v3")
+    elsewhere = str(tmp_path / "elsewhere")
+    moved = cache_repo(elsewhere, "org/model", checkpoint_factory("llama"))
+    assert resolve_model_source("org/model", download_dir=elsewhere).path == moved
+    with pytest.raises(WeightLoadError, match=f"'org/model@v2' is neither a local path nor in the Hugging Face "
+                                              f"cache \\({elsewhere}\\)"):
+        resolve_model_source("org/model", revision="v2", download_dir=elsewhere)
+
+
+def test_a_revision_for_what_is_no_repo_id_is_refused(checkpoint_factory):
+    for model in (None, checkpoint_factory("llama")):
+        with pytest.raises(WeightLoadError, match="revision='main' names a revision on the Hugging Face hub"):
+            resolve_model_source(model, revision="main")
 
 
 def test_a_repo_the_cache_lacks_is_refused_by_name_offline(hub_cache, checkpoint_factory):

@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class EngineConfig:
     model: str | None = None
+    revision: str | None = None  # a hub revision (branch, tag or commit) where `model` is a repo id
+    download_dir: str | None = None  # the hub cache to read and download a repo id's checkpoint in
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None

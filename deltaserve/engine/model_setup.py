@@ -55,7 +55,7 @@ class LoadedModel:
 
 def load_engine_model(config: EngineConfig) -> LoadedModel:
     started = time.perf_counter()
-    source = resolve_model_source(config.model)
+    source = resolve_model_source(config.model, config.revision, config.download_dir)
     sampling_defaults = load_sampling_defaults(config.generation_config, source.path, source.is_gguf)
     device = resolve_device(config.device)
     model_config, tokenizer, gguf_tensors = _read_checkpoint(source)

@@ -25,35 +25,37 @@ def looks_like_repo_id(model: str) -> bool:
     return _REPO_ID.fullmatch(model) is not None and ".." not in model
 
 
-def hub_checkpoint(repo_id: str) -> str:
-    """The directory of `repo_id`'s checkpoint in the local hub cache, downloading it there if needed."""
+def hub_checkpoint(repo_id: str, revision: str | None = None, cache_dir: str | None = None) -> str:
+    """The directory of `repo_id`'s checkpoint (at `revision`, the default branch if None) in the hub cache
+    (`cache_dir`, the Hugging Face one if None), downloading it there if needed."""
     from huggingface_hub import constants, snapshot_download
 
-    cached = _cached_snapshot(repo_id)
+    cached = _cached_snapshot(repo_id, revision, cache_dir)
     if cached is not None:
         return cached
-    where = f"the Hugging Face cache ({constants.HF_HUB_CACHE})"
+    name = repo_id if revision is None else f"{repo_id}@{revision}"
+    where = f"the Hugging Face cache ({cache_dir or constants.HF_HUB_CACHE})"
     if constants.HF_HUB_OFFLINE:
-        raise WeightLoadError(f"model {repo_id!r} is neither a local path nor in {where}, and HF_HUB_OFFLINE is "
+        raise WeightLoadError(f"model {name!r} is neither a local path nor in {where}, and HF_HUB_OFFLINE is "
                               "set: download it there first, or give a checkpoint directory or a .gguf file")
     try:
-        path = snapshot_download(repo_id, allow_patterns=CHECKPOINT_FILES)
+        path = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=CHECKPOINT_FILES)
     except Exception as e:  # the hub's errors are many (network, gated, not found): each names itself
-        raise WeightLoadError(f"model {repo_id!r} is neither a local path nor in {where}, and downloading it "
+        raise WeightLoadError(f"model {name!r} is neither a local path nor in {where}, and downloading it "
                               f"failed: {type(e).__name__}: {_one_line(e)}") from e
     if not _has_weights(path):
-        raise WeightLoadError(f"model {repo_id!r} on the hub has no .safetensors weights")
+        raise WeightLoadError(f"model {name!r} on the hub has no .safetensors weights")
     return path
 
 
-def _cached_snapshot(repo_id: str) -> str | None:
-    """The cached snapshot of the repo's default revision, if it holds weights (a cache that holds only a
+def _cached_snapshot(repo_id: str, revision: str | None, cache_dir: str | None) -> str | None:
+    """The cached snapshot of the repo at that revision, if it holds weights (a cache that holds only a
     config, as a tokenizer or config lookup leaves it, is not a checkpoint)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        path = snapshot_download(repo_id, local_files_only=True)
+        path = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True)
     except LocalEntryNotFoundError:
         return None
     return path if _has_weights(path) else None

@@ -46,14 +46,19 @@ class ModelSource:
         return self.repo_id or os.path.basename(os.path.normpath(self.path))
 
 
-def resolve_model_source(model: str | None) -> ModelSource:
+def resolve_model_source(model: str | None, revision: str | None = None,
+                         download_dir: str | None = None) -> ModelSource:
+    """`revision` and `download_dir` speak of the hub: a repo id's revision and the cache it is read from."""
+    if revision is not None and (model is None or os.path.exists(model) or not looks_like_repo_id(model)):
+        raise WeightLoadError(f"revision={revision!r} names a revision on the Hugging Face hub, but the model "
+                              f"{model or '(the demo model)'!r} is not a repo id")
     if model is None:
         from deltaserve.models.gguf_loader import demo_model_path
 
         return ModelSource(demo_model_path(), True)
     if not os.path.exists(model):
         if looks_like_repo_id(model):
-            return ModelSource(hub_checkpoint(model), False, repo_id=model)
+            return ModelSource(hub_checkpoint(model, revision, download_dir), False, repo_id=model)
         raise WeightLoadError(f"model path {model!r} does not exist (give a checkpoint directory, a .gguf file "
                               "or a Hugging Face repo id)")
     if os.path.isfile(model):
