@@ -21,6 +21,7 @@ from deltaserve.server.metrics import CONTENT_TYPE
 from deltaserve.server.serving_chat import ChatCompletions
 from deltaserve.server.serving_completions import Completions
 from deltaserve.server.serving_messages import Messages
+from deltaserve.server.serving_responses import Responses
 from deltaserve.server.serving_tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     chat = ChatCompletions(ctx)
     completions = Completions(ctx)
     messages = Messages(ctx)
+    responses = Responses(chat)
 
     @app.get("/health")
     async def health():
@@ -173,6 +175,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     routes = {
         "/v1/chat/completions": chat.__call__,
         "/v1/completions": completions.__call__,
+        "/v1/responses": responses.__call__,
         "/v1/messages": messages.__call__,
         "/v1/messages/count_tokens": messages.count_tokens,
         "/tokenize": _tokenize,

@@ -102,6 +102,15 @@ class ChatCompletions:
     async def __call__(self, request: Request):
         body = await read_json_object(request)
         req = ChatCompletionRequest.model_validate(body)
+        job, stream = await self.submit(req, "chatcmpl-")
+        if req.stream:
+            return EngineStreamResponse(job.stream(stream), stream, headers=SSE_HEADERS)
+        final = await until_disconnect(request, last_output(stream))
+        return JSONResponse(job.response(final))
+
+    async def submit(self, req: ChatCompletionRequest, id_prefix: str) -> tuple[ChatJob, RequestStream]:
+        """Checks, renders and queues a chat request (the Responses route's too, translated into one): its output
+        shaping and its stream."""
         model = self.ctx.check_model(req.model)
         refuse_unsupported(req)
         if req.top_logprobs and not req.logprobs:  # OpenAI's rule: the top ones come with the chosen one's
@@ -126,18 +135,14 @@ class ChatCompletions:
                                        defaults=defaults)
         params.structured_outputs, field = _output_structure(req, tools, prompt.opens_reasoning)
         await check_structure(self.ctx.engine, params.structured_outputs, field)
-        request_id = random_id("chatcmpl-")
+        request_id = random_id(id_prefix)
         stream = await self.ctx.engine.generate(
             request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points
         )
-        job = _ChatJob(self, req, model, request_id, prompt, tools)
-        if req.stream:
-            return EngineStreamResponse(job.stream(stream), stream, headers=SSE_HEADERS)
-        final = await until_disconnect(request, last_output(stream))
-        return JSONResponse(job.response(final))
+        return ChatJob(self, req, model, request_id, prompt, tools), stream
 
 
-class _ChatJob:
+class ChatJob:
     """One chat request's output shaping, streamed or whole."""
 
     def __init__(self, api: ChatCompletions, req: ChatCompletionRequest, model: str, request_id: str,
@@ -153,7 +158,7 @@ class _ChatJob:
         self.top = (req.top_logprobs or 0) if req.logprobs else None
         self.demanded, self.demanded_name = _demanded_call(req)
 
-    def _parser(self) -> ChoiceParser:
+    def parser(self) -> ChoiceParser:
         return ChoiceParser(
             reasoning=bool(self.api.ctx.reasoning),
             start_in_reasoning=self.prompt.opens_reasoning,
@@ -161,7 +166,7 @@ class _ChatJob:
             forced=ForcedToolCalls(self.demanded_name) if self.demanded else None,
         )
 
-    def _finish_reason(self, reason: str | None, calls: int) -> str | None:
+    def finish_reason(self, reason: str | None, calls: int) -> str | None:
         """"tool_calls" where the choice called tools, except a named function's call: OpenAI's "stop" there."""
         return "tool_calls" if calls and self.demanded_name is None else reason
 
@@ -180,13 +185,13 @@ class _ChatJob:
     def response(self, output: RequestOutput) -> dict:
         choices = []
         for o in sorted(output.outputs, key=lambda o: o.index):
-            parser = self._parser()
+            parser = self.parser()
             parsed = parser.feed(o.text)
             parsed.extend(parser.finish())
             message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.reasoning:  # under vLLM's name and DeepSeek's, which clients read
                 message["reasoning"] = message["reasoning_content"] = parsed.reasoning
-            finish_reason = self._finish_reason(o.finish_reason, len(parsed.tool_calls))
+            finish_reason = self.finish_reason(o.finish_reason, len(parsed.tool_calls))
             if parsed.tool_calls:
                 message["tool_calls"] = [_tool_call_json(c) for c in parsed.tool_calls]
                 message["content"] = parsed.content or None
@@ -218,7 +223,7 @@ class _ChatJob:
 
     async def stream(self, stream: RequestStream) -> AsyncIterator[str]:
         n = self.req.n
-        parsers = [self._parser() for _ in range(n)]
+        parsers = [self.parser() for _ in range(n)]
         sent_chars = [0] * n
         sent_tokens = [0] * n
         tools_sent = [0] * n
@@ -256,7 +261,7 @@ class _ChatJob:
                         tools_sent[i] += len(delta.tool_calls)
                     if o.finish_reason is not None:
                         done[i] = True
-                        reason = self._finish_reason(o.finish_reason, tools_sent[i])
+                        reason = self.finish_reason(o.finish_reason, tools_sent[i])
                         yield self._chunk(
                             [{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
                               "stop_reason": o.stop_reason}], usage=so_far(len(o.token_ids), output.num_cached_tokens)

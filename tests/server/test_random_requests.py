@@ -1,6 +1,7 @@
-"""Random request bodies, mostly valid and some not, from many clients at once, some of them going away
-mid-stream: every answer is a 200 or a 4xx that names the problem (a stream ends with [DONE]), and afterwards
-the server holds nothing (KV blocks, running requests) and answers as before. Each run draws new bodies."""
+"""Random request bodies (chat, completions, Responses), mostly valid and some not, from many clients at once,
+some of them going away mid-stream: every answer is a 200 or a 4xx that names the problem (a stream ends with
+[DONE], or with the whole response), and afterwards the server holds nothing (KV blocks, running requests) and
+answers as before. Each run draws new bodies."""
 
 from __future__ import annotations
 
@@ -60,15 +61,44 @@ def _fields(rng: random.Random, chat: bool) -> dict:
     return body
 
 
+WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}}, "required": ["city"]}}
+
+
+def _responses_body(rng: random.Random) -> dict:
+    """A Responses API body: its own names for what chat's fields ask."""
+    drawers = {
+        "instructions": lambda: rng.choice(["Be brief.", "Answer in French."]),
+        "temperature": lambda: rng.choice([0.0, 0.7, 1.0]),
+        "top_p": lambda: rng.choice([0.5, 1.0]),
+        "tools": lambda: [WEATHER],
+        "tool_choice": lambda: rng.choice(["auto", "none", "required", {"type": "function", "name": "get_weather"}]),
+        "text": lambda: rng.choice([{"format": {"type": "json_object"}}, {"format": {"type": "text"}}, {
+            "format": {"type": "json_schema", "name": "s", "schema": SCHEMA}}]),
+        "reasoning": lambda: {"effort": rng.choice(["low", "high"])},
+    }
+    body = {name: _maybe_wrong(rng, draw()) for name, draw in drawers.items() if rng.random() < 0.15}
+    body["max_output_tokens"] = _maybe_wrong(rng, rng.randint(1, 32))
+    body["input"] = rng.choice(["Hi", "Count to five.", [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}]])
+    return body
+
+
 def _request(server, seed: int) -> tuple[int, str]:
     rng = random.Random(seed)
-    chat = rng.random() < 0.6
-    body = {"model": MODEL, **_fields(rng, chat), "stream": rng.random() < 0.5}
-    if chat:
-        body["messages"] = [{"role": "user", "content": rng.choice(["Hi", "Count to five.", "Name a colour."])}]
+    route = rng.choices(["chat", "completions", "responses"], [0.5, 0.3, 0.2])[0]
+    if route == "responses":
+        body = {"model": MODEL, **_responses_body(rng), "stream": rng.random() < 0.5}
     else:
+        body = {"model": MODEL, **_fields(rng, route == "chat"), "stream": rng.random() < 0.5}
+    if route == "chat":
+        body["messages"] = [{"role": "user", "content": rng.choice(["Hi", "Count to five.", "Name a colour."])}]
+    elif route == "completions":
         body["prompt"] = rng.choice(["Once upon a time", "1, 2, 3,", "The capital of France is"])
-    url = server.url + ("/v1/chat/completions" if chat else "/v1/completions")
+    url = server.url + {"chat": "/v1/chat/completions", "completions": "/v1/completions",
+                        "responses": "/v1/responses"}[route]
     leaves_early = rng.random() < 0.3
     if not body["stream"]:
         r = httpx.post(url, json=body, timeout=120, headers=server.headers)
@@ -101,6 +131,9 @@ def test_random_requests_are_answered_or_refused_by_name_and_leave_nothing_held(
             assert error["message"] and error["type"] == "invalid_request_error", (seed, text[:500])
         elif text.startswith("data:"):
             assert text.rstrip().endswith("data: [DONE]"), (seed, text[-500:])
+        elif text.startswith("event:"):  # a Responses stream ends with the response, whole
+            assert text.splitlines()[-1].startswith('data: {"type":"response.'), (seed, text[-500:])
+            assert json.loads(text.splitlines()[-1][6:])["type"] in ("response.completed", "response.incomplete")
     assert sum(status == 200 for status, _ in answers) >= 20  # the draws are mostly valid
     for _ in range(50):  # a stream its client left may still be finishing its step
         if not any(_gauges(server).values()):

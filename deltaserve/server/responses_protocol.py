@@ -1,0 +1,86 @@
+"""OpenAI Responses API request bodies (POST /v1/responses), validated with pydantic as protocol.py's are:
+shape and types here, values where they are used. The fields the server cannot honour (a stored earlier
+response, tools that run on OpenAI's side, input that is not text) are read so that they are refused by name."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+from deltaserve.server.protocol import Number, _Lenient
+
+
+class InputContent(_Lenient):
+    """A content part of an input message: input_text (a user's), output_text (an earlier reply's), or a kind
+    the server refuses (input_image, input_file)."""
+
+    type: StrictStr
+    text: StrictStr | None = None
+
+
+class InputItem(_Lenient):
+    """One input item: a message (type "message", or none with a role), an earlier function call, its
+    output, or an earlier reasoning item."""
+
+    type: StrictStr | None = None
+    role: Literal["user", "assistant", "system", "developer"] | None = None
+    content: StrictStr | list[InputContent] | None = None
+    call_id: StrictStr | None = None  # function_call, function_call_output
+    name: StrictStr | None = None  # function_call
+    arguments: StrictStr | None = None  # function_call
+    output: StrictStr | list[InputContent] | None = None  # function_call_output
+
+
+class FunctionTool(_Lenient):
+    type: StrictStr  # "function"; any other (web_search, file_search, ...) runs on OpenAI's side: refused
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class NamedFunctionChoice(_Lenient):
+    type: StrictStr
+    name: StrictStr | None = None
+
+
+class TextFormat(_Lenient):
+    """text.format: "text", "json_object" or "json_schema" (its schema under "schema", flat, not nested as in
+    chat's response_format)."""
+
+    type: StrictStr
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class TextConfig(_Lenient):
+    format: TextFormat | None = None
+
+
+class ReasoningConfig(_Lenient):
+    effort: StrictStr | None = None
+    summary: StrictStr | None = None
+
+
+class ResponsesRequest(_Lenient):
+    model: StrictStr | None = None
+    input: StrictStr | list[InputItem]
+    instructions: StrictStr | None = None
+    max_output_tokens: StrictInt | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    stream: StrictBool = False
+    store: StrictBool | None = None
+    background: StrictBool | None = None
+    previous_response_id: StrictStr | None = None
+    conversation: StrictStr | dict[str, Any] | None = None
+    metadata: dict[str, StrictStr] | None = None
+    user: StrictStr | None = None

@@ -1,0 +1,163 @@
+"""POST /v1/responses through OpenAI's own client: a response says what the chat route says for the same
+conversation, streamed or whole; function calls, their outputs and JSON schemas work as in the chat route; what
+the server cannot honour is refused by name. Plus the input items' conversion and the stream's events, without
+a model."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import openai
+import pytest
+
+from deltaserve.server.output_parser import ChoiceDelta
+from deltaserve.server.responses_protocol import ResponsesRequest
+from deltaserve.server.serving_responses import _EventWriter, chat_messages
+from deltaserve.server.tool_parsers import ToolCall
+from tests.server.conftest import API_KEY, MODEL
+
+pytestmark = pytest.mark.timeout(400)
+
+QUESTIONS = ["What is the capital of France?", "Name three colours.", "Count to five.", "Say hello to Ada."]
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0)
+
+
+def test_a_response_says_what_the_chat_route_says(client):
+    question, limit = random.choice(QUESTIONS), random.randint(3, 24)
+    system = random.choice([None, "Answer in one short sentence."])
+    response = client.responses.create(model=MODEL, input=question, instructions=system, max_output_tokens=limit,
+                                       temperature=0)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=limit, temperature=0)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (chat.usage.prompt_tokens,
+                                                                            chat.usage.completion_tokens)
+    assert response.model == MODEL and response.id.startswith("resp_") and response.instructions == system
+
+
+def test_a_streamed_response_is_the_whole_one(client):
+    question = random.choice(QUESTIONS)
+    whole = client.responses.create(model=MODEL, input=question, max_output_tokens=40, temperature=0)
+    events = list(client.responses.create(model=MODEL, input=question, max_output_tokens=40, temperature=0,
+                                          stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    final = events[-1].response  # completed, or incomplete where the reply ran to max_output_tokens
+    assert events[-1].type == f"response.{whole.status}" and final.status == whole.status
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text == whole.output_text
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_demanded_function_call_and_its_output(client, stream):
+    city = random.choice(["Paris", "Lima", "Oslo"])
+    ask = {"model": MODEL, "input": f"What is the weather in {city}?", "tools": [WEATHER],
+           "tool_choice": random.choice(["required", {"type": "function", "name": "get_weather"}]),
+           "max_output_tokens": 60, "temperature": 0}
+    if stream:
+        with client.responses.stream(**ask) as events:
+            response = events.get_final_response()
+    else:
+        response = client.responses.create(**ask)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert calls and all(call.name == "get_weather" for call in calls)
+    assert all(isinstance(json.loads(call.arguments)["city"], str) for call in calls)
+    follow_up = [{"role": "user", "content": ask["input"]}]
+    follow_up += [{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in calls]
+    follow_up += [{"type": "function_call_output", "call_id": c.call_id, "output": "Sunny, 21 C"} for c in calls]
+    answer = client.responses.create(model=MODEL, input=follow_up, tools=[WEATHER], tool_choice="none",
+                                      max_output_tokens=12, temperature=0)
+    assert answer.output[0].type == "message" and answer.output_text
+
+
+def test_a_json_schema_holds_the_reply(client):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    response = client.responses.create(
+        model=MODEL, input="Give a number.", max_output_tokens=60, temperature=0,
+        text={"format": {"type": "json_schema", "name": "number", "schema": schema, "strict": True}})
+    assert response.status == "completed"
+    assert isinstance(json.loads(response.output_text)["n"], int)
+    assert response.text.format.type == "json_schema"
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+     "input.0.content.0.type"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0.type"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"background": True}, "background"),
+    ({"input": []}, "input"),
+    ({"input": [{"type": "reasoning", "summary": []}], "instructions": "Be brief."}, "input"),
+    ({"input": [{"content": "Hi"}]}, "input.0.role"),
+    ({"tool_choice": {"type": "function", "name": "missing"}, "tools": [WEATHER]}, "tool_choice"),
+    ({"input": 5}, "input"),
+])
+def test_what_cannot_be_honoured_is_refused_by_name(server, fields, param):
+    body = {"model": MODEL, "input": "Hi", "max_output_tokens": 4, **fields}
+    r = httpx.post(server.base_url + "/responses", json=body, headers=server.headers, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"], error
+
+
+def test_input_items_become_the_chat_conversation():
+    thought, args = "".join(random.choices("abc ", k=12)), json.dumps({"city": random.choice(["Rome", "Kyiv"])})
+    req = ResponsesRequest.model_validate({"instructions": "Be brief.", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather"}, {"type": "input_text", "text": "?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": thought}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": args},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+        {"role": "developer", "content": "Answer now."},
+    ]})
+    call = {"type": "function", "function": {"name": "get_weather"}}
+    assert chat_messages(req) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "Looking.", "reasoning_content": thought, "tool_calls": [
+            {"id": "c1", **call, "function": {**call["function"], "arguments": args}},
+            {"id": "c2", **call, "function": {**call["function"], "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
+        {"role": "developer", "content": "Answer now."},
+    ]
+
+
+def test_the_stream_opens_and_closes_each_item_in_order():
+    writer = _EventWriter()
+    call = ToolCall("get_weather", '{"city": "Oslo"}')
+    frames = writer.write(ChoiceDelta(reasoning="hm"))
+    frames += writer.write(ChoiceDelta(reasoning="m", content="It is"))
+    frames += writer.write(ChoiceDelta(content=" cold.", tool_calls=[call]))
+    frames += writer.close("completed")
+    events = [json.loads(frame.split("data: ", 1)[1]) for frame in frames]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"] for e in events] == [
+        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done"]
+    assert [e["output_index"] for e in events if e["type"] == "response.output_item.done"] == [0, 1, 2]
+    assert [item["type"] for item in writer.items] == ["reasoning", "message", "function_call"]
+    assert writer.items[0]["content"][0]["text"] == "hmm" == writer.reasoning
+    assert writer.items[1]["content"][0]["text"] == "It is cold."
+    assert (writer.items[2]["name"], writer.items[2]["arguments"]) == (call.name, call.arguments)
