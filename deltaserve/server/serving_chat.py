@@ -166,7 +166,7 @@ class ChatJob:
             forced=ForcedToolCalls(self.demanded_name) if self.demanded else None,
         )
 
-    def finish_reason(self, reason: str | None, calls: int) -> str | None:
+    def _finish_reason(self, reason: str | None, calls: int) -> str | None:
         """"tool_calls" where the choice called tools, except a named function's call: OpenAI's "stop" there."""
         return "tool_calls" if calls and self.demanded_name is None else reason
 
@@ -191,7 +191,7 @@ class ChatJob:
             message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.reasoning:  # under vLLM's name and DeepSeek's, which clients read
                 message["reasoning"] = message["reasoning_content"] = parsed.reasoning
-            finish_reason = self.finish_reason(o.finish_reason, len(parsed.tool_calls))
+            finish_reason = self._finish_reason(o.finish_reason, len(parsed.tool_calls))
             if parsed.tool_calls:
                 message["tool_calls"] = [_tool_call_json(c) for c in parsed.tool_calls]
                 message["content"] = parsed.content or None
@@ -261,7 +261,7 @@ class ChatJob:
                         tools_sent[i] += len(delta.tool_calls)
                     if o.finish_reason is not None:
                         done[i] = True
-                        reason = self.finish_reason(o.finish_reason, tools_sent[i])
+                        reason = self._finish_reason(o.finish_reason, tools_sent[i])
                         yield self._chunk(
                             [{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
                               "stop_reason": o.stop_reason}], usage=so_far(len(o.token_ids), output.num_cached_tokens)
