@@ -77,7 +77,8 @@ def chat_messages(req: ResponsesRequest) -> list[dict]:
             out.append({"role": item.role, "content": _text(item.content, f"{where}.content")})
         elif kind == "function_call":
             _needs(item, kind, ("call_id", "name", "arguments"), where)
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
             if not out or out[-1]["role"] != "assistant":
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(call)

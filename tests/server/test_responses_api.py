@@ -73,7 +73,8 @@ def test_a_demanded_function_call_and_its_output(client, stream):
     assert calls and all(call.name == "get_weather" for call in calls)
     assert all(isinstance(json.loads(call.arguments)["city"], str) for call in calls)
     follow_up = [{"role": "user", "content": ask["input"]}]
-    follow_up += [{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in calls]
+    follow_up += [{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+                  for c in calls]
     follow_up += [{"type": "function_call_output", "call_id": c.call_id, "output": "Sunny, 21 C"} for c in calls]
     answer = client.responses.create(model=MODEL, input=follow_up, tools=[WEATHER], tool_choice="none",
                                       max_output_tokens=12, temperature=0)
