@@ -183,5 +183,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     }
     for path, handler in routes.items():
         app.add_api_route(path, _answering_errors(handler), methods=["POST"])
+    app.add_api_route("/v1/responses/{response_id}", _answering_errors(responses.kept), methods=["GET", "DELETE"])
+    app.add_api_route("/v1/responses/{response_id}/cancel", _answering_errors(responses.kept), methods=["POST"])
 
     return app

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import RequestOutput
 from deltaserve.server.context import last_output, read_json_object, until_disconnect
-from deltaserve.server.errors import bad_request, from_exception
+from deltaserve.server.errors import APIError, bad_request, from_exception
 from deltaserve.server.output_parser import ChoiceDelta
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.responses_protocol import InputContent, InputItem, ResponsesRequest
@@ -198,6 +198,13 @@ class Responses:
             return EngineStreamResponse(response.stream(stream), stream, headers=SSE_HEADERS)
         final = await until_disconnect(request, last_output(stream))
         return JSONResponse(response.whole(final))
+
+
+    async def kept(self, request: Request):
+        """GET or DELETE /v1/responses/{id}, and its cancel: no response is kept to answer them."""
+        response_id = request.path_params["response_id"]
+        raise APIError(404, f"response {response_id!r} is not kept: this server stores no responses (send the "
+                            "conversation as input items)", param="response_id", code="response_not_found")
 
 
 class _ResponseJob:

@@ -116,6 +116,17 @@ def test_what_cannot_be_honoured_is_refused_by_name(server, fields, param):
     assert error["param"] == param and error["message"], error
 
 
+def test_a_response_is_not_kept_and_says_so(client, server):
+    response = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    for method, path in (("GET", ""), ("DELETE", ""), ("POST", "/cancel")):
+        r = httpx.request(method, f"{server.base_url}/responses/{response.id}{path}", headers=server.headers,
+                          timeout=30)
+        assert r.status_code == 404, (method, r.text)
+        assert r.json()["error"]["code"] == "response_not_found" and response.id in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError, match="not kept"):
+        client.responses.retrieve(response.id)
+
+
 def test_input_items_become_the_chat_conversation():
     thought, args = "".join(random.choices("abc ", k=12)), json.dumps({"city": random.choice(["Rome", "Kyiv"])})
     req = ResponsesRequest.model_validate({"instructions": "Be brief.", "input": [
