@@ -16,7 +16,8 @@ from deltaserve.server.output_parser import ChoiceDelta
 from deltaserve.server.responses_protocol import ResponsesRequest
 from deltaserve.server.serving_responses import _EventWriter, chat_messages
 from deltaserve.server.tool_parsers import ToolCall
-from tests.server.conftest import API_KEY, MODEL
+from tests.server.conftest import API_KEY, MODEL, serving
+from tests.server.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -60,17 +61,18 @@ def test_a_streamed_response_is_the_whole_one(client):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_demanded_function_call_and_its_output(client, stream):
-    city = random.choice(["Paris", "Lima", "Oslo"])
+    city = random.choice(["Paris", "Lima", "Oslo", "Kyiv", "Rome", "Cairo"])
+    # one call (the demo model, free to make several, lists them past any short limit)
     ask = {"model": MODEL, "input": f"What is the weather in {city}?", "tools": [WEATHER],
            "tool_choice": random.choice(["required", {"type": "function", "name": "get_weather"}]),
-           "max_output_tokens": 60, "temperature": 0}
+           "parallel_tool_calls": False, "max_output_tokens": 100, "temperature": 0}
     if stream:
         with client.responses.stream(**ask) as events:
             response = events.get_final_response()
     else:
         response = client.responses.create(**ask)
     calls = [item for item in response.output if item.type == "function_call"]
-    assert calls and all(call.name == "get_weather" for call in calls)
+    assert response.status == "completed" and len(calls) == 1 and calls[0].name == "get_weather", response
     assert all(isinstance(json.loads(call.arguments)["city"], str) for call in calls)
     follow_up = [{"role": "user", "content": ask["input"]}]
     follow_up += [{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
@@ -125,6 +127,37 @@ def test_a_response_is_not_kept_and_says_so(client, server):
         assert r.json()["error"]["code"] == "response_not_found" and response.id in r.json()["error"]["message"]
     with pytest.raises(openai.NotFoundError, match="not kept"):
         client.responses.retrieve(response.id)
+
+
+THINKING_TEMPLATE = (  # the demo model's turns, with the reply opened inside a think block
+    "{# a reply closes its thinking with </think> #}{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory):
+    template = tmp_path_factory.mktemp("template") / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    yield from serving(LiveServer("--served-model-name", MODEL, "--chat-template", str(template)))
+
+
+def test_reasoning_comes_back_as_a_reasoning_item(thinking_server):
+    client = openai.OpenAI(base_url=thinking_server.base_url, api_key="none", max_retries=0)
+    question, limit = random.choice(QUESTIONS), random.randint(4, 24)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                          max_tokens=limit, temperature=0).choices[0].message
+    thought = chat.model_extra["reasoning"]
+    assert thought  # the prompt opened the think block, so the reply starts inside it
+    whole = client.responses.create(model=MODEL, input=question, max_output_tokens=limit, temperature=0)
+    events = list(client.responses.create(model=MODEL, input=question, max_output_tokens=limit, temperature=0,
+                                          stream=True))
+    streamed = events[-1].response
+    for response in (whole, streamed):
+        assert response.output[0].type == "reasoning" and response.output[0].content[0].text == thought
+        assert response.output_text == (chat.content or "")
+        assert 0 < response.usage.output_tokens_details.reasoning_tokens <= response.usage.output_tokens
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == thought
 
 
 def test_input_items_become_the_chat_conversation():
