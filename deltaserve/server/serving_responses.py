@@ -199,7 +199,6 @@ class Responses:
         final = await until_disconnect(request, last_output(stream))
         return JSONResponse(response.whole(final))
 
-
     async def kept(self, request: Request):
         """GET or DELETE /v1/responses/{id}, and its cancel: no response is kept to answer them."""
         response_id = request.path_params["response_id"]
