@@ -11,7 +11,7 @@ import torch
 
 from deltaserve import LLM, SamplingParams, StructuredOutputsParams
 from deltaserve.engine.grammar import RequestGrammar, closed_objects, mask_shape
-from deltaserve.kernels.sampling.reference import allowed_tokens
+from deltaserve.kernels.sampling.reference import allowed_tokens, token_bits, without_tokens
 from deltaserve.errors import InvalidSamplingParamsError, NoTokenAllowedError
 from tests.reference import load_reference
 
@@ -314,3 +314,16 @@ def test_allowed_tokens_reads_bit_t_mod_32_of_word_t_div_32():
     bitmask = torch.randint(-2**31, 2**31 - 1, mask_shape(3, vocab), dtype=torch.int32)
     expected = torch.tensor([[(int(bitmask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(3)])
     assert torch.equal(allowed_tokens(bitmask, vocab), expected.bool())
+
+
+def test_a_rows_bits_for_some_tokens_and_with_some_cleared_read_as_allowed_tokens():
+    vocab = random.randint(33, 300)
+    row = torch.randint(-2**31, 2**31 - 1, mask_shape(1, vocab), dtype=torch.int32)[0]
+    every = allowed_tokens(row[None], vocab)[0]
+    tokens = torch.randint(0, vocab, (random.randint(1, 40),))
+    assert torch.equal(token_bits(row, tokens), every[tokens])
+    cleared = [int(t) for t in torch.randint(0, vocab, (random.randint(1, 40),))] + [31, 31]  # bit 31, twice
+    expected = every.clone()
+    expected[cleared] = False
+    assert torch.equal(allowed_tokens(without_tokens(row, cleared)[None], vocab)[0], expected)
+    assert torch.equal(allowed_tokens(row[None], vocab)[0], every)  # a copy: the row is as it was

@@ -62,6 +62,8 @@ class Request:
         # read every step, so kept: logit biases, allowed tokens or bad words change every step's logits
         self._adjusts_every_step = bool(self.params.logit_bias or self.bad_words_ids
                                         or self.params.allowed_token_ids is not None)
+        allowed = self.params.allowed_token_ids
+        self._allowed = frozenset(allowed) if allowed is not None else None  # for allows_no_token, every step
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -132,11 +134,9 @@ class Request:
     def allows_no_token(self, refused: list[int]) -> bool:
         """Whether every one of its allowed_token_ids is refused now: outside a grammar, the way its constraints
         leave no token (short of bad words and stop tokens that span the whole vocabulary, which is not looked for)."""
-        allowed = self.params.allowed_token_ids
-        if allowed is None or not refused:
+        if self._allowed is None or len(refused) < len(self._allowed):  # too few refused to cover them all
             return False
-        refused_set = set(refused)
-        return all(token in refused_set for token in allowed)
+        return self._allowed <= set(refused)
 
     def mark_dead_end(self) -> None:
         """The sampler found no token that the constraints allow as the output's next one: the request fails

@@ -118,6 +118,20 @@ def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return bits.reshape(bitmask.shape[0], bitmask.shape[1] * 32)[:, :vocab].bool()
 
 
+def token_bits(mask_row: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """bool [len(tokens)]: allowed_tokens' bits of one bitmask row (int32 [words]) for these tokens alone."""
+    return ((mask_row[tokens >> 5] >> (tokens & 31).to(torch.int32)) & 1).bool()
+
+
+def without_tokens(mask_row: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """A copy of one bitmask row (int32 [words]) with these tokens' bits cleared."""
+    out = mask_row.clone()
+    one = torch.ones((), dtype=torch.int32)
+    for token in set(tokens):
+        out[token >> 5] &= ~(one << (token & 31))
+    return out
+
+
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, mask_rows: torch.Tensor) -> torch.Tensor:
     """A copy of logits [B, V] where a row whose mask_rows entry (int [B]) is r >= 0 keeps the tokens that
     bitmask[r] (int32 [R, ceil(V / 32)]) allows and holds -inf elsewhere; rows of -1 are copied as they are."""
