@@ -22,8 +22,9 @@ class ChatPrompt:
     opens_reasoning: bool
 
 
-def message_text(content: Any, param: str) -> str:
-    """String content, or the text parts of a list; other part types are refused."""
+def message_text(content: Any, param: str, text_kinds: tuple[str, ...] = ("text",)) -> str:
+    """String content, or the text parts of a list (parts of the types `text_kinds` names: the Responses API's
+    are input_text and output_text); other part types are refused."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -32,11 +33,11 @@ def message_text(content: Any, param: str) -> str:
     for part in content:
         kind = part.type if hasattr(part, "type") else part.get("type")
         text = part.text if hasattr(part, "text") else part.get("text")
-        if kind != "text":
+        if kind not in text_kinds:
             raise bad_request(f"content part of type {kind!r} is not supported: this model reads text only", param,
                               "unsupported_value")
         if text is None:
-            raise bad_request("a content part of type 'text' needs its text", param, "invalid_value")
+            raise bad_request(f"a content part of type {kind!r} needs its text", param, "invalid_value")
         texts.append(text)
     return "".join(texts)
 

@@ -7,6 +7,7 @@ answers `{"type": "error", "error": {"type", "message"}}`. Bad input is always a
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -60,6 +61,13 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def require_fields(part: Any, fields: tuple[str, ...], what: str, where: str) -> None:
+    """A 400 naming the first of `fields` that `part` (a content block or input item, `what` it is) lacks."""
+    missing = [name for name in fields if getattr(part, name) is None]
+    if missing:
+        raise bad_request(f"a {what} needs {' and '.join(missing)}", f"{where}.{missing[0]}")
 
 
 def context_length_error(prompt_tokens: int, max_tokens: int, max_model_len: int, param: str = "messages") -> APIError:

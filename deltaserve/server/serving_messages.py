@@ -16,7 +16,7 @@ from deltaserve.sampling_params import SamplingParams
 from deltaserve.server.anthropic_protocol import AnthropicMessage, AnthropicTool, CountTokensRequest, MessagesRequest
 from deltaserve.server.chat_prompt import ChatPrompt, render_chat, tool_schemas
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
-from deltaserve.server.errors import bad_request, from_exception
+from deltaserve.server.errors import bad_request, from_exception, require_fields
 from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_structure
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.sampling import check_structure, resolve_max_tokens
@@ -48,12 +48,6 @@ def _text_of(text: Any, where: str) -> str:
     return text
 
 
-def _required(block: Any, fields: tuple[str, ...], where: str) -> None:
-    missing = [name for name in fields if getattr(block, name) is None]
-    if missing:
-        raise bad_request(f"a {block.type} block needs {' and '.join(missing)}", f"{where}.{missing[0]}")
-
-
 def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage]) -> list[dict]:
     out: list[dict] = []
     if system:
@@ -68,10 +62,10 @@ def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage
             if block.type == "text":
                 texts.append(_text_of(block.text, where))
             elif block.type == "tool_use" and msg.role == "assistant":
-                _required(block, ("id", "name"), where)
+                require_fields(block, ("id", "name"), f"{block.type} block", where)
                 calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input or {}}})
             elif block.type == "tool_result" and msg.role == "user":
-                _required(block, ("tool_use_id",), where)
+                require_fields(block, ("tool_use_id",), f"{block.type} block", where)
                 text = _block_text(block.content, where)
                 results.append({"role": "tool", "tool_call_id": block.tool_use_id,
                                 "content": f"Error: {text}" if block.is_error else text})

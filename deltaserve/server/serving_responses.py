@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse
 from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import RequestOutput
 from deltaserve.server.context import last_output, read_json_object, until_disconnect
-from deltaserve.server.errors import APIError, bad_request, from_exception
+from deltaserve.server.chat_prompt import message_text
+from deltaserve.server.errors import APIError, bad_request, from_exception, require_fields
 from deltaserve.server.output_parser import ChoiceDelta
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.responses_protocol import InputContent, InputItem, ResponsesRequest
@@ -35,24 +36,8 @@ def _item_id(prefix: str) -> str:
 # ---- the request, as a chat request ---------------------------------------------------------------------
 
 
-def _text(content: str | list[InputContent] | None, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for j, part in enumerate(content):
-        if part.type not in TEXT_PARTS:
-            raise bad_request(f"content part of type {part.type!r} is not supported: this model reads text only",
-                              f"{where}.{j}.type", "unsupported_value")
-        if part.text is None:
-            raise bad_request(f"a content part of type {part.type!r} needs its text", f"{where}.{j}.text")
-        texts.append(part.text)
-    return "".join(texts)
-
-
-def _needs(item: InputItem, kind: str, fields: tuple[str, ...], where: str) -> None:
-    missing = [name for name in fields if getattr(item, name) is None]
-    if missing:
-        raise bad_request(f"a {kind} item needs {' and '.join(missing)}", f"{where}.{missing[0]}")
+def _text(content: str | list[InputContent] | None, param: str) -> str:
+    return message_text(content, param, TEXT_PARTS)
 
 
 def _reasoning_text(item: InputItem, where: str) -> str:
@@ -73,17 +58,17 @@ def chat_messages(req: ResponsesRequest) -> list[dict]:
         where = f"input.{i}"
         kind = item.type or "message"
         if kind == "message":
-            _needs(item, kind, ("role",), where)
+            require_fields(item, ("role",), f"{kind} item", where)
             out.append({"role": item.role, "content": _text(item.content, f"{where}.content")})
         elif kind == "function_call":
-            _needs(item, kind, ("call_id", "name", "arguments"), where)
+            require_fields(item, ("call_id", "name", "arguments"), f"{kind} item", where)
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
             if not out or out[-1]["role"] != "assistant":
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
-            _needs(item, kind, ("call_id", "output"), where)
+            require_fields(item, ("call_id", "output"), f"{kind} item", where)
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output, f"{where}.output")})
         elif kind == "reasoning":
             reasoning = _reasoning_text(item, where)
@@ -235,6 +220,7 @@ class _ResponseJob:
 
     def usage(self, output: RequestOutput, reasoning: str) -> dict:
         prompt, generated = len(output.prompt_token_ids), len(output.outputs[0].token_ids)
+        # the reasoning's text encoded again: the parser splits text, not tokens
         thought = len(self.chat.api.ctx.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
         return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
                 "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": min(thought, generated)},

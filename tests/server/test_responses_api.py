@@ -98,7 +98,7 @@ def test_a_json_schema_holds_the_reply(client):
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
-     "input.0.content.0.type"),
+     "input.0.content"),  # the content field, as chat names messages.N.content
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input.0.type"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0.call_id"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
