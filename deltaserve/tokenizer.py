@@ -102,8 +102,8 @@ class Tokenizer:
     def apply_chat_template(
         self, messages, *, tools=None, add_generation_prompt: bool = True, **template_kwargs
     ) -> str:
-        """Render a conversation with the checkpoint's chat template."""
-        if not self.hf.chat_template:
+        """Render a conversation with the checkpoint's chat template (or the chat_template among the options)."""
+        if not (template_kwargs.get("chat_template") or self.hf.chat_template):
             raise InvalidPromptError(
                 "this model has no chat template; send a plain text prompt instead of messages"
             )
@@ -132,20 +132,24 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False)
 
     def message_offsets(
-        self, messages, *, tools=None, add_generation_prompt: bool = True
+        self, messages, *, tools=None, add_generation_prompt: bool = True, full: Sequence[int] | None = None,
+        **template_kwargs
     ) -> list[int]:
-        """For each message, the token index where it starts in `encode_chat(messages)`.
+        """For each message, the token index where it starts in `full` (by default
+        `encode_chat(messages)` with the same options).
 
         Message i starts where the rendering of messages[:i] ends. When that rendering is
         not a token prefix of the full prompt (templates that rewrite earlier turns, or a
         BPE merge across the boundary) the longest common token prefix is used, so every
         offset marks tokens truly shared with the full prompt.
         """
-        full = self.encode_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        if full is None:
+            full = self.encode_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                    **template_kwargs)
         offsets = [0]
         for i in range(1, len(messages)):
             try:
-                prefix = self.encode_chat(messages[:i], tools=tools, add_generation_prompt=False)
+                prefix = self.encode_chat(messages[:i], tools=tools, add_generation_prompt=False, **template_kwargs)
             except InvalidPromptError:  # some templates refuse partial conversations
                 prefix = full[: offsets[-1]]
             offsets.append(_common_prefix_len(prefix, full))

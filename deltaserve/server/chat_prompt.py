@@ -116,13 +116,13 @@ def render_chat(
     if continue_final:
         if not messages or messages[-1]["role"] != "assistant":
             raise bad_request("continuing the final message needs a final assistant message", "messages")
-        # the capture points then come from each earlier turn rendered the same way (_message_offsets)
+        # the capture points then come from each earlier turn rendered the same way (message_offsets)
         kwargs["continue_final_message"] = True
         add_generation_prompt = False
     text = render_chat_text(tokenizer, messages, tools, kwargs, add_generation_prompt)
     token_ids = tokenizer.encode(text, add_special_tokens=False)
     try:
-        capture_points = _message_offsets(tokenizer, messages, tools, kwargs, token_ids)
+        capture_points = tokenizer.message_offsets(messages, tools=tools, full=token_ids, **kwargs)
     except Exception:  # prefix-cache capture points are an optimisation only
         logger.debug("message_offsets failed", exc_info=True)
         capture_points = None
@@ -152,33 +152,6 @@ def render_chat_text(tokenizer: Any, messages: list[dict], tools: list[dict] | N
                                              **options)
     except Exception as exc:  # the template refused these messages (roles, order, fields)
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
-
-
-def _message_offsets(tokenizer: Any, messages: list[dict], tools: list[dict] | None, kwargs: dict,
-                     token_ids: list[int]) -> list[int]:
-    """Where each message starts in `token_ids`: the prefix-cache capture points of a chat prompt.
-
-    Without template options the tokenizer computes them; with options (which it does not
-    take) each earlier turn is rendered the same way and only its shared token prefix counts.
-    """
-    if not kwargs:
-        return list(tokenizer.message_offsets(messages, tools=tools))
-    offsets = [0]
-    for i in range(1, len(messages)):
-        try:
-            text = tokenizer.apply_chat_template(messages[:i], tools=tools, add_generation_prompt=False, **kwargs)
-            prefix = tokenizer.encode(text, add_special_tokens=False)
-        except Exception:
-            prefix = token_ids[: offsets[-1]]
-        shared = 0
-        for a, b in zip(prefix, token_ids):
-            if a != b:
-                break
-            shared += 1
-        offsets.append(shared)
-    for i in range(len(offsets) - 2, -1, -1):
-        offsets[i] = min(offsets[i], offsets[i + 1])
-    return offsets
 
 
 def _template_source(tokenizer: Any) -> str | None:
