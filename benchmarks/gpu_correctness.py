@@ -78,7 +78,7 @@ SHRINKING = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n 
 
 
 def tokens(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 def alone(llm: LLM, prompts) -> list[list[int]]:
@@ -90,7 +90,7 @@ def replays_exactly(llm: LLM, prompt: list[int], rng: random.Random) -> bool:
     llm.reset_prefix_cache()
     same = []
     for _ in range(2):
-        first, again = (llm.generate([prompt], WITH_LOGPROBS)[0].outputs[0] for _ in range(2))
+        first, again = (llm.generate([prompt], WITH_LOGPROBS, use_tqdm=False)[0].outputs[0] for _ in range(2))
         same.append(first.token_ids == again.token_ids and first.logprobs == again.logprobs)
         prompt = prompt + first.token_ids + [rng.randrange(300) for _ in range(20)]
     return all(same)

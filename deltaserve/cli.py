@@ -104,9 +104,9 @@ def _generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)
     if args.chat:
-        outputs = llm.chat([{"role": "user", "content": args.prompt}], params)
+        outputs = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
     else:
-        outputs = llm.generate([args.prompt], params)
+        outputs = llm.generate([args.prompt], params, use_tqdm=False)
     print(outputs[0].outputs[0].text)
     return 0
 

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Callable
+
+import jinja2
+from tqdm import tqdm
 
 from deltaserve.engine.llm_engine import LLMEngine
-from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, RequestNotFoundError, StepFailedError
+from deltaserve.errors import (InvalidPromptError, InvalidSamplingParamsError, RequestNotFoundError, StepFailedError,
+                               WeightLoadError)
 from deltaserve.outputs import RequestOutput
 from deltaserve.sampling_params import SamplingParams
+from deltaserve.tokenizer import read_chat_template
+from deltaserve.vllm_engine_args import engine_args_from_vllm
 
 Prompt = str | list[int]  # generate also takes vLLM's prompt dicts, {"prompt": text} and {"prompt_token_ids": ids}
 
@@ -16,10 +24,12 @@ class LLM:
     def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "auto",
                  max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  block_size: int = 16, num_kv_blocks: int | None = None, seed: int = 0, **engine_kwargs):
+        """engine_kwargs: EngineConfig's other fields, and vLLM's arguments of the same kind
+        (vllm_engine_args.py: taken, renamed, or refused by name)."""
         self.engine = LLMEngine.from_args(
             model, dtype=dtype, device=device, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, num_kv_blocks=num_kv_blocks,
-            seed=seed, **engine_kwargs)
+            seed=seed, **engine_args_from_vllm(model, engine_kwargs))
         self._ids = itertools.count()
 
     def get_tokenizer(self):
@@ -31,27 +41,37 @@ class LLM:
         return self.engine.default_sampling_params()
 
     def generate(self, prompts: Prompt | list[Prompt],
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+                 use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
+        """The outputs of the prompts, in their order. use_tqdm: a progress bar over the finished prompts on
+        stderr, as vLLM's (False: none; a tqdm class: the bar it makes)."""
         prompts = _as_prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts), self.get_default_sampling_params)
-        return self._run([(p, sp, None) for p, sp in zip(prompts, params)])
+        return self._run([(p, sp, None) for p, sp in zip(prompts, params)], use_tqdm=use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | list[SamplingParams] | None = None, *, tools: list[dict] | None = None,
-             add_generation_prompt: bool = True, **template_kwargs) -> list[RequestOutput]:
-        """Renders each conversation with the checkpoint's chat template and generates its reply."""
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool | Callable[..., tqdm] = True, *, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Renders each conversation with the chat template and generates its reply, as vLLM's LLM.chat:
+        chat_template (a file or the template itself) in place of the engine's for this call,
+        continue_final_message to go on writing the last message (add_generation_prompt then False), and
+        chat_template_kwargs for the template's own variables (enable_thinking, ...)."""
         conversations = _as_conversation_list(messages)
         params = _params_per_prompt(sampling_params, len(conversations), self.get_default_sampling_params)
+        options = _template_options(chat_template, continue_final_message, add_generation_prompt,
+                                    chat_template_kwargs)
         tok = self.engine.tokenizer
-        jobs = []
+        jobs, texts = [], []
         for conversation, sp in zip(conversations, params):
             text = tok.apply_chat_template(conversation, tools=tools, add_generation_prompt=add_generation_prompt,
-                                           **template_kwargs)
+                                           **options)
             ids = tok.encode(text, add_special_tokens=False)
-            offsets = tok.message_offsets(conversation, tools=tools, add_generation_prompt=add_generation_prompt)
-            jobs.append((ids, sp, offsets, text))
-        return self._run([(ids, sp, offsets) for ids, sp, offsets, _ in jobs],
-                         texts=[text for *_, text in jobs])
+            offsets = tok.message_offsets(conversation, tools=tools, full=ids, **options)
+            jobs.append((ids, sp, offsets))
+            texts.append(text)
+        return self._run(jobs, texts=texts, use_tqdm=use_tqdm)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -60,7 +80,7 @@ class LLM:
         """Forgets every cached KV block and state snapshot (the next requests run cold)."""
         self.engine.reset_prefix_cache()
 
-    def _run(self, jobs, texts: list[str] | None = None) -> list[RequestOutput]:
+    def _run(self, jobs, texts: list[str] | None = None, use_tqdm: bool | Callable = False) -> list[RequestOutput]:
         ids = [str(next(self._ids)) for _ in jobs]
         added = []
         try:
@@ -73,16 +93,20 @@ class LLM:
                 self.engine.abort(request_id)
             raise
         finished: dict[str, RequestOutput] = {}
+        progress = _ProgressBar(use_tqdm, len(ids))
         try:
             while len(finished) < len(ids):
                 for output in self.engine.step(final_only=True):
                     if output.finished:
                         finished[output.request_id] = output
+                        progress.finished(output)
         except BaseException:  # a failure out of the step, or Ctrl-C: the engine keeps nothing of this call
             for request_id in ids:
                 if request_id not in finished:
                     self._abort_quietly(request_id)
             raise
+        finally:
+            progress.close()
         aborted = [i for i in ids if any(o.finish_reason == "abort" for o in finished[i].outputs)]
         at_fault = [finished[i].error for i in aborted if finished[i].error is not None]
         if at_fault:  # a request that could not go on (its constraints refused every token)
@@ -97,6 +121,55 @@ class LLM:
             self.engine.abort(request_id)
         except RequestNotFoundError:  # finished and forgotten in the step that failed
             pass
+
+
+class _ProgressBar:
+    """vLLM's bar over a call's prompts as they finish, with the input and output tokens per second so far."""
+
+    def __init__(self, use_tqdm: bool | Callable, total: int):
+        make = use_tqdm if callable(use_tqdm) else tqdm
+        self.bar = make(total=total, desc="Processed prompts", dynamic_ncols=True) if use_tqdm else None
+        self.start, self.input_tokens, self.output_tokens = time.perf_counter(), 0, 0
+
+    def finished(self, output: RequestOutput) -> None:
+        if self.bar is None:
+            return
+        self.input_tokens += len(output.prompt_token_ids)
+        self.output_tokens += sum(len(o.token_ids) for o in output.outputs)
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        self.bar.set_postfix_str(f"input: {self.input_tokens / elapsed:.1f} toks/s, "
+                                 f"output: {self.output_tokens / elapsed:.1f} toks/s", refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# set by chat's own arguments, so not taken from chat_template_kwargs
+_CHAT_ARGUMENTS = ("chat_template", "add_generation_prompt", "continue_final_message", "tools", "tokenize")
+
+
+def _template_options(chat_template: str | None, continue_final_message: bool, add_generation_prompt: bool,
+                      chat_template_kwargs: dict | None) -> dict:
+    """The keyword arguments of a chat call's template renders, less tools and add_generation_prompt."""
+    options = dict(chat_template_kwargs or {})
+    named = sorted(set(options) & set(_CHAT_ARGUMENTS))
+    if named:
+        raise InvalidPromptError(f"chat_template_kwargs may not carry {', '.join(named)}: chat sets them itself "
+                                 "(as its own arguments, where it takes them)")
+    if continue_final_message:
+        if add_generation_prompt:
+            raise InvalidPromptError("continue_final_message goes on writing the last message, so it needs "
+                                     "add_generation_prompt=False")
+        options["continue_final_message"] = True
+    if chat_template is not None:
+        try:
+            options["chat_template"] = read_chat_template(chat_template)
+            jinja2.Environment().parse(options["chat_template"])
+        except (WeightLoadError, jinja2.TemplateSyntaxError) as exc:
+            raise InvalidPromptError(f"chat_template: {exc}") from exc
+    return options
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:

@@ -1,0 +1,58 @@
+"""vLLM's engine arguments that a script written for vLLM's `LLM(...)` passes, so that it runs on deltaserve as
+it is: each is taken where deltaserve does what it asks (or always does it), renamed where deltaserve calls it
+otherwise, and refused by name, with the reason, where it cannot. The server's flags of the same kind are in
+server/vllm_flags.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from deltaserve.engine.engine_config import EngineConfig
+from deltaserve.errors import DeltaServeError
+
+# taken and dropped: deltaserve runs no code from a checkpoint, and keeps no periodic stats log
+ACCEPTED = ("trust_remote_code", "disable_log_stats")
+RENAMED = {"mamba_ssm_cache_dtype": "gdn_state_dtype"}
+# name -> (the values deltaserve does, why no other)
+ONLY = {
+    "tensor_parallel_size": ((1,), "deltaserve runs a model on one GPU"),
+    "pipeline_parallel_size": ((1,), "deltaserve runs a model on one GPU"),
+    "data_parallel_size": ((1,), "deltaserve runs a model on one GPU"),
+    "enable_chunked_prefill": ((True, None), "deltaserve always prefills a prompt longer than "
+                                             "max_num_batched_tokens in chunks"),
+    "kv_cache_dtype": (("auto",), "the KV cache is kept in the model's dtype"),
+    "quantization": ((None,), "deltaserve loads unquantized weights"),
+    "speculative_config": ((None,), "deltaserve has no speculative decoding"),
+    "enable_lora": ((False, None), "deltaserve serves no LoRA adapters"),
+}
+
+
+def engine_args_from_vllm(model: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """LLM's keyword arguments as EngineConfig's: vLLM's names translated or checked, any other name that
+    EngineConfig lacks refused as Python refuses an unexpected argument."""
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    out = {}
+    for name, value in kwargs.items():
+        if name in ACCEPTED:
+            continue
+        if name in ONLY:
+            values, why = ONLY[name]
+            if value not in values or type(value) not in {type(v) for v in values}:  # True is no size of 1
+                raise DeltaServeError(f"{name}={value!r}: {why} (give {' or '.join(map(repr, values))}, "
+                                      "or leave it out)")
+        elif name == "tokenizer":
+            if value is not None and value != model:
+                raise DeltaServeError(f"tokenizer={value!r}: deltaserve reads the tokenizer from the model's own "
+                                      "checkpoint (name the model, or leave it out)")
+        elif name in RENAMED:
+            if value is None:  # as if left out
+                continue
+            if RENAMED[name] in kwargs:
+                raise DeltaServeError(f"{name} and {RENAMED[name]} name the same setting: give one of them")
+            out[RENAMED[name]] = value
+        elif name in fields:
+            out[name] = value
+        else:
+            raise TypeError(f"LLM() got an unexpected keyword argument {name!r}")
+    return out

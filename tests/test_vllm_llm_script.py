@@ -1,0 +1,133 @@
+"""A script written for vLLM's LLM runs as it is: vLLM's engine arguments are taken, renamed or refused by
+name; generate and chat draw vLLM's progress bar unless use_tqdm=False; chat takes chat_template,
+chat_template_kwargs and continue_final_message."""
+
+import random
+
+import pytest
+from tqdm import tqdm
+
+from deltaserve import LLM, SamplingParams
+from deltaserve.errors import DeltaServeError, InvalidPromptError
+from deltaserve.vllm_engine_args import ONLY, engine_args_from_vllm
+
+TEMPLATE = ("{% for m in messages %}[{{ m.role }}{% if flavour is defined %} {{ flavour }}{% endif %}] "
+            "{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+# a value of each argument that deltaserve cannot honour
+REFUSED = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 4,
+           "enable_chunked_prefill": False, "kv_cache_dtype": "fp8", "quantization": "awq",
+           "speculative_config": {"method": "qwen3_next_mtp", "num_speculative_tokens": 2}, "enable_lora": True}
+GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint_factory):
+    return LLM(checkpoint_factory("qwen3.5"), device="cpu", chat_template=TEMPLATE, max_num_seqs=4)
+
+
+def _word() -> str:
+    return f"w{random.randrange(10**6)}"
+
+
+def test_vllms_engine_arguments_start_the_same_engine(checkpoint_factory, llm):
+    path = checkpoint_factory("qwen3.5")
+    vllm_style = LLM(path, device="cpu", chat_template=TEMPLATE, max_num_seqs=4, trust_remote_code=True,
+                     tensor_parallel_size=1, pipeline_parallel_size=1, enable_chunked_prefill=True,
+                     kv_cache_dtype="auto", quantization=None, disable_log_stats=True, tokenizer=path,
+                     mamba_ssm_cache_dtype="float32")
+    assert vllm_style.engine.config.gdn_state_dtype == "float32"
+    prompts = [[random.randrange(3, 200) for _ in range(random.randint(1, 30))] for _ in range(3)]
+    got = [o.outputs[0].token_ids for o in vllm_style.generate(prompts, GREEDY, use_tqdm=False)]
+    assert got == [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("name", sorted(ONLY))
+def test_a_value_deltaserve_cannot_honour_is_refused_by_name(name):
+    assert set(REFUSED) == set(ONLY)
+    with pytest.raises(DeltaServeError, match=f"^{name}={REFUSED[name]!r}: "):
+        engine_args_from_vllm("m", {name: REFUSED[name]})
+    assert engine_args_from_vllm("m", {name: ONLY[name][0][0]}) == {}
+
+
+def test_renamed_checked_and_unknown_arguments():
+    assert engine_args_from_vllm("m", {"mamba_ssm_cache_dtype": "bfloat16", "max_num_seqs": 3}) == {
+        "gdn_state_dtype": "bfloat16", "max_num_seqs": 3}
+    assert engine_args_from_vllm("m", {"mamba_ssm_cache_dtype": None}) == {}
+    with pytest.raises(DeltaServeError, match="same setting"):
+        engine_args_from_vllm("m", {"mamba_ssm_cache_dtype": "bfloat16", "gdn_state_dtype": "float32"})
+    with pytest.raises(DeltaServeError, match="tokenizer='other'"):
+        engine_args_from_vllm("m", {"tokenizer": "other"})
+    with pytest.raises(DeltaServeError, match="tensor_parallel_size=True"):
+        engine_args_from_vllm("m", {"tensor_parallel_size": True})
+    name = f"no_such_{random.randrange(1000)}"
+    with pytest.raises(TypeError, match=f"LLM\\(\\) got an unexpected keyword argument '{name}'"):
+        engine_args_from_vllm("m", {name: 1})
+
+
+def test_the_progress_bar_counts_the_finished_prompts(llm, capsys):
+    count = random.randint(2, 5)
+    prompts = [[random.randrange(3, 200) for _ in range(random.randint(1, 20))] for _ in range(count)]
+    quiet = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert capsys.readouterr().err == ""
+    loud = llm.generate(prompts, GREEDY)
+    err = capsys.readouterr().err
+    assert "Processed prompts" in err and f"{count}/{count}" in err and "output:" in err
+    assert [o.outputs[0].token_ids for o in loud] == [o.outputs[0].token_ids for o in quiet]
+
+    made = []
+
+    class Recording(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, disable=True, **kwargs)
+            made.append(self)
+
+        def update(self, n=1):
+            self.updates = getattr(self, "updates", 0) + n
+
+    llm.chat([[{"role": "user", "content": _word()}]] * count, GREEDY, use_tqdm=Recording)
+    assert [(bar.total, bar.updates) for bar in made] == [(count, count)]
+
+
+def test_chat_template_kwargs_and_a_template_for_one_call_render_the_prompt(llm):
+    tok, word, flavour = llm.get_tokenizer(), _word(), _word()
+    messages = [{"role": "user", "content": word}]
+    out = llm.chat(messages, GREEDY, use_tqdm=False, chat_template_kwargs={"flavour": flavour})[0]
+    assert out.prompt_token_ids == tok.encode(f"[user {flavour}] {word}\n[assistant]", add_special_tokens=False)
+    other = "{% for m in messages %}<{{ m.content }}>{% endfor %}"
+    out = llm.chat(messages, GREEDY, use_tqdm=False, chat_template=other)[0]
+    assert out.prompt_token_ids == tok.encode(f"<{word}>", add_special_tokens=False)
+    out = llm.chat(messages, GREEDY, use_tqdm=False)[0]  # the engine's template again
+    assert out.prompt_token_ids == tok.encode(f"[user] {word}\n[assistant]", add_special_tokens=False)
+
+
+def test_continue_final_message_goes_on_writing_the_last_message(llm):
+    tok, word, start = llm.get_tokenizer(), _word(), _word()
+    messages = [{"role": "user", "content": word}, {"role": "assistant", "content": start}]
+    out = llm.chat(messages, GREEDY, use_tqdm=False, continue_final_message=True, add_generation_prompt=False)[0]
+    assert out.prompt_token_ids == tok.encode(f"[user] {word}\n[assistant] {start}", add_special_tokens=False)
+    with pytest.raises(InvalidPromptError, match="add_generation_prompt=False"):
+        llm.chat(messages, GREEDY, use_tqdm=False, continue_final_message=True)
+
+
+def test_capture_points_are_where_each_message_starts_under_the_calls_options(llm):
+    tok, flavour = llm.get_tokenizer(), _word()
+    messages = [{"role": role, "content": _word()} for role in ("system", "user", "assistant", "user")]
+    options = {"flavour": flavour}
+    full = tok.encode(tok.apply_chat_template(messages, **options), add_special_tokens=False)
+    offsets = tok.message_offsets(messages, full=full, **options)
+    for i in range(1, len(messages)):
+        before = tok.encode(tok.apply_chat_template(messages[:i], add_generation_prompt=False, **options),
+                            add_special_tokens=False)
+        assert offsets[i] == len(before) and full[:len(before)] == before
+
+
+@pytest.mark.parametrize("kwargs,named", [
+    ({"chat_template_kwargs": {"tools": []}}, "may not carry tools"),
+    ({"chat_template_kwargs": {"tokenize": True, "add_generation_prompt": False}}, "add_generation_prompt, tokenize"),
+    ({"chat_template": "not/a/file.jinja"}, "chat_template: .*no such file"),
+    ({"chat_template": "{% for m in messages %}"}, "chat_template: "),
+])
+def test_bad_chat_arguments_are_named(llm, kwargs, named):
+    with pytest.raises(InvalidPromptError, match=named):
+        llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False, **kwargs)
+    assert not llm.engine.has_unfinished_requests()
