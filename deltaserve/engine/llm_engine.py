@@ -47,6 +47,11 @@ class EngineStats:
         """Share of the prompt tokens looked up in the prefix cache that were found there."""
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """Share of the KV pool's blocks in use."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
 
 @dataclass(eq=False)
 class ParentRequest:

@@ -39,7 +39,7 @@ class ServerContext:
         self.max_model_len = self.engine.max_model_len
         if self.reasoning is None:
             self.reasoning = template_has_reasoning(self.tokenizer)
-        self.metrics = ServerMetrics(lambda: self.engine.stats)
+        self.metrics = ServerMetrics(lambda: self.engine.stats, self.model_name, self.max_model_len)
         self.engine.listeners.append(self.metrics.observe)
 
     @property

@@ -11,6 +11,7 @@ import tempfile
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A small pool and context keep start-up and memory low; every test fits in them.
@@ -62,6 +63,12 @@ class LiveServer:
                 name, value = line.rsplit(" ", 1)
                 values[name] = float(value)
         return values
+
+    def labelled_metrics(self) -> dict[tuple, float]:
+        """(sample name, frozenset of its labels' (name, value) pairs) -> value, whatever the labels' order."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Signal the server and wait for it; returns its exit code."""

@@ -68,3 +68,10 @@ def test_metrics_after_traffic(server):
         assert m[f"deltaserve_{histogram}_count"] >= 1
         assert m[f'deltaserve_{histogram}_bucket{{le="+Inf"}}'] == m[f"deltaserve_{histogram}_count"]
     assert "deltaserve_requests_waiting" in m and "deltaserve_state_slots_total" in m
+    labelled, vllm = server.labelled_metrics(), {("model_name", MODEL), ("engine", "0")}  # the first served name
+    assert labelled[("vllm:prompt_tokens_total", frozenset(vllm))] == labelled[("deltaserve_prompt_tokens_total",
+                                                                                 frozenset())]
+    assert labelled[("vllm:request_success_total", frozenset(vllm | {("finished_reason", "length")}))] == \
+        labelled[("deltaserve_requests_finished_total", frozenset({("reason", "length")}))]
+    assert labelled[("vllm:kv_cache_usage_perc", frozenset(vllm))] == \
+        labelled[("deltaserve_kv_blocks_used", frozenset())] / 256
