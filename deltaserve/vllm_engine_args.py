@@ -1,7 +1,7 @@
 """vLLM's engine arguments that a script written for vLLM's `LLM(...)` passes, so that it runs on deltaserve as
 it is: each is taken where deltaserve does what it asks (or always does it), renamed where deltaserve calls it
-otherwise, and refused by name, with the reason, where it cannot. The server's flags of the same kind are in
-server/vllm_flags.py."""
+otherwise, and refused by name, with the reason, where it cannot. `vllm serve`'s flags of the same names are
+checked here too (server/vllm_flags.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,19 @@ ONLY = {
 }
 
 
+def refusal(name: str, value: Any, model: str | None) -> str | None:
+    """Why deltaserve cannot take vLLM's argument `name` (one of ONLY, or tokenizer) at this value; None where
+    it can."""
+    if name == "tokenizer":
+        if value is None or value == model:
+            return None
+        return "deltaserve reads the tokenizer from the model's own checkpoint (name the model, or leave it out)"
+    values, why = ONLY[name]
+    if value in values and type(value) in {type(v) for v in values}:  # True is no size of 1
+        return None
+    return f"{why} (give {' or '.join(map(repr, values))}, or leave it out)"
+
+
 def engine_args_from_vllm(model: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
     """LLM's keyword arguments as EngineConfig's: vLLM's names translated or checked, any other name that
     EngineConfig lacks refused as Python refuses an unexpected argument."""
@@ -36,15 +49,10 @@ def engine_args_from_vllm(model: str | None, kwargs: dict[str, Any]) -> dict[str
     for name, value in kwargs.items():
         if name in ACCEPTED:
             continue
-        if name in ONLY:
-            values, why = ONLY[name]
-            if value not in values or type(value) not in {type(v) for v in values}:  # True is no size of 1
-                raise DeltaServeError(f"{name}={value!r}: {why} (give {' or '.join(map(repr, values))}, "
-                                      "or leave it out)")
-        elif name == "tokenizer":
-            if value is not None and value != model:
-                raise DeltaServeError(f"tokenizer={value!r}: deltaserve reads the tokenizer from the model's own "
-                                      "checkpoint (name the model, or leave it out)")
+        if name in ONLY or name == "tokenizer":
+            reason = refusal(name, value, model)
+            if reason is not None:
+                raise DeltaServeError(f"{name}={value!r}: {reason}")
         elif name in RENAMED:
             if value is None:  # as if left out
                 continue

@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from deltaserve.errors import DeltaServeError
+from deltaserve.vllm_engine_args import ONLY, refusal
 
 # vLLM's names for the tool-call formats that tool_parsers/ reads, whichever it meets: Qwen3's JSON bodies
 # (hermes) and the XML bodies of Qwen3.5 and Qwen3-Next (qwen3_coder, qwen3_xml).
@@ -32,10 +33,24 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                         "template thinks or a reasoning parser is named")
     g.add_argument("--language-model-only", action="store_true",
                    help="accepted: deltaserve loads a Qwen3.5 checkpoint's language model only")
+    g.add_argument("--disable-log-stats", action="store_true",
+                   help="accepted: deltaserve writes no periodic stats to its log (/metrics has them)")
+    g.add_argument("--disable-log-requests", action="store_true",
+                   help="accepted: deltaserve writes no request's contents to its log")
+    # checked against vllm_engine_args.ONLY, as LLM's arguments of the same names
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                    help="1 only: deltaserve runs a model on one GPU")
-    g.add_argument("--enable-chunked-prefill", action="store_true",
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=None, help="1 only, as -tp")
+    g.add_argument("--data-parallel-size", "-dp", type=int, default=None, help="1 only, as -tp")
+    g.add_argument("--enable-chunked-prefill", action="store_true", default=None,
                    help="accepted: a prompt longer than --max-num-batched-tokens is always prefilled in chunks")
+    g.add_argument("--kv-cache-dtype", default=None, help="auto only: the KV cache is kept in the model's dtype")
+    g.add_argument("--quantization", "-q", default=None, help="refused: deltaserve loads unquantized weights")
+    g.add_argument("--speculative-config", default=None, help="refused: deltaserve has no speculative decoding")
+    g.add_argument("--enable-lora", action="store_true", default=None, help="refused: deltaserve serves no LoRA "
+                   "adapters")
+    g.add_argument("--tokenizer", default=None, help="the model itself only: deltaserve reads the tokenizer from "
+                   "its checkpoint")
 
 
 def check_vllm_flags(args: Any) -> bool | None:
@@ -49,8 +64,10 @@ def check_vllm_flags(args: Any) -> bool | None:
     if reasoning is not None and reasoning not in REASONING_PARSERS:
         raise DeltaServeError(f"--reasoning-parser {reasoning}: deltaserve splits <think> blocks "
                               f"({', '.join(REASONING_PARSERS)}), not others")
-    size = getattr(args, "tensor_parallel_size", None)
-    if size is not None and size != 1:
-        raise DeltaServeError(f"--tensor-parallel-size {size}: deltaserve runs a model on one GPU (give 1 or "
-                              "leave it out)")
+    for name in (*ONLY, "tokenizer"):
+        value = getattr(args, name, None)
+        reason = refusal(name, value, getattr(args, "model", None)) if value is not None else None
+        if reason is not None:
+            flag = "--" + name.replace("_", "-")
+            raise DeltaServeError(f"{flag if value is True else f'{flag} {value}'}: {reason}")
     return True if reasoning is not None else None

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.timeout(400)
 
 VLLM_LINE = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
              "--reasoning-parser", "qwen3", "-tp", "1", "--enable-chunked-prefill", "--enable-reasoning",
-             "--language-model-only"]
+             "--language-model-only", "-pp", "1", "--data-parallel-size", "1", "--kv-cache-dtype", "auto",
+             "--disable-log-stats", "--disable-log-requests"]
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +41,22 @@ def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
 @pytest.mark.parametrize("line, named", [(["--tool-call-parser", "mistral"], "--tool-call-parser mistral"),
                                          (["--reasoning-parser", "granite"], "--reasoning-parser granite"),
                                          (["--tensor-parallel-size", "2"], "--tensor-parallel-size 2"),
-                                         (["-tp", "4"], "--tensor-parallel-size 4")])
+                                         (["-tp", "4"], "--tensor-parallel-size 4"),
+                                         (["-pp", "2"], "--pipeline-parallel-size 2: .*one GPU"),
+                                         (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: .*model's dtype"),
+                                         (["-q", "fp8"], "--quantization fp8: .*unquantized"),
+                                         (["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'],
+                                          "--speculative-config .*: deltaserve has no speculative decoding"),
+                                         (["--enable-lora"], "--enable-lora: .*LoRA"),
+                                         (["m", "--tokenizer", "other/tok"], "--tokenizer other/tok: .*checkpoint")])
 def test_what_deltaserve_cannot_do_is_refused_by_name(line, named):
     with pytest.raises(DeltaServeError, match=named):
         check_vllm_flags(_build_parser().parse_args(["serve", *line]))
+
+
+def test_the_model_itself_as_its_tokenizer_is_taken():
+    model = f"org/model-{random.randrange(1000)}"
+    assert check_vllm_flags(_build_parser().parse_args(["serve", model, "--tokenizer", model])) is None
 
 
 def _forced_think_reply(live: LiveServer, thought: str, stream: bool = False) -> dict:
