@@ -38,7 +38,8 @@ def refusal(name: str, value: Any, model: str | None) -> str | None:
     values, why = ONLY[name]
     if value in values and type(value) in {type(v) for v in values}:  # True is no size of 1
         return None
-    return f"{why} (give {' or '.join(map(repr, values))}, or leave it out)"
+    shown = [repr(v) for v in values if v is not None and v is not False]  # what leaving it out gives
+    return f"{why} ({f'give {shown[0]}, or ' if shown else ''}leave it out)"
 
 
 def engine_args_from_vllm(model: str | None, kwargs: dict[str, Any]) -> dict[str, Any]:
