@@ -98,6 +98,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # per prompt token: its logprob and the top ones (no prefix-cache hit)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: spaces between special tokens kept in the text. The Rust tokenizer's decoding writes none, as
+    # vLLM's incremental detokenizer over a fast tokenizer does, so either value gives vLLM's text.
+    spaces_between_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (no text, so no stop strings)
     structured_outputs: StructuredOutputsParams | None = None  # what the output must match (engine/grammar.py)
     stop_strings: list[str] = field(init=False, repr=False)
@@ -125,7 +128,8 @@ class SamplingParams:
         elif not isinstance(self.stop_token_ids, (list, tuple)):
             raise bad("stop_token_ids", self.stop_token_ids, "must be a list of token ids")
         self.stop_token_ids = list(self.stop_token_ids)
-        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "detokenize"):
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens",
+                     "spaces_between_special_tokens", "detokenize"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, getattr(self, name), "must be True or False")
 

@@ -87,6 +87,7 @@ def test_shape_not_matching_config(broken_copy):
     ({"stop_token_ids": 5}, "stop_token_ids"), ({"stop_token_ids": ["a"]}, "stop_token_ids"),
     ({"ignore_eos": "yes"}, "ignore_eos"), ({"include_stop_str_in_output": "no"}, "include_stop_str_in_output"),
     ({"skip_special_tokens": None}, "skip_special_tokens"), ({"detokenize": 1}, "detokenize"),
+    ({"spaces_between_special_tokens": "no"}, "spaces_between_special_tokens"),
     # past float32's range the sampler would see inf or 0 (a penalty of 0 divides logits into inf)
     ({"temperature": 1e308}, "temperature"), ({"repetition_penalty": 1e-300}, "repetition_penalty"),
     ({"repetition_penalty": 1e39}, "repetition_penalty"),

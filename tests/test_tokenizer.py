@@ -6,8 +6,10 @@ import random
 
 import pytest
 
+from deltaserve.engine.detokenizer import IncrementalDetokenizer
 from deltaserve.errors import InvalidPromptError, WeightLoadError
 from deltaserve.models.gguf_loader import demo_model_path
+from deltaserve.sampling_params import SamplingParams
 from deltaserve.tokenizer import Tokenizer
 
 IM_START, IM_END = 1, 2  # SmolLM2's <|im_start|> (bos) and <|im_end|> (eos)
@@ -77,6 +79,22 @@ def test_decode_matches_transformers_and_round_trips(tokenizer, reference):
             assert tokenizer.decode(ids, skip_special_tokens=skip) == reference.decode(
                 ids, skip_special_tokens=skip
             )
+
+
+def test_special_tokens_decode_without_spaces_between_them_either_way(tokenizer, reference):
+    # SamplingParams.spaces_between_special_tokens: a fast tokenizer writes no spaces there whatever it is
+    # told, so the detokenizer's text is the reference's for both values
+    rng = random.Random()
+    for _ in range(20):
+        ids = [rng.choice([IM_START, IM_END, rng.randrange(tokenizer.vocab_size)]) for _ in range(rng.randint(2, 20))]
+        for spaces in (True, False):
+            params = SamplingParams(max_tokens=len(ids), skip_special_tokens=False,
+                                    spaces_between_special_tokens=spaces)
+            detok = IncrementalDetokenizer(tokenizer, [], params)
+            for token in ids:
+                detok.append(token)
+            assert detok.visible_text(True) == reference.decode(
+                ids, skip_special_tokens=False, spaces_between_special_tokens=spaces), ids
 
 
 def test_decode_keeps_or_skips_special_tokens(tokenizer):

@@ -124,6 +124,7 @@ class _SamplingFields(_Lenient):
     ignore_eos: StrictBool = False
     include_stop_str_in_output: StrictBool = False
     skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True  # vLLM's; either gives its text (SamplingParams)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None

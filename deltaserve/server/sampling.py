@@ -88,6 +88,7 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, pr
         prompt_logprobs=prompt_logprobs,
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
     )
 
 
