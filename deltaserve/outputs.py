@@ -29,6 +29,13 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """vLLM's: the sum of the sampled tokens' logprobs, where the request asked for logprobs (else None)."""
+        if self.logprobs is None:
+            return None
+        return sum(entry[token].logprob for entry, token in zip(self.logprobs, self.token_ids))
+
 
 @dataclass
 class RequestOutput:

@@ -163,6 +163,25 @@ def test_prompt_logprobs_match_transformers(checkpoint_factory):
         assert len([t for t, e in entry.items() if e.rank <= 2]) >= 2
 
 
+def test_cumulative_logprob_is_the_samples_logprob_under_transformers(checkpoint_factory):
+    from tests.reference import load_reference
+
+    path = checkpoint_factory("qwen3.5")
+    prompt = [random.randrange(3, 300) for _ in range(random.randint(1, 20))]
+    llm = LLM(path, device="cpu")
+    params = SamplingParams(n=2, max_tokens=8, temperature=1.0, seed=random.randrange(2**31), ignore_eos=True,
+                            logprobs=0)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    reference = load_reference(path)
+    for sample in out.outputs:
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + sample.token_ids])).logits[0].float()
+        expected = torch.log_softmax(logits[len(prompt) - 1:-1], -1)[range(8), sample.token_ids].sum().item()
+        assert abs(sample.cumulative_logprob - expected) < 1e-3
+    plain = llm.generate([prompt], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0]
+    assert plain.cumulative_logprob is None  # as vLLM: no logprobs asked, none summed
+
+
 def test_logit_bias_forces_and_bans_tokens_and_logprobs_stay_the_models(checkpoint_factory):
     llm = LLM(checkpoint_factory("llama"), device="cpu")
     rng = random.Random()
