@@ -25,8 +25,8 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop string or token id that ended it
     logprobs: SampleLogprobs | None = None
 
-    @property
     def finished(self) -> bool:
+        """A method, as vLLM's (RequestOutput.finished is a field)."""
         return self.finish_reason is not None
 
     @property

@@ -37,8 +37,10 @@ def test_vllms_engine_arguments_start_the_same_engine(checkpoint_factory, llm):
                      mamba_ssm_cache_dtype="float32")
     assert vllm_style.engine.config.gdn_state_dtype == "float32"
     prompts = [[random.randrange(3, 200) for _ in range(random.randint(1, 30))] for _ in range(3)]
-    got = [o.outputs[0].token_ids for o in vllm_style.generate(prompts, GREEDY, use_tqdm=False)]
-    assert got == [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    outs = vllm_style.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [
+        o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+    assert all(o.finished and o.outputs[0].finished() for o in outs)  # a field, and a method as in vLLM
 
 
 @pytest.mark.parametrize("name", sorted(ONLY))
