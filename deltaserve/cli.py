@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -44,12 +45,25 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="sampling defaults for fields a request leaves unset: auto (default: the checkpoint's "
                         "generation_config.json), vllm (the API's own), or a directory holding a "
                         "generation_config.json")
+    p.add_argument("--override-generation-config", type=_json_object, default=None,
+                   help="a JSON object of generation_config.json values (temperature, top_p, top_k, min_p, "
+                        "repetition_penalty, max_new_tokens) set over those --generation-config gives")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None,
                    help="dummy: random weights in the checkpoint's shapes, from its config.json alone (benchmarks)")
     p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,
                    help="read each step's tokens back before planning the next (default: overlap them)")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=None,
                    help="skip the start-up prefill steps that compile the prefill kernels (default: on a GPU)")
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _build_parser() -> argparse.ArgumentParser:

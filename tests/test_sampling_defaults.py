@@ -8,8 +8,10 @@ import shutil
 import pytest
 
 from deltaserve import LLM, SamplingParams
+from deltaserve.cli import _build_parser
 from deltaserve.engine.sampling_defaults import load_sampling_defaults
 from deltaserve.errors import DeltaServeError
+from deltaserve.server.launcher import engine_kwargs
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.sampling import build_sampling_params, resolve_max_tokens
 
@@ -31,6 +33,34 @@ def test_the_file_gives_the_fields_vllm_reads(tmp_path):
     assert load_sampling_defaults(str(tmp_path), "/elsewhere", is_gguf=True) == want
     assert load_sampling_defaults("vllm", str(tmp_path), is_gguf=False) == {}
     assert load_sampling_defaults("auto", str(tmp_path / "none"), is_gguf=False) == {}
+
+
+def test_an_override_sets_its_values_over_the_files_or_the_apis(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_k": 20, "top_p": 0.95}))
+    temperature = round(random.uniform(0.1, 1.5), 3)
+    override = {"temperature": temperature, "max_new_tokens": random.randint(1, 99), "top_k": 0}
+    want = {"temperature": temperature, "top_k": -1, "top_p": 0.95, "max_tokens": override["max_new_tokens"]}
+    assert load_sampling_defaults("auto", str(tmp_path), False, override) == want
+    assert load_sampling_defaults("vllm", str(tmp_path), False, override) == {
+        "temperature": temperature, "top_k": -1, "max_tokens": override["max_new_tokens"]}
+    assert load_sampling_defaults("auto", str(tmp_path), False, {}) == {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    with pytest.raises(DeltaServeError, match="override_generation_config: presence_penalty is not read"):
+        load_sampling_defaults("auto", str(tmp_path), False, {"presence_penalty": 1.0, "top_p": 0.5})
+    with pytest.raises(DeltaServeError, match="override_generation_config: top_p=3"):
+        load_sampling_defaults("auto", str(tmp_path), False, {"top_p": 3})
+    with pytest.raises(DeltaServeError, match="must be a JSON object"):
+        load_sampling_defaults("auto", str(tmp_path), False, [("top_p", 0.5)])
+
+
+def test_the_override_reaches_the_engine_from_the_command_line_and_llm(checkpoint_factory):
+    args = _build_parser().parse_args(["serve", "--override-generation-config", '{"temperature": 0.25}'])
+    assert engine_kwargs(args)["override_generation_config"] == {"temperature": 0.25}
+    for bad in ("{", "[1]"):
+        with pytest.raises(SystemExit):
+            _build_parser().parse_args(["serve", "--override-generation-config", bad])
+    llm = LLM(checkpoint_factory("llama"), device="cpu", generation_config="vllm",
+              override_generation_config={"top_p": 0.5, "repetition_penalty": 1.1})
+    assert llm.get_default_sampling_params() == SamplingParams(top_p=0.5, repetition_penalty=1.1)
 
 
 def test_a_file_that_is_missing_or_out_of_range_is_named(tmp_path):

@@ -42,6 +42,7 @@ class EngineConfig:
     # Sampling defaults for fields a request leaves unset: "auto" (the checkpoint's generation_config.json),
     # "vllm" (the API's own), or a directory holding a generation_config.json (engine/sampling_defaults.py)
     generation_config: str = "auto"
+    override_generation_config: dict | None = None  # vLLM's: generation_config.json values over those
     chat_template: str | None = None  # a file or the template's text, in place of the checkpoint's
     cpu_kv_cache_gib: float = 1.0
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)

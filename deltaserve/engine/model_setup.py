@@ -56,7 +56,8 @@ class LoadedModel:
 def load_engine_model(config: EngineConfig) -> LoadedModel:
     started = time.perf_counter()
     source = resolve_model_source(config.model, config.revision, config.download_dir)
-    sampling_defaults = load_sampling_defaults(config.generation_config, source.path, source.is_gguf)
+    sampling_defaults = load_sampling_defaults(config.generation_config, source.path, source.is_gguf,
+                                               config.override_generation_config)
     device = resolve_device(config.device)
     model_config, tokenizer, gguf_tensors = _read_checkpoint(source)
     if config.chat_template is not None:

@@ -3,7 +3,8 @@
 A request (or an `LLM.generate` call without SamplingParams) that leaves a field unset takes the checkpoint's
 value instead of the API's: Qwen3.5's files ask for temperature 0.6, top-k 20 and top-p 0.95, where the API
 would sample at temperature 1 from the whole vocabulary. `generation_config="auto"` (the default) reads the
-model's own file, a directory reads the file there, and "vllm" keeps the API's defaults. `do_sample` is not
+model's own file, a directory reads the file there, and "vllm" keeps the API's defaults; vLLM's
+`override_generation_config` sets values of the same names over whichever of those. `do_sample` is not
 read: vLLM ignores it too, and a request asks for greedy decoding with temperature 0.
 """
 
@@ -22,8 +23,23 @@ FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min
 BUILT_IN = "vllm"  # the API's own defaults, as vLLM names the choice
 
 
-def load_sampling_defaults(setting: str, model_path: str, is_gguf: bool) -> dict[str, Any]:
-    """SamplingParams fields -> the checkpoint's values (empty where there are none, or with "vllm")."""
+def load_sampling_defaults(setting: str, model_path: str, is_gguf: bool,
+                           override: dict[str, Any] | None = None) -> dict[str, Any]:
+    """SamplingParams fields -> the checkpoint's values (empty where there are none, or with "vllm"), with
+    `override` (vLLM's override_generation_config: generation_config.json's names and values) over them."""
+    defaults = _file_defaults(setting, model_path, is_gguf)
+    if not override:
+        return defaults
+    if not isinstance(override, dict):
+        raise DeltaServeError(f"override_generation_config={override!r}: must be a JSON object")
+    unread = sorted(set(override) - set(FIELDS))
+    if unread:
+        raise DeltaServeError(f"override_generation_config: {', '.join(unread)} is not read (give "
+                              f"{', '.join(FIELDS)})")
+    return _checked({**defaults, **_as_sampling_fields(override)}, "override_generation_config")
+
+
+def _file_defaults(setting: str, model_path: str, is_gguf: bool) -> dict[str, Any]:
     if setting == BUILT_IN:
         return {}
     if setting == "auto":
@@ -44,13 +60,21 @@ def load_sampling_defaults(setting: str, model_path: str, is_gguf: bool) -> dict
         raise DeltaServeError(f"{path} could not be read as JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise DeltaServeError(f"{path} is not a JSON object")
-    defaults = {ours: raw[theirs] for theirs, ours in FIELDS.items() if raw.get(theirs) is not None}
-    if defaults.get("top_k") == 0:  # transformers' "no top-k"
-        defaults["top_k"] = -1
+    return _checked(_as_sampling_fields(raw), path)
+
+
+def _as_sampling_fields(values: dict[str, Any]) -> dict[str, Any]:
+    fields = {ours: values[theirs] for theirs, ours in FIELDS.items() if values.get(theirs) is not None}
+    if fields.get("top_k") == 0:  # transformers' "no top-k"
+        fields["top_k"] = -1
+    return fields
+
+
+def _checked(defaults: dict[str, Any], source: str) -> dict[str, Any]:
     try:
         SamplingParams(**defaults)
     except InvalidSamplingParamsError as exc:
-        raise DeltaServeError(f"{path}: {exc}") from exc
+        raise DeltaServeError(f"{source}: {exc}") from exc
     return defaults
 
 
