@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from decimal import Decimal, InvalidOperation
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -17,9 +18,11 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "Face's)")
     p.add_argument("--dtype", default=None, help="auto (default), float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="auto (default: CUDA when present), cuda, cpu")
-    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--max-model-len", type=token_count, default=None,
+                   help="context length, as 32768, 32k or 32K (default: the model's)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences running at once")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
+    p.add_argument("--max-num-batched-tokens", type=token_count, default=None,
+                   help="token budget of one step, as 8192, 8k or 8K")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool (default: sized to memory)")
     p.add_argument("--seed", type=int, default=None, help="engine seed")
@@ -56,6 +59,29 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="skip the start-up prefill steps that compile the prefill kernels (default: on a GPU)")
 
 
+# vLLM's suffixes for token counts: lower case decimal (32k = 32000), upper case binary (32K = 32768)
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def token_count(text: str) -> int:
+    """A whole number of tokens, plain or with vLLM's suffixes (25.6k is 25600; a binary suffix takes whole
+    numbers only)."""
+    text = text.strip()
+    number, suffix = (text[:-1], text[-1]) if text[-1:] in {**_DECIMAL, **_BINARY} else (text, "")
+    try:
+        if suffix in _BINARY:
+            return int(number) * _BINARY[suffix]
+        if suffix in _DECIMAL:
+            value = Decimal(number) * _DECIMAL[suffix]  # exact: 4.35k is 4350, where a float gives 4349.99...
+            if value != value.to_integral_value() or not number[:1].isdigit():
+                raise ValueError
+            return int(value)
+        return int(number)
+    except (ValueError, InvalidOperation):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens (as 32768, 32k or 32K)") from None
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -81,7 +107,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
     gen.add_argument("--dtype", default="auto")
     gen.add_argument("--device", default="auto")
-    gen.add_argument("--max-model-len", type=int, default=None)
+    gen.add_argument("--max-model-len", type=token_count, default=None)
 
     srv = sub.add_parser("serve", help="serve the OpenAI and Anthropic HTTP APIs")
     _engine_options(srv)

@@ -1,8 +1,10 @@
 """The command line's engine options reach the engine's configuration."""
 
+import random
+
 import pytest
 
-from deltaserve.cli import _build_parser
+from deltaserve.cli import _build_parser, token_count
 from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.errors import DeltaServeError
 from deltaserve.server.launcher import engine_kwargs
@@ -37,3 +39,16 @@ def test_an_unknown_state_dtype_is_refused():
 def test_a_memory_share_outside_zero_to_one_is_refused(share):
     with pytest.raises(DeltaServeError, match="gpu_memory_utilization"):
         EngineConfig(gpu_memory_utilization=share)
+
+
+def test_token_counts_take_vllms_suffixes():
+    whole, tenths = random.randint(1, 999), random.randint(0, 9)
+    suffix, scale = random.choice([("k", 10**3), ("m", 10**6), ("K", 2**10), ("M", 2**20)])
+    args = _build_parser().parse_args(["serve", "--max-model-len", f"{whole}{suffix}",
+                                       "--max-num-batched-tokens", str(whole)])
+    assert engine_kwargs(args)["max_model_len"] == whole * scale
+    assert engine_kwargs(args)["max_num_batched_tokens"] == whole
+    assert token_count(f"{whole}.{tenths}k") == whole * 1000 + tenths * 100  # decimal suffixes take fractions
+    for bad in (f"{whole}.5K", f"{whole}.0001k", "k", f"{whole}x", f"-{whole}k", f"{whole}.5"):
+        with pytest.raises(SystemExit):
+            _build_parser().parse_args(["serve", "--max-model-len", bad])
