@@ -21,8 +21,9 @@ def _random_timing(rng: random.Random, i: int) -> RequestTiming:
     first = None if rng.random() < 0.2 else arrival + rng.uniform(0.001, 3)
     finished = (first or arrival) + rng.uniform(0, 30)
     reason = rng.choice(["stop", "length", "abort", "error"])
+    generated = 0 if first is None else rng.randint(1, 500)
     return RequestTiming(f"r{i}", reason, arrival=arrival, first_token=first, finished=finished,
-                         prompt_tokens=rng.randint(1, 4000), generation_tokens=0 if first is None else rng.randint(1, 500))
+                         prompt_tokens=rng.randint(1, 4000), generation_tokens=generated)
 
 
 def test_vllms_series_carry_the_numbers_of_deltaserves_own():
