@@ -91,8 +91,10 @@ class _Stream:
 class AsyncEngine:
     """Runs an LLMEngine in a background thread and streams its outputs to asyncio callers."""
 
-    def __init__(self, engine: Any, *, max_queue: int | None = None, max_num_seqs: int | None = None):
+    def __init__(self, engine: Any, *, max_queue: int | None = None, max_num_seqs: int | None = None,
+                 log_requests: bool = False):
         self.engine = engine
+        self.log_requests = log_requests  # each accepted request's parameters at INFO, its prompt at DEBUG
         self.tokenizer = engine.tokenizer
         self.model_name: str = getattr(engine, "model_name", "model")
         self.max_model_len: int = engine_max_model_len(engine)
@@ -112,11 +114,13 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
 
     @classmethod
-    def from_args(cls, model: str | None = None, *, max_queue: int | None = None, **engine_kwargs):
+    def from_args(cls, model: str | None = None, *, max_queue: int | None = None, log_requests: bool = False,
+                  **engine_kwargs):
         from deltaserve.engine.llm_engine import LLMEngine
 
         engine = LLMEngine.from_args(model, **engine_kwargs)
-        return cls(engine, max_queue=max_queue, max_num_seqs=engine_kwargs.get("max_num_seqs"))
+        return cls(engine, max_queue=max_queue, max_num_seqs=engine_kwargs.get("max_num_seqs"),
+                   log_requests=log_requests)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -212,6 +216,9 @@ class AsyncEngine:
                 added.cancel()
                 self._submit(("abort", request_id))
             raise
+        if self.log_requests:
+            logger.info("request %s accepted: %s", request_id, params)
+            logger.debug("request %s prompt: %r", request_id, prompt_text if prompt_text is not None else prompt)
         return RequestStream(self, stream, arrival)
 
     # ---- engine thread -----------------------------------------------------------------------

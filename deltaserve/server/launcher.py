@@ -78,7 +78,9 @@ def serve(args: Any) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     reasoning = check_vllm_flags(args)  # before the model loads: a flag it cannot honour ends the start at once
     print(f"deltaserve: loading {args.model or 'the demo model'} ...", file=sys.stderr, flush=True)
-    engine = AsyncEngine.from_args(args.model, max_queue=args.max_queue, **engine_kwargs(args))
+    engine = AsyncEngine.from_args(args.model, max_queue=args.max_queue,
+                                   log_requests=bool(getattr(args, "enable_log_requests", False)),
+                                   **engine_kwargs(args))
     served = args.served_model_name or [engine.model_name]
     if engine.sampling_defaults:
         print(f"deltaserve: requests that leave them unset sample with the checkpoint's "

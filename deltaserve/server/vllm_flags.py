@@ -35,8 +35,10 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="accepted: deltaserve loads a Qwen3.5 checkpoint's language model only")
     g.add_argument("--disable-log-stats", action="store_true",
                    help="accepted: deltaserve writes no periodic stats to its log (/metrics has them)")
+    g.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
+                   help="log each accepted request's id and sampling parameters (INFO) and its prompt (DEBUG)")
     g.add_argument("--disable-log-requests", action="store_true",
-                   help="accepted: deltaserve writes no request's contents to its log")
+                   help="accepted (older vLLM's): requests are logged only with --enable-log-requests")
     # checked against vllm_engine_args.ONLY, as LLM's arguments of the same names
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                    help="1 only: deltaserve runs a model on one GPU")

@@ -28,7 +28,7 @@ VLLM_LINE = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-pa
 
 @pytest.fixture(scope="module")
 def vllm_style_server():
-    yield from serving(LiveServer("--served-model-name", MODEL, *VLLM_LINE))
+    yield from serving(LiveServer("--served-model-name", MODEL, *VLLM_LINE, "--enable-log-requests"))
 
 
 def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
@@ -88,3 +88,7 @@ def test_a_named_reasoning_parser_splits_the_reply(vllm_style_server, server):
     assert "reasoning" not in whole and "reasoning_content" not in whole
     streamed = _forced_think_reply(vllm_style_server, thought, stream=True)
     assert streamed == {"reasoning": thought, "reasoning_content": thought, "content": "Paris"}
+    # --enable-log-requests: each request's sampling parameters at INFO, its grammar among them; not by default
+    accepted = [line for line in vllm_style_server.read_log().splitlines() if " accepted: SamplingParams(" in line]
+    assert len([line for line in accepted if thought in line]) == 2, accepted
+    assert " accepted: " not in server.read_log()
