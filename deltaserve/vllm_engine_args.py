@@ -22,6 +22,7 @@ ONLY = {
     "enable_chunked_prefill": ((True, None), "deltaserve always prefills a prompt longer than "
                                              "max_num_batched_tokens in chunks"),
     "kv_cache_dtype": (("auto",), "the KV cache is kept in the model's dtype"),
+    "tokenizer_mode": (("auto", "hf"), "deltaserve reads the checkpoint's own fast tokenizer"),
     "quantization": ((None,), "deltaserve loads unquantized weights"),
     "speculative_config": ((None,), "deltaserve has no speculative decoding"),
     "enable_lora": ((False, None), "deltaserve serves no LoRA adapters"),
@@ -38,7 +39,7 @@ def refusal(name: str, value: Any, model: str | None) -> str | None:
     values, why = ONLY[name]
     if value in values and type(value) in {type(v) for v in values}:  # True is no size of 1
         return None
-    shown = [repr(v) for v in values if v is not None and v is not False]  # what leaving it out gives
+    shown = [repr(v) for v in values if v is not None and not isinstance(v, bool)]  # a switch: leave it out
     return f"{why} ({f'give {shown[0]}, or ' if shown else ''}leave it out)"
 
 

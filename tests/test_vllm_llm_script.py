@@ -16,7 +16,8 @@ TEMPLATE = ("{% for m in messages %}[{{ m.role }}{% if flavour is defined %} {{ 
 # a value of each argument that deltaserve cannot honour
 REFUSED = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 4,
            "enable_chunked_prefill": False, "kv_cache_dtype": "fp8", "quantization": "awq",
-           "speculative_config": {"method": "qwen3_next_mtp", "num_speculative_tokens": 2}, "enable_lora": True}
+           "speculative_config": {"method": "qwen3_next_mtp", "num_speculative_tokens": 2}, "enable_lora": True,
+           "tokenizer_mode": "mistral"}
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 
 

@@ -33,6 +33,9 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                         "template thinks or a reasoning parser is named")
     g.add_argument("--language-model-only", action="store_true",
                    help="accepted: deltaserve loads a Qwen3.5 checkpoint's language model only")
+    for flag in ("--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--mm-processor-cache-type",
+                 "--mm-processor-cache-gb"):  # a vision encoder's settings
+        g.add_argument(flag, default=None, help="accepted: deltaserve loads no vision encoder and takes text only")
     g.add_argument("--disable-log-stats", action="store_true",
                    help="accepted: deltaserve writes no periodic stats to its log (/metrics has them)")
     g.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
@@ -44,8 +47,10 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="1 only: deltaserve runs a model on one GPU")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=None, help="1 only, as -tp")
     g.add_argument("--data-parallel-size", "-dp", type=int, default=None, help="1 only, as -tp")
-    g.add_argument("--enable-chunked-prefill", action="store_true", default=None,
-                   help="accepted: a prompt longer than --max-num-batched-tokens is always prefilled in chunks")
+    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="accepted: a prompt longer than --max-num-batched-tokens is always prefilled in chunks "
+                        "(--no-enable-chunked-prefill is refused)")
+    g.add_argument("--tokenizer-mode", default=None, help="auto or hf: the checkpoint's own fast tokenizer")
     g.add_argument("--kv-cache-dtype", default=None, help="auto only: the KV cache is kept in the model's dtype")
     g.add_argument("--quantization", "-q", default=None, help="refused: deltaserve loads unquantized weights")
     g.add_argument("--speculative-config", default=None, help="refused: deltaserve has no speculative decoding")
@@ -71,5 +76,6 @@ def check_vllm_flags(args: Any) -> bool | None:
         reason = refusal(name, value, getattr(args, "model", None)) if value is not None else None
         if reason is not None:
             flag = "--" + name.replace("_", "-")
-            raise DeltaServeError(f"{flag if value is True else f'{flag} {value}'}: {reason}")
+            shown = flag if value is True else "--no-" + flag[2:] if value is False else f"{flag} {value}"
+            raise DeltaServeError(f"{shown}: {reason}")
     return True if reasoning is not None else None

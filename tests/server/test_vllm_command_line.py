@@ -23,7 +23,9 @@ pytestmark = pytest.mark.timeout(400)
 VLLM_LINE = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
              "--reasoning-parser", "qwen3", "-tp", "1", "--enable-chunked-prefill", "--enable-reasoning",
              "--language-model-only", "-pp", "1", "--data-parallel-size", "1", "--kv-cache-dtype", "auto",
-             "--disable-log-stats", "--disable-log-requests"]
+             "--disable-log-stats", "--disable-log-requests", "--tokenizer-mode", "auto",
+             "--limit-mm-per-prompt", '{"image": 0, "video": 0}', "--mm-encoder-tp-mode", "data",
+             "--mm-processor-cache-type", "shm"]
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,8 @@ def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
                                          (["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'],
                                           "--speculative-config .*: deltaserve has no speculative decoding"),
                                          (["--enable-lora"], "--enable-lora: .*LoRA"),
+                                         (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill: .*in chunks"),
+                                         (["--tokenizer-mode", "mistral"], "--tokenizer-mode mistral: .*fast"),
                                          (["m", "--tokenizer", "other/tok"], "--tokenizer other/tok: .*checkpoint")])
 def test_what_deltaserve_cannot_do_is_refused_by_name(line, named):
     with pytest.raises(DeltaServeError, match=named):
