@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deltaserve.errors import ShapeMismatchError
+from deltaserve.models.fp8_checkpoint import fp8_weight_block
 
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
@@ -53,6 +54,9 @@ class ModelConfig:
     weight_prefix: str = "model."  # where the text model's tensors start
     num_mtp_layers: int = 0
     mamba_ssm_dtype: str | None = None  # the recurrent state's dtype the checkpoint asks for, if it names one
+    # an FP8 checkpoint's scale blocks (rows, columns), or None for one scale a tensor or row (fp8_checkpoint.py)
+    fp8_weight_block: tuple[int, int] | None = None
+    fp8_weights: bool = False  # its linear weights are stored in FP8, dequantized as they are read
 
     @property
     def attention_layers(self) -> list[int]:
@@ -173,5 +177,8 @@ def parse_model_config(raw: dict, architecture: str) -> ModelConfig:
         num_mtp_layers=cfg.get("mtp_num_hidden_layers", cfg.get("num_nextn_predict_layers", 0)) or 0,
         mamba_ssm_dtype=cfg.get("mamba_ssm_dtype", raw.get("mamba_ssm_dtype")),
     )
+    quantization = raw.get("quantization_config", cfg.get("quantization_config"))
+    if quantization is not None:  # refused here, before a weight is read, unless it is FP8
+        config.fp8_weight_block, config.fp8_weights = fp8_weight_block(quantization), True
     config.validate()
     return config

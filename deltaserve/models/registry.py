@@ -13,6 +13,7 @@ from deltaserve.errors import UnsupportedArchitectureError, WeightLoadError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.decoder import DecoderLM
 from deltaserve.models.hub_checkpoint import hub_checkpoint, looks_like_repo_id
+from deltaserve.models.fp8_checkpoint import dequantized
 from deltaserve.models.loader import load_weights
 from deltaserve.models.random_init import init_random_weights
 from deltaserve.models.weights import iterate_safetensors, safetensors_files
@@ -102,5 +103,8 @@ def load_model(source: ModelSource, config: ModelConfig, dtype: torch.dtype, dev
     elif source.is_gguf:
         load_weights(model, gguf_tensors.items())
     else:  # tensors are read straight onto the model's device
-        load_weights(model, iterate_safetensors(safetensors_files(source.path), device))
+        tensors = iterate_safetensors(safetensors_files(source.path), device)
+        if config.fp8_weights:
+            tensors = dequantized(tensors, config.fp8_weight_block)
+        load_weights(model, tensors)
     return model
