@@ -23,7 +23,8 @@ ONLY = {
                                              "max_num_batched_tokens in chunks"),
     "kv_cache_dtype": (("auto",), "the KV cache is kept in the model's dtype"),
     "tokenizer_mode": (("auto", "hf"), "deltaserve reads the checkpoint's own fast tokenizer"),
-    "quantization": ((None,), "deltaserve loads unquantized weights"),
+    "quantization": ((None,), "deltaserve quantizes no weights itself, and an FP8 checkpoint loads without it "
+                              "(its config.json says so)"),
     "speculative_config": ((None,), "deltaserve has no speculative decoding"),
     "enable_lora": ((False, None), "deltaserve serves no LoRA adapters"),
 }

@@ -52,7 +52,8 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                         "(--no-enable-chunked-prefill is refused)")
     g.add_argument("--tokenizer-mode", default=None, help="auto or hf: the checkpoint's own fast tokenizer")
     g.add_argument("--kv-cache-dtype", default=None, help="auto only: the KV cache is kept in the model's dtype")
-    g.add_argument("--quantization", "-q", default=None, help="refused: deltaserve loads unquantized weights")
+    g.add_argument("--quantization", "-q", default=None,
+                   help="refused: deltaserve quantizes no weights itself (an FP8 checkpoint loads without it)")
     g.add_argument("--speculative-config", default=None, help="refused: deltaserve has no speculative decoding")
     g.add_argument("--enable-lora", action="store_true", default=None, help="refused: deltaserve serves no LoRA "
                    "adapters")
