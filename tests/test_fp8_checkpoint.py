@@ -52,6 +52,9 @@ def test_blocks_partial_blocks_and_row_scales_dequantize_as_defined():
     assert torch.equal(dequantize(quantized, one, None), quantized.float() * 0.37)
     with pytest.raises(WeightLoadError, match="does not cover"):
         dequantize(quantized, torch.ones(3, 3), None)
+    stacked = [_blockwise(torch.randn(*weight.shape), block) for _ in range(3)]  # experts in one tensor
+    assert torch.equal(dequantize(torch.stack([q for q, _ in stacked]), torch.stack([s for _, s in stacked]), block),
+                       torch.stack([_by_blocks(q, s, block) for q, s in stacked]))
 
 
 def test_weights_pair_with_their_scales_in_either_order():
@@ -108,7 +111,7 @@ def _fp8_pair(path: str, tmp_path, block: tuple[int, int]) -> tuple[str, str]:
     return dirs[0], dirs[1]
 
 
-@pytest.mark.parametrize("arch", ["qwen3.5", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3.5-moe", "qwen3-next", "llama"])
 def test_an_fp8_checkpoint_generates_what_its_dequantized_weights_generate(checkpoint_factory, tmp_path, arch):
     fp8, plain = _fp8_pair(checkpoint_factory(arch), tmp_path, (random.randint(3, 16), random.randint(3, 16)))
     prompts = [[random.randrange(3, 300) for _ in range(random.randint(1, 30))] for _ in range(3)]
