@@ -20,10 +20,16 @@ pytestmark = pytest.mark.timeout(600)
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 
 
-def _maybe_wrong(rng: random.Random, good):
+WRONG = [None, -1, 10**20, "x", [], {}, [1, "a"], 2.5, True]
+# None is no wrong length but no limit at all: a reply sampled at temperature 1.5 may then run to the end of the
+# context, minutes on a CPU, so the output's length is never left out
+WRONG_LENGTHS = [value for value in WRONG if value is not None]
+
+
+def _maybe_wrong(rng: random.Random, good, wrong=WRONG):
     """Mostly a good value; now and then one of the wrong type or out of range."""
     if rng.random() < 0.08:
-        return rng.choice([None, -1, 10**20, "x", [], {}, [1, "a"], 2.5, True])
+        return rng.choice(wrong)
     return good
 
 
@@ -55,7 +61,7 @@ def _fields(rng: random.Random, chat: bool) -> dict:
                    {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}]
         drawers["response_format"] = lambda: rng.choice(formats)
     body = {name: _maybe_wrong(rng, draw()) for name, draw in drawers.items() if rng.random() < 0.12}
-    body["max_tokens"] = _maybe_wrong(rng, rng.randint(1, 32))
+    body["max_tokens"] = _maybe_wrong(rng, rng.randint(1, 32), WRONG_LENGTHS)
     if isinstance(body.get("min_tokens"), int) and isinstance(body["max_tokens"], int):
         body["min_tokens"] = min(body["min_tokens"], max(body["max_tokens"], 0))
     return body
@@ -78,7 +84,7 @@ def _responses_body(rng: random.Random) -> dict:
         "reasoning": lambda: {"effort": rng.choice(["low", "high"])},
     }
     body = {name: _maybe_wrong(rng, draw()) for name, draw in drawers.items() if rng.random() < 0.15}
-    body["max_output_tokens"] = _maybe_wrong(rng, rng.randint(1, 32))
+    body["max_output_tokens"] = _maybe_wrong(rng, rng.randint(1, 32), WRONG_LENGTHS)
     body["input"] = rng.choice(["Hi", "Count to five.", [
         {"role": "user", "content": "Weather in Oslo?"},
         {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
