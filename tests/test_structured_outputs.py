@@ -327,3 +327,41 @@ def test_a_rows_bits_for_some_tokens_and_with_some_cleared_read_as_allowed_token
     expected[cleared] = False
     assert torch.equal(allowed_tokens(without_tokens(row, cleared)[None], vocab)[0], expected)
     assert torch.equal(allowed_tokens(row[None], vocab)[0], every)  # a copy: the row is as it was
+
+
+class _RowRequest:
+    """What the dead-end check reads of a request (the sampler keeps its allowed ids by a weak reference)."""
+
+    def __init__(self, params, refused: list[int]):
+        self.params, self._refused = params, refused
+
+    def refused_tokens(self) -> list[int]:
+        return self._refused
+
+
+def test_a_grammar_row_is_a_dead_end_exactly_where_the_reference_leaves_no_token():
+    # the sampler reads a few bits of the row; the reference unpacks all of it, and bits past the vocabulary
+    # (the last word's, set here at random) are no tokens
+    from types import SimpleNamespace
+
+    from deltaserve.runner.sampler import Sampler
+
+    vocab = 32 * random.randint(1, 8) + random.randint(1, 31)
+    sampler = Sampler(vocab, torch.device("cpu"), seed=0)
+    for _ in range(200):
+        row = torch.zeros(mask_shape(1, vocab), dtype=torch.int32)[0]
+        tail = vocab % 32  # bits past the vocabulary, and now and then the last word's tokens as well
+        past = random.randint(0, 2**32 - 1) & ~((1 << tail) - 1) | random.choice([0, random.randint(0, 2**tail - 1)])
+        row[-1] = past - 2**32 if past >= 2**31 else past
+        for token in random.sample(range(vocab), random.randint(0, 3)):
+            row[token // 32] |= torch.tensor(1 << (token % 32), dtype=torch.int64).to(torch.int32)
+        refused = random.sample(range(vocab), random.randint(0, 6))
+        allowed = random.choice([None, random.sample(range(vocab), random.randint(1, 8))])
+        request = _RowRequest(SimpleNamespace(allowed_token_ids=allowed), refused)
+        kept = allowed_tokens(row[None], vocab)[0]
+        kept[refused] = False
+        if allowed is not None:
+            kept &= torch.zeros(vocab, dtype=torch.bool).index_fill_(0, torch.tensor(allowed), True)
+        if allowed is None and not refused:
+            continue  # the sampler asks nothing of such a row
+        assert sampler._grammar_leaves_nothing(row, request) == (not kept.any()), (vocab, allowed, refused)

@@ -54,6 +54,9 @@ class Sampler:
         self._prompt_tokens = weakref.WeakKeyDictionary()  # request -> its prompt's distinct tokens, on the device
         self._output_tokens = weakref.WeakKeyDictionary()  # request -> array("i") of its output tokens read back
         self._allowed = weakref.WeakKeyDictionary()  # request -> bool [V] of its allowed_token_ids, on the device
+        self._allowed_ids = weakref.WeakKeyDictionary()  # request -> its allowed_token_ids, a host tensor
+        tail = vocab_size % 32  # the bits of a grammar mask's last word that are tokens
+        self._last_word_tokens = (1 << tail) - 1 if tail else -1
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]):
         """logits [B, V] fp32 for requests[b]. Returns (token ids, per-row logprob dicts or None)."""
@@ -177,11 +180,14 @@ class Sampler:
         allowed, refused = request.params.allowed_token_ids, request.refused_tokens()
         if allowed is None and not refused:  # its logit bias alone changes no token's place in the mask
             return False
-        past_vocab = range(self.vocab_size, 32 * len(mask_row))  # the last word's bits past the vocabulary
-        kept = without_tokens(mask_row, [*refused, *past_vocab])
+        kept = without_tokens(mask_row, refused)
+        kept[-1] &= self._last_word_tokens  # none of the bits past the vocabulary
         if allowed is None:
             return not kept.any()
-        return not token_bits(kept, torch.tensor(allowed)).any()
+        ids = self._allowed_ids.get(request)
+        if ids is None:
+            ids = self._allowed_ids[request] = torch.tensor(allowed)
+        return not token_bits(kept, ids).any()
 
     def _adjusted(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits (the logits themselves stay the model's: logprobs are read from them) with each

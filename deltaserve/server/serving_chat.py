@@ -182,12 +182,17 @@ class ChatJob:
 
     # ---- whole response ---------------------------------------------------------------------
 
+    def parsed(self, text: str) -> ChoiceDelta:
+        """A whole reply's text as reasoning, content and tool calls."""
+        parser = self.parser()
+        parsed = parser.feed(text)
+        parsed.extend(parser.finish())
+        return parsed
+
     def response(self, output: RequestOutput) -> dict:
         choices = []
         for o in sorted(output.outputs, key=lambda o: o.index):
-            parser = self.parser()
-            parsed = parser.feed(o.text)
-            parsed.extend(parser.finish())
+            parsed = self.parsed(o.text)
             message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.reasoning:  # under vLLM's name and DeepSeek's, which clients read
                 message["reasoning"] = message["reasoning_content"] = parsed.reasoning

@@ -231,9 +231,7 @@ class _ResponseJob:
         return "incomplete" if output.outputs[0].finish_reason == "length" else "completed"
 
     def whole(self, output: RequestOutput) -> dict:
-        parser = self.chat.parser()
-        parsed = parser.feed(output.outputs[0].text)
-        parsed.extend(parser.finish())
+        parsed = self.chat.parsed(output.outputs[0].text)
         status = self.status(output)
         items = []
         if parsed.reasoning:
