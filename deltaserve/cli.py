@@ -51,6 +51,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--override-generation-config", type=_json_object, default=None,
                    help="a JSON object of generation_config.json values (temperature, top_p, top_k, min_p, "
                         "repetition_penalty, max_new_tokens) set over those --generation-config gives")
+    p.add_argument("--max-logprobs", type=int, default=None,
+                   help="the most logprobs a request may ask a token (logprobs, top_logprobs, prompt_logprobs; "
+                        "default: 20); -1: the whole vocabulary")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None,
                    help="dummy: random weights in the checkpoint's shapes, from its config.json alone (benchmarks)")
     p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from deltaserve.errors import InvalidSamplingParamsError
 
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = 20  # the default cap on logprobs a token (vLLM's and the OpenAI API's); the engine's max_logprobs sets it
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 makes it the only choice
 # Below this a temperature samples greedily, as in vLLM: logits over 1e-45 overflow to inf and the row's
 # softmax to NaN, where the user plainly asked for the most likely token.
@@ -94,7 +94,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # vLLM's: the only tokens the output may take
     bad_words: list[str] | None = None  # vLLM's: words the output may not write (each as its tokens, with and
     # without a leading space: the last token is refused where the output ends with the others)
-    logprobs: int | None = None
+    logprobs: int | None = None  # the sampled token's logprob and this many top ones (-1: the whole vocabulary)
     prompt_logprobs: int | None = None  # per prompt token: its logprob and the top ones (no prefix-cache hit)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
@@ -194,8 +194,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None:
                 _check_int(name, value)
-                if not 0 <= value <= MAX_LOGPROBS:
-                    raise bad(name, value, f"must be in [0, {MAX_LOGPROBS}]")
+                if value < -1:  # how many the engine allows is its max_logprobs: check_logprobs
+                    raise bad(name, value, "must be at least 0, or -1 for the whole vocabulary")
         if self.stop_strings and not self.detokenize:
             raise bad("stop", self.stop, "stop strings need detokenize=True")
         for s in self.stop_strings:
@@ -209,6 +209,27 @@ class SamplingParams:
             self.structured_outputs.validate()
         if self.temperature < GREEDY_BELOW_TEMPERATURE:
             self.temperature = 0.0
+
+    def check_logprobs(self, cap: int, vocab_size: int) -> None:
+        """Refuses logprobs or prompt_logprobs asking more a token than `cap` (an engine's max_logprobs, resolved)."""
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                check_logprobs_count(name, getattr(self, name), cap, vocab_size)
+
+
+def logprobs_count(value: int, vocab_size: int) -> int:
+    """The top logprobs a token that `value` asks: -1 is the whole vocabulary."""
+    return vocab_size if value == -1 else value
+
+
+def check_logprobs_count(name: str, value: int, cap: int, vocab_size: int) -> None:
+    """Refuses a request field asking more logprobs a token than `cap` allows (or a negative count but -1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise InvalidSamplingParamsError(f"{name}={value!r}: must be at least 0, or -1 for the whole vocabulary")
+    if logprobs_count(value, vocab_size) > cap:
+        raise InvalidSamplingParamsError(
+            f"{name}={value}: asks for {logprobs_count(value, vocab_size)} logprobs a token, more than the engine's "
+            f"max_logprobs of {cap} allows (--max-logprobs or max_logprobs raises it; -1: the whole vocabulary)")
 
 
 def _check_int(name: str, value) -> None:

@@ -15,12 +15,12 @@ def test_serve_options_become_engine_config_fields():
                                        "--ssm-snapshot-interval", "512", "--decode-snapshot-interval", "64",
                                        "--enforce-eager", "--max-num-seqs", "8", "--load-format", "dummy",
                                        "--gpu-memory-utilization", "0.5", "--generation-config", "vllm",
-                                       "--revision", "v2", "--download-dir", "/models"])
+                                       "--revision", "v2", "--download-dir", "/models", "--max-logprobs", "-1"])
     kwargs = engine_kwargs(args)
     assert kwargs == {"gdn_state_dtype": "bfloat16", "enable_prefix_caching": False, "ssm_snapshot_interval": 512,
                       "decode_snapshot_interval": 64, "enforce_eager": True, "max_num_seqs": 8, "load_format": "dummy",
                       "gpu_memory_utilization": 0.5, "generation_config": "vllm", "revision": "v2",
-                      "download_dir": "/models"}
+                      "download_dir": "/models", "max_logprobs": -1}
     config = EngineConfig(**kwargs)
     assert config.gdn_state_dtype == "bfloat16" and config.max_num_seqs == 8
     assert "gdn_state_dtype" not in engine_kwargs(_build_parser().parse_args(["serve"]))  # the default rules

@@ -99,6 +99,8 @@ class AsyncEngine:
         self.model_name: str = getattr(engine, "model_name", "model")
         self.max_model_len: int = engine_max_model_len(engine)
         self.sampling_defaults: dict = getattr(engine, "sampling_defaults", {})
+        self.max_logprobs: int = engine.max_logprobs  # resolved: the whole vocabulary where it was -1
+        self.vocab_size: int = engine.vocab_size
         self.max_queue = max_queue
         self.max_num_seqs = max_num_seqs
         self.stats: Any = None  # the engine's newest stats(), refreshed by the engine thread

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from deltaserve.errors import DeltaServeError
+from deltaserve.sampling_params import MAX_LOGPROBS
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class EngineConfig:
     override_generation_config: dict | None = None  # vLLM's: generation_config.json values over those
     chat_template: str | None = None  # a file or the template's text, in place of the checkpoint's
     cpu_kv_cache_gib: float = 1.0
+    max_logprobs: int = MAX_LOGPROBS  # vLLM's: the most logprobs a request may ask a token; -1: the whole vocabulary
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
 
     def __post_init__(self):
@@ -59,6 +61,9 @@ class EngineConfig:
         if self.gdn_state_dtype != "auto" and self.gdn_state_dtype not in GDN_STATE_DTYPES:
             raise DeltaServeError(f"gdn_state_dtype={self.gdn_state_dtype!r}: must be auto or one of "
                                   f"{', '.join(GDN_STATE_DTYPES)}")
+        cap = self.max_logprobs
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < -1:
+            raise DeltaServeError(f"max_logprobs={cap!r}: must be an integer >= 0, or -1 for the whole vocabulary")
         if self.load_format not in ("auto", "dummy"):
             raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
         utilization = self.gpu_memory_utilization

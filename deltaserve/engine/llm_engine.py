@@ -21,7 +21,7 @@ from deltaserve.engine.scheduler import Scheduler
 from deltaserve.engine.warm_up import warm_up
 from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
 from deltaserve.outputs import CompletionOutput, RequestOutput
-from deltaserve.sampling_params import SamplingParams
+from deltaserve.sampling_params import SamplingParams, logprobs_count
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ class LLMEngine:
         self.model_name = loaded.name
         self.max_model_len = loaded.max_model_len
         self.sampling_defaults = loaded.sampling_defaults
+        self.vocab_size = loaded.model_config.vocab_size
+        self.max_logprobs = logprobs_count(config.max_logprobs, self.vocab_size)  # resolved: -1 is the vocabulary
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(loaded.model_config.eos_token_ids)
         prefix_cache = None
         if config.enable_prefix_caching:
@@ -114,6 +116,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidSamplingParamsError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()  # again: a field may have been set since construction
+        params.check_logprobs(self.max_logprobs, self.vocab_size)
         if request_id in self._parents:
             raise InvalidPromptError(f"request id {request_id!r} is already in use")
         self._check_token_ids(params)

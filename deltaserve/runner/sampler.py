@@ -242,11 +242,11 @@ class Sampler:
 
 
 def logprob_entry(row: torch.Tensor, token: int, top: int) -> dict[int, Logprob]:
-    """`token`'s logprob and rank in one row of log-probabilities, then the `top` best tokens."""
+    """`token`'s logprob and rank in one row of log-probabilities, then the `top` best tokens (-1: every token)."""
     chosen = row[token]
     entry = {token: Logprob(chosen.item(), int((row > chosen).sum().item()) + 1)}
     if top:
-        values, ids = row.topk(top)
+        values, ids = row.topk(row.numel() if top == -1 else min(top, row.numel()))
         for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
             entry.setdefault(tid, Logprob(value, rank))
     return entry

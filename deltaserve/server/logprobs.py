@@ -26,7 +26,8 @@ class TokenText:
 
 
 def _ranked(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
-    return sorted(entry.items(), key=lambda item: item[1].rank)[:k]
+    """The entry's k best tokens by rank (-1: all of them)."""
+    return sorted(entry.items(), key=lambda item: item[1].rank)[: None if k == -1 else k]
 
 
 def _finite(value: float) -> float:

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from deltaserve.errors import InvalidSamplingParamsError
-from deltaserve.sampling_params import MAX_LOGPROBS, SamplingParams, StructuredOutputsParams
+from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams, check_logprobs_count
 from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.errors import bad_request, context_length_error
 
@@ -92,7 +92,15 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, pr
     )
 
 
-def refuse_unsupported(req: Any) -> None:
+def check_logprobs_field(name: str, value: int, engine: Any) -> None:
+    """A request field counting logprobs a token, against the engine's max_logprobs: a 400 naming the field."""
+    try:
+        check_logprobs_count(name, value, engine.max_logprobs, engine.vocab_size)
+    except InvalidSamplingParamsError as exc:
+        raise bad_request(str(exc), name, "invalid_value") from None
+
+
+def refuse_unsupported(req: Any, engine: Any) -> None:
     """Fields the server would otherwise accept and silently not honour, or whose combination means nothing:
     an error names them instead. Called once per request, before it is admitted."""
     if isinstance(req.n, int) and req.n > MAX_N:
@@ -105,9 +113,8 @@ def refuse_unsupported(req: Any) -> None:
         logger.warning("request fields ignored: %s", ", ".join(sorted(extra)))
     if req.prompt_logprobs is not None and req.stream:  # as vLLM: they would come only with the last chunk
         raise bad_request("prompt_logprobs are not available with stream: true", "prompt_logprobs", "invalid_value")
-    if req.prompt_logprobs is not None and not 0 <= req.prompt_logprobs <= MAX_LOGPROBS:  # echo's must not hide it
-        raise bad_request(f"prompt_logprobs={req.prompt_logprobs}: must be in [0, {MAX_LOGPROBS}]", "prompt_logprobs",
-                          "invalid_value")
+    if req.prompt_logprobs is not None:  # before echo's logprobs join it
+        check_logprobs_field("prompt_logprobs", req.prompt_logprobs, engine)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only for streamed responses (stream: true)", "stream_options",
                           "invalid_value")

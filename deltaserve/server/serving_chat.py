@@ -11,9 +11,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from deltaserve.engine.async_engine import RequestStream
+from deltaserve.engine.async_engine import AsyncEngine, RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
-from deltaserve.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
+from deltaserve.sampling_params import StructuredOutputsParams
 from deltaserve.server.chat_prompt import (
     ChatPrompt,
     openai_messages_for_template,
@@ -28,7 +28,8 @@ from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_s
 from deltaserve.server.logprobs import TokenText, chat_logprobs, prompt_logprobs_json
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.protocol import ChatCompletionRequest
-from deltaserve.server.sampling import (build_sampling_params, check_structure, kept_prompt_tokens,
+from deltaserve.server.sampling import (build_sampling_params, check_logprobs_field, check_structure,
+                                       kept_prompt_tokens,
                                        refuse_unsupported, requested_structure, resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
@@ -65,15 +66,14 @@ def _output_structure(req: ChatCompletionRequest, tools: list[dict], opens_reaso
     return demanded_call_structure(tool_schemas(tools), name, parallel, opens_reasoning), "tool_choice"
 
 
-def _check_chat_ranges(req: ChatCompletionRequest) -> None:
+def _check_chat_ranges(req: ChatCompletionRequest, engine: AsyncEngine) -> None:
     """The ranges of chat's own names for what SamplingParams calls max_tokens and logprobs, so that the error
     names the field the request used."""
     if req.max_completion_tokens is not None and req.max_completion_tokens < 1:
         raise bad_request(f"max_completion_tokens={req.max_completion_tokens}: must be at least 1",
                           "max_completion_tokens", "invalid_value")
-    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
-        raise bad_request(f"top_logprobs={req.top_logprobs}: must be in [0, {MAX_LOGPROBS}]", "top_logprobs",
-                          "invalid_value")
+    if req.top_logprobs is not None:
+        check_logprobs_field("top_logprobs", req.top_logprobs, engine)
 
 
 def _tool_call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
@@ -112,10 +112,10 @@ class ChatCompletions:
         """Checks, renders and queues a chat request (the Responses route's too, translated into one): its output
         shaping and its stream."""
         model = self.ctx.check_model(req.model)
-        refuse_unsupported(req)
+        refuse_unsupported(req, self.ctx.engine)
         if req.top_logprobs and not req.logprobs:  # OpenAI's rule: the top ones come with the chosen one's
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs", "invalid_value")
-        _check_chat_ranges(req)
+        _check_chat_ranges(req, self.ctx.engine)
         self.ctx.admit()
         tools = _select_tools(req)
         messages = openai_messages_for_template(req.messages)

@@ -26,8 +26,8 @@ from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, completion_logprobs, prompt_logprobs_json
 from deltaserve.server.protocol import CompletionRequest
-from deltaserve.server.sampling import (build_sampling_params, check_structure, refuse_unsupported,
-                                       kept_prompt_tokens, requested_structure, resolve_max_tokens)
+from deltaserve.server.sampling import (build_sampling_params, check_logprobs_field, check_structure,
+                                       refuse_unsupported, kept_prompt_tokens, requested_structure, resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 
@@ -51,7 +51,7 @@ def _split_prompts(prompt: Any) -> list[str | list[int]]:
 def _prompt_logprobs_asked(req: CompletionRequest) -> int | None:
     """The top prompt logprobs the engine computes: vLLM's prompt_logprobs, and echo's (its logprobs) with it."""
     asked = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
-    return max(asked) if asked else None
+    return (-1 if -1 in asked else max(asked)) if asked else None  # -1: the whole vocabulary
 
 
 class Completions:
@@ -72,7 +72,9 @@ class Completions:
         body = await read_json_object(request)
         req = CompletionRequest.model_validate(body)
         model = self.ctx.check_model(req.model)
-        refuse_unsupported(req)
+        refuse_unsupported(req, self.ctx.engine)
+        if req.logprobs is not None:
+            check_logprobs_field("logprobs", req.logprobs, self.ctx.engine)
         self.ctx.admit()
         prompts = [self._tokenize(p) for p in _split_prompts(req.prompt)]
         keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len)

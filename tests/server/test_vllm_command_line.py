@@ -30,7 +30,11 @@ VLLM_LINE = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-pa
 
 @pytest.fixture(scope="module")
 def vllm_style_server():
-    yield from serving(LiveServer("--served-model-name", MODEL, *VLLM_LINE, "--enable-log-requests"))
+    yield from serving(LiveServer("--served-model-name", MODEL, *VLLM_LINE, "--enable-log-requests",
+                                  "--max-logprobs", str(RAISED_CAP)))
+
+
+RAISED_CAP = 50
 
 
 def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
@@ -96,3 +100,45 @@ def test_a_named_reasoning_parser_splits_the_reply(vllm_style_server, server):
     accepted = [line for line in vllm_style_server.read_log().splitlines() if " accepted: SamplingParams(" in line]
     assert len([line for line in accepted if thought in line]) == 2, accepted
     assert " accepted: " not in server.read_log()
+
+
+def test_max_logprobs_raises_the_cap_on_every_route(vllm_style_server, server):
+    """Under --max-logprobs 50 a chat reply carries the top logprobs a token asked (the default server's 20
+    best among them, the same values) and legacy completions up to 50; past the cap each route's field is
+    named; the default cap stays 20."""
+    count = random.randint(30, RAISED_CAP)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4,
+            "temperature": 0, "logprobs": True, "top_logprobs": count}
+    r = httpx.post(vllm_style_server.base_url + "/chat/completions", json=chat, headers=vllm_style_server.headers,
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    raised = r.json()["choices"][0]["logprobs"]["content"]
+    r = httpx.post(server.base_url + "/chat/completions", json={**chat, "top_logprobs": 20}, headers=server.headers,
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    capped = r.json()["choices"][0]["logprobs"]["content"]
+    assert [t["token"] for t in raised] == [t["token"] for t in capped]
+    for many, few in zip(raised, capped):
+        assert len(many["top_logprobs"]) == count
+        values = [t["logprob"] for t in many["top_logprobs"]]
+        assert values == sorted(values, reverse=True)
+        assert values[:20] == [t["logprob"] for t in few["top_logprobs"]]
+    body = {"model": MODEL, "prompt": "The sky is", "max_tokens": 2, "temperature": 0, "logprobs": count}
+    r = httpx.post(vllm_style_server.base_url + "/completions", json=body, headers=vllm_style_server.headers,
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    # keyed by text, where two tokens may read the same: more than the default cap's 20, at most the count asked
+    assert all(20 < len(top) <= count for top in r.json()["choices"][0]["logprobs"]["top_logprobs"])
+    for live, field, value, route, extra in [
+            (vllm_style_server, "top_logprobs", RAISED_CAP + 1, "/chat/completions", {"logprobs": True}),
+            (vllm_style_server, "logprobs", RAISED_CAP + 1, "/completions", {}),
+            (vllm_style_server, "prompt_logprobs", -1, "/completions", {}),
+            (server, "top_logprobs", 21, "/chat/completions", {"logprobs": True})]:
+        request = dict(chat if route == "/chat/completions" else body)
+        request.pop("top_logprobs", None), request.pop("logprobs", None)
+        r = httpx.post(live.base_url + route, json={**request, **extra, field: value}, headers=live.headers,
+                       timeout=120)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == field and "max_logprobs" in error["message"], error
+

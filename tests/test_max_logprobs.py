@@ -1,0 +1,77 @@
+"""max_logprobs (vLLM's engine argument and --max-logprobs): the most logprobs a request may ask a token. Past it
+a request is refused by the name of its field; under a raised cap each token carries that many, the model's own
+as the reference ranks them, and -1 asks for the whole vocabulary."""
+
+import random
+
+import pytest
+import torch
+
+from deltaserve import LLM, SamplingParams
+from deltaserve.errors import DeltaServeError, InvalidSamplingParamsError
+from tests.checkpoints import VOCAB
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    from tests.checkpoints import make_checkpoint
+
+    return LLM(make_checkpoint("llama", str(tmp_path_factory.mktemp("capped"))), device="cpu")
+
+
+def test_logprobs_past_the_cap_are_refused_by_name_and_the_engine_serves_on(capped):
+    prompt = [random.randrange(3, 300) for _ in range(random.randint(1, 20))]
+    over = random.randint(21, VOCAB)
+    cases = [(dict(logprobs=over), f"logprobs={over}: asks for {over} logprobs a token, .*max_logprobs of 20"),
+             (dict(prompt_logprobs=over), f"prompt_logprobs={over}: .*max_logprobs of 20"),
+             (dict(logprobs=-1), f"logprobs=-1: asks for {VOCAB} logprobs a token")]
+    for fields, message in cases:
+        with pytest.raises(InvalidSamplingParamsError, match=message):
+            capped.generate([prompt], SamplingParams(max_tokens=2, **fields), use_tqdm=False)
+    with pytest.raises(InvalidSamplingParamsError, match="logprobs=-2: must be at least 0, or -1"):
+        SamplingParams(logprobs=-2)
+    out = capped.generate([prompt], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=20,
+                                                   prompt_logprobs=20), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 3 and all(len(e) >= 20 for e in out.outputs[0].logprobs)
+    assert not capped.engine.has_unfinished_requests()
+
+
+def test_max_logprobs_itself_is_checked():
+    from deltaserve.engine.engine_config import EngineConfig
+
+    for wrong in (-2, 1.5, "20", True):
+        with pytest.raises(DeltaServeError, match="max_logprobs"):
+            EngineConfig(max_logprobs=wrong)
+
+
+def _assert_the_references_best(entry: dict, row: torch.Tensor, count: int) -> None:
+    """entry holds `count` top tokens (beside the chosen one) whose logprobs are the reference row's, and no token
+    left out lies above the lowest of them by more than rounding."""
+    top = {t: e for t, e in entry.items() if e.rank <= count}
+    assert len(top) == count
+    assert sorted(e.rank for e in top.values()) == list(range(1, count + 1))
+    for token, e in entry.items():
+        assert abs(e.logprob - row[token].item()) < 1e-4
+    left_out = [t for t in range(VOCAB) if t not in top]
+    if left_out:
+        assert row[left_out].max().item() <= min(e.logprob for e in top.values()) + 1e-4
+
+
+def test_a_raised_cap_gives_each_token_that_many_as_the_reference_ranks_them(checkpoint_factory):
+    from tests.reference import load_reference
+
+    path = checkpoint_factory("qwen3.5")
+    llm = LLM(path, device="cpu", max_logprobs=-1)
+    prompt = [random.randrange(3, 300) for _ in range(random.randint(2, 20))]
+    count = random.randint(21, VOCAB - 1)
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=count, prompt_logprobs=-1)
+    out = llm.generate([prompt], params, use_tqdm=False)[0]
+    sample = out.outputs[0]
+    with torch.no_grad():
+        logits = load_reference(path)(torch.tensor([prompt + sample.token_ids])).logits[0]
+    expected = torch.log_softmax(logits, -1)
+    for i, entry in enumerate(sample.logprobs):
+        _assert_the_references_best(entry, expected[len(prompt) - 1 + i], count)
+    for position in range(1, len(prompt)):  # -1: every token of the vocabulary, each prompt position
+        assert len(out.prompt_logprobs[position]) == VOCAB
+        _assert_the_references_best(out.prompt_logprobs[position], expected[position - 1], VOCAB)
