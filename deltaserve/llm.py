@@ -42,22 +42,34 @@ class LLM:
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
-                 use_tqdm: bool | Callable[..., tqdm] = True) -> list[RequestOutput]:
+                 use_tqdm: bool | Callable[..., tqdm] = True, lora_request=None, priority: list[int] | None = None,
+                 tokenization_kwargs: dict | None = None, mm_processor_kwargs: dict | None = None
+                 ) -> list[RequestOutput]:
         """The outputs of the prompts, in their order. use_tqdm: a progress bar over the finished prompts on
-        stderr, as vLLM's (False: none; a tqdm class: the bar it makes)."""
+        stderr, as vLLM's (False: none; a tqdm class: the bar it makes). vLLM's other options are taken where
+        they ask nothing (None) and refused by name otherwise (_refuse_run_options)."""
+        _refuse_run_options(lora_request=lora_request, priority=priority, tokenization_kwargs=tokenization_kwargs,
+                            mm_processor_kwargs=mm_processor_kwargs)
         prompts = _as_prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts), self.get_default_sampling_params)
         return self._run([(p, sp, None) for p, sp in zip(prompts, params)], use_tqdm=use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             use_tqdm: bool | Callable[..., tqdm] = True, *, chat_template: str | None = None,
-             add_generation_prompt: bool = True, continue_final_message: bool = False,
-             tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             use_tqdm: bool | Callable[..., tqdm] = True, lora_request=None, *, chat_template: str | None = None,
+             chat_template_content_format: str = "auto", add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict] | None = None,
+             chat_template_kwargs: dict | None = None, tokenization_kwargs: dict | None = None,
+             mm_processor_kwargs: dict | None = None) -> list[RequestOutput]:
         """Renders each conversation with the chat template and generates its reply, as vLLM's LLM.chat:
         chat_template (a file or the template itself) in place of the engine's for this call,
         continue_final_message to go on writing the last message (add_generation_prompt then False), and
         chat_template_kwargs for the template's own variables (enable_thinking, ...)."""
+        _refuse_run_options(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
+                            mm_processor_kwargs=mm_processor_kwargs)
+        if chat_template_content_format != "auto":
+            raise InvalidPromptError(f"chat_template_content_format={chat_template_content_format!r}: deltaserve "
+                                     "gives the template each message as it comes (leave it 'auto')")
         conversations = _as_conversation_list(messages)
         params = _params_per_prompt(sampling_params, len(conversations), self.get_default_sampling_params)
         options = _template_options(chat_template, continue_final_message, add_generation_prompt,
@@ -147,6 +159,19 @@ class _ProgressBar:
 
 
 # set by chat's own arguments, so not taken from chat_template_kwargs
+# vLLM's options of a generate or chat call that deltaserve has nothing to do with: why, for any value but None
+_RUN_OPTIONS = {"lora_request": "deltaserve serves no LoRA adapters",
+                "priority": "deltaserve schedules requests first come, first served",
+                "tokenization_kwargs": "deltaserve tokenizes a prompt whole, as the tokenizer's defaults do",
+                "mm_processor_kwargs": "deltaserve serves text alone"}
+
+
+def _refuse_run_options(**given) -> None:
+    for name, value in given.items():
+        if value is not None:
+            raise InvalidPromptError(f"{name}={value!r}: {_RUN_OPTIONS[name]} (leave it out)")
+
+
 _CHAT_ARGUMENTS = ("chat_template", "add_generation_prompt", "continue_final_message", "tools", "tokenize")
 
 

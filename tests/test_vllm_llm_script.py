@@ -134,3 +134,25 @@ def test_bad_chat_arguments_are_named(llm, kwargs, named):
     with pytest.raises(InvalidPromptError, match=named):
         llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False, **kwargs)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_vllms_call_options_are_taken_at_none_and_refused_by_name_otherwise(llm):
+    prompt = [random.randrange(3, 200) for _ in range(random.randint(1, 20))]
+    plain = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    none = dict(lora_request=None, priority=None, tokenization_kwargs=None, mm_processor_kwargs=None)
+    assert llm.generate([prompt], GREEDY, use_tqdm=False, **none)[0].outputs[0].token_ids == plain
+    conversation = [{"role": "user", "content": _word()}]
+    chat = llm.chat(conversation, GREEDY, False, None, chat_template_content_format="auto", tokenization_kwargs=None,
+                    mm_processor_kwargs=None)  # vLLM's order: lora_request the fourth
+    assert chat[0].outputs[0].token_ids == llm.chat(conversation, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    refused = {"lora_request": ("lora", 1, "/adapters/a"), "priority": [1], "tokenization_kwargs": {"truncation": True},
+               "mm_processor_kwargs": {"fps": 2}}
+    for name, value in refused.items():
+        with pytest.raises(InvalidPromptError, match=f"^{name}=.*: deltaserve .*leave it out"):
+            llm.generate([prompt], GREEDY, use_tqdm=False, **{name: value})
+        if name != "priority":
+            with pytest.raises(InvalidPromptError, match=f"^{name}="):
+                llm.chat(conversation, GREEDY, use_tqdm=False, **{name: value})
+    with pytest.raises(InvalidPromptError, match="chat_template_content_format='openai'"):
+        llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_content_format="openai")
+    assert not llm.engine.has_unfinished_requests()
