@@ -116,13 +116,16 @@ def _build_parser() -> argparse.ArgumentParser:
     _engine_options(srv)
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     srv.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
-    srv.add_argument("--api-key", default=None, help="require this key (env: DELTASERVE_API_KEY)")
+    srv.add_argument("--api-key", nargs="+", default=None,
+                     help="require this key, or one of these keys (env: DELTASERVE_API_KEY, one key)")
     srv.add_argument("--served-model-name", nargs="+", default=None, help="name(s) clients use for the model")
     srv.add_argument("--max-queue", type=int, default=None,
                      help="most requests waiting for the engine; beyond it requests get 503 + Retry-After")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from deltaserve.server.http_options import add_http_arguments
     from deltaserve.server.vllm_flags import add_vllm_flags
 
+    add_http_arguments(srv)
     add_vllm_flags(srv)
 
     chat = sub.add_parser("chat", help="chat with a model in the terminal")

@@ -33,29 +33,37 @@ def _is_anthropic(path: str) -> bool:
     return path.startswith("/v1/messages")
 
 
-def error_response(path: str, error: APIError) -> JSONResponse:
-    body = error.anthropic_body() if _is_anthropic(path) else error.openai_body()
+def route_path(scope) -> str:
+    """A request's path as the routes see it: without the --root-path prefix that uvicorn puts in front."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+def error_response(scope, error: APIError) -> JSONResponse:
+    """The error in the shape of the route's API (Anthropic's under /v1/messages, else OpenAI's)."""
+    body = error.anthropic_body() if _is_anthropic(route_path(scope)) else error.openai_body()
     return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
 class APIKeyMiddleware:
-    """Requires `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic's)."""
+    """Requires `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic's), KEY one of the
+    server's keys."""
 
-    def __init__(self, app, api_key: str):
+    def __init__(self, app, api_keys: list[str]):
         self.app = app
-        self.api_key = api_key.encode()
+        self.api_keys = [key.encode() for key in api_keys]
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in _OPEN_PATHS or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or route_path(scope) in _OPEN_PATHS or scope["method"] == "OPTIONS":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         auth = headers.get(b"authorization", b"")
         keys = [headers.get(b"x-api-key", b""), auth[7:].strip() if auth[:7].lower() == b"bearer " else b""]
         # either header may carry the key (a client may send both, one of them for another service)
-        if any([hmac.compare_digest(given, self.api_key) for given in keys]):
+        if any([hmac.compare_digest(given, key) for given in keys for key in self.api_keys]):
             return await self.app(scope, receive, send)
         error = APIError(401, "Invalid or missing API key", type="authentication_error", code="invalid_api_key")
-        await error_response(scope["path"], error)(scope, receive, send)
+        await error_response(scope, error)(scope, receive, send)
 
 
 def _answering_errors(handler):
@@ -70,7 +78,7 @@ def _answering_errors(handler):
             error = from_exception(exc)
             if error.status >= 500 and error.status != 503:
                 logger.exception("request failed", exc_info=exc)
-            return error_response(request.url.path, error)
+            return error_response(request.scope, error)
 
     route.__name__ = getattr(handler, "__name__", "route")
     return route
@@ -83,10 +91,12 @@ def _package_version() -> str:
         return "unknown"
 
 
-def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, *, api_key: str | None = None,
-              reasoning: bool | None = None) -> FastAPI:
-    """The app; it starts the engine thread on startup and stops it on shutdown."""
-    ctx = ServerContext(engine, served_model_names or [engine.model_name], api_key=api_key, reasoning=reasoning)
+def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, *,
+              api_key: str | list[str] | None = None, reasoning: bool | None = None) -> FastAPI:
+    """The app; it starts the engine thread on startup and stops it on shutdown. api_key: the key, or keys, a
+    request must carry (None: none)."""
+    api_keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+    ctx = ServerContext(engine, served_model_names or [engine.model_name], api_keys=api_keys, reasoning=reasoning)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -98,12 +108,12 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
 
     app = FastAPI(title="deltaserve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.ctx = ctx
-    if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if api_keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return error_response(request.url.path, exc)
+        return error_response(request.scope, exc)
 
     @app.exception_handler(ValidationError)
     @app.exception_handler(RequestValidationError)
@@ -114,12 +124,12 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
             error = APIError(400, f"Invalid request: {first.get('msg', 'invalid')}", param=loc or None)
         else:
             error = from_exception(exc)
-        return error_response(request.url.path, error)
+        return error_response(request.scope, error)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(request.url.path, APIError(exc.status_code, str(exc.detail), type=kind,
+        return error_response(request.scope, APIError(exc.status_code, str(exc.detail), type=kind,
                                                          headers=exc.headers))  # a 405's Allow
 
     @app.exception_handler(ClientDisconnected)
@@ -131,7 +141,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         error = from_exception(exc)
         if error.status >= 500 and error.status != 503:
             logger.exception("request failed", exc_info=exc)
-        return error_response(request.url.path, error)
+        return error_response(request.scope, error)
 
     chat = ChatCompletions(ctx)
     completions = Completions(ctx)

@@ -30,7 +30,7 @@ class ClientDisconnected(Exception):
 class ServerContext:
     engine: AsyncEngine
     served_model_names: list[str]
-    api_key: str | None = None
+    api_keys: list[str] = field(default_factory=list)
     reasoning: bool | None = None  # None: decide from the chat template
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -15,6 +15,7 @@ import uvicorn
 from deltaserve.engine.async_engine import AsyncEngine
 from deltaserve.engine.sampling_defaults import describe
 from deltaserve.server.app import build_app
+from deltaserve.server.http_options import add_http_middleware, check_http_arguments, uvicorn_options
 from deltaserve.server.vllm_flags import check_vllm_flags
 
 logger = logging.getLogger("deltaserve.server")
@@ -39,7 +40,7 @@ class _Server(uvicorn.Server):
             return
         host, port = self.servers[0].sockets[0].getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{port}"
+        self.url = f"{'https' if self.config.ssl_keyfile else 'http'}://{shown}:{port}"
         print(f"deltaserve: serving {', '.join(self.served)} at {self.url}/v1 (Ctrl+C to stop)", flush=True)
 
     async def on_tick(self, counter: int) -> bool:
@@ -75,8 +76,9 @@ def engine_kwargs(args: Any) -> dict:
 
 def serve(args: Any) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    api_keys = args.api_key or ([os.environ[API_KEY_ENV]] if os.environ.get(API_KEY_ENV) else [])
     reasoning = check_vllm_flags(args)  # before the model loads: a flag it cannot honour ends the start at once
+    check_http_arguments(args)
     print(f"deltaserve: loading {args.model or 'the demo model'} ...", file=sys.stderr, flush=True)
     engine = AsyncEngine.from_args(args.model, max_queue=args.max_queue,
                                    log_requests=bool(getattr(args, "enable_log_requests", False)),
@@ -86,15 +88,15 @@ def serve(args: Any) -> int:
         print(f"deltaserve: requests that leave them unset sample with the checkpoint's "
               f"{describe(engine.sampling_defaults)} (--generation-config vllm for the API's defaults)",
               file=sys.stderr, flush=True)
-    app = build_app(engine, served, api_key=api_key, reasoning=reasoning)
+    app = build_app(engine, served, api_key=api_keys, reasoning=reasoning)
+    add_http_middleware(app, args)
     config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
-        log_level=args.log_level,
-        access_log=args.log_level == "debug",
         timeout_graceful_shutdown=10,
         timeout_keep_alive=5,
+        **uvicorn_options(args),
     )
     server = _Server(config, engine, served)
     server.run()

@@ -38,7 +38,7 @@ class LiveServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with open(self.stdout.name) as f:
-                match = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", f.read())
+                match = re.search(r"at (https?://127\.0\.0\.1:\d+)/v1", f.read())
             if match:
                 return match.group(1)
             if self.proc.poll() is not None:

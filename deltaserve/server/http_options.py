@@ -1,0 +1,96 @@
+"""The HTTP front's options under vLLM's names: CORS (every origin by default, as vLLM), a root path behind a
+proxy, TLS, uvicorn's own log level and access log, and request ids in the response headers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+
+def _json_string_list(text: str) -> list[str]:
+    """A JSON list of strings, as vLLM's --allowed-origins '["https://a.example"]' takes it."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): give a list such as '[\"*\"]'") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError("must be a JSON list of strings, such as '[\"*\"]'")
+    return value
+
+
+def add_http_arguments(p: argparse.ArgumentParser) -> None:
+    every = ["*"]
+    p.add_argument("--allowed-origins", type=_json_string_list, default=every,
+                   help="the origins a browser may call from, a JSON list (default: [\"*\"], any)")
+    p.add_argument("--allowed-methods", type=_json_string_list, default=every, help="CORS methods (default: any)")
+    p.add_argument("--allowed-headers", type=_json_string_list, default=every, help="CORS headers (default: any)")
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    p.add_argument("--root-path", default=None, help="the path prefix a proxy serves the API under")
+    p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (and --ssl-certfile)")
+    p.add_argument("--ssl-certfile", default=None, help="the certificate of --ssl-keyfile")
+    p.add_argument("--ssl-ca-certs", default=None, help="CA certificates to check clients' certificates with")
+    p.add_argument("--ssl-cert-reqs", type=int, default=0,
+                   help="whether clients must send a certificate (Python's ssl.CERT_*: 0 none, 1 optional, 2 required)")
+    p.add_argument("--uvicorn-log-level", default=None,
+                   choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="uvicorn's own log level (default: --log-level)")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true",
+                   help="no line per HTTP request (the access log is on at --log-level debug alone anyway)")
+    p.add_argument("--enable-request-id-headers", action="store_true",
+                   help="answer each request with an X-Request-Id header (the client's own, or a new one)")
+    p.add_argument("--disable-fastapi-docs", action="store_true",
+                   help="accepted: deltaserve serves no OpenAPI docs pages")
+
+
+def check_http_arguments(args: Any) -> None:
+    """What must hold before the model loads: TLS needs its key and its certificate together."""
+    if bool(getattr(args, "ssl_keyfile", None)) != bool(getattr(args, "ssl_certfile", None)):
+        raise SystemExit("deltaserve: --ssl-keyfile and --ssl-certfile go together: give both, or neither")
+
+
+class RequestIdHeaders:
+    """Puts X-Request-Id on every HTTP response: the request's own header where it sent one, else a new id."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"x-request-id")
+        request_id = given if given else uuid.uuid4().hex.encode()
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": headers + [(b"x-request-id", request_id)]}
+            await send(message)
+
+        return await self.app(scope, receive, send_with_id)
+
+
+def add_http_middleware(app: FastAPI, args: Any) -> None:
+    """CORS outermost, so that a preflight or an error response (a 401 too) carries its headers."""
+    if getattr(args, "enable_request_id_headers", False):
+        app.add_middleware(RequestIdHeaders)
+    app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
+                       allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
+
+
+def uvicorn_options(args: Any) -> dict[str, Any]:
+    """uvicorn.Config's keyword arguments that these options set."""
+    options: dict[str, Any] = {
+        "log_level": args.uvicorn_log_level or args.log_level,
+        "access_log": args.log_level == "debug" and not args.disable_uvicorn_access_log,
+    }
+    if args.root_path:
+        options["root_path"] = args.root_path
+    if args.ssl_keyfile:
+        options.update(ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs,
+                       ssl_cert_reqs=args.ssl_cert_reqs)
+    return options

@@ -1,0 +1,113 @@
+"""vLLM's HTTP options: CORS (any origin by default), several API keys, request ids in the headers, a root path
+behind a proxy, TLS, and uvicorn's log options; wrong values end the start with the reason."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import uuid
+
+import httpx
+import pytest
+
+from deltaserve.cli import _build_parser
+from deltaserve.server.http_options import check_http_arguments, uvicorn_options
+from tests.server.conftest import MODEL, serving
+from tests.server.live_server import LiveServer
+
+pytestmark = pytest.mark.timeout(400)
+
+ORIGIN = "https://ui.example"
+KEYS = [f"sk-{uuid.uuid4().hex[:12]}", f"sk-{uuid.uuid4().hex[:12]}"]
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    folder = tmp_path_factory.mktemp("tls")
+    key, cert = str(folder / "key.pem"), str(folder / "cert.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return key, cert
+
+
+@pytest.fixture(scope="module")
+def front(certificate):
+    key, cert = certificate
+    yield from serving(LiveServer("--served-model-name", MODEL, "--allowed-origins", json.dumps([ORIGIN]),
+                                  "--allow-credentials", "--enable-request-id-headers", "--root-path", "/proxied",
+                                  "--api-key", *KEYS, "--ssl-keyfile", key, "--ssl-certfile", cert,
+                                  "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"))
+
+
+def _client(front, certificate) -> httpx.Client:
+    return httpx.Client(base_url=front.url, verify=ssl.create_default_context(cafile=certificate[1]), timeout=60)
+
+
+def test_tls_keys_request_ids_and_the_root_path(front, certificate):
+    """The root path is the prefix a proxy strips before the request reaches the server (uvicorn's root_path):
+    routes, open paths and error shapes stay where they were."""
+    assert front.url.startswith("https://")
+    with _client(front, certificate) as client:
+        for key in KEYS:  # either key
+            r = client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200 and r.json()["data"][0]["id"] == MODEL
+        r = client.get("/v1/models", headers={"Authorization": "Bearer sk-none"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        given = uuid.uuid4().hex
+        r = client.get("/v1/models", headers={"x-api-key": KEYS[1], "X-Request-Id": given})
+        assert r.headers["x-request-id"] == given
+        made = [client.get("/health") for _ in range(2)]  # open without a key under the root path too
+        assert all(r.status_code == 200 for r in made)
+        ids = [r.headers["x-request-id"] for r in made]
+        assert ids[0] != ids[1] and all(len(i) == 32 for i in ids)
+        r = client.post("/v1/messages", json={})  # Anthropic's error shape under the root path too
+        assert r.status_code == 401 and r.json()["type"] == "error", r.text
+    with pytest.raises(httpx.HTTPError):  # plain HTTP on a TLS port
+        httpx.get(front.url.replace("https://", "http://") + "/health", timeout=10)
+
+
+def test_cors_answers_the_allowed_origin_alone(front, certificate):
+    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    with _client(front, certificate) as client:
+        r = client.options("/v1/chat/completions", headers=preflight)
+        assert r.status_code == 200, r.text
+        assert r.headers["access-control-allow-origin"] == ORIGIN
+        assert r.headers["access-control-allow-credentials"] == "true"
+        r = client.options("/v1/chat/completions", headers={**preflight, "Origin": "https://other.example"})
+        assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        r = client.post("/v1/chat/completions", json=body,
+                        headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEYS[0]}"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+        r = client.post("/v1/chat/completions", json=body, headers={"Origin": ORIGIN})  # the browser sees the 401
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == ORIGIN
+
+
+def test_any_origin_by_default(server):
+    r = httpx.options(server.base_url + "/chat/completions", timeout=30,
+                      headers={"Origin": f"https://{uuid.uuid4().hex[:8]}.example",
+                               "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    assert "x-request-id" not in httpx.get(server.url + "/health", timeout=30).headers
+
+
+def test_the_options_reach_uvicorn_and_wrong_values_are_named(capsys):
+    parse = _build_parser().parse_args
+    args = parse(["serve", "--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem", "--root-path", "/p",
+                  "--uvicorn-log-level", "error", "--ssl-cert-reqs", "2"])
+    assert uvicorn_options(args) == {"log_level": "error", "access_log": False, "root_path": "/p",
+                                     "ssl_keyfile": "k.pem", "ssl_certfile": "c.pem", "ssl_ca_certs": None,
+                                     "ssl_cert_reqs": 2}
+    assert uvicorn_options(parse(["serve", "--log-level", "debug"]))["access_log"] is True
+    assert uvicorn_options(parse(["serve", "--log-level", "debug", "--disable-uvicorn-access-log"]))[
+        "access_log"] is False
+    with pytest.raises(SystemExit, match="--ssl-keyfile and --ssl-certfile go together"):
+        check_http_arguments(parse(["serve", "--ssl-keyfile", "k.pem"]))
+    for wrong, why in (("https://a.example", "not JSON"), ('{"a": 1}', "JSON list of strings")):
+        with pytest.raises(SystemExit):
+            parse(["serve", "--allowed-origins", wrong])
+        assert why in capsys.readouterr().err
