@@ -7,11 +7,17 @@ import json
 import sys
 from decimal import Decimal, InvalidOperation
 
+from deltaserve.errors import DeltaServeError
+
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="checkpoint: an HF directory, a .gguf file or a Hugging Face repo id (org/name: its snapshot in "
                         "the local hub cache, downloaded there first if missing) (default: the built-in demo model)")
+    p.add_argument("--model", dest="model_option", default=None, help="the checkpoint, as the positional MODEL")
+    p.add_argument("--config", default=None,
+                   help="a YAML file of these flags (`port: 8000`, `max-model-len: 32768`, ...); the command "
+                        "line's own flags override it")
     p.add_argument("--revision", default=None, help="the hub revision (branch, tag or commit) of a repo id")
     p.add_argument("--download-dir", default=None,
                    help="the hub cache a repo id's checkpoint is read from and downloaded to (default: Hugging "
@@ -157,10 +163,27 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
-    from deltaserve.errors import DeltaServeError
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line, with a --config file's flags under it (config_file.py) and --model read as MODEL."""
+    from deltaserve.config_file import parse_with_config_file
 
+    parser = _build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    args = parse_with_config_file(parser, {name: commands[name] for name in ("serve", "chat")}, argv)
+    option = getattr(args, "model_option", None)
+    if option is not None:
+        if args.model is not None and args.model != option:
+            raise DeltaServeError(f"the model is given twice, as {args.model} and --model {option}: give one")
+        args.model = option
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parse(sys.argv[1:] if argv is None else argv)
+    except DeltaServeError as exc:
+        print(f"deltaserve: error: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.command == "generate":
             return _generate(args)

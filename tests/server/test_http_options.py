@@ -1,5 +1,6 @@
 """vLLM's HTTP options: CORS (any origin by default), several API keys, request ids in the headers, a root path
-behind a proxy, TLS, and uvicorn's log options; wrong values end the start with the reason."""
+behind a proxy, TLS, and uvicorn's log options, given on the command line or in a --config file; wrong values
+end the start with the reason."""
 
 from __future__ import annotations
 
@@ -34,12 +35,16 @@ def certificate(tmp_path_factory) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def front(certificate):
+def front(certificate, tmp_path_factory):
+    """Its HTTP options from a --config file (its port, 9, under the line's --port 0), its keys and TLS files
+    on the command line."""
     key, cert = certificate
-    yield from serving(LiveServer("--served-model-name", MODEL, "--allowed-origins", json.dumps([ORIGIN]),
-                                  "--allow-credentials", "--enable-request-id-headers", "--root-path", "/proxied",
-                                  "--api-key", *KEYS, "--ssl-keyfile", key, "--ssl-certfile", cert,
-                                  "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log"))
+    config = tmp_path_factory.mktemp("config") / "serve.yaml"
+    config.write_text(f"allowed-origins: '{json.dumps([ORIGIN])}'\nallow-credentials: true\n"
+                      "enable-request-id-headers: true\nroot-path: /proxied\nuvicorn-log-level: warning\n"
+                      "disable_uvicorn_access_log: true\nport: 9\n")
+    yield from serving(LiveServer("--served-model-name", MODEL, "--config", str(config), "--api-key", *KEYS,
+                                  "--ssl-keyfile", key, "--ssl-certfile", cert))
 
 
 def _client(front, certificate) -> httpx.Client:

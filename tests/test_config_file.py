@@ -1,0 +1,69 @@
+"""vLLM's --config FILE: a YAML file of serve's (or chat's) flags under the command line, whose own flags win."""
+
+import json
+import random
+
+import pytest
+
+from deltaserve.cli import _build_parser, _parse
+from deltaserve.errors import DeltaServeError
+from deltaserve.server.launcher import engine_kwargs
+
+
+def _write(tmp_path, text: str, name: str = "config.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_files_flags_apply_under_the_lines(tmp_path):
+    port, seqs = random.randint(1024, 60000), random.randint(1, 64)
+    path = _write(tmp_path, f"""
+model: org/from-file
+port: 9
+max_num_seqs: {seqs}
+max-model-len: 32K
+served-model-name: [first, second]
+enforce-eager: true
+enable-prefix-caching: false
+async-scheduling: false
+override-generation-config: {{temperature: 0.5}}
+allowed-origins: '["https://ui.example"]'
+gdn-state-dtype: bfloat16
+""")
+    args = _parse(["serve", "--config", path, "--port", str(port), "--gdn-state-dtype", "float32"])
+    assert args.model == "org/from-file" and args.port == port  # the line's port, not the file's
+    assert args.served_model_name == ["first", "second"] and args.allowed_origins == ["https://ui.example"]
+    assert engine_kwargs(args) == {"max_num_seqs": seqs, "max_model_len": 32768, "enforce_eager": True,
+                                   "enable_prefix_caching": False, "override_generation_config": {"temperature": 0.5},
+                                   "gdn_state_dtype": "float32", "async_scheduling": False}  # false: its --no- twin
+    # a list of the file never runs into the line's MODEL, which wins over the file's; --config=FILE is the same
+    args = _parse(["serve", f"--config={path}", "my/model"])
+    assert args.model == "my/model" and args.served_model_name == ["first", "second"] and args.port == 9
+    chat = _parse(["chat", "--config", _write(tmp_path, "max-tokens: 7\nsystem: Be brief.\n", "chat.yml")])
+    assert (chat.max_tokens, chat.system, chat.model) == (7, "Be brief.", None)
+
+
+def test_the_line_alone_is_unchanged():
+    line = ["serve", "m", "--max-num-seqs", "3", "--api-key", "a", "b"]
+    assert vars(_parse(line)) == {**vars(_build_parser().parse_args(line)), "model": "m"}
+    assert _parse(["serve", "--model", "x/y"]).model == "x/y"
+    with pytest.raises(DeltaServeError, match="given twice"):
+        _parse(["serve", "a/b", "--model", "x/y"])
+
+
+def test_wrong_files_are_named(tmp_path, capsys):
+    cases = [(str(tmp_path / "missing.yaml"), "No such file"),
+             (_write(tmp_path, "port: 1", "config.json"), "is YAML, named .yaml or .yml"),
+             (_write(tmp_path, "- port\n- 1\n", "list.yaml"), "must map flag names to values"),
+             (_write(tmp_path, "port: [1, \n", "broken.yml"), "not YAML")]
+    for path, why in cases:
+        with pytest.raises(DeltaServeError, match=why):
+            _parse(["serve", "--config", path])
+    with pytest.raises(DeltaServeError, match="more than once"):
+        _parse(["serve", "--config", cases[0][0], "--config", cases[0][0]])
+    with pytest.raises(DeltaServeError, match="not generate"):
+        _parse(["generate", "hi", "--config", _write(tmp_path, "port: 1")])
+    with pytest.raises(SystemExit):
+        _parse(["serve", "--config", _write(tmp_path, json.dumps({"no-such-flag": 1}))])
+    assert "--no-such-flag" in capsys.readouterr().err
