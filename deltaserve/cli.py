@@ -30,7 +30,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=token_count, default=None,
                    help="token budget of one step, as 8192, 8k or 8K")
     p.add_argument("--block-size", type=int, default=None, help="tokens per KV block")
-    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool (default: sized to memory)")
+    p.add_argument("--num-kv-blocks", "--num-gpu-blocks-override", type=int, default=None,
+                   help="KV blocks in the pool (default: sized to memory)")
     p.add_argument("--seed", type=int, default=None, help="engine seed")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse KV blocks and recurrent-state snapshots across requests (default: on)")
@@ -62,8 +63,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "default: 20); -1: the whole vocabulary")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None,
                    help="dummy: random weights in the checkpoint's shapes, from its config.json alone (benchmarks)")
-    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false", default=None,
-                   help="read each step's tokens back before planning the next (default: overlap them)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="plan the next decode step while the GPU runs this one (default: on); "
+                        "--no-async-scheduling reads each step's tokens back first")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=None,
                    help="skip the start-up prefill steps that compile the prefill kernels (default: on a GPU)")
 

@@ -10,8 +10,8 @@ import jinja2
 from tqdm import tqdm
 
 from deltaserve.engine.llm_engine import LLMEngine
-from deltaserve.errors import (InvalidPromptError, InvalidSamplingParamsError, RequestNotFoundError, StepFailedError,
-                               WeightLoadError)
+from deltaserve.errors import (DeltaServeError, InvalidPromptError, InvalidSamplingParamsError, RequestNotFoundError,
+                               StepFailedError, WeightLoadError)
 from deltaserve.outputs import RequestOutput
 from deltaserve.sampling_params import SamplingParams
 from deltaserve.tokenizer import read_chat_template
@@ -26,10 +26,13 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, seed: int = 0, **engine_kwargs):
         """engine_kwargs: EngineConfig's other fields, and vLLM's arguments of the same kind
         (vllm_engine_args.py: taken, renamed, or refused by name)."""
-        self.engine = LLMEngine.from_args(
-            model, dtype=dtype, device=device, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, num_kv_blocks=num_kv_blocks,
-            seed=seed, **engine_args_from_vllm(model, engine_kwargs))
+        translated = engine_args_from_vllm(model, engine_kwargs)
+        if num_kv_blocks is not None and "num_kv_blocks" in translated:
+            raise DeltaServeError("num_gpu_blocks_override and num_kv_blocks name the same setting: give one of them")
+        settings = dict(dtype=dtype, device=device, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                        num_kv_blocks=num_kv_blocks, seed=seed)
+        self.engine = LLMEngine.from_args(model, **(settings | translated))
         self._ids = itertools.count()
 
     def get_tokenizer(self):

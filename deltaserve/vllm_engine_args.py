@@ -11,9 +11,11 @@ from typing import Any
 from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.errors import DeltaServeError
 
-# taken and dropped: deltaserve runs no code from a checkpoint, and keeps no periodic stats log
-ACCEPTED = ("trust_remote_code", "disable_log_stats")
-RENAMED = {"mamba_ssm_cache_dtype": "gdn_state_dtype"}
+# taken and dropped: deltaserve runs no code from a checkpoint, keeps no periodic stats log, and on its one GPU
+# holds every expert and has no all-reduce or worker processes to choose
+ACCEPTED = ("trust_remote_code", "disable_log_stats", "enable_expert_parallel", "disable_custom_all_reduce",
+            "distributed_executor_backend")
+RENAMED = {"mamba_ssm_cache_dtype": "gdn_state_dtype", "num_gpu_blocks_override": "num_kv_blocks"}
 # name -> (the values deltaserve does, why no other)
 ONLY = {
     "tensor_parallel_size": ((1,), "deltaserve runs a model on one GPU"),
@@ -27,6 +29,9 @@ ONLY = {
                               "(its config.json says so)"),
     "speculative_config": ((None,), "deltaserve has no speculative decoding"),
     "enable_lora": ((False, None), "deltaserve serves no LoRA adapters"),
+    "hf_overrides": ((None,), "deltaserve reads the checkpoint's config.json as it is"),
+    "enable_sleep_mode": ((False, None), "deltaserve keeps its weights on the GPU while it runs"),
+    "cpu_offload_gb": ((0, 0.0, None), "deltaserve keeps every weight on the GPU"),
 }
 
 

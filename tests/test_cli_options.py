@@ -52,3 +52,13 @@ def test_token_counts_take_vllms_suffixes():
     for bad in (f"{whole}.5K", f"{whole}.0001k", "k", f"{whole}x", f"-{whole}k", f"{whole}.5"):
         with pytest.raises(SystemExit):
             _build_parser().parse_args(["serve", "--max-model-len", bad])
+
+
+def test_vllms_names_for_engine_options():
+    parse = _build_parser().parse_args
+    blocks = random.randint(16, 4096)
+    assert engine_kwargs(parse(["serve", "--num-gpu-blocks-override", str(blocks)])) == {"num_kv_blocks": blocks}
+    assert engine_kwargs(parse(["serve", "--async-scheduling"])) == {"async_scheduling": True}
+    assert engine_kwargs(parse(["serve", "--no-async-scheduling"])) == {"async_scheduling": False}
+    assert "async_scheduling" not in engine_kwargs(parse(["chat"]))
+

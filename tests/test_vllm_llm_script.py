@@ -17,7 +17,8 @@ TEMPLATE = ("{% for m in messages %}[{{ m.role }}{% if flavour is defined %} {{ 
 REFUSED = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 4,
            "enable_chunked_prefill": False, "kv_cache_dtype": "fp8", "quantization": "awq",
            "speculative_config": {"method": "qwen3_next_mtp", "num_speculative_tokens": 2}, "enable_lora": True,
-           "tokenizer_mode": "mistral"}
+           "tokenizer_mode": "mistral", "hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+           "enable_sleep_mode": True, "cpu_offload_gb": 4}
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 
 
@@ -35,8 +36,10 @@ def test_vllms_engine_arguments_start_the_same_engine(checkpoint_factory, llm):
     vllm_style = LLM(path, device="cpu", chat_template=TEMPLATE, max_num_seqs=4, trust_remote_code=True,
                      tensor_parallel_size=1, pipeline_parallel_size=1, enable_chunked_prefill=True,
                      kv_cache_dtype="auto", quantization=None, disable_log_stats=True, tokenizer=path,
-                     mamba_ssm_cache_dtype="float32")
-    assert vllm_style.engine.config.gdn_state_dtype == "float32"
+                     mamba_ssm_cache_dtype="float32", enable_expert_parallel=True, disable_custom_all_reduce=True,
+                     distributed_executor_backend="mp", enable_sleep_mode=False, cpu_offload_gb=0,
+                     hf_overrides=None, num_gpu_blocks_override=64)
+    assert vllm_style.engine.config.gdn_state_dtype == "float32" and vllm_style.engine.config.num_kv_blocks == 64
     prompts = [[random.randrange(3, 200) for _ in range(random.randint(1, 30))] for _ in range(3)]
     outs = vllm_style.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [
@@ -58,6 +61,8 @@ def test_renamed_checked_and_unknown_arguments():
     assert engine_args_from_vllm("m", {"mamba_ssm_cache_dtype": None}) == {}
     with pytest.raises(DeltaServeError, match="same setting"):
         engine_args_from_vllm("m", {"mamba_ssm_cache_dtype": "bfloat16", "gdn_state_dtype": "float32"})
+    with pytest.raises(DeltaServeError, match="num_gpu_blocks_override and num_kv_blocks"):
+        LLM("m", num_kv_blocks=8, num_gpu_blocks_override=16)
     with pytest.raises(DeltaServeError, match="tokenizer='other'"):
         engine_args_from_vllm("m", {"tokenizer": "other"})
     with pytest.raises(DeltaServeError, match="tensor_parallel_size=True"):

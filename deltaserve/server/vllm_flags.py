@@ -59,6 +59,16 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    "adapters")
     g.add_argument("--tokenizer", default=None, help="the model itself only: deltaserve reads the tokenizer from "
                    "its checkpoint")
+    g.add_argument("--hf-overrides", default=None, help="refused: deltaserve reads the checkpoint's config as it is")
+    g.add_argument("--enable-sleep-mode", action="store_true", default=None,
+                   help="refused: deltaserve keeps its weights on the GPU while it runs")
+    g.add_argument("--cpu-offload-gb", type=float, default=None, help="0 only: every weight stays on the GPU")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="accepted: deltaserve's one GPU holds every expert")
+    g.add_argument("--disable-custom-all-reduce", action="store_true",
+                   help="accepted: on one GPU there is no all-reduce")
+    g.add_argument("--distributed-executor-backend", default=None,
+                   help="accepted: deltaserve runs the model in its own process on one GPU")
 
 
 def check_vllm_flags(args: Any) -> bool | None:

@@ -25,7 +25,8 @@ VLLM_LINE = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-pa
              "--language-model-only", "-pp", "1", "--data-parallel-size", "1", "--kv-cache-dtype", "auto",
              "--disable-log-stats", "--disable-log-requests", "--tokenizer-mode", "auto",
              "--limit-mm-per-prompt", '{"image": 0, "video": 0}', "--mm-encoder-tp-mode", "data",
-             "--mm-processor-cache-type", "shm"]
+             "--mm-processor-cache-type", "shm", "--enable-expert-parallel", "--disable-custom-all-reduce",
+             "--distributed-executor-backend", "mp", "--cpu-offload-gb", "0"]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,11 @@ def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
                                          (["--enable-lora"], "--enable-lora: .*LoRA"),
                                          (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill: .*in chunks"),
                                          (["--tokenizer-mode", "mistral"], "--tokenizer-mode mistral: .*fast"),
-                                         (["m", "--tokenizer", "other/tok"], "--tokenizer other/tok: .*checkpoint")])
+                                         (["m", "--tokenizer", "other/tok"], "--tokenizer other/tok: .*checkpoint"),
+                                         (["--hf-overrides", '{"max_position_embeddings": 1}'],
+                                          "--hf-overrides .*config.json as it is"),
+                                         (["--enable-sleep-mode"], "--enable-sleep-mode: .*on the GPU"),
+                                         (["--cpu-offload-gb", "8"], "--cpu-offload-gb 8.0: .*every weight")])
 def test_what_deltaserve_cannot_do_is_refused_by_name(line, named):
     with pytest.raises(DeltaServeError, match=named):
         check_vllm_flags(_build_parser().parse_args(["serve", *line]))
