@@ -29,8 +29,8 @@ from deltaserve.server.logprobs import TokenText, chat_logprobs, prompt_logprobs
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.sampling import (build_sampling_params, check_logprobs_field, check_structure,
-                                       kept_prompt_tokens,
-                                       refuse_unsupported, requested_structure, resolve_max_tokens)
+                                       kept_prompt_tokens, refuse_unsupported, requested_structure,
+                                       resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall
