@@ -92,9 +92,10 @@ class AsyncEngine:
     """Runs an LLMEngine in a background thread and streams its outputs to asyncio callers."""
 
     def __init__(self, engine: Any, *, max_queue: int | None = None, max_num_seqs: int | None = None,
-                 log_requests: bool = False):
+                 log_requests: bool = False, max_log_len: int | None = None):
         self.engine = engine
         self.log_requests = log_requests  # each accepted request's parameters at INFO, its prompt at DEBUG
+        self.max_log_len = max_log_len  # vLLM's: the most characters (or token ids) of a prompt logged
         self.tokenizer = engine.tokenizer
         self.model_name: str = getattr(engine, "model_name", "model")
         self.max_model_len: int = engine_max_model_len(engine)
@@ -117,12 +118,12 @@ class AsyncEngine:
 
     @classmethod
     def from_args(cls, model: str | None = None, *, max_queue: int | None = None, log_requests: bool = False,
-                  **engine_kwargs):
+                  max_log_len: int | None = None, **engine_kwargs):
         from deltaserve.engine.llm_engine import LLMEngine
 
         engine = LLMEngine.from_args(model, **engine_kwargs)
         return cls(engine, max_queue=max_queue, max_num_seqs=engine_kwargs.get("max_num_seqs"),
-                   log_requests=log_requests)
+                   log_requests=log_requests, max_log_len=max_log_len)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -220,7 +221,8 @@ class AsyncEngine:
             raise
         if self.log_requests:
             logger.info("request %s accepted: %s", request_id, params)
-            logger.debug("request %s prompt: %r", request_id, prompt_text if prompt_text is not None else prompt)
+            shown = prompt_text if prompt_text is not None else prompt
+            logger.debug("request %s prompt: %r", request_id, shown[: self.max_log_len])
         return RequestStream(self, stream, arrival)
 
     # ---- engine thread -----------------------------------------------------------------------

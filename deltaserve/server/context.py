@@ -31,6 +31,7 @@ class ServerContext:
     engine: AsyncEngine
     served_model_names: list[str]
     api_keys: list[str] = field(default_factory=list)
+    force_include_usage: bool = False
     reasoning: bool | None = None  # None: decide from the chat template
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -181,6 +182,13 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
             task.cancel()
         for stream in streams:
             stream.close()
+
+
+def stream_usage(stream_options: Any, forced: bool) -> tuple[bool, bool]:
+    """Whether a stream ends with its usage, and whether every chunk carries it so far (vLLM's continuous usage):
+    as its stream_options ask, the first also where the server forces it."""
+    include = forced or bool(stream_options and stream_options.include_usage)
+    return include, include and bool(stream_options and stream_options.continuous_usage_stats)
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

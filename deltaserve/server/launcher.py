@@ -82,13 +82,15 @@ def serve(args: Any) -> int:
     print(f"deltaserve: loading {args.model or 'the demo model'} ...", file=sys.stderr, flush=True)
     engine = AsyncEngine.from_args(args.model, max_queue=args.max_queue,
                                    log_requests=bool(getattr(args, "enable_log_requests", False)),
+                                   max_log_len=getattr(args, "max_log_len", None),
                                    **engine_kwargs(args))
     served = args.served_model_name or [engine.model_name]
     if engine.sampling_defaults:
         print(f"deltaserve: requests that leave them unset sample with the checkpoint's "
               f"{describe(engine.sampling_defaults)} (--generation-config vllm for the API's defaults)",
               file=sys.stderr, flush=True)
-    app = build_app(engine, served, api_key=api_keys, reasoning=reasoning)
+    app = build_app(engine, served, api_key=api_keys, reasoning=reasoning,
+                    force_include_usage=bool(getattr(args, "enable_force_include_usage", False)))
     add_http_middleware(app, args)
     config = uvicorn.Config(
         app,

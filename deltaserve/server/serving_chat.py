@@ -21,7 +21,8 @@ from deltaserve.server.chat_prompt import (
     render_chat,
     tool_schemas,
 )
-from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect, usage_dict
+from deltaserve.server.context import (ServerContext, last_output, random_id, read_json_object, stream_usage,
+                                      until_disconnect, usage_dict)
 from deltaserve.server.envelope import ChunkEvents, completion_envelope
 from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_structure
@@ -233,8 +234,7 @@ class ChatJob:
         sent_tokens = [0] * n
         tools_sent = [0] * n
         done = [False] * n
-        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
-        continuous = include_usage and bool(self.req.stream_options.continuous_usage_stats)
+        include_usage, continuous = stream_usage(self.req.stream_options, self.api.ctx.force_include_usage)
 
         def so_far(tokens: int, cached: int = 0) -> dict | None:
             """vLLM's continuous usage: each chunk counts its choice's tokens so far."""

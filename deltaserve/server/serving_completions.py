@@ -19,6 +19,7 @@ from deltaserve.server.context import (
     merge_streams,
     random_id,
     read_json_object,
+    stream_usage,
     until_disconnect,
     usage_dict,
 )
@@ -197,8 +198,7 @@ class _CompletionJob:
         text_offset = [0] * total
         done = [False] * total
         lasts: dict[int, RequestOutput] = {}
-        include_usage = bool(self.req.stream_options and self.req.stream_options.include_usage)
-        continuous = include_usage and bool(self.req.stream_options.continuous_usage_stats)
+        include_usage, continuous = stream_usage(self.req.stream_options, self.api.ctx.force_include_usage)
         try:
             # With logprobs the echo waits for the prefill, which yields the prompt's logprobs.
             echo_first = self.req.echo and self.req.logprobs is None

@@ -63,6 +63,12 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-sleep-mode", action="store_true", default=None,
                    help="refused: deltaserve keeps its weights on the GPU while it runs")
     g.add_argument("--cpu-offload-gb", type=float, default=None, help="0 only: every weight stays on the GPU")
+    g.add_argument("--enable-force-include-usage", action="store_true",
+                   help="every streamed reply ends with its usage, as if its stream_options asked")
+    g.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="accepted: usage always carries prompt_tokens_details (its cached tokens)")
+    g.add_argument("--max-log-len", type=int, default=None,
+                   help="with --enable-log-requests, the most characters (or token ids) of a prompt logged")
     g.add_argument("--enable-expert-parallel", action="store_true",
                    help="accepted: deltaserve's one GPU holds every expert")
     g.add_argument("--disable-custom-all-reduce", action="store_true",

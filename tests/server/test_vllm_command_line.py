@@ -32,7 +32,8 @@ VLLM_LINE = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-pa
 @pytest.fixture(scope="module")
 def vllm_style_server():
     yield from serving(LiveServer("--served-model-name", MODEL, *VLLM_LINE, "--enable-log-requests",
-                                  "--max-logprobs", str(RAISED_CAP)))
+                                  "--max-logprobs", str(RAISED_CAP), "--enable-force-include-usage",
+                                  "--enable-prompt-tokens-details", "--max-log-len", "100"))
 
 
 RAISED_CAP = 50
@@ -146,4 +147,24 @@ def test_max_logprobs_raises_the_cap_on_every_route(vllm_style_server, server):
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["param"] == field and "max_logprobs" in error["message"], error
+
+
+def _streamed_usage(live: LiveServer, route: str, body: dict) -> list[dict | None]:
+    """Each chunk's usage, in order, of a stream sent without stream_options."""
+    r = httpx.post(live.base_url + route, json={**body, "stream": True}, headers=live.headers, timeout=120)
+    assert r.status_code == 200, r.text
+    return [json.loads(line[6:]).get("usage") for line in r.text.splitlines() if line.startswith("data: {")]
+
+
+def test_force_include_usage_ends_every_stream_with_its_usage(vllm_style_server, server):
+    tokens = random.randint(2, 6)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": tokens,
+            "temperature": 0, "ignore_eos": True}
+    completion = {"model": MODEL, "prompt": "One, two,", "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    for route, body in (("/chat/completions", chat), ("/completions", completion)):
+        forced = _streamed_usage(vllm_style_server, route, body)
+        assert all(u is None for u in forced[:-1]) and forced[-1]["completion_tokens"] == tokens
+        assert forced[-1]["total_tokens"] == forced[-1]["prompt_tokens"] + tokens
+        assert "cached_tokens" in forced[-1]["prompt_tokens_details"]
+        assert all(u is None for u in _streamed_usage(server, route, body))  # not forced: none unless asked
 
