@@ -15,8 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from deltaserve.engine.async_engine import AsyncEngine
-from deltaserve.server.context import ClientDisconnected, ServerContext
-from deltaserve.server.errors import APIError, from_exception
+from deltaserve.server.context import ClientDisconnected, ServerContext, read_json_object
+from deltaserve.server.errors import APIError, bad_request, from_exception
 from deltaserve.server.metrics import CONTENT_TYPE
 from deltaserve.server.serving_chat import ChatCompletions
 from deltaserve.server.serving_completions import Completions
@@ -26,7 +26,7 @@ from deltaserve.server.serving_tokenize import detokenize, tokenize
 
 logger = logging.getLogger(__name__)
 
-_OPEN_PATHS = ("/health", "/metrics", "/ping", "/version")
+_OPEN_PATHS = ("/health", "/metrics", "/ping", "/version", "/load")
 
 
 def _is_anthropic(path: str) -> bool:
@@ -194,8 +194,26 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         "/tokenize": _tokenize,
         "/detokenize": _detokenize,
     }
+    async def _invocations(request: Request):
+        """SageMaker's route, as vLLM's: a body of messages is a chat completion, a body with a prompt a
+        completion (the body is read once: Starlette keeps it for the route that reads it again)."""
+        body = await read_json_object(request)
+        if "messages" in body:
+            return await chat(request)
+        if "prompt" in body:
+            return await completions(request)
+        raise bad_request("/invocations takes a chat completion's body (messages) or a completion's (prompt)",
+                          code="invalid_request")
+
+    routes["/invocations"] = _invocations
     for path, handler in routes.items():
         app.add_api_route(path, _answering_errors(handler), methods=["POST"])
+
+    @app.get("/load")
+    async def load():
+        """vLLM's server load: the requests the engine holds, running or waiting."""
+        stats = engine.stats
+        return {"server_load": (stats.num_running + stats.num_waiting) if stats is not None else 0}
     app.add_api_route("/v1/responses/{response_id}", _answering_errors(responses.kept), methods=["GET", "DELETE"])
     app.add_api_route("/v1/responses/{response_id}/cancel", _answering_errors(responses.kept), methods=["POST"])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import httpx
 import openai
@@ -365,6 +366,33 @@ def test_ping_and_version_answer_without_a_key(server):
         assert httpx.request(method, server.url + "/ping", timeout=10).json() == {"status": "ok"}
     version = httpx.get(server.url + "/version", timeout=10).json()["version"]
     assert version and version[0].isdigit()
+
+
+def test_invocations_routes_by_the_body_and_load_counts_the_engines_requests(server):
+    """SageMaker's /invocations answers as the route its body belongs to; /load, open as /metrics, says how
+    many requests the engine holds (none once they are done)."""
+    tokens = random.randint(1, 8)
+    chat = {"model": MODEL, "messages": QUESTION, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    completion = {"model": MODEL, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    for body, route, kind in ((chat, "/v1/chat/completions", "chat.completion"),
+                              (completion, "/v1/completions", "text_completion")):
+        via = httpx.post(server.url + "/invocations", json=body, headers=server.headers, timeout=120).json()
+        direct = httpx.post(server.url + route, json=body, headers=server.headers, timeout=120).json()
+        assert via["object"] == direct["object"] == kind and via["usage"]["completion_tokens"] == tokens
+        assert via["usage"]["prompt_tokens"] == direct["usage"]["prompt_tokens"]  # the second, a prefix-cache hit
+        assert via["choices"][0].get("message", via["choices"][0].get("text")) == \
+            direct["choices"][0].get("message", direct["choices"][0].get("text"))
+    r = httpx.post(server.url + "/invocations", json={"model": MODEL}, headers=server.headers, timeout=30)
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+    assert httpx.post(server.url + "/invocations", json=chat, timeout=30).status_code == 401  # the key guards it
+    long = {**completion, "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", server.base_url + "/completions", json=long, headers=server.headers, timeout=120) as r:
+        next(r.iter_lines())  # its first chunk: the request is in the engine
+        assert httpx.get(server.url + "/load", timeout=10).json()["server_load"] >= 1
+    deadline = time.monotonic() + 30  # closed: the engine aborts it
+    while httpx.get(server.url + "/load", timeout=10).json()["server_load"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(server.url + "/load", timeout=10).json() == {"server_load": 0}
 
 
 def test_completions_echo_without_tokens_scores_the_prompt_alone(client, server):
