@@ -32,6 +32,7 @@ class ServerContext:
     served_model_names: list[str]
     api_keys: list[str] = field(default_factory=list)
     force_include_usage: bool = False
+    return_tokens_as_token_ids: bool = False  # vLLM's: the default of a request's own field
     reasoning: bool | None = None  # None: decide from the chat template
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -42,6 +43,11 @@ class ServerContext:
             self.reasoning = template_has_reasoning(self.tokenizer)
         self.metrics = ServerMetrics(lambda: self.engine.stats, self.model_name, self.max_model_len)
         self.engine.listeners.append(self.metrics.observe)
+
+    def tokens_as_ids(self, req: Any) -> bool:
+        """Whether the request's logprobs name each token "token_id:ID": its own field, else the server's."""
+        own = getattr(req, "return_tokens_as_token_ids", None)
+        return self.return_tokens_as_token_ids if own is None else own
 
     @property
     def model_name(self) -> str:

@@ -90,7 +90,8 @@ def serve(args: Any) -> int:
               f"{describe(engine.sampling_defaults)} (--generation-config vllm for the API's defaults)",
               file=sys.stderr, flush=True)
     app = build_app(engine, served, api_key=api_keys, reasoning=reasoning,
-                    force_include_usage=bool(getattr(args, "enable_force_include_usage", False)))
+                    force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
+                    return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)))
     add_http_middleware(app, args)
     config = uvicorn.Config(
         app,

@@ -117,6 +117,8 @@ class _SamplingFields(_Lenient):
     bad_words: list[StrictStr] | None = None  # vLLM's
     truncate_prompt_tokens: StrictInt | None = None  # vLLM's: keep the prompt's last k tokens (-1: the context)
     prompt_logprobs: StrictInt | None = None  # vLLM's: each prompt token's logprob and the top ones
+    # vLLM's: logprobs name each token "token_id:ID" (None: as the server's --return-tokens-as-token-ids)
+    return_tokens_as_token_ids: StrictBool | None = None
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None

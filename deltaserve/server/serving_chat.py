@@ -179,7 +179,8 @@ class ChatJob:
     def _logprobs(self, o: CompletionOutput, start: int, end: int) -> dict | None:
         if self.top is None or o.logprobs is None:
             return None
-        return chat_logprobs(o.token_ids[start:end], o.logprobs[start:end], self.top, self.api.token_text)
+        return chat_logprobs(o.token_ids[start:end], o.logprobs[start:end], self.top, self.api.token_text,
+                             self.api.ctx.tokens_as_ids(self.req))
 
     # ---- whole response ---------------------------------------------------------------------
 

@@ -67,6 +67,8 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="every streamed reply ends with its usage, as if its stream_options asked")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="accepted: usage always carries prompt_tokens_details (its cached tokens)")
+    g.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="logprobs name each token \"token_id:ID\" unless a request says otherwise")
     g.add_argument("--enable-server-load-tracking", action="store_true",
                    help="accepted: /load always answers with the requests the engine holds")
     g.add_argument("--max-log-len", type=int, default=None,

@@ -33,7 +33,8 @@ VLLM_LINE = ["--trust-remote-code", "--enable-auto-tool-choice", "--tool-call-pa
 def vllm_style_server():
     yield from serving(LiveServer("--served-model-name", MODEL, *VLLM_LINE, "--enable-log-requests",
                                   "--max-logprobs", str(RAISED_CAP), "--enable-force-include-usage",
-                                  "--enable-prompt-tokens-details", "--max-log-len", "100"))
+                                  "--enable-prompt-tokens-details", "--max-log-len", "100",
+                                  "--return-tokens-as-token-ids"))
 
 
 RAISED_CAP = 50
@@ -114,7 +115,7 @@ def test_max_logprobs_raises_the_cap_on_every_route(vllm_style_server, server):
     named; the default cap stays 20."""
     count = random.randint(30, RAISED_CAP)
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4,
-            "temperature": 0, "logprobs": True, "top_logprobs": count}
+            "temperature": 0, "logprobs": True, "top_logprobs": count, "return_tokens_as_token_ids": False}
     r = httpx.post(vllm_style_server.base_url + "/chat/completions", json=chat, headers=vllm_style_server.headers,
                    timeout=120)
     assert r.status_code == 200, r.text
@@ -167,4 +168,32 @@ def test_force_include_usage_ends_every_stream_with_its_usage(vllm_style_server,
         assert forced[-1]["total_tokens"] == forced[-1]["prompt_tokens"] + tokens
         assert "cached_tokens" in forced[-1]["prompt_tokens_details"]
         assert all(u is None for u in _streamed_usage(server, route, body))  # not forced: none unless asked
+
+
+def _chat_logprobs(live: LiveServer, **fields) -> list[dict]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 5,
+            "temperature": 0, "logprobs": True, "top_logprobs": 3, **fields}
+    r = httpx.post(live.base_url + "/chat/completions", json=body, headers=live.headers, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["logprobs"]["content"]
+
+
+def test_return_tokens_as_token_ids_names_each_token_by_its_id(vllm_style_server, server):
+    """Under --return-tokens-as-token-ids logprobs name tokens "token_id:ID" (their bytes still the text's),
+    unless a request says false; a request may ask it of any server. Each id decodes to the text named."""
+    as_ids, as_text = _chat_logprobs(vllm_style_server), _chat_logprobs(server)
+    assert as_ids == _chat_logprobs(server, return_tokens_as_token_ids=True)
+    assert as_text == _chat_logprobs(vllm_style_server, return_tokens_as_token_ids=False)
+    for named, plain in zip(as_ids, as_text):
+        for a, b in zip([named] + named["top_logprobs"], [plain] + plain["top_logprobs"]):
+            assert a["token"].startswith("token_id:") and a["bytes"] == b["bytes"] and a["logprob"] == b["logprob"]
+            r = httpx.post(server.url + "/detokenize", json={"model": MODEL, "tokens": [int(a["token"][9:])]},
+                           headers=server.headers, timeout=30)
+            assert r.json()["prompt"] == b["token"]
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3, "temperature": 0, "logprobs": 2, "echo": True}
+    r = httpx.post(vllm_style_server.base_url + "/completions", json=body, headers=vllm_style_server.headers,
+                   timeout=120)
+    legacy = r.json()["choices"][0]["logprobs"]
+    assert all(t.startswith("token_id:") for t in legacy["tokens"])
+    assert all(k.startswith("token_id:") for top in legacy["top_logprobs"] if top for k in top)
 
