@@ -1,5 +1,5 @@
 """vLLM's `--config FILE`: a YAML file of a command's flags, each key a flag's name and its value the flag's,
-read in front of the command line's own flags so that those, coming later, win."""
+under the command line: an option the line names keeps the line's value."""
 
 from __future__ import annotations
 

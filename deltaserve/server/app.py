@@ -169,6 +169,12 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     async def metrics():
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE)
 
+    @app.get("/load")
+    async def load():
+        """vLLM's server load: the requests the engine holds, running or waiting."""
+        stats = engine.stats
+        return {"server_load": (stats.num_running + stats.num_waiting) if stats is not None else 0}
+
     def model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": ctx.created, "owned_by": "deltaserve",
                 "root": engine.model_name, "max_model_len": ctx.max_model_len}
@@ -187,15 +193,6 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     async def _detokenize(request: Request):
         return await detokenize(ctx, request)
 
-    routes = {
-        "/v1/chat/completions": chat.__call__,
-        "/v1/completions": completions.__call__,
-        "/v1/responses": responses.__call__,
-        "/v1/messages": messages.__call__,
-        "/v1/messages/count_tokens": messages.count_tokens,
-        "/tokenize": _tokenize,
-        "/detokenize": _detokenize,
-    }
     async def _invocations(request: Request):
         """SageMaker's route, as vLLM's: a body of messages is a chat completion, a body with a prompt a
         completion (the body is read once: Starlette keeps it for the route that reads it again)."""
@@ -207,15 +204,18 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         raise bad_request("/invocations takes a chat completion's body (messages) or a completion's (prompt)",
                           code="invalid_request")
 
-    routes["/invocations"] = _invocations
+    routes = {
+        "/v1/chat/completions": chat.__call__,
+        "/v1/completions": completions.__call__,
+        "/v1/responses": responses.__call__,
+        "/v1/messages": messages.__call__,
+        "/v1/messages/count_tokens": messages.count_tokens,
+        "/tokenize": _tokenize,
+        "/detokenize": _detokenize,
+        "/invocations": _invocations,
+    }
     for path, handler in routes.items():
         app.add_api_route(path, _answering_errors(handler), methods=["POST"])
-
-    @app.get("/load")
-    async def load():
-        """vLLM's server load: the requests the engine holds, running or waiting."""
-        stats = engine.stats
-        return {"server_load": (stats.num_running + stats.num_waiting) if stats is not None else 0}
     app.add_api_route("/v1/responses/{response_id}", _answering_errors(responses.kept), methods=["GET", "DELETE"])
     app.add_api_route("/v1/responses/{response_id}/cancel", _answering_errors(responses.kept), methods=["POST"])
 
