@@ -11,24 +11,30 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
+from deltaserve.errors import DeltaServeError
 
-def _json_string_list(text: str) -> list[str]:
-    """A JSON list of strings, as vLLM's --allowed-origins '["https://a.example"]' takes it."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg}): give a list such as '[\"*\"]'") from None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise argparse.ArgumentTypeError("must be a JSON list of strings, such as '[\"*\"]'")
-    return value
+
+def string_list(flag: str, words: list[str] | None) -> list[str]:
+    """A CORS list as given: vLLM's one JSON list ('["https://a.example"]'), or the items themselves (as a
+    config file's YAML list gives them); none given is any ("*")."""
+    if words is None:
+        return ["*"]
+    if len(words) == 1 and words[0][:1] in "[{\"":
+        try:
+            value = json.loads(words[0])
+        except json.JSONDecodeError as exc:
+            raise DeltaServeError(f"{flag} {words[0]}: not JSON ({exc.msg}): give a list such as '[\"*\"]'") from None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise DeltaServeError(f"{flag} {words[0]}: must be a JSON list of strings, such as '[\"*\"]'")
+        return value
+    return list(words)
 
 
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
-    every = ["*"]
-    p.add_argument("--allowed-origins", type=_json_string_list, default=every,
-                   help="the origins a browser may call from, a JSON list (default: [\"*\"], any)")
-    p.add_argument("--allowed-methods", type=_json_string_list, default=every, help="CORS methods (default: any)")
-    p.add_argument("--allowed-headers", type=_json_string_list, default=every, help="CORS headers (default: any)")
+    p.add_argument("--allowed-origins", nargs="+", default=None,
+                   help="the origins a browser may call from: a JSON list, or the origins (default: any)")
+    p.add_argument("--allowed-methods", nargs="+", default=None, help="CORS methods, as the origins (default: any)")
+    p.add_argument("--allowed-headers", nargs="+", default=None, help="CORS headers, as the origins (default: any)")
     p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     p.add_argument("--root-path", default=None, help="the path prefix a proxy serves the API under")
     p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (and --ssl-certfile)")
@@ -47,10 +53,16 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
                    help="accepted: deltaserve serves no OpenAPI docs pages")
 
 
+CORS_LISTS = ("allowed_origins", "allowed_methods", "allowed_headers")
+
+
 def check_http_arguments(args: Any) -> None:
-    """What must hold before the model loads: TLS needs its key and its certificate together."""
+    """What must hold before the model loads: TLS needs its key and its certificate together, and the CORS
+    lists read as lists (each set to the list it reads as)."""
     if bool(getattr(args, "ssl_keyfile", None)) != bool(getattr(args, "ssl_certfile", None)):
-        raise SystemExit("deltaserve: --ssl-keyfile and --ssl-certfile go together: give both, or neither")
+        raise DeltaServeError("--ssl-keyfile and --ssl-certfile go together: give both, or neither")
+    for name in CORS_LISTS:
+        setattr(args, name, string_list("--" + name.replace("_", "-"), getattr(args, name, None)))
 
 
 class RequestIdHeaders:
@@ -78,8 +90,9 @@ def add_http_middleware(app: FastAPI, args: Any) -> None:
     """CORS outermost, so that a preflight or an error response (a 401 too) carries its headers."""
     if getattr(args, "enable_request_id_headers", False):
         app.add_middleware(RequestIdHeaders)
-    app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
-                       allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
+    origins, methods, headers = (string_list("--" + n.replace("_", "-"), getattr(args, n, None)) for n in CORS_LISTS)
+    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=methods, allow_headers=headers,
+                       allow_credentials=args.allow_credentials)
 
 
 def uvicorn_options(args: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from deltaserve.cli import _build_parser
+from deltaserve.errors import DeltaServeError
 from deltaserve.server.http_options import check_http_arguments, uvicorn_options
 from tests.server.conftest import MODEL, serving
 from tests.server.live_server import LiveServer
@@ -40,7 +41,7 @@ def front(certificate, tmp_path_factory):
     on the command line."""
     key, cert = certificate
     config = tmp_path_factory.mktemp("config") / "serve.yaml"
-    config.write_text(f"allowed-origins: '{json.dumps([ORIGIN])}'\nallow-credentials: true\n"
+    config.write_text(f"allowed-origins: [\"{ORIGIN}\"]\nallow-credentials: true\n"
                       "enable-request-id-headers: true\nroot-path: /proxied\nuvicorn-log-level: warning\n"
                       "disable_uvicorn_access_log: true\nport: 9\n")
     yield from serving(LiveServer("--served-model-name", MODEL, "--config", str(config), "--api-key", *KEYS,
@@ -100,7 +101,7 @@ def test_any_origin_by_default(server):
     assert "x-request-id" not in httpx.get(server.url + "/health", timeout=30).headers
 
 
-def test_the_options_reach_uvicorn_and_wrong_values_are_named(capsys):
+def test_the_options_reach_uvicorn_and_wrong_values_are_named():
     parse = _build_parser().parse_args
     args = parse(["serve", "--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem", "--root-path", "/p",
                   "--uvicorn-log-level", "error", "--ssl-cert-reqs", "2"])
@@ -110,9 +111,13 @@ def test_the_options_reach_uvicorn_and_wrong_values_are_named(capsys):
     assert uvicorn_options(parse(["serve", "--log-level", "debug"]))["access_log"] is True
     assert uvicorn_options(parse(["serve", "--log-level", "debug", "--disable-uvicorn-access-log"]))[
         "access_log"] is False
-    with pytest.raises(SystemExit, match="--ssl-keyfile and --ssl-certfile go together"):
+    with pytest.raises(DeltaServeError, match="--ssl-keyfile and --ssl-certfile go together"):
         check_http_arguments(parse(["serve", "--ssl-keyfile", "k.pem"]))
-    for wrong, why in (("https://a.example", "not JSON"), ('{"a": 1}', "JSON list of strings")):
-        with pytest.raises(SystemExit):
-            parse(["serve", "--allowed-origins", wrong])
-        assert why in capsys.readouterr().err
+    two = [ORIGIN, "http://b.example"]
+    for line, origins in ((["--allowed-origins", json.dumps(two)], two), (["--allowed-origins", *two], two), ([], ["*"])):
+        args = parse(["serve", *line])
+        check_http_arguments(args)
+        assert args.allowed_origins == origins and args.allowed_methods == args.allowed_headers == ["*"]
+    for wrong, why in (("[\"a\", ", "not JSON"), ('{"a": 1}', "JSON list of strings"), ("[1]", "JSON list of strings")):
+        with pytest.raises(DeltaServeError, match=f"--allowed-headers .*{why}"):
+            check_http_arguments(parse(["serve", "--allowed-headers", wrong]))
