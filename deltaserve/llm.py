@@ -161,7 +161,6 @@ class _ProgressBar:
             self.bar.close()
 
 
-# set by chat's own arguments, so not taken from chat_template_kwargs
 # vLLM's options of a generate or chat call that deltaserve has nothing to do with: why, for any value but None
 _RUN_OPTIONS = {"lora_request": "deltaserve serves no LoRA adapters",
                 "priority": "deltaserve schedules requests first come, first served",
@@ -175,6 +174,7 @@ def _refuse_run_options(**given) -> None:
             raise InvalidPromptError(f"{name}={value!r}: {_RUN_OPTIONS[name]} (leave it out)")
 
 
+# set by chat's own arguments, so not taken from chat_template_kwargs
 _CHAT_ARGUMENTS = ("chat_template", "add_generation_prompt", "continue_final_message", "tools", "tokenize")
 
 
