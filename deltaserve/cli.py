@@ -129,6 +129,9 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", nargs="+", default=None, help="name(s) clients use for the model")
     srv.add_argument("--max-queue", type=int, default=None,
                      help="most requests waiting for the engine; beyond it requests get 503 + Retry-After")
+    srv.add_argument("--default-chat-template-kwargs", type=_json_object, default=None,
+                     help="chat template variables for every chat, under a request's own chat_template_kwargs "
+                          "(as '{\"enable_thinking\": false}')")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     from deltaserve.server.http_options import add_http_arguments
     from deltaserve.server.vllm_flags import add_vllm_flags

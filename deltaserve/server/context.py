@@ -33,6 +33,7 @@ class ServerContext:
     api_keys: list[str] = field(default_factory=list)
     force_include_usage: bool = False
     return_tokens_as_token_ids: bool = False  # vLLM's: the default of a request's own field
+    default_chat_template_kwargs: dict = field(default_factory=dict)  # vLLM's: under each request's own
     reasoning: bool | None = None  # None: decide from the chat template
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -43,6 +44,11 @@ class ServerContext:
             self.reasoning = template_has_reasoning(self.tokenizer)
         self.metrics = ServerMetrics(lambda: self.engine.stats, self.model_name, self.max_model_len)
         self.engine.listeners.append(self.metrics.observe)
+
+    def template_kwargs(self, own: dict | None) -> dict:
+        """A chat's template variables: the server's defaults (--default-chat-template-kwargs), the request's
+        own chat_template_kwargs over them."""
+        return {**self.default_chat_template_kwargs, **(own or {})}
 
     def tokens_as_ids(self, req: Any) -> bool:
         """Whether the request's logprobs name each token "token_id:ID": its own field, else the server's."""

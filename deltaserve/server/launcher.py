@@ -91,7 +91,8 @@ def serve(args: Any) -> int:
               file=sys.stderr, flush=True)
     app = build_app(engine, served, api_key=api_keys, reasoning=reasoning,
                     force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
-                    return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)))
+                    return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
+                    default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None))
     add_http_middleware(app, args)
     config = uvicorn.Config(
         app,

@@ -123,7 +123,8 @@ class ChatCompletions:
         if req.continue_final_message and req.add_generation_prompt:
             raise bad_request("continue_final_message goes on writing the last message, so it needs "
                               "add_generation_prompt set to false", "continue_final_message", "invalid_value")
-        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools, req.chat_template_kwargs,
+        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools,
+                                         self.ctx.template_kwargs(req.chat_template_kwargs),
                                          add_generation_prompt=req.add_generation_prompt,
                                          continue_final=req.continue_final_message)
         prompt = self._truncated(prompt, kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len))

@@ -134,7 +134,8 @@ class Messages:
         """A final assistant message is a prefill: the reply goes on from its text, as Anthropic's does."""
         converted = anthropic_messages_for_template(system, messages)
         prefill = messages[-1].role == "assistant"
-        return await asyncio.to_thread(render_chat, self.ctx.tokenizer, converted, tools, continue_final=prefill)
+        return await asyncio.to_thread(render_chat, self.ctx.tokenizer, converted, tools,
+                                       self.ctx.template_kwargs(None), continue_final=prefill)
 
     async def count_tokens(self, request: Request):
         req = CountTokensRequest.model_validate(await read_json_object(request))

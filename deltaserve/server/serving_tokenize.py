@@ -24,7 +24,8 @@ async def tokenize(ctx: ServerContext, request: Request) -> dict:
 def _tokens(ctx: ServerContext, req: TokenizeRequest) -> list[int]:
     if req.messages is not None:
         messages = openai_messages_for_template(req.messages)
-        text = render_chat_text(ctx.tokenizer, messages, openai_tools_for_template(req.tools), req.chat_template_kwargs,
+        text = render_chat_text(ctx.tokenizer, messages, openai_tools_for_template(req.tools),
+                                ctx.template_kwargs(req.chat_template_kwargs),
                                 add_generation_prompt=req.add_generation_prompt)
         return ctx.tokenizer.encode(text, add_special_tokens=False)  # the template writes any BOS it wants
     return ctx.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)

@@ -21,6 +21,8 @@ from tests.server.live_server import LiveServer
 pytestmark = pytest.mark.timeout(400)
 
 ORIGIN = "https://ui.example"
+TEMPLATE = ("{% for m in messages %}[{{ m.role }} {{ flavour | default('plain') }}] {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}[assistant]{% endif %}")
 KEYS = [f"sk-{uuid.uuid4().hex[:12]}", f"sk-{uuid.uuid4().hex[:12]}"]
 
 
@@ -41,9 +43,12 @@ def front(certificate, tmp_path_factory):
     on the command line."""
     key, cert = certificate
     config = tmp_path_factory.mktemp("config") / "serve.yaml"
+    template = config.parent / "flavoured.jinja"
+    template.write_text(TEMPLATE)
     config.write_text(f"allowed-origins: [\"{ORIGIN}\"]\nallow-credentials: true\n"
                       "enable-request-id-headers: true\nroot-path: /proxied\nuvicorn-log-level: warning\n"
-                      "disable_uvicorn_access_log: true\nport: 9\n")
+                      f"disable_uvicorn_access_log: true\nport: 9\nchat-template: {template}\n"
+                      "default-chat-template-kwargs: {flavour: house}\n")
     yield from serving(LiveServer("--served-model-name", MODEL, "--config", str(config), "--api-key", *KEYS,
                                   "--ssl-keyfile", key, "--ssl-certfile", cert))
 
@@ -121,3 +126,26 @@ def test_the_options_reach_uvicorn_and_wrong_values_are_named():
     for wrong, why in (("[\"a\", ", "not JSON"), ('{"a": 1}', "JSON list of strings"), ("[1]", "JSON list of strings")):
         with pytest.raises(DeltaServeError, match=f"--allowed-headers .*{why}"):
             check_http_arguments(parse(["serve", "--allowed-headers", wrong]))
+
+
+def test_default_chat_template_kwargs_lie_under_a_requests_own(front, certificate):
+    """--default-chat-template-kwargs (here from the config file) render every chat, on every route that
+    renders one, unless the request's own chat_template_kwargs say otherwise."""
+    word = f"w{uuid.uuid4().hex[:6]}"
+    messages = [{"role": "user", "content": word}]
+    headers = {"Authorization": f"Bearer {KEYS[0]}"}
+    with _client(front, certificate) as client:
+        def rendered(**fields) -> str:
+            ids = client.post("/tokenize", json={"model": MODEL, "messages": messages, **fields}, headers=headers)
+            text = client.post("/detokenize", json={"model": MODEL, "tokens": ids.json()["tokens"]}, headers=headers)
+            return text.json()["prompt"]
+
+        assert rendered() == f"[user house] {word}\n[assistant]"
+        assert rendered(chat_template_kwargs={"flavour": "own"}) == f"[user own] {word}\n[assistant]"
+        body = {"model": MODEL, "messages": messages, "max_tokens": 1}
+        house = client.post("/v1/chat/completions", json=body, headers=headers).json()["usage"]["prompt_tokens"]
+        own = client.post("/v1/chat/completions", headers=headers,
+                          json={**body, "chat_template_kwargs": {"flavour": "house house house"}})
+        assert own.json()["usage"]["prompt_tokens"] > house == len(client.post(
+            "/tokenize", json={"model": MODEL, "messages": messages}, headers=headers).json()["tokens"])
+
