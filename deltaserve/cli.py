@@ -132,6 +132,8 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--default-chat-template-kwargs", type=_json_object, default=None,
                      help="chat template variables for every chat, under a request's own chat_template_kwargs "
                           "(as '{\"enable_thinking\": false}')")
+    srv.add_argument("--trust-request-chat-template", action="store_true",
+                     help="let a chat request bring its own chat_template (it runs on the server)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     from deltaserve.server.http_options import add_http_arguments
     from deltaserve.server.vllm_flags import add_vllm_flags

@@ -7,6 +7,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
+
 from deltaserve.server.errors import bad_request
 from deltaserve.server.protocol import ChatMessage, ToolDef
 from deltaserve.server.reasoning import prompt_opens_reasoning
@@ -109,18 +111,27 @@ def render_chat(
     *,
     add_generation_prompt: bool = True,
     continue_final: bool = False,
+    chat_template: str | None = None,
 ) -> ChatPrompt:
     """The prompt of a chat: a new assistant turn opened after the messages (add_generation_prompt), or with
-    continue_final the last (assistant) message left open, for the model to go on writing it (a prefill)."""
+    continue_final the last (assistant) message left open, for the model to go on writing it (a prefill).
+    chat_template: the request's own template in place of the server's (which the caller has allowed)."""
     kwargs = _template_options(template_kwargs)
+    if chat_template is not None:
+        try:
+            jinja2.Environment().parse(chat_template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise bad_request(f"chat_template: not a Jinja template ({exc})", "chat_template") from None
     if continue_final:
         if not messages or messages[-1]["role"] != "assistant":
             raise bad_request("continuing the final message needs a final assistant message", "messages")
         # the capture points then come from each earlier turn rendered the same way (message_offsets)
         kwargs["continue_final_message"] = True
         add_generation_prompt = False
-    text = render_chat_text(tokenizer, messages, tools, kwargs, add_generation_prompt)
+    text = render_chat_text(tokenizer, messages, tools, kwargs, add_generation_prompt, chat_template)
     token_ids = tokenizer.encode(text, add_special_tokens=False)
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
     try:
         capture_points = tokenizer.message_offsets(messages, tools=tools, full=token_ids, **kwargs)
     except Exception:  # prefix-cache capture points are an optimisation only
@@ -144,9 +155,12 @@ def _template_options(template_kwargs: dict | None) -> dict:
 
 
 def render_chat_text(tokenizer: Any, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None,
-                     add_generation_prompt: bool = True) -> str:
-    """The conversation as the template writes it; a template's refusal is the request's 400."""
+                     add_generation_prompt: bool = True, chat_template: str | None = None) -> str:
+    """The conversation as the template writes it (the server's, or `chat_template`); a template's refusal is
+    the request's 400."""
     options = _template_options(template_kwargs)  # its refusals name their field, not the messages
+    if chat_template is not None:
+        options["chat_template"] = chat_template
     try:
         return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                              **options)

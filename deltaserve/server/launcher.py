@@ -92,7 +92,8 @@ def serve(args: Any) -> int:
     app = build_app(engine, served, api_key=api_keys, reasoning=reasoning,
                     force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
                     return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
-                    default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None))
+                    default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
+                    trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)))
     add_http_middleware(app, args)
     config = uvicorn.Config(
         app,

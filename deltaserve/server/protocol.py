@@ -143,6 +143,7 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: StrictStr | None = None  # vLLM's: this request's own template (--trust-request-chat-template)
     response_format: ResponseFormat | None = None
     # vLLM's: open a new assistant turn after the messages (the default), or go on writing the last one
     add_generation_prompt: StrictBool = True

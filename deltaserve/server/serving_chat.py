@@ -123,10 +123,14 @@ class ChatCompletions:
         if req.continue_final_message and req.add_generation_prompt:
             raise bad_request("continue_final_message goes on writing the last message, so it needs "
                               "add_generation_prompt set to false", "continue_final_message", "invalid_value")
+        if req.chat_template is not None and not self.ctx.trust_request_chat_template:
+            raise bad_request("chat_template: a request's own template runs on the server, so it is refused unless "
+                              "the server starts with --trust-request-chat-template", "chat_template",
+                              "unsupported_value")
         prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools,
                                          self.ctx.template_kwargs(req.chat_template_kwargs),
                                          add_generation_prompt=req.add_generation_prompt,
-                                         continue_final=req.continue_final_message)
+                                         continue_final=req.continue_final_message, chat_template=req.chat_template)
         prompt = self._truncated(prompt, kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len))
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         defaults = self.ctx.engine.sampling_defaults

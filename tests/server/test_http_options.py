@@ -48,7 +48,7 @@ def front(certificate, tmp_path_factory):
     config.write_text(f"allowed-origins: [\"{ORIGIN}\"]\nallow-credentials: true\n"
                       "enable-request-id-headers: true\nroot-path: /proxied\nuvicorn-log-level: warning\n"
                       f"disable_uvicorn_access_log: true\nport: 9\nchat-template: {template}\n"
-                      "default-chat-template-kwargs: {flavour: house}\n")
+                      "default-chat-template-kwargs: {flavour: house}\ntrust-request-chat-template: true\n")
     yield from serving(LiveServer("--served-model-name", MODEL, "--config", str(config), "--api-key", *KEYS,
                                   "--ssl-keyfile", key, "--ssl-certfile", cert))
 
@@ -148,4 +148,22 @@ def test_default_chat_template_kwargs_lie_under_a_requests_own(front, certificat
                           json={**body, "chat_template_kwargs": {"flavour": "house house house"}})
         assert own.json()["usage"]["prompt_tokens"] > house == len(client.post(
             "/tokenize", json={"model": MODEL, "messages": messages}, headers=headers).json()["tokens"])
+
+
+def test_a_requests_own_chat_template_needs_the_servers_trust(front, certificate, server):
+    word = f"w{uuid.uuid4().hex[:6]}"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": word}], "max_tokens": 1,
+            "chat_template": "<<{{ messages[0]['content'] }}|{{ flavour }}>>"}
+    headers = {"Authorization": f"Bearer {KEYS[0]}"}
+    with _client(front, certificate) as client:
+        r = client.post("/v1/chat/completions", json=body, headers=headers)
+        assert r.status_code == 200, r.text
+        tokens = client.post("/tokenize", headers=headers, json={"model": MODEL, "prompt": f"<<{word}|house>>",
+                                                                 "add_special_tokens": False}).json()["count"]
+        assert r.json()["usage"]["prompt_tokens"] == tokens  # its template, the server's variables under it
+        r = client.post("/v1/chat/completions", json={**body, "chat_template": "{% for m in messages %}"},
+                        headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"
+    r = httpx.post(server.base_url + "/chat/completions", json=body, headers=server.headers, timeout=30)
+    assert r.status_code == 400 and "--trust-request-chat-template" in r.json()["error"]["message"]
 
