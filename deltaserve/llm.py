@@ -55,7 +55,7 @@ class LLM:
                             mm_processor_kwargs=mm_processor_kwargs)
         prompts = _as_prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts), self.get_default_sampling_params)
-        return self._run([(p, sp, None) for p, sp in zip(prompts, params)], use_tqdm=use_tqdm)
+        return self._run([(p, sp, None, salt) for (p, salt), sp in zip(prompts, params)], use_tqdm=use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -84,7 +84,7 @@ class LLM:
                                            **options)
             ids = tok.encode(text, add_special_tokens=False)
             offsets = tok.message_offsets(conversation, tools=tools, full=ids, **options)
-            jobs.append((ids, sp, offsets))
+            jobs.append((ids, sp, offsets, None))
             texts.append(text)
         return self._run(jobs, texts=texts, use_tqdm=use_tqdm)
 
@@ -99,9 +99,9 @@ class LLM:
         ids = [str(next(self._ids)) for _ in jobs]
         added = []
         try:
-            for i, (request_id, (prompt, sp, offsets)) in enumerate(zip(ids, jobs)):
+            for i, (request_id, (prompt, sp, offsets, salt)) in enumerate(zip(ids, jobs)):
                 self.engine.add_request(request_id, prompt, sp, capture_points=offsets,
-                                        prompt_text=texts[i] if texts else None)
+                                        prompt_text=texts[i] if texts else None, cache_salt=salt)
                 added.append(request_id)
         except Exception:
             for request_id in added:  # all or nothing: a bad prompt leaves nothing queued
@@ -200,7 +200,8 @@ def _template_options(chat_template: str | None, continue_final_message: bool, a
     return options
 
 
-def _as_prompt_list(prompts) -> list[Prompt]:
+def _as_prompt_list(prompts) -> list[tuple[Prompt, str | None]]:
+    """Each prompt's text or ids, and its cache salt (None: none)."""
     if (isinstance(prompts, (str, dict))
             or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))):
         return [_plain_prompt(prompts)]
@@ -210,17 +211,19 @@ def _as_prompt_list(prompts) -> list[Prompt]:
     return [_plain_prompt(p) for p in prompts]
 
 
-def _plain_prompt(prompt) -> Prompt:
-    """vLLM's prompt dicts, {"prompt": text} and {"prompt_token_ids": ids}, as the text or ids they hold."""
+def _plain_prompt(prompt) -> tuple[Prompt, str | None]:
+    """vLLM's prompt dicts, {"prompt": text} and {"prompt_token_ids": ids} with an optional "cache_salt", as
+    the text or ids they hold and the salt."""
     if not isinstance(prompt, dict):
-        return prompt
-    unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+        return prompt, None
+    unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"})
     if unknown:
         raise InvalidPromptError(f"a prompt dict's {', '.join(map(repr, unknown))} is not supported: give "
-                                 "'prompt' (text) or 'prompt_token_ids'")
-    if len(prompt) != 1:
+                                 "'prompt' (text) or 'prompt_token_ids', and 'cache_salt' if you like")
+    given = [key for key in ("prompt", "prompt_token_ids") if key in prompt]
+    if len(given) != 1:
         raise InvalidPromptError("a prompt dict holds either 'prompt' (text) or 'prompt_token_ids', one of them")
-    return next(iter(prompt.values()))
+    return prompt[given[0]], prompt.get("cache_salt")
 
 
 def _as_conversation_list(messages) -> list[list[dict]]:

@@ -466,6 +466,26 @@ def test_recent_chains_give_the_names_of_the_blocks_a_prompt_shares():
     assert recent.shared_names(as_bytes(follow_up), 100) == []
 
 
+def test_a_salted_chain_shares_no_name_with_another_salt_or_none():
+    from deltaserve.cache.block_hash import salt_root
+    from deltaserve.cache.recent_chains import RecentChains
+
+    rng, bs = random.Random(), 4
+    tokens = [rng.randrange(1000) for _ in range(5 * bs)]
+    salt = f"s{rng.randrange(10**6)}"
+    roots = [None, salt_root(salt), salt_root(salt + "x")]
+    assert salt_root(None) is None and salt_root(salt) == roots[1]
+    chains = [chain_hashes(tokens, bs, root) for root in roots]
+    names = [name for chain in chains for name in chain]
+    assert len(set(names)) == len(names)  # no block name in common between the three chains
+    assert chains[0] == chain_hashes(tokens, bs)
+    recent = RecentChains(bs)
+    as_bytes = array("q", tokens).tobytes()
+    recent.remember(as_bytes, chains[1], roots[1])
+    assert recent.shared_names(as_bytes, 100, roots[1]) == chains[1]
+    assert recent.shared_names(as_bytes, 100) == [] and recent.shared_names(as_bytes, 100, roots[2]) == []
+
+
 def test_a_follow_up_turn_takes_the_names_of_the_turn_before():
     # The names a request gets from the sequence it continues are the ones hashing its tokens gives.
     bs = 4

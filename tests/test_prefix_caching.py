@@ -136,6 +136,30 @@ def test_same_prompt_twice_hits_and_is_byte_identical(arch, checkpoint_factory):
     _pools_are_clean(llm)
 
 
+def test_a_cache_salt_shares_the_cache_only_with_its_own_salt(checkpoint_factory):
+    """vLLM's cache_salt: a prompt hits the blocks and snapshots of earlier requests of its salt alone (an
+    unsalted request hits no salted one's), and what it returns is what a miss returns."""
+    llm = LLM(_checkpoint(checkpoint_factory, "qwen3.5"), device="cpu", max_num_batched_tokens=64)
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(70, 130))]
+    salts = [f"tenant-{rng.randrange(10**6)}", f"tenant-{rng.randrange(10**6, 2 * 10**6)}"]
+    hit = (len(prompt) - 1) // BS * BS
+
+    def run(salt):
+        dict_prompt = {"prompt_token_ids": prompt} | ({"cache_salt": salt} if salt is not None else {})
+        return llm.generate([dict_prompt], GREEDY, use_tqdm=False)[0]
+
+    first = run(salts[0])
+    assert first.num_cached_tokens == 0
+    for salt, cached in ((salts[1], 0), (None, 0), (salts[0], hit), (salts[1], hit), (None, hit)):
+        out = run(salt)
+        assert out.num_cached_tokens == cached, salt
+        _assert_byte_identical(first, out)
+    with pytest.raises(DeltaServeError, match="cache_salt=''"):
+        run("")
+    _pools_are_clean(llm)
+
+
 def test_demo_model_same_chat_twice_is_byte_identical(demo_llm):
     messages = [{"role": "system", "content": "You are a helpful assistant who answers in one sentence."},
                 {"role": "user", "content": "Why is the sky blue during the day and red at sunset?"}]

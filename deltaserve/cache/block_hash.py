@@ -5,6 +5,10 @@ for every token from position 0 to the end of the block: two sequences share blo
 they share all of their first (i + 1) * block_size tokens. A snapshot taken at position
 (i + 1) * block_size is keyed by the same name. Only full blocks have names. Pure Python.
 
+A sequence with a cache salt (vLLM's `cache_salt`) starts its chain from the salt's own name instead of
+nothing, so its names, and the blocks and snapshots they key, are shared only with sequences of the same
+salt: one tenant's prompts cannot hit (or time) another's cache.
+
 The hash is XXH3-128 keyed by a seed drawn when the process starts: names live only in this process's
 caches, and a seed nobody outside knows keeps crafted collisions out. It replaced blake2b because a
 follow-up turn names every block of its history before it can look anything up: the lookup of a turn
@@ -29,6 +33,15 @@ _hash = xxhash.xxh3_128_digest
 def hash_bytes(parent: BlockHash | None, token_bytes: bytes) -> BlockHash:
     """The name of the tokens `token_bytes` (int64 ids) after the prefix named `parent`."""
     return _hash((parent or b"") + token_bytes, _SEED)
+
+
+_SALT = b"salt"
+
+
+def salt_root(salt: str | None) -> BlockHash | None:
+    """The name a salted sequence's chain starts from (None: no salt, the chain starts from nothing). Its
+    bytes are never a block's (`_SALT` leaves their length 4 more than a multiple of 8)."""
+    return None if salt is None else _hash(_SALT + salt.encode("utf-8"), _SEED)
 
 
 # Prefixed to a tail's bytes: their length is then 4 more than a multiple of 8, which a full block's

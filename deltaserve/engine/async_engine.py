@@ -191,6 +191,7 @@ class AsyncEngine:
         *,
         prompt_text: str | None = None,
         capture_points: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> "RequestStream":
         """Queue a request; return its stream once the engine has accepted it.
 
@@ -209,6 +210,8 @@ class AsyncEngine:
             kwargs["prompt_text"] = prompt_text
         if capture_points is not None:
             kwargs["capture_points"] = capture_points
+        if cache_salt is not None:
+            kwargs["cache_salt"] = cache_salt
         arrival = time.perf_counter()
         self._submit(("add", request_id, prompt, params, kwargs, added))
         try:

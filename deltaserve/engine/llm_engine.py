@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from deltaserve.cache.block_hash import salt_root
 from deltaserve.engine.detokenizer import IncrementalDetokenizer
 from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.engine.grammar import GrammarCompiler
@@ -112,13 +113,18 @@ class LLMEngine:
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
-                    prompt_text: str | None = None, capture_points: list[int] | None = None) -> None:
+                    prompt_text: str | None = None, capture_points: list[int] | None = None,
+                    cache_salt: str | None = None) -> None:
+        """Queues a request. cache_salt (vLLM's): its prefix-cache entries are shared only with requests of the
+        same salt."""
         if not isinstance(params, SamplingParams):
             raise InvalidSamplingParamsError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()  # again: a field may have been set since construction
         params.check_logprobs(self.max_logprobs, self.vocab_size)
         if request_id in self._parents:
             raise InvalidPromptError(f"request id {request_id!r} is already in use")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidPromptError(f"cache_salt={cache_salt!r}: must be a non-empty string")
         self._check_token_ids(params)
         token_ids, text, token_bytes = self._prompt_tokens(prompt, prompt_text)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
@@ -130,7 +136,7 @@ class LLMEngine:
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
                     sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes,
                     grammar=self.grammars.matcher(structured, grammar) if grammar is not None else None,
-                    held_back=held_back, bad_words_ids=bad_words_ids)
+                    held_back=held_back, bad_words_ids=bad_words_ids, hash_root=salt_root(cache_salt))
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,

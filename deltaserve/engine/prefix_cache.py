@@ -90,11 +90,11 @@ class PrefixCache:
     def block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """The names of the request's first `num_blocks` blocks (computed once, kept on the request)."""
         hashes, size = request.block_hashes, self.block_size
-        if not hashes and request.prompt_bytes:  # names an earlier sequence with the same tokens has
-            hashes += self.recent.shared_names(request.prompt_bytes, num_blocks)
+        if not hashes and request.prompt_bytes:  # names an earlier sequence with the same tokens (and salt) has
+            hashes += self.recent.shared_names(request.prompt_bytes, num_blocks, request.hash_root)
         if len(hashes) < num_blocks:
             hashes += chain_hashes_of_bytes(request.token_bytes(len(hashes) * size, num_blocks * size), size,
-                                            hashes[-1] if hashes else None)
+                                            hashes[-1] if hashes else request.hash_root)
         return hashes
 
     # -- admission --------------------------------------------------------------------------------
@@ -104,7 +104,7 @@ class PrefixCache:
         below its length, and replays from its restore point when that is near the boundary."""
         boundary = self.last_boundary(request.num_tokens)
         hashes = self.block_hashes(request, boundary // self.block_size)
-        key = hash_bytes(hashes[-1] if hashes else None, request.token_bytes(boundary, request.num_tokens))
+        key = hash_bytes(hashes[-1] if hashes else request.hash_root, request.token_bytes(boundary, request.num_tokens))
         recorded = self.replay_points.get(key)
         limit = boundary if recorded is None else recorded
         blocks = self.blocks.cached_prefix(hashes[: limit // self.block_size])
@@ -146,7 +146,7 @@ class PrefixCache:
         longest = min(self.block_size - 1, end - start)
         if longest <= 0:
             return None
-        parent = hashes[count - 1] if count else None
+        parent = hashes[count - 1] if count else request.hash_root
         data = request.token_bytes(start, start + longest)
         for length in range(longest, 0, -1):
             name = tail_name(parent, data[: length * 8])
@@ -297,7 +297,8 @@ class PrefixCache:
         hashes = self.block_hashes(request, index)
         if position % self.block_size == 0:
             return hashes[index - 1]
-        return tail_name(hashes[index - 1] if index else None, request.token_bytes(index * self.block_size, position))
+        return tail_name(hashes[index - 1] if index else request.hash_root,
+                         request.token_bytes(index * self.block_size, position))
 
     def take_state_saves(self) -> list[tuple[int, int]]:
         saves, self.state_saves = self.state_saves, []
@@ -314,7 +315,7 @@ class PrefixCache:
         request.snapshot_refs.clear()
         request.num_registered_blocks = 0
         known = request.block_hashes
-        self.recent.remember(request.token_bytes(0, len(known) * self.block_size), known)
+        self.recent.remember(request.token_bytes(0, len(known) * self.block_size), known, request.hash_root)
 
     def reset(self) -> None:
         """Forgets every cached block and every snapshot not in use."""

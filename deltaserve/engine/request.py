@@ -32,6 +32,7 @@ class Request:
     sample_index: int = 0  # which of the parent's n samples this sequence is
     capture_points: list[int] = field(default_factory=list)
     prompt_bytes: bytes = b""  # the prompt's ids as int64 bytes, for the prefix cache's names (b"": not given)
+    hash_root: bytes | None = None  # the name its block chain starts from: its cache salt's (block_hash.salt_root)
     output_token_ids: list[int] = field(default_factory=list)  # the last num_pending_tokens are PENDING_TOKEN
     num_pending_tokens: int = 0
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)

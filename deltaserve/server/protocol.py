@@ -119,6 +119,8 @@ class _SamplingFields(_Lenient):
     prompt_logprobs: StrictInt | None = None  # vLLM's: each prompt token's logprob and the top ones
     # vLLM's: logprobs name each token "token_id:ID" (None: as the server's --return-tokens-as-token-ids)
     return_tokens_as_token_ids: StrictBool | None = None
+    # vLLM's: the prompt's prefix-cache entries are shared only with requests of the same salt
+    cache_salt: StrictStr | None = Field(default=None, min_length=1)
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None

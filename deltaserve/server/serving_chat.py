@@ -143,7 +143,8 @@ class ChatCompletions:
         await check_structure(self.ctx.engine, params.structured_outputs, field)
         request_id = random_id(id_prefix)
         stream = await self.ctx.engine.generate(
-            request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points
+            request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points,
+            cache_salt=req.cache_salt
         )
         return ChatJob(self, req, model, request_id, prompt, tools), stream
 

@@ -98,7 +98,8 @@ class Completions:
         streams: list[RequestStream] = []
         try:
             for k, (p, sp) in enumerate(zip(prompts, params)):
-                streams.append(await self.ctx.engine.generate(f"{base_id}-{k}", p.token_ids, sp, prompt_text=p.text))
+                streams.append(await self.ctx.engine.generate(f"{base_id}-{k}", p.token_ids, sp, prompt_text=p.text,
+                                                              cache_salt=req.cache_salt))
         except BaseException:
             for s in streams:
                 s.close()

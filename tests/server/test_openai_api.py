@@ -395,6 +395,26 @@ def test_invocations_routes_by_the_body_and_load_counts_the_engines_requests(ser
     assert httpx.get(server.url + "/load", timeout=10).json() == {"server_load": 0}
 
 
+def test_cache_salt_keeps_each_salts_prefix_cache_to_itself(server):
+    words = " ".join(random.choice(["red", "green", "blue", "river", "stone", "cloud"]) for _ in range(80))
+    salts = [f"tenant-{random.randrange(10**9)}" for _ in range(2)]
+
+    def cached(route: str, body: dict, salt: str) -> int:
+        r = httpx.post(server.base_url + route, json={**body, "cache_salt": salt}, headers=server.headers, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    for route, body in (("/completions", {"model": MODEL, "prompt": words, "max_tokens": 1}),
+                        ("/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": words}],
+                                               "max_tokens": 1})):
+        assert cached(route, body, salts[0]) == 0  # a prompt the server has not seen under this salt
+        assert cached(route, body, salts[1]) == 0  # nor under another, though it has just seen the tokens
+        assert cached(route, body, salts[0]) > 0
+    r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": "a", "cache_salt": ""},
+                   headers=server.headers, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+
+
 def test_completions_echo_without_tokens_scores_the_prompt_alone(client, server):
     """echo with max_tokens 0: the prompt and its logprobs, as with tokens after it, and nothing generated."""
     ids = httpx.post(server.url + "/tokenize", json={"model": MODEL, "prompt": PROMPT}, headers=server.headers,
