@@ -39,9 +39,10 @@ _SALT = b"salt"
 
 
 def salt_root(salt: str | None) -> BlockHash | None:
-    """The name a salted sequence's chain starts from (None: no salt, the chain starts from nothing). Its
-    bytes are never a block's (`_SALT` leaves their length 4 more than a multiple of 8)."""
-    return None if salt is None else _hash(_SALT + salt.encode("utf-8"), _SEED)
+    """The name a salted sequence's chain starts from (None: no salt, the chain starts from nothing). It
+    hashes `_SALT` and the salt's own 16-byte hash: 20 bytes, which no full block's bytes are (a multiple of
+    8 long) and no tail's (they start with `_TAIL`), whatever the salt."""
+    return None if salt is None else _hash(_SALT + _hash(salt.encode("utf-8"), _SEED), _SEED)
 
 
 # Prefixed to a tail's bytes: their length is then 4 more than a multiple of 8, which a full block's
