@@ -4,8 +4,8 @@ Each trial draws an engine (block size, step budget, a KV pool near its minimum 
 preempted and recomputed, prefix caching with few snapshot slots, asynchronous scheduling or not) and a mix
 of requests: prompts cut from shared prefixes at block boundaries and one token either side, follow-ups
 built from earlier replies (whole, partial, or all but the last token), greedy and seeded sampled rows,
-n > 1, stop strings and stop tokens, min_tokens, allowed tokens, bad words, logprobs, grammars, and aborts
-mid-way. Every request that finishes must give the tokens, finish reason and text it gives alone on an engine
+n > 1, stop strings and stop tokens, min_tokens, allowed tokens, bad words, logprobs, grammars, cache salts,
+and aborts mid-way. Every request that finishes must give the tokens, finish reason and text it gives alone on an engine
 without prefix caching, its logprobs within rounding (a request that fails ends all its samples at once, so
 there the shorter run of each sample is a prefix of the longer); at the end no block, state slot or snapshot
 may be held. The seed of a failing trial is in the assertion's message."""
@@ -166,7 +166,8 @@ class Mix:
                 arrivals.remove(item)
                 request_id = f"r{len(self.sent)}"
                 self.sent[request_id] = (item[1], _params(rng))
-                engine.add_request(request_id, *self.sent[request_id])
+                # a cache salt keeps a request to the cache entries of its salt: what it gives never changes
+                engine.add_request(request_id, *self.sent[request_id], cache_salt=rng.choice([None, None, "a", "b"]))
                 if rng.random() < 0.12:
                     abort_at[request_id] = step + rng.randint(0, 12)
             for request_id in [r for r, at in abort_at.items() if at <= step]:
