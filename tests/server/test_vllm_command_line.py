@@ -116,12 +116,13 @@ def test_max_logprobs_raises_the_cap_on_every_route(vllm_style_server, server):
     count = random.randint(30, RAISED_CAP)
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4,
             "temperature": 0, "logprobs": True, "top_logprobs": count, "return_tokens_as_token_ids": False}
-    r = httpx.post(vllm_style_server.base_url + "/chat/completions", json=chat, headers=vllm_style_server.headers,
-                   timeout=120)
+    # each request under a salt of its own runs cold, so that both take the same path to the same bytes
+    r = httpx.post(vllm_style_server.base_url + "/chat/completions", json={**chat, "cache_salt": _fresh()},
+                   headers=vllm_style_server.headers, timeout=120)
     assert r.status_code == 200, r.text
     raised = r.json()["choices"][0]["logprobs"]["content"]
-    r = httpx.post(server.base_url + "/chat/completions", json={**chat, "top_logprobs": 20}, headers=server.headers,
-                   timeout=120)
+    r = httpx.post(server.base_url + "/chat/completions", json={**chat, "top_logprobs": 20, "cache_salt": _fresh()},
+                   headers=server.headers, timeout=120)
     assert r.status_code == 200, r.text
     capped = r.json()["choices"][0]["logprobs"]["content"]
     assert [t["token"] for t in raised] == [t["token"] for t in capped]
@@ -170,9 +171,15 @@ def test_force_include_usage_ends_every_stream_with_its_usage(vllm_style_server,
         assert all(u is None for u in _streamed_usage(server, route, body))  # not forced: none unless asked
 
 
+def _fresh() -> str:
+    """A cache salt no request has had: its request runs cold, as every other such request (a prefix-cache hit
+    agrees with a miss only to rounding)."""
+    return f"salt-{random.randrange(10**12)}"
+
+
 def _chat_logprobs(live: LiveServer, **fields) -> list[dict]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 5,
-            "temperature": 0, "logprobs": True, "top_logprobs": 3, **fields}
+            "temperature": 0, "logprobs": True, "top_logprobs": 3, "cache_salt": _fresh(), **fields}
     r = httpx.post(live.base_url + "/chat/completions", json=body, headers=live.headers, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["logprobs"]["content"]
