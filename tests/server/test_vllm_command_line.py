@@ -172,8 +172,8 @@ def test_force_include_usage_ends_every_stream_with_its_usage(vllm_style_server,
 
 
 def _fresh() -> str:
-    """A cache salt no request has had: its request runs cold, as every other such request (a prefix-cache hit
-    agrees with a miss only to rounding)."""
+    """A cache salt no request has had: its request runs cold, as every other such request (a hit restored at a
+    point other requests left, such as the chat template's opening, agrees with a miss only to rounding)."""
     return f"salt-{random.randrange(10**12)}"
 
 
