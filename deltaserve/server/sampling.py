@@ -20,8 +20,7 @@ NOT_IMPLEMENTED = {"use_beam_search": "beam search", "logits_processors": "logit
                    "guided_choice": "guided_choice (use structured_outputs)",
                    "guided_grammar": "guided_grammar (use structured_outputs)",
                    "thinking_token_budget": "a budget on thinking tokens (max_tokens bounds the whole reply)",
-                   "repetition_detection": "stopping at repeated n-grams",
-                   "logprob_token_ids": "logprobs of chosen token ids (logprobs and top_logprobs give the top ones)"}
+                   "repetition_detection": "stopping at repeated n-grams"}
 
 logger = logging.getLogger(__name__)
 
