@@ -226,9 +226,10 @@ def check_logprobs_count(name: str, value: int, cap: int, vocab_size: int) -> No
     """Refuses a request field asking more logprobs a token than `cap` allows (or a negative count but -1)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < -1:
         raise InvalidSamplingParamsError(f"{name}={value!r}: must be at least 0, or -1 for the whole vocabulary")
-    if logprobs_count(value, vocab_size) > cap:
+    count = logprobs_count(value, vocab_size)
+    if count > cap:
         raise InvalidSamplingParamsError(
-            f"{name}={value}: asks for {logprobs_count(value, vocab_size)} logprobs a token, more than the engine's "
+            f"{name}={value}: asks for {count} logprobs a token, more than the engine's "
             f"max_logprobs of {cap} allows (--max-logprobs or max_logprobs raises it; -1: the whole vocabulary)")
 
 

@@ -33,7 +33,7 @@ gdn-state-dtype: bfloat16
 """)
     args = _parse(["serve", "--config", path, "--port", str(port), "--gdn-state-dtype", "float32"])
     assert args.model == "org/from-file" and args.port == port  # the line's port, not the file's
-    assert args.served_model_name == ["first", "second"] and args.allowed_origins == ['["https://ui.example"]']
+    assert args.served_model_name == ["first", "second"] and args.allowed_origins == ["https://ui.example"]
     assert engine_kwargs(args) == {"max_num_seqs": seqs, "max_model_len": 32768, "enforce_eager": True,
                                    "enable_prefix_caching": False, "override_generation_config": {"temperature": 0.5},
                                    "gdn_state_dtype": "float32", "async_scheduling": False}  # false: its --no- twin

@@ -132,11 +132,12 @@ class LLMEngine:
         grammar = self.grammars.compile(structured) if structured is not None else None
         held_back = self._stop_tokens(params) if params.min_tokens else []
         bad_words_ids = self._bad_words_ids(params.bad_words or [])
+        hash_root = salt_root(cache_salt)
         children = [
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
                     sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes,
                     grammar=self.grammars.matcher(structured, grammar) if grammar is not None else None,
-                    held_back=held_back, bad_words_ids=bad_words_ids, hash_root=salt_root(cache_salt))
+                    held_back=held_back, bad_words_ids=bad_words_ids, hash_root=hash_root)
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,

@@ -22,7 +22,7 @@ from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
 from deltaserve.host_to_device import to_device
 from deltaserve.kernels.sampling.reference import token_bits, without_tokens
-from deltaserve.sampling_params import SamplingParams
+from deltaserve.sampling_params import SamplingParams, logprobs_count
 
 _MIX = 0x9E3779B97F4A7C15
 
@@ -246,7 +246,7 @@ def logprob_entry(row: torch.Tensor, token: int, top: int) -> dict[int, Logprob]
     chosen = row[token]
     entry = {token: Logprob(chosen.item(), int((row > chosen).sum().item()) + 1)}
     if top:
-        values, ids = row.topk(row.numel() if top == -1 else min(top, row.numel()))
+        values, ids = row.topk(min(logprobs_count(top, row.numel()), row.numel()))
         for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
             entry.setdefault(tid, Logprob(value, rank))
     return entry

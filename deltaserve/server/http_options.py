@@ -14,11 +14,9 @@ from starlette.middleware.cors import CORSMiddleware
 from deltaserve.errors import DeltaServeError
 
 
-def string_list(flag: str, words: list[str] | None) -> list[str]:
+def string_list(flag: str, words: list[str]) -> list[str]:
     """A CORS list as given: vLLM's one JSON list ('["https://a.example"]'), or the items themselves (as a
-    config file's YAML list gives them); none given is any ("*")."""
-    if words is None:
-        return ["*"]
+    config file's YAML list gives them)."""
     if len(words) == 1 and words[0][:1] in "[{\"":
         try:
             value = json.loads(words[0])
@@ -30,11 +28,21 @@ def string_list(flag: str, words: list[str] | None) -> list[str]:
     return list(words)
 
 
+class _StringList(argparse.Action):
+    """Stores a CORS list as the list it reads as (string_list), when the line (or a config file) is parsed."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, string_list(option_string, values))
+
+
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--allowed-origins", nargs="+", default=None,
+    every = ["*"]  # read, never changed
+    p.add_argument("--allowed-origins", nargs="+", action=_StringList, default=every,
                    help="the origins a browser may call from: a JSON list, or the origins (default: any)")
-    p.add_argument("--allowed-methods", nargs="+", default=None, help="CORS methods, as the origins (default: any)")
-    p.add_argument("--allowed-headers", nargs="+", default=None, help="CORS headers, as the origins (default: any)")
+    p.add_argument("--allowed-methods", nargs="+", action=_StringList, default=every,
+                   help="CORS methods, as the origins (default: any)")
+    p.add_argument("--allowed-headers", nargs="+", action=_StringList, default=every,
+                   help="CORS headers, as the origins (default: any)")
     p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     p.add_argument("--root-path", default=None, help="the path prefix a proxy serves the API under")
     p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (and --ssl-certfile)")
@@ -53,16 +61,10 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
                    help="accepted: deltaserve serves no OpenAPI docs pages")
 
 
-CORS_LISTS = ("allowed_origins", "allowed_methods", "allowed_headers")
-
-
 def check_http_arguments(args: Any) -> None:
-    """What must hold before the model loads: TLS needs its key and its certificate together, and the CORS
-    lists read as lists (each set to the list it reads as)."""
+    """What must hold before the model loads: TLS needs its key and its certificate together."""
     if bool(getattr(args, "ssl_keyfile", None)) != bool(getattr(args, "ssl_certfile", None)):
         raise DeltaServeError("--ssl-keyfile and --ssl-certfile go together: give both, or neither")
-    for name in CORS_LISTS:
-        setattr(args, name, string_list("--" + name.replace("_", "-"), getattr(args, name, None)))
 
 
 class RequestIdHeaders:
@@ -90,9 +92,8 @@ def add_http_middleware(app: FastAPI, args: Any) -> None:
     """CORS outermost, so that a preflight or an error response (a 401 too) carries its headers."""
     if getattr(args, "enable_request_id_headers", False):
         app.add_middleware(RequestIdHeaders)
-    origins, methods, headers = (string_list("--" + n.replace("_", "-"), getattr(args, n, None)) for n in CORS_LISTS)
-    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=methods, allow_headers=headers,
-                       allow_credentials=args.allow_credentials)
+    app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
+                       allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
 
 
 def uvicorn_options(args: Any) -> dict[str, Any]:

@@ -163,6 +163,7 @@ class ChatJob:
         self.prompt = prompt
         self.schemas = tool_schemas(tools)
         self.top = (req.top_logprobs or 0) if req.logprobs else None
+        self.as_ids = api.ctx.tokens_as_ids(req)  # its logprobs name tokens "token_id:ID"
         self.demanded, self.demanded_name = _demanded_call(req)
 
     def parser(self) -> ChoiceParser:
@@ -186,7 +187,7 @@ class ChatJob:
         if self.top is None or o.logprobs is None:
             return None
         return chat_logprobs(o.token_ids[start:end], o.logprobs[start:end], self.top, self.api.token_text,
-                             self.api.ctx.tokens_as_ids(self.req))
+                             self.as_ids)
 
     # ---- whole response ---------------------------------------------------------------------
 

@@ -28,7 +28,8 @@ from deltaserve.server.errors import bad_request, from_exception
 from deltaserve.server.logprobs import TokenText, completion_logprobs, prompt_logprobs_json, token_label
 from deltaserve.server.protocol import CompletionRequest
 from deltaserve.server.sampling import (build_sampling_params, check_logprobs_field, check_structure,
-                                       refuse_unsupported, kept_prompt_tokens, requested_structure, resolve_max_tokens)
+                                       kept_prompt_tokens, refuse_unsupported, requested_structure,
+                                       resolve_max_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 
@@ -125,6 +126,7 @@ class _CompletionJob:
         self.created = int(time.time())
         self._chunk = ChunkEvents(self, "text_completion")
         self.prompts = prompts
+        self.as_ids = api.ctx.tokens_as_ids(req)  # its logprobs name tokens "token_id:ID"
 
     def _echo_text(self, k: int) -> str:
         p = self.prompts[k]
@@ -136,19 +138,19 @@ class _CompletionJob:
         if self.req.logprobs is None or o.logprobs is None or self.scores_only:
             return None
         return completion_logprobs(o.token_ids[start:end], o.logprobs[start:end], self.req.logprobs,
-                                   self.api.token_text, text_offset, self.api.ctx.tokens_as_ids(self.req))
+                                   self.api.token_text, text_offset, self.as_ids)
 
     def _prompt_logprobs(self, output: RequestOutput) -> dict | None:
         """With echo: the prompt's tokens in the legacy logprobs shape (the first token has none)."""
         if self.req.logprobs is None or not output.prompt_logprobs:
             return None
         ids = output.prompt_token_ids
-        as_ids = self.api.ctx.tokens_as_ids(self.req)
         first = self.api.token_text(ids[0])
         rest = completion_logprobs(ids[1:], output.prompt_logprobs[1:], self.req.logprobs, self.api.token_text,
-                                   len(first), as_ids)
-        return {"tokens": [token_label(ids[0], first, as_ids)] + rest["tokens"], "token_logprobs": [None] + rest["token_logprobs"],
-                "top_logprobs": [None] + rest["top_logprobs"], "text_offset": [0] + rest["text_offset"]}
+                                   len(first), self.as_ids)
+        return {"tokens": [token_label(ids[0], first, self.as_ids)] + rest["tokens"],
+                "token_logprobs": [None] + rest["token_logprobs"], "top_logprobs": [None] + rest["top_logprobs"],
+                "text_offset": [0] + rest["text_offset"]}
 
     def _usage(self, outputs: list[RequestOutput]) -> dict:
         return usage_dict(
