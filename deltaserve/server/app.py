@@ -94,19 +94,20 @@ def _package_version() -> str:
 def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, *,
               api_key: str | list[str] | None = None, reasoning: bool | None = None,
               force_include_usage: bool = False, return_tokens_as_token_ids: bool = False,
-              default_chat_template_kwargs: dict | None = None, trust_request_chat_template: bool = False
-              ) -> FastAPI:
+              default_chat_template_kwargs: dict | None = None, trust_request_chat_template: bool = False,
+              response_role: str = "assistant") -> FastAPI:
     """The app; it starts the engine thread on startup and stops it on shutdown. api_key: the key, or keys, a
     request must carry (None: none). force_include_usage: every stream ends with its usage, as if its
     stream_options asked (vLLM's --enable-force-include-usage). return_tokens_as_token_ids: logprobs name each
     token "token_id:ID" where a request does not say. default_chat_template_kwargs: template variables under
-    each chat's own. trust_request_chat_template: a chat request may bring its own template."""
+    each chat's own. trust_request_chat_template: a chat request may bring its own template. response_role: the
+    role of a chat reply that opens a new turn (vLLM's --response-role)."""
     api_keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     ctx = ServerContext(engine, served_model_names or [engine.model_name], api_keys=api_keys, reasoning=reasoning,
                         force_include_usage=force_include_usage,
                         return_tokens_as_token_ids=return_tokens_as_token_ids,
                         default_chat_template_kwargs=dict(default_chat_template_kwargs or {}),
-                        trust_request_chat_template=trust_request_chat_template)
+                        trust_request_chat_template=trust_request_chat_template, response_role=response_role)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

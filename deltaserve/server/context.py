@@ -35,6 +35,7 @@ class ServerContext:
     return_tokens_as_token_ids: bool = False  # vLLM's: the default of a request's own field
     default_chat_template_kwargs: dict = field(default_factory=dict)  # vLLM's: under each request's own
     trust_request_chat_template: bool = False  # vLLM's: a request may bring its own chat_template
+    response_role: str = "assistant"  # vLLM's: the role of a chat reply that opens a new turn
     reasoning: bool | None = None  # None: decide from the chat template
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -93,7 +93,8 @@ def serve(args: Any) -> int:
                     force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
                     return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
                     default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
-                    trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)))
+                    trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
+                    response_role=getattr(args, "response_role", None) or "assistant")
     add_http_middleware(app, args)
     config = uvicorn.Config(
         app,

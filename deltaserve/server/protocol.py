@@ -150,6 +150,8 @@ class ChatCompletionRequest(_SamplingFields):
     # vLLM's: open a new assistant turn after the messages (the default), or go on writing the last one
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
+    # vLLM's: the reply starts with the last message's text, where that message is of the reply's role
+    echo: StrictBool = False
 
 
 class CompletionRequest(_SamplingFields):

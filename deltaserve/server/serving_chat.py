@@ -52,6 +52,29 @@ def _demanded_call(req: ChatCompletionRequest) -> tuple[bool, str | None]:
     return True, None if choice == "required" else choice.function.name
 
 
+def _response_role(req: ChatCompletionRequest, default: str) -> str:
+    """vLLM's rule: the server's response role (--response-role) where the prompt opens a new turn, else the
+    role of the last message, which the reply goes on writing."""
+    return default if req.add_generation_prompt else req.messages[-1].role
+
+
+def _echoed(req: ChatCompletionRequest, role: str) -> str:
+    """With echo, the text the reply starts with: the last message's, where it is of the reply's role (vLLM's
+    rule; a list's text parts one a line)."""
+    last = req.messages[-1]
+    if not req.echo or last.role != role or not last.content:
+        return ""
+    return last.content if isinstance(last.content, str) else "\n".join(part.text or "" for part in last.content)
+
+
+def _prompt_logprobs(req: ChatCompletionRequest) -> int | None:
+    """The prompt logprobs a reply carries: its own prompt_logprobs, or with echo (vLLM's rule) as many a token
+    as top_logprobs asks. A stream carries none."""
+    if req.prompt_logprobs is not None or not req.echo or req.stream:
+        return req.prompt_logprobs
+    return req.top_logprobs
+
+
 def _output_structure(req: ChatCompletionRequest, tools: list[dict], opens_reasoning: bool
                       ) -> tuple[StructuredOutputsParams | None, str]:
     """What the output must match, and the request field that asks it: a demanded tool call
@@ -137,8 +160,8 @@ class ChatCompletions:
         max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages",
                                         defaults.get("max_tokens"))
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top, prompt_logprobs=req.prompt_logprobs,
-                                       defaults=defaults)
+        params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top,
+                                       prompt_logprobs=_prompt_logprobs(req), defaults=defaults)
         params.structured_outputs, field = _output_structure(req, tools, prompt.opens_reasoning)
         await check_structure(self.ctx.engine, params.structured_outputs, field)
         request_id = random_id(id_prefix)
@@ -165,6 +188,8 @@ class ChatJob:
         self.top = (req.top_logprobs or 0) if req.logprobs else None
         self.as_ids = api.ctx.tokens_as_ids(req)  # its logprobs name tokens "token_id:ID"
         self.demanded, self.demanded_name = _demanded_call(req)
+        self.role = _response_role(req, api.ctx.response_role)
+        self.echoed = _echoed(req, self.role)
 
     def parser(self) -> ChoiceParser:
         return ChoiceParser(
@@ -202,13 +227,13 @@ class ChatJob:
         choices = []
         for o in sorted(output.outputs, key=lambda o: o.index):
             parsed = self.parsed(o.text)
-            message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+            message: dict[str, Any] = {"role": self.role, "content": self.echoed + parsed.content}
             if parsed.reasoning:  # under vLLM's name and DeepSeek's, which clients read
                 message["reasoning"] = message["reasoning_content"] = parsed.reasoning
             finish_reason = self._finish_reason(o.finish_reason, len(parsed.tool_calls))
             if parsed.tool_calls:
                 message["tool_calls"] = [_tool_call_json(c) for c in parsed.tool_calls]
-                message["content"] = parsed.content or None
+                message["content"] = self.echoed + parsed.content or None
             choices.append(
                 {
                     "index": o.index,
@@ -219,7 +244,7 @@ class ChatJob:
                 }
             )
         payload = completion_envelope(self, "chat.completion", choices, self._usage(output))
-        if self.req.prompt_logprobs is not None:
+        if _prompt_logprobs(self.req) is not None:
             payload["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs, self.api.token_text)
         return payload
 
@@ -251,9 +276,13 @@ class ChatJob:
         last = None
         try:
             yield self._chunk(
-                [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                [{"index": i, "delta": {"role": self.role, "content": ""}, "logprobs": None, "finish_reason": None}
                  for i in range(n)], usage=so_far(0)
             )
+            if self.echoed:
+                for i in range(n):
+                    yield self._chunk([{"index": i, "delta": {"content": self.echoed}, "logprobs": None,
+                                        "finish_reason": None}], usage=so_far(0))
             async for output in stream:
                 last = output
                 for o in output.outputs:

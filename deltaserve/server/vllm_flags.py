@@ -63,6 +63,8 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-sleep-mode", action="store_true", default=None,
                    help="refused: deltaserve keeps its weights on the GPU while it runs")
     g.add_argument("--cpu-offload-gb", type=float, default=None, help="0 only: every weight stays on the GPU")
+    g.add_argument("--response-role", default="assistant",
+                   help="the role of a chat reply that opens a new turn (add_generation_prompt)")
     g.add_argument("--enable-force-include-usage", action="store_true",
                    help="every streamed reply ends with its usage, as if its stream_options asked")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",

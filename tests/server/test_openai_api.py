@@ -361,6 +361,39 @@ def test_continue_final_message_goes_on_writing_the_assistants_text(client, serv
     assert r.status_code == 400 and "final assistant message" in r.json()["error"]["message"], r.text
 
 
+def test_chat_echo_starts_the_reply_with_the_message_it_goes_on_writing(client, server):
+    """vLLM's echo: a reply that goes on writing the last message (of its own role) starts with that message's
+    text, whole and streamed; a reply that opens a new turn echoes nothing, the user's words not being its own.
+    With top_logprobs, echo brings the prompt's logprobs too, as prompt_logprobs would."""
+    free = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0)
+    words = free.choices[0].message.content.split(" ")
+    head = " ".join(words[: random.randint(1, max(1, len(words) - 2))])
+    messages = QUESTION + [{"role": "assistant", "content": head}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
+                                           extra_body=extra)
+    echoed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
+                                            logprobs=True, top_logprobs=2, extra_body={**extra, "echo": True})
+    assert echoed.choices[0].message.content == head + plain.choices[0].message.content
+    assert echoed.choices[0].message.role == "assistant"
+    prompt_logprobs = echoed.model_extra["prompt_logprobs"]
+    assert len(prompt_logprobs) == echoed.usage.prompt_tokens and prompt_logprobs[0] is None
+    assert all(1 <= len(entry) <= 3 for entry in prompt_logprobs[1:])
+    parts = [{"type": "text", "text": head}, {"type": "text", "text": "x"}]
+    listed = client.chat.completions.create(model=MODEL, messages=QUESTION + [{"role": "assistant", "content": parts}],
+                                            max_tokens=2, temperature=0, extra_body={**extra, "echo": True})
+    assert listed.choices[0].message.content.startswith(head + "\nx")
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
+                                            stream=True, extra_body={**extra, "echo": True})
+    chunks = [c for c in stream if c.choices]
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[1].choices[0].delta.content == head
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == echoed.choices[0].message.content
+    new_turn = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0,
+                                              extra_body={"echo": True})
+    assert new_turn.choices[0].message.content == free.choices[0].message.content
+    assert "prompt_logprobs" not in new_turn.model_extra
+
+
 def test_ping_and_version_answer_without_a_key(server):
     for method in ("GET", "POST"):
         assert httpx.request(method, server.url + "/ping", timeout=10).json() == {"status": "ok"}

@@ -34,10 +34,11 @@ def vllm_style_server():
     yield from serving(LiveServer("--served-model-name", MODEL, *VLLM_LINE, "--enable-log-requests",
                                   "--max-logprobs", str(RAISED_CAP), "--enable-force-include-usage",
                                   "--enable-prompt-tokens-details", "--max-log-len", "100",
-                                  "--return-tokens-as-token-ids"))
+                                  "--return-tokens-as-token-ids", "--response-role", RESPONSE_ROLE))
 
 
 RAISED_CAP = 50
+RESPONSE_ROLE = random.choice(["narrator", "bot", "model"])
 
 
 def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
@@ -169,6 +170,29 @@ def test_force_include_usage_ends_every_stream_with_its_usage(vllm_style_server,
         assert forced[-1]["total_tokens"] == forced[-1]["prompt_tokens"] + tokens
         assert "cached_tokens" in forced[-1]["prompt_tokens_details"]
         assert all(u is None for u in _streamed_usage(server, route, body))  # not forced: none unless asked
+
+
+def test_response_role_names_the_reply_that_opens_a_turn(vllm_style_server, server):
+    """--response-role names a reply to a prompt that opens a new turn, whole and streamed; a reply that goes on
+    writing the last message takes that message's role, as vLLM's does."""
+    question = [{"role": "user", "content": "Name a colour."}]
+    for live, role in ((vllm_style_server, RESPONSE_ROLE), (server, "assistant")):
+        body = {"model": MODEL, "messages": question, "max_tokens": 2, "temperature": 0}
+        r = httpx.post(live.base_url + "/chat/completions", json=body, headers=live.headers, timeout=120)
+        assert r.json()["choices"][0]["message"]["role"] == role, r.text
+        first = _streamed_chunks(live, body)[0]
+        assert first["choices"][0]["delta"]["role"] == role
+        going_on = {**body, "messages": question + [{"role": "assistant", "content": "Blue"}],
+                    "add_generation_prompt": False, "continue_final_message": True}
+        r = httpx.post(live.base_url + "/chat/completions", json=going_on, headers=live.headers, timeout=120)
+        assert r.json()["choices"][0]["message"]["role"] == "assistant", r.text
+
+
+def _streamed_chunks(live: LiveServer, body: dict) -> list[dict]:
+    r = httpx.post(live.base_url + "/chat/completions", json={**body, "stream": True}, headers=live.headers,
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    return [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
 
 
 def _fresh() -> str:
