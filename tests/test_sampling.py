@@ -3,7 +3,6 @@
 import math
 import random
 import re
-from types import SimpleNamespace
 
 import pytest
 import torch
