@@ -110,8 +110,10 @@ def _refuse_lone_surrogates(value: Any, path: str) -> None:
     """A 400 naming the first string (a value or a key) that holds half of a surrogate pair."""
     if isinstance(value, str):
         if _SURROGATE.search(value):
-            raise bad_request(f"'{path or 'body'}' holds a lone UTF-16 surrogate, which is not text",
-                              path or None, "invalid_value")
+            # the path may run through the key at fault: written escaped, the error itself is text
+            shown = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", path)
+            raise bad_request(f"'{shown or 'body'}' holds a lone UTF-16 surrogate, which is not text",
+                              shown or None, "invalid_value")
     elif isinstance(value, dict):
         for key, item in value.items():
             where = f"{path}.{key}" if path else str(key)

@@ -155,6 +155,11 @@ CASES = {
                                     b'{"model": "smollm2", "messages": [{"role": "user", "content": "\\udfff"}]}',
                                     "messages.0.content"),
     "lone surrogate to tokenize": ("/tokenize", None, b'{"prompt": "a\\ud83d"}', "prompt"),
+    # the key itself at fault: the error names it escaped, and is text itself
+    "lone surrogate in a key": ("/v1/chat/completions", None,
+                                b'{"model": "smollm2", "messages": [{"role": "user", "content": "hi"}], '
+                                b'"logit_bias": {"\\ud800": 1}}', "logit_bias.\\ud800"),
+    "lone surrogate in a top-level key": ("/tokenize", None, b'{"prompt": "a", "x\\udc00": 1}', "x\\udc00"),
     "nested past any parser": ("/v1/completions", None,
                                b'{"prompt": "hi", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None),
 }
