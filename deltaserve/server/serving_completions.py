@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from deltaserve.engine.async_engine import RequestStream
+from deltaserve.engine.async_engine import AsyncEngine, RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.server.context import (
     ServerContext,
@@ -78,7 +78,8 @@ class Completions:
         if req.logprobs is not None:
             check_logprobs_field("logprobs", req.logprobs, self.ctx.engine)
         self.ctx.admit()
-        prompts = [self._tokenize(p) for p in _split_prompts(req.prompt)]
+        # off the event loop, as a chat's template: a long prompt's tokens take a while, and every stream waits
+        prompts = await asyncio.to_thread(lambda: [self._tokenize(p) for p in _split_prompts(req.prompt)])
         keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len)
         if keep is not None:  # the prompt's last tokens alone: its text is what they decode to (for echo)
             prompts = [p if len(p.token_ids) <= keep else _Prompt(None, p.token_ids[-keep:]) for p in prompts]
@@ -96,20 +97,40 @@ class Completions:
                                                 defaults=self.ctx.engine.sampling_defaults))
             params[-1].structured_outputs = structure
         base_id = random_id("cmpl-")
-        streams: list[RequestStream] = []
-        try:
-            for k, (p, sp) in enumerate(zip(prompts, params)):
-                streams.append(await self.ctx.engine.generate(f"{base_id}-{k}", p.token_ids, sp, prompt_text=p.text,
-                                                              cache_salt=req.cache_salt))
-        except BaseException:
-            for s in streams:
-                s.close()
-            raise
+        streams = await until_disconnect(request, submit_prompts(self.ctx.engine, base_id, prompts, params,
+                                                                 req.cache_salt))
         job = _CompletionJob(self, req, model, base_id, prompts)
         if req.stream:
             return EngineStreamResponse(job.stream(streams), streams, headers=SSE_HEADERS)
         finals = await until_disconnect(request, asyncio.gather(*(last_output(s) for s in streams)))
         return JSONResponse(job.response(finals))
+
+
+async def submit_prompts(engine: AsyncEngine, base_id: str, prompts: list[_Prompt], params: list,
+                         cache_salt: str | None) -> list[RequestStream]:
+    """Queues every prompt at once, so that the engine takes them all at its next step (one after another,
+    each would wait for a step of its own). Where one is refused, or the caller is cancelled meanwhile (its
+    client gone), the others are closed (aborted); the first refusal, in the prompts' order, is raised."""
+    tasks = [asyncio.ensure_future(engine.generate(f"{base_id}-{k}", p.token_ids, sp, prompt_text=p.text,
+                                                   cache_salt=cache_salt))
+             for k, (p, sp) in enumerate(zip(prompts, params))]
+    try:
+        taken = await asyncio.gather(*tasks, return_exceptions=True)
+    except BaseException:  # cancelled: the adds still waiting abort themselves; close those taken
+        await asyncio.gather(*tasks, return_exceptions=True)
+        _close_taken(tasks)
+        raise
+    refused = [r for r in taken if isinstance(r, BaseException)]
+    if refused:
+        _close_taken(tasks)
+        raise refused[0]
+    return taken
+
+
+def _close_taken(tasks: list[asyncio.Future]) -> None:
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is None:
+            task.result().close()
 
 
 def _scores_only(req: CompletionRequest) -> bool:

@@ -4,7 +4,9 @@ output no JSON can carry, a response that is still JSON), and the server goes on
 from __future__ import annotations
 
 import math
+import random
 import socket
+import threading
 import time
 
 import httpx
@@ -83,6 +85,30 @@ def test_a_client_gone_before_its_body_ends_leaves_no_traceback(server):
     _still_serves(server)
     new = server.read_log()[logged:]
     assert "Traceback" not in new and "request failed" not in new, new
+
+
+def test_a_huge_completions_prompt_leaves_the_other_clients_served(server):
+    """A prompt of megabytes takes seconds to tokenize: on the event loop it held every other client (a
+    health check waited 7 s) until its 400 for the context's length came."""
+    words = random.randint(1_500_000, 2_000_000)
+    answered = {}
+
+    def send():
+        answered["status"] = _post(server, "/v1/completions", {"model": MODEL, "prompt": "hello " * words,
+                                                               "max_tokens": 2}).status_code
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    time.sleep(0.5)  # the body is in and being tokenized
+    waits = []
+    while sender.is_alive() and len(waits) < 20:
+        start = time.monotonic()
+        assert httpx.get(server.url + "/health", timeout=60).status_code == 200
+        waits.append(time.monotonic() - start)
+        time.sleep(0.1)
+    sender.join()
+    assert answered["status"] == 400 and waits and max(waits) < 1.0, (answered, waits)
+    _still_serves(server)
 
 
 def test_method_not_allowed_says_which_are(server):
