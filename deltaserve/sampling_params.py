@@ -170,6 +170,8 @@ class SamplingParams:
                       f"must be > 0, within float32's normal range [{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}]")
         if self.seed is not None:
             _check_int("seed", self.seed)
+            if not -(2**63) <= self.seed < 2**63:  # as vLLM's: past int64 a seed would wrap onto another's draws
+                raise bad("seed", self.seed, "must be a 64-bit signed integer")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise bad("logit_bias", self.logit_bias, "must map token ids to numbers")

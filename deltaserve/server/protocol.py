@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 Number = StrictInt | StrictFloat  # JSON numbers only: no strings, no booleans
 
@@ -133,6 +133,12 @@ class _SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     structured_outputs: StructuredOutputsField | None = None  # vLLM's
+
+    # OpenAI's spec has these nullable (its SDK sends null for a None given), as vLLM takes them: null is the default
+    @field_validator("n", "stream", "logprobs", "echo", mode="before", check_fields=False)
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info) -> Any:
+        return cls.model_fields[info.field_name].default if value is None else value
 
 
 class ChatCompletionRequest(_SamplingFields):

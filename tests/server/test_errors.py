@@ -132,6 +132,9 @@ CASES = {
         {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}]}]}, None, "messages.0.content"),
     "text part without text": ("/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "user", "content": [{"type": "text"}]}]}, None, "messages.0.content"),
+    "seed past int64": ("/v1/completions", {"model": MODEL, "prompt": "a", "seed": 2**63}, None, "seed"),
+    "seed below int64": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "seed": -(2**63) - 1},
+                         None, "seed"),
     "n above OpenAI's bound": ("/v1/completions", {"model": MODEL, "prompt": "a", "n": 129}, None, "n"),
     "stream_options without stream": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
                                                                "stream_options": {"include_usage": True}}, None,

@@ -394,6 +394,19 @@ def test_chat_echo_starts_the_reply_with_the_message_it_goes_on_writing(client, 
     assert "prompt_logprobs" not in new_turn.model_extra
 
 
+def test_null_is_the_default_where_openai_lets_a_field_be_null(client, server):
+    """OpenAI's SDK sends null for a field given as None: n, stream, logprobs and echo take their defaults."""
+    nulls = {"n": None, "stream": None, "logprobs": None}
+    tokens = random.randint(1, 6)
+    for route, body in (("/v1/chat/completions", {"messages": QUESTION}), ("/v1/completions", {"prompt": PROMPT})):
+        base = {"model": MODEL, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, **body}
+        extra = {"echo": None} if route == "/v1/completions" else {}
+        plain = httpx.post(server.url + route, json=base, headers=server.headers, timeout=60).json()
+        r = httpx.post(server.url + route, json={**base, **nulls, **extra}, headers=server.headers, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"] == plain["choices"], r.text
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=tokens, n=None).usage.completion_tokens
+
+
 def test_ping_and_version_answer_without_a_key(server):
     for method in ("GET", "POST"):
         assert httpx.request(method, server.url + "/ping", timeout=10).json() == {"status": "ok"}
