@@ -238,6 +238,27 @@ def test_a_grammar_and_allowed_tokens_that_leave_nothing_end_the_request_there(c
     assert text.startswith("ac") and set(text[2:]) == {"d"}
 
 
+def test_a_grammar_finished_short_of_min_tokens_ends_the_request_there(checkpoint_factory):
+    """A choice written whole leaves only the end, which min_tokens holds back: the request ends with an error at
+    the token after the choice (it once stopped there as if min_tokens were met); at min_tokens the choice's
+    length it stops as ever."""
+    llm = LLM(checkpoint_factory(random.choice(["qwen3.5", "llama"])), device="cpu")
+    word = random.choice(["yes", "no", "maybe", "Paris"])
+    length = len(llm.engine.tokenizer.encode(word, add_special_tokens=False))
+    prompt = [random.randrange(300) for _ in range(8)]
+    choice = StructuredOutputsParams(choice=[word])
+
+    def params(min_tokens):
+        return SamplingParams(max_tokens=length + 4, min_tokens=min_tokens, temperature=0, structured_outputs=choice)
+
+    short = random.randint(length + 1, length + 4)
+    with pytest.raises(NoTokenAllowedError, match=f"together refuse every token for output token {length},") as info:
+        llm.generate([prompt], params(short))
+    assert info.value.fields == ["min_tokens", "structured_outputs"]
+    out = llm.generate([prompt], params(length))[0].outputs[0]
+    assert (llm.engine.tokenizer.decode(out.token_ids), out.finish_reason) == (word, "stop")
+
+
 def test_request_grammar_waits_for_the_whole_marker():
     matcher = _FakeMatcher()
     grammar = RequestGrammar(matcher, start_after=[7, 8])

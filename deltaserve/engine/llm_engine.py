@@ -331,7 +331,13 @@ class LLMEngine:
         if stop is not None:
             self.scheduler.finish(request, "stop", stop)
         elif request.grammar is not None and request.grammar.finished:  # the grammar takes nothing more
-            self.scheduler.finish(request, "stop")
+            following = position - request.num_prompt_tokens + 1
+            if request.held_back and following < params.min_tokens:
+                # only the end may follow, and min_tokens holds it back: no token may come next
+                request.mark_dead_end(following)
+                self._end_at_fault(parent, request.dead_end[1])
+            else:
+                self.scheduler.finish(request, "stop")
         elif position - request.num_prompt_tokens + 1 >= request.max_tokens:
             self.scheduler.finish(request, "length")
 

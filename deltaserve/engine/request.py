@@ -139,19 +139,21 @@ class Request:
             return False
         return self._allowed <= set(refused)
 
-    def mark_dead_end(self) -> None:
-        """The sampler found no token that the constraints allow as the output's next one: the request fails
-        there with an error naming them (LLMEngine._take_token), rather than take a token they refuse. The first
-        stays: a step launched ahead samples the token after it before that one is read back."""
+    def mark_dead_end(self, index: int | None = None) -> None:
+        """The constraints allow no token as output token `index` (the one sampled now where None): the request
+        fails there with an error naming them (LLMEngine._take_token), rather than take a token they refuse. The
+        sampler finds this from its masks, the engine where a finished grammar leaves only an end that min_tokens
+        holds back. The first stays: a step launched ahead samples the token after it before that one is read
+        back."""
         if self.dead_end is not None:
             return
+        index = len(self.output_token_ids) if index is None else index
         fields = [name for name, present in (
             ("allowed_token_ids", self.params.allowed_token_ids is not None),
-            ("min_tokens", self.holds_back_stops),
+            ("min_tokens", bool(self.held_back) and index < self.params.min_tokens),
             ("bad_words", bool(self._bad_word_ends())),
             ("structured_outputs", self.grammar is not None and self.grammar.active),
         ) if present]
-        index = len(self.output_token_ids)
         # the structured output by what it is: a server request may have asked for it as response_format
         named = [{"structured_outputs": "the structured output"}.get(f, f) for f in fields]
         refuse = f"{' and '.join(named)} together refuse" if len(named) > 1 else f"{named[0]} refuses"
