@@ -9,7 +9,7 @@ import pytest
 
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.reasoning import ReasoningSplitter, prompt_opens_reasoning
-from deltaserve.server.tool_parsers import ToolCallParser, parse_tool_call_body
+from deltaserve.server.tool_parsers import ToolCallParser, parse_tool_call_body, written_json_value
 from deltaserve.server.tool_parsers.tags import held_suffix_len
 
 WEATHER_SCHEMA = {
@@ -203,3 +203,43 @@ def test_prompt_opens_reasoning():
     assert prompt_opens_reasoning("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not prompt_opens_reasoning("<|im_start|>assistant\n")
+
+
+def _random_json(depth: int = 0):
+    kinds = ["int", "float", "str", "bool", "null"] + (["list", "dict"] if depth < 3 else [])
+    kind = random.choice(kinds)
+    if kind == "dict":
+        return {"k%d%s" % (i, random.choice(["", ",", '\\"', "{"])): _random_json(depth + 1)
+                for i in range(random.randint(0, 4))}
+    if kind == "list":
+        return [_random_json(depth + 1) for _ in range(random.randint(0, 4))]
+    return {"int": lambda: random.randint(-10**6, 10**6), "float": lambda: random.uniform(-1e3, 1e3),
+            "str": lambda: "".join(random.choice('ab ,:"\\{}[]é') for _ in range(random.randint(0, 8))),
+            "bool": lambda: random.random() < 0.5, "null": lambda: None}[kind]()
+
+
+def _written_part_of(part, whole) -> bool:
+    """Whether `part` is what a prefix of `whole`'s JSON holds: whole members and items, then the last one's
+    own written part; a string's prefix; any other value whole."""
+    if isinstance(whole, dict):
+        keys = list(part) if isinstance(part, dict) else None
+        return keys == list(whole)[: len(keys)] and all(part[k] == whole[k] for k in keys[:-1]) and \
+            (not keys or _written_part_of(part[keys[-1]], whole[keys[-1]]))
+    if isinstance(whole, list):
+        n = len(part) if isinstance(part, list) else -1
+        return 0 <= n <= len(whole) and (n == 0 or part[:-1] == whole[: n - 1] and _written_part_of(part[-1], whole[n - 1]))
+    if isinstance(whole, str):
+        return isinstance(part, str) and whole.startswith(part)
+    return part == whole
+
+
+def test_a_json_object_cut_anywhere_reads_as_what_was_written_of_it():
+    """Anthropic's input of a tool call the length cut short: at every cut the value is the object's written
+    part (never a number cut short, nor a string's escape halved), and the whole text reads back whole."""
+    for _ in range(20):
+        whole = {f"p{i}": _random_json() for i in range(random.randint(1, 4))}
+        text = json.dumps(whole, ensure_ascii=random.random() < 0.5, indent=random.choice([None, 1]))
+        assert written_json_value(text) == whole
+        for cut in range(len(text)):
+            part = written_json_value(text[:cut])
+            assert isinstance(part, dict) and _written_part_of(part, whole), (text[:cut], part)

@@ -10,6 +10,7 @@ instead of through the model's own tool-call format.
 from __future__ import annotations
 
 import json
+import re
 
 from deltaserve.sampling_params import StructuredOutputsParams
 from deltaserve.server.reasoning import THINK_CLOSE
@@ -40,8 +41,9 @@ def demanded_call_structure(schemas: dict[str, dict], name: str | None, parallel
 
 
 class ForcedToolCalls:
-    """One choice's answer text, held until it is complete, then its calls (`calls`). An answer the grammar did
-    not finish (the length ran out) stays text."""
+    """One choice's answer text, held until it is complete, then its calls. Where the grammar did not finish it
+    (the length ran out), the calls as far as they were written, as OpenAI gives them: each call whose name
+    came, its arguments the text written so far, marked incomplete."""
 
     def __init__(self, name: str | None):
         self.name = name
@@ -54,8 +56,9 @@ class ForcedToolCalls:
         """(text left as the answer, the calls)."""
         try:
             value = loads_json(self._text)  # a number past a float's range (1e400) is JSON the grammar lets by
-        except ValueError:
-            return self._text, []
+        except ValueError:  # cut short, or whole with a number no JSON carries (which stays text)
+            calls = [] if _is_json(self._text) else _written_calls(self._text, self.name)
+            return ("", calls) if calls else (self._text, [])
         if self.name is not None:
             return "", [ToolCall(self.name, _arguments(value))]
         return "", [ToolCall(call["name"], _arguments(call["parameters"])) for call in value]
@@ -63,3 +66,48 @@ class ForcedToolCalls:
 
 def _arguments(value) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+_NAME = re.compile(r'"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+_PARAMETERS = re.compile(r'"parameters"\s*:\s*')
+
+
+def _written_calls(text: str, name: str | None) -> list[ToolCall]:
+    """The calls of an answer cut short: a named function's arguments so far; for "required", the array's whole
+    calls, then the last one where its name came (its parameters' text so far, or none)."""
+    if name is not None:
+        return [ToolCall(name, text.strip(), complete=False)] if text.strip() else []
+    calls, decoder, at = [], json.JSONDecoder(), text.find("[") + 1
+    while 0 < at < len(text):
+        while at < len(text) and text[at] in " \t\r\n,":
+            at += 1
+        try:
+            call, at = decoder.raw_decode(text, at)
+        except ValueError:  # the call being written when the length ran out
+            written = _NAME.search(text, at)
+            if written:
+                parameters = _PARAMETERS.search(text, written.end())
+                arguments = text[parameters.end():].strip() if parameters else ""
+                calls.append(ToolCall(json.loads(written.group(1)), arguments, complete=False))
+            break
+        if not _writable(call["parameters"]):  # a number no JSON carries: the answer stays text
+            return []
+        calls.append(ToolCall(call["name"], _arguments(call["parameters"])))
+    return calls
+
+
+def _is_json(text: str) -> bool:
+    """Whether the text is whole JSON (Python's reading: 1e400 is inf)."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _writable(value) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True

@@ -200,8 +200,9 @@ class ChatJob:
         )
 
     def _finish_reason(self, reason: str | None, calls: int) -> str | None:
-        """"tool_calls" where the choice called tools, except a named function's call: OpenAI's "stop" there."""
-        return "tool_calls" if calls and self.demanded_name is None else reason
+        """"tool_calls" where the choice called tools, except a named function's call (OpenAI's "stop" there) and a
+        call the length cut short ("length")."""
+        return "tool_calls" if calls and self.demanded_name is None and reason != "length" else reason
 
     def _usage(self, output: RequestOutput) -> dict:
         return usage_dict(

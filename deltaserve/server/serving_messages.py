@@ -22,7 +22,7 @@ from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.sampling import check_structure, resolve_max_tokens
 from deltaserve.server.sse import SSE_HEADERS, sse_event
 from deltaserve.server.streaming import EngineStreamResponse
-from deltaserve.server.tool_parsers import new_tool_call_id
+from deltaserve.server.tool_parsers import new_tool_call_id, written_json_value
 
 
 def _block_text(content: Any, param: str) -> str:
@@ -117,10 +117,10 @@ def _demanded_call(choice: Any) -> tuple[bool, str | None]:
 
 
 def _stop_reason(o: CompletionOutput, stop_sequences: list[str], used_tools: bool) -> tuple[str, str | None]:
+    if o.finish_reason == "length":  # a tool call cut short too: the client is to ask again with more
+        return "max_tokens", None
     if used_tools:
         return "tool_use", None
-    if o.finish_reason == "length":
-        return "max_tokens", None
     if isinstance(o.stop_reason, str) and o.stop_reason in stop_sequences:
         return "stop_sequence", o.stop_reason
     return "end_turn", None
@@ -210,9 +210,9 @@ class _MessageJob:
             content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
         if parsed.content or not parsed.tool_calls:
             content.append({"type": "text", "text": parsed.content})
-        for call in parsed.tool_calls:
-            content.append({"type": "tool_use", "id": "toolu_" + call.id[5:], "name": call.name,
-                            "input": json.loads(call.arguments)})
+        for call in parsed.tool_calls:  # a call the length cut short: its input as far as it was written
+            written = json.loads(call.arguments) if call.complete else written_json_value(call.arguments)
+            content.append({"type": "tool_use", "id": "toolu_" + call.id[5:], "name": call.name, "input": written})
         stop_reason, stop_sequence = _stop_reason(o, self.req.stop_sequences or [], bool(parsed.tool_calls))
         return {
             "id": self.request_id,

@@ -167,6 +167,8 @@ def _message_item(item_id: str, text: str, status: str) -> dict:
 
 
 def _call_item(item_id: str, call: ToolCall, status: str) -> dict:
+    """A call's item; one the length cut short is incomplete once done, its arguments as far as they came."""
+    status = "incomplete" if status == "completed" and not call.complete else status
     return {"id": item_id, "type": "function_call", "call_id": call.id, "name": call.name,
             "arguments": call.arguments if status != "in_progress" else "", "status": status}
 

@@ -20,7 +20,7 @@ def test_a_named_call_is_its_parameters_schema_and_reads_back_whole():
     assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [("a", {"x": x})]
 
 
-def test_required_calls_are_an_array_of_named_calls_and_an_unfinished_one_stays_text():
+def test_required_calls_are_an_array_of_named_calls():
     schema = forced_tool_schema(SCHEMAS, None, parallel=False)
     assert schema["maxItems"] == 1 and "maxItems" not in forced_tool_schema(SCHEMAS, None)
     assert [s["properties"]["name"]["const"] for s in schema["items"]["anyOf"]] == ["a", "b"]
@@ -32,9 +32,41 @@ def test_required_calls_are_an_array_of_named_calls_and_an_unfinished_one_stays_
     assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [
         (v["name"], v["parameters"]) for v in values]
     assert len({c.id for c in calls}) == 3
-    unfinished = ForcedToolCalls(None)
-    unfinished.feed(json.dumps(values)[:-1])
-    assert unfinished.finish() == (json.dumps(values)[:-1], [])
+
+
+def _calls(forced: ForcedToolCalls) -> tuple[str, list[tuple[str, str, bool]]]:
+    content, calls = forced.finish()
+    return content, [(c.name, c.arguments, c.complete) for c in calls]
+
+
+def test_calls_cut_short_are_the_calls_as_far_as_they_were_written():
+    """OpenAI's way with a demanded call the length cut short: the calls whose names came, the last one's
+    arguments the text written so far; where no name came, the text stays the answer."""
+    values = [{"name": random.choice("ab"), "parameters": {"x": random.randint(0, 999), "y": "z" * 9}}
+              for _ in range(random.randint(1, 3))]
+    items = [json.dumps(v) for v in values]
+    text = "[" + ", ".join(items) + "]"
+    cut = random.randrange(1, len(text) - 1)
+    expected, start = [], 1
+    for value, item in zip(values, items):
+        end = start + len(item)
+        if end <= cut:
+            expected.append((value["name"], json.dumps(value["parameters"]), True))
+        else:
+            name_end = start + item.index('", "parameters"') + 1
+            arguments_at = start + item.index('"parameters": ') + len('"parameters": ')
+            if name_end <= cut:
+                expected.append((value["name"], text[arguments_at:cut].strip(), False))
+            break
+        start = end + 2
+    forced = ForcedToolCalls(None)
+    forced.feed(text[:cut])
+    assert _calls(forced) == (("", expected) if expected else (text[:cut], []))
+    named = ForcedToolCalls("a")
+    arguments = json.dumps(values[0]["parameters"])
+    cut = random.randrange(1, len(arguments))
+    named.feed(arguments[:cut])
+    assert _calls(named) == ("", [("a", arguments[:cut].strip(), False)])
 
 
 def test_arguments_that_json_cannot_write_back_stay_text():

@@ -83,6 +83,24 @@ def test_a_demanded_function_call_and_its_output(client, stream):
     assert answer.output[0].type == "message" and answer.output_text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_demanded_call_cut_short_is_an_incomplete_item(client, stream):
+    """The length cuts the demanded call short: the response and its call item are incomplete, the item's
+    arguments as far as they came."""
+    ask = {"model": MODEL, "input": "What is the weather in Paris?", "tools": [WEATHER],
+           "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": random.randint(2, 4),
+           "temperature": 0}
+    if stream:  # the SDK's final response waits for response.completed: the last event carries it
+        events = list(client.responses.create(**ask, stream=True))
+        assert events[-1].type == "response.incomplete"
+        response = events[-1].response
+    else:
+        response = client.responses.create(**ask)
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert response.status == "incomplete" and [(c.name, c.status) for c in calls] == [("get_weather", "incomplete")]
+    assert calls[0].arguments.startswith("{"), response
+
+
 def test_a_json_schema_holds_the_reply(client):
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
               "additionalProperties": False}

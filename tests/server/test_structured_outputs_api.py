@@ -7,9 +7,11 @@ import json
 import random
 import re
 
+import httpx
 import openai
 import pytest
 
+from deltaserve.server.tool_parsers import written_json_value
 from tests.server.conftest import API_KEY, MODEL
 
 pytestmark = pytest.mark.timeout(300)
@@ -127,8 +129,10 @@ def test_a_required_tool_call_is_made_and_reads_back_as_calls(client, parallel):
         max_tokens=96, temperature=random.choice([0, 0.8]), seed=random.randrange(2**31), tools=TOOLS,
         tool_choice="required", parallel_tool_calls=parallel)
     choice = r.choices[0]
-    if parallel and choice.finish_reason == "length":  # a small model may go on listing calls: the text stays
-        assert choice.message.content.startswith("[") and not choice.message.tool_calls
+    if parallel and choice.finish_reason == "length":  # a small model may go on listing calls: those written come
+        assert choice.message.tool_calls and not choice.message.content
+        for call in choice.message.tool_calls[:-1]:  # the last may be cut short
+            _check_call(call)
         return
     assert choice.finish_reason == "tool_calls" and not choice.message.content
     calls = choice.message.tool_calls
@@ -150,3 +154,31 @@ def test_a_named_function_is_called_whole_and_streamed(client):
     assert [(t.index, t.function.name, t.function.arguments) for t in calls] == [
         (0, name, whole.message.tool_calls[0].function.arguments)]
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
+
+
+def test_a_demanded_call_cut_short_comes_back_as_far_as_it_was_written(client, server):
+    """As OpenAI's: a demanded call that the length cuts short is still a call, its arguments the text written so
+    far, with finish_reason "length"; Anthropic's route gives its tool_use block the input written so far and
+    stop_reason "max_tokens". Greedy, the cut call's arguments begin the whole call's."""
+    name = random.choice(["get_weather", "get_time"])
+    salt = f"cut-{random.randrange(10**9)}"  # cold runs, the same path for the cut and the whole one
+    messages = [{"role": "user", "content": "Help me plan a trip to Japan."}]
+    kwargs = dict(model=MODEL, messages=messages, temperature=0, tools=TOOLS,
+                  tool_choice={"type": "function", "function": {"name": name}}, extra_body={"cache_salt": salt})
+    whole = client.chat.completions.create(**kwargs, max_tokens=64).choices[0].message.tool_calls[0]
+    cut = client.chat.completions.create(**kwargs, max_tokens=random.randint(2, 4)).choices[0]
+    assert cut.finish_reason == "length" and [c.function.name for c in cut.message.tool_calls] == [name]
+    written = written_json_value(cut.message.tool_calls[0].function.arguments)
+    keys, full = list(written), json.loads(whole.function.arguments)
+    assert keys == list(full)[: len(keys)] and all(written[k] == full[k] for k in keys[:-1])
+    streamed = [c.choices[0] for c in client.chat.completions.create(**kwargs, max_tokens=random.randint(2, 4),
+                                                                     stream=True) if c.choices]
+    assert [c.finish_reason for c in streamed if c.finish_reason] == ["length"]
+    assert [t.function.name for c in streamed for t in (c.delta.tool_calls or [])] == [name]
+    body = {"model": MODEL, "max_tokens": random.randint(2, 4), "messages": messages, "temperature": 0,
+            "tool_choice": {"type": "tool", "name": name},
+            "tools": [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]}
+    r = httpx.post(server.url + "/v1/messages", json=body, headers={"x-api-key": API_KEY}, timeout=120).json()
+    assert r["stop_reason"] == "max_tokens", r
+    uses = [b for b in r["content"] if b["type"] == "tool_use"]
+    assert [u["name"] for u in uses] == [name] and isinstance(uses[0]["input"], dict)

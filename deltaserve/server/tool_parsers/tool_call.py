@@ -17,6 +17,7 @@ class ToolCall:
     name: str
     arguments: str  # a JSON object, as OpenAI's `function.arguments` carries it
     id: str = field(default_factory=new_tool_call_id)
+    complete: bool = True  # False: cut short by the length, `arguments` the text written so far
 
 
 def _refuse_constant(name: str):
@@ -35,3 +36,39 @@ def loads_json(text: str):
     and numbers past a float's range (1e400, read as inf). Arguments that held one could not be written back as JSON
     (a response body refuses them; a client's JSON.parse fails on them)."""
     return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def written_json_value(text: str) -> dict:
+    """What an object's JSON text cut short holds so far, as a client's partial parser reads it: its open string
+    ended, its open arrays and objects closed, a member or item left half-written dropped ({} where nothing is
+    whole). Anthropic's tool_use block of a call the length cut short carries it as its input."""
+    stack, in_string, escaped = [], False, False
+    closers_at = {}  # where the text may be cut (after an opening, before a comma) -> what closes it there
+
+    def closers() -> str:
+        return "".join("}" if c == "{" else "]" for c in reversed(stack))
+
+    for i, char in enumerate(text):
+        if in_string:
+            in_string = escaped or char != '"'
+            escaped = not escaped and char == "\\"
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            stack.append(char)
+            closers_at[i + 1] = closers()
+        elif char in "}]" and stack:
+            stack.pop()
+        elif char == ",":
+            closers_at[i] = closers()
+    if in_string:  # the open string ends where the text does (a dangling escape left out)
+        text = (text[:-1] if escaped else text) + '"'
+    if in_string or not text or text[-1] not in "0123456789.eE+-":  # a number at the end may be cut short
+        closers_at[len(text)] = closers()
+    for cut in sorted(closers_at, reverse=True):
+        try:
+            value = loads_json(text[:cut] + closers_at[cut])
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else {}
+    return {}
