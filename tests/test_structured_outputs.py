@@ -293,6 +293,8 @@ def _nested(depth: int) -> dict:
     StructuredOutputsParams(json=_nested(5000)),  # past Python's stack
     StructuredOutputsParams(grammar='root ::= ("a"'),  # GBNF that does not parse
     StructuredOutputsParams(grammar='start: a b\na: "x"'),  # Lark naming a rule it does not define
+    # compiles, but admits nothing: only a reference to itself (a request once ended at once, its output empty)
+    StructuredOutputsParams(json={"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
 ])
 def test_a_grammar_that_does_not_compile_is_refused_by_name_and_nothing_is_held(structure, checkpoint_factory):
     llm = LLM(checkpoint_factory("llama"), device="cpu")

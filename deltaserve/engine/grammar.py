@@ -140,11 +140,23 @@ class GrammarCompiler:
         error = LLMatcher.validate_grammar(text, self.ll_tokenizer())
         if error and not error.startswith("WARNING"):
             raise InvalidSamplingParamsError(f"structured_outputs: {_one_line(error)}")
+        self._check_writable(text)
         with self._lock:
             self._compiled[key] = text
             while len(self._compiled) > COMPILED_KEPT:
                 self._compiled.popitem(last=False)
         return text
+
+    def _check_writable(self, text: str) -> None:
+        """A grammar that compiles may still admit nothing (a schema that is only a reference to itself): its
+        matcher fails at the first token, where a request would end at once with an empty, unmatched output."""
+        from llguidance import LLMatcher
+
+        probe = LLMatcher(self.ll_tokenizer(), text, log_level=0)
+        probe.compute_logit_bias()
+        if probe.is_error():
+            first = probe.get_error().split("\n", 1)[0]
+            raise InvalidSamplingParamsError(f"structured_outputs: nothing can be written under it ({first})")
 
     def matcher(self, params: StructuredOutputsParams, text: str) -> RequestGrammar:
         """A fresh RequestGrammar over a grammar `compile` returned (one per sequence: each advances alone)."""
