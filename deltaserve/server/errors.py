@@ -99,13 +99,14 @@ def _field_path(loc: tuple) -> str:
 def from_validation_error(exc: ValidationError) -> APIError:
     errors = exc.errors()
     first = errors[0]
-    # Where a union's members all fail and one of them failed for a field missing inside the value (content
-    # given as blocks, one block without its type), that is the error, not the first member's type (not a string).
+    # Where a union's members all fail and one of them failed inside the value (content given as blocks, one
+    # block without its type or its text not a string), that is the error, not the first member's type (not a
+    # string): a field missing there first, else the deepest error there, where one member got deepest (in a
+    # list of lists of token ids, the id that is not one; a list mixing strings and ids stays the union's).
     path = _field_path(tuple(first.get("loc", ())))
-    inside = [e for e in errors if e.get("type") == "missing"
-              and _field_path(tuple(e.get("loc", ()))).startswith(path + ".")]
+    inside = [e for e in errors if _field_path(tuple(e.get("loc", ()))).startswith(path + ".")]
     if first.get("type", "").endswith("_type") and inside:
-        first = inside[0]
+        first = next((e for e in inside if e.get("type") == "missing"), None) or _deepest(inside, first)
     loc = _field_path(tuple(first.get("loc", ())))
     kind = first.get("type", "")
     if kind == "missing":
@@ -115,9 +116,22 @@ def from_validation_error(exc: ValidationError) -> APIError:
     return APIError(400, message, param=loc or None, code="missing_required_parameter" if kind == "missing" else "invalid_value")
 
 
+def _deepest(inside: list[dict], union_error: dict) -> dict:
+    """The deepest of the errors inside a union's value where they all come from one member (the member the
+    value's shape chose), else the union's own error."""
+    def depth(e: dict) -> int:
+        return len(_field_path(tuple(e.get("loc", ()))).split("."))
+
+    most = max(map(depth, inside))
+    deepest = [e for e in inside if depth(e) == most]
+    member = len(union_error.get("loc", ())) - 1  # the union member's tag closes the union error's loc
+    return deepest[0] if len({e["loc"][member] for e in deepest}) == 1 else union_error
+
+
 def _what_fits(errors: list[dict], loc: str) -> str:
     """The first field's message; where it is a union, each member's ("a valid integer or a valid number")."""
-    msgs = [e.get("msg", "invalid") for e in errors if _field_path(tuple(e.get("loc", ()))) == loc]
+    msgs = ["Input should be an object" if e.get("type") == "model_type" else e.get("msg", "invalid")  # no class names
+            for e in errors if _field_path(tuple(e.get("loc", ()))) == loc]
     prefix = "Input should be "
     if len(msgs) > 1 and all(m.startswith(prefix) for m in msgs):
         return prefix + " or ".join(dict.fromkeys(m[len(prefix):] for m in msgs))

@@ -42,6 +42,16 @@ def test_validation_errors_name_the_field():
     assert _param_of(MessagesRequest, {"model": "m", "messages": msgs}) == "max_tokens"
     blocks = [{"role": "user", "content": [{"text": "x"}]}]  # a block without its type
     assert _param_of(MessagesRequest, {"model": "m", "max_tokens": 3, "messages": blocks}) == "messages.0.content.0.type"
+    # a value that took a union member's shape is wrong inside it: the error names where
+    word = random.choice(["hi", "x", "what"])
+    parts = [{"type": "text", "text": "a"}] * random.randint(0, 3)
+    assert _param_of(ChatCompletionRequest, {"messages": [{"role": "user", "content": parts + [word]}]}) == \
+        f"messages.0.content.{len(parts)}"
+    assert _param_of(ChatCompletionRequest, {"messages": [{"role": "user", "content": parts + [
+        {"type": "text", "text": 5}]}]}) == f"messages.0.content.{len(parts)}.text"
+    ids = [random.randrange(100) for _ in range(random.randint(0, 3))]
+    assert _param_of(CompletionRequest, {"prompt": [[1, 2], ids + [word]]}) == f"prompt.1.{len(ids)}"
+    assert _param_of(ChatCompletionRequest, {"messages": msgs, "stop": ["a", 5]}) == "stop.1"
 
 
 def test_a_union_field_names_every_type_it_takes():
