@@ -140,6 +140,12 @@ def render_chat(
     return ChatPrompt(text=text, token_ids=token_ids, capture_points=capture_points, opens_reasoning=prompt_opens_reasoning(text))
 
 
+# apply_chat_template's own arguments, which the server sets: as template variables they would collide with it
+# (messages: "got multiple values") or turn its text into token ids or a dict
+_RENDERING_OPTIONS = frozenset({"messages", "conversation", "tokenize", "return_dict", "return_tensors",
+                                "return_assistant_tokens_mask"})
+
+
 def _template_options(template_kwargs: dict | None) -> dict:
     """A request's chat_template_kwargs, less what the server sets itself. A template of the client's own is
     refused: it would run in the server (a loop of loops renders for as long as the client likes)."""
@@ -147,6 +153,9 @@ def _template_options(template_kwargs: dict | None) -> dict:
     if "chat_template" in kwargs:
         raise bad_request("chat_template_kwargs may not carry a chat_template: the server renders with its own "
                           "(--chat-template)", "chat_template_kwargs.chat_template", "unsupported_value")
+    for name in _RENDERING_OPTIONS.intersection(kwargs):
+        raise bad_request(f"chat_template_kwargs may not carry {name}: the server sets how the chat is rendered",
+                          f"chat_template_kwargs.{name}", "unsupported_value")
     kwargs.pop("tools", None)
     kwargs.pop("add_generation_prompt", None)
     if not kwargs.get("continue_final_message"):

@@ -132,6 +132,9 @@ CASES = {
         {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}}]}]}, None, "messages.0.content"),
     "text part without text": ("/v1/chat/completions", {"model": MODEL, "messages": [
         {"role": "user", "content": [{"type": "text"}]}]}, None, "messages.0.content"),
+    "template variable the server sets": ("/v1/chat/completions", {
+        "model": MODEL, "messages": QUESTION, "chat_template_kwargs": {"messages": [], "enable_thinking": False}},
+        None, "chat_template_kwargs.messages"),
     "seed past int64": ("/v1/completions", {"model": MODEL, "prompt": "a", "seed": 2**63}, None, "seed"),
     "seed below int64": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "seed": -(2**63) - 1},
                          None, "seed"),
