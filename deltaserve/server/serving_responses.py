@@ -173,13 +173,33 @@ def _call_item(item_id: str, call: ToolCall, status: str) -> dict:
             "arguments": call.arguments if status != "in_progress" else "", "status": status}
 
 
+# the chat request's fields that a Responses request spells its own way (chat_request), for the errors they name
+_FIELDS = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens",
+           "chat_template_kwargs.reasoning_effort": "reasoning.effort"}
+
+
+def _in_responses_terms(exc: APIError) -> APIError:
+    """A chat request's error as the Responses request's: the field it names under the request's own name."""
+    param = exc.param or ""
+    head = next((f for f in _FIELDS if param == f or param.startswith(f + ".")), None)
+    if head is not None:
+        exc.param = _FIELDS[head] + param[len(head):]
+    if exc.code == "context_length_exceeded":
+        exc.message = exc.message.replace("max_tokens", "max_output_tokens")
+        exc.args = (exc.message,)
+    return exc
+
+
 class Responses:
     def __init__(self, chat: ChatCompletions):
         self.chat = chat
 
     async def __call__(self, request: Request):
         req = ResponsesRequest.model_validate(await read_json_object(request))
-        job, stream = await self.chat.submit(chat_request(req), "resp_")
+        try:
+            job, stream = await self.chat.submit(chat_request(req), "resp_")
+        except APIError as exc:
+            raise _in_responses_terms(exc) from None
         response = _ResponseJob(req, job)
         if req.stream:
             return EngineStreamResponse(response.stream(stream), stream, headers=SSE_HEADERS)

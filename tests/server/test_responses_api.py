@@ -127,6 +127,10 @@ def test_a_json_schema_holds_the_reply(client):
     ({"input": [{"content": "Hi"}]}, "input.0.role"),
     ({"tool_choice": {"type": "function", "name": "missing"}, "tools": [WEATHER]}, "tool_choice"),
     ({"input": 5}, "input"),
+    # the chat request's checks, under the Responses request's own names
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objectx"}}}}, "text.format"),
+    ({"input": "Hi " * 9000, "max_output_tokens": 10}, "input"),
+    ({"input": [{"role": "tool", "content": "Hi"}]}, "input.0.role"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(server, fields, param):
     body = {"model": MODEL, "input": "Hi", "max_output_tokens": 4, **fields}
@@ -134,6 +138,7 @@ def test_what_cannot_be_honoured_is_refused_by_name(server, fields, param):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and error["message"], error
+    assert "max_tokens" not in error["message"], error  # the chat request's name for max_output_tokens
 
 
 def test_a_response_is_not_kept_and_says_so(client, server):
