@@ -26,7 +26,8 @@ class ChatPrompt:
 
 def message_text(content: Any, param: str, text_kinds: tuple[str, ...] = ("text",)) -> str:
     """String content, or the text parts of a list (parts of the types `text_kinds` names: the Responses API's
-    are input_text and output_text); other part types are refused."""
+    are input_text and output_text; an OpenAI refusal part's text is its `refusal`); other part types are
+    refused."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -34,12 +35,13 @@ def message_text(content: Any, param: str, text_kinds: tuple[str, ...] = ("text"
     texts = []
     for part in content:
         kind = part.type if hasattr(part, "type") else part.get("type")
-        text = part.text if hasattr(part, "text") else part.get("text")
+        field = "refusal" if kind == "refusal" and "refusal" in text_kinds else "text"  # OpenAI's refusal part
+        text = getattr(part, field, None) if hasattr(part, "type") else part.get(field)
         if kind not in text_kinds:
             raise bad_request(f"content part of type {kind!r} is not supported: this model reads text only", param,
                               "unsupported_value")
-        if text is None:
-            raise bad_request(f"a content part of type {kind!r} needs its text", param, "invalid_value")
+        if not isinstance(text, str):
+            raise bad_request(f"a content part of type {kind!r} needs its {field} as a string", param, "invalid_value")
         texts.append(text)
     return "".join(texts)
 
@@ -68,7 +70,7 @@ def openai_messages_for_template(messages: list[ChatMessage]) -> list[dict]:
     for i, msg in enumerate(messages):
         entry: dict[str, Any] = {
             "role": "system" if msg.role == "developer" else msg.role,
-            "content": message_text(msg.content, f"messages.{i}.content"),
+            "content": message_text(msg.content, f"messages.{i}.content", ("text", "refusal")),
         }
         if msg.name is not None:
             entry["name"] = msg.name

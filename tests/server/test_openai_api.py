@@ -407,6 +407,20 @@ def test_null_is_the_default_where_openai_lets_a_field_be_null(client, server):
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=tokens, n=None).usage.completion_tokens
 
 
+def test_a_refusal_part_is_the_text_it_refuses_with(server):
+    """OpenAI's assistant content part {"type": "refusal"}: the template reads its refusal as the turn's text."""
+    words = random.choice(["I can't help with that.", "No.", "That is not something I do."])
+
+    def tokens(content):
+        body = {"model": MODEL, "messages": QUESTION + [{"role": "assistant", "content": content},
+                                                        {"role": "user", "content": "Why?"}]}
+        return httpx.post(server.url + "/tokenize", json=body, headers=server.headers, timeout=30)
+
+    assert tokens([{"type": "refusal", "refusal": words}]).json()["tokens"] == tokens(words).json()["tokens"]
+    r = tokens([{"type": "refusal", "refusal": 5}])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.content", r.text
+
+
 def test_ping_and_version_answer_without_a_key(server):
     for method in ("GET", "POST"):
         assert httpx.request(method, server.url + "/ping", timeout=10).json() == {"status": "ok"}
