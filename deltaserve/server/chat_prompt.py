@@ -105,6 +105,19 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, dict] | None:
     return {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
 
 
+def check_rendering_fields(ctx: Any, continue_final: bool, add_generation_prompt: bool,
+                           chat_template: str | None) -> None:
+    """A chat request's rendering fields, as chat and /tokenize take them: continue_final_message goes on writing
+    the last message, so it cannot open a new turn; a request's own template only where the server trusts it."""
+    if continue_final and add_generation_prompt:
+        raise bad_request("continue_final_message goes on writing the last message, so it needs "
+                          "add_generation_prompt set to false", "continue_final_message", "invalid_value")
+    if chat_template is not None and not ctx.trust_request_chat_template:
+        raise bad_request("chat_template: a request's own template runs on the server, so it is refused unless "
+                          "the server starts with --trust-request-chat-template", "chat_template",
+                          "unsupported_value")
+
+
 def render_chat(
     tokenizer: Any,
     messages: list[dict],
@@ -114,10 +127,12 @@ def render_chat(
     add_generation_prompt: bool = True,
     continue_final: bool = False,
     chat_template: str | None = None,
+    capture_points: bool = True,
 ) -> ChatPrompt:
     """The prompt of a chat: a new assistant turn opened after the messages (add_generation_prompt), or with
     continue_final the last (assistant) message left open, for the model to go on writing it (a prefill).
-    chat_template: the request's own template in place of the server's (which the caller has allowed)."""
+    chat_template: the request's own template in place of the server's (which the caller has allowed).
+    capture_points: False where the prompt is only counted (/tokenize): finding them renders each turn again."""
     kwargs = _template_options(template_kwargs)
     if chat_template is not None:
         try:
@@ -134,12 +149,13 @@ def render_chat(
     token_ids = tokenizer.encode(text, add_special_tokens=False)
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
+    points = None
     try:
-        capture_points = tokenizer.message_offsets(messages, tools=tools, full=token_ids, **kwargs)
+        if capture_points:
+            points = tokenizer.message_offsets(messages, tools=tools, full=token_ids, **kwargs)
     except Exception:  # prefix-cache capture points are an optimisation only
         logger.debug("message_offsets failed", exc_info=True)
-        capture_points = None
-    return ChatPrompt(text=text, token_ids=token_ids, capture_points=capture_points, opens_reasoning=prompt_opens_reasoning(text))
+    return ChatPrompt(text=text, token_ids=token_ids, capture_points=points, opens_reasoning=prompt_opens_reasoning(text))
 
 
 # apply_chat_template's own arguments, which the server sets: as template variables they would collide with it

@@ -174,10 +174,14 @@ class TokenizeRequest(_Lenient):
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: StrictBool = True
+    # vLLM's: special tokens added to a prompt (None: yes), or on top of what a chat's template writes (None: no)
+    add_special_tokens: StrictBool | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False  # vLLM's: the last (assistant) message left open, as in chat
+    return_token_strs: StrictBool | None = False  # vLLM's: each token's string too
     tools: list[ToolDef] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: StrictStr | None = None  # vLLM's: as a chat request's own (--trust-request-chat-template)
 
 
 class DetokenizeRequest(_Lenient):

@@ -16,6 +16,7 @@ from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import StructuredOutputsParams
 from deltaserve.server.chat_prompt import (
     ChatPrompt,
+    check_rendering_fields,
     openai_messages_for_template,
     openai_tools_for_template,
     render_chat,
@@ -143,13 +144,7 @@ class ChatCompletions:
         self.ctx.admit()
         tools = _select_tools(req)
         messages = openai_messages_for_template(req.messages)
-        if req.continue_final_message and req.add_generation_prompt:
-            raise bad_request("continue_final_message goes on writing the last message, so it needs "
-                              "add_generation_prompt set to false", "continue_final_message", "invalid_value")
-        if req.chat_template is not None and not self.ctx.trust_request_chat_template:
-            raise bad_request("chat_template: a request's own template runs on the server, so it is refused unless "
-                              "the server starts with --trust-request-chat-template", "chat_template",
-                              "unsupported_value")
+        check_rendering_fields(self.ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
         prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools,
                                          self.ctx.template_kwargs(req.chat_template_kwargs),
                                          add_generation_prompt=req.add_generation_prompt,

@@ -6,7 +6,8 @@ import asyncio
 
 from fastapi import Request
 
-from deltaserve.server.chat_prompt import openai_messages_for_template, openai_tools_for_template, render_chat_text
+from deltaserve.server.chat_prompt import (check_rendering_fields, openai_messages_for_template,
+                                          openai_tools_for_template, render_chat)
 from deltaserve.server.context import ServerContext, read_json_object
 from deltaserve.server.errors import bad_request
 from deltaserve.server.protocol import DetokenizeRequest, TokenizeRequest
@@ -17,18 +18,25 @@ async def tokenize(ctx: ServerContext, request: Request) -> dict:
     ctx.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
+    if req.messages is not None:
+        check_rendering_fields(ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
     tokens = await asyncio.to_thread(_tokens, ctx, req)  # off the event loop, as chat's rendering is
-    return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
+    answer = {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
+    if req.return_token_strs:
+        answer["token_strs"] = ctx.tokenizer.convert_ids_to_tokens(tokens)
+    return answer
 
 
 def _tokens(ctx: ServerContext, req: TokenizeRequest) -> list[int]:
     if req.messages is not None:
-        messages = openai_messages_for_template(req.messages)
-        text = render_chat_text(ctx.tokenizer, messages, openai_tools_for_template(req.tools),
-                                ctx.template_kwargs(req.chat_template_kwargs),
-                                add_generation_prompt=req.add_generation_prompt)
-        return ctx.tokenizer.encode(text, add_special_tokens=False)  # the template writes any BOS it wants
-    return ctx.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        prompt = render_chat(ctx.tokenizer, openai_messages_for_template(req.messages),
+                             openai_tools_for_template(req.tools), ctx.template_kwargs(req.chat_template_kwargs),
+                             add_generation_prompt=req.add_generation_prompt, continue_final=req.continue_final_message,
+                             chat_template=req.chat_template, capture_points=False)
+        if req.add_special_tokens:  # on top of what the template writes, as vLLM's option asks
+            return ctx.tokenizer.encode(prompt.text, add_special_tokens=True)
+        return prompt.token_ids
+    return ctx.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
 
 
 async def detokenize(ctx: ServerContext, request: Request) -> dict:

@@ -343,6 +343,20 @@ def test_tokenize_renders_the_chat_as_asked(server):
     bare = post({"messages": QUESTION, "add_generation_prompt": False}).json()["tokens"]
     assert len(bare) < len(asked) and asked[: len(bare)] == bare
     assert post({"messages": QUESTION, "chat_template_kwargs": {"enable_thinking": False}}).status_code == 200
+    # vLLM's continue_final_message: the count a chat that goes on writing the last message is given
+    head = random.choice(["The", "Paris is", "It"])
+    going_on = {"model": MODEL, "messages": QUESTION + [{"role": "assistant", "content": head}],
+                "add_generation_prompt": False, "continue_final_message": True}
+    counted = post(going_on).json()
+    r = httpx.post(server.url + "/v1/chat/completions", json={**going_on, "max_tokens": 1}, headers=server.headers,
+                   timeout=60).json()
+    assert counted["count"] == r["usage"]["prompt_tokens"], (counted, r)
+    assert post({**going_on, "add_generation_prompt": True}).json()["error"]["param"] == "continue_final_message"
+    # vLLM's return_token_strs: each id's string in the vocabulary
+    strs = post({"prompt": PROMPT, "return_token_strs": True}).json()
+    assert len(strs["token_strs"]) == strs["count"] and all(isinstance(t, str) for t in strs["token_strs"])
+    assert "token_strs" not in post({"prompt": PROMPT}).json()
+    assert post({"messages": QUESTION, "chat_template": "{{ messages }}"}).json()["error"]["param"] == "chat_template"
 
 
 def test_continue_final_message_goes_on_writing_the_assistants_text(client, server):
