@@ -35,7 +35,7 @@ class AnthropicMessage(_Lenient):
 
 class AnthropicTool(_Lenient):
     type: StrictStr | None = None  # "custom", or one of Anthropic's server tools (web search, code execution...)
-    name: StrictStr
+    name: StrictStr = Field(min_length=1)
     description: StrictStr | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 

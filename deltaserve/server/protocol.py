@@ -46,7 +46,7 @@ class ChatMessage(_Lenient):
 
 
 class FunctionDef(_Lenient):
-    name: StrictStr
+    name: StrictStr = Field(min_length=1)  # a call names its function: an empty name names none
     description: StrictStr | None = None
     parameters: dict[str, Any] | None = None
 

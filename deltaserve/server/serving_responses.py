@@ -91,7 +91,7 @@ def _tools(req: ResponsesRequest) -> list[dict] | None:
         if tool.type != "function":
             raise bad_request(f"tool of type {tool.type!r} is not supported: only function tools, which the client "
                               "runs", f"tools.{i}.type", "unsupported_value")
-        if tool.name is None:
+        if not tool.name:
             raise bad_request("a function tool needs its name", f"tools.{i}.name")
         tools.append({"type": "function", "function": {"name": tool.name, "description": tool.description,
                                                        "parameters": tool.parameters}})

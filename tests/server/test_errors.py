@@ -135,6 +135,9 @@ CASES = {
     "template variable the server sets": ("/v1/chat/completions", {
         "model": MODEL, "messages": QUESTION, "chat_template_kwargs": {"messages": [], "enable_thinking": False}},
         None, "chat_template_kwargs.messages"),
+    "tool without a name": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "tools": [
+        {"type": "function", "function": {"name": "", "parameters": {"type": "object"}}}]}, None,
+        "tools.0.function.name"),
     "seed past int64": ("/v1/completions", {"model": MODEL, "prompt": "a", "seed": 2**63}, None, "seed"),
     "seed below int64": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "seed": -(2**63) - 1},
                          None, "seed"),
