@@ -9,11 +9,22 @@ from deltaserve.outputs import Logprob
 
 
 class TokenText:
-    """Decodes single token ids for display, caching the answers."""
+    """Decodes single token ids for display, caching the answers; `bytes_of` gives a token's own bytes."""
 
     def __init__(self, tokenizer: Any):
         self._tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
+
+    def bytes_of(self, token_id: int, text: str) -> list[int]:
+        """OpenAI's `bytes`: the token's own bytes, which a token holding part of a character (an emoji's first
+        bytes) has where its text is only U+FFFD; else its text's UTF-8."""
+        if "\ufffd" not in text:
+            return list(text.encode("utf-8"))
+        found = self._bytes.get(token_id)
+        if found is None:
+            found = self._bytes[token_id] = _vocabulary_bytes(self._tokenizer, token_id) or list(text.encode("utf-8"))
+        return found
 
     def __call__(self, token_id: int, logprob: Logprob | None = None) -> str:
         if logprob is not None and logprob.decoded_token is not None:
@@ -23,6 +34,39 @@ class TokenText:
             text = self._tokenizer.decode([token_id], skip_special_tokens=False)
             self._cache[token_id] = text
         return text
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE writes byte b as one printable character: the printable Latin-1 ones as
+    themselves, the others as chr(256 + n) in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def _vocabulary_bytes(tokenizer: Any, token_id: int) -> list[int] | None:
+    """A token's bytes from its vocabulary entry: byte-level BPE's characters (Qwen, Llama 3, SmolLM2), or a
+    SentencePiece byte token <0xNN>; None where the entry is neither."""
+    try:
+        piece = tokenizer.convert_ids_to_tokens([token_id])[0]
+    except Exception:  # a tokenizer without a vocabulary to look in
+        return None
+    if not isinstance(piece, str):
+        return None
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return [int(piece[3:5], 16)]
+    if piece and all(c in _BYTE_LEVEL for c in piece):
+        return [_BYTE_LEVEL[c] for c in piece]
+    return None
 
 
 def token_label(token_id: int, text: str, as_ids: bool) -> str:
@@ -42,7 +86,7 @@ def _finite(value: float) -> float:
 def chat_logprobs(
     token_ids: list[int], entries: list[dict[int, Logprob]], top: int, token_text: TokenText, as_ids: bool = False
 ) -> dict[str, Any]:
-    """OpenAI's chat shape: each token with its bytes (its text's, whatever names it) and its top ones."""
+    """OpenAI's chat shape: each token with its bytes (its own, whatever names it) and its top ones."""
     content = []
     for token_id, entry in zip(token_ids, entries):
         chosen = entry.get(token_id)
@@ -51,10 +95,10 @@ def chat_logprobs(
             {
                 "token": token_label(token_id, text, as_ids),
                 "logprob": _finite(chosen.logprob) if chosen else -9999.0,
-                "bytes": list(text.encode("utf-8")),
+                "bytes": token_text.bytes_of(token_id, text),
                 "top_logprobs": [
                     {"token": token_label(tid, t := token_text(tid, lp), as_ids), "logprob": _finite(lp.logprob),
-                     "bytes": list(t.encode("utf-8"))}
+                     "bytes": token_text.bytes_of(tid, t)}
                     for tid, lp in _ranked(entry, top)
                 ],
             }

@@ -435,6 +435,18 @@ def test_a_refusal_part_is_the_text_it_refuses_with(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.content", r.text
 
 
+def test_logprob_bytes_are_each_tokens_own(client):
+    """OpenAI's bytes: a token holding part of a character (its text only U+FFFD) carries its own bytes, so that
+    a reply's tokens' bytes join into the reply's UTF-8, emoji and all."""
+    word = random.choice(["🎉", "🙂 ok", "naïve ☃", "日本"])
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, temperature=0, logprobs=True,
+                                       top_logprobs=2, extra_body={"structured_outputs": {"choice": [word]}})
+    content = r.choices[0].logprobs.content
+    assert r.choices[0].message.content == word and any("\ufffd" in t.token for t in content)
+    assert bytes(b for t in content for b in t.bytes) == word.encode("utf-8")
+    assert all(isinstance(top.bytes, list) for t in content for top in t.top_logprobs)
+
+
 def test_ping_and_version_answer_without_a_key(server):
     for method in ("GET", "POST"):
         assert httpx.request(method, server.url + "/ping", timeout=10).json() == {"status": "ok"}
