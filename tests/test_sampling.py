@@ -496,3 +496,19 @@ def test_bad_words_are_never_written(demo_llm, demo_reference):
     assert not any(_holds(out.token_ids, b) for b in bad) and out.token_ids != free.token_ids
     with pytest.raises(InvalidSamplingParamsError, match="bad_words"):
         SamplingParams(bad_words=["ok", " "])
+
+
+def test_include_stop_str_in_output_keeps_a_stop_tokens_text(demo_llm):
+    """vLLM's include_stop_str_in_output keeps the text of the token that stopped the output (a stop token id,
+    as a stop string's), and leaves it out otherwise."""
+    prompt = random.choice(["The capital of France is", "Once upon a time", "1, 2, 3,"])
+    free = demo_llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0].outputs[0]
+    ids = free.token_ids
+    k = next(i for i in range(1, len(ids)) if ids[i] not in ids[:i])  # the first token not seen before it
+    tokenizer = demo_llm.engine.tokenizer
+    for include in (True, False):
+        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, stop_token_ids=[ids[k]],
+                                include_stop_str_in_output=include)
+        out = demo_llm.generate([prompt], params)[0].outputs[0]
+        assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[: k + 1], "stop", ids[k])
+        assert out.text == tokenizer.decode(ids[: k + 1 if include else k])

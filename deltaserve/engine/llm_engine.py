@@ -325,6 +325,8 @@ class LLMEngine:
             self.scheduler.finish(request, "abort")
             return
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            if params.include_stop_str_in_output and params.detokenize:  # vLLM's: the stop token's text kept
+                detok.append(token)
             self.scheduler.finish(request, "stop", token if token in params.stop_token_ids else None)
             return
         stop = detok.append(token) if params.detokenize else None
