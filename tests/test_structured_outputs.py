@@ -259,6 +259,19 @@ def test_a_grammar_finished_short_of_min_tokens_ends_the_request_there(checkpoin
     assert (llm.engine.tokenizer.decode(out.token_ids), out.finish_reason) == (word, "stop")
 
 
+def test_a_choice_among_thousands_is_one_of_them(demo_llm):
+    """Past CHOICES_IN_A_RULE the choices are one terminal: llguidance's parser holds at most 2000 items a row,
+    and a rule of 2001 choices failed at the first token (the request aborted, the grammar logged whole)."""
+    from deltaserve.engine.grammar import CHOICES_IN_A_RULE
+
+    count = random.randint(2 * CHOICES_IN_A_RULE + 1, 3 * CHOICES_IN_A_RULE)
+    choices = list({"".join(random.choice('abcxyz é"\\') for _ in range(random.randint(1, 8))) for _ in range(count)})
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=random.randrange(2**31),
+                            structured_outputs=StructuredOutputsParams(choice=choices))
+    outs = demo_llm.generate(["Pick one:", "The answer is"], params, use_tqdm=False)
+    assert all(o.outputs[0].text in choices and o.outputs[0].finish_reason == "stop" for o in outs), outs
+
+
 def test_request_grammar_waits_for_the_whole_marker():
     matcher = _FakeMatcher()
     grammar = RequestGrammar(matcher, start_after=[7, 8])

@@ -52,8 +52,21 @@ def grammar_text(params: StructuredOutputsParams) -> str:
             return grammar_from("grammar", params.grammar)
         except ValueError as exc:
             raise InvalidSamplingParamsError(f"structured_outputs.grammar: {_one_line(str(exc))}") from None
-    # Lark string literals take JSON's escapes: each choice is matched as exactly its text.
-    return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in params.choice))
+    return LLMatcher.grammar_from_lark(_choice_lark(params.choice))
+
+
+# llguidance's parser holds at most 2000 items in a row, and a rule of choices keeps one per choice alive:
+# past this many choices they are one terminal, which the lexer matches instead
+CHOICES_IN_A_RULE = 1000
+
+
+def _choice_lark(choices: list[str]) -> str:
+    """A Lark grammar matching exactly one of `choices` (string literals take JSON's escapes, so each is matched
+    as its text)."""
+    literals = " | ".join(json.dumps(c) for c in choices)
+    if len(choices) <= CHOICES_IN_A_RULE:
+        return "start: " + literals
+    return f"start: CHOICE\nCHOICE: {literals}"
 
 
 def _json_layout(params: StructuredOutputsParams) -> dict | None:
