@@ -319,10 +319,11 @@ class LLMEngine:
         self.stats_counters.generation_tokens_total += 1
         params = request.params
         if request.grammar is not None and not request.grammar.accept(token):
-            # the mask allows only what the grammar accepts: a refused token is the matcher's own failure
-            log.error("request %s: structured output refused token %d: %s", request.request_id, token,
-                      request.grammar.error())
-            self.scheduler.finish(request, "abort")
+            # the mask allows only what the grammar accepts: a refused token is the matcher's own failure (a
+            # limit of its parser), which ends this request with an error naming it, not a failed step
+            why = request.grammar.error().split("\n", 1)[0]  # the rest is the matcher's state and grammar
+            log.error("request %s: structured output refused token %d: %s", request.request_id, token, why)
+            self._end_at_fault(parent, InvalidSamplingParamsError(f"structured_outputs: the grammar failed: {why}"))
             return
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             if params.include_stop_str_in_output and params.detokenize:  # vLLM's: the stop token's text kept
