@@ -121,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
     session = ChatSession(engine, params, system=args.system)
     interactive = sys.stdin.isatty()
+    if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 reads with U+FFFD where it breaks, not a crash
+        sys.stdin.reconfigure(errors="replace")
     if interactive:
         try:
             import readline  # noqa: F401  (line editing and history for input())

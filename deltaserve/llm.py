@@ -80,6 +80,7 @@ class LLM:
         tok = self.engine.tokenizer
         jobs, texts = [], []
         for conversation, sp in zip(conversations, params):
+            conversation = _template_messages(conversation)
             text = tok.apply_chat_template(conversation, tools=tools, add_generation_prompt=add_generation_prompt,
                                            **options)
             ids = tok.encode(text, add_special_tokens=False)
@@ -175,12 +176,19 @@ def _refuse_run_options(**given) -> None:
 
 
 # set by chat's own arguments, so not taken from chat_template_kwargs
-_CHAT_ARGUMENTS = ("chat_template", "add_generation_prompt", "continue_final_message", "tools", "tokenize")
+# apply_chat_template's own arguments: chat sets them (from its arguments, where it takes them), so a template
+# variable of the same name would collide with them
+_CHAT_ARGUMENTS = ("chat_template", "add_generation_prompt", "continue_final_message", "tools", "tokenize",
+                   "messages", "conversation", "return_dict", "return_tensors", "return_assistant_tokens_mask")
 
 
 def _template_options(chat_template: str | None, continue_final_message: bool, add_generation_prompt: bool,
                       chat_template_kwargs: dict | None) -> dict:
     """The keyword arguments of a chat call's template renders, less tools and add_generation_prompt."""
+    if chat_template_kwargs is not None and (not isinstance(chat_template_kwargs, dict)
+                                             or not all(isinstance(k, str) for k in chat_template_kwargs)):
+        raise InvalidPromptError("chat_template_kwargs must be a dict of the template's variables by name, got "
+                                 f"{chat_template_kwargs!r:.80}")
     options = dict(chat_template_kwargs or {})
     named = sorted(set(options) & set(_CHAT_ARGUMENTS))
     if named:
@@ -223,7 +231,14 @@ def _plain_prompt(prompt) -> tuple[Prompt, str | None]:
     given = [key for key in ("prompt", "prompt_token_ids") if key in prompt]
     if len(given) != 1:
         raise InvalidPromptError("a prompt dict holds either 'prompt' (text) or 'prompt_token_ids', one of them")
-    return prompt[given[0]], prompt.get("cache_salt")
+    value = prompt[given[0]]
+    if given[0] == "prompt" and not isinstance(value, str):
+        raise InvalidPromptError(f"a prompt dict's 'prompt' is text, got {type(value).__name__} (token ids go "
+                                 "under 'prompt_token_ids')")
+    if given[0] == "prompt_token_ids" and not isinstance(value, (list, tuple)):
+        raise InvalidPromptError(f"a prompt dict's 'prompt_token_ids' is a list of token ids, got "
+                                 f"{type(value).__name__} (text goes under 'prompt')")
+    return value, prompt.get("cache_salt")
 
 
 def _as_conversation_list(messages) -> list[list[dict]]:
@@ -235,6 +250,31 @@ def _as_conversation_list(messages) -> list[list[dict]]:
         return [list(c) for c in messages]
     raise InvalidPromptError("messages must be a conversation (a non-empty list of message dicts) or a non-empty "
                              f"list of conversations, got {type(messages).__name__}")
+
+
+def _template_messages(conversation: list[dict]) -> list[dict]:
+    """OpenAI's messages as templates read them, as vLLM's LLM.chat takes them: content None is "" (an assistant
+    turn of tool calls only), and a list of parts is their text (text parts, and a refusal part's refusal)."""
+    return [message if isinstance(message.get("content", ""), str)
+            else {**message, "content": _parts_text(message.get("content"), i)}
+            for i, message in enumerate(conversation)]
+
+
+def _parts_text(content, index: int) -> str:
+    if content is None:
+        return ""
+    if not isinstance(content, (list, tuple)):
+        raise InvalidPromptError(f"messages[{index}]'s content must be a string or a list of text parts, got "
+                                 f"{type(content).__name__}")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        text = part.get("refusal" if kind == "refusal" else "text") if kind in ("text", "refusal") else None
+        if not isinstance(text, str):
+            raise InvalidPromptError(f"messages[{index}]'s content part {part!r:.80}: deltaserve reads text parts "
+                                     "only ({'type': 'text', 'text': ...})")
+        texts.append(text)
+    return "".join(texts)
 
 
 def _params_per_prompt(params, count: int, default) -> list[SamplingParams]:

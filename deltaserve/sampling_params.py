@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from deltaserve.errors import InvalidSamplingParamsError
@@ -191,6 +192,8 @@ class SamplingParams:
             if not isinstance(self.bad_words, (list, tuple)) or not all(
                     isinstance(w, str) and w.strip() for w in self.bad_words):
                 raise bad("bad_words", self.bad_words, "must be a list of non-empty strings")
+            if any(re.search("[\ud800-\udfff]", w) for w in self.bad_words):  # no tokenizer encodes one
+                raise bad("bad_words", self.bad_words, "must be text: one holds a lone UTF-16 surrogate")
             self.bad_words = list(self.bad_words)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)

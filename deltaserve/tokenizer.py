@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 import jinja2
@@ -76,6 +77,8 @@ class Tokenizer:
         return self.hf.bos_token_id
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if _SURROGATE.search(text):  # half of a UTF-16 pair (Python text may hold one): no tokenizer encodes it
+            raise InvalidPromptError("the text holds a lone UTF-16 surrogate (half of a pair), which is not text")
         return self.hf.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -157,6 +160,9 @@ class Tokenizer:
         for i in range(len(offsets) - 2, -1, -1):
             offsets[i] = min(offsets[i], offsets[i + 1])
         return offsets
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _check_messages(messages) -> None:

@@ -121,6 +121,14 @@ def test_bad_prompts_raise_and_leave_nothing_queued(small_llm):
     for not_ids in ([1, 2.0], [True, 3], [1, "2"], [5, None], [False]):
         with pytest.raises(InvalidPromptError, match="list of token ids"):
             small_llm.engine.add_request("bad", not_ids, GREEDY)
+    for request_id in (5, None, ["a"], ""):  # as vLLM's, a request is named by a string
+        with pytest.raises(InvalidPromptError, match="must be a non-empty string"):
+            small_llm.engine.add_request(request_id, [1, 2], GREEDY)
+    # half of a UTF-16 pair is no text a tokenizer encodes: in a prompt, and in bad_words
+    with pytest.raises(InvalidPromptError, match="lone UTF-16 surrogate"):
+        small_llm.generate(["a b", "Hi \udcff"], GREEDY)
+    with pytest.raises(InvalidSamplingParamsError, match="bad_words.*surrogate"):
+        SamplingParams(bad_words=["ok", "\ud800"])
     assert not engine.has_unfinished_requests()
     assert engine.stats().kv_blocks_used == 0 and engine.stats().state_slots_used == 0
 
@@ -133,7 +141,9 @@ def test_vllm_prompt_dicts_are_taken_as_the_text_or_ids_they_hold(small_llm):
     assert [o.outputs[0].token_ids for o in got] == expected
     assert small_llm.generate({"prompt_token_ids": ids}, GREEDY)[0].outputs[0].token_ids == expected[0]
     for bad, named in (({"prompt": text, "multi_modal_data": {}}, "'multi_modal_data' is not supported"),
-                       ({"prompt": text, "prompt_token_ids": ids}, "either 'prompt'"), ({}, "either 'prompt'")):
+                       ({"prompt": text, "prompt_token_ids": ids}, "either 'prompt'"), ({}, "either 'prompt'"),
+                       ({"prompt": ids}, "'prompt' is text, got list"),
+                       ({"prompt_token_ids": text}, "'prompt_token_ids' is a list of token ids, got str")):
         with pytest.raises(InvalidPromptError, match=named):
             small_llm.generate([{"prompt": text}, bad], GREEDY)
     assert not small_llm.engine.has_unfinished_requests()

@@ -121,6 +121,8 @@ class LLMEngine:
             raise InvalidSamplingParamsError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()  # again: a field may have been set since construction
         params.check_logprobs(self.max_logprobs, self.vocab_size)
+        if not isinstance(request_id, str) or not request_id:  # as vLLM's: outputs and aborts name it
+            raise InvalidPromptError(f"request id {request_id!r}: must be a non-empty string")
         if request_id in self._parents:
             raise InvalidPromptError(f"request id {request_id!r} is already in use")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
