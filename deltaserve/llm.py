@@ -116,6 +116,10 @@ class LLM:
                     if output.finished:
                         finished[output.request_id] = output
                         progress.finished(output)
+            # a step launched before a stop was read back still runs, for rows that have finished: the engine is
+            # left idle, as a caller of vLLM's LLM finds it (has_unfinished_requests False)
+            while self.engine.has_unfinished_requests() and not self.engine.scheduler.has_unfinished():
+                self.engine.step()
         except BaseException:  # a failure out of the step, or Ctrl-C: the engine keeps nothing of this call
             for request_id in ids:
                 if request_id not in finished:

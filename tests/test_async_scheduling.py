@@ -137,3 +137,17 @@ def test_async_scheduling_steps_that_look_like_decode_but_start_sequences(checkp
         assert bool(launches) == overlap
     assert outputs[True] == outputs[False]
     assert outputs[True][1] == outputs[True][2]
+
+
+def test_generate_returns_with_the_engine_idle_after_a_stop(checkpoint_factory):
+    """A stop is known only when its token is read back, by which time the next step has been launched for its
+    row: LLM.generate reads that step back too, so the engine it returns is idle (as vLLM's)."""
+    llm = LLM(checkpoint_factory("qwen3.5"), device="cpu")
+    prompt = [random.randrange(300) for _ in range(12)]
+    free = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0].outputs[0]
+    k = next(i for i in range(2, len(free.token_ids)) if free.token_ids[i] not in free.token_ids[:i])
+    launches = _launches(llm.engine)
+    out = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
+                                                stop_token_ids=[free.token_ids[k]]))[0].outputs[0]
+    assert launches and out.token_ids == free.token_ids[: k + 1] and out.finish_reason == "stop"
+    assert not llm.engine.has_unfinished_requests() and llm.engine.stats().kv_blocks_used == 0
