@@ -24,8 +24,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "Face's)")
     p.add_argument("--dtype", default=None, help="auto (default), float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="auto (default: CUDA when present), cuda, cpu")
-    p.add_argument("--max-model-len", type=token_count, default=None,
-                   help="context length, as 32768, 32k or 32K (default: the model's)")
+    p.add_argument("--max-model-len", type=context_length, default=None,
+                   help="context length, as 32768, 32k or 32K (default, or auto: the model's)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences running at once")
     p.add_argument("--max-num-batched-tokens", type=token_count, default=None,
                    help="token budget of one step, as 8192, 8k or 8K")
@@ -93,6 +93,11 @@ def token_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens (as 32768, 32k or 32K)") from None
 
 
+def context_length(text: str) -> int | None:
+    """--max-model-len: tokens as token_count reads them, or vLLM's "auto" (and -1): the model's, as unset."""
+    return None if text.strip().lower() in ("auto", "-1") else token_count(text)
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -118,7 +123,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="send the prompt as a user message through the chat template")
     gen.add_argument("--dtype", default="auto")
     gen.add_argument("--device", default="auto")
-    gen.add_argument("--max-model-len", type=token_count, default=None)
+    gen.add_argument("--max-model-len", type=context_length, default=None)
 
     srv = sub.add_parser("serve", help="serve the OpenAI and Anthropic HTTP APIs")
     _engine_options(srv)

@@ -36,6 +36,8 @@ def config_file_args(path: str, command: argparse.ArgumentParser | None = None) 
         raise DeltaServeError(f"--config {path}: must map flag names to values (such as `port: 8000`)")
     words = []
     for key, value in config.items():
+        if command is not None:
+            _check_key(path, key, value, command)
         if isinstance(value, bool):
             negative = "--no-" + _flag(key)[2:]
             if value or (command is not None and negative in command._option_string_actions):
@@ -47,6 +49,16 @@ def config_file_args(path: str, command: argparse.ArgumentParser | None = None) 
         elif value is not None:
             words += [_flag(key), str(value)]
     return words
+
+
+def _check_key(path: str, key: str, value, command: argparse.ArgumentParser) -> None:
+    """A key must be one of the command's flags by its whole name (argparse would take a prefix of one), and a
+    list is for a flag that takes several values (its items would otherwise run on into MODEL)."""
+    action = command._option_string_actions.get(_flag(key))
+    if action is None:
+        raise DeltaServeError(f"--config {path}: {key} is not a flag of this command (see its --help)")
+    if isinstance(value, list) and action.nargs in (None, "?", 0):
+        raise DeltaServeError(f"--config {path}: {key} takes one value, not a list")
 
 
 def _without_config(argv: list[str]) -> tuple[list[str], str | None]:

@@ -52,6 +52,18 @@ def test_token_counts_take_vllms_suffixes():
     for bad in (f"{whole}.5K", f"{whole}.0001k", "k", f"{whole}x", f"-{whole}k", f"{whole}.5"):
         with pytest.raises(SystemExit):
             _build_parser().parse_args(["serve", "--max-model-len", bad])
+    for auto in ("auto", "AUTO", "-1"):  # vLLM's: the model's own, as when unset
+        assert "max_model_len" not in engine_kwargs(_build_parser().parse_args(["serve", "--max-model-len", auto]))
+
+
+@pytest.mark.parametrize("field, value", [("num_kv_blocks", -1), ("num_kv_blocks", 0), ("seed", "x"),
+                                          ("seed", 2**64), ("enforce_eager", "no"), ("enable_prefix_caching", "yes"),
+                                          ("async_scheduling", 1), ("cpu_kv_cache_gib", -1), ("device", None),
+                                          ("dtype", 5)])
+def test_engine_settings_of_the_wrong_kind_are_named(field, value):
+    """A string where a switch goes would read as true, a negative pool size failed deep in torch."""
+    with pytest.raises(DeltaServeError, match=f"{field}="):
+        EngineConfig(**{field: value})
 
 
 def test_vllms_names_for_engine_options():

@@ -73,6 +73,22 @@ class EngineConfig:
             raise DeltaServeError(f"generation_config={self.generation_config!r}: give 'auto', 'vllm' or a directory")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise DeltaServeError(f"max_model_len={self.max_model_len!r}: must be an integer >= 2")
+        blocks = self.num_kv_blocks
+        if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
+            raise DeltaServeError(f"num_kv_blocks={blocks!r}: must be a positive integer (None: sized to memory)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**63:
+            raise DeltaServeError(f"seed={self.seed!r}: must be a 64-bit integer")
+        for name in ("enable_prefix_caching", "enforce_eager", "async_scheduling"):
+            if not isinstance(getattr(self, name), bool):  # "no" would read as true
+                raise DeltaServeError(f"{name}={getattr(self, name)!r}: must be True or False")
+        if self.warm_up is not None and not isinstance(self.warm_up, bool):
+            raise DeltaServeError(f"warm_up={self.warm_up!r}: must be True, False or None")
+        gib = self.cpu_kv_cache_gib
+        if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
+            raise DeltaServeError(f"cpu_kv_cache_gib={gib!r}: must be a positive number of GiB")
+        for name in ("dtype", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise DeltaServeError(f"{name}={getattr(self, name)!r}: must be a string ('auto' by default)")
 
 
 def resolve_device(device: str) -> torch.device:

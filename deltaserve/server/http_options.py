@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import uuid
 from typing import Any
 
@@ -62,9 +63,17 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_http_arguments(args: Any) -> None:
-    """What must hold before the model loads: TLS needs its key and its certificate together."""
+    """What must hold before the model loads: a port there is, and TLS's key and certificate together, files
+    that exist."""
+    port = getattr(args, "port", 0)
+    if not 0 <= port <= 65535:
+        raise DeltaServeError(f"--port {port}: a port is 0 (any free one) to 65535")
     if bool(getattr(args, "ssl_keyfile", None)) != bool(getattr(args, "ssl_certfile", None)):
         raise DeltaServeError("--ssl-keyfile and --ssl-certfile go together: give both, or neither")
+    for flag in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+        path = getattr(args, flag, None)
+        if path and not os.path.isfile(path):
+            raise DeltaServeError(f"--{flag.replace('_', '-')} {path}: no such file")
 
 
 class RequestIdHeaders:

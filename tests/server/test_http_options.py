@@ -118,6 +118,14 @@ def test_the_options_reach_uvicorn_and_wrong_values_are_named():
         "access_log"] is False
     with pytest.raises(DeltaServeError, match="--ssl-keyfile and --ssl-certfile go together"):
         check_http_arguments(parse(["serve", "--ssl-keyfile", "k.pem"]))
+    # found before the model loads: a port past 65535 bound another (its value modulo 65536), missing files raised
+    # a traceback after loading
+    for port in (70000, -5):
+        with pytest.raises(DeltaServeError, match=f"--port {port}"):
+            check_http_arguments(parse(["serve", "--port", str(port)]))
+    missing = f"/nonexistent/{uuid.uuid4().hex}.pem"
+    with pytest.raises(DeltaServeError, match=f"--ssl-keyfile {missing}: no such file"):
+        check_http_arguments(parse(["serve", "--ssl-keyfile", missing, "--ssl-certfile", missing]))
     two = [ORIGIN, "http://b.example"]
     for line, origins in ((["--allowed-origins", json.dumps(two)], two), (["--allowed-origins", *two], two), ([], ["*"])):
         args = parse(["serve", *line])
