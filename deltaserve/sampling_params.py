@@ -75,6 +75,15 @@ class StructuredOutputsParams:
             raise InvalidSamplingParamsError("structured_outputs.whitespace_pattern must be a non-empty string")
 
 
+# vLLM's SamplingParams fields deltaserve takes only at their defaults: what each asks
+UNHONOURED = {"thinking_token_budget": "a budget on thinking tokens (max_tokens bounds the whole reply)",
+              "repetition_detection": "stopping at repeated n-grams",
+              "logprob_token_ids": "the logprobs of tokens named in advance (logprobs gives the top ones)",
+              "flat_logprobs": "logprobs as flat lists",
+              "skip_reading_prefix_cache": "a request that does not read the prefix cache",
+              "extra_args": "arguments for logits processors (deltaserve runs none of the caller's)"}
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -104,6 +113,14 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (no text, so no stop strings)
     structured_outputs: StructuredOutputsParams | None = None  # what the output must match (engine/grammar.py)
+    # vLLM's fields that would change what is generated or returned, and that deltaserve does not honour: taken at
+    # their defaults so that vLLM's code runs, refused by name otherwise (UNHONOURED)
+    thinking_token_budget: int | None = None
+    repetition_detection: object | None = None
+    logprob_token_ids: list[int] | None = None
+    flat_logprobs: bool = False
+    skip_reading_prefix_cache: bool | None = None
+    extra_args: dict | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +130,9 @@ class SamplingParams:
         """Checks every field and derives what the engine reads (stop_strings; a temperature too small to
         divide by as 0). The engine calls it again when a request is added, so fields set after
         construction are checked too."""
+        for name, what in UNHONOURED.items():
+            if getattr(self, name) not in (None, False, {}):
+                raise InvalidSamplingParamsError(f"{name}={getattr(self, name)!r:.60}: {what} is not supported")
         def bad(name: str, value, why: str) -> InvalidSamplingParamsError:
             return InvalidSamplingParamsError(f"{name}={value!r}: {why}")
 

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from deltaserve.errors import InvalidSamplingParamsError
-from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams, check_logprobs_count
+from deltaserve.sampling_params import UNHONOURED, SamplingParams, StructuredOutputsParams, check_logprobs_count
 from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.errors import bad_request, context_length_error
 
@@ -19,8 +19,7 @@ NOT_IMPLEMENTED = {"use_beam_search": "beam search", "logits_processors": "logit
                    "guided_regex": "guided_regex (use structured_outputs)",
                    "guided_choice": "guided_choice (use structured_outputs)",
                    "guided_grammar": "guided_grammar (use structured_outputs)",
-                   "thinking_token_budget": "a budget on thinking tokens (max_tokens bounds the whole reply)",
-                   "repetition_detection": "stopping at repeated n-grams"}
+                   **{name: UNHONOURED[name] for name in ("thinking_token_budget", "repetition_detection")}}
 
 logger = logging.getLogger(__name__)
 
