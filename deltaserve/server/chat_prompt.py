@@ -138,10 +138,10 @@ def render_chat(
         try:
             jinja2.Environment().parse(chat_template)
         except jinja2.TemplateSyntaxError as exc:
-            raise bad_request(f"chat_template: not a Jinja template ({exc})", "chat_template") from None
-    if continue_final:
-        if not messages or messages[-1]["role"] != "assistant":
-            raise bad_request("continuing the final message needs a final assistant message", "messages")
+            raise bad_request(f"chat_template: not a Jinja template ({exc})", "chat_template", "invalid_value") from None
+    if continue_final:  # the last message of any role, as vLLM's (an assistant's: a prefill)
+        if not messages:
+            raise bad_request("continuing the final message needs a final message", "messages", "invalid_value")
         # the capture points then come from each earlier turn rendered the same way (message_offsets)
         kwargs["continue_final_message"] = True
         add_generation_prompt = False

@@ -49,7 +49,12 @@ class ServerContext:
 
     def template_kwargs(self, own: dict | None) -> dict:
         """A chat's template variables: the server's defaults (--default-chat-template-kwargs), the request's
-        own chat_template_kwargs over them."""
+        own chat_template_kwargs over them. The request's fields of the same names say how the chat is rendered,
+        and the server reads them (a reply's role and echo): in chat_template_kwargs they are refused."""
+        for name in ("add_generation_prompt", "continue_final_message"):
+            if name in (own or {}):
+                raise bad_request(f"chat_template_kwargs may not carry {name}: give it as the request's own field",
+                                  f"chat_template_kwargs.{name}", "unsupported_value")
         return {**self.default_chat_template_kwargs, **(own or {})}
 
     def tokens_as_ids(self, req: Any) -> bool:

@@ -43,7 +43,8 @@ def demanded_call_structure(schemas: dict[str, dict], name: str | None, parallel
 class ForcedToolCalls:
     """One choice's answer text, held until it is complete, then its calls. Where the grammar did not finish it
     (the length ran out), the calls as far as they were written, as OpenAI gives them: each call whose name
-    came, its arguments the text written so far, marked incomplete."""
+    came, its arguments the text written so far, marked incomplete (and no text: the JSON around them is the
+    grammar's)."""
 
     def __init__(self, name: str | None):
         self.name = name
@@ -56,9 +57,10 @@ class ForcedToolCalls:
         """(text left as the answer, the calls)."""
         try:
             value = loads_json(self._text)  # a number past a float's range (1e400) is JSON the grammar lets by
-        except ValueError:  # cut short, or whole with a number no JSON carries (which stays text)
-            calls = [] if _is_json(self._text) else _written_calls(self._text, self.name)
-            return ("", calls) if calls else (self._text, [])
+        except ValueError:  # whole with a number no JSON carries (which stays text), or cut short
+            if _is_json(self._text):
+                return self._text, []
+            return "", _written_calls(self._text, self.name)  # none where no name came: no grammar's JSON shown
         if self.name is not None:
             return "", [ToolCall(self.name, _arguments(value))]
         return "", [ToolCall(call["name"], _arguments(call["parameters"])) for call in value]

@@ -179,8 +179,11 @@ async def check_structure(engine: Any, structure: StructuredOutputsParams | None
         return
     try:
         await asyncio.to_thread(grammars.compile, structure)
-    except InvalidSamplingParamsError as exc:
-        raise bad_request(str(exc), param, "invalid_value") from None
+    except InvalidSamplingParamsError as exc:  # named as the request named it (response_format, a tool choice)
+        message = str(exc)
+        if message.startswith("structured_outputs") and not param.startswith("structured_outputs"):
+            message = param + message[len("structured_outputs"):]
+        raise bad_request(message, param, "invalid_value") from None
 
 
 def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None:

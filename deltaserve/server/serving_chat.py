@@ -17,6 +17,7 @@ from deltaserve.sampling_params import StructuredOutputsParams
 from deltaserve.server.chat_prompt import (
     ChatPrompt,
     check_rendering_fields,
+    message_text,
     openai_messages_for_template,
     openai_tools_for_template,
     render_chat,
@@ -61,11 +62,11 @@ def _response_role(req: ChatCompletionRequest, default: str) -> str:
 
 def _echoed(req: ChatCompletionRequest, role: str) -> str:
     """With echo, the text the reply starts with: the last message's, where it is of the reply's role (vLLM's
-    rule; a list's text parts one a line)."""
+    rule), as the prompt holds it."""
     last = req.messages[-1]
-    if not req.echo or last.role != role or not last.content:
+    if not req.echo or last.role != role:
         return ""
-    return last.content if isinstance(last.content, str) else "\n".join(part.text or "" for part in last.content)
+    return message_text(last.content, f"messages.{len(req.messages) - 1}.content", ("text", "refusal"))
 
 
 def _prompt_logprobs(req: ChatCompletionRequest) -> int | None:

@@ -80,6 +80,7 @@ class Completions:
         self.ctx.admit()
         # off the event loop, as a chat's template: a long prompt's tokens take a while, and every stream waits
         prompts = await asyncio.to_thread(lambda: [self._tokenize(p) for p in _split_prompts(req.prompt)])
+        _check_vocabulary(prompts, self.ctx.engine)  # before any is queued: one bad id refuses them all at once
         keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len)
         if keep is not None:  # the prompt's last tokens alone: its text is what they decode to (for echo)
             prompts = [p if len(p.token_ids) <= keep else _Prompt(None, p.token_ids[-keep:]) for p in prompts]
@@ -125,6 +126,18 @@ async def submit_prompts(engine: AsyncEngine, base_id: str, prompts: list[_Promp
         _close_taken(tasks)
         raise refused[0]
     return taken
+
+
+def _check_vocabulary(prompts: list[_Prompt], engine: AsyncEngine) -> None:
+    """Token-id prompts hold ids of the vocabulary (the engine checks each as it takes it, by which time the
+    others of the request are queued and running)."""
+    vocab = getattr(getattr(getattr(engine, "engine", None), "model_config", None), "vocab_size", None)
+    for p in prompts:
+        if p.text is None and vocab is not None:
+            low, high = min(p.token_ids), max(p.token_ids)
+            if low < 0 or high >= vocab:
+                raise bad_request(f"token id {low if low < 0 else high} is outside the vocabulary [0, {vocab})",
+                                  "prompt", "invalid_prompt")
 
 
 def _close_taken(tasks: list[asyncio.Future]) -> None:

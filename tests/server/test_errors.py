@@ -138,6 +138,11 @@ CASES = {
     "tool without a name": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "tools": [
         {"type": "function", "function": {"name": "", "parameters": {"type": "object"}}}]}, None,
         "tools.0.function.name"),
+    "a bad token id among many prompts": ("/v1/completions", {"model": MODEL, "prompt": [[1, 2]] * 50 + [
+        [1, 10_000_000]] + [[3]] * 50, "max_tokens": 2}, None, "prompt"),
+    "a rendering field as a template variable": ("/tokenize", {"model": MODEL, "messages": QUESTION,
+                                                              "chat_template_kwargs": {"add_generation_prompt": False}},
+                                                 None, "chat_template_kwargs.add_generation_prompt"),
     "seed past int64": ("/v1/completions", {"model": MODEL, "prompt": "a", "seed": 2**63}, None, "seed"),
     "seed below int64": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "seed": -(2**63) - 1},
                          None, "seed"),
@@ -279,4 +284,13 @@ def test_missing_or_wrong_key_is_401(server):
     r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": "a"}, timeout=30)
     _assert_error(r, 401)
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # health needs no key
+    _still_serves(server)
+
+
+def test_a_schema_error_is_named_as_the_request_named_the_schema(server):
+    """A response_format schema that admits nothing is refused under response_format, in the message too."""
+    r = _post(server, "/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}})
+    _assert_error(r, 400, "response_format")
+    assert r.json()["error"]["message"].startswith("response_format: nothing can be written"), r.text
     _still_serves(server)

@@ -370,9 +370,14 @@ def test_continue_final_message_goes_on_writing_the_assistants_text(client, serv
     r = httpx.post(server.url + "/v1/chat/completions", headers=server.headers, timeout=30,
                    json={"model": MODEL, "messages": messages, "continue_final_message": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
+    # as vLLM's, the last message of any role may be continued: the user's, left open
     r = httpx.post(server.url + "/v1/chat/completions", headers=server.headers, timeout=30,
-                   json={"model": MODEL, "messages": QUESTION, **extra})
-    assert r.status_code == 400 and "final assistant message" in r.json()["error"]["message"], r.text
+                   json={"model": MODEL, "messages": QUESTION, "max_tokens": 2, **extra})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/v1/chat/completions", headers=server.headers, timeout=30,
+                   json={"model": MODEL, "messages": messages, "add_generation_prompt": False,
+                         "chat_template_kwargs": {"continue_final_message": True}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs.continue_final_message", r.text
 
 
 def test_chat_echo_starts_the_reply_with_the_message_it_goes_on_writing(client, server):
@@ -393,10 +398,11 @@ def test_chat_echo_starts_the_reply_with_the_message_it_goes_on_writing(client, 
     prompt_logprobs = echoed.model_extra["prompt_logprobs"]
     assert len(prompt_logprobs) == echoed.usage.prompt_tokens and prompt_logprobs[0] is None
     assert all(1 <= len(entry) <= 3 for entry in prompt_logprobs[1:])
-    parts = [{"type": "text", "text": head}, {"type": "text", "text": "x"}]
+    # the echo is the message as the prompt holds it: its text parts joined, a refusal part's refusal
+    parts = [{"type": "text", "text": head}, {"type": "refusal", "refusal": " x"}]
     listed = client.chat.completions.create(model=MODEL, messages=QUESTION + [{"role": "assistant", "content": parts}],
                                             max_tokens=2, temperature=0, extra_body={**extra, "echo": True})
-    assert listed.choices[0].message.content.startswith(head + "\nx")
+    assert listed.choices[0].message.content.startswith(head + " x")
     stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
                                             stream=True, extra_body={**extra, "echo": True})
     chunks = [c for c in stream if c.choices]
