@@ -10,7 +10,7 @@ from typing import Any
 import jinja2
 
 from deltaserve.server.errors import bad_request
-from deltaserve.server.protocol import ChatMessage, ToolDef
+from deltaserve.server.protocol import CHAT_ROLES, ChatMessage, ToolDef
 from deltaserve.server.reasoning import prompt_opens_reasoning
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,15 @@ def _reasoning(msg: ChatMessage, param: str) -> str | None:
         raise bad_request("reasoning and reasoning_content differ: give the reasoning once", f"{param}.reasoning",
                           "invalid_value")
     return msg.reasoning_content if msg.reasoning_content is not None else msg.reasoning
+
+
+def check_roles(messages: list[ChatMessage], response_role: str) -> None:
+    """Each message's role is one of OpenAI's, or the role the server gives its replies (--response-role)."""
+    roles = (*CHAT_ROLES, *([response_role] if response_role not in CHAT_ROLES else []))
+    for i, msg in enumerate(messages):
+        if msg.role not in roles:
+            raise bad_request(f"Invalid value for 'messages.{i}.role': {msg.role!r} is not a role; give one of "
+                              f"{', '.join(map(repr, roles))}", f"messages.{i}.role", "invalid_value")
 
 
 def openai_messages_for_template(messages: list[ChatMessage]) -> list[dict]:

@@ -35,8 +35,12 @@ class ToolCallIn(_Lenient):
     function: FunctionCallIn
 
 
+# OpenAI's roles; a server's --response-role is taken too (check_roles), so that its replies can be sent back
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 class ChatMessage(_Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: StrictStr
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
     tool_calls: list[ToolCallIn] | None = None

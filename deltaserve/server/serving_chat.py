@@ -17,6 +17,7 @@ from deltaserve.sampling_params import StructuredOutputsParams
 from deltaserve.server.chat_prompt import (
     ChatPrompt,
     check_rendering_fields,
+    check_roles,
     message_text,
     openai_messages_for_template,
     openai_tools_for_template,
@@ -144,6 +145,7 @@ class ChatCompletions:
         _check_chat_ranges(req, self.ctx.engine)
         self.ctx.admit()
         tools = _select_tools(req)
+        check_roles(req.messages, self.ctx.response_role)
         messages = openai_messages_for_template(req.messages)
         check_rendering_fields(self.ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
         prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools,

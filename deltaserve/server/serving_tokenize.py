@@ -6,7 +6,7 @@ import asyncio
 
 from fastapi import Request
 
-from deltaserve.server.chat_prompt import (check_rendering_fields, openai_messages_for_template,
+from deltaserve.server.chat_prompt import (check_rendering_fields, check_roles, openai_messages_for_template,
                                           openai_tools_for_template, render_chat)
 from deltaserve.server.context import ServerContext, read_json_object
 from deltaserve.server.errors import bad_request
@@ -19,6 +19,7 @@ async def tokenize(ctx: ServerContext, request: Request) -> dict:
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
     if req.messages is not None:
+        check_roles(req.messages, ctx.response_role)
         check_rendering_fields(ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
     tokens = await asyncio.to_thread(_tokens, ctx, req)  # off the event loop, as chat's rendering is
     answer = {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
