@@ -9,12 +9,13 @@ from collections.abc import Callable
 import jinja2
 from tqdm import tqdm
 
+from deltaserve.chat_content import ContentPartError, content_text
 from deltaserve.engine.llm_engine import LLMEngine
 from deltaserve.errors import (DeltaServeError, InvalidPromptError, InvalidSamplingParamsError, RequestNotFoundError,
                                StepFailedError, WeightLoadError)
 from deltaserve.outputs import RequestOutput
 from deltaserve.sampling_params import SamplingParams
-from deltaserve.tokenizer import read_chat_template
+from deltaserve.tokenizer import RENDERING_ARGUMENTS, read_chat_template
 from deltaserve.vllm_engine_args import engine_args_from_vllm
 
 Prompt = str | list[int]  # generate also takes vLLM's prompt dicts, {"prompt": text} and {"prompt_token_ids": ids}
@@ -182,8 +183,7 @@ def _refuse_run_options(**given) -> None:
 # set by chat's own arguments, so not taken from chat_template_kwargs
 # apply_chat_template's own arguments: chat sets them (from its arguments, where it takes them), so a template
 # variable of the same name would collide with them
-_CHAT_ARGUMENTS = ("chat_template", "add_generation_prompt", "continue_final_message", "tools", "tokenize",
-                   "messages", "conversation", "return_dict", "return_tensors", "return_assistant_tokens_mask")
+_CHAT_ARGUMENTS = ("chat_template", "add_generation_prompt", "continue_final_message", "tools", *RENDERING_ARGUMENTS)
 
 
 def _template_options(chat_template: str | None, continue_final_message: bool, add_generation_prompt: bool,
@@ -265,20 +265,13 @@ def _template_messages(conversation: list[dict]) -> list[dict]:
 
 
 def _parts_text(content, index: int) -> str:
-    if content is None:
-        return ""
-    if not isinstance(content, (list, tuple)):
+    if content is not None and not isinstance(content, (list, tuple)):
         raise InvalidPromptError(f"messages[{index}]'s content must be a string or a list of text parts, got "
                                  f"{type(content).__name__}")
-    texts = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        text = part.get("refusal" if kind == "refusal" else "text") if kind in ("text", "refusal") else None
-        if not isinstance(text, str):
-            raise InvalidPromptError(f"messages[{index}]'s content part {part!r:.80}: deltaserve reads text parts "
-                                     "only ({'type': 'text', 'text': ...})")
-        texts.append(text)
-    return "".join(texts)
+    try:
+        return content_text(content, ("text", "refusal"))
+    except ContentPartError as exc:
+        raise InvalidPromptError(f"messages[{index}]'s {exc}") from None
 
 
 def _params_per_prompt(params, count: int, default) -> list[SamplingParams]:

@@ -164,6 +164,11 @@ class Tokenizer:
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
+# apply_chat_template's own arguments that say what it returns and of what: as template variables (a request's
+# chat_template_kwargs) they would collide with the call ("got multiple values") or turn its text into ids or a dict
+RENDERING_ARGUMENTS = ("messages", "conversation", "tokenize", "return_dict", "return_tensors",
+                       "return_assistant_tokens_mask")
+
 
 def _check_messages(messages) -> None:
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:

@@ -9,9 +9,11 @@ from typing import Any
 
 import jinja2
 
+from deltaserve.chat_content import ContentPartError, content_text
 from deltaserve.server.errors import bad_request
 from deltaserve.server.protocol import CHAT_ROLES, ChatMessage, ToolDef
 from deltaserve.server.reasoning import prompt_opens_reasoning
+from deltaserve.tokenizer import RENDERING_ARGUMENTS
 
 logger = logging.getLogger(__name__)
 
@@ -25,25 +27,11 @@ class ChatPrompt:
 
 
 def message_text(content: Any, param: str, text_kinds: tuple[str, ...] = ("text",)) -> str:
-    """String content, or the text parts of a list (parts of the types `text_kinds` names: the Responses API's
-    are input_text and output_text; an OpenAI refusal part's text is its `refusal`); other part types are
-    refused."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for part in content:
-        kind = part.type if hasattr(part, "type") else part.get("type")
-        field = "refusal" if kind == "refusal" and "refusal" in text_kinds else "text"  # OpenAI's refusal part
-        text = getattr(part, field, None) if hasattr(part, "type") else part.get(field)
-        if kind not in text_kinds:
-            raise bad_request(f"content part of type {kind!r} is not supported: this model reads text only", param,
-                              "unsupported_value")
-        if not isinstance(text, str):
-            raise bad_request(f"a content part of type {kind!r} needs its {field} as a string", param, "invalid_value")
-        texts.append(text)
-    return "".join(texts)
+    """A message's content as text (chat_content.content_text); a part it cannot read is a 400 naming `param`."""
+    try:
+        return content_text(content, text_kinds)
+    except ContentPartError as exc:
+        raise bad_request(str(exc), param, "unsupported_value" if exc.unsupported else "invalid_value") from None
 
 
 def _arguments_for_template(arguments: Any) -> Any:
@@ -167,12 +155,6 @@ def render_chat(
     return ChatPrompt(text=text, token_ids=token_ids, capture_points=points, opens_reasoning=prompt_opens_reasoning(text))
 
 
-# apply_chat_template's own arguments, which the server sets: as template variables they would collide with it
-# (messages: "got multiple values") or turn its text into token ids or a dict
-_RENDERING_OPTIONS = frozenset({"messages", "conversation", "tokenize", "return_dict", "return_tensors",
-                                "return_assistant_tokens_mask"})
-
-
 def _template_options(template_kwargs: dict | None) -> dict:
     """A request's chat_template_kwargs, less what the server sets itself. A template of the client's own is
     refused: it would run in the server (a loop of loops renders for as long as the client likes)."""
@@ -180,9 +162,10 @@ def _template_options(template_kwargs: dict | None) -> dict:
     if "chat_template" in kwargs:
         raise bad_request("chat_template_kwargs may not carry a chat_template: the server renders with its own "
                           "(--chat-template)", "chat_template_kwargs.chat_template", "unsupported_value")
-    for name in _RENDERING_OPTIONS.intersection(kwargs):
-        raise bad_request(f"chat_template_kwargs may not carry {name}: the server sets how the chat is rendered",
-                          f"chat_template_kwargs.{name}", "unsupported_value")
+    named = next((name for name in RENDERING_ARGUMENTS if name in kwargs), None)
+    if named is not None:
+        raise bad_request(f"chat_template_kwargs may not carry {named}: the server sets how the chat is rendered",
+                          f"chat_template_kwargs.{named}", "unsupported_value")
     kwargs.pop("tools", None)
     kwargs.pop("add_generation_prompt", None)
     if not kwargs.get("continue_final_message"):

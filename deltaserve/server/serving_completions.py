@@ -70,6 +70,13 @@ class Completions:
             raise bad_request("a token-id prompt must not be empty", "prompt", "invalid_prompt")
         return _Prompt(None, list(prompt))
 
+    def _prompts(self, prompt) -> list[_Prompt]:
+        """The request's prompts as token ids (off the event loop, as a chat's template: a long prompt's tokens
+        take a while, and every stream would wait), their ids checked against the vocabulary."""
+        prompts = [self._tokenize(p) for p in _split_prompts(prompt)]
+        _check_vocabulary(prompts, self.ctx.engine)
+        return prompts
+
     async def __call__(self, request: Request):
         body = await read_json_object(request)
         req = CompletionRequest.model_validate(body)
@@ -78,9 +85,8 @@ class Completions:
         if req.logprobs is not None:
             check_logprobs_field("logprobs", req.logprobs, self.ctx.engine)
         self.ctx.admit()
-        # off the event loop, as a chat's template: a long prompt's tokens take a while, and every stream waits
-        prompts = await asyncio.to_thread(lambda: [self._tokenize(p) for p in _split_prompts(req.prompt)])
-        _check_vocabulary(prompts, self.ctx.engine)  # before any is queued: one bad id refuses them all at once
+        # checked before any is queued: one bad id refuses them all at once
+        prompts = await asyncio.to_thread(self._prompts, req.prompt)
         keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len)
         if keep is not None:  # the prompt's last tokens alone: its text is what they decode to (for echo)
             prompts = [p if len(p.token_ids) <= keep else _Prompt(None, p.token_ids[-keep:]) for p in prompts]
