@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from deltaserve.errors import InvalidSamplingParamsError
+from deltaserve.tokenizer import LONE_SURROGATE
 
 MAX_LOGPROBS = 20  # the default cap on logprobs a token (vLLM's and the OpenAI API's); the engine's max_logprobs sets it
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 makes it the only choice
@@ -212,7 +212,7 @@ class SamplingParams:
             if not isinstance(self.bad_words, (list, tuple)) or not all(
                     isinstance(w, str) and w.strip() for w in self.bad_words):
                 raise bad("bad_words", self.bad_words, "must be a list of non-empty strings")
-            if any(re.search("[\ud800-\udfff]", w) for w in self.bad_words):  # no tokenizer encodes one
+            if any(LONE_SURROGATE.search(w) for w in self.bad_words):  # no tokenizer encodes one
                 raise bad("bad_words", self.bad_words, "must be text: one holds a lone UTF-16 surrogate")
             self.bad_words = list(self.bad_words)
         for name in ("logprobs", "prompt_logprobs"):

@@ -77,7 +77,7 @@ class Tokenizer:
         return self.hf.bos_token_id
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if _SURROGATE.search(text):  # half of a UTF-16 pair (Python text may hold one): no tokenizer encodes it
+        if LONE_SURROGATE.search(text):
             raise InvalidPromptError("the text holds a lone UTF-16 surrogate (half of a pair), which is not text")
         return self.hf.encode(text, add_special_tokens=add_special_tokens)
 
@@ -162,7 +162,8 @@ class Tokenizer:
         return offsets
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+# half of a UTF-16 surrogate pair: Python text (and JSON's escapes) may hold one, no tokenizer encodes it
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # apply_chat_template's own arguments that say what it returns and of what: as template variables (a request's
 # chat_template_kwargs) they would collide with the call ("got multiple values") or turn its text into ids or a dict

@@ -18,6 +18,7 @@ from deltaserve.outputs import RequestOutput
 from deltaserve.server.chat_prompt import template_has_reasoning
 from deltaserve.server.errors import APIError, bad_request
 from deltaserve.server.metrics import ServerMetrics
+from deltaserve.tokenizer import LONE_SURROGATE
 
 T = TypeVar("T")
 
@@ -108,15 +109,14 @@ async def read_json_object(request: Request) -> dict:
 # JSON may escape a UTF-16 surrogate alone ("\ud800"), which decodes to a string no tokenizer can encode;
 # a body without such an escape has none to look for.
 _ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _refuse_lone_surrogates(value: Any, path: str) -> None:
     """A 400 naming the first string (a value or a key) that holds half of a surrogate pair."""
     if isinstance(value, str):
-        if _SURROGATE.search(value):
+        if LONE_SURROGATE.search(value):
             # the path may run through the key at fault: written escaped, the error itself is text
-            shown = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", path)
+            shown = LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", path)
             raise bad_request(f"'{shown or 'body'}' holds a lone UTF-16 surrogate, which is not text",
                               shown or None, "invalid_value")
     elif isinstance(value, dict):
