@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
+from deltaserve.engine.finite_json_schema import admits_a_finite_value
 from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.sampling_params import StructuredOutputsParams
 
@@ -154,6 +155,7 @@ class GrammarCompiler:
         if error and not error.startswith("WARNING"):
             raise InvalidSamplingParamsError(f"structured_outputs: {_one_line(error)}")
         self._check_writable(text)
+        _check_finite(text)
         with self._lock:
             self._compiled[key] = text
             while len(self._compiled) > COMPILED_KEPT:
@@ -180,6 +182,29 @@ class GrammarCompiler:
             raise InvalidSamplingParamsError(f"structured_outputs: {_one_line(matcher.get_error())}")
         start_after = self._encode(params.start_after) if params.start_after is not None else None
         return RequestGrammar(matcher, start_after)
+
+
+def _check_finite(text: str) -> None:
+    """A schema may admit only values that nest without end (its matcher takes `{"a":{"a":...` for ever): a
+    request under it could never finish, so it is refused (`finite_json_schema`)."""
+    schema = _json_schema_in(text)
+    if schema is not None and not admits_a_finite_value(schema):
+        raise InvalidSamplingParamsError(
+            "structured_outputs: the schema admits no finite value (each value it allows must nest another "
+            "without end, through required properties, required items or references)")
+
+
+def _json_schema_in(text: str):
+    """The JSON schema of a grammar that `grammar_text` made of one (llguidance expands it), or None."""
+    if not text.lstrip().startswith("{"):  # Lark
+        return None
+    try:
+        grammars = json.loads(text).get("grammars")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    if isinstance(grammars, list) and len(grammars) == 1 and isinstance(grammars[0], dict):
+        return grammars[0].get("json_schema")
+    return None
 
 
 class RequestGrammar:

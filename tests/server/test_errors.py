@@ -294,3 +294,18 @@ def test_a_schema_error_is_named_as_the_request_named_the_schema(server):
     _assert_error(r, 400, "response_format")
     assert r.json()["error"]["message"].startswith("response_format: nothing can be written"), r.text
     _still_serves(server)
+
+
+def test_a_schema_whose_every_value_nests_without_end_is_a_400_naming_the_field(server):
+    """Required properties of itself: no value of it ends, under response_format or as a demanded call's
+    parameters."""
+    forever = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+    tool = {"type": "function", "function": {"name": "chain", "parameters": forever}}
+    for body, field in [({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": forever}}},
+                         "response_format"),
+                        ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "chain"}}},
+                         "tool_choice")]:
+        r = _post(server, "/v1/chat/completions", {"model": MODEL, "messages": QUESTION, **body})
+        _assert_error(r, 400, field)
+        assert r.json()["error"]["message"].startswith(f"{field}: the schema admits no finite value"), r.text
+    _still_serves(server)
