@@ -76,8 +76,7 @@ class StructuredOutputsParams:
 
 
 # vLLM's SamplingParams fields deltaserve takes only at their defaults: what each asks
-UNHONOURED = {"thinking_token_budget": "a budget on thinking tokens (max_tokens bounds the whole reply)",
-              "repetition_detection": "stopping at repeated n-grams",
+UNHONOURED = {"repetition_detection": "stopping at repeated n-grams",
               "logprob_token_ids": "the logprobs of tokens named in advance (logprobs gives the top ones)",
               "flat_logprobs": "logprobs as flat lists",
               "skip_reading_prefix_cache": "a request that does not read the prefix cache",
@@ -113,9 +112,11 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     detokenize: bool = True  # False: token ids only (no text, so no stop strings)
     structured_outputs: StructuredOutputsParams | None = None  # what the output must match (engine/grammar.py)
+    # vLLM's: at most this many tokens in a think block, then its end is forced (engine/thinking_budget.py);
+    # None or -1: no budget
+    thinking_token_budget: int | None = None
     # vLLM's fields that would change what is generated or returned, and that deltaserve does not honour: taken at
     # their defaults so that vLLM's code runs, refused by name otherwise (UNHONOURED)
-    thinking_token_budget: int | None = None
     repetition_detection: object | None = None
     logprob_token_ids: list[int] | None = None
     flat_logprobs: bool = False
@@ -228,6 +229,13 @@ class SamplingParams:
                 raise bad("stop", self.stop, "stop strings must be non-empty strings")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t)
+        if self.thinking_token_budget is not None:
+            _check_int("thinking_token_budget", self.thinking_token_budget)
+            if self.thinking_token_budget < -1:
+                raise bad("thinking_token_budget", self.thinking_token_budget,
+                          "must be at least 0, or -1 for no budget")
+            if self.thinking_token_budget == -1:
+                self.thinking_token_budget = None
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise bad("structured_outputs", self.structured_outputs, "must be a StructuredOutputsParams")

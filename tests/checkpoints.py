@@ -121,3 +121,16 @@ def make_checkpoint(arch: str, path: str, seed: int = 0, **overrides) -> str:
     model.save_pretrained(path)
     write_tokenizer(path)
     return path
+
+
+def add_think_tokens(path: str) -> tuple[int, int]:
+    """Gives a checkpoint's tokenizer `<think>` and `</think>` as tokens of their own, added but not special (their
+    text stays in decoded replies), as Qwen's tokenizers have them. Returns their ids."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.save_pretrained(path)
+    start, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
+    assert end < VOCAB, "the tags must be rows of the model's embedding"
+    return start, end

@@ -92,8 +92,11 @@ def test_shape_not_matching_config(broken_copy):
     # past float32's range the sampler would see inf or 0 (a penalty of 0 divides logits into inf)
     ({"temperature": 1e308}, "temperature"), ({"repetition_penalty": 1e-300}, "repetition_penalty"),
     ({"repetition_penalty": 1e39}, "repetition_penalty"),
-    # vLLM's fields deltaserve does not honour: taken at their defaults, refused by name otherwise
-    ({"thinking_token_budget": 64}, "thinking_token_budget"), ({"logprob_token_ids": [3]}, "logprob_token_ids"),
+    # vLLM's fields deltaserve does not honour: taken at their defaults, refused by name otherwise (a thinking
+    # budget is honoured: only what is not a count of tokens is refused)
+    ({"thinking_token_budget": -2}, "thinking_token_budget"), ({"thinking_token_budget": True}, "thinking_token_budget"),
+    ({"thinking_token_budget": 1.5}, "thinking_token_budget"),
+    ({"logprob_token_ids": [3]}, "logprob_token_ids"),
     ({"flat_logprobs": True}, "flat_logprobs"), ({"extra_args": {"k": 1}}, "extra_args"),
     ({"skip_reading_prefix_cache": True}, "skip_reading_prefix_cache"),
     ({"repetition_detection": {"max_pattern_size": 4}}, "repetition_detection"),

@@ -102,6 +102,7 @@ class AsyncEngine:
         self.sampling_defaults: dict = getattr(engine, "sampling_defaults", {})
         self.max_logprobs: int = engine.max_logprobs  # resolved: the whole vocabulary where it was -1
         self.vocab_size: int = engine.vocab_size
+        self.think_tags: tuple[int, int] | None = getattr(engine, "think_tags", None)  # (<think>, </think>) ids
         self.max_queue = max_queue
         self.max_num_seqs = max_num_seqs
         self.stats: Any = None  # the engine's newest stats(), refreshed by the engine thread

@@ -19,6 +19,7 @@ from deltaserve.engine.model_setup import LoadedModel, load_engine_model
 from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.request import Request
 from deltaserve.engine.scheduler import Scheduler
+from deltaserve.engine.thinking_budget import ThinkingBudget, no_think_block, think_tag_ids
 from deltaserve.engine.warm_up import warm_up
 from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
 from deltaserve.outputs import CompletionOutput, RequestOutput
@@ -93,6 +94,8 @@ class LLMEngine:
         self.runner = loaded.runner
         self.grammars = GrammarCompiler(self.tokenizer.hf, self.model_config.vocab_size, self.eos_token_ids,
                                         lambda text: self.tokenizer.encode(text, add_special_tokens=False))
+        tags = think_tag_ids(lambda text: self.tokenizer.encode(text, add_special_tokens=False))
+        self.think_tags = tags if tags is not None and max(tags) < self.vocab_size else None  # (<think>, </think>)
         self._parents: dict[str, ParentRequest] = {}
         self._owner: dict[Request, ParentRequest] = {}
         self._launched = None  # LaunchedStep of a step still running, its tokens not read back
@@ -128,6 +131,7 @@ class LLMEngine:
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise InvalidPromptError(f"cache_salt={cache_salt!r}: must be a non-empty string")
         self._check_token_ids(params)
+        self._check_thinking_budget(params)
         token_ids, text, token_bytes = self._prompt_tokens(prompt, prompt_text)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
         structured = params.structured_outputs
@@ -139,7 +143,8 @@ class LLMEngine:
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
                     sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes,
                     grammar=self.grammars.matcher(structured, grammar) if grammar is not None else None,
-                    held_back=held_back, bad_words_ids=bad_words_ids, hash_root=hash_root)
+                    held_back=held_back, bad_words_ids=bad_words_ids, hash_root=hash_root,
+                    thinking=self._thinking_budget(params, token_ids))
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,
@@ -173,6 +178,17 @@ class LLMEngine:
                 if not 0 <= token < vocab:
                     raise InvalidSamplingParamsError(
                         f"{name}={token}: token id {token} is outside the vocabulary [0, {vocab})")
+
+    def _check_thinking_budget(self, params: SamplingParams) -> None:
+        if params.thinking_token_budget is not None and self.think_tags is None:
+            raise InvalidSamplingParamsError(no_think_block(params.thinking_token_budget))
+
+    def _thinking_budget(self, params: SamplingParams, prompt_ids: list[int]) -> ThinkingBudget | None:
+        """A sequence's own count of its think block's tokens (each of n samples thinks apart)."""
+        if params.thinking_token_budget is None:
+            return None
+        start, end = self.think_tags
+        return ThinkingBudget(params.thinking_token_budget, [start], [end], prompt_ids)
 
     def _prompt_tokens(self, prompt, prompt_text) -> tuple[list[int], str | None, bytes]:
         """(token ids, text, the ids as int64 bytes: the prefix cache names blocks from them)."""
@@ -315,6 +331,8 @@ class LLMEngine:
             return
         detok = parent.detokenizers[request.sample_index]
         request.resolve_token(position, token)
+        if request.thinking is not None:
+            request.thinking.accept(token)
         if logprob is not None:
             self._decode_logprob_tokens(logprob)
             request.output_logprobs.append(logprob)

@@ -7,6 +7,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from deltaserve.engine.grammar import RequestGrammar
+from deltaserve.engine.thinking_budget import ThinkingBudget
 from deltaserve.errors import NoTokenAllowedError
 from deltaserve.outputs import Logprob
 from deltaserve.sampling_params import SamplingParams
@@ -56,6 +57,7 @@ class Request:
     grammar: RequestGrammar | None = None  # structured outputs: what its next tokens may be (engine/grammar.py)
     held_back: list[int] = field(default_factory=list)  # stop tokens the sampler refuses before min_tokens
     bad_words_ids: list[list[int]] = field(default_factory=list)  # params.bad_words as token ids (engine's)
+    thinking: ThinkingBudget | None = None  # thinking_token_budget: where a think block's end is forced
     # (output index, error): the sampler found that its constraints refuse every token there (mark_dead_end)
     dead_end: tuple[int, NoTokenAllowedError] | None = None
 
@@ -122,7 +124,12 @@ class Request:
     @property
     def adjusts_logits(self) -> bool:
         """Whether the sampler changes this row's logits before temperature and top-k/p now (Sampler._adjusted)."""
-        return self._adjusts_every_step or self.holds_back_stops
+        return self._adjusts_every_step or self.holds_back_stops or self.forced_token is not None
+
+    @property
+    def forced_token(self) -> int | None:
+        """The token the next one must be (a think block's end past its budget), or None."""
+        return self.thinking.forced_token if self.thinking is not None else None
 
     def refused_tokens(self) -> list[int]:
         """The tokens the next one may not be: its stop tokens while short of min_tokens, and the last token of

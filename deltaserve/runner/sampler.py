@@ -81,10 +81,10 @@ class Sampler:
     @staticmethod
     def device_only(params) -> bool:
         """Whether a row's sampling needs nothing but its logits on the device: no logprobs to read
-        back, no penalties over its past tokens, and no grammar or bad words, whose refusals follow the last
-        token (a step can then start before the last one's tokens are read back)."""
+        back, no penalties over its past tokens, and no grammar, bad words or thinking budget, whose refusals
+        follow the last token (a step can then start before the last one's tokens are read back)."""
         return (params.logprobs is None and params.prompt_logprobs is None and not _has_penalty(params)
-                and params.structured_outputs is None and not params.bad_words)
+                and params.structured_outputs is None and not params.bad_words and params.thinking_token_budget is None)
 
     @staticmethod
     def greedy(requests: list[Request]) -> bool:
@@ -165,7 +165,8 @@ class Sampler:
                               pin_memory=self.device.type == "cuda")
         fill_masks([requests[i].grammar for i in rows], bitmask)
         for row, i in enumerate(rows):
-            if requests[i].adjusts_logits and self._grammar_leaves_nothing(bitmask[row], requests[i]):
+            if (requests[i].adjusts_logits and requests[i].forced_token is None
+                    and self._grammar_leaves_nothing(bitmask[row], requests[i])):
                 requests[i].mark_dead_end()
         mask_rows = [-1] * len(requests)
         for row, i in enumerate(rows):
@@ -192,7 +193,8 @@ class Sampler:
     def _adjusted(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits (the logits themselves stay the model's: logprobs are read from them) with each
         row's logit_bias added, and -inf outside its allowed_token_ids and over the tokens it refuses now
-        (Request.refused_tokens: stop tokens before min_tokens, bad words)."""
+        (Request.refused_tokens: stop tokens before min_tokens, bad words). A row with a forced token (a think
+        block's end) keeps that token alone, whatever the rest allow."""
         adjusted = logits.clone()
         rows, tokens, biases = [], [], []
         for i, r in enumerate(requests):
@@ -211,12 +213,17 @@ class Sampler:
         rows, tokens = [], []
         for i, r in enumerate(requests):
             refused = r.refused_tokens() if r.adjusts_logits else ()
-            if r.allows_no_token(refused):
+            if r.forced_token is None and r.allows_no_token(refused):
                 r.mark_dead_end()  # the row samples a token it refuses, which the engine never takes
             rows += [i] * len(refused)
             tokens += refused
         if rows:
             adjusted[to_device(rows, self.device), to_device(tokens, self.device)] = float("-inf")
+        forced = [(i, r.forced_token) for i, r in enumerate(requests) if r.forced_token is not None]
+        if forced:
+            rows, tokens = (to_device(list(column), self.device) for column in zip(*forced))
+            adjusted[rows] = float("-inf")
+            adjusted[rows, tokens] = 0.0
         return adjusted
 
     def _allowed_mask(self, request: Request) -> torch.Tensor:

@@ -117,6 +117,7 @@ class _SamplingFields(_Lenient):
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
     min_tokens: StrictInt = 0  # vLLM's: no end before this many tokens
+    thinking_token_budget: StrictInt | None = None  # vLLM's: a think block's end is forced after this many tokens
     allowed_token_ids: list[StrictInt] | None = None  # vLLM's
     bad_words: list[StrictStr] | None = None  # vLLM's
     truncate_prompt_tokens: StrictInt | None = None  # vLLM's: keep the prompt's last k tokens (-1: the context)

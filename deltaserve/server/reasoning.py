@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deltaserve.engine.thinking_budget import THINK_END as THINK_CLOSE
+from deltaserve.engine.thinking_budget import THINK_START as THINK_OPEN
 from deltaserve.server.tool_parsers.tags import held_suffix_len
-
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 
 
 @dataclass

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from typing import Any
 
+from deltaserve.engine.thinking_budget import no_think_block
 from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.sampling_params import UNHONOURED, SamplingParams, StructuredOutputsParams, check_logprobs_count
 from deltaserve.server.reasoning import THINK_CLOSE
@@ -19,7 +20,7 @@ NOT_IMPLEMENTED = {"use_beam_search": "beam search", "logits_processors": "logit
                    "guided_regex": "guided_regex (use structured_outputs)",
                    "guided_choice": "guided_choice (use structured_outputs)",
                    "guided_grammar": "guided_grammar (use structured_outputs)",
-                   **{name: UNHONOURED[name] for name in ("thinking_token_budget", "repetition_detection")}}
+                   "repetition_detection": UNHONOURED["repetition_detection"]}
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, pr
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
+        thinking_token_budget=req.thinking_token_budget,
     )
 
 
@@ -112,6 +114,9 @@ def refuse_unsupported(req: Any, engine: Any) -> None:
             raise bad_request(f"{name}: {what} is not supported", name, "unsupported_value")
     if extra:  # as vLLM does: fields it does not know are ignored, and said to be
         logger.warning("request fields ignored: %s", ", ".join(sorted(extra)))
+    budget = req.thinking_token_budget
+    if budget is not None and budget != -1 and getattr(engine, "think_tags", None) is None:
+        raise bad_request(no_think_block(budget), "thinking_token_budget", "unsupported_value")
     if req.prompt_logprobs is not None and req.stream:  # as vLLM: they would come only with the last chunk
         raise bad_request("prompt_logprobs are not available with stream: true", "prompt_logprobs", "invalid_value")
     if req.prompt_logprobs is not None:  # before echo's logprobs join it

@@ -119,8 +119,8 @@ CASES = {
                     "use_beam_search"),
     "guided_json": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "guided_json": {"type": "object"}},
                     None, "guided_json"),
-    "thinking budget": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "thinking_token_budget": 64},
-                        None, "thinking_token_budget"),
+    "thinking budget without think tokens": ("/v1/chat/completions", {
+        "model": MODEL, "messages": QUESTION, "thinking_token_budget": 64}, None, "thinking_token_budget"),
     "repetition detection": ("/v1/completions", {"model": MODEL, "prompt": "a",
                                                  "repetition_detection": {"max_pattern_size": 4}},
                              None, "repetition_detection"),

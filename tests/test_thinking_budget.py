@@ -1,0 +1,149 @@
+"""thinking_token_budget: a think block's end is forced once it holds the budget's tokens (vLLM's meaning)."""
+
+import random
+import shutil
+
+import pytest
+
+from deltaserve import LLM, SamplingParams
+from deltaserve.engine.thinking_budget import ThinkingBudget
+from deltaserve.errors import InvalidSamplingParamsError
+from tests.checkpoints import add_think_tokens
+
+START, END = 1000, 1001  # tag ids for the plain-Python cases, outside the random tokens below
+
+
+def feed(budget: ThinkingBudget, tokens: list[int]) -> list[int | None]:
+    """The forced token before each of `tokens`, each then taken."""
+    forced = []
+    for token in tokens:
+        forced.append(budget.forced_token)
+        budget.accept(token)
+    return forced
+
+
+def free_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(100) for _ in range(n)]
+
+
+def test_a_block_the_prompt_opens_is_ended_after_the_budget():
+    rng = random.Random()
+    size = rng.randint(0, 12)
+    budget = ThinkingBudget(size, [START], [END], free_tokens(rng, 5) + [START])
+    thoughts = free_tokens(rng, size)
+    assert feed(budget, thoughts) == [None] * size
+    assert budget.forced_token == END
+    budget.accept(END)
+    assert feed(budget, free_tokens(rng, 20)) == [None] * 20  # the answer after the block is free
+
+
+def test_thoughts_already_in_the_prompt_count():
+    rng = random.Random()
+    size, already = rng.randint(3, 12), rng.randint(0, 2)
+    budget = ThinkingBudget(size, [START], [END], [START] + free_tokens(rng, already))
+    assert feed(budget, free_tokens(rng, size - already)) == [None] * (size - already)
+    assert budget.forced_token == END
+    over = ThinkingBudget(size, [START], [END], [START] + free_tokens(rng, size + rng.randint(0, 5)))
+    assert over.forced_token == END  # a prompt past the budget: its end comes first
+
+
+def test_a_block_closed_in_the_prompt_or_by_the_model_is_left_alone():
+    rng = random.Random()
+    closed = ThinkingBudget(2, [START], [END], [START] + free_tokens(rng, 5) + [END] + free_tokens(rng, 3))
+    assert feed(closed, free_tokens(rng, 30)) == [None] * 30
+    early = ThinkingBudget(10, [START], [END], [START])
+    assert feed(early, free_tokens(rng, 4) + [END] + free_tokens(rng, 30)) == [None] * 35
+
+
+def test_a_block_the_output_opens_is_counted_from_its_start():
+    rng = random.Random()
+    size = rng.randint(0, 8)
+    budget = ThinkingBudget(size, [START], [END], free_tokens(rng, 6))
+    before = free_tokens(rng, rng.randint(0, 10))
+    assert feed(budget, before + [START] + free_tokens(rng, size)) == [None] * (len(before) + 1 + size)
+    assert budget.forced_token == END
+    budget.accept(END)
+    # a second block is counted afresh
+    assert feed(budget, [START] + free_tokens(rng, size)) == [None] * (size + 1)
+    assert budget.forced_token == END
+
+
+def test_an_end_of_several_tokens_is_forced_whole():
+    rng = random.Random()
+    start, end = [START, START + 2], [END, END + 2, END + 4]
+    size = rng.randint(0, 6)
+    budget = ThinkingBudget(size, start, end, free_tokens(rng, 3) + start)
+    assert feed(budget, free_tokens(rng, size)) == [None] * size
+    assert feed(budget, end) == end
+    assert budget.forced_token is None and not budget.in_block
+
+
+# -- through the engine -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def thinking_llm(checkpoint_factory, tmp_path_factory):
+    """A tiny Qwen3.5 checkpoint whose tokenizer has <think> and </think> as tokens of their own, as Qwen's has."""
+    path = tmp_path_factory.mktemp("thinking")
+    shutil.copytree(checkpoint_factory("qwen3.5"), path, dirs_exist_ok=True)
+    start, end = add_think_tokens(str(path))
+    return LLM(str(path), device="cpu"), start, end
+
+
+def end_due_at(tokens: list[int], budget: int, start: int, end: int, already: int = 0) -> int | None:
+    """Where a run whose prompt opened its block (`already` tokens after its start) must write `end`, walking its
+    tokens: after `budget` thoughts since the last `start`, unless the run closes the block itself first (None)."""
+    count = already
+    for i, token in enumerate(tokens):
+        if count >= budget:
+            return i
+        if token == end:
+            return None
+        count = 0 if token == start else count + 1
+    return None  # not due within these tokens
+
+
+def test_the_engine_forces_the_end_after_the_budget(thinking_llm):
+    llm, start, end = thinking_llm
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(2, 20))] + [start]
+    budget = rng.randint(0, 8)
+    greedy = dict(max_tokens=budget + 6, temperature=0, ignore_eos=True, logprobs=1)
+    free = llm.generate([prompt], SamplingParams(**greedy))[0].outputs[0]
+    kept = llm.generate([prompt], SamplingParams(thinking_token_budget=budget, **greedy))[0].outputs[0]
+    at = end_due_at(free.token_ids, budget, start, end)
+    if at is None:
+        assert kept.token_ids == free.token_ids
+        return
+    assert kept.token_ids[:at] == free.token_ids[:at] and kept.token_ids[at] == end
+    assert len(kept.token_ids) == budget + 6  # the reply goes on after the block
+    for i, (token, entry) in enumerate(zip(kept.token_ids, kept.logprobs)):
+        if i != at:  # every other token is the model's own greedy choice, the forced one its own logprob
+            assert entry[token].rank == 1, i
+    assert "</think>" in kept.text  # an added token, not a special one: its text stays, as Qwen's
+
+
+def test_each_sample_and_each_row_of_a_batch_keeps_its_own_count(thinking_llm):
+    llm, start, end = thinking_llm
+    rng = random.Random()
+    budgets = [rng.randint(0, 6) for _ in range(3)]
+    prompts = [[rng.randrange(300) for _ in range(rng.randint(2, 12))] + [start] for _ in budgets]
+    params = [SamplingParams(n=2, max_tokens=12, temperature=1.0, seed=rng.randrange(2**31), ignore_eos=True,
+                             thinking_token_budget=b) for b in budgets]
+    plain = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outputs = llm.generate(prompts + [prompts[0]], params + [plain])
+    for budget, out in zip(budgets, outputs):
+        for sample in out.outputs:
+            at = end_due_at(sample.token_ids, budget, start, end)
+            assert at is None or sample.token_ids[at] == end, (budget, sample.token_ids)
+            assert end in sample.token_ids[: budget + 1] or start in sample.token_ids, (budget, sample.token_ids)
+    alone = llm.generate([prompts[0]], plain)[0].outputs[0]
+    assert outputs[-1].outputs[0].token_ids == alone.token_ids  # a row without a budget is untouched
+
+
+def test_a_model_without_think_tokens_refuses_a_budget(checkpoint_factory):
+    llm = LLM(checkpoint_factory("qwen3.5"), device="cpu")
+    with pytest.raises(InvalidSamplingParamsError, match="thinking_token_budget=4: .*no <think> and </think>"):
+        llm.generate(["hi"], SamplingParams(max_tokens=2, thinking_token_budget=4))
+    out = llm.generate(["hi"], SamplingParams(max_tokens=2, thinking_token_budget=-1))[0]  # -1: no budget
+    assert len(out.outputs[0].token_ids) >= 1
