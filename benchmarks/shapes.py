@@ -69,12 +69,22 @@ def weight_bytes(model) -> dict:
     return {"dense": dense, "experts": experts, "embedding": embed}
 
 
+def allow_long_max_model_len() -> None:
+    """Lets an engine run past its config's context length. The Qwen3.5 shapes keep transformers' default
+    max_position_embeddings (32768, as the vLLM peer's shapes do), and the benchmarks prefill 32k-token prompts
+    at max_model_len 33024 (and any length on the smaller shapes): random weights were trained on no
+    positions, so the lengths past it measure the same work."""
+    os.environ.setdefault("DELTASERVE_ALLOW_LONG_MAX_MODEL_LEN", "1")
+
+
 def dummy_engine(name: str, **engine_kwargs):
-    """An LLMEngine with random weights in the shape `name` (its config written to a temporary folder)."""
+    """An LLMEngine with random weights in the shape `name` (its config written to a temporary folder), allowed
+    past the config's context length."""
     import tempfile
 
     from deltaserve.engine.llm_engine import LLMEngine
 
+    allow_long_max_model_len()
     return LLMEngine.from_args(write_shape(name, tempfile.mkdtemp()), load_format="dummy", **engine_kwargs)
 
 

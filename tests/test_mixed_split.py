@@ -93,7 +93,8 @@ def test_a_request_arriving_while_others_decode_runs_as_two_graphs_and_gives_the
 
 
 def test_a_chunk_past_the_split_rows_or_beside_another_keeps_the_step_eager(checkpoint_factory):
-    engine = LLMEngine.from_args(checkpoint_factory("qwen3.5"), device="cpu", max_model_len=2048, max_num_seqs=8,
+    path = checkpoint_factory("qwen3.5", max_position_embeddings=2048)  # a context of max_model_len
+    engine = LLMEngine.from_args(path, device="cpu", max_model_len=2048, max_num_seqs=8,
                                  max_num_batched_tokens=2048, enable_prefix_caching=False)
     splits = _with_uncaptured_graphs(engine, 2048)
     rng = random.Random()
@@ -115,7 +116,7 @@ def test_a_chunk_past_the_split_rows_or_beside_another_keeps_the_step_eager(chec
 
 
 def test_beside_many_decode_rows_a_longer_chunk_splits_and_gives_the_eager_outputs(checkpoint_factory):
-    path = checkpoint_factory("qwen3.5")
+    path = checkpoint_factory("qwen3.5", max_position_embeddings=2048)  # a context of max_model_len
     rng = random.Random()
     decoding = [[rng.randrange(300) for _ in range(rng.randint(2, 6))] for _ in range(MANY_DECODE_ROWS)]
     length = rng.randint(MIXED_SPLIT_MAX_ROWS + 1, MIXED_SPLIT_MAX_ROWS_BESIDE_MANY)  # eager beside fewer rows

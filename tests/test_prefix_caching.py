@@ -37,9 +37,9 @@ def _run(llm: LLM, jobs, params=GREEDY):
 
 _counter = iter(range(10**9))
 
-def _checkpoint(checkpoint_factory, arch: str) -> str:
+def _checkpoint(checkpoint_factory, arch: str, **overrides) -> str:
     """A hit agrees with a miss to rounding only: MoE checkpoints route to every expert (see every_expert)."""
-    return checkpoint_factory(arch, **every_expert(arch))
+    return checkpoint_factory(arch, **every_expert(arch), **overrides)
 
 
 def _tokens(outputs):
@@ -270,7 +270,7 @@ def test_a_prompt_restored_to_its_last_token_runs_on_past_a_stop_like_decode(che
 
 @pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
 def test_eight_chats_sharing_a_long_history_recompute_only_their_last_message(arch, checkpoint_factory):
-    path = _checkpoint(checkpoint_factory, arch)
+    path = _checkpoint(checkpoint_factory, arch, max_position_embeddings=1024)  # a context the history fits in
     on = LLM(path, device="cpu", max_model_len=1024)
     off = LLM(path, device="cpu", max_model_len=1024, enable_prefix_caching=False)
     tok = on.get_tokenizer()

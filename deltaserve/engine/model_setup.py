@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 GiB = 1 << 30
 GPU_ACTIVATION_RESERVE = 8 * GiB  # logits, activations of a full prefill chunk, graph pools
 SNAPSHOT_MEMORY_SHARE = 0.1  # of the cache memory, for prefix-cache GDN state snapshots by default
+# Either lets max_model_len pass the checkpoint's context length, with a warning; vLLM's name too, since
+# deltaserve runs vLLM's command lines and scripts as they are.
+ALLOW_LONG_MAX_MODEL_LEN_VARS = ("DELTASERVE_ALLOW_LONG_MAX_MODEL_LEN", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")
 
 
 @dataclass
@@ -60,15 +64,16 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
                                                config.override_generation_config)
     device = resolve_device(config.device)
     model_config, tokenizer, gguf_tensors = _read_checkpoint(source)
+    check_max_model_len(config.max_model_len, model_config)  # before the model is built
     if config.chat_template is not None:
         tokenizer.set_chat_template(read_chat_template(config.chat_template))
     dtype = resolve_dtype(config.dtype, model_config.dtype, device)
-    max_positions = config.max_model_len or model_config.max_position_embeddings
+    max_positions = config.max_model_len or model_context_length(model_config)
     model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,
                        dummy=config.load_format == "dummy")
     kv_pool, blocks, state_pool, slots, snapshots = _build_pools(config, model_config, dtype, device)
     capacity = blocks.num_blocks * config.block_size
-    max_model_len = config.max_model_len or min(model_config.max_position_embeddings, capacity)
+    max_model_len = config.max_model_len or min(model_context_length(model_config), capacity)
     if max_model_len > capacity:
         raise DeltaServeError(
             f"max_model_len={max_model_len} needs {max_model_len} KV slots but the pool holds {capacity} "
@@ -90,6 +95,37 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
              snapshots.num_slots if snapshots else 0, max_model_len)
     return LoadedModel(source.name, model_config, tokenizer, max_model_len, blocks, slots, snapshots, runner, device,
                        dtype, sampling_defaults)
+
+
+def model_context_length(mc: ModelConfig) -> int:
+    """The context an unset max_model_len takes: what the config allows, or max_position_embeddings (4096
+    where the config names no length)."""
+    return mc.context_length or mc.max_position_embeddings
+
+
+def check_max_model_len(max_model_len: int | None, mc: ModelConfig) -> None:
+    """Refuses a max_model_len past the context the checkpoint's config allows, unless an environment variable
+    allows it: the model was never trained on those positions, and what it computes there cannot be trusted."""
+    if max_model_len is None or mc.context_length is None or max_model_len <= mc.context_length:
+        return
+    what = (f"max_model_len={max_model_len} is more than the model's context length of {mc.context_length} "
+            f"({mc.context_length_from} in its config)")
+    allowed_by = long_max_model_len_allowed_by()
+    if allowed_by is None:
+        raise DeltaServeError(
+            f"{what}: the model never saw positions past {mc.context_length}. Lower max_model_len (or leave it "
+            f"unset for the model's), or set DELTASERVE_ALLOW_LONG_MAX_MODEL_LEN=1 (vLLM's "
+            f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 too) to run past it anyway")
+    log.warning("%s; running past it as %s=1 allows: the model never saw positions past %d, and its outputs "
+                "there may be garbage", what, allowed_by, mc.context_length)
+
+
+def long_max_model_len_allowed_by() -> str | None:
+    """The environment variable that allows a max_model_len past the model's context (1 or true), if any."""
+    for name in ALLOW_LONG_MAX_MODEL_LEN_VARS:
+        if os.environ.get(name, "0").strip().lower() in ("1", "true"):
+            return name
+    return None
 
 
 def _read_checkpoint(source: ModelSource):
@@ -136,7 +172,7 @@ def _cache_budget(config: EngineConfig, device: torch.device) -> float:
 def _default_num_blocks(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
     per_block = KVPool.bytes_per_block(len(mc.attention_layers), config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
     budget = _cache_budget(config, device)
-    wanted = -(-(config.max_model_len or mc.max_position_embeddings) // config.block_size) * config.max_num_seqs
+    wanted = -(-(config.max_model_len or model_context_length(mc)) // config.block_size) * config.max_num_seqs
     blocks = int(min(budget // max(per_block, 1), wanted))
     if blocks < 1:
         raise DeltaServeError("no memory is left for the KV cache after loading the model")

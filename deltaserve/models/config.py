@@ -25,6 +25,10 @@ class ModelConfig:
     vocab_size: int
     rms_norm_eps: float
     max_position_embeddings: int
+    # The longest context the config allows (its length keys, stretched by a rope scaling that extends them;
+    # context_length_from says how), or None where the config names no length: max_model_len may not pass it.
+    context_length: int | None = None
+    context_length_from: str = ""
     tie_word_embeddings: bool = False
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None
@@ -115,6 +119,45 @@ def _rope(cfg: dict) -> tuple[float, dict | None, float]:
     return float(theta), scaling, float(partial)
 
 
+# The keys a config may name its context length by (vLLM reads the same); where several are named the
+# smallest holds, and model_max_length, where named, over them all.
+CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_target_positions",
+                       "max_sequence_length", "max_seq_length", "seq_len")
+# Rope scalings whose max_position_embeddings already counts the stretch, so that their factor is not applied again
+PRESTRETCHED_ROPE_TYPES = ("llama3", "longrope", "su")
+
+
+def _named_context_length(cfg: dict) -> tuple[int, str] | None:
+    """(length, the key naming it), or None where the config names none."""
+    def named(key):
+        value = cfg.get(key)
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    if named("model_max_length"):
+        return cfg["model_max_length"], "model_max_length"
+    found = [(cfg[key], key) for key in CONTEXT_LENGTH_KEYS if named(key)]
+    return min(found) if found else None
+
+
+def context_length(cfg: dict, scaling: dict | None) -> tuple[int, str] | None:
+    """(the longest context the config allows, how it is read), or None where it names no length. A rope
+    scaling that stretches positions (linear, dynamic, yarn) extends the context by its factor: yarn's from its
+    original_max_position_embeddings."""
+    named = _named_context_length(cfg)
+    if named is None:
+        return None
+    length, key = named
+    rope_type = (scaling or {}).get("rope_type") or (scaling or {}).get("type")
+    if not scaling or rope_type in PRESTRETCHED_ROPE_TYPES:
+        return length, f"{key}={length}"
+    factor = scaling.get("factor") or 1.0  # a null factor stretches nothing
+    if rope_type == "yarn" and scaling.get("original_max_position_embeddings"):
+        length, key = scaling["original_max_position_embeddings"], "original_max_position_embeddings"
+    if factor == 1.0:
+        return length, f"{key}={length}"
+    return int(length * factor), f"{key}={length} times the {rope_type} rope scaling factor {factor:g}"
+
+
 def _eos_ids(cfg: dict) -> list[int]:
     eos = cfg.get("eos_token_id")
     if eos is None:
@@ -177,6 +220,9 @@ def parse_model_config(raw: dict, architecture: str) -> ModelConfig:
         num_mtp_layers=cfg.get("mtp_num_hidden_layers", cfg.get("num_nextn_predict_layers", 0)) or 0,
         mamba_ssm_dtype=cfg.get("mamba_ssm_dtype", raw.get("mamba_ssm_dtype")),
     )
+    allowed = context_length(cfg, scaling)
+    if allowed is not None:
+        config.context_length, config.context_length_from = allowed
     quantization = raw.get("quantization_config", cfg.get("quantization_config"))
     if quantization is not None:  # refused here, before a weight is read, unless it is FP8
         config.fp8_weight_block, config.fp8_weights = fp8_weight_block(quantization), True
