@@ -24,6 +24,9 @@
   give in fp32 the CPU's tokens, and in bf16 the same tokens with graphs as eagerly;
 - a request whose constraints refuse every token, arriving beside decoding rows in a decode step launched ahead,
   ends with NoTokenAllowedError; the other rows' tokens are unchanged and the engine serves on.
+- rows with a thinking_token_budget (their prompts opening a think block; greedy and seeded sampled, beside a free
+  greedy row) give in fp32 the CPU's tokens, with `</think>` where their budgets fall due, and in bf16 the same
+  tokens with graphs as eagerly.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -42,7 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import results_io  # noqa: E402
 from deltaserve import LLM, NoTokenAllowedError, SamplingParams, StructuredOutputsParams  # noqa: E402
 from deltaserve.runner.model_runner import MANY_DECODE_ROWS  # noqa: E402
-from tests.checkpoints import ARCHITECTURES, make_checkpoint  # noqa: E402
+from tests.checkpoints import ARCHITECTURES, add_think_tokens, make_checkpoint  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 WITH_LOGPROBS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2)
@@ -72,6 +75,11 @@ ADJUSTED = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logit_
             SamplingParams(max_tokens=24, temperature=0.9, seed=16, ignore_eos=True,
                            allowed_token_ids=list(range(40, 90))),
             SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, bad_words=["the", "a", "of"])]
+# Rows with a thinking budget, their prompts ending in <think>, beside a free greedy row (sampled outside the graph).
+THINKING = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, thinking_token_budget=3),
+            GREEDY,
+            SamplingParams(max_tokens=24, temperature=0.9, seed=17, ignore_eos=True, thinking_token_budget=6),
+            SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, thinking_token_budget=0)]
 # Rows that finish at different steps: the batch shrinks through sizes between the graphs' rungs (3 rows replay
 # rung 4 beside a padding row; eagerly they run as 3).
 SHRINKING = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (8, 24, 13, 24)]
@@ -127,6 +135,17 @@ def arrivals(llm: LLM, decoding, arriving) -> tuple[list[list[int]], int]:
     finally:
         del runner._execute_graphs  # the class's method again
     return [done[i] for i in ids], len(splits)
+
+
+def ends_where_due(outputs: list[list[int]], tags: tuple[int, int]) -> bool:
+    """Whether each budgeted row of THINKING wrote </think> once its block held its budget (or closed it earlier,
+    or opened another)."""
+    start, end = tags
+    for params, out in zip(THINKING, outputs):
+        budget = params.thinking_token_budget
+        if budget is not None and end not in out[: budget + 1] and start not in out[:budget]:
+            return False
+    return True
 
 
 def dead_end_beside(llm: LLM, prompts) -> dict:
@@ -207,9 +226,12 @@ def main() -> None:
               "fp32_penalised_gpu_vs_cpu": {}, "fp32_long_pair_gpu_vs_cpu": {}, "fp32_arrival_gpu_vs_cpu": {},
               "fp32_arrival_beside_many_gpu_vs_cpu": {}, "fp32_structured_gpu_vs_cpu": {},
               "graph_vs_eager_bf16_structured": {}, "graph_vs_eager_bf16_shrinking_batch": {},
-              "fp32_adjusted_gpu_vs_cpu": {}, "graph_vs_eager_bf16_adjusted": {}, "fp32_dead_end_beside_decoding": {}}
+              "fp32_adjusted_gpu_vs_cpu": {}, "graph_vs_eager_bf16_adjusted": {}, "fp32_dead_end_beside_decoding": {},
+              "fp32_thinking_budget_gpu_vs_cpu": {}, "graph_vs_eager_bf16_thinking_budget": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
+        tags = add_think_tokens(path)
+        thinking_prompts = [p + [tags[0]] for p in prompts]
         cpu_llm = LLM(path, device="cpu", **state)
         gpu_llm = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, **state)
         cpu, gpu = tokens(cpu_llm, prompts), tokens(gpu_llm, prompts)
@@ -224,6 +246,7 @@ def main() -> None:
         structured_pair = [tokens(llm, prompts, STRUCTURED) for llm in (graph_llm, eager_llm)]
         shrinking_pair = [tokens(llm, prompts, SHRINKING) for llm in (graph_llm, eager_llm)]
         adjusted_pair = [tokens(llm, prompts, ADJUSTED) for llm in (graph_llm, eager_llm)]
+        thinking_pair = [tokens(llm, thinking_prompts, THINKING) for llm in (graph_llm, eager_llm)]
         cpu_llm.reset_prefix_cache()
         gpu_llm.reset_prefix_cache()
         result["fp32_alone_gpu_vs_cpu"][arch] = {
@@ -248,6 +271,11 @@ def main() -> None:
         result["fp32_adjusted_gpu_vs_cpu"][arch] = {"identical": adjusted == tokens(cpu_llm, prompts, ADJUSTED)}
         result["graph_vs_eager_bf16_adjusted"][arch] = {"identical": adjusted_pair[0] == adjusted_pair[1]}
         result["fp32_dead_end_beside_decoding"][arch] = dead_end_beside(gpu_llm, prompts)
+        thinking = tokens(gpu_llm, thinking_prompts, THINKING)
+        result["fp32_thinking_budget_gpu_vs_cpu"][arch] = {
+            "identical": thinking == tokens(cpu_llm, thinking_prompts, THINKING),
+            "ends_where_due": ends_where_due(thinking, tags)}
+        result["graph_vs_eager_bf16_thinking_budget"][arch] = {"identical": thinking_pair[0] == thinking_pair[1]}
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -256,7 +284,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-17:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-19:]), flush=True)
         results_io.write(args.out, result)
 
 
