@@ -4,7 +4,8 @@ instead of through the model's own tool-call format.
 
 - A named function: the answer is that function's arguments, a JSON object of its parameters' schema.
 - "required": the answer is a JSON array of one call or more (one where parallel calls are off), each
-  {"name": a tool's name, "parameters": that tool's arguments}.
+  {"name": a tool's name, "parameters": that tool's arguments}. The array's schema holds each tool's
+  parameters in its $defs, their local references rewritten (relocated_schema.py) to resolve within them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 
 from deltaserve.sampling_params import StructuredOutputsParams
 from deltaserve.server.reasoning import THINK_CLOSE
+from deltaserve.server.relocated_schema import local_ref, pointer_token, relocated
 from deltaserve.server.tool_parsers import ToolCall
 from deltaserve.server.tool_parsers.tool_call import loads_json
 
@@ -25,9 +27,12 @@ def forced_tool_schema(schemas: dict[str, dict], name: str | None, parallel: boo
     function demanded, or None for any one of them."""
     if name is not None:
         return schemas[name] or ANY_OBJECT
-    calls = [{"type": "object", "properties": {"name": {"const": tool}, "parameters": schema or ANY_OBJECT},
-              "required": ["name", "parameters"]} for tool, schema in schemas.items()]
-    array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    # Nested as they are, a tool's "#/$defs/Item" (pydantic's) or "#" would name a node of the array's schema
+    places = {tool: "/$defs/" + pointer_token(tool) for tool in schemas}
+    defs = {tool: relocated(schema or ANY_OBJECT, places[tool]) for tool, schema in schemas.items()}
+    calls = [{"type": "object", "properties": {"name": {"const": tool}, "parameters": {"$ref": local_ref(place)}},
+              "required": ["name", "parameters"]} for tool, place in places.items()]
+    array = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, "$defs": defs}
     if not parallel:
         array["maxItems"] = 1
     return array
