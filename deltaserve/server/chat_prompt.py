@@ -102,6 +102,18 @@ def tool_schemas(tools: list[dict] | None) -> dict[str, dict] | None:
     return {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
 
 
+def check_tool_names(names: list[str], param: str) -> None:
+    """A call names its tool, so two tools of one name would leave unsaid which one it called: a 400 naming the
+    second (`param` is its field, with {i} for its index)."""
+    seen = set()
+    for i, name in enumerate(names):
+        where = param.format(i=i)
+        if name in seen:
+            raise bad_request(f"{where}: {name!r} names an earlier tool too; each tool's name must be unique", where,
+                              "invalid_value")
+        seen.add(name)
+
+
 def check_rendering_fields(ctx: Any, continue_final: bool, add_generation_prompt: bool,
                            chat_template: str | None) -> None:
     """A chat request's rendering fields, as chat and /tokenize take them: continue_final_message goes on writing

@@ -34,15 +34,23 @@ class ChoiceParser:
         start_in_reasoning: bool = False,
         tool_schemas: dict[str, dict] | None = None,
         forced: ForcedToolCalls | None = None,
+        max_calls: int | None = None,
     ):
-        """forced: the answer is the JSON of a demanded tool call (forced_tool_calls.py), not text."""
+        """forced: the answer is the JSON of a demanded tool call (forced_tool_calls.py), not text.
+        max_calls: the most tool calls the reply may make (None: any number); the calls after them are dropped,
+        their text with them, as vLLM drops them (OpenAI's parallel_tool_calls false: one call at most)."""
         self._splitter = ReasoningSplitter(start_in_reasoning) if reasoning else None
         self._tools = ToolCallParser(tool_schemas) if tool_schemas is not None and forced is None else None
         self._forced = forced
+        self._max_calls = max_calls
+        self.tool_calls: list[ToolCall] = []  # the calls kept so far
+        self.calls_read = 0  # every call read so far, those past max_calls too
 
     @property
-    def tool_calls(self) -> list[ToolCall]:
-        return self._tools.calls if self._tools else []
+    def in_reasoning(self) -> bool:
+        """Whether the text fed so far ends inside the reasoning (or just after its end, where the answer has not
+        begun)."""
+        return self._splitter is not None and self._splitter.in_reasoning
 
     def feed(self, text: str) -> ChoiceDelta:
         if self._splitter is None:
@@ -67,8 +75,16 @@ class ChoiceParser:
             if not final:
                 return ChoiceDelta()
             content, calls = self._forced.finish()
-            return ChoiceDelta(content=content, tool_calls=calls)
+            return ChoiceDelta(content=content, tool_calls=self._kept(calls))
         if self._tools is None:
             return ChoiceDelta(content=text)
         parsed = self._tools.finish() if final else self._tools.feed(text)
-        return ChoiceDelta(content=parsed.text, tool_calls=parsed.tool_calls)
+        return ChoiceDelta(content=parsed.text, tool_calls=self._kept(parsed.tool_calls))
+
+    def _kept(self, calls: list[ToolCall]) -> list[ToolCall]:
+        """The calls within max_calls, in the order they came."""
+        self.calls_read += len(calls)
+        room = len(calls) if self._max_calls is None else max(self._max_calls - len(self.tool_calls), 0)
+        kept = calls[:room]
+        self.tool_calls.extend(kept)
+        return kept

@@ -32,6 +32,11 @@ class ReasoningSplitter:
         self._state = "reasoning" if start_in_reasoning else "start"
         self._buffer = ""
 
+    @property
+    def in_reasoning(self) -> bool:
+        """Inside the think block, or past its end where only the newlines before the answer have come."""
+        return self._state in ("reasoning", "after_reasoning")
+
     def feed(self, chunk: str) -> ReasoningDelta:
         out = ReasoningDelta()
         self._buffer += chunk

@@ -75,6 +75,7 @@ class ResponsesRequest(_Lenient):
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: StrictBool | None = None
+    max_tool_calls: StrictInt | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     stream: StrictBool = False
@@ -84,3 +85,6 @@ class ResponsesRequest(_Lenient):
     conversation: StrictStr | dict[str, Any] | None = None
     metadata: dict[str, StrictStr] | None = None
     user: StrictStr | None = None
+    include: list[StrictStr] | None = None  # "message.output_text.logprobs" asks for the output text's logprobs
+    top_logprobs: StrictInt | None = None
+    truncation: Literal["auto", "disabled"] | None = None

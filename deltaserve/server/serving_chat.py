@@ -18,6 +18,7 @@ from deltaserve.server.chat_prompt import (
     ChatPrompt,
     check_rendering_fields,
     check_roles,
+    check_tool_names,
     message_text,
     openai_messages_for_template,
     openai_tools_for_template,
@@ -45,6 +46,13 @@ def _select_tools(req: ChatCompletionRequest) -> list[dict] | None:
     the model then calls none, as "auto" allows (a demanded call is held to their schemas all the same)."""
     tools = openai_tools_for_template(req.tools)
     return None if tools is None or req.tool_choice == "none" else tools
+
+
+def call_cap(parallel_tool_calls: bool | None, max_tool_calls: int | None = None) -> int | None:
+    """The most tool calls a reply may make: one where parallel calls are off (OpenAI's parallel_tool_calls
+    false), at most Responses' max_tool_calls, else any number (None)."""
+    caps = [cap for cap in (1 if parallel_tool_calls is False else None, max_tool_calls) if cap is not None]
+    return min(caps, default=None)
 
 
 def _demanded_call(req: ChatCompletionRequest) -> tuple[bool, str | None]:
@@ -78,10 +86,11 @@ def _prompt_logprobs(req: ChatCompletionRequest) -> int | None:
     return req.top_logprobs
 
 
-def _output_structure(req: ChatCompletionRequest, tools: list[dict], opens_reasoning: bool
+def _output_structure(req: ChatCompletionRequest, tools: list[dict], opens_reasoning: bool, max_calls: int | None
                       ) -> tuple[StructuredOutputsParams | None, str]:
     """What the output must match, and the request field that asks it: a demanded tool call
-    (forced_tool_calls.py), response_format or structured_outputs, one of them."""
+    (forced_tool_calls.py; its array of one call where max_calls is 1, the calls past a larger cap dropped as
+    they are read), response_format or structured_outputs, one of them."""
     given = requested_structure(req, opens_reasoning)
     demanded, name = _demanded_call(req)
     if not demanded:
@@ -89,8 +98,7 @@ def _output_structure(req: ChatCompletionRequest, tools: list[dict], opens_reaso
     if given is not None:
         raise bad_request("a demanded tool call constrains the output, as response_format and structured_outputs "
                           "do: give one", "tool_choice", "invalid_value")
-    parallel = req.parallel_tool_calls is not False
-    return demanded_call_structure(tool_schemas(tools), name, parallel, opens_reasoning), "tool_choice"
+    return demanded_call_structure(tool_schemas(tools), name, max_calls != 1, opens_reasoning), "tool_choice"
 
 
 def _check_chat_ranges(req: ChatCompletionRequest, engine: AsyncEngine) -> None:
@@ -135,11 +143,13 @@ class ChatCompletions:
         final = await until_disconnect(request, last_output(stream))
         return JSONResponse(job.response(final))
 
-    async def submit(self, req: ChatCompletionRequest, id_prefix: str) -> tuple[ChatJob, RequestStream]:
-        """Checks, renders and queues a chat request (the Responses route's too, translated into one): its output
-        shaping and its stream."""
+    async def submit(self, req: ChatCompletionRequest, id_prefix: str, max_tool_calls: int | None = None
+                     ) -> tuple[ChatJob, RequestStream]:
+        """Checks, renders and queues a chat request (the Responses route's too, translated into one, with its
+        max_tool_calls): its output shaping and its stream."""
         model = self.ctx.check_model(req.model)
         refuse_unsupported(req, self.ctx.engine)
+        check_tool_names([t.function.name for t in req.tools or ()], "tools.{i}.function.name")
         if req.top_logprobs and not req.logprobs:  # OpenAI's rule: the top ones come with the chosen one's
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs", "invalid_value")
         _check_chat_ranges(req, self.ctx.engine)
@@ -160,21 +170,22 @@ class ChatCompletions:
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top,
                                        prompt_logprobs=_prompt_logprobs(req), defaults=defaults)
-        params.structured_outputs, field = _output_structure(req, tools, prompt.opens_reasoning)
+        max_calls = call_cap(req.parallel_tool_calls, max_tool_calls)
+        params.structured_outputs, field = _output_structure(req, tools, prompt.opens_reasoning, max_calls)
         await check_structure(self.ctx.engine, params.structured_outputs, field)
         request_id = random_id(id_prefix)
         stream = await self.ctx.engine.generate(
             request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points,
             cache_salt=req.cache_salt
         )
-        return ChatJob(self, req, model, request_id, prompt, tools), stream
+        return ChatJob(self, req, model, request_id, prompt, tools, max_calls), stream
 
 
 class ChatJob:
     """One chat request's output shaping, streamed or whole."""
 
     def __init__(self, api: ChatCompletions, req: ChatCompletionRequest, model: str, request_id: str,
-                 prompt: ChatPrompt, tools: list[dict] | None):
+                 prompt: ChatPrompt, tools: list[dict] | None, max_calls: int | None = None):
         self.api = api
         self.req = req
         self.model = model
@@ -186,6 +197,7 @@ class ChatJob:
         self.top = (req.top_logprobs or 0) if req.logprobs else None
         self.as_ids = api.ctx.tokens_as_ids(req)  # its logprobs name tokens "token_id:ID"
         self.demanded, self.demanded_name = _demanded_call(req)
+        self.max_calls = max_calls
         self.role = _response_role(req, api.ctx.response_role)
         self.echoed = _echoed(req, self.role)
 
@@ -195,6 +207,7 @@ class ChatJob:
             start_in_reasoning=self.prompt.opens_reasoning,
             tool_schemas=self.schemas,
             forced=ForcedToolCalls(self.demanded_name) if self.demanded else None,
+            max_calls=self.max_calls,
         )
 
     def _finish_reason(self, reason: str | None, calls: int) -> str | None:
@@ -207,7 +220,8 @@ class ChatJob:
             len(output.prompt_token_ids), sum(len(o.token_ids) for o in output.outputs), output.num_cached_tokens
         )
 
-    def _logprobs(self, o: CompletionOutput, start: int, end: int) -> dict | None:
+    def logprobs(self, o: CompletionOutput, start: int, end: int) -> dict | None:
+        """The chat shape of tokens start:end's logprobs; None where the request asks for none."""
         if self.top is None or o.logprobs is None:
             return None
         return chat_logprobs(o.token_ids[start:end], o.logprobs[start:end], self.top, self.api.token_text,
@@ -237,7 +251,7 @@ class ChatJob:
                 {
                     "index": o.index,
                     "message": message,
-                    "logprobs": self._logprobs(o, 0, len(o.token_ids)),
+                    "logprobs": self.logprobs(o, 0, len(o.token_ids)),
                     "finish_reason": finish_reason,
                     "stop_reason": o.stop_reason,
                 }
@@ -290,7 +304,7 @@ class ChatJob:
                         continue
                     delta = parsers[i].feed(o.text[sent_chars[i]:])
                     sent_chars[i] = len(o.text)
-                    logprobs = self._logprobs(o, sent_tokens[i], len(o.token_ids))
+                    logprobs = self.logprobs(o, sent_tokens[i], len(o.token_ids))
                     sent_tokens[i] = len(o.token_ids)
                     if o.finish_reason is not None:
                         delta.extend(parsers[i].finish())

@@ -14,7 +14,7 @@ from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import SamplingParams
 from deltaserve.server.anthropic_protocol import AnthropicMessage, AnthropicTool, CountTokensRequest, MessagesRequest
-from deltaserve.server.chat_prompt import ChatPrompt, render_chat, tool_schemas
+from deltaserve.server.chat_prompt import ChatPrompt, check_tool_names, render_chat, tool_schemas
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
 from deltaserve.server.errors import bad_request, from_exception, require_fields
 from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_structure
@@ -90,17 +90,13 @@ def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage
 
 
 def anthropic_tools_for_template(tools: list[AnthropicTool] | None, choice: Any) -> list[dict] | None:
-    """The tools the template shows the model. Refused: a choice without tools, a named tool that is not among
-    them, and Anthropic's server tools, which run on its side."""
-    if choice is not None and choice.type != "none":
-        if not tools:
-            raise bad_request("tool_choice needs tools", "tool_choice")
-        if choice.type == "tool" and choice.name not in {t.name for t in tools}:
-            raise bad_request(f"tool_choice names {choice.name!r}, which is not among the tools", "tool_choice")
+    """The tools the template shows the model. Refused, as Anthropic refuses them: a choice without tools, a
+    choice of type "tool" without a name or naming no tool given, Anthropic's server tools (they run on its side),
+    two tools of one name, and an input schema of a type other than object."""
+    _check_tool_choice(tools, choice)
     for i, tool in enumerate(tools or ()):
-        if tool.type not in (None, "custom"):
-            raise bad_request(f"tool of type {tool.type!r} is not supported: only tools the client runs (custom)",
-                              f"tools.{i}.type")
+        _check_tool(tool, f"tools.{i}")
+    check_tool_names([t.name for t in tools or ()], "tools.{i}.name")
     if not tools or (choice is not None and choice.type == "none"):
         return None
     return [
@@ -109,11 +105,40 @@ def anthropic_tools_for_template(tools: list[AnthropicTool] | None, choice: Any)
     ]
 
 
+def _check_tool_choice(tools: list[AnthropicTool] | None, choice: Any) -> None:
+    if choice is None or choice.type == "none":
+        return
+    if not tools:
+        raise bad_request("tool_choice needs tools", "tool_choice")
+    if choice.type != "tool":
+        return
+    if choice.name is None:
+        raise bad_request("tool_choice.name: a tool_choice of type 'tool' needs the name of the tool to use",
+                          "tool_choice.name")
+    if choice.name not in {t.name for t in tools}:
+        raise bad_request(f"tool_choice.name: {choice.name!r} is not among the tools", "tool_choice.name")
+
+
+def _check_tool(tool: AnthropicTool, where: str) -> None:
+    if tool.type not in (None, "custom"):
+        raise bad_request(f"{where}.type: tool of type {tool.type!r} is not supported: only tools the client runs "
+                          "(custom)", f"{where}.type")
+    kind = tool.input_schema.get("type")
+    if kind != "object":  # a tool's input is a JSON object (tool_use's input)
+        raise bad_request(f"{where}.input_schema.type: must be 'object', not {kind!r}: a tool's input is an object",
+                          f"{where}.input_schema.type")
+
+
 def _demanded_call(choice: Any) -> tuple[bool, str | None]:
     """(whether tool_choice demands a tool call, the tool it names or None for any)."""
     if choice is None or choice.type not in ("any", "tool"):
         return False, None
     return True, choice.name if choice.type == "tool" else None
+
+
+def _call_cap(choice: Any) -> int | None:
+    """disable_parallel_tool_use: at most one tool use ("auto"), exactly one ("any", "tool": the grammar's)."""
+    return 1 if choice is not None and choice.disable_parallel_tool_use else None
 
 
 def _stop_reason(o: CompletionOutput, stop_sequences: list[str], used_tools: bool) -> tuple[str, str | None]:
@@ -189,7 +214,7 @@ class _MessageJob:
         demanded, name = _demanded_call(req.tool_choice)
         self.parser = ChoiceParser(
             reasoning=bool(ctx.reasoning), start_in_reasoning=prompt.opens_reasoning, tool_schemas=tool_schemas(tools),
-            forced=ForcedToolCalls(name) if demanded else None,
+            forced=ForcedToolCalls(name) if demanded else None, max_calls=_call_cap(req.tool_choice),
         )
 
     def _usage(self, output: RequestOutput, output_tokens: int) -> dict:
@@ -208,7 +233,7 @@ class _MessageJob:
         content: list[dict] = []
         if parsed.reasoning:
             content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
-        if parsed.content or not parsed.tool_calls:
+        if parsed.content:  # Anthropic sends no empty text block: a reply with nothing at all has no content
             content.append({"type": "text", "text": parsed.content})
         for call in parsed.tool_calls:  # a call the length cut short: its input as far as it was written
             written = json.loads(call.arguments) if call.complete else written_json_value(call.arguments)
@@ -296,11 +321,8 @@ class _BlockWriter:
         return events
 
     def close(self) -> list[str]:
-        """End of the message: close the open block (an empty text block if nothing came)."""
-        events = []
-        if self.index < 0:
-            events += self._switch("text", {"type": "text", "text": ""})
-        return events + self._close_open()
+        """End of the message: close the open block. A reply with nothing at all has no block, as Anthropic's."""
+        return self._close_open()
 
     def _close_open(self) -> list[str]:
         events = []

@@ -14,19 +14,22 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import RequestStream
-from deltaserve.outputs import RequestOutput
+from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.server.context import last_output, read_json_object, until_disconnect
-from deltaserve.server.chat_prompt import message_text
+from deltaserve.server.chat_prompt import check_tool_names, message_text
 from deltaserve.server.errors import APIError, bad_request, from_exception, require_fields
+from deltaserve.server.message_logprobs import MessageLogprobs, TextFeed
 from deltaserve.server.output_parser import ChoiceDelta
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.responses_protocol import InputContent, InputItem, ResponsesRequest
+from deltaserve.server.sampling import check_logprobs_field
 from deltaserve.server.serving_chat import ChatCompletions, ChatJob
 from deltaserve.server.sse import SSE_HEADERS, sse_event
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall
 
 TEXT_PARTS = ("input_text", "output_text", "text")
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # include's name for the output text's logprobs
 
 
 def _item_id(prefix: str) -> str:
@@ -95,6 +98,7 @@ def _tools(req: ResponsesRequest) -> list[dict] | None:
             raise bad_request("a function tool needs its name", f"tools.{i}.name")
         tools.append({"type": "function", "function": {"name": tool.name, "description": tool.description,
                                                        "parameters": tool.parameters}})
+    check_tool_names([tool.name for tool in req.tools], "tools.{i}.name")
     return tools
 
 
@@ -135,6 +139,16 @@ def _refuse_unhonoured(req: ResponsesRequest) -> None:
                           "invalid_value")
     if not req.input:
         raise bad_request("input must not be empty", "input")
+    if req.truncation == "auto":
+        raise bad_request("truncation 'auto' is not supported: the input is never cut to fit the context (an input "
+                          "past it is refused); give 'disabled'", "truncation", "unsupported_value")
+    if req.max_tool_calls is not None and req.max_tool_calls < 1:
+        raise bad_request(f"max_tool_calls={req.max_tool_calls}: must be at least 1 (tool_choice 'none' asks for no "
+                          "calls)", "max_tool_calls", "invalid_value")
+
+
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    return LOGPROBS_INCLUDE in (req.include or ())
 
 
 def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
@@ -146,6 +160,8 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
             "temperature": req.temperature, "top_p": req.top_p, "tools": _tools(req), "tool_choice": _tool_choice(req),
             "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req),
             "chat_template_kwargs": {"reasoning_effort": effort} if effort is not None else None}
+    if wants_logprobs(req):  # OpenAI's rule: top_logprobs alone brings none
+        body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
 
 
@@ -157,13 +173,13 @@ def _reasoning_item(item_id: str, text: str, status: str) -> dict:
             "content": [{"type": "reasoning_text", "text": text}] if status != "in_progress" else []}
 
 
-def _output_text(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _output_text(text: str, logprobs: list[dict] | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict:
+def _message_item(item_id: str, text: str, status: str, logprobs: list[dict] | None = None) -> dict:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
-            "content": [_output_text(text)] if status != "in_progress" else []}
+            "content": [_output_text(text, logprobs)] if status != "in_progress" else []}
 
 
 def _call_item(item_id: str, call: ToolCall, status: str) -> dict:
@@ -197,7 +213,9 @@ class Responses:
     async def __call__(self, request: Request):
         req = ResponsesRequest.model_validate(await read_json_object(request))
         try:
-            job, stream = await self.chat.submit(chat_request(req), "resp_")
+            if req.top_logprobs is not None:  # within the engine's bound, whether include asks for them or not
+                check_logprobs_field("top_logprobs", req.top_logprobs, self.chat.ctx.engine)
+            job, stream = await self.chat.submit(chat_request(req), "resp_", req.max_tool_calls)
         except APIError as exc:
             raise _in_responses_terms(exc) from None
         response = _ResponseJob(req, job)
@@ -237,7 +255,8 @@ class _ResponseJob:
             "tool_choice": req.tool_choice.model_dump(exclude_none=True) if hasattr(req.tool_choice, "model_dump")
             else req.tool_choice or "auto",
             "tools": [t.model_dump(exclude_none=True) for t in req.tools or ()],
-            "truncation": "disabled", "usage": usage, "user": req.user, "metadata": req.metadata or {},
+            "truncation": req.truncation or "disabled", "max_tool_calls": req.max_tool_calls,
+            "top_logprobs": req.top_logprobs, "usage": usage, "user": req.user, "metadata": req.metadata or {},
         }
 
     def usage(self, output: RequestOutput, reasoning: str) -> dict:
@@ -252,32 +271,40 @@ class _ResponseJob:
     def status(output: RequestOutput) -> str:
         return "incomplete" if output.outputs[0].finish_reason == "length" else "completed"
 
+    def _reader(self) -> MessageLogprobs | TextFeed:
+        """The output read as it comes: with the message text's logprobs where include asks for them."""
+        chat = self.chat
+        if not wants_logprobs(self.req):
+            return TextFeed(chat.parser())
+        return MessageLogprobs(chat.parser(), self._logprobs, chat.api.ctx.tokenizer, chat.prompt.token_ids,
+                               chat.req.skip_special_tokens)
+
+    def _logprobs(self, o: CompletionOutput, start: int, end: int) -> list[dict]:
+        """Tokens start:end's logprobs, as chat's content entries: each token's text, logprob, bytes and top ones."""
+        return (self.chat.logprobs(o, start, end) or {"content": []})["content"]
+
     def whole(self, output: RequestOutput) -> dict:
-        parsed = self.chat.parsed(output.outputs[0].text)
+        parsed, logprobs = self._reader().feed(output.outputs[0])
         status = self.status(output)
         items = []
         if parsed.reasoning:
             items.append(_reasoning_item(_item_id("rs"), parsed.reasoning, "completed"))
-        if parsed.content or not parsed.tool_calls:
-            items.append(_message_item(_item_id("msg"), parsed.content, status))
+        if parsed.content or not (items or parsed.tool_calls):  # as the stream: one message where nothing else came
+            items.append(_message_item(_item_id("msg"), parsed.content, status, logprobs))
         items += [_call_item(_item_id("fc"), call, "completed") for call in parsed.tool_calls]
         return self.envelope(status, items, self.usage(output, parsed.reasoning))
 
     async def stream(self, stream: RequestStream) -> AsyncIterator[str]:
         events = _EventWriter()
-        parser = self.chat.parser()
-        sent, last = 0, None
+        reader = self._reader()
+        last = None
         try:
             yield events.emit("response.created", response=self.envelope("in_progress", [], None))
             yield events.emit("response.in_progress", response=self.envelope("in_progress", [], None))
             async for output in stream:
                 last = output
-                o = output.outputs[0]
-                delta = parser.feed(o.text[sent:])
-                sent = len(o.text)
-                if o.finish_reason is not None:
-                    delta.extend(parser.finish())
-                for event in events.write(delta):
+                delta, logprobs = reader.feed(output.outputs[0])
+                for event in events.write(delta, logprobs):
                     yield event
             status = self.status(last)
             for event in events.close(status):
@@ -311,13 +338,14 @@ class _EventWriter:
 
     def _begin(self, kind: str, item: dict, part: dict | None) -> list[str]:
         events = self.close_open("completed")
-        self._open = {"kind": kind, "id": item["id"], "text": ""}
+        self._open = {"kind": kind, "id": item["id"], "text": "", "logprobs": []}
         events.append(self.emit("response.output_item.added", output_index=len(self.items), item=item))
         if part is not None:
             events.append(self.emit("response.content_part.added", **self._where(), content_index=0, part=part))
         return events
 
-    def write(self, delta: ChoiceDelta) -> list[str]:
+    def write(self, delta: ChoiceDelta, logprobs: list[dict] | None = None) -> list[str]:
+        """logprobs: those of the delta's content, where the request asks for them."""
         events: list[str] = []
         if delta.reasoning:
             self.reasoning += delta.reasoning
@@ -331,8 +359,9 @@ class _EventWriter:
             if self._open is None or self._open["kind"] != "message":
                 events += self._begin("message", _message_item(_item_id("msg"), "", "in_progress"), _output_text(""))
             self._open["text"] += delta.content
+            self._open["logprobs"] += logprobs or []
             events.append(self.emit("response.output_text.delta", **self._where(), content_index=0,
-                                    delta=delta.content, logprobs=[]))
+                                    delta=delta.content, logprobs=logprobs or []))
         for call in delta.tool_calls:  # a call comes whole from the parser: its arguments in one delta
             events += self._begin("function_call", _call_item(_item_id("fc"), call, "in_progress"), None)
             events.append(self.emit("response.function_call_arguments.delta", **self._where(), delta=call.arguments))
@@ -360,9 +389,9 @@ class _EventWriter:
             events.append(self.emit("response.reasoning_text.done", **where, content_index=0, text=item["text"]))
             events.append(self.emit("response.content_part.done", **where, content_index=0, part=done["content"][0]))
         elif item["kind"] == "message":
-            done = _message_item(item["id"], item["text"], status)
+            done = _message_item(item["id"], item["text"], status, item["logprobs"])
             events.append(self.emit("response.output_text.done", **where, content_index=0, text=item["text"],
-                                    logprobs=[]))
+                                    logprobs=item["logprobs"]))
             events.append(self.emit("response.content_part.done", **where, content_index=0, part=done["content"][0]))
         else:
             done = _call_item(item["id"], item["call"], "completed")

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import random
+import types
+
 import anthropic
 import httpx
 import pytest
 
-from tests.server.conftest import API_KEY, MODEL
+from deltaserve.outputs import CompletionOutput, RequestOutput
+from deltaserve.server.anthropic_protocol import MessagesRequest
+from deltaserve.server.chat_prompt import ChatPrompt
+from deltaserve.server.serving_messages import _MessageJob, anthropic_tools_for_template
+from tests.server.conftest import API_KEY, MODEL, serving
+from tests.server.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -169,3 +179,124 @@ def test_a_demanded_tool_is_used_whole_and_streamed(client):
         assert [(b.name, json.dumps(b.input)) for b in final.content if b.type == "tool_use"] == [
             (use.name, json.dumps(use.input))]
         assert final.stop_reason == "tool_use"
+
+
+def test_what_anthropic_refuses_in_tools_is_refused_naming_the_field(server):
+    tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
+    for body, where in (({"tools": [tool, {**tool, "description": "again"}]}, "tools.1.name"),
+                        ({"tools": [{**tool, "input_schema": {"type": "string"}}]}, "tools.0.input_schema.type"),
+                        ({"tools": [{**tool, "input_schema": {"properties": {}}}]}, "tools.0.input_schema.type"),
+                        ({"tools": [tool], "tool_choice": {"type": "tool"}}, "tool_choice.name")):
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            r = httpx.post(server.url + path, json={"model": MODEL, "max_tokens": 4, "messages": QUESTION, **body},
+                           headers={"x-api-key": API_KEY}, timeout=60)
+            assert r.status_code == 400, (body, r.text)
+            error = r.json()
+            assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error", r.text
+            assert error["error"]["message"].startswith(where + ":"), r.text
+
+
+# ---- a reply's blocks, whole and streamed, from outputs made up here ---------------------------------------
+
+TWO_TOOLS = [{"name": "f", "input_schema": {"type": "object", "properties": {"x": {"type": "number"}}}},
+             {"name": "g", "input_schema": {"type": "object"}}]
+
+
+class _Outputs:
+    """A request's stream of outputs, as the engine gives them: cumulative, the last finished."""
+
+    def __init__(self, outputs):
+        self._outputs = iter(outputs)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            return next(self._outputs)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    def close(self):
+        pass
+
+
+def _outputs(text: str) -> list[RequestOutput]:
+    cuts = sorted(random.sample(range(1, len(text)), min(3, len(text) - 1))) if len(text) > 1 else []
+    return [RequestOutput("msg_1", None, [1, 2], [CompletionOutput(0, text[:cut], list(range(cut)),
+                                                                   "stop" if cut == len(text) else None)])
+            for cut in [*cuts, len(text)]]
+
+
+def _job(body: dict, opens_reasoning: bool) -> _MessageJob:
+    req = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 64, "messages": QUESTION, **body})
+    prompt = ChatPrompt(text="", token_ids=[1, 2], capture_points=None, opens_reasoning=opens_reasoning)
+    tools = anthropic_tools_for_template(req.tools, req.tool_choice)
+    return _MessageJob(types.SimpleNamespace(reasoning=True), req, MODEL, "msg_1", prompt, tools)
+
+
+def _streamed_blocks(job: _MessageJob, text: str) -> tuple[list[dict], str]:
+    """The blocks the stream's events build, as a client builds them, and its stop reason."""
+    async def frames():
+        return [frame async for frame in job.stream(_Outputs(_outputs(text)))]
+
+    blocks, stop_reason, partial = [], None, {}
+    for frame in asyncio.run(frames()):
+        event = json.loads(frame.split("data: ", 1)[1])
+        if event["type"] == "content_block_start":
+            blocks.append(dict(event["content_block"]))
+        elif event["type"] == "content_block_delta":
+            delta, block = event["delta"], blocks[event["index"]]
+            for key, field in (("text_delta", "text"), ("thinking_delta", "thinking")):
+                if delta["type"] == key:
+                    block[field] += delta[field]
+            if delta["type"] == "input_json_delta":
+                partial[event["index"]] = partial.get(event["index"], "") + delta["partial_json"]
+        elif event["type"] == "content_block_stop" and event["index"] in partial:
+            blocks[event["index"]]["input"] = json.loads(partial[event["index"]])
+        elif event["type"] == "message_delta":
+            stop_reason = event["delta"]["stop_reason"]
+    return blocks, stop_reason
+
+
+def _without_ids(blocks: list[dict]) -> list[dict]:
+    return [{k: v for k, v in block.items() if k != "id"} for block in blocks]
+
+
+CALLS = ('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>')
+
+
+@pytest.mark.parametrize("text, opens_reasoning, body, kinds", [
+    ("Let me think about it.", True, {}, ["thinking"]),  # only reasoning: no empty text block
+    ("", False, {}, []),  # nothing at all: no block, as Anthropic's empty reply
+    ("<think>Hm.</think>\n\nHi!", False, {}, ["thinking", "text"]),
+    (CALLS, False, {"tools": TWO_TOOLS}, ["tool_use", "tool_use"]),
+    (CALLS, False, {"tools": TWO_TOOLS, "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
+     ["tool_use"]),  # one tool use at most: the first
+])
+def test_a_replys_blocks_are_the_same_whole_and_streamed(text, opens_reasoning, body, kinds):
+    whole = _job(body, opens_reasoning).response(_outputs(text)[-1])
+    blocks, stop_reason = _streamed_blocks(_job(body, opens_reasoning), text)
+    assert [block["type"] for block in whole["content"]] == kinds
+    assert _without_ids(blocks) == _without_ids(whole["content"]) and stop_reason == whole["stop_reason"]
+    if "tool_use" in kinds:
+        assert [(b["name"], b["input"]) for b in blocks] == [("f", {"x": 1}), ("g", {})][:len(kinds)]
+
+
+@pytest.fixture(scope="module")
+def reasoning_server():
+    yield from serving(LiveServer("--served-model-name", MODEL, "--reasoning-parser", "deepseek_r1"))
+
+
+def test_a_reply_of_reasoning_alone_is_one_thinking_block_whole_and_streamed(reasoning_server):
+    """A prefill that opens the think block: the reply is reasoning, with no empty text block beside it."""
+    client = anthropic.Anthropic(base_url=reasoning_server.url, api_key="none", max_retries=0, timeout=120)
+    kwargs = dict(model=MODEL, max_tokens=random.randint(8, 40), extra_body=GREEDY,
+                  messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>"}])
+    whole = client.messages.create(**kwargs)
+    with client.messages.stream(**kwargs) as stream:
+        streamed = stream.get_final_message()
+    for m in (whole, streamed):
+        assert [block.type for block in m.content] == ["thinking"], m.content
+    assert streamed.content[0].thinking == whole.content[0].thinking and streamed.stop_reason == whole.stop_reason

@@ -138,6 +138,8 @@ CASES = {
     "tool without a name": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "tools": [
         {"type": "function", "function": {"name": "", "parameters": {"type": "object"}}}]}, None,
         "tools.0.function.name"),
+    "two tools of one name": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "tools": TOOLS * 2},
+                              None, "tools.1.function.name"),
     "a bad token id among many prompts": ("/v1/completions", {"model": MODEL, "prompt": [[1, 2]] * 50 + [
         [1, 10_000_000]] + [[3]] * 50, "max_tokens": 2}, None, "prompt"),
     "a rendering field as a template variable": ("/tokenize", {"model": MODEL, "messages": QUESTION,

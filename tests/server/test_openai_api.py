@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import re
 import time
 
 import httpx
@@ -102,6 +104,31 @@ def test_chat_accepts_system_text_parts_and_tool_turns(client):
     ]
     r = client.chat.completions.create(model=MODEL, messages=follow_up, max_tokens=4, temperature=0, tools=tools)
     assert r.usage.completion_tokens >= 1
+
+
+def _hermes_calls(values: list[int]) -> str:
+    return "\n".join(f'<tool_call>\n{{"name": "f", "arguments": {{"x": {x}}}}}\n</tool_call>' for x in values)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_whole_and_streamed(client):
+    """OpenAI's parallel_tool_calls false: at most one call. A model that writes several under tool_choice auto
+    gives its first, as vLLM's does; the others are dropped, their text with them."""
+    values = random.sample(range(100), random.randint(2, 3))
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "number"}}}}}]
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "call f"}], tools=tools, temperature=0,
+                  max_tokens=40 * len(values),
+                  extra_body={"structured_outputs": {"regex": re.escape(_hermes_calls(values))}})
+    free = client.chat.completions.create(**kwargs).choices[0]
+    assert [json.loads(c.function.arguments)["x"] for c in free.message.tool_calls] == values
+    one = client.chat.completions.create(**kwargs, parallel_tool_calls=False).choices[0]
+    assert [json.loads(c.function.arguments)["x"] for c in one.message.tool_calls] == values[:1]
+    assert one.message.content is None and one.finish_reason == "tool_calls"
+    chunks = [c.choices[0] for c in client.chat.completions.create(**kwargs, parallel_tool_calls=False, stream=True)
+              if c.choices]
+    streamed = [call for c in chunks for call in c.delta.tool_calls or ()]
+    assert [(c.index, json.loads(c.function.arguments)["x"]) for c in streamed] == [(0, values[0])]
+    assert "".join(c.delta.content or "" for c in chunks) == "" and chunks[-1].finish_reason == "tool_calls"
 
 
 def test_completions_string_and_token_prompts(client, server):

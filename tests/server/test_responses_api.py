@@ -12,7 +12,9 @@ import httpx
 import openai
 import pytest
 
-from deltaserve.server.output_parser import ChoiceDelta
+from deltaserve.outputs import CompletionOutput
+from deltaserve.server.message_logprobs import MessageLogprobs
+from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.responses_protocol import ResponsesRequest
 from deltaserve.server.serving_responses import _EventWriter, chat_messages
 from deltaserve.server.tool_parsers import ToolCall
@@ -131,6 +133,12 @@ def test_a_json_schema_holds_the_reply(client):
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objectx"}}}}, "text.format"),
     ({"input": "Hi " * 9000, "max_output_tokens": 10}, "input"),
     ({"input": [{"role": "tool", "content": "Hi"}]}, "input.0.role"),
+    # past the engine's max_logprobs (20), whether include asks for them or not
+    ({"top_logprobs": 30}, "top_logprobs"),
+    ({"top_logprobs": 30, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"max_tool_calls": 0, "tools": [WEATHER]}, "max_tool_calls"),
+    ({"tools": [WEATHER, {**WEATHER, "description": "again"}]}, "tools.1.name"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(server, fields, param):
     body = {"model": MODEL, "input": "Hi", "max_output_tokens": 4, **fields}
@@ -139,6 +147,47 @@ def test_what_cannot_be_honoured_is_refused_by_name(server, fields, param):
     error = r.json()["error"]
     assert error["param"] == param and error["message"], error
     assert "max_tokens" not in error["message"], error  # the chat request's name for max_output_tokens
+
+
+def test_max_tool_calls_and_parallel_tool_calls_cap_the_calls(client):
+    """max_tool_calls keeps the first calls up to it, parallel_tool_calls false the first one, streamed or whole;
+    the response echoes both."""
+    ask = {"model": MODEL, "input": "What is the weather in Paris, Rome, Oslo and Lima?", "tools": [WEATHER],
+           "tool_choice": "required", "max_output_tokens": 120, "temperature": 0}
+    free = [(c.name, c.arguments) for c in client.responses.create(**ask).output if c.type == "function_call"]
+    assert len(free) > 2  # the demo model lists several
+    for cap in ({"max_tool_calls": 2}, {"parallel_tool_calls": False}, {"max_tool_calls": 3,
+                                                                         "parallel_tool_calls": False}):
+        whole = client.responses.create(**ask, **cap)
+        streamed = list(client.responses.create(**ask, **cap, stream=True))[-1].response
+        for response in (whole, streamed):
+            calls = [(c.name, c.arguments) for c in response.output if c.type == "function_call"]
+            assert calls == free[:1 if cap.get("parallel_tool_calls") is False else cap["max_tool_calls"]], cap
+            assert response.max_tool_calls == cap.get("max_tool_calls")
+            assert response.parallel_tool_calls is cap.get("parallel_tool_calls", True)
+
+
+def test_output_text_logprobs_are_the_message_tokens_whole_and_streamed(client):
+    """include "message.output_text.logprobs": each token of the message's text with its logprob, bytes and
+    top_logprobs ones, as chat gives them (the end token, no text of the message, left out), streamed on the
+    deltas that carry its text."""
+    question, limit, top = random.choice(QUESTIONS), random.randint(4, 24), random.randint(0, 5)
+    ask = dict(model=MODEL, input=question, max_output_tokens=limit, temperature=0, top_logprobs=top,
+               include=["message.output_text.logprobs"])
+    whole = client.responses.create(**ask)
+    logprobs = [entry.model_dump() for entry in whole.output[0].content[0].logprobs]
+    assert "".join(entry["token"] for entry in logprobs) == whole.output_text
+    assert all(len(entry["top_logprobs"]) == top for entry in logprobs)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                          max_tokens=limit, temperature=0, logprobs=True, top_logprobs=top)
+    assert [e.model_dump() for e in chat.choices[0].logprobs.content][:len(logprobs)] == logprobs
+    events = list(client.responses.create(**ask, stream=True))
+    deltas = [entry.model_dump() for e in events if e.type == "response.output_text.delta" for entry in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert deltas == logprobs == [entry.model_dump() for entry in done.logprobs]
+    assert [entry.model_dump() for entry in events[-1].response.output[0].content[0].logprobs] == logprobs
+    without = client.responses.create(**{**ask, "include": []})  # OpenAI's rule: top_logprobs alone brings none
+    assert without.output_text == whole.output_text and without.output[0].content[0].logprobs == []
 
 
 def test_a_response_is_not_kept_and_says_so(client, server):
@@ -171,14 +220,21 @@ def test_reasoning_comes_back_as_a_reasoning_item(thinking_server):
                                           max_tokens=limit, temperature=0).choices[0].message
     thought = chat.model_extra["reasoning"]
     assert thought  # the prompt opened the think block, so the reply starts inside it
-    whole = client.responses.create(model=MODEL, input=question, max_output_tokens=limit, temperature=0)
-    events = list(client.responses.create(model=MODEL, input=question, max_output_tokens=limit, temperature=0,
-                                          stream=True))
+    ask = dict(model=MODEL, input=question, max_output_tokens=limit, temperature=0,
+               include=["message.output_text.logprobs"])
+    whole = client.responses.create(**ask)
+    events = list(client.responses.create(**ask, stream=True))
     streamed = events[-1].response
+    # a reply that is only reasoning has no message item, streamed or whole, as OpenAI's
+    kinds = ["reasoning"] + (["message"] if chat.content else [])
     for response in (whole, streamed):
-        assert response.output[0].type == "reasoning" and response.output[0].content[0].text == thought
+        assert [item.type for item in response.output] == kinds, response.output
+        assert response.output[0].content[0].text == thought
         assert response.output_text == (chat.content or "")
         assert 0 < response.usage.output_tokens_details.reasoning_tokens <= response.usage.output_tokens
+        # the message's logprobs are its own text's tokens, none of the reasoning's
+        logprobs = [entry.token for item in response.output[1:] for entry in item.content[0].logprobs]
+        assert "".join(logprobs) == response.output_text
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == thought
 
@@ -229,3 +285,45 @@ def test_the_stream_opens_and_closes_each_item_in_order():
     assert writer.items[0]["content"][0]["text"] == "hmm" == writer.reasoning
     assert writer.items[1]["content"][0]["text"] == "It is cold."
     assert (writer.items[2]["name"], writer.items[2]["arguments"]) == (call.name, call.arguments)
+
+
+class _Vocabulary:
+    """A tokenizer whose token i is PIECES[i]: enough for the detokenizer."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(PIECES[i] for i in ids if not (skip_special_tokens and PIECES[i] == "<eos>"))
+
+
+PIECES = ["Let", " me", " think", "</", "think", ">", "\n\n", "It", " is", " <", "b", ">", "sunny", "</b>", "\n",
+          "<tool", "_call", ">", '{"name": "f", "arguments": {"x": 1}}', "</tool_call>", " ok",
+          '<tool_call>{"name": "f", "arguments": {"x": 2}}</tool_call>', "<eos>"]
+
+
+def _read_in_steps(steps: list[int], max_calls: int | None) -> tuple[ChoiceDelta, list[str]]:
+    """The reply of PIECES read by MessageLogprobs, its outputs ending after each token count in `steps`."""
+    parser = ChoiceParser(reasoning=True, start_in_reasoning=True, tool_schemas={"f": {}}, max_calls=max_calls)
+    reader = MessageLogprobs(parser, lambda o, start, end: [PIECES[t] for t in o.token_ids[start:end]],
+                             _Vocabulary(), [0], skip_special_tokens=True)
+    delta, placed = ChoiceDelta(), []
+    for count in steps:
+        ids = list(range(count))
+        finished = "stop" if count == len(PIECES) else None
+        got, logprobs = reader.feed(CompletionOutput(0, _Vocabulary().decode(ids), ids, finish_reason=finished))
+        delta.extend(got)
+        placed += logprobs
+    return delta, placed
+
+
+def test_message_logprobs_are_the_tokens_of_the_message_text_in_steps_of_any_size():
+    """Each token's logprobs go with the message text it wrote, none with the reasoning, a call's markup or the
+    end token, however the output's steps fall (a streamed reply's or a whole one's)."""
+    for max_calls in (None, 1):
+        whole, placed = _read_in_steps([len(PIECES)], max_calls)
+        assert whole.reasoning == "Let me think" and whole.content == "It is <b>sunny</b>\n ok"
+        assert [json.loads(c.arguments)["x"] for c in whole.tool_calls] == [1, 2][:max_calls]
+        assert "".join(placed) == whole.content
+        steps = sorted(random.sample(range(1, len(PIECES)), random.randint(1, 8))) + [len(PIECES)]
+        streamed, streamed_placed = _read_in_steps(steps, max_calls)
+        assert streamed_placed == placed, steps
+        assert (streamed.reasoning, streamed.content) == (whole.reasoning, whole.content)
+        assert [c.arguments for c in streamed.tool_calls] == [c.arguments for c in whole.tool_calls]
