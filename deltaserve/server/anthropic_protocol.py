@@ -46,6 +46,14 @@ class AnthropicToolChoice(_Lenient):
     disable_parallel_tool_use: StrictBool | None = None
 
 
+class AnthropicThinking(_Lenient):
+    """Extended thinking: "enabled" with a budget of thinking tokens, "disabled", or "adaptive" (the model's
+    choice)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: StrictInt | None = None
+
+
 class MessagesRequest(_Lenient):
     model: StrictStr
     max_tokens: StrictInt
@@ -59,11 +67,13 @@ class MessagesRequest(_Lenient):
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     metadata: dict[str, Any] | None = None
+    thinking: AnthropicThinking | None = None
 
 
 class CountTokensRequest(_Lenient):
     model: StrictStr
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: StrictStr | list[ContentBlock] | None = None
+    thinking: AnthropicThinking | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None

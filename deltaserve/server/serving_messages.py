@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse
 from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import SamplingParams
-from deltaserve.server.anthropic_protocol import AnthropicMessage, AnthropicTool, CountTokensRequest, MessagesRequest
+from deltaserve.server.anthropic_protocol import (AnthropicMessage, AnthropicThinking, AnthropicTool, CountTokensRequest,
+                                                 MessagesRequest)
 from deltaserve.server.chat_prompt import ChatPrompt, check_tool_names, render_chat, tool_schemas
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
 from deltaserve.server.errors import bad_request, from_exception, require_fields
@@ -129,6 +130,30 @@ def _check_tool(tool: AnthropicTool, where: str) -> None:
                           f"{where}.input_schema.type")
 
 
+def _thinking_template_kwargs(thinking: AnthropicThinking | None) -> dict | None:
+    """Extended thinking "enabled" or "disabled" as the template variable Qwen3's templates open or close their
+    think block by; "adaptive" leaves the template's own choice."""
+    if thinking is None or thinking.type == "adaptive":
+        return None
+    return {"enable_thinking": thinking.type == "enabled"}
+
+
+def _thinking_budget(thinking: AnthropicThinking | None, max_tokens: int, engine: Any) -> int | None:
+    """The thinking_token_budget that "enabled" thinking asks, checked as Anthropic checks it: a budget that
+    max_tokens, which counts the thinking too, exceeds. A model without think tokens thinks none, within any
+    budget, so it takes none."""
+    if thinking is None or thinking.type != "enabled":
+        return None
+    budget = thinking.budget_tokens
+    if budget is None:
+        raise bad_request("thinking.budget_tokens: thinking of type 'enabled' needs a budget of thinking tokens",
+                          "thinking.budget_tokens")
+    if not 0 <= budget < max_tokens:
+        raise bad_request(f"thinking.budget_tokens: {budget} must be at least 0 and less than max_tokens "
+                          f"({max_tokens}), which counts the thinking too", "thinking.budget_tokens")
+    return budget if getattr(engine, "think_tags", None) is not None else None
+
+
 def _demanded_call(choice: Any) -> tuple[bool, str | None]:
     """(whether tool_choice demands a tool call, the tool it names or None for any)."""
     if choice is None or choice.type not in ("any", "tool"):
@@ -155,17 +180,20 @@ class Messages:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
 
-    async def _prompt(self, system: Any, messages: list[AnthropicMessage], tools: list[dict] | None) -> ChatPrompt:
+    async def _prompt(self, system: Any, messages: list[AnthropicMessage], tools: list[dict] | None,
+                      thinking: AnthropicThinking | None) -> ChatPrompt:
         """A final assistant message is a prefill: the reply goes on from its text, as Anthropic's does."""
         converted = anthropic_messages_for_template(system, messages)
         prefill = messages[-1].role == "assistant"
         return await asyncio.to_thread(render_chat, self.ctx.tokenizer, converted, tools,
-                                       self.ctx.template_kwargs(None), continue_final=prefill)
+                                       self.ctx.template_kwargs(_thinking_template_kwargs(thinking)),
+                                       continue_final=prefill)
 
     async def count_tokens(self, request: Request):
         req = CountTokensRequest.model_validate(await read_json_object(request))
         self.ctx.check_model(req.model)
-        prompt = await self._prompt(req.system, req.messages, anthropic_tools_for_template(req.tools, req.tool_choice))
+        prompt = await self._prompt(req.system, req.messages, anthropic_tools_for_template(req.tools, req.tool_choice),
+                                    req.thinking)
         return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
     async def __call__(self, request: Request):
@@ -173,7 +201,8 @@ class Messages:
         model = self.ctx.check_model(req.model)
         self.ctx.admit()
         tools = anthropic_tools_for_template(req.tools, req.tool_choice)
-        prompt = await self._prompt(req.system, req.messages, tools)
+        budget = _thinking_budget(req.thinking, req.max_tokens, self.ctx.engine)
+        prompt = await self._prompt(req.system, req.messages, tools, req.thinking)
         max_tokens = resolve_max_tokens(req.max_tokens, len(prompt.token_ids), self.ctx.max_model_len, "messages")
         if any(not s for s in req.stop_sequences or ()):
             raise bad_request("stop_sequences must be non-empty strings", "stop_sequences")
@@ -186,6 +215,7 @@ class Messages:
             repetition_penalty=defaults.get("repetition_penalty", 1.0),
             max_tokens=max_tokens,
             stop=req.stop_sequences or None,
+            thinking_token_budget=budget,
         )
         demanded, name = _demanded_call(req.tool_choice)
         if demanded:  # the answer is held to the calls' JSON (forced_tool_calls.py)

@@ -40,6 +40,18 @@ def test_message(client):
     assert count.input_tokens == m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
 
 
+def test_a_model_that_cannot_think_answers_with_thinking_enabled(client):
+    """The demo model's tokenizer has no think tokens: it thinks none, within any budget, and answers as without."""
+    budget = random.randint(1, 40)
+    plain = client.messages.create(model=MODEL, max_tokens=48, messages=QUESTION, extra_body=GREEDY)
+    thinking = client.messages.create(model=MODEL, max_tokens=48, messages=QUESTION, extra_body=GREEDY,
+                                      thinking={"type": "enabled", "budget_tokens": budget})
+    assert [b.type for b in thinking.content] == ["text"] and thinking.content[0].text == plain.content[0].text
+    count = client.messages.count_tokens(model=MODEL, messages=QUESTION,
+                                         thinking={"type": "enabled", "budget_tokens": budget})
+    assert count.input_tokens == thinking.usage.input_tokens + (thinking.usage.cache_read_input_tokens or 0)
+
+
 def test_stream_events_build_the_same_message(client):
     whole = client.messages.create(model=MODEL, max_tokens=10, messages=QUESTION, extra_body=GREEDY)
     events = []

@@ -68,3 +68,37 @@ def test_a_budget_is_checked_by_the_server(thinker):
         assert r.status_code == status, (value, r.text)
         if status == 400:
             assert r.json()["error"]["param"] == "thinking_token_budget", r.text
+
+
+def test_anthropic_enabled_thinking_keeps_its_budget(thinker):
+    """Anthropic's thinking {"type": "enabled", "budget_tokens": B} is a thinking_token_budget of B: the reply's
+    thinking and text are the chat route's under that budget."""
+    live, _ = thinker
+    budget = random.randint(1, 8)
+    question = [{"role": "user", "content": random.choice(["Hi", "Why?", "Go on", "Tell me"])}]
+    limit = budget + 8
+    chat_reply = chat(live, messages=question, max_tokens=limit, thinking_token_budget=budget, logprobs=False)
+    body = {"model": MODEL, "max_tokens": limit, "temperature": 0, "messages": question,
+            "thinking": {"type": "enabled", "budget_tokens": budget}}
+    r = httpx.post(live.url + "/v1/messages", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    blocks = {block["type"]: block for block in r.json()["content"]}
+    message = chat_reply["choices"][0]["message"]
+    assert blocks.get("thinking", {}).get("thinking", "") == (message.get("reasoning") or "")
+    assert blocks.get("text", {}).get("text", "") == (message["content"] or "")
+    assert r.json()["usage"]["output_tokens"] == chat_reply["usage"]["completion_tokens"]
+
+
+def test_anthropic_thinking_is_checked_as_anthropic_checks_it(thinker):
+    live, _ = thinker
+    question = [{"role": "user", "content": "Hi"}]
+    cases = [({"type": "enabled"}, 16, 400), ({"type": "enabled", "budget_tokens": 16}, 16, 400),
+             ({"type": "enabled", "budget_tokens": -1}, 16, 400), ({"type": "sometimes"}, 16, 400),
+             ({"type": "disabled"}, 4, 200), ({"type": "adaptive"}, 4, 200),
+             ({"type": "enabled", "budget_tokens": 3}, 4, 200)]
+    for thinking, max_tokens, status in cases:
+        body = {"model": MODEL, "max_tokens": max_tokens, "messages": question, "thinking": thinking}
+        r = httpx.post(live.url + "/v1/messages", json=body, timeout=60)
+        assert r.status_code == status, (thinking, r.text)
+        if status == 400:
+            assert r.json()["type"] == "error" and "thinking" in r.json()["error"]["message"], r.text
