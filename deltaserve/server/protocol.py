@@ -163,6 +163,7 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: StrictBool = False
     # vLLM's: the reply starts with the last message's text, where that message is of the reply's role
     echo: StrictBool = False
+    include_reasoning: StrictBool = True  # vLLM's: False leaves the reasoning out of the reply
 
 
 class CompletionRequest(_SamplingFields):

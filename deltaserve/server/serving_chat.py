@@ -241,7 +241,7 @@ class ChatJob:
         for o in sorted(output.outputs, key=lambda o: o.index):
             parsed = self.parsed(o.text)
             message: dict[str, Any] = {"role": self.role, "content": self.echoed + parsed.content}
-            if parsed.reasoning:  # under vLLM's name and DeepSeek's, which clients read
+            if parsed.reasoning and self.req.include_reasoning:  # under vLLM's name and DeepSeek's, which clients read
                 message["reasoning"] = message["reasoning_content"] = parsed.reasoning
             finish_reason = self._finish_reason(o.finish_reason, len(parsed.tool_calls))
             if parsed.tool_calls:
@@ -308,7 +308,11 @@ class ChatJob:
                     sent_tokens[i] = len(o.token_ids)
                     if o.finish_reason is not None:
                         delta.extend(parsers[i].finish())
-                    if delta or (logprobs and logprobs["content"]):
+                    # vLLM's include_reasoning false: the reasoning is left out, and a chunk of it alone not sent
+                    dropped = not self.req.include_reasoning and bool(delta.reasoning)
+                    if dropped:
+                        delta.reasoning = ""
+                    if delta or (logprobs and logprobs["content"] and not dropped):
                         yield self._chunk(
                             [{"index": i, "delta": self._delta_json(delta, tools_sent[i]), "logprobs": logprobs,
                               "finish_reason": None}], usage=so_far(len(o.token_ids), output.num_cached_tokens)

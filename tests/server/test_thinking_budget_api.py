@@ -1,5 +1,6 @@
 """thinking_token_budget through the server: the reply's reasoning ends after the budget and its answer follows."""
 
+import json
 import random
 
 import httpx
@@ -102,3 +103,25 @@ def test_anthropic_thinking_is_checked_as_anthropic_checks_it(thinker):
         assert r.status_code == status, (thinking, r.text)
         if status == 400:
             assert r.json()["type"] == "error" and "thinking" in r.json()["error"]["message"], r.text
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out_whole_and_streamed(thinker):
+    live, _ = thinker
+    question = [{"role": "user", "content": random.choice(["Hi", "Why?", "Go on", "Tell me"])}]
+    budget = random.randint(1, 6)
+    fields = {"messages": question, "max_tokens": budget + 8, "thinking_token_budget": budget, "logprobs": False}
+    full = chat(live, **fields)["choices"][0]
+    bare = chat(live, include_reasoning=False, **fields)["choices"][0]
+    assert full["message"].get("reasoning")  # the prompt opened the block: the reply starts with reasoning
+    assert "reasoning" not in bare["message"] and "reasoning_content" not in bare["message"]
+    assert bare["message"]["content"] == full["message"]["content"]
+    body = {"model": MODEL, "temperature": 0, "stream": True, "include_reasoning": False, **fields}
+    chunks = []
+    with httpx.stream("POST", live.base_url + "/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[len("data: "):]))
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert all("reasoning" not in d and "reasoning_content" not in d for d in deltas)
+    assert "".join(d.get("content") or "" for d in deltas) == (full["message"]["content"] or "")
+    assert chunks[-1]["choices"][0]["finish_reason"] == full["finish_reason"]
