@@ -78,6 +78,7 @@ class ResponsesRequest(_Lenient):
     max_tool_calls: StrictInt | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the chat template
     stream: StrictBool = False
     store: StrictBool | None = None
     background: StrictBool | None = None

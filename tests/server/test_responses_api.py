@@ -16,7 +16,7 @@ from deltaserve.outputs import CompletionOutput
 from deltaserve.server.message_logprobs import MessageLogprobs
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.responses_protocol import ResponsesRequest
-from deltaserve.server.serving_responses import _EventWriter, chat_messages
+from deltaserve.server.serving_responses import _EventWriter, chat_messages, chat_request
 from deltaserve.server.tool_parsers import ToolCall
 from tests.server.conftest import API_KEY, MODEL, serving
 from tests.server.live_server import LiveServer
@@ -237,6 +237,20 @@ def test_reasoning_comes_back_as_a_reasoning_item(thinking_server):
         assert "".join(logprobs) == response.output_text
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == thought
+
+
+def test_reasoning_effort_reaches_the_template_as_vllm_hands_it():
+    """reasoning.effort as reasoning_effort, and enable_thinking (false for "none") unless the request's own
+    chat_template_kwargs set it."""
+    effort = random.choice(["low", "medium", "high"])
+    cases = [({"reasoning": {"effort": effort}}, {"reasoning_effort": effort, "enable_thinking": True}),
+             ({"reasoning": {"effort": "none"}}, {"reasoning_effort": "none", "enable_thinking": False}),
+             ({"reasoning": {"effort": "none"}, "chat_template_kwargs": {"enable_thinking": True, "x": 1}},
+              {"reasoning_effort": "none", "enable_thinking": True, "x": 1}),
+             ({"chat_template_kwargs": {"x": 2}}, {"x": 2}), ({}, None)]
+    for fields, kwargs in cases:
+        chat = chat_request(ResponsesRequest.model_validate({"input": "Hi", **fields}))
+        assert chat.chat_template_kwargs == kwargs, fields
 
 
 def test_input_items_become_the_chat_conversation():
