@@ -103,6 +103,22 @@ def end_due_at(tokens: list[int], budget: int, start: int, end: int, already: in
     return None  # not due within these tokens
 
 
+def forced_positions(tokens: list[int], budget: int, start: int, end: int) -> set[int]:
+    """Where a run whose prompt opened its block was forced to write `end`: each block (a later one the run opens
+    itself too) once it held `budget` thoughts."""
+    forced, in_block, count = set(), True, 0
+    for i, token in enumerate(tokens):
+        if in_block and count >= budget:
+            forced.add(i)
+        if token == start:
+            in_block, count = True, 0
+        elif token == end:
+            in_block = False
+        elif in_block:
+            count += 1
+    return forced
+
+
 def test_the_engine_forces_the_end_after_the_budget(thinking_llm):
     llm, start, end = thinking_llm
     rng = random.Random()
@@ -117,8 +133,10 @@ def test_the_engine_forces_the_end_after_the_budget(thinking_llm):
         return
     assert kept.token_ids[:at] == free.token_ids[:at] and kept.token_ids[at] == end
     assert len(kept.token_ids) == budget + 6  # the reply goes on after the block
+    forced = forced_positions(kept.token_ids, budget, start, end)
+    assert at in forced and all(kept.token_ids[i] == end for i in forced)
     for i, (token, entry) in enumerate(zip(kept.token_ids, kept.logprobs)):
-        if i != at:  # every other token is the model's own greedy choice, the forced one its own logprob
+        if i not in forced:  # every other token is the model's own greedy choice, a forced one its own logprob
             assert entry[token].rank == 1, i
     assert "</think>" in kept.text  # an added token, not a special one: its text stays, as Qwen's
 
@@ -147,3 +165,38 @@ def test_a_model_without_think_tokens_refuses_a_budget(checkpoint_factory):
         llm.generate(["hi"], SamplingParams(max_tokens=2, thinking_token_budget=4))
     out = llm.generate(["hi"], SamplingParams(max_tokens=2, thinking_token_budget=-1))[0]  # -1: no budget
     assert len(out.outputs[0].token_ids) >= 1
+
+
+def test_a_structure_holds_after_the_think_block_the_prompt_opens(thinking_llm):
+    """As on the server's routes: the reasoning stays free, the budget ends it, and the answer is held."""
+    import re
+
+    from deltaserve import StructuredOutputsParams
+
+    llm, start, end = thinking_llm
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(2, 12))] + [start]
+    budget = rng.randint(0, 5)
+    structure = StructuredOutputsParams(regex="[a-z]{1,6}")
+    out = llm.generate([prompt], SamplingParams(max_tokens=budget + 12, temperature=0, thinking_token_budget=budget,
+                                                structured_outputs=structure))[0].outputs[0]
+    at = end_due_at(out.token_ids, budget, start, end)
+    assert out.finish_reason == "stop" and (at is None or out.token_ids[at] == end), out
+    closed = out.token_ids.index(end)
+    answer = llm.get_tokenizer().decode(out.token_ids[closed + 1 :])
+    assert re.fullmatch("[a-z]{1,6}", answer), answer
+
+
+def test_a_budget_that_ends_the_block_where_an_active_grammar_refuses_names_both(thinking_llm):
+    """A grammar that holds the think block itself (the prompt opens none; the grammar writes <think> first) does
+    not take the budget's forced end: the request ends with an error naming both fields, and the engine serves on."""
+    llm, start, end = thinking_llm
+    from deltaserve import StructuredOutputsParams
+
+    grammar = "start: <think> /[a-z]{1,40}/"  # llguidance's Lark: the <think> token, then letters
+    params = SamplingParams(max_tokens=16, temperature=0, thinking_token_budget=2,
+                            structured_outputs=StructuredOutputsParams(grammar=grammar))
+    with pytest.raises(InvalidSamplingParamsError, match="thinking_token_budget ended the think block at output "
+                                                         "token 3 where structured_outputs does not take its end"):
+        llm.generate([[5, 6, 7]], params)
+    assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0))[0].outputs[0].token_ids

@@ -7,7 +7,7 @@ import logging
 import struct
 import time
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,7 +19,8 @@ from deltaserve.engine.model_setup import LoadedModel, load_engine_model
 from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.request import Request
 from deltaserve.engine.scheduler import Scheduler
-from deltaserve.engine.thinking_budget import ThinkingBudget, no_think_block, think_tag_ids
+from deltaserve.engine.thinking_budget import (THINK_END, ThinkingBudget, no_think_block, opens_think_block,
+                                               think_tag_ids)
 from deltaserve.engine.warm_up import warm_up
 from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
 from deltaserve.outputs import CompletionOutput, RequestOutput
@@ -134,7 +135,7 @@ class LLMEngine:
         self._check_thinking_budget(params)
         token_ids, text, token_bytes = self._prompt_tokens(prompt, prompt_text)
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
-        structured = params.structured_outputs
+        structured = self._structure_after_thinking(params.structured_outputs, token_ids)
         grammar = self.grammars.compile(structured) if structured is not None else None
         held_back = self._stop_tokens(params) if params.min_tokens else []
         bad_words_ids = self._bad_words_ids(params.bad_words or [])
@@ -178,6 +179,15 @@ class LLMEngine:
                 if not 0 <= token < vocab:
                     raise InvalidSamplingParamsError(
                         f"{name}={token}: token id {token} is outside the vocabulary [0, {vocab})")
+
+    def _structure_after_thinking(self, structured, prompt_ids: list[int]):
+        """Where the prompt leaves a think block open, the reasoning stays free and the constraint holds from its
+        "</think>" on (`start_after`), as the server's routes ask; a structure that says where it starts keeps it."""
+        if structured is None or structured.start_after is not None:
+            return structured
+        if not opens_think_block(prompt_ids, self.think_tags):
+            return structured
+        return replace(structured, start_after=THINK_END)
 
     def _check_thinking_budget(self, params: SamplingParams) -> None:
         if params.thinking_token_budget is not None and self.think_tags is None:
@@ -330,6 +340,7 @@ class LLMEngine:
             self._end_at_fault(parent, request.dead_end[1])  # the token sampled there is one they refuse
             return
         detok = parent.detokenizers[request.sample_index]
+        forced = request.forced_token
         request.resolve_token(position, token)
         if request.thinking is not None:
             request.thinking.accept(token)
@@ -339,6 +350,12 @@ class LLMEngine:
         self.stats_counters.generation_tokens_total += 1
         params = request.params
         if request.grammar is not None and not request.grammar.accept(token):
+            if forced is not None:  # the budget's "</think>" stands over the grammar, which had not waited for it
+                index = position - request.num_prompt_tokens
+                self._end_at_fault(parent, InvalidSamplingParamsError(
+                    f"thinking_token_budget ended the think block at output token {index} where structured_outputs "
+                    f"does not take its end: give the structure a start_after of {THINK_END!r} to hold after it"))
+                return
             # the mask allows only what the grammar accepts: a refused token is the matcher's own failure (a
             # limit of its parser), which ends this request with an error naming it, not a failed step
             why = request.grammar.error().split("\n", 1)[0]  # the rest is the matcher's state and grammar

@@ -57,6 +57,14 @@ class ThinkingBudget:
             self.count += 1
 
 
+def opens_think_block(prompt_ids: list[int], tags: tuple[int, int] | None) -> bool:
+    """Whether a prompt leaves a think block open for the output to go on (its last start after its last end)."""
+    if tags is None:
+        return False
+    start, end = _last_index(prompt_ids, [tags[0]]), _last_index(prompt_ids, [tags[1]])
+    return start > end
+
+
 def _ends_with(tokens: list[int], tail: list[int]) -> bool:
     return len(tokens) >= len(tail) and tokens[len(tokens) - len(tail):] == tail
 
