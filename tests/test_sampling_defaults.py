@@ -111,7 +111,7 @@ def test_the_server_samples_unset_fields_as_the_file_asks(checkpoint_factory, tm
 
     path = _with_generation_config(checkpoint_factory("qwen3.5"), tmp_path, {"temperature": 0.0, "top_p": 0.9})
     prompt = [random.randrange(300) for _ in range(8)]
-    live = LiveServer(path)
+    live = LiveServer(path, "--max-model-len", "512")  # the tiny checkpoint's own context
     try:
         def tokens(**fields):
             body = {"prompt": prompt, "max_tokens": 12, "ignore_eos": True, "logprobs": 0, **fields}

@@ -187,7 +187,7 @@ def _checkpoint_that_calls(path: str, text: str) -> str:
 @pytest.fixture(scope="module")
 def calling_server(tmp_path_factory):
     path = _checkpoint_that_calls(str(tmp_path_factory.mktemp("calls")), NAN_CALL)
-    yield from serving(LiveServer(path))
+    yield from serving(LiveServer(path, "--max-model-len", "512"))  # the tiny checkpoint's own context
 
 
 def test_a_model_calling_a_tool_with_nan_still_gets_json_responses(calling_server):
