@@ -75,9 +75,38 @@ class StructuredOutputsParams:
             raise InvalidSamplingParamsError("structured_outputs.whitespace_pattern must be a non-empty string")
 
 
+@dataclass
+class RepetitionDetectionParams:
+    """vLLM's repetition_detection: the output ends (finish_reason "repetition") once its last tokens are
+    `min_count` copies of one pattern of `min_pattern_size` (1 where 0) to `max_pattern_size` tokens
+    (engine/repetition.py). A max_pattern_size of 0 detects nothing."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("max_pattern_size", "min_pattern_size", "min_count"):
+            _check_int(f"repetition_detection.{name}", getattr(self, name))
+        if self.max_pattern_size < 0 or self.min_pattern_size < 0 or self.min_pattern_size > self.max_pattern_size:
+            raise InvalidSamplingParamsError(
+                f"repetition_detection: max_pattern_size={self.max_pattern_size} and min_pattern_size="
+                f"{self.min_pattern_size} must be at least 0, min_pattern_size at most max_pattern_size (both 0: off)")
+        if self.max_pattern_size > 0 and self.min_count < 2:
+            raise InvalidSamplingParamsError(
+                f"repetition_detection.min_count={self.min_count}: a pattern must repeat at least 2 times to be "
+                "detected (max_pattern_size 0 turns detection off)")
+
+    @property
+    def active(self) -> bool:
+        return self.max_pattern_size > 0
+
+
 # vLLM's SamplingParams fields deltaserve takes only at their defaults: what each asks
-UNHONOURED = {"repetition_detection": "stopping at repeated n-grams",
-              "logprob_token_ids": "the logprobs of tokens named in advance (logprobs gives the top ones)",
+UNHONOURED = {"logprob_token_ids": "the logprobs of tokens named in advance (logprobs gives the top ones)",
               "flat_logprobs": "logprobs as flat lists",
               "skip_reading_prefix_cache": "a request that does not read the prefix cache",
               "extra_args": "arguments for logits processors (deltaserve runs none of the caller's)"}
@@ -115,9 +144,10 @@ class SamplingParams:
     # vLLM's: at most this many tokens in a think block, then its end is forced (engine/thinking_budget.py);
     # None or -1: no budget
     thinking_token_budget: int | None = None
+    # vLLM's: the output ends once it repeats one pattern (a RepetitionDetectionParams, or a dict of its fields)
+    repetition_detection: RepetitionDetectionParams | None = None
     # vLLM's fields that would change what is generated or returned, and that deltaserve does not honour: taken at
     # their defaults so that vLLM's code runs, refused by name otherwise (UNHONOURED)
-    repetition_detection: object | None = None
     logprob_token_ids: list[int] | None = None
     flat_logprobs: bool = False
     skip_reading_prefix_cache: bool | None = None
@@ -236,6 +266,16 @@ class SamplingParams:
                           "must be at least 0, or -1 for no budget")
             if self.thinking_token_budget == -1:
                 self.thinking_token_budget = None
+        if isinstance(self.repetition_detection, dict):  # the server's JSON, and vLLM's callers' dicts
+            try:
+                self.repetition_detection = RepetitionDetectionParams(**self.repetition_detection)
+            except TypeError as exc:
+                raise bad("repetition_detection", self.repetition_detection,
+                          "takes max_pattern_size, min_pattern_size and min_count") from exc
+        if self.repetition_detection is not None:
+            if not isinstance(self.repetition_detection, RepetitionDetectionParams):
+                raise bad("repetition_detection", self.repetition_detection, "must be a RepetitionDetectionParams")
+            self.repetition_detection.validate()
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise bad("structured_outputs", self.structured_outputs, "must be a StructuredOutputsParams")

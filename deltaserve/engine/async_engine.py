@@ -51,7 +51,7 @@ class RequestTiming:
     """What a finished (or abandoned) request tells the metrics."""
 
     request_id: str
-    finish_reason: str  # "stop", "length", "abort", "error"
+    finish_reason: str  # "stop", "length", "repetition", "abort", "error"
     arrival: float
     first_token: float | None
     finished: float
@@ -352,7 +352,7 @@ class RequestStream:
                 if output.error is not None:  # the request's own fault (its constraints left no token)
                     raise output.error
                 raise RequestFailedError("the engine failed while running this request")
-            self._finish("length" if "length" in reasons else "stop")
+            self._finish(next((r for r in ("length", "repetition") if r in reasons), "stop"))
         return output
 
     @property

@@ -17,6 +17,7 @@ from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.engine.grammar import GrammarCompiler
 from deltaserve.engine.model_setup import LoadedModel, load_engine_model
 from deltaserve.engine.prefix_cache import PrefixCache
+from deltaserve.engine.repetition import ends_in_repetition
 from deltaserve.engine.request import Request
 from deltaserve.engine.scheduler import Scheduler
 from deltaserve.engine.thinking_budget import (THINK_END, ThinkingBudget, no_think_block, opens_think_block,
@@ -27,6 +28,7 @@ from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import SamplingParams, logprobs_count
 
 log = logging.getLogger(__name__)
+REPETITION_STOP_REASON = "repetition_detected"  # vLLM's stop_reason beside finish_reason "repetition"
 
 
 @dataclass
@@ -380,6 +382,19 @@ class LLMEngine:
                 self.scheduler.finish(request, "stop")
         elif position - request.num_prompt_tokens + 1 >= request.max_tokens:
             self.scheduler.finish(request, "length")
+        elif self._repeats_itself(request, position):
+            self.scheduler.finish(request, "repetition", REPETITION_STOP_REASON)
+
+    @staticmethod
+    def _repeats_itself(request: Request, position: int) -> bool:
+        """Whether the output up to `position` (min_tokens long at least) ends in the pattern its
+        repetition_detection looks for, read from the tail that could hold it."""
+        detection = request.params.repetition_detection
+        taken = position - request.num_prompt_tokens + 1
+        if detection is None or not detection.active or taken < request.params.min_tokens:
+            return False
+        tail = request.output_token_ids[max(taken - detection.max_pattern_size * detection.min_count, 0):taken]
+        return ends_in_repetition(tail, detection.max_pattern_size, detection.min_pattern_size, detection.min_count)
 
     def _output(self, parent: ParentRequest) -> RequestOutput:
         outputs = []

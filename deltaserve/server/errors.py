@@ -147,7 +147,7 @@ def from_exception(exc: BaseException) -> APIError:
     if isinstance(exc, NoTokenAllowedError):
         return APIError(400, str(exc), param=exc.fields[0], code="no_token_allowed")
     if isinstance(exc, InvalidSamplingParamsError):
-        match = re.match(r"(\w+)=", str(exc))
+        match = re.match(r"([\w.]+)[=:]", str(exc))  # the field the message starts with ("name=value: why")
         return APIError(400, str(exc), param=match.group(1) if match else None, code="invalid_value")
     if isinstance(exc, PromptTooLongError):
         return APIError(400, str(exc), param="prompt", code="context_length_exceeded")

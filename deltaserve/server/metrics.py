@@ -53,7 +53,8 @@ _VLLM_COUNTERS = (
     ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (vLLM's name).", "prefix_cache_hits"),
     ("vllm:num_preemptions", "Requests preempted to free KV blocks (vLLM's name).", "num_preemptions"),
 )
-_FINISH_REASONS = ("stop", "length", "abort", "error")
+_FINISH_REASONS = ("stop", "length", "repetition", "abort", "error")
+_COMPLETED = ("stop", "length", "repetition")  # requests that ran to an end of their own
 
 
 class _EngineStatsCollector:
@@ -144,7 +145,7 @@ class _VllmRequestMetrics:
     def observe(self, timing: RequestTiming) -> None:
         self.finished[timing.finish_reason].inc()
         _observe((self.ttft, self.tpot, self.e2e), _latencies(timing))
-        if timing.finish_reason in ("stop", "length"):
+        if timing.finish_reason in _COMPLETED:
             self.prompt_tokens.observe(timing.prompt_tokens)
             self.generation_tokens.observe(timing.generation_tokens)
 
@@ -157,7 +158,7 @@ def _latencies(timing: RequestTiming) -> tuple[float | None, float | None, float
         ttft = timing.first_token - timing.arrival
         if timing.generation_tokens > 1:
             tpot = (timing.finished - timing.first_token) / (timing.generation_tokens - 1)
-    if timing.finish_reason in ("stop", "length"):
+    if timing.finish_reason in _COMPLETED:
         e2e = timing.finished - timing.arrival
     return ttft, tpot, e2e
 

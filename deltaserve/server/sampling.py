@@ -8,7 +8,7 @@ from typing import Any
 
 from deltaserve.engine.thinking_budget import no_think_block
 from deltaserve.errors import InvalidSamplingParamsError
-from deltaserve.sampling_params import UNHONOURED, SamplingParams, StructuredOutputsParams, check_logprobs_count
+from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams, check_logprobs_count
 from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.errors import bad_request, context_length_error
 
@@ -19,8 +19,7 @@ NOT_IMPLEMENTED = {"use_beam_search": "beam search", "logits_processors": "logit
                    "guided_json": "guided_json (use structured_outputs or response_format)",
                    "guided_regex": "guided_regex (use structured_outputs)",
                    "guided_choice": "guided_choice (use structured_outputs)",
-                   "guided_grammar": "guided_grammar (use structured_outputs)",
-                   "repetition_detection": UNHONOURED["repetition_detection"]}
+                   "guided_grammar": "guided_grammar (use structured_outputs)"}
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +91,7 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, pr
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         thinking_token_budget=req.thinking_token_budget,
+        repetition_detection=req.repetition_detection.model_dump() if req.repetition_detection else None,
     )
 
 

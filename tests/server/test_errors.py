@@ -121,9 +121,9 @@ CASES = {
                     None, "guided_json"),
     "thinking budget without think tokens": ("/v1/chat/completions", {
         "model": MODEL, "messages": QUESTION, "thinking_token_budget": 64}, None, "thinking_token_budget"),
-    "repetition detection": ("/v1/completions", {"model": MODEL, "prompt": "a",
-                                                 "repetition_detection": {"max_pattern_size": 4}},
-                             None, "repetition_detection"),
+    "repetition detection without a count": ("/v1/completions", {"model": MODEL, "prompt": "a",
+                                                                 "repetition_detection": {"max_pattern_size": 4}},
+                                             None, "repetition_detection.min_count"),
     "top_logprobs without logprobs": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
                                                                "top_logprobs": 3}, None, "top_logprobs"),
     "suffix": ("/v1/completions", {"model": MODEL, "prompt": "a", "suffix": "b"}, None, "suffix"),

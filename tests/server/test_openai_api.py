@@ -575,3 +575,30 @@ def test_completions_echo_with_logprobs_scores_the_prompt(client, server):
                                          logprobs=2, echo=True, stream=True)
     tokens = [t for c in streamed if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     assert tokens == lp.tokens
+
+
+def test_repetition_detection_ends_a_looping_reply(server):
+    """A logit bias makes one token certain: the reply is that token, ended at min_count of it with vLLM's
+    finish_reason "repetition", whole and streamed, and counted among the finished requests by that reason."""
+    count = random.randint(2, 5)
+    token = random.randrange(100, 1000)
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 30, "logit_bias": {str(token): 100},
+            "repetition_detection": {"max_pattern_size": 2, "min_count": count}}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def finished() -> float:
+        return server.labelled_metrics().get(("vllm:request_success_total", frozenset(
+            {("model_name", MODEL), ("engine", "0"), ("finished_reason", "repetition")})), 0.0)
+
+    before = finished()
+    whole = httpx.post(server.base_url + "/completions", json=body, headers=headers, timeout=60).json()
+    choice = whole["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("repetition", "repetition_detected")
+    assert whole["usage"]["completion_tokens"] == count
+    chunks = []
+    with httpx.stream("POST", server.base_url + "/completions", json={**body, "stream": True}, headers=headers,
+                      timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == choice["text"]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "repetition"
+    assert finished() == before + 2
