@@ -8,6 +8,7 @@ from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.tokenizer import LONE_SURROGATE
 
 MAX_LOGPROBS = 20  # the default cap on logprobs a token (vLLM's and the OpenAI API's); the engine's max_logprobs sets it
+MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 makes it the only choice
 # Below this a temperature samples greedily, as in vLLM: logits over 1e-45 overflow to inf and the row's
 # softmax to NaN, where the user plainly asked for the most likely token.
@@ -106,8 +107,7 @@ class RepetitionDetectionParams:
 
 
 # vLLM's SamplingParams fields deltaserve takes only at their defaults: what each asks
-UNHONOURED = {"logprob_token_ids": "the logprobs of tokens named in advance (logprobs gives the top ones)",
-              "flat_logprobs": "logprobs as flat lists",
+UNHONOURED = {"flat_logprobs": "logprobs as flat lists",
               "skip_reading_prefix_cache": "a request that does not read the prefix cache",
               "extra_args": "arguments for logits processors (deltaserve runs none of the caller's)"}
 
@@ -144,11 +144,12 @@ class SamplingParams:
     # vLLM's: at most this many tokens in a think block, then its end is forced (engine/thinking_budget.py);
     # None or -1: no budget
     thinking_token_budget: int | None = None
+    # vLLM's: the logprobs of these tokens (at most MAX_LOGPROB_TOKEN_IDS) beside the sampled one's, every position
+    logprob_token_ids: list[int] | None = None
     # vLLM's: the output ends once it repeats one pattern (a RepetitionDetectionParams, or a dict of its fields)
     repetition_detection: RepetitionDetectionParams | None = None
     # vLLM's fields that would change what is generated or returned, and that deltaserve does not honour: taken at
     # their defaults so that vLLM's code runs, refused by name otherwise (UNHONOURED)
-    logprob_token_ids: list[int] | None = None
     flat_logprobs: bool = False
     skip_reading_prefix_cache: bool | None = None
     extra_args: dict | None = None
@@ -246,6 +247,14 @@ class SamplingParams:
             if any(LONE_SURROGATE.search(w) for w in self.bad_words):  # no tokenizer encodes one
                 raise bad("bad_words", self.bad_words, "must be text: one holds a lone UTF-16 surrogate")
             self.bad_words = list(self.bad_words)
+        if self.logprob_token_ids is not None:
+            if (not isinstance(self.logprob_token_ids, (list, tuple))
+                    or len(self.logprob_token_ids) > MAX_LOGPROB_TOKEN_IDS):
+                raise bad("logprob_token_ids", self.logprob_token_ids,
+                          f"must be a list of at most {MAX_LOGPROB_TOKEN_IDS} token ids")
+            self.logprob_token_ids = list(self.logprob_token_ids)
+            for t in self.logprob_token_ids:
+                _check_int("logprob_token_ids", t)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
@@ -282,6 +291,11 @@ class SamplingParams:
             self.structured_outputs.validate()
         if self.temperature < GREEDY_BELOW_TEMPERATURE:
             self.temperature = 0.0
+
+    @property
+    def returns_logprobs(self) -> bool:
+        """Whether each output token comes with logprobs: its top ones (logprobs) or named ones (logprob_token_ids)."""
+        return self.logprobs is not None or bool(self.logprob_token_ids)
 
     def check_logprobs(self, cap: int, vocab_size: int) -> None:
         """Refuses logprobs or prompt_logprobs asking more a token than `cap` (an engine's max_logprobs, resolved)."""

@@ -96,7 +96,8 @@ def test_shape_not_matching_config(broken_copy):
     # budget is honoured: only what is not a count of tokens is refused)
     ({"thinking_token_budget": -2}, "thinking_token_budget"), ({"thinking_token_budget": True}, "thinking_token_budget"),
     ({"thinking_token_budget": 1.5}, "thinking_token_budget"),
-    ({"logprob_token_ids": [3]}, "logprob_token_ids"),
+    ({"logprob_token_ids": list(range(129))}, "logprob_token_ids"), ({"logprob_token_ids": ["a"]}, "logprob_token_ids"),
+    ({"logprob_token_ids": 3}, "logprob_token_ids"),
     ({"flat_logprobs": True}, "flat_logprobs"), ({"extra_args": {"k": 1}}, "extra_args"),
     ({"skip_reading_prefix_cache": True}, "skip_reading_prefix_cache"),
     ({"repetition_detection": {"max_pattern_size": 4}}, "repetition_detection"),

@@ -75,3 +75,22 @@ def test_a_raised_cap_gives_each_token_that_many_as_the_reference_ranks_them(che
     for position in range(1, len(prompt)):  # -1: every token of the vocabulary, each prompt position
         assert len(out.prompt_logprobs[position]) == VOCAB
         _assert_the_references_best(out.prompt_logprobs[position], expected[position - 1], VOCAB)
+
+
+
+def test_named_tokens_come_with_their_logprobs_and_ranks(checkpoint_factory):
+    """vLLM's logprob_token_ids: each position carries the sampled token's logprob and those of the named
+    tokens, equal to the whole vocabulary's entries at those ids (logprobs=-1 on the same greedy run)."""
+    llm = LLM(checkpoint_factory("qwen3.5"), device="cpu", max_logprobs=-1)
+    prompt = [random.randrange(300) for _ in range(random.randint(2, 12))]
+    named = random.sample(range(300), random.randint(1, 6))
+    greedy = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    every = llm.generate([prompt], SamplingParams(logprobs=-1, **greedy))[0].outputs[0]
+    some = llm.generate([prompt], SamplingParams(logprob_token_ids=named, **greedy))[0].outputs[0]
+    assert some.token_ids == every.token_ids
+    for token, entry, whole in zip(some.token_ids, some.logprobs, every.logprobs):
+        assert set(entry) == {token, *named}
+        for tid, logprob in entry.items():
+            assert abs(logprob.logprob - whole[tid].logprob) < 1e-5 and logprob.rank == whole[tid].rank
+    with pytest.raises(InvalidSamplingParamsError, match="logprob_token_ids=.*outside the vocabulary"):
+        llm.generate([prompt], SamplingParams(max_tokens=2, logprob_token_ids=[10**6]))

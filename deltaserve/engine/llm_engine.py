@@ -173,10 +173,12 @@ class LLMEngine:
         return [ids for ids in found if ids and all(t < vocab for t in ids)]
 
     def _check_token_ids(self, params: SamplingParams) -> None:
-        """The token ids of logit_bias, stop_token_ids and allowed_token_ids name tokens of the vocabulary."""
+        """The token ids of logit_bias, stop_token_ids, allowed_token_ids and logprob_token_ids name tokens of the
+        vocabulary."""
         vocab = self.model_config.vocab_size
         for name, tokens in (("logit_bias", params.logit_bias or ()), ("stop_token_ids", params.stop_token_ids),
-                             ("allowed_token_ids", params.allowed_token_ids or ())):
+                             ("allowed_token_ids", params.allowed_token_ids or ()),
+                             ("logprob_token_ids", params.logprob_token_ids or ())):
             for token in tokens:
                 if not 0 <= token < vocab:
                     raise InvalidSamplingParamsError(
@@ -406,7 +408,7 @@ class LLMEngine:
                 token_ids=child.resolved_output_ids,  # a new list (a slice), as logprobs below
                 finish_reason=child.finish_reason,
                 stop_reason=child.stop_reason,
-                logprobs=list(child.output_logprobs) if child.params.logprobs is not None else None,
+                logprobs=list(child.output_logprobs) if child.params.returns_logprobs else None,
             ))
         out = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outputs,
                             finished=parent.finished,

@@ -67,7 +67,7 @@ class Sampler:
         if any(_has_penalty(p) for p in params):
             processed = self._penalise(processed, requests)
         tokens = self.sample_on_device(processed, requests).tolist()
-        if not any(p.logprobs is not None for p in params):
+        if not any(p.returns_logprobs for p in params):
             return tokens, None
         return tokens, self._logprobs(logits[:, : self.vocab_size], tokens, requests)
 
@@ -83,7 +83,7 @@ class Sampler:
         """Whether a row's sampling needs nothing but its logits on the device: no logprobs to read
         back, no penalties over its past tokens, and no grammar, bad words or thinking budget, whose refusals
         follow the last token (a step can then start before the last one's tokens are read back)."""
-        return (params.logprobs is None and params.prompt_logprobs is None and not _has_penalty(params)
+        return (not params.returns_logprobs and params.prompt_logprobs is None and not _has_penalty(params)
                 and params.structured_outputs is None and not params.bad_words and params.thinking_token_budget is None)
 
     @staticmethod
@@ -244,17 +244,24 @@ class Sampler:
     def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]):
         """Logprobs of the model's distribution (before penalties and temperature), as vLLM reports them."""
         logprobs = torch.log_softmax(logits, dim=-1)
-        return [None if r.params.logprobs is None else logprob_entry(logprobs[i], tokens[i], r.params.logprobs)
-                for i, r in enumerate(requests)]
+        return [logprob_entry(logprobs[i], tokens[i], r.params.logprobs or 0, r.params.logprob_token_ids or ())
+                if r.params.returns_logprobs else None for i, r in enumerate(requests)]
 
 
-def logprob_entry(row: torch.Tensor, token: int, top: int) -> dict[int, Logprob]:
-    """`token`'s logprob and rank in one row of log-probabilities, then the `top` best tokens (-1: every token)."""
+def logprob_entry(row: torch.Tensor, token: int, top: int, named=()) -> dict[int, Logprob]:
+    """`token`'s logprob and rank in one row of log-probabilities, then the `top` best tokens (-1: every token),
+    then the `named` ones (vLLM's logprob_token_ids), each with its rank."""
     chosen = row[token]
     entry = {token: Logprob(chosen.item(), int((row > chosen).sum().item()) + 1)}
     if top:
         values, ids = row.topk(min(logprobs_count(top, row.numel()), row.numel()))
         for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+            entry.setdefault(tid, Logprob(value, rank))
+    if named:
+        ids = torch.tensor(list(named), device=row.device)
+        values = row[ids]
+        ranks = (row.unsqueeze(0) > values.unsqueeze(1)).sum(dim=1) + 1  # [named]: one pass over the row each
+        for tid, value, rank in zip(ids.tolist(), values.tolist(), ranks.tolist()):
             entry.setdefault(tid, Logprob(value, rank))
     return entry
 
