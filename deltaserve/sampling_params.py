@@ -108,7 +108,6 @@ class RepetitionDetectionParams:
 
 # vLLM's SamplingParams fields deltaserve takes only at their defaults: what each asks
 UNHONOURED = {"flat_logprobs": "logprobs as flat lists",
-              "skip_reading_prefix_cache": "a request that does not read the prefix cache",
               "extra_args": "arguments for logits processors (deltaserve runs none of the caller's)"}
 
 
@@ -144,6 +143,9 @@ class SamplingParams:
     # vLLM's: at most this many tokens in a think block, then its end is forced (engine/thinking_budget.py);
     # None or -1: no budget
     thinking_token_budget: int | None = None
+    # vLLM's: True computes the whole prompt rather than take any of it from the prefix cache (None: as False, but
+    # prompt_logprobs always need every prompt row computed); what it computes is still cached for others
+    skip_reading_prefix_cache: bool | None = None
     # vLLM's: the logprobs of these tokens (at most MAX_LOGPROB_TOKEN_IDS) beside the sampled one's, every position
     logprob_token_ids: list[int] | None = None
     # vLLM's: the output ends once it repeats one pattern (a RepetitionDetectionParams, or a dict of its fields)
@@ -151,7 +153,6 @@ class SamplingParams:
     # vLLM's fields that would change what is generated or returned, and that deltaserve does not honour: taken at
     # their defaults so that vLLM's code runs, refused by name otherwise (UNHONOURED)
     flat_logprobs: bool = False
-    skip_reading_prefix_cache: bool | None = None
     extra_args: dict | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
@@ -247,6 +248,8 @@ class SamplingParams:
             if any(LONE_SURROGATE.search(w) for w in self.bad_words):  # no tokenizer encodes one
                 raise bad("bad_words", self.bad_words, "must be text: one holds a lone UTF-16 surrogate")
             self.bad_words = list(self.bad_words)
+        if self.skip_reading_prefix_cache is not None and not isinstance(self.skip_reading_prefix_cache, bool):
+            raise bad("skip_reading_prefix_cache", self.skip_reading_prefix_cache, "must be True, False or None")
         if self.logprob_token_ids is not None:
             if (not isinstance(self.logprob_token_ids, (list, tuple))
                     or len(self.logprob_token_ids) > MAX_LOGPROB_TOKEN_IDS):

@@ -99,7 +99,7 @@ def test_shape_not_matching_config(broken_copy):
     ({"logprob_token_ids": list(range(129))}, "logprob_token_ids"), ({"logprob_token_ids": ["a"]}, "logprob_token_ids"),
     ({"logprob_token_ids": 3}, "logprob_token_ids"),
     ({"flat_logprobs": True}, "flat_logprobs"), ({"extra_args": {"k": 1}}, "extra_args"),
-    ({"skip_reading_prefix_cache": True}, "skip_reading_prefix_cache"),
+    ({"skip_reading_prefix_cache": "yes"}, "skip_reading_prefix_cache"),
     ({"repetition_detection": {"max_pattern_size": 4}}, "repetition_detection"),
 ])
 def test_invalid_sampling_values(kwargs, field):

@@ -136,6 +136,24 @@ def test_same_prompt_twice_hits_and_is_byte_identical(arch, checkpoint_factory):
     _pools_are_clean(llm)
 
 
+def test_skip_reading_prefix_cache_computes_the_whole_prompt_and_still_caches_it(checkpoint_factory):
+    """vLLM's skip_reading_prefix_cache: the request takes nothing from the cache, returns what a hit returns,
+    and what it computed is there for the next request."""
+    llm = LLM(_checkpoint(checkpoint_factory, "qwen3.5"), device="cpu", max_num_batched_tokens=64)
+    rng = random.Random()
+    prompt = [rng.randrange(300) for _ in range(rng.randint(70, 130))]
+    skipping = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2, skip_reading_prefix_cache=True)
+    reading = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2, skip_reading_prefix_cache=False)
+    first = llm.generate([prompt], skipping)[0]
+    again = llm.generate([prompt], skipping)[0]
+    hit = llm.generate([prompt], reading)[0]
+    assert (first.num_cached_tokens, again.num_cached_tokens) == (0, 0)
+    assert hit.num_cached_tokens == (len(prompt) - 1) // BS * BS
+    _assert_byte_identical(first, again)
+    _assert_byte_identical(first, hit)
+    _pools_are_clean(llm)
+
+
 def test_a_cache_salt_shares_the_cache_only_with_its_own_salt(checkpoint_factory):
     """vLLM's cache_salt: a prompt hits the blocks and snapshots of earlier requests of its salt alone (an
     unsalted request hits no salted one's), and what it returns is what a miss returns."""

@@ -68,6 +68,11 @@ class PrefixHit:
         """The cached blocks admitting the request references."""
         return self.blocks if self.tail_block is None else [*self.blocks, self.tail_block]
 
+    def unread(self) -> "PrefixHit":
+        """The same prompt computed from its start, nothing taken from the cache (vLLM's
+        skip_reading_prefix_cache), its replay point and captures kept: what it computes is cached as a miss's is."""
+        return PrefixHit([], 0, None, self.replay_point, self.prompt_key)
+
 
 class PrefixCache:
     def __init__(self, blocks: BlockAllocator, snapshots: SnapshotIndex | None, block_size: int,

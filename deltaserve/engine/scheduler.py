@@ -97,6 +97,8 @@ class Scheduler:
             if (self.prefix_cache is not None and request.num_computed_tokens == 0
                     and request.params.prompt_logprobs is None):  # prompt logprobs need every prompt row
                 hit = self.prefix_cache.lookup(request)
+                if request.params.skip_reading_prefix_cache:
+                    hit = hit.unread()
             start = hit.num_tokens if hit else request.num_computed_tokens
             count = self._chunk_size(request, start, budget, hit.replay_point if hit else request.replay_point)
             shared = hit.blocks if hit else []
