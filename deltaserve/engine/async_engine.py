@@ -229,6 +229,13 @@ class AsyncEngine:
             logger.debug("request %s prompt: %r", request_id, shown[: self.max_log_len])
         return RequestStream(self, stream, arrival)
 
+    async def reset_prefix_cache(self) -> None:
+        """Forgets every cached block and snapshot that no running request holds, between two engine steps."""
+        self.check_admission()
+        done = asyncio.get_running_loop().create_future()
+        self._submit(("reset_prefix_cache", done))
+        await done
+
     # ---- engine thread -----------------------------------------------------------------------
 
     def _submit(self, command: tuple) -> None:
@@ -274,6 +281,13 @@ class AsyncEngine:
                     self.engine.abort(command[1])
                 except Exception:  # already finished, or never added
                     pass
+            elif command[0] == "reset_prefix_cache":
+                try:
+                    self.engine.reset_prefix_cache()
+                except Exception as exc:
+                    self._call_in_loop(_settle, command[1], exc)
+                else:
+                    self._call_in_loop(_settle, command[1], None)
         return changed
 
     def _refresh_stats(self) -> None:
@@ -291,8 +305,8 @@ class AsyncEngine:
                 stream.fail(error)
             while self._commands:
                 command = self._commands.popleft()
-                if command[0] == "add":
-                    _settle(command[5], error)
+                if command[0] in ("add", "reset_prefix_cache"):  # each waits on the future it ends with
+                    _settle(command[-1], error)
 
         self._call_in_loop(fail_everything)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import importlib.metadata
 import logging
+import os
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -82,6 +83,12 @@ def _answering_errors(handler):
 
     route.__name__ = getattr(handler, "__name__", "route")
     return route
+
+
+def server_dev_mode() -> bool:
+    """vLLM's VLLM_SERVER_DEV_MODE (or DELTASERVE_SERVER_DEV_MODE): development routes such as /reset_prefix_cache."""
+    return any(os.environ.get(name, "0").strip().lower() in ("1", "true")
+               for name in ("DELTASERVE_SERVER_DEV_MODE", "VLLM_SERVER_DEV_MODE"))
 
 
 def _package_version() -> str:
@@ -210,6 +217,16 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         raise bad_request("/invocations takes a chat completion's body (messages) or a completion's (prompt)",
                           code="invalid_request")
 
+    async def _reset_prefix_cache(request: Request):
+        """vLLM's development route: the prefix cache forgets what no running request holds (a benchmark's cold
+        start). Resetting running requests' blocks, or an external cache, is not something this engine does."""
+        for flag in ("reset_running_requests", "reset_external"):
+            if request.query_params.get(flag, "false").lower() not in ("false", "0"):
+                raise bad_request(f"{flag}: only the prefix cache that no running request holds is reset here",
+                                  flag, "unsupported_value")
+        await engine.reset_prefix_cache()
+        return Response(status_code=200)
+
     routes = {
         "/v1/chat/completions": chat.__call__,
         "/v1/completions": completions.__call__,
@@ -220,6 +237,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         "/detokenize": _detokenize,
         "/invocations": _invocations,
     }
+    if server_dev_mode():
+        routes["/reset_prefix_cache"] = _reset_prefix_cache
     for path, handler in routes.items():
         app.add_api_route(path, _answering_errors(handler), methods=["POST"])
     app.add_api_route("/v1/responses/{response_id}", _answering_errors(responses.kept), methods=["GET", "DELETE"])
