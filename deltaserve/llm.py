@@ -37,6 +37,8 @@ class LLM:
         self._ids = itertools.count()
 
     def get_tokenizer(self):
+        """The model's tokenizer: deltaserve's, which also answers as the Hugging Face tokenizer under it does
+        (apply_chat_template(..., tokenize=...), eos_token_id, batch_decode, calling it), as vLLM's does."""
         return self.engine.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -285,3 +287,30 @@ def _params_per_prompt(params, count: int, default) -> list[SamplingParams]:
     if len(params) != count:
         raise InvalidSamplingParamsError(f"{len(params)} sampling params for {count} prompts")
     return list(params)
+
+
+# vLLM's LLM methods for what deltaserve does not do: each refuses by name, where an AttributeError would leave a
+# script written for vLLM guessing.
+NOT_OFFERED = {
+    "beam_search": "beam search is not supported (sample n sequences instead)",
+    "encode": "deltaserve runs generative models only: no pooling (encode, embed, classify, score, reward)",
+    "embed": "deltaserve runs generative models only: no embeddings",
+    "classify": "deltaserve runs generative models only: no classification",
+    "score": "deltaserve runs generative models only: no scoring models",
+    "reward": "deltaserve runs generative models only: no reward models",
+    "sleep": "sleep mode (offloading weights and freeing the KV cache) is not supported",
+    "wake_up": "sleep mode (offloading weights and freeing the KV cache) is not supported",
+}
+
+
+def _refusing(name: str, why: str):
+    def method(self, *args, **kwargs):
+        raise DeltaServeError(f"LLM.{name}: {why}")
+
+    method.__name__ = name
+    method.__doc__ = f"Refused: {why}."
+    return method
+
+
+for _name, _why in NOT_OFFERED.items():
+    setattr(LLM, _name, _refusing(_name, _why))

@@ -199,8 +199,8 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", self.top_p, "must be in (0, 1]")
         _check_int("top_k", self.top_k)
-        if self.top_k == 0 or self.top_k < -1:
-            raise bad("top_k", self.top_k, "must be -1 (off) or a positive integer")
+        if self.top_k < -1:  # 0 is off as -1 is (vLLM's default is 0)
+            raise bad("top_k", self.top_k, "must be -1 or 0 (off) or a positive integer")
         _check_number("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", self.min_p, "must be in [0, 1]")

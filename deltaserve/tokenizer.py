@@ -65,6 +65,21 @@ class Tokenizer:
         _restore_gguf_special_tokens(hf)
         return cls(hf, extra_eos_ids)
 
+    # ----- as a Hugging Face tokenizer (what vLLM's LLM.get_tokenizer() gives scripts) -----
+
+    def __getattr__(self, name: str):
+        """What this wrapper does not define, the Hugging Face tokenizer's own (eos_token_id, batch_decode,
+        convert_tokens_to_ids, ...)."""
+        if name.startswith("__") or name in ("hf", "_rust"):
+            raise AttributeError(name)
+        return getattr(self.hf, name)
+
+    def __call__(self, text, **kwargs):
+        return self.hf(text, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.hf)
+
     # ----- tokens -----
 
     @property
@@ -103,9 +118,13 @@ class Tokenizer:
         self.hf.chat_template = template
 
     def apply_chat_template(
-        self, messages, *, tools=None, add_generation_prompt: bool = True, **template_kwargs
-    ) -> str:
-        """Render a conversation with the checkpoint's chat template (or the chat_template among the options)."""
+        self, messages, *, tools=None, add_generation_prompt: bool = True, tokenize: bool = False, **template_kwargs
+    ) -> str | list[int]:
+        """Render a conversation with the checkpoint's chat template (or the chat_template among the options):
+        its text, or with tokenize=True (a Hugging Face tokenizer's spelling, as vLLM scripts pass it) its ids."""
+        if tokenize:
+            return self.encode_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                    **template_kwargs)
         if not (template_kwargs.get("chat_template") or self.hf.chat_template):
             raise InvalidPromptError(
                 "this model has no chat template; send a plain text prompt instead of messages"

@@ -80,7 +80,7 @@ def test_shape_not_matching_config(broken_copy):
 
 @pytest.mark.parametrize("kwargs, field", [
     ({"max_tokens": -1}, "max_tokens"), ({"max_tokens": 0}, "max_tokens"), ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"), ({"temperature": -0.1}, "temperature"), ({"top_k": 0}, "top_k"),
+    ({"top_p": 1.5}, "top_p"), ({"temperature": -0.1}, "temperature"), ({"top_k": -2}, "top_k"),
     ({"min_p": 2.0}, "min_p"), ({"n": 0}, "n"), ({"presence_penalty": 3.0}, "presence_penalty"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"), ({"logprobs": -2}, "logprobs"),
     ({"prompt_logprobs": -5}, "prompt_logprobs"), ({"logprobs": 2.0}, "logprobs"),

@@ -512,3 +512,13 @@ def test_include_stop_str_in_output_keeps_a_stop_tokens_text(demo_llm):
         out = demo_llm.generate([prompt], params)[0].outputs[0]
         assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[: k + 1], "stop", ids[k])
         assert out.text == tokenizer.decode(ids[: k + 1 if include else k])
+
+
+def test_top_k_zero_is_off_as_in_vllm(checkpoint_factory):
+    """vLLM's default top_k is 0, "consider all tokens": seeded draws are those of top_k=-1."""
+    llm = LLM(checkpoint_factory("llama"), device="cpu")
+    prompt = [random.randrange(300) for _ in range(10)]
+    seed = random.randrange(2**31)
+    draws = [llm.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=seed, ignore_eos=True,
+                                                   top_k=k))[0].outputs[0].token_ids for k in (0, -1)]
+    assert draws[0] == draws[1]

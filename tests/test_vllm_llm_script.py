@@ -161,3 +161,28 @@ def test_vllms_call_options_are_taken_at_none_and_refused_by_name_otherwise(llm)
     with pytest.raises(InvalidPromptError, match="chat_template_content_format='openai'"):
         llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_content_format="openai")
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_the_tokenizer_answers_as_a_hugging_face_one(llm):
+    """What vLLM scripts do with llm.get_tokenizer(): render with tokenize=False or True, read eos_token_id,
+    call it, batch_decode, len."""
+    tok = llm.get_tokenizer()
+    reference = tok.hf  # the Hugging Face tokenizer under it, which is what vLLM hands out
+    messages = [{"role": "user", "content": _word()}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    assert ids == tok.encode(text, add_special_tokens=False)
+    assert llm.generate([{"prompt_token_ids": ids}], GREEDY, use_tqdm=False)[0].prompt_token_ids == ids
+    assert tok.eos_token_id == reference.eos_token_id and len(tok) == len(reference)
+    words = [_word() for _ in range(3)]
+    assert tok(words[0])["input_ids"] == reference(words[0])["input_ids"]
+    batch = [tok.encode(w, add_special_tokens=False) for w in words]
+    assert tok.batch_decode(batch) == words
+
+
+@pytest.mark.parametrize("method", ["beam_search", "encode", "embed", "classify", "score", "reward", "sleep",
+                                    "wake_up"])
+def test_vllms_methods_for_what_deltaserve_does_not_do_refuse_by_name(llm, method):
+    with pytest.raises(DeltaServeError, match=f"LLM.{method}: "):
+        getattr(llm, method)(["a prompt"])
