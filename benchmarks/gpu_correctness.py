@@ -24,6 +24,9 @@
   give in fp32 the CPU's tokens, and in bf16 the same tokens with graphs as eagerly;
 - a request whose constraints refuse every token, arriving beside decoding rows in a decode step launched ahead,
   ends with NoTokenAllowedError; the other rows' tokens are unchanged and the engine serves on.
+- rows asking logprobs of named tokens (logprob_token_ids) beside top ones, and rows ending at a repetition
+  (repetition_detection, one row's loop made certain by a logit bias), give in fp32 the CPU's tokens, finish
+  reasons and logprob entries (ids and ranks equal, logprobs within 1e-4);
 - rows with a thinking_token_budget (their prompts opening a think block; greedy and seeded sampled, beside a free
   greedy row) give in fp32 the CPU's tokens, with `</think>` where their budgets fall due, and in bf16 the same
   tokens with graphs as eagerly.
@@ -80,6 +83,15 @@ THINKING = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, thinki
             GREEDY,
             SamplingParams(max_tokens=24, temperature=0.9, seed=17, ignore_eos=True, thinking_token_budget=6),
             SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, thinking_token_budget=0)]
+# Named logprobs and repetition detection: host-side rows the sampler and the engine read after each step.
+NAMED_AND_LOOPING = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=2,
+                                    logprob_token_ids=[3, 50, 120, 299]),
+                     SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logit_bias={42: 100.0},
+                                    repetition_detection={"max_pattern_size": 2, "min_count": 3}),
+                     SamplingParams(max_tokens=24, temperature=0, ignore_eos=True,
+                                    repetition_detection={"max_pattern_size": 4, "min_count": 2}),
+                     SamplingParams(max_tokens=16, temperature=0.8, seed=18, ignore_eos=True,
+                                    logprob_token_ids=[7, 8])]
 # Rows that finish at different steps: the batch shrinks through sizes between the graphs' rungs (3 rows replay
 # rung 4 beside a padding row; eagerly they run as 3).
 SHRINKING = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (8, 24, 13, 24)]
@@ -146,6 +158,22 @@ def ends_where_due(outputs: list[list[int]], tags: tuple[int, int]) -> bool:
         if budget is not None and end not in out[: budget + 1] and start not in out[:budget]:
             return False
     return True
+
+
+def named_and_looping(gpu_llm: LLM, cpu_llm: LLM, prompts) -> dict:
+    """GPU against CPU on NAMED_AND_LOOPING: tokens, finish reasons, and each logprob entry's ids and ranks
+    equal, its logprobs within 1e-4."""
+    gpu, cpu = (llm.generate(prompts, NAMED_AND_LOOPING, use_tqdm=False) for llm in (gpu_llm, cpu_llm))
+    pairs = [(g.outputs[0], c.outputs[0]) for g, c in zip(gpu, cpu)]
+    same_tokens = all(g.token_ids == c.token_ids and g.finish_reason == c.finish_reason for g, c in pairs)
+    entries_agree = all(
+        (g.logprobs is None) == (c.logprobs is None) and all(
+            ge.keys() == ce.keys() and all(ge[t].rank == ce[t].rank and abs(ge[t].logprob - ce[t].logprob) < 1e-4
+                                           for t in ge)
+            for ge, ce in zip(g.logprobs or [], c.logprobs or []))
+        for g, c in pairs)
+    return {"identical": same_tokens, "logprob_entries_agree": entries_agree,
+            "finish_reasons": [g.finish_reason for g, _ in pairs]}
 
 
 def dead_end_beside(llm: LLM, prompts) -> dict:
@@ -227,7 +255,8 @@ def main() -> None:
               "fp32_arrival_beside_many_gpu_vs_cpu": {}, "fp32_structured_gpu_vs_cpu": {},
               "graph_vs_eager_bf16_structured": {}, "graph_vs_eager_bf16_shrinking_batch": {},
               "fp32_adjusted_gpu_vs_cpu": {}, "graph_vs_eager_bf16_adjusted": {}, "fp32_dead_end_beside_decoding": {},
-              "fp32_thinking_budget_gpu_vs_cpu": {}, "graph_vs_eager_bf16_thinking_budget": {}}
+              "fp32_thinking_budget_gpu_vs_cpu": {}, "graph_vs_eager_bf16_thinking_budget": {},
+              "fp32_named_logprobs_and_repetition_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         tags = add_think_tokens(path)
@@ -276,6 +305,7 @@ def main() -> None:
             "identical": thinking == tokens(cpu_llm, thinking_prompts, THINKING),
             "ends_where_due": ends_where_due(thinking, tags)}
         result["graph_vs_eager_bf16_thinking_budget"][arch] = {"identical": thinking_pair[0] == thinking_pair[1]}
+        result["fp32_named_logprobs_and_repetition_gpu_vs_cpu"][arch] = named_and_looping(gpu_llm, cpu_llm, prompts)
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -284,7 +314,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-19:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-20:]), flush=True)
         results_io.write(args.out, result)
 
 
