@@ -72,3 +72,41 @@ def test_wrong_files_are_named(tmp_path):
     for key, value in (("port", [1, 2]), ("tool-call-parser", ["hermes", "qwen3_coder"])):
         with pytest.raises(DeltaServeError, match=f"{key} takes one value, not a list"):
             _parse(["serve", "--config", _write(tmp_path, json.dumps({key: value}))])
+
+
+def test_a_prefix_of_config_reads_the_file(tmp_path, capsys):
+    """argparse takes --conf for --config, as vLLM's parser does: the file it names is read, never skipped."""
+    path = _write(tmp_path, "port: 8771\nmax-num-seqs: 3\n")
+    for line in (["serve", "--conf", path], ["serve", f"--conf={path}", "m"], ["serve", "--con", path]):
+        args = _parse(line)
+        assert (args.port, args.max_num_seqs) == (8771, 3)
+    with pytest.raises(DeltaServeError, match="more than once"):
+        _parse(["serve", "--config", path, "--conf", path])
+    with pytest.raises(SystemExit):  # argparse's error for a value it refuses, naming the file
+        _parse(["serve", "--conf", bad := _write(tmp_path, "port: 8771\nmax-model-len: 1.5K\n", "bad.yaml")])
+    assert f"--config {bad}: argument --max-model-len: '1.5K'" in capsys.readouterr().err
+
+
+def test_a_switch_takes_true_or_false(tmp_path):
+    for key, value in (("enforce-eager", "yes"), ("enable-prefix-caching", 0), ("no-warm-up", "false")):
+        path = _write(tmp_path, json.dumps({key: value}))
+        with pytest.raises(DeltaServeError, match=f"--config {path}: {key} is a switch: give it true or false"):
+            _parse(["serve", "--config", path])
+
+
+def test_a_value_starting_with_a_dash_stays_a_value(tmp_path):
+    path = _write(tmp_path, 'api-key: "-secret"\nserved-model-name: ["-name"]\nmax-logprobs: -1\n'
+                            'chat-template: "--{{ x }}"\n')
+    args = _parse(["serve", "--config", path, "m"])
+    assert (args.api_key, args.served_model_name, args.max_logprobs, args.chat_template, args.model) == (
+        ["-secret"], ["-name"], -1, "--{{ x }}", "m")
+    # several values of a list go as separate words, where argparse reads one starting with "-" as a flag
+    path = _write(tmp_path, 'api-key: [a, "-b"]\n')
+    with pytest.raises(DeltaServeError, match=f"--config {path}: api-key: '-b' starts with '-'"):
+        _parse(["serve", "--config", path])
+
+
+def test_a_config_file_names_no_other(tmp_path):
+    path = _write(tmp_path, f"config: {_write(tmp_path, 'port: 1', 'other.yaml')}\n")
+    with pytest.raises(DeltaServeError, match="a config file cannot name another"):
+        _parse(["serve", "--config", path])
