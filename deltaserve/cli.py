@@ -98,6 +98,18 @@ def context_length(text: str) -> int | None:
     return None if text.strip().lower() in ("auto", "-1") else token_count(text)
 
 
+def queue_length(text: str) -> int:
+    """--max-queue: a whole number of waiting requests, at least 1 (0 or less would refuse every request)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1: the server would refuse every request "
+                                         "(leave the flag out for no limit)")
+    return value
+
+
 def _json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -132,7 +144,7 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--api-key", nargs="+", default=None,
                      help="require this key, or one of these keys (env: DELTASERVE_API_KEY, one key)")
     srv.add_argument("--served-model-name", nargs="+", default=None, help="name(s) clients use for the model")
-    srv.add_argument("--max-queue", type=int, default=None,
+    srv.add_argument("--max-queue", type=queue_length, default=None,
                      help="most requests waiting for the engine; beyond it requests get 503 + Retry-After")
     srv.add_argument("--default-chat-template-kwargs", type=_json_object, default=None,
                      help="chat template variables for every chat, under a request's own chat_template_kwargs "

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from deltaserve.cli import _build_parser, token_count
+from deltaserve.cli import _build_parser, _parse, token_count
 from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.errors import DeltaServeError
 from deltaserve.server.launcher import engine_kwargs
@@ -74,3 +74,17 @@ def test_vllms_names_for_engine_options():
     assert engine_kwargs(parse(["serve", "--no-async-scheduling"])) == {"async_scheduling": False}
     assert "async_scheduling" not in engine_kwargs(parse(["chat"]))
 
+
+
+@pytest.mark.parametrize("value", ["0", "-1", str(-random.randint(2, 100))])
+def test_a_queue_length_below_one_is_refused_by_name(value, capsys, tmp_path):
+    """0 or less would refuse every request with a 503; from a config file the value meets the same check."""
+    with pytest.raises(SystemExit):
+        _build_parser().parse_args(["serve", "--max-queue", value])
+    assert "--max-queue" in capsys.readouterr().err
+    config = tmp_path / "serve.yaml"
+    config.write_text(f"max-queue: {value}\n")
+    with pytest.raises(SystemExit):
+        _parse(["serve", "--config", str(config)])
+    assert "--max-queue" in capsys.readouterr().err
+    assert _build_parser().parse_args(["serve", "--max-queue", "1"]).max_queue == 1

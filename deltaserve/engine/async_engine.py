@@ -107,6 +107,7 @@ class AsyncEngine:
         self.max_num_seqs = max_num_seqs
         self.stats: Any = None  # the engine's newest stats(), refreshed by the engine thread
         self.listeners: list[Callable[[RequestTiming], None]] = []
+        self.refusal_listeners: list[Callable[[DeltaServeError], None]] = []  # told of each refused request
 
         self._commands: collections.deque = collections.deque()
         self._wakeup = threading.Event()
@@ -167,11 +168,24 @@ class AsyncEngine:
     # ---- requests --------------------------------------------------------------------------
 
     def check_admission(self) -> None:
-        """Raise before a request is accepted when the engine is gone or the queue is full."""
+        """Raise before a request is accepted when the engine is gone or the queue is full. Call it once per
+        client request (its prompts are queued with queue_checked=True): a refusal is told to the
+        refusal_listeners, so that each refused request is counted once, however it was refused."""
+        try:
+            self._check_alive()
+            self._check_queue()
+        except DeltaServeError as exc:
+            for listener in self.refusal_listeners:
+                listener(exc)
+            raise
+
+    def _check_alive(self) -> None:
         if self._dead is not None:
             raise EngineDeadError(f"the engine loop stopped: {self._dead!r}")
         if self._stopping or self._closing:
             raise ServerShuttingDownError("the server is shutting down")
+
+    def _check_queue(self) -> None:
         if self.max_queue is None:
             return
         running = getattr(self.stats, "num_running", None)
@@ -193,13 +207,19 @@ class AsyncEngine:
         prompt_text: str | None = None,
         capture_points: list[int] | None = None,
         cache_salt: str | None = None,
+        queue_checked: bool = False,
     ) -> "RequestStream":
         """Queue a request; return its stream once the engine has accepted it.
 
         The engine's validation errors are raised here, before anything was queued. The caller
         iterates the stream and must `close()` it (closing an unfinished stream aborts it).
+        queue_checked: the caller ran check_admission for the client request this is one prompt of; its
+        other prompts, queued with it, must not count as waiting ahead of it (they would refuse each other).
         """
-        self.check_admission()
+        if queue_checked:
+            self._check_alive()
+        else:
+            self.check_admission()
         if request_id in self._streams:
             raise DeltaServeError(f"request id {request_id!r} is already in flight")
         loop = asyncio.get_running_loop()
@@ -231,7 +251,7 @@ class AsyncEngine:
 
     async def reset_prefix_cache(self) -> None:
         """Forgets every cached block and snapshot that no running request holds, between two engine steps."""
-        self.check_admission()
+        self._check_alive()  # no request: the queue's length does not matter, and nothing is refused
         done = asyncio.get_running_loop().create_future()
         self._submit(("reset_prefix_cache", done))
         await done

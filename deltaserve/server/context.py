@@ -47,6 +47,7 @@ class ServerContext:
             self.reasoning = template_has_reasoning(self.tokenizer)
         self.metrics = ServerMetrics(lambda: self.engine.stats, self.model_name, self.max_model_len)
         self.engine.listeners.append(self.metrics.observe)
+        self.engine.refusal_listeners.append(self.metrics.count_refusal)
 
     def template_kwargs(self, own: dict | None) -> dict:
         """A chat's template variables: the server's defaults (--default-chat-template-kwargs), the request's
@@ -79,12 +80,10 @@ class ServerContext:
         )
 
     def admit(self) -> None:
-        """Refuse early (before tokenizing) when the engine cannot take a request."""
-        try:
-            self.engine.check_admission()
-        except Exception as exc:
-            self.metrics.requests_rejected.labels(type(exc).__name__).inc()
-            raise
+        """Refuse early (before tokenizing) when the engine cannot take a request (the engine counts the
+        refusal in the metrics). A request admitted here is checked again as it is queued: others may have
+        filled the queue while it was tokenized."""
+        self.engine.check_admission()
 
 
 def random_id(prefix: str) -> str:

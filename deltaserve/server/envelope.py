@@ -24,6 +24,9 @@ class ChunkEvents:
         fixed = encode_json({"id": job.request_id, "object": kind, "created": job.created, "model": job.model})
         self._head = f'data: {fixed[:-1]},"choices":'
 
-    def __call__(self, choices: list[dict], usage: dict | None = None) -> str:
+    def __call__(self, choices: list[dict], usage: dict | None = None, extra: dict | None = None) -> str:
+        """extra: top-level fields after the choices (a chat's first chunk's prompt_token_ids)."""
         tail = "" if usage is None else f',"usage":{encode_json(usage)}'
+        if extra:
+            tail = f",{encode_json(extra)[1:-1]}{tail}"
         return f"{self._head}{encode_json(choices)}{tail}}}\n\n"

@@ -116,6 +116,10 @@ class ServerMetrics:
         _observe((self.ttft, self.tpot, self.e2e), _latencies(timing))
         self.vllm.observe(timing)
 
+    def count_refusal(self, exc: BaseException) -> None:
+        """A request refused before reaching the engine (a full queue, a server stopping)."""
+        self.requests_rejected.labels(type(exc).__name__).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -131,6 +131,14 @@ class _SamplingFields(_Lenient):
     allowed_token_ids: list[StrictInt] | None = None  # vLLM's
     bad_words: list[StrictStr] | None = None  # vLLM's
     truncate_prompt_tokens: StrictInt | None = None  # vLLM's: keep the prompt's last k tokens (-1: the context)
+    # vLLM's: "right" keeps the prompt's first truncate_prompt_tokens tokens instead (None: "left", the last)
+    truncation_side: Literal["left", "right"] | None = None
+    # vLLM's: the tokenizer's special tokens added to the prompt (None: yes for a completion's, no for a chat's,
+    # whose template writes its own)
+    add_special_tokens: StrictBool | None = None
+    # vLLM's: the reply carries the prompt's token ids (prompt_token_ids) and each choice its own (token_ids)
+    return_token_ids: StrictBool | None = None
+    priority: StrictInt = 0  # vLLM's: only 0 here (no priority scheduling), any other is refused
     prompt_logprobs: StrictInt | None = None  # vLLM's: each prompt token's logprob and the top ones
     # vLLM's: logprobs name each token "token_id:ID" (None: as the server's --return-tokens-as-token-ids)
     return_tokens_as_token_ids: StrictBool | None = None

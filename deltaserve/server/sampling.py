@@ -19,7 +19,8 @@ NOT_IMPLEMENTED = {"use_beam_search": "beam search", "logits_processors": "logit
                    "guided_json": "guided_json (use structured_outputs or response_format)",
                    "guided_regex": "guided_regex (use structured_outputs)",
                    "guided_choice": "guided_choice (use structured_outputs)",
-                   "guided_grammar": "guided_grammar (use structured_outputs)"}
+                   "guided_grammar": "guided_grammar (use structured_outputs)",
+                   "prompt_embeds": "prompt_embeds (give the prompt as text or token ids)"}
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,14 @@ def kept_prompt_tokens(truncate: int | None, max_model_len: int) -> int | None:
         raise bad_request(f"truncate_prompt_tokens={truncate} is more than the model's context of {max_model_len} "
                           "tokens", "truncate_prompt_tokens", "invalid_value")
     return truncate
+
+
+def truncated_tokens(token_ids: list[int], keep: int | None, side: str | None) -> list[int]:
+    """The prompt tokens truncate_prompt_tokens keeps: its last `keep` (vLLM's truncation_side "left", the
+    default) or its first (side "right"); all of them where keep is None or covers them."""
+    if keep is None or len(token_ids) <= keep:
+        return token_ids
+    return token_ids[:keep] if side == "right" else token_ids[-keep:]
 
 
 def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
@@ -114,6 +123,9 @@ def refuse_unsupported(req: Any, engine: Any) -> None:
             raise bad_request(f"{name}: {what} is not supported", name, "unsupported_value")
     if extra:  # as vLLM does: fields it does not know are ignored, and said to be
         logger.warning("request fields ignored: %s", ", ".join(sorted(extra)))
+    if req.priority != 0:  # vLLM refuses it too, unless its scheduler orders by priority (this one does not)
+        raise bad_request(f"priority={req.priority}: priority scheduling is not enabled (only 0 is taken)",
+                          "priority", "unsupported_value")
     budget = req.thinking_token_budget
     if budget is not None and budget != -1 and getattr(engine, "think_tags", None) is None:
         raise bad_request(no_think_block(budget), "thinking_token_budget", "unsupported_value")

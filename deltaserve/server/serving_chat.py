@@ -35,7 +35,7 @@ from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.sampling import (build_sampling_params, check_logprobs_field, check_structure,
                                        kept_prompt_tokens, refuse_unsupported, requested_structure,
-                                       resolve_max_tokens)
+                                       resolve_max_tokens, truncated_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall
@@ -123,14 +123,17 @@ class ChatCompletions:
         self.ctx = ctx
         self.token_text = TokenText(ctx.tokenizer)
 
-    def _truncated(self, prompt: ChatPrompt, keep: int | None) -> ChatPrompt:
-        """The rendered prompt's last `keep` tokens (vLLM's truncate_prompt_tokens), its capture points moved with
-        them; the whole prompt where keep is None or covers it."""
+    def _truncated(self, prompt: ChatPrompt, keep: int | None, side: str | None) -> ChatPrompt:
+        """The rendered prompt's last `keep` tokens (vLLM's truncate_prompt_tokens), or its first with truncation_side
+        "right", its capture points moved with them; the whole prompt where keep is None or covers it."""
         cut = len(prompt.token_ids) - keep if keep is not None else 0
         if cut <= 0:
             return prompt
-        kept = prompt.token_ids[cut:]
-        points = [p - cut for p in prompt.capture_points or [] if p > cut]
+        kept = truncated_tokens(prompt.token_ids, keep, side)
+        if side == "right":  # the same positions: those past the kept tokens go
+            points = [p for p in prompt.capture_points or [] if p <= keep]
+        else:
+            points = [p - cut for p in prompt.capture_points or [] if p > cut]
         return dataclasses.replace(prompt, token_ids=kept, capture_points=points,
                                    text=self.ctx.tokenizer.decode(kept, skip_special_tokens=False))
 
@@ -162,7 +165,11 @@ class ChatCompletions:
                                          self.ctx.template_kwargs(req.chat_template_kwargs),
                                          add_generation_prompt=req.add_generation_prompt,
                                          continue_final=req.continue_final_message, chat_template=req.chat_template)
-        prompt = self._truncated(prompt, kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len))
+        if req.add_special_tokens:  # vLLM's: the tokenizer's own on top of what the template writes
+            prompt = dataclasses.replace(prompt, capture_points=None,  # the prefix the ids add moves every turn
+                                         token_ids=self.ctx.tokenizer.encode(prompt.text, add_special_tokens=True))
+        prompt = self._truncated(prompt, kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len),
+                                 req.truncation_side)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         defaults = self.ctx.engine.sampling_defaults
         max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages",
@@ -256,7 +263,11 @@ class ChatJob:
                     "stop_reason": o.stop_reason,
                 }
             )
+            if self.req.return_token_ids:  # vLLM's: each choice's ids, the prompt's on the reply
+                choices[-1]["token_ids"] = list(o.token_ids)
         payload = completion_envelope(self, "chat.completion", choices, self._usage(output))
+        if self.req.return_token_ids:
+            payload["prompt_token_ids"] = list(self.prompt.token_ids)
         if _prompt_logprobs(self.req) is not None:
             payload["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs, self.api.token_text)
         return payload
@@ -273,12 +284,20 @@ class ChatJob:
             out["tool_calls"] = [_tool_call_json(c, tool_index + k) for k, c in enumerate(delta.tool_calls)]
         return out
 
+    def _add_token_ids(self, choice: dict, o: Any, sent: int) -> int:
+        """With return_token_ids, the choice's token ids not sent yet go in this chunk: how many are sent now."""
+        if not self.req.return_token_ids:
+            return sent
+        choice["token_ids"] = list(o.token_ids[sent:])
+        return len(o.token_ids)
+
     async def stream(self, stream: RequestStream) -> AsyncIterator[str]:
         n = self.req.n
         parsers = [self.parser() for _ in range(n)]
         sent_chars = [0] * n
         sent_tokens = [0] * n
         tools_sent = [0] * n
+        sent_ids = [0] * n  # return_token_ids: each choice's token ids sent so far
         done = [False] * n
         include_usage, continuous = stream_usage(self.req.stream_options, self.api.ctx.force_include_usage)
 
@@ -288,9 +307,11 @@ class ChatJob:
 
         last = None
         try:
+            # vLLM's return_token_ids: the prompt's ids on the first chunk, each choice's new ones on its chunks
             yield self._chunk(
                 [{"index": i, "delta": {"role": self.role, "content": ""}, "logprobs": None, "finish_reason": None}
-                 for i in range(n)], usage=so_far(0)
+                 for i in range(n)], usage=so_far(0),
+                extra={"prompt_token_ids": list(self.prompt.token_ids)} if self.req.return_token_ids else None
             )
             if self.echoed:
                 for i in range(n):
@@ -313,18 +334,18 @@ class ChatJob:
                     if dropped:
                         delta.reasoning = ""
                     if delta or (logprobs and logprobs["content"] and not dropped):
-                        yield self._chunk(
-                            [{"index": i, "delta": self._delta_json(delta, tools_sent[i]), "logprobs": logprobs,
-                              "finish_reason": None}], usage=so_far(len(o.token_ids), output.num_cached_tokens)
-                        )
+                        choice = {"index": i, "delta": self._delta_json(delta, tools_sent[i]), "logprobs": logprobs,
+                                  "finish_reason": None}
+                        sent_ids[i] = self._add_token_ids(choice, o, sent_ids[i])
+                        yield self._chunk([choice], usage=so_far(len(o.token_ids), output.num_cached_tokens))
                         tools_sent[i] += len(delta.tool_calls)
                     if o.finish_reason is not None:
                         done[i] = True
                         reason = self._finish_reason(o.finish_reason, tools_sent[i])
-                        yield self._chunk(
-                            [{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
-                              "stop_reason": o.stop_reason}], usage=so_far(len(o.token_ids), output.num_cached_tokens)
-                        )
+                        choice = {"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
+                                  "stop_reason": o.stop_reason}
+                        sent_ids[i] = self._add_token_ids(choice, o, sent_ids[i])  # those no text chunk carried
+                        yield self._chunk([choice], usage=so_far(len(o.token_ids), output.num_cached_tokens))
             if include_usage and last is not None:
                 yield self._chunk([], usage=self._usage(last))
         except Exception as exc:  # engine gone or server stopping: end the stream with an error event

@@ -29,7 +29,7 @@ from deltaserve.server.logprobs import TokenText, completion_logprobs, prompt_lo
 from deltaserve.server.protocol import CompletionRequest
 from deltaserve.server.sampling import (build_sampling_params, check_logprobs_field, check_structure,
                                        kept_prompt_tokens, refuse_unsupported, requested_structure,
-                                       resolve_max_tokens)
+                                       resolve_max_tokens, truncated_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 
@@ -61,19 +61,19 @@ class Completions:
         self.ctx = ctx
         self.token_text = TokenText(ctx.tokenizer)
 
-    def _tokenize(self, prompt: str | list[int]) -> _Prompt:
+    def _tokenize(self, prompt: str | list[int], add_special_tokens: bool) -> _Prompt:
         if isinstance(prompt, str):
             if not prompt:
                 raise bad_request("prompt must not be an empty string", "prompt", "invalid_prompt")
-            return _Prompt(prompt, self.ctx.tokenizer.encode(prompt, add_special_tokens=True))
+            return _Prompt(prompt, self.ctx.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
         if not prompt:
             raise bad_request("a token-id prompt must not be empty", "prompt", "invalid_prompt")
         return _Prompt(None, list(prompt))
 
-    def _prompts(self, prompt) -> list[_Prompt]:
+    def _prompts(self, prompt, add_special_tokens: bool) -> list[_Prompt]:
         """The request's prompts as token ids (off the event loop, as a chat's template: a long prompt's tokens
         take a while, and every stream would wait), their ids checked against the vocabulary."""
-        prompts = [self._tokenize(p) for p in _split_prompts(prompt)]
+        prompts = [self._tokenize(p, add_special_tokens) for p in _split_prompts(prompt)]
         _check_vocabulary(prompts, self.ctx.engine)
         return prompts
 
@@ -86,10 +86,12 @@ class Completions:
             check_logprobs_field("logprobs", req.logprobs, self.ctx.engine)
         self.ctx.admit()
         # checked before any is queued: one bad id refuses them all at once
-        prompts = await asyncio.to_thread(self._prompts, req.prompt)
+        # vLLM's default: a completion's prompt string gets the tokenizer's special tokens (a BOS)
+        prompts = await asyncio.to_thread(self._prompts, req.prompt, req.add_special_tokens is not False)
         keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len)
-        if keep is not None:  # the prompt's last tokens alone: its text is what they decode to (for echo)
-            prompts = [p if len(p.token_ids) <= keep else _Prompt(None, p.token_ids[-keep:]) for p in prompts]
+        # a truncated prompt's text is what its kept tokens decode to (for echo)
+        prompts = [p if len(p.token_ids) <= (keep or len(p.token_ids))
+                   else _Prompt(None, truncated_tokens(p.token_ids, keep, req.truncation_side)) for p in prompts]
         # echo with max_tokens 0 scores the prompt (its logprobs) and generates nothing: the engine samples one
         # token, which the response leaves out
         requested = 1 if _scores_only(req) else req.max_tokens
@@ -117,9 +119,12 @@ async def submit_prompts(engine: AsyncEngine, base_id: str, prompts: list[_Promp
                          cache_salt: str | None) -> list[RequestStream]:
     """Queues every prompt at once, so that the engine takes them all at its next step (one after another,
     each would wait for a step of its own). Where one is refused, or the caller is cancelled meanwhile (its
-    client gone), the others are closed (aborted); the first refusal, in the prompts' order, is raised."""
+    client gone), the others are closed (aborted); the first refusal, in the prompts' order, is raised. The queue
+    is checked once for the request (others may have filled it since it was admitted), not once per prompt: its
+    own prompts would count as waiting ahead of each other."""
+    engine.check_admission()
     tasks = [asyncio.ensure_future(engine.generate(f"{base_id}-{k}", p.token_ids, sp, prompt_text=p.text,
-                                                   cache_salt=cache_salt))
+                                                   cache_salt=cache_salt, queue_checked=True))
              for k, (p, sp) in enumerate(zip(prompts, params))]
     try:
         taken = await asyncio.gather(*tasks, return_exceptions=True)
@@ -215,6 +220,9 @@ class _CompletionJob:
                         "stop_reason": stop_reason,
                     }
                 )
+                if self.req.return_token_ids:  # vLLM's: on each choice, the prompt's ids with the choice's own
+                    choices[-1]["prompt_token_ids"] = list(output.prompt_token_ids)
+                    choices[-1]["token_ids"] = [] if self.scores_only else list(o.token_ids)
                 if self.req.prompt_logprobs is not None:
                     choices[-1]["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs,
                                                                           self.api.token_text)
@@ -241,6 +249,8 @@ class _CompletionJob:
         sent_tokens = [0] * total
         text_offset = [0] * total
         done = [False] * total
+        sent_ids = [0] * total  # return_token_ids: each choice's token ids sent so far
+        ids_opened = [False] * total  # return_token_ids: whether a choice's prompt ids were sent
         lasts: dict[int, RequestOutput] = {}
         include_usage, continuous = stream_usage(self.req.stream_options, self.api.ctx.force_include_usage)
         try:
@@ -265,14 +275,20 @@ class _CompletionJob:
                     sent_tokens[c] = len(o.token_ids)
                     text_offset[c] += len(text)
                     finished = finish_reason is not None
-                    if text or finished or (logprobs and logprobs["tokens"]):
+                    new_ids = [] if self.scores_only else o.token_ids[sent_ids[c]:len(o.token_ids)]
+                    sent_ids[c] = len(o.token_ids)
+                    if text or finished or (new_ids and self.req.return_token_ids) or (logprobs and logprobs["tokens"]):
                         # vLLM's continuous usage: the chunk's prompt and its choice's tokens so far
                         usage = usage_dict(len(output.prompt_token_ids), 0 if self.scores_only else len(o.token_ids),
                                            output.num_cached_tokens) if continuous else None
-                        yield self._chunk(
-                            [{"index": c, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
-                              "stop_reason": stop_reason}], usage=usage
-                        )
+                        choice = {"index": c, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                                  "stop_reason": stop_reason}
+                        if self.req.return_token_ids:  # vLLM's: the prompt's ids with a choice's first chunk
+                            if not ids_opened[c]:
+                                choice["prompt_token_ids"] = list(output.prompt_token_ids)
+                                ids_opened[c] = True
+                            choice["token_ids"] = list(new_ids)
+                        yield self._chunk([choice], usage=usage)
                     done[c] = finished
             if include_usage and lasts:
                 yield self._chunk([], usage=self._usage([lasts[k] for k in sorted(lasts)]))

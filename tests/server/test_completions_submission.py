@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import random
 
+import types
+
 import pytest
 
+from deltaserve.engine.async_engine import AsyncEngine, QueueFullError
 from deltaserve.errors import DeltaServeError
 from deltaserve.server.serving_completions import _Prompt, submit_prompts
 
@@ -28,8 +31,15 @@ class _SteppingEngine:
     def __init__(self, refused: set[str] = frozenset()):
         self.queued: list[tuple[str, asyncio.Future]] = []
         self.refused, self.closed, self.aborted = refused, [], []
+        self.admission_checks, self.unchecked = 0, []
 
-    async def generate(self, request_id, token_ids, params, *, prompt_text=None, cache_salt=None):
+    def check_admission(self) -> None:
+        self.admission_checks += 1
+
+    async def generate(self, request_id, token_ids, params, *, prompt_text=None, cache_salt=None,
+                       queue_checked=False):
+        if not queue_checked:
+            self.unchecked.append(request_id)
         taken = asyncio.get_running_loop().create_future()
         self.queued.append((request_id, taken))
         try:
@@ -68,6 +78,8 @@ def test_every_prompt_is_queued_before_the_engine_steps():
         streams = await task
         assert [s.request_id for s in streams] == [f"cmpl-x-{k}" for k in range(n)]
         assert engine.closed == [] and engine.aborted == []
+        # the queue is checked once for the request, not per prompt (its prompts would refuse each other)
+        assert engine.admission_checks == 1 and engine.unchecked == []
     asyncio.run(run())
 
 
@@ -99,4 +111,48 @@ def test_a_caller_cancelled_midway_closes_what_was_taken_and_aborts_the_rest():
             await task
         ids = [f"cmpl-x-{k}" for k in range(n)]
         assert sorted(engine.closed) == sorted(ids[:taken]) and sorted(engine.aborted) == sorted(ids[taken:])
+    asyncio.run(run())
+
+
+class _IdleEngine:
+    """An LLMEngine that takes requests and never steps: every request queued stays waiting."""
+
+    tokenizer, model_name, max_model_len, max_logprobs, vocab_size = None, "idle", 64, 20, 100
+
+    def stats(self):
+        return types.SimpleNamespace(num_running=0)
+
+    def add_request(self, request_id, prompt, params, **kwargs) -> None:
+        pass
+
+    def has_unfinished_requests(self) -> bool:
+        return False
+
+    def abort(self, request_id) -> None:
+        pass
+
+
+def test_a_full_queue_refuses_other_requests_not_the_prompts_of_one_and_each_refusal_is_told():
+    """--max-queue counts other requests waiting: the prompts of one admitted request are queued however many
+    they are, a request checked afterwards is refused, and each refusal reaches the refusal listeners (the
+    server's metrics)."""
+    async def run():
+        limit = random.randint(1, 4)
+        engine = AsyncEngine(_IdleEngine(), max_queue=limit)
+        refusals: list[BaseException] = []
+        engine.refusal_listeners.append(refusals.append)
+        engine.start()
+        try:
+            prompts, params = _prompts(limit + random.randint(1, 5))
+            streams = await submit_prompts(engine, "cmpl-x", prompts, params, None)
+            assert len(streams) == len(prompts) and refusals == []
+            with pytest.raises(QueueFullError):
+                await submit_prompts(engine, "cmpl-y", *_prompts(2), None)
+            with pytest.raises(QueueFullError):
+                await engine.generate("chat-z", [1, 2], None)
+            assert [type(r) for r in refusals] == [QueueFullError, QueueFullError]
+            for stream in streams:
+                stream.close()
+        finally:
+            engine.stop()
     asyncio.run(run())

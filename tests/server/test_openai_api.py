@@ -602,3 +602,77 @@ def test_repetition_detection_ends_a_looping_reply(server):
     assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == choice["text"]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "repetition"
     assert finished() == before + 2
+
+
+def _post(server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url + path, json={"model": MODEL, **body}, headers=server.headers, timeout=120)
+
+
+def _sse(response: httpx.Response) -> list[dict]:
+    return [json.loads(line[5:]) for line in response.text.splitlines()
+            if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+
+
+def test_truncation_side_right_keeps_the_first_tokens(server):
+    ids = _post(server, "/tokenize", {"prompt": "One two three four five six seven eight"}).json()["tokens"]
+    keep = random.randint(2, len(ids) - 2)
+    for side, kept in (("right", ids[:keep]), ("left", ids[-keep:]), (None, ids[-keep:])):
+        body = {"prompt": ids, "max_tokens": 1, "truncate_prompt_tokens": keep, "return_token_ids": True}
+        choice = _post(server, "/v1/completions", {**body, "truncation_side": side}).json()["choices"][0]
+        assert choice["prompt_token_ids"] == kept, side
+    chat = {"messages": [{"role": "user", "content": "One two three four five six seven"}], "max_tokens": 1,
+            "return_token_ids": True}
+    whole = _post(server, "/v1/chat/completions", chat).json()["prompt_token_ids"]
+    right = _post(server, "/v1/chat/completions", {**chat, "truncate_prompt_tokens": keep,
+                                                   "truncation_side": "right"}).json()["prompt_token_ids"]
+    assert right == whole[:keep]
+
+
+def test_add_special_tokens_is_honoured(server):
+    text = "Hello there"
+    for add in (True, False):
+        want = _post(server, "/tokenize", {"prompt": text, "add_special_tokens": add}).json()["tokens"]
+        got = _post(server, "/v1/completions", {"prompt": text, "max_tokens": 1, "add_special_tokens": add,
+                                                "return_token_ids": True}).json()["choices"][0]
+        assert got["prompt_token_ids"] == want, add
+    messages = [{"role": "user", "content": text}]
+    for add in (True, False):
+        want = _post(server, "/tokenize", {"messages": messages, "add_special_tokens": add}).json()["tokens"]
+        got = _post(server, "/v1/chat/completions", {"messages": messages, "max_tokens": 1, "add_special_tokens": add,
+                                                     "return_token_ids": True}).json()
+        assert got["prompt_token_ids"] == want, add
+
+
+def test_return_token_ids_whole_and_streamed(server):
+    """vLLM's placement: a completion's choices carry prompt_token_ids and token_ids; a chat reply its
+    prompt_token_ids, each choice token_ids; streamed, the prompt's ids come once and the new ids with each chunk."""
+    base = {"max_tokens": 6, "temperature": 0, "ignore_eos": True, "return_token_ids": True, "n": 2}
+    whole = _post(server, "/v1/completions", {**base, "prompt": ["Hi", "The sky"]}).json()
+    assert len(whole["choices"]) == 4
+    for choice in whole["choices"]:
+        assert len(choice["token_ids"]) == 6 and choice["prompt_token_ids"]
+    streamed = _sse(_post(server, "/v1/completions", {**base, "prompt": "The sky", "stream": True}))
+    for i in range(2):
+        chunks = [c["choices"][0] for c in streamed if c["choices"] and c["choices"][0]["index"] == i]
+        assert sum("prompt_token_ids" in c for c in chunks) == 1
+        assert len([t for c in chunks for t in c["token_ids"]]) == 6
+    chat = {**base, "messages": [{"role": "user", "content": "Hi"}]}
+    reply = _post(server, "/v1/chat/completions", chat).json()
+    assert reply["prompt_token_ids"] and all(len(c["token_ids"]) == 6 for c in reply["choices"])
+    chunks = _sse(_post(server, "/v1/chat/completions", {**chat, "stream": True}))
+    assert chunks[0]["prompt_token_ids"] == reply["prompt_token_ids"]
+    for i in range(2):
+        ids = [t for c in chunks for ch in c["choices"] if ch["index"] == i for t in ch.get("token_ids", [])]
+        assert ids == reply["choices"][i]["token_ids"]
+    plain = _post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2}).json()
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("field, value", [("priority", random.choice([-3, 1, 7])), ("prompt_embeds", "AAAA")])
+def test_unhonoured_vllm_fields_are_refused_by_name(server, path, field, value):
+    body = {"prompt": "Hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]}
+    refused = _post(server, path, {**body, "max_tokens": 1, field: value})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+    if field == "priority":
+        assert _post(server, path, {**body, "max_tokens": 1, "priority": 0}).status_code == 200

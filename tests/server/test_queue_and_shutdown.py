@@ -4,6 +4,7 @@ event and the process exits cleanly. One server of its own (one sequence at a ti
 from __future__ import annotations
 
 import json
+import random
 import signal
 import threading
 import time
@@ -48,6 +49,20 @@ class _Reader(threading.Thread):
         self.first_event.set()
 
 
+def test_the_prompts_and_choices_of_one_request_do_not_refuse_each_other(small_server):
+    """--max-queue 1 on an idle server: a request of several prompts (each choice n of them) is admitted once,
+    and queued whole."""
+    prompts = ["Hi"] * random.randint(3, 5)
+    done = httpx.post(small_server.url + "/v1/completions", json={"prompt": prompts, "max_tokens": 2, "n": 2},
+                      timeout=120)
+    assert done.status_code == 200, done.text
+    assert len(done.json()["choices"]) == 2 * len(prompts)
+    chat = httpx.post(small_server.url + "/v1/chat/completions", timeout=120,
+                      json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n": 3})
+    assert chat.status_code == 200, chat.text
+    assert small_server.metrics().get('deltaserve_requests_rejected_total{reason="QueueFullError"}', 0) == 0
+
+
 def test_queue_limit_then_clean_shutdown(small_server):
     running = _Reader(small_server.url)
     assert running.first_event.wait(120) and running.status == 200
@@ -62,6 +77,8 @@ def test_queue_limit_then_clean_shutdown(small_server):
     assert refused.headers["Retry-After"] == "1"
     assert refused.json()["error"]["code"] == "queue_full"
     assert running.is_alive() and queued.is_alive()
+    rejected = small_server.metrics()['deltaserve_requests_rejected_total{reason="QueueFullError"}']
+    assert rejected == 1  # counted once
 
     start = time.monotonic()
     assert small_server.stop(signal.SIGTERM, timeout=30) == 0
