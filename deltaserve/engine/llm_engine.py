@@ -20,7 +20,7 @@ from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.repetition import ends_in_repetition
 from deltaserve.engine.request import Request
 from deltaserve.engine.scheduler import Scheduler
-from deltaserve.engine.thinking_budget import (THINK_END, ThinkingBudget, no_think_block, opens_think_block,
+from deltaserve.engine.thinking_budget import (THINK_END, THINK_START, ThinkingBudget, opens_think_block,
                                                think_tag_ids)
 from deltaserve.engine.warm_up import warm_up
 from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
@@ -195,7 +195,9 @@ class LLMEngine:
 
     def _check_thinking_budget(self, params: SamplingParams) -> None:
         if params.thinking_token_budget is not None and self.think_tags is None:
-            raise InvalidSamplingParamsError(no_think_block(params.thinking_token_budget))
+            raise InvalidSamplingParamsError(
+                f"thinking_token_budget={params.thinking_token_budget}: the model's tokenizer has no {THINK_START} and "
+                f"{THINK_END} tokens, so its output has no think block to end")
 
     def _thinking_budget(self, params: SamplingParams, prompt_ids: list[int]) -> ThinkingBudget | None:
         """A sequence's own count of its think block's tokens (each of n samples thinks apart)."""

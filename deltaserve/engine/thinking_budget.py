@@ -88,8 +88,3 @@ def think_tag_ids(encode) -> tuple[int, int] | None:
     start, end = encode(THINK_START), encode(THINK_END)
     return (start[0], end[0]) if len(start) == 1 and len(end) == 1 else None
 
-
-def no_think_block(budget: int) -> str:
-    """Why a thinking_token_budget cannot be kept by a model without think tokens."""
-    return (f"thinking_token_budget={budget}: the model's tokenizer has no {THINK_START} and {THINK_END} tokens, "
-            "so its output has no think block to end")

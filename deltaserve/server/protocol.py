@@ -104,15 +104,6 @@ class StructuredOutputsField(BaseModel):
     disable_fallback: StrictBool = False
 
 
-class RepetitionDetectionField(BaseModel):
-    """vLLM's repetition_detection (SamplingParams' RepetitionDetectionParams)."""
-
-    model_config = ConfigDict(extra="forbid")
-    max_pattern_size: StrictInt = 0
-    min_pattern_size: StrictInt = 0
-    min_count: StrictInt = 0
-
-
 class _SamplingFields(_Lenient):
     """Fields chat and completions share (OpenAI's, plus vLLM's extras)."""
 
@@ -127,7 +118,8 @@ class _SamplingFields(_Lenient):
     stop_token_ids: list[StrictInt] | None = None
     min_tokens: StrictInt = 0  # vLLM's: no end before this many tokens
     thinking_token_budget: StrictInt | None = None  # vLLM's: a think block's end is forced after this many tokens
-    repetition_detection: RepetitionDetectionField | None = None  # vLLM's: the output ends once it loops
+    # vLLM's: the output ends once it loops (its fields checked by SamplingParams' RepetitionDetectionParams)
+    repetition_detection: dict[str, Any] | None = None
     allowed_token_ids: list[StrictInt] | None = None  # vLLM's
     bad_words: list[StrictStr] | None = None  # vLLM's
     truncate_prompt_tokens: StrictInt | None = None  # vLLM's: keep the prompt's last k tokens (-1: the context)

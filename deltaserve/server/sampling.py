@@ -6,7 +6,6 @@ import asyncio
 import logging
 from typing import Any
 
-from deltaserve.engine.thinking_budget import no_think_block
 from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams, check_logprobs_count
 from deltaserve.server.reasoning import THINK_CLOSE
@@ -100,7 +99,7 @@ def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, pr
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         thinking_token_budget=req.thinking_token_budget,
-        repetition_detection=req.repetition_detection.model_dump() if req.repetition_detection else None,
+        repetition_detection=req.repetition_detection,
     )
 
 
@@ -126,9 +125,6 @@ def refuse_unsupported(req: Any, engine: Any) -> None:
     if req.priority != 0:  # vLLM refuses it too, unless its scheduler orders by priority (this one does not)
         raise bad_request(f"priority={req.priority}: priority scheduling is not enabled (only 0 is taken)",
                           "priority", "unsupported_value")
-    budget = req.thinking_token_budget
-    if budget is not None and budget != -1 and getattr(engine, "think_tags", None) is None:
-        raise bad_request(no_think_block(budget), "thinking_token_budget", "unsupported_value")
     if req.prompt_logprobs is not None and req.stream:  # as vLLM: they would come only with the last chunk
         raise bad_request("prompt_logprobs are not available with stream: true", "prompt_logprobs", "invalid_value")
     if req.prompt_logprobs is not None:  # before echo's logprobs join it
