@@ -249,7 +249,6 @@ class _CompletionJob:
         sent_tokens = [0] * total
         text_offset = [0] * total
         done = [False] * total
-        sent_ids = [0] * total  # return_token_ids: each choice's token ids sent so far
         ids_opened = [False] * total  # return_token_ids: whether a choice's prompt ids were sent
         lasts: dict[int, RequestOutput] = {}
         include_usage, continuous = stream_usage(self.req.stream_options, self.api.ctx.force_include_usage)
@@ -272,11 +271,10 @@ class _CompletionJob:
                     text, finish_reason, stop_reason = self._generated(o, o.text[sent_chars[c]:])
                     sent_chars[c] = len(o.text)
                     logprobs = self._logprobs(o, sent_tokens[c], len(o.token_ids), text_offset[c])
+                    new_ids = [] if self.scores_only else o.token_ids[sent_tokens[c]:]
                     sent_tokens[c] = len(o.token_ids)
                     text_offset[c] += len(text)
                     finished = finish_reason is not None
-                    new_ids = [] if self.scores_only else o.token_ids[sent_ids[c]:len(o.token_ids)]
-                    sent_ids[c] = len(o.token_ids)
                     if text or finished or (new_ids and self.req.return_token_ids) or (logprobs and logprobs["tokens"]):
                         # vLLM's continuous usage: the chunk's prompt and its choice's tokens so far
                         usage = usage_dict(len(output.prompt_token_ids), 0 if self.scores_only else len(o.token_ids),
