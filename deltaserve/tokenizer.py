@@ -78,7 +78,7 @@ class Tokenizer:
         return self.hf(text, **kwargs)
 
     def __len__(self) -> int:
-        return len(self.hf)
+        return self.vocab_size
 
     # ----- tokens -----
 

@@ -15,7 +15,7 @@ from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import SamplingParams
 from deltaserve.server.anthropic_protocol import (AnthropicMessage, AnthropicThinking, AnthropicTool, CountTokensRequest,
                                                  MessagesRequest)
-from deltaserve.server.chat_prompt import ChatPrompt, check_tool_names, render_chat, tool_schemas
+from deltaserve.server.chat_prompt import ChatPrompt, check_tool_names, message_text, render_chat, tool_schemas
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
 from deltaserve.server.errors import bad_request, from_exception, require_fields
 from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_structure
@@ -26,33 +26,10 @@ from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import new_tool_call_id, written_json_value
 
 
-def _block_text(content: Any, param: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for block in content:
-        kind = block.get("type") if isinstance(block, dict) else block.type
-        text = block.get("text") if isinstance(block, dict) else block.text
-        if kind != "text":
-            raise bad_request(f"content block of type {kind!r} is not supported here: this model reads text only", param)
-        texts.append(_text_of(text, param))
-    return "".join(texts)
-
-
-def _text_of(text: Any, where: str) -> str:
-    if text is None:
-        raise bad_request("a content block of type 'text' needs its text", where)
-    if not isinstance(text, str):  # a tool_result's blocks are plain dicts, which pydantic does not type
-        raise bad_request(f"the text of a content block must be a string, not {type(text).__name__}", where)
-    return text
-
-
 def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage]) -> list[dict]:
     out: list[dict] = []
     if system:
-        out.append({"role": "system", "content": _block_text(system, "system")})
+        out.append({"role": "system", "content": message_text(system, "system")})
     for i, msg in enumerate(messages):
         if isinstance(msg.content, str):
             out.append({"role": msg.role, "content": msg.content})
@@ -61,13 +38,13 @@ def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage
         for j, block in enumerate(msg.content):
             where = f"messages.{i}.content.{j}"
             if block.type == "text":
-                texts.append(_text_of(block.text, where))
+                texts.append(message_text([block], where))
             elif block.type == "tool_use" and msg.role == "assistant":
                 require_fields(block, ("id", "name"), f"{block.type} block", where)
                 calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input or {}}})
             elif block.type == "tool_result" and msg.role == "user":
                 require_fields(block, ("tool_use_id",), f"{block.type} block", where)
-                text = _block_text(block.content, where)
+                text = message_text(block.content, where)
                 results.append({"role": "tool", "tool_call_id": block.tool_use_id,
                                 "content": f"Error: {text}" if block.is_error else text})
             elif block.type in ("thinking", "redacted_thinking") and msg.role == "assistant":
