@@ -433,8 +433,9 @@ def test_constraints_that_refuse_every_token_end_that_request_alone(arch, checkp
     assert finished["free"].outputs[0].token_ids == alone and finished["free"].error is None
     with pytest.raises(NoTokenAllowedError, match="allowed_token_ids and min_tokens together refuse"):
         llm.generate([prompt()], stuck)
-    # one allowed token that nothing refuses is enough: the output is that token until it may stop
-    other = rng.choice([t for t in range(300) if t not in stops])
+    # one allowed token that nothing refuses is enough (not a stop token, nor the end of sequence, which min_tokens
+    # holds back too): the output is that token until it may stop
+    other = rng.choice([t for t in range(300) if t not in stops and t not in llm.engine.eos_token_ids])
     out = llm.generate([prompt()], SamplingParams(max_tokens=8, min_tokens=stuck.min_tokens, stop_token_ids=stops,
                                                   allowed_token_ids=stuck.allowed_token_ids + [other],
                                                   temperature=0))[0].outputs[0]
