@@ -83,10 +83,13 @@ def test_decode_matches_transformers_and_round_trips(tokenizer, reference):
 
 def test_special_tokens_decode_without_spaces_between_them_either_way(tokenizer, reference):
     # SamplingParams.spaces_between_special_tokens: a fast tokenizer writes no spaces there whatever it is
-    # told, so the detokenizer's text is the reference's for both values
+    # told, so the detokenizer's text is the reference's for both values. The ids end in a special token: a
+    # random last token may end inside a UTF-8 character, which the detokenizer holds back and the reference
+    # writes as a replacement character
     rng = random.Random()
     for _ in range(20):
-        ids = [rng.choice([IM_START, IM_END, rng.randrange(tokenizer.vocab_size)]) for _ in range(rng.randint(2, 20))]
+        ids = [rng.choice([IM_START, IM_END, rng.randrange(tokenizer.vocab_size)]) for _ in range(rng.randint(1, 19))]
+        ids.append(rng.choice([IM_START, IM_END]))
         for spaces in (True, False):
             params = SamplingParams(max_tokens=len(ids), skip_special_tokens=False,
                                     spaces_between_special_tokens=spaces)
