@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deltaserve.errors import DeltaServeError, EngineDeadError
-from deltaserve.outputs import RequestOutput
+from deltaserve.outputs import RequestOutput, RequestStateStats
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,11 @@ class RequestTiming:
     finished: float
     prompt_tokens: int
     generation_tokens: int  # the longest of the n outputs
+    # where the engine finished the request (its final output came): each sample's finish reason and times
+    samples: list[tuple[str, RequestStateStats]] = dataclasses.field(default_factory=list)
+    n: int = 1  # the request's n and max_tokens (None: not given)
+    max_tokens: int | None = None
+    num_cached_tokens: int = 0
 
 
 @dataclasses.dataclass
@@ -103,6 +108,8 @@ class AsyncEngine:
         self.max_logprobs: int = engine.max_logprobs  # resolved: the whole vocabulary where it was -1
         self.vocab_size: int = engine.vocab_size
         self.think_tags: tuple[int, int] | None = getattr(engine, "think_tags", None)  # (<think>, </think>) ids
+        cache_info = getattr(engine, "cache_config_info", None)
+        self.cache_config_info: dict[str, str] = cache_info() if cache_info is not None else {}
         self.max_queue = max_queue
         self.max_num_seqs = max_num_seqs
         self.stats: Any = None  # the engine's newest stats(), refreshed by the engine thread
@@ -247,7 +254,14 @@ class AsyncEngine:
             logger.info("request %s accepted: %s", request_id, params)
             shown = prompt_text if prompt_text is not None else prompt
             logger.debug("request %s prompt: %r", request_id, shown[: self.max_log_len])
-        return RequestStream(self, stream, arrival)
+        return RequestStream(self, stream, arrival, getattr(params, "n", 1), getattr(params, "max_tokens", None))
+
+    def add_step_listener(self, listener: Callable[[Any], None]) -> None:
+        """`listener` is told of each engine step's StepStats (LLMEngine.step_listeners), on the engine's
+        thread; an engine without step listeners tells it nothing."""
+        listeners = getattr(self.engine, "step_listeners", None)
+        if listeners is not None:
+            listeners.append(listener)
 
     async def reset_prefix_cache(self) -> None:
         """Forgets every cached block and snapshot that no running request holds, between two engine steps."""
@@ -356,11 +370,13 @@ class AsyncEngine:
 class RequestStream:
     """Async iterator over one request's cumulative outputs, ending with the finished one."""
 
-    def __init__(self, engine: AsyncEngine, stream: _Stream, arrival: float):
+    def __init__(self, engine: AsyncEngine, stream: _Stream, arrival: float, n: int = 1,
+                 max_tokens: int | None = None):
         self.request_id = stream.request_id
         self._engine = engine
         self._stream = stream
         self._arrival = arrival
+        self._n, self._max_tokens = n, max_tokens
         self._first_token: float | None = None
         self._last: RequestOutput | None = None
         self._closed = False
@@ -415,6 +431,11 @@ class RequestStream:
                 finished=time.perf_counter(),
                 prompt_tokens=len(last.prompt_token_ids) if last else 0,
                 generation_tokens=max((len(o.token_ids) for o in last.outputs), default=0) if last else 0,
+                samples=[(o.finish_reason, o.metrics) for o in last.outputs if o.metrics is not None]
+                if last and last.finished else [],
+                n=self._n,
+                max_tokens=self._max_tokens,
+                num_cached_tokens=last.num_cached_tokens if last else 0,
             )
         )
 

@@ -7,7 +7,8 @@ import logging
 import struct
 import time
 from array import array
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from deltaserve.engine.thinking_budget import (THINK_END, THINK_START, ThinkingB
                                                think_tag_ids)
 from deltaserve.engine.warm_up import warm_up
 from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
-from deltaserve.outputs import CompletionOutput, RequestOutput
+from deltaserve.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from deltaserve.sampling_params import SamplingParams, logprobs_count
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class EngineStats:
     state_slots_used: int = 0
     state_slots_total: int = 0
     prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0  # of those, found in the prefix cache when their request started
     generation_tokens_total: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
@@ -56,6 +58,16 @@ class EngineStats:
     def kv_cache_usage(self) -> float:
         """Share of the KV pool's blocks in use."""
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+@dataclass
+class StepStats:
+    """What one call of step() did, for the step listeners (vLLM's iteration stats): the tokens of the step it
+    started (prompt rows and decode rows; None where it started none), and for each output token it read back
+    after a sequence's first, the seconds since that sequence's previous token."""
+
+    num_tokens: int | None = None
+    inter_token_latencies: list[float] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -103,6 +115,9 @@ class LLMEngine:
         self._owner: dict[Request, ParentRequest] = {}
         self._launched = None  # LaunchedStep of a step still running, its tokens not read back
         self.stats_counters = EngineStats()
+        # told of each step() call's StepStats, on the thread that steps; what they count must not fail it
+        self.step_listeners: list[Callable[[StepStats], None]] = []
+        self._step_stats = StepStats()
         self.last_failure: BaseException | None = None  # what the newest failed step raised
         if config.warm_up if config.warm_up is not None else loaded.device.type == "cuda":
             started = time.perf_counter()
@@ -142,12 +157,14 @@ class LLMEngine:
         held_back = self._stop_tokens(params) if params.min_tokens else []
         bad_words_ids = self._bad_words_ids(params.bad_words or [])
         hash_root = salt_root(cache_salt)
+        arrival, queued = time.time(), time.perf_counter()
         children = [
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
                     sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes,
                     grammar=self.grammars.matcher(structured, grammar) if grammar is not None else None,
                     held_back=held_back, bad_words_ids=bad_words_ids, hash_root=hash_root,
-                    thinking=self._thinking_budget(params, token_ids))
+                    thinking=self._thinking_budget(params, token_ids),
+                    stats=RequestStateStats(arrival_time=arrival, queued_ts=queued))
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,
@@ -304,27 +321,45 @@ class LLMEngine:
                 self._started(plan)
                 self._record_prompt_logprobs(result.prompt_logprobs)
                 self._finish_step(plan, result.sampling, result.tokens, result.logprobs, touched)
+        self._report_step()
         if final_only:
             return failed + [self._output(p) for p in touched.values() if p.finished]
         return failed + [self._output(parent) for parent in touched.values()]
 
+    def _report_step(self) -> None:
+        stats, self._step_stats = self._step_stats, StepStats()
+        for listener in self.step_listeners:
+            try:
+                listener(stats)
+            except Exception:
+                log.exception("step listener failed")
+
     def _started(self, plan) -> None:
         """The plan's step is queued: its requests advance, each sampling one a pending token."""
+        now = time.perf_counter()
         for request in plan.admitted:
             self.stats_counters.prompt_tokens_total += request.num_prompt_tokens
+            self.stats_counters.prompt_tokens_cached_total += request.num_cached_tokens
+        num_tokens = 0
         for chunk in plan.chunks:
-            chunk.request.num_computed_tokens = chunk.end
+            request = chunk.request
+            request.num_computed_tokens = chunk.end
+            num_tokens += chunk.num_tokens
+            if not request.stats.scheduled_ts:
+                request.stats.scheduled_ts = now
             if chunk.samples:
-                chunk.request.add_pending_token()
+                request.add_pending_token()
+        self._step_stats.num_tokens = num_tokens
 
     def _finish_step(self, plan, sampling, tokens, logprobs, touched: dict) -> None:
         """The step's tokens are back: caches what it computed, then takes each token in."""
         self.scheduler.step_done(plan)  # before any request finishes
+        now = time.perf_counter()
         for i, (chunk, token) in enumerate(zip(sampling, tokens)):
             request = chunk.request
             if request.is_finished:  # aborted, or stopped by its previous token while this step ran
                 continue
-            self._take_token(request, chunk.end, token, logprobs[i] if logprobs else None)
+            self._take_token(request, chunk.end, token, logprobs[i] if logprobs else None, now)
             touched[self._owner[request].request_id] = self._owner[request]
         self.runner.save_states(self.scheduler.take_state_saves())  # the tails of requests that finished
 
@@ -339,8 +374,9 @@ class LLMEngine:
         for tid, logprob in entry.items():
             logprob.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
 
-    def _take_token(self, request: Request, position: int, token: int, logprob) -> None:
-        """The token sampled at `position` (the request's oldest pending one): stop checks, text."""
+    def _take_token(self, request: Request, position: int, token: int, logprob, now: float) -> None:
+        """The token sampled at `position` (the request's oldest pending one), read back at `now`: stop checks,
+        text."""
         parent = self._owner[request]
         if request.dead_end is not None and position - request.num_prompt_tokens >= request.dead_end[0]:
             self._end_at_fault(parent, request.dead_end[1])  # the token sampled there is one they refuse
@@ -353,7 +389,7 @@ class LLMEngine:
         if logprob is not None:
             self._decode_logprob_tokens(logprob)
             request.output_logprobs.append(logprob)
-        self.stats_counters.generation_tokens_total += 1
+        self._count_token(request.stats, now)
         params = request.params
         if request.grammar is not None and not request.grammar.accept(token):
             if forced is not None:  # the budget's "</think>" stands over the grammar, which had not waited for it
@@ -389,6 +425,15 @@ class LLMEngine:
         elif self._repeats_itself(request, position):
             self.scheduler.finish(request, "repetition", REPETITION_STOP_REASON)
 
+    def _count_token(self, stats: RequestStateStats, now: float) -> None:
+        self.stats_counters.generation_tokens_total += 1
+        if stats.first_token_ts:
+            self._step_stats.inter_token_latencies.append(now - stats.last_token_ts)
+        else:
+            stats.first_token_ts = now
+        stats.last_token_ts = now
+        stats.num_generation_tokens += 1
+
     @staticmethod
     def _repeats_itself(request: Request, position: int) -> bool:
         """Whether the output up to `position` (min_tokens long at least) ends in the pattern its
@@ -411,10 +456,14 @@ class LLMEngine:
                 finish_reason=child.finish_reason,
                 stop_reason=child.stop_reason,
                 logprobs=list(child.output_logprobs) if child.params.returns_logprobs else None,
+                metrics=child.stats if finished else None,  # no longer changed once it has finished
             ))
         out = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, outputs,
                             finished=parent.finished,
                             num_cached_tokens=min(c.num_cached_tokens for c in parent.children), error=parent.error)
+        if out.finished:
+            samples = [c.stats for c in parent.children]
+            out.metrics = samples[0] if len(samples) == 1 else RequestStateStats.spanning(samples)
         first = parent.children[0]
         if first.params.prompt_logprobs is not None and len(first.prompt_logprobs) == first.num_prompt_tokens:
             out.prompt_logprobs = list(first.prompt_logprobs)
@@ -444,6 +493,17 @@ class LLMEngine:
         self._parents.pop(parent.request_id, None)
         for child in parent.children:
             self._owner.pop(child, None)
+
+    def cache_config_info(self) -> dict[str, str]:
+        """The cache as this engine runs it, under the names of vLLM's cache_config_info metric's labels."""
+        info = {"block_size": str(self.config.block_size), "num_gpu_blocks": str(self.loaded.blocks.num_blocks),
+                "enable_prefix_caching": str(self.config.enable_prefix_caching),
+                "gpu_memory_utilization": str(self.config.gpu_memory_utilization),
+                "cache_dtype": str(self.loaded.dtype).removeprefix("torch.")}
+        state_pool = getattr(self.runner, "state_pool", None)
+        if state_pool is not None:  # the GDN state's dtype (--gdn-state-dtype)
+            info["mamba_ssm_cache_dtype"] = str(state_pool.h_all.dtype).removeprefix("torch.")
+        return info
 
     def reset_stats(self) -> None:
         """Zeroes the counters (tokens, prefix-cache lookups, preemptions); the gauges stay live."""

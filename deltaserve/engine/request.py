@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from deltaserve.engine.grammar import RequestGrammar
 from deltaserve.engine.thinking_budget import ThinkingBudget
 from deltaserve.errors import NoTokenAllowedError
-from deltaserve.outputs import Logprob
+from deltaserve.outputs import Logprob, RequestStateStats
 from deltaserve.sampling_params import SamplingParams
 
 
@@ -60,6 +60,7 @@ class Request:
     thinking: ThinkingBudget | None = None  # thinking_token_budget: where a think block's end is forced
     # (output index, error): the sampler found that its constraints refuse every token there (mark_dead_end)
     dead_end: tuple[int, NoTokenAllowedError] | None = None
+    stats: RequestStateStats = field(default_factory=RequestStateStats)  # when it was queued, scheduled, ...
 
     def __post_init__(self) -> None:
         # read every step, so kept: logit biases, allowed tokens or bad words change every step's logits
