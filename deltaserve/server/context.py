@@ -45,8 +45,11 @@ class ServerContext:
         self.max_model_len = self.engine.max_model_len
         if self.reasoning is None:
             self.reasoning = template_has_reasoning(self.tokenizer)
-        self.metrics = ServerMetrics(lambda: self.engine.stats, self.model_name, self.max_model_len)
+        self.metrics = ServerMetrics(lambda: self.engine.stats, self.model_name, self.max_model_len,
+                                     getattr(self.engine, "cache_config_info", None))
         self.engine.listeners.append(self.metrics.observe)
+        if hasattr(self.engine, "add_step_listener"):
+            self.engine.add_step_listener(self.metrics.observe_step)
         self.engine.refusal_listeners.append(self.metrics.count_refusal)
 
     def template_kwargs(self, own: dict | None) -> dict:

@@ -12,9 +12,19 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from deltaserve.engine.async_engine import RequestTiming
+from deltaserve.outputs import RequestStateStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+# vLLM's buckets for the series of its names
+_VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                      40.0, 80.0, 160.0, 640.0, 2560.0)
+_VLLM_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                       40.0, 80.0)
+_VLLM_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                         240.0, 480.0, 960.0, 1920.0, 7680.0)
+_VLLM_STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+_VLLM_N_BUCKETS = (1, 2, 5, 10, 20)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
 
@@ -45,8 +55,12 @@ _VLLM_GAUGES = (
     ("vllm:num_requests_waiting", "Requests waiting in the engine's queue (vLLM's name).", "num_waiting"),
     ("vllm:kv_cache_usage_perc", "Share of the KV pool's blocks in use, 1 when full (vLLM's name).", "kv_cache_usage"),
 )
+_VLLM_WAITING_REASONS = (("capacity", "num_waiting"), ("deferred", None))  # nothing here defers a request
+_VLLM_SLEEP_STATES = (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0))  # this engine never sleeps
 _VLLM_COUNTERS = (
     ("vllm:prompt_tokens", "Prompt tokens processed (vLLM's name).", "prompt_tokens_total"),
+    ("vllm:prompt_tokens_cached", "Prompt tokens found in the prefix cache as their request started (vLLM's name).",
+     "prompt_tokens_cached_total"),
     ("vllm:generation_tokens", "Tokens generated (vLLM's name).", "generation_tokens_total"),
     ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache (vLLM's name).",
      "prefix_cache_queries"),
@@ -58,10 +72,12 @@ _COMPLETED = ("stop", "length", "repetition")  # requests that ran to an end of 
 
 
 class _EngineStatsCollector:
-    def __init__(self, get_stats: Callable[[], Any], fallback: dict[str, float], model_name: str):
+    def __init__(self, get_stats: Callable[[], Any], fallback: dict[str, float], model_name: str,
+                 cache_info: dict[str, str]):
         self._get_stats = get_stats
         self._fallback = fallback
         self._vllm_labels = [model_name, "0"]
+        self._cache_info = cache_info
 
     def collect(self):
         stats = self._get_stats()
@@ -69,6 +85,26 @@ class _EngineStatsCollector:
         yield from self._families(stats, _COUNTERS, CounterMetricFamily, [], [])
         yield from self._families(stats, _VLLM_GAUGES, GaugeMetricFamily, _VLLM_LABELS, self._vllm_labels)
         yield from self._families(stats, _VLLM_COUNTERS, CounterMetricFamily, _VLLM_LABELS, self._vllm_labels)
+        yield from self._vllm_labelled_gauges(stats)
+
+    def _vllm_labelled_gauges(self, stats):
+        waiting = getattr(stats, "num_waiting", None)
+        if waiting is not None:
+            family = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Waiting requests by why they wait: "
+                                       "capacity, or deferred (vLLM's name).", labels=_VLLM_LABELS + ["reason"])
+            for reason, field in _VLLM_WAITING_REASONS:
+                family.add_metric(self._vllm_labels + [reason], float(waiting if field else 0))
+            yield family
+        family = GaugeMetricFamily("vllm:engine_sleep_state", "1 for the engine's sleep state, awake here "
+                                   "(vLLM's name).", labels=_VLLM_LABELS + ["sleep_state"])
+        for state, value in _VLLM_SLEEP_STATES:
+            family.add_metric(self._vllm_labels + [state], float(value))
+        yield family
+        if self._cache_info:
+            family = GaugeMetricFamily("vllm:cache_config_info", "The KV cache's configuration, in its labels "
+                                       "(vLLM's name).", labels=list(self._cache_info))
+            family.add_metric(list(self._cache_info.values()), 1.0)
+            yield family
 
     def _families(self, stats, table, family_type, labels: list[str], label_values: list[str]):
         for name, doc, field in table:
@@ -82,10 +118,12 @@ class _EngineStatsCollector:
 
 
 class ServerMetrics:
-    def __init__(self, get_stats: Callable[[], Any], model_name: str = "deltaserve", max_model_len: int = 1 << 20):
+    def __init__(self, get_stats: Callable[[], Any], model_name: str = "deltaserve", max_model_len: int = 1 << 20,
+                 cache_info: dict[str, str] | None = None):
+        """cache_info: the labels of vllm:cache_config_info (the engine's cache_config_info())."""
         self.registry = CollectorRegistry()
         self._served_tokens = {"prompt_tokens_total": 0, "generation_tokens_total": 0}
-        self.registry.register(_EngineStatsCollector(get_stats, self._served_tokens, model_name))
+        self.registry.register(_EngineStatsCollector(get_stats, self._served_tokens, model_name, cache_info or {}))
         self.requests_finished = Counter(
             "deltaserve_requests_finished", "Requests finished, by reason.", ["reason"], registry=self.registry
         )
@@ -116,6 +154,10 @@ class ServerMetrics:
         _observe((self.ttft, self.tpot, self.e2e), _latencies(timing))
         self.vllm.observe(timing)
 
+    def observe_step(self, step) -> None:
+        """An engine step's StepStats (llm_engine.StepStats), on the engine's thread."""
+        self.vllm.observe_step(step)
+
     def count_refusal(self, exc: BaseException) -> None:
         """A request refused before reaching the engine (a full queue, a server stopping)."""
         self.requests_rejected.labels(type(exc).__name__).inc()
@@ -125,33 +167,93 @@ class ServerMetrics:
 
 
 class _VllmRequestMetrics:
-    """vLLM's per-request series: requests by finish reason, their latencies and token counts."""
+    """vLLM's per-request series. As vLLM's, each of a request's n samples counts as a finished request of its own
+    (its finish reason, latencies, token counts), and the request as a whole gives the n and max_tokens it asked
+    for and its longest sample; a request whose stream closed before the engine finished it counts once, from
+    what its stream saw."""
 
     def __init__(self, registry: CollectorRegistry, labels: list[str], max_model_len: int):
         def histogram(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(name, doc, _VLLM_LABELS, buckets=buckets, registry=registry).labels(*labels)
+            return Histogram(name, doc + " (vLLM's name).", _VLLM_LABELS, buckets=buckets,
+                             registry=registry).labels(*labels)
 
         success = Counter("vllm:request_success", "Requests finished, by reason (vLLM's name).",
                           _VLLM_LABELS + ["finished_reason"], registry=registry)
         self.finished = {reason: success.labels(*labels, reason) for reason in _FINISH_REASONS}
-        self.ttft = histogram("vllm:time_to_first_token_seconds",
-                              "Time from arrival to the first generated token (vLLM's name).", _LATENCY_BUCKETS)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first generated token",
+                              _VLLM_TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens of a sequence",
+                             _VLLM_TOKEN_BUCKETS)
         self.tpot = histogram("vllm:request_time_per_output_token_seconds",
-                              "Mean time per output token after the first, per request (vLLM's name).", _TOKEN_BUCKETS)
-        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last token (vLLM's name).",
-                             _LATENCY_BUCKETS)
+                              "Mean time per output token after the first, per request", _VLLM_TOKEN_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last token",
+                             _VLLM_REQUEST_BUCKETS)
+        self.phases = (  # (histogram, the RequestStateStats property it observes)
+            (histogram("vllm:request_queue_time_seconds", "Time waiting for the first step", _VLLM_REQUEST_BUCKETS),
+             "queued_time"),
+            (histogram("vllm:request_inference_time_seconds", "Time from the first step to the last token",
+                       _VLLM_REQUEST_BUCKETS), "inference_time"),
+            (histogram("vllm:request_prefill_time_seconds", "Time from the first step to the first token",
+                       _VLLM_REQUEST_BUCKETS), "prefill_time"),
+            (histogram("vllm:request_decode_time_seconds", "Time from the first token to the last",
+                       _VLLM_REQUEST_BUCKETS), "decode_time"),
+        )
         counts = _one_two_five(max_model_len)
-        self.prompt_tokens = histogram("vllm:request_prompt_tokens", "Prompt tokens per completed request "
-                                       "(vLLM's name).", counts)
+        self.prompt_tokens = histogram("vllm:request_prompt_tokens", "Prompt tokens per completed request", counts)
+        self.prefill_computed = histogram("vllm:request_prefill_kv_computed_tokens",
+                                          "Prompt tokens computed per completed request, those not found in the "
+                                          "prefix cache", counts)
         self.generation_tokens = histogram("vllm:request_generation_tokens", "Tokens generated per completed "
-                                           "request, the longest of its samples (vLLM's name).", counts)
+                                           "request", counts)
+        self.max_generation_tokens = histogram("vllm:request_max_num_generation_tokens", "Tokens of the longest "
+                                               "sample per completed request", counts)
+        self.params_n = histogram("vllm:request_params_n", "The n of each completed request", _VLLM_N_BUCKETS)
+        self.params_max_tokens = histogram("vllm:request_params_max_tokens", "The max_tokens of each completed "
+                                           "request that gave one", counts)
+        self.step_tokens = histogram("vllm:iteration_tokens_total", "Tokens per engine step",
+                                     _VLLM_STEP_TOKEN_BUCKETS)
 
     def observe(self, timing: RequestTiming) -> None:
+        if not timing.samples:
+            self._observe_from_stream(timing)
+            return
+        for reason, stats in timing.samples:
+            self._observe_sample(timing, "error" if timing.finish_reason == "error" else reason, stats)
+        if timing.finish_reason in _COMPLETED:
+            self.max_generation_tokens.observe(timing.generation_tokens)
+            self.params_n.observe(timing.n)
+            if timing.max_tokens:
+                self.params_max_tokens.observe(timing.max_tokens)
+
+    def _observe_sample(self, timing: RequestTiming, reason: str, stats: RequestStateStats) -> None:
+        self.finished[reason].inc()
+        if stats.first_token_ts:
+            self.ttft.observe(stats.first_token_ts - timing.arrival)
+        if reason not in _COMPLETED:
+            return
+        self.e2e.observe((stats.last_token_ts or timing.finished) - timing.arrival)
+        if stats.num_generation_tokens > 1:
+            self.tpot.observe(stats.mean_time_per_output_token)
+        for histogram, phase in self.phases:
+            histogram.observe(getattr(stats, phase))
+        self.prompt_tokens.observe(timing.prompt_tokens)
+        self.prefill_computed.observe(timing.prompt_tokens - timing.num_cached_tokens)
+        self.generation_tokens.observe(stats.num_generation_tokens)
+
+    def _observe_from_stream(self, timing: RequestTiming) -> None:
+        """A request that the engine gave no sample times for (its stream closed before its final output): one
+        count, from what its stream saw."""
         self.finished[timing.finish_reason].inc()
         _observe((self.ttft, self.tpot, self.e2e), _latencies(timing))
         if timing.finish_reason in _COMPLETED:
             self.prompt_tokens.observe(timing.prompt_tokens)
             self.generation_tokens.observe(timing.generation_tokens)
+
+    def observe_step(self, step) -> None:
+        if step.num_tokens is not None:
+            self.step_tokens.observe(step.num_tokens)
+        for latency in step.inter_token_latencies:
+            self.itl.observe(latency)
 
 
 def _latencies(timing: RequestTiming) -> tuple[float | None, float | None, float | None]:

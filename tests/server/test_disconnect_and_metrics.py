@@ -75,3 +75,34 @@ def test_metrics_after_traffic(server):
         labelled[("deltaserve_requests_finished_total", frozenset({("reason", "length")}))]
     assert labelled[("vllm:kv_cache_usage_perc", frozenset(vllm))] == \
         labelled[("deltaserve_kv_blocks_used", frozenset())] / 256
+
+
+def test_vllms_series_count_each_of_n_samples(server):
+    # as vLLM's: a request of n samples is n finished requests in its request series, one request in its n series,
+    # and every token after a sample's first is one inter-token gap
+    vllm = {("model_name", MODEL), ("engine", "0")}
+
+    def read() -> dict:
+        return server.labelled_metrics()
+
+    def value(got: dict, name: str, **labels) -> float:
+        return got.get((name, frozenset(vllm | set(labels.items()))), 0.0)
+
+    before = read()
+    r = httpx.post(server.base_url + "/completions", headers=server.headers, timeout=60,
+                   json={"model": MODEL, "prompt": "Hello there", "max_tokens": 5, "n": 3, "ignore_eos": True})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 3
+    after = read()
+    assert value(after, "vllm:request_success_total", finished_reason="length") - \
+        value(before, "vllm:request_success_total", finished_reason="length") == 3
+    assert after[("deltaserve_requests_finished_total", frozenset({("reason", "length")}))] - \
+        before[("deltaserve_requests_finished_total", frozenset({("reason", "length")}))] == 1
+    for name, added in (("vllm:request_generation_tokens_count", 3), ("vllm:request_generation_tokens_sum", 15),
+                        ("vllm:request_params_n_count", 1), ("vllm:request_params_n_sum", 3),
+                        ("vllm:request_max_num_generation_tokens_sum", 5), ("vllm:request_params_max_tokens_sum", 5),
+                        ("vllm:inter_token_latency_seconds_count", 3 * 4), ("vllm:request_decode_time_seconds_count", 3),
+                        ("vllm:request_queue_time_seconds_count", 3)):
+        assert value(after, name) - value(before, name) == added, name
+    assert value(after, "vllm:iteration_tokens_total_count") - value(before, "vllm:iteration_tokens_total_count") >= 5
+    info = [labels for name, labels in after if name == "vllm:cache_config_info"]
+    assert len(info) == 1 and ("num_gpu_blocks", "256") in info[0] and ("block_size", "16") in info[0]
