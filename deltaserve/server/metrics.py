@@ -85,9 +85,18 @@ class _EngineStatsCollector:
         yield from self._families(stats, _COUNTERS, CounterMetricFamily, [], [])
         yield from self._families(stats, _VLLM_GAUGES, GaugeMetricFamily, _VLLM_LABELS, self._vllm_labels)
         yield from self._families(stats, _VLLM_COUNTERS, CounterMetricFamily, _VLLM_LABELS, self._vllm_labels)
-        yield from self._vllm_labelled_gauges(stats)
+        yield from self._vllm_labelled_families(stats)
 
-    def _vllm_labelled_gauges(self, stats):
+    def _vllm_labelled_families(self, stats):
+        total, cached = (getattr(stats, f, None) for f in ("prompt_tokens_total", "prompt_tokens_cached_total"))
+        if total is not None and cached is not None:
+            family = CounterMetricFamily("vllm:prompt_tokens_by_source", "Prompt tokens by where they came from: "
+                                         "computed, or found in the prefix cache (vLLM's name).",
+                                         labels=_VLLM_LABELS + ["source"])
+            for source, value in (("local_compute", total - cached), ("local_cache_hit", cached),
+                                  ("external_kv_transfer", 0)):
+                family.add_metric(self._vllm_labels + [source], float(value))
+            yield family
         waiting = getattr(stats, "num_waiting", None)
         if waiting is not None:
             family = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Waiting requests by why they wait: "

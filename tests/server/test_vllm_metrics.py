@@ -159,9 +159,11 @@ def test_steps_give_vllms_iteration_tokens_and_inter_token_latencies():
     assert math.isclose(got[("vllm:inter_token_latency_seconds_sum", vllm)], sum(gaps), abs_tol=1e-9)
 
 
-def test_vllms_labelled_gauges():
+def test_vllms_labelled_series():
     rng = random.Random()
-    stats = EngineStats(num_waiting=rng.randint(0, 100), prompt_tokens_cached_total=rng.randint(0, 10**6))
+    cached = rng.randint(0, 10**6)
+    stats = EngineStats(num_waiting=rng.randint(0, 100), prompt_tokens_cached_total=cached,
+                        prompt_tokens_total=cached + rng.randint(0, 10**6))
     info = {"block_size": str(rng.choice([16, 32])), "num_gpu_blocks": str(rng.randint(1, 10**5))}
     got = _samples(ServerMetrics(lambda: stats, "m", max_model_len=64, cache_info=info))
     vllm = (("engine", "0"), ("model_name", "m"))
@@ -171,3 +173,7 @@ def test_vllms_labelled_gauges():
     assert got[("vllm:engine_sleep_state", vllm + (("sleep_state", "weights_offloaded"),))] == 0
     assert got[("vllm:cache_config_info", tuple(sorted(info.items())))] == 1
     assert got[("vllm:prompt_tokens_cached_total", vllm)] == stats.prompt_tokens_cached_total
+    by_source = {source: got[("vllm:prompt_tokens_by_source_total", vllm + (("source", source),))]
+                 for source in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+    assert by_source == {"local_compute": stats.prompt_tokens_total - stats.prompt_tokens_cached_total,
+                         "local_cache_hit": stats.prompt_tokens_cached_total, "external_kv_transfer": 0}
