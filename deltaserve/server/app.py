@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect
 from deltaserve.engine.async_engine import AsyncEngine
 from deltaserve.server.context import ClientDisconnected, ServerContext, read_json_object
 from deltaserve.server.errors import APIError, bad_request, from_exception
+from deltaserve.server.http_metrics import HttpMetricsMiddleware
 from deltaserve.server.metrics import CONTENT_TYPE
 from deltaserve.server.serving_chat import ChatCompletions
 from deltaserve.server.serving_completions import Completions
@@ -128,6 +129,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     app.state.ctx = ctx
     if api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
+    app.add_middleware(HttpMetricsMiddleware, registry=ctx.metrics.registry, router=app.router)  # 401s counted too
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):

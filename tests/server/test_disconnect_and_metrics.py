@@ -75,6 +75,11 @@ def test_metrics_after_traffic(server):
         labelled[("deltaserve_requests_finished_total", frozenset({("reason", "length")}))]
     assert labelled[("vllm:kv_cache_usage_perc", frozenset(vllm))] == \
         labelled[("deltaserve_kv_blocks_used", frozenset())] / 256
+    # vLLM's HTTP series: the completion above among them, the probes that read /metrics left out
+    assert labelled[("http_requests_total", frozenset({("handler", "/v1/completions"), ("method", "POST"),
+                                                       ("status", "2xx")}))] >= 1
+    handlers = {dict(labels).get("handler") for name, labels in labelled if name == "http_requests_total"}
+    assert not handlers & {"/metrics", "/health"}
 
 
 def test_vllms_series_count_each_of_n_samples(server):
