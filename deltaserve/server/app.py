@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import importlib.metadata
 import logging
@@ -25,6 +26,7 @@ from deltaserve.server.serving_completions import Completions
 from deltaserve.server.serving_messages import Messages
 from deltaserve.server.serving_responses import Responses
 from deltaserve.server.serving_tokenize import detokenize, tokenize
+from deltaserve.server.stats_log import StatsLog
 
 logger = logging.getLogger(__name__)
 
@@ -103,13 +105,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
               api_key: str | list[str] | None = None, reasoning: bool | None = None,
               force_include_usage: bool = False, return_tokens_as_token_ids: bool = False,
               default_chat_template_kwargs: dict | None = None, trust_request_chat_template: bool = False,
-              response_role: str = "assistant") -> FastAPI:
+              response_role: str = "assistant", log_stats_interval: float | None = None) -> FastAPI:
     """The app; it starts the engine thread on startup and stops it on shutdown. api_key: the key, or keys, a
     request must carry (None: none). force_include_usage: every stream ends with its usage, as if its
     stream_options asked (vLLM's --enable-force-include-usage). return_tokens_as_token_ids: logprobs name each
     token "token_id:ID" where a request does not say. default_chat_template_kwargs: template variables under
     each chat's own. trust_request_chat_template: a chat request may bring its own template. response_role: the
-    role of a chat reply that opens a new turn (vLLM's --response-role)."""
+    role of a chat reply that opens a new turn (vLLM's --response-role). log_stats_interval: seconds between two
+    lines of vLLM's periodic stats in the log (stats_log.py; None: none)."""
     api_keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     ctx = ServerContext(engine, served_model_names or [engine.model_name], api_keys=api_keys, reasoning=reasoning,
                         force_include_usage=force_include_usage,
@@ -120,9 +123,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
+        stats_lines = None
+        if log_stats_interval is not None:
+            stats_lines = asyncio.create_task(StatsLog(lambda: engine.stats).run(log_stats_interval))
         try:
             yield
         finally:
+            if stats_lines is not None:
+                stats_lines.cancel()
             engine.stop()
 
     app = FastAPI(title="deltaserve", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -16,6 +16,7 @@ from deltaserve.engine.async_engine import AsyncEngine
 from deltaserve.engine.sampling_defaults import describe
 from deltaserve.server.app import build_app
 from deltaserve.server.http_options import add_http_middleware, check_http_arguments, uvicorn_options
+from deltaserve.server.stats_log import log_stats_interval
 from deltaserve.server.vllm_flags import check_vllm_flags
 
 logger = logging.getLogger("deltaserve.server")
@@ -79,6 +80,7 @@ def serve(args: Any) -> int:
     api_keys = args.api_key or ([os.environ[API_KEY_ENV]] if os.environ.get(API_KEY_ENV) else [])
     reasoning = check_vllm_flags(args)  # before the model loads: a flag it cannot honour ends the start at once
     check_http_arguments(args)
+    stats_interval = log_stats_interval(bool(getattr(args, "disable_log_stats", False)))
     print(f"deltaserve: loading {args.model or 'the demo model'} ...", file=sys.stderr, flush=True)
     engine = AsyncEngine.from_args(args.model, max_queue=args.max_queue,
                                    log_requests=bool(getattr(args, "enable_log_requests", False)),
@@ -94,7 +96,8 @@ def serve(args: Any) -> int:
                     return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
                     default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
                     trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
-                    response_role=getattr(args, "response_role", None) or "assistant")
+                    response_role=getattr(args, "response_role", None) or "assistant",
+                    log_stats_interval=stats_interval)
     add_http_middleware(app, args)
     config = uvicorn.Config(
         app,

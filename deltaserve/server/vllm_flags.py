@@ -37,7 +37,8 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                  "--mm-processor-cache-gb"):  # a vision encoder's settings
         g.add_argument(flag, default=None, help="accepted: deltaserve loads no vision encoder and takes text only")
     g.add_argument("--disable-log-stats", action="store_true",
-                   help="accepted: deltaserve writes no periodic stats to its log (/metrics has them)")
+                   help="no periodic stats line in the log (by default one every VLLM_LOG_STATS_INTERVAL "
+                        "seconds, 10, while the engine works)")
     g.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
                    help="log each accepted request's id and sampling parameters (INFO) and its prompt (DEBUG)")
     g.add_argument("--disable-log-requests", action="store_true",

@@ -1,0 +1,85 @@
+"""The line vLLM's server logs every VLLM_LOG_STATS_INTERVAL seconds (10 by default) unless --disable-log-stats:
+prompt and generation throughput over the interval, running and waiting requests, preemptions in the interval
+where there were any, KV cache usage and the prefix cache's hit rate. Where the engine did nothing in the interval
+and the one before, the line goes to DEBUG, so that an idle server's log stays quiet (as vLLM's)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from deltaserve.errors import DeltaServeError
+
+logger = logging.getLogger(__name__)
+
+INTERVAL_ENV = ("DELTASERVE_LOG_STATS_INTERVAL", "VLLM_LOG_STATS_INTERVAL")
+DEFAULT_INTERVAL = 10.0
+
+
+def log_stats_interval(disabled: bool, environ=os.environ) -> float | None:
+    """Seconds between two lines (None: no line): the first of INTERVAL_ENV that is set, else 10; a value of 0
+    or less turns the line off, as vLLM reads its variable."""
+    if disabled:
+        return None
+    for name in INTERVAL_ENV:
+        if environ.get(name):
+            try:
+                seconds = float(environ[name])
+            except ValueError:
+                raise DeltaServeError(f"{name}={environ[name]!r}: must be a number of seconds") from None
+            return seconds if seconds > 0 else None
+    return DEFAULT_INTERVAL
+
+
+class StatsLog:
+    def __init__(self, get_stats: Callable[[], Any], clock: Callable[[], float] = time.monotonic):
+        self._get_stats = get_stats
+        self._clock = clock
+        self._since = self._counters()
+        self._rates = (0.0, 0.0)
+
+    def _counters(self) -> tuple[float, int, int, int]:
+        """(now, prompt tokens computed, tokens generated, preemptions) so far."""
+        stats = self._get_stats()
+        total, cached = _read(stats, "prompt_tokens_total"), _read(stats, "prompt_tokens_cached_total")
+        return (self._clock(), total - cached, _read(stats, "generation_tokens_total"),
+                _read(stats, "num_preemptions"))
+
+    def line(self) -> tuple[str, bool]:
+        """The line of the interval since the last one, and whether the engine was idle in both."""
+        (then, computed0, generated0, preempted0), now = self._since, self._counters()
+        self._since = now
+        elapsed = max(now[0] - then, 1e-9)
+        rates = (max(now[1] - computed0, 0) / elapsed, max(now[2] - generated0, 0) / elapsed)
+        idle = not any(rates + self._rates)
+        self._rates = rates
+        stats = self._get_stats()
+        parts = [f"Engine 000: Avg prompt throughput: {rates[0]:.1f} tokens/s",
+                 f"Avg generation throughput: {rates[1]:.1f} tokens/s",
+                 f"Running: {_read(stats, 'num_running')} reqs", f"Waiting: {_read(stats, 'num_waiting')} reqs"]
+        if now[3] > preempted0:
+            parts.append(f"Preemptions: {now[3] - preempted0}")
+        parts += [f"GPU KV cache usage: {100 * _read(stats, 'kv_cache_usage'):.1f}%",
+                  f"Prefix cache hit rate: {100 * _read(stats, 'prefix_cache_hit_rate'):.1f}%"]
+        return ", ".join(parts), idle
+
+    def log(self) -> None:
+        text, idle = self.line()
+        logger.log(logging.DEBUG if idle else logging.INFO, text)
+
+    async def run(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.log()
+            except Exception:  # a line not written is no reason to stop serving
+                logger.exception("the stats line failed")
+
+
+def _read(stats: Any, name: str):
+    value = getattr(stats, name, 0) if stats is not None else 0
+    return value or 0
