@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect
 from deltaserve.engine.async_engine import AsyncEngine
 from deltaserve.server.context import ClientDisconnected, ServerContext, read_json_object
 from deltaserve.server.errors import APIError, bad_request, from_exception
-from deltaserve.server.http_metrics import HttpMetricsMiddleware
+from deltaserve.server.http_metrics import HttpMetrics, HttpMetricsMiddleware
 from deltaserve.server.metrics import CONTENT_TYPE
 from deltaserve.server.serving_chat import ChatCompletions
 from deltaserve.server.serving_completions import Completions
@@ -137,7 +137,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     app.state.ctx = ctx
     if api_keys:
         app.add_middleware(APIKeyMiddleware, api_keys=api_keys)
-    app.add_middleware(HttpMetricsMiddleware, registry=ctx.metrics.registry, router=app.router)  # 401s counted too
+    app.add_middleware(HttpMetricsMiddleware, metrics=HttpMetrics(ctx.metrics.registry),  # 401s counted too
+                       router=app.router)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):

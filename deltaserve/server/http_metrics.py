@@ -17,10 +17,10 @@ HIGHR_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 2.5,
 LOWR_BUCKETS = (0.1, 0.5, 1)
 
 
-class HttpMetricsMiddleware:
-    def __init__(self, app, registry: CollectorRegistry, router: Router):
-        self.app = app
-        self.router = router
+class HttpMetrics:
+    """The series, made once per registry (a middleware stack built again must not make them twice)."""
+
+    def __init__(self, registry: CollectorRegistry):
         self.total = Counter("http_requests_total", "Total number of requests by method, status and handler.",
                              ["method", "status", "handler"], registry=registry)
         self.request_size = Summary("http_request_size_bytes", "Content length of incoming requests by handler.",
@@ -31,6 +31,21 @@ class HttpMetricsMiddleware:
                                  "specific labels.", buckets=HIGHR_BUCKETS, registry=registry)
         self.handler_latency = Histogram("http_request_duration_seconds", "Latency with only few buckets by handler.",
                                          ["method", "handler"], buckets=LOWR_BUCKETS, registry=registry)
+
+    def observe(self, method: str, status: int, handler: str, request_headers, response_headers,
+                seconds: float) -> None:
+        self.total.labels(method, f"{str(status)[0]}xx", handler).inc()
+        self.request_size.labels(handler).observe(_content_length(request_headers))
+        self.response_size.labels(handler).observe(_content_length(response_headers))
+        self.latency.observe(seconds)
+        self.handler_latency.labels(method, handler).observe(seconds)
+
+
+class HttpMetricsMiddleware:
+    def __init__(self, app, metrics: HttpMetrics, router: Router):
+        self.app = app
+        self.metrics = metrics
+        self.router = router
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -49,7 +64,8 @@ class HttpMetricsMiddleware:
         try:
             await self.app(scope, receive, sending)
         finally:
-            self._observe(scope, handler, response, time.perf_counter() - started)
+            self.metrics.observe(scope["method"], response["status"], handler, scope.get("headers", []),
+                                 response["headers"], time.perf_counter() - started)
 
     def _handler(self, scope) -> str:
         """The template of the route that takes the request (one that takes its path but not its method, where
@@ -62,14 +78,6 @@ class HttpMetricsMiddleware:
             if match == Match.PARTIAL and partial is None:
                 partial = route.path
         return partial or "none"
-
-    def _observe(self, scope, handler: str, response: dict, seconds: float) -> None:
-        method = scope["method"]
-        self.total.labels(method, f"{str(response['status'])[0]}xx", handler).inc()
-        self.request_size.labels(handler).observe(_content_length(scope.get("headers", [])))
-        self.response_size.labels(handler).observe(_content_length(response["headers"]))
-        self.latency.observe(seconds)
-        self.handler_latency.labels(method, handler).observe(seconds)
 
 
 def _content_length(headers) -> int:

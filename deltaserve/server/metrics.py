@@ -55,7 +55,6 @@ _VLLM_GAUGES = (
     ("vllm:num_requests_waiting", "Requests waiting in the engine's queue (vLLM's name).", "num_waiting"),
     ("vllm:kv_cache_usage_perc", "Share of the KV pool's blocks in use, 1 when full (vLLM's name).", "kv_cache_usage"),
 )
-_VLLM_WAITING_REASONS = (("capacity", "num_waiting"), ("deferred", None))  # nothing here defers a request
 _VLLM_SLEEP_STATES = (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0))  # this engine never sleeps
 _VLLM_COUNTERS = (
     ("vllm:prompt_tokens", "Prompt tokens processed (vLLM's name).", "prompt_tokens_total"),
@@ -101,8 +100,8 @@ class _EngineStatsCollector:
         if waiting is not None:
             family = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Waiting requests by why they wait: "
                                        "capacity, or deferred (vLLM's name).", labels=_VLLM_LABELS + ["reason"])
-            for reason, field in _VLLM_WAITING_REASONS:
-                family.add_metric(self._vllm_labels + [reason], float(waiting if field else 0))
+            for reason, value in (("capacity", waiting), ("deferred", 0)):  # nothing here defers a request
+                family.add_metric(self._vllm_labels + [reason], float(value))
             yield family
         family = GaugeMetricFamily("vllm:engine_sleep_state", "1 for the engine's sleep state, awake here "
                                    "(vLLM's name).", labels=_VLLM_LABELS + ["sleep_state"])

@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from deltaserve.server.http_metrics import HttpMetricsMiddleware
+from deltaserve.server.http_metrics import HttpMetrics, HttpMetricsMiddleware
 
 PAUSE = 0.02  # each streamed piece waits this long
 
@@ -39,7 +39,7 @@ def _app(registry: CollectorRegistry) -> Starlette:
     app = Starlette(routes=[Route("/v1/items/{item_id}", item, methods=["GET"]),
                             Route("/stream", stream, methods=["POST"]), Route("/fail", fail),
                             Route("/health", health)])
-    app.add_middleware(HttpMetricsMiddleware, registry=registry, router=app.router)
+    app.add_middleware(HttpMetricsMiddleware, metrics=HttpMetrics(registry), router=app.router)
     return app
 
 
