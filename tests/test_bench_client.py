@@ -82,3 +82,42 @@ def test_a_base_url_the_client_cannot_speak_is_named():
                               num_prompts=1, seed=0, api_key=None, token_id_range="1000:2000", warmup=0, timeout=1.0)
     with pytest.raises(BenchArgumentError, match="--base-url: the bench speaks http and https, not 'ftp'"):
         asyncio.run(run_benchmark(args))
+
+
+def test_arrival_gaps_average_one_over_the_rate_and_spread_by_burstiness():
+    import math
+    import random
+
+    from deltaserve.bench.serve import arrival_gaps
+
+    rng = random.Random()
+    assert arrival_gaps(5, math.inf, 1.0, rng) == [0.0] * 5
+    rate = rng.uniform(1, 100)
+    for burstiness in (0.5, 1.0, 4.0):
+        gaps = arrival_gaps(40000, rate, burstiness, rng)
+        mean = sum(gaps) / len(gaps)
+        variance = sum((g - mean) ** 2 for g in gaps) / len(gaps)
+        assert mean == pytest.approx(1 / rate, rel=0.05)
+        # a gamma of shape k and mean m has variance m^2 / k: the smaller k, the burstier the arrivals
+        assert variance == pytest.approx(1 / rate ** 2 / burstiness, rel=0.15)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--dataset-name", "sharegpt"], "--dataset-name sharegpt: only random token-id prompts"),
+    (["--random-range-ratio", "0.5"], "--random-range-ratio 0.5: every prompt and output has its exact length"),
+    (["--backend", "openai-chat"], "--backend openai-chat: vllm or openai"),
+    (["--endpoint", "/v1/chat/completions"], "--endpoint /v1/chat/completions: only /v1/completions"),
+    (["--concurrency", "2", "--max-concurrency", "4"], "--concurrency and --max-concurrency: give one of them"),
+    (["--request-rate", "0"], "--request-rate and --burstiness must be positive"),
+    (["--metric-percentiles", "50,101"], "--metric-percentiles needs numbers from 0 to 100"),
+    (["--percentile-metrics", "ttft,goodput"], "--percentile-metrics 'ttft,goodput': name some of"),
+])
+def test_what_the_client_cannot_do_is_named(flags, message):
+    import argparse
+
+    from deltaserve.bench.serve import add_arguments, check_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(BenchArgumentError, match=message):
+        check_arguments(parser.parse_args(flags))

@@ -35,18 +35,21 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def distribution_ms(values_s: list[float]) -> dict[str, float | None]:
+DEFAULT_PERCENTILES = (50, 90, 99)
+
+
+def percentile_key(q: float) -> str:
+    return f"p{q:g}"
+
+
+def distribution_ms(values_s: list[float], percentiles=DEFAULT_PERCENTILES) -> dict[str, float | None]:
     values = [v * 1000.0 for v in values_s]
-    return {
-        "mean": sum(values) / len(values) if values else None,
-        "p50": percentile(values, 50),
-        "p90": percentile(values, 90),
-        "p99": percentile(values, 99),
-    }
+    return {"mean": sum(values) / len(values) if values else None,
+            **{percentile_key(q): percentile(values, q) for q in percentiles}}
 
 
 def summarize(concurrency: int, results: list[RequestResult], duration: float, expected_output_len: int,
-              expected_input_len: int | None = None) -> dict:
+              expected_input_len: int | None = None, percentiles=DEFAULT_PERCENTILES) -> dict:
     ok = [r for r in results if r.ok]
     output_tokens = sum(r.output_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens for r in ok)
@@ -65,9 +68,9 @@ def summarize(concurrency: int, results: list[RequestResult], duration: float, e
         "input_len_mismatches": (
             sum(1 for r in ok if r.prompt_tokens != expected_input_len) if expected_input_len is not None else 0
         ),
-        "ttft_ms": distribution_ms([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_ms": distribution_ms([r.tpot for r in ok if r.tpot is not None]),
-        "itl_ms": distribution_ms([gap for r in ok for gap in r.itls]),
-        "e2e_ms": distribution_ms([r.latency for r in ok]),
+        "ttft_ms": distribution_ms([r.ttft for r in ok if r.ttft is not None], percentiles),
+        "tpot_ms": distribution_ms([r.tpot for r in ok if r.tpot is not None], percentiles),
+        "itl_ms": distribution_ms([gap for r in ok for gap in r.itls], percentiles),
+        "e2e_ms": distribution_ms([r.latency for r in ok], percentiles),
         "errors": errors[:10],
     }

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from tests.server.conftest import API_KEY, MODEL
@@ -35,3 +36,25 @@ def test_bench_serve_reports_every_level(server, tmp_path):
         for key in ("ttft_ms", "tpot_ms", "itl_ms"):
             stats = level[key]
             assert 0 < stats["p50"] <= stats["p90"] <= stats["p99"]
+
+
+def test_bench_serve_takes_vllms_spelling(server, tmp_path):
+    # vllm bench serve's options: host and port, the model the server lists first, one level of --max-concurrency,
+    # random lengths, arrivals at a request rate, chosen percentiles, and the report saved in a result folder
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    command = [sys.executable, "-m", "deltaserve.cli", "bench", "serve", "--host", host, "--port", port,
+               "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "4",
+               "--num-prompts", "5", "--max-concurrency", "2", "--request-rate", "40", "--ignore-eos",
+               "--metric-percentiles", "25,75", "--percentile-metrics", "ttft,e2el", "--api-key", API_KEY,
+               "--save-result", "--result-dir", str(tmp_path), "--disable-tqdm"]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "E2EL ms p25/p75" in done.stdout and "TPOT" not in done.stdout
+    saved = list(tmp_path.glob("vllm-40qps-concurrency2-*.json"))
+    assert len(saved) == 1, list(tmp_path.iterdir())
+    report = json.loads(saved[0].read_text())
+    models = httpx.get(server.base_url + "/models", headers=server.headers, timeout=10).json()["data"]
+    assert report["model"] == models[0]["id"] and report["request_rate"] == 40
+    (level,) = report["results"]
+    assert level["concurrency"] == 2 and level["requests_ok"] == 5 and level["output_tokens"] == 5 * 4
+    assert set(level["e2e_ms"]) == {"mean", "p25", "p75"} and level["e2e_ms"]["p25"] <= level["e2e_ms"]["p75"]
