@@ -199,7 +199,7 @@ def render_chat_text(tokenizer: Any, messages: list[dict], tools: list[dict] | N
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
 
 
-def _template_source(tokenizer: Any) -> str | None:
+def template_source(tokenizer: Any) -> str | None:
     hf = getattr(tokenizer, "hf", None)
     template = getattr(tokenizer, "chat_template", None) or getattr(hf, "chat_template", None)
     return template if isinstance(template, str) else None
@@ -207,7 +207,7 @@ def _template_source(tokenizer: Any) -> str | None:
 
 def template_has_reasoning(tokenizer: Any) -> bool:
     """Does this model think in `<think>` blocks? The template says so, or the vocabulary does."""
-    template = _template_source(tokenizer)
+    template = template_source(tokenizer)
     if template is not None and "</think>" in template:
         return True
     try:

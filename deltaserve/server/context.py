@@ -15,9 +15,10 @@ from fastapi import Request
 
 from deltaserve.engine.async_engine import AsyncEngine, RequestStream
 from deltaserve.outputs import RequestOutput
-from deltaserve.server.chat_prompt import template_has_reasoning
+from deltaserve.server.chat_prompt import template_has_reasoning, template_source
 from deltaserve.server.errors import APIError, bad_request
 from deltaserve.server.metrics import ServerMetrics
+from deltaserve.server.tool_parsers import tool_format_of
 from deltaserve.tokenizer import LONE_SURROGATE
 
 T = TypeVar("T")
@@ -38,6 +39,7 @@ class ServerContext:
     trust_request_chat_template: bool = False  # vLLM's: a request may bring its own chat_template
     response_role: str = "assistant"  # vLLM's: the role of a chat reply that opens a new turn
     reasoning: bool | None = None  # None: decide from the chat template
+    tool_call_parser: str | None = None  # vLLM's --tool-call-parser (None: the chat template's format)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -45,6 +47,7 @@ class ServerContext:
         self.max_model_len = self.engine.max_model_len
         if self.reasoning is None:
             self.reasoning = template_has_reasoning(self.tokenizer)
+        self.tool_format = tool_format_of(self.tool_call_parser, template_source(self.tokenizer))
         self.metrics = ServerMetrics(lambda: self.engine.stats, self.model_name, self.max_model_len,
                                      getattr(self.engine, "cache_config_info", None))
         self.engine.listeners.append(self.metrics.observe)

@@ -97,7 +97,8 @@ def serve(args: Any) -> int:
                     default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
                     trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
                     response_role=getattr(args, "response_role", None) or "assistant",
-                    log_stats_interval=stats_interval)
+                    log_stats_interval=stats_interval,
+                    tool_call_parser=getattr(args, "tool_call_parser", None))
     add_http_middleware(app, args)
     config = uvicorn.Config(
         app,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from deltaserve.server.forced_tool_calls import ForcedToolCalls
 from deltaserve.server.reasoning import ReasoningSplitter
-from deltaserve.server.tool_parsers import ToolCall, ToolCallParser
+from deltaserve.server.tool_parsers import TAGS, ToolCall, tool_call_parser
 
 
 @dataclass
@@ -35,12 +35,15 @@ class ChoiceParser:
         tool_schemas: dict[str, dict] | None = None,
         forced: ForcedToolCalls | None = None,
         max_calls: int | None = None,
+        tool_format: str = TAGS,
     ):
         """forced: the answer is the JSON of a demanded tool call (forced_tool_calls.py), not text.
         max_calls: the most tool calls the reply may make (None: any number); the calls after them are dropped,
-        their text with them, as vLLM drops them (OpenAI's parallel_tool_calls false: one call at most)."""
+        their text with them, as vLLM drops them (OpenAI's parallel_tool_calls false: one call at most).
+        tool_format: how the model writes its calls (tool_parsers.tool_format_of)."""
         self._splitter = ReasoningSplitter(start_in_reasoning) if reasoning else None
-        self._tools = ToolCallParser(tool_schemas) if tool_schemas is not None and forced is None else None
+        self._tools = (tool_call_parser(tool_format, tool_schemas) if tool_schemas is not None and forced is None
+                       else None)
         self._forced = forced
         self._max_calls = max_calls
         self.tool_calls: list[ToolCall] = []  # the calls kept so far

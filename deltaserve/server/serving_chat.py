@@ -215,6 +215,7 @@ class ChatJob:
             tool_schemas=self.schemas,
             forced=ForcedToolCalls(self.demanded_name) if self.demanded else None,
             max_calls=self.max_calls,
+            tool_format=self.api.ctx.tool_format,
         )
 
     def _finish_reason(self, reason: str | None, calls: int) -> str | None:

@@ -222,6 +222,7 @@ class _MessageJob:
         self.parser = ChoiceParser(
             reasoning=bool(ctx.reasoning), start_in_reasoning=prompt.opens_reasoning, tool_schemas=tool_schemas(tools),
             forced=ForcedToolCalls(name) if demanded else None, max_calls=_call_cap(req.tool_choice),
+            tool_format=ctx.tool_format,
         )
 
     def _usage(self, output: RequestOutput, output_tokens: int) -> dict:
