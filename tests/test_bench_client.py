@@ -121,3 +121,34 @@ def test_what_the_client_cannot_do_is_named(flags, message):
     add_arguments(parser)
     with pytest.raises(BenchArgumentError, match=message):
         check_arguments(parser.parse_args(flags))
+
+
+def test_vllms_result_fields_carry_the_same_figures():
+    import random
+    import statistics
+
+    rng = random.Random()
+    results = []
+    for _ in range(rng.randint(1, 30)):
+        ok = rng.random() < 0.8
+        ttft = rng.uniform(0.01, 1)
+        out = rng.randint(1, 50)
+        results.append(RequestResult(ok=ok, prompt_tokens=rng.randint(1, 500), output_tokens=out,
+                                     latency=ttft + out * rng.uniform(0.001, 0.05), ttft=ttft if ok else None,
+                                     itls=[rng.uniform(0.001, 0.05) for _ in range(out - 1)]))
+    duration = rng.uniform(1, 100)
+    row = summarize(4, results, duration, 50, None, percentiles=(50, 99.9))
+    done = [r for r in results if r.ok]
+    assert row["completed"] == row["requests_ok"] == len(done) and row["failed"] == len(results) - len(done)
+    assert row["total_output_tokens"] == row["output_tokens"]
+    assert row["output_throughput"] == pytest.approx(row["output_tok_s"])
+    assert row["request_throughput"] == pytest.approx(len(done) / duration)
+    for name, ours in (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("itl", "itl_ms"), ("e2el", "e2e_ms")):
+        if row[ours]["mean"] is None:
+            continue
+        assert row[f"mean_{name}_ms"] == pytest.approx(row[ours]["mean"])
+        assert row[f"median_{name}_ms"] == pytest.approx(row[ours]["p50"])
+        assert row[f"p99.9_{name}_ms"] == pytest.approx(row[ours]["p99.9"])
+    gaps_ms = [g * 1000 for r in done for g in r.itls]
+    if gaps_ms:
+        assert row["std_itl_ms"] == pytest.approx(statistics.pstdev(gaps_ms))

@@ -28,7 +28,7 @@ from typing import Any
 
 from deltaserve.bench.http_stream import Connection, HTTPStreamError, sse_data
 from deltaserve.bench.report import format_table
-from deltaserve.bench.stats import RequestResult, summarize
+from deltaserve.bench.stats import RequestResult, summarize, vllm_fields
 from deltaserve.errors import DeltaServeError
 
 
@@ -325,6 +325,10 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
                                                 gaps, progress=not args.disable_tqdm)
             report["results"].append(summarize(level, results, duration, args.output_len, args.input_len,
                                                percentiles))
+        if len(report["results"]) == 1:  # one run, as vllm bench serve's result file holds it: its figures on top
+            names = vllm_fields([], 1.0, percentiles)
+            report.update({key: report["results"][0][key] for key in names}, backend=args.backend,
+                          model_id=report["model"], max_concurrency=levels[0])
     finally:
         for conn in connections:
             conn.close()

@@ -73,4 +73,28 @@ def summarize(concurrency: int, results: list[RequestResult], duration: float, e
         "itl_ms": distribution_ms([gap for r in ok for gap in r.itls], percentiles),
         "e2e_ms": distribution_ms([r.latency for r in ok], percentiles),
         "errors": errors[:10],
+        **vllm_fields(results, duration, percentiles),
     }
+
+
+def vllm_fields(results: list[RequestResult], duration: float, percentiles=DEFAULT_PERCENTILES) -> dict:
+    """The same figures under the names of `vllm bench serve`'s result file, for the scripts that read it:
+    counts, throughputs, and mean / median / std / each percentile of ttft, tpot, itl and e2el in ms."""
+    ok = [r for r in results if r.ok]
+    total_in, total_out = sum(r.prompt_tokens for r in ok), sum(r.output_tokens for r in ok)
+    per_second = (lambda n: n / duration) if duration > 0 else (lambda n: 0.0)
+    fields = {"duration": duration, "completed": len(ok), "failed": len(results) - len(ok),
+              "total_input_tokens": total_in, "total_output_tokens": total_out,
+              "request_throughput": per_second(len(ok)), "output_throughput": per_second(total_out),
+              "total_token_throughput": per_second(total_in + total_out)}
+    for name, values in (("ttft", [r.ttft for r in ok if r.ttft is not None]),
+                         ("tpot", [r.tpot for r in ok if r.tpot is not None]),
+                         ("itl", [gap for r in ok for gap in r.itls]), ("e2el", [r.latency for r in ok])):
+        ms = [v * 1000.0 for v in values]
+        mean = sum(ms) / len(ms) if ms else 0.0
+        fields[f"mean_{name}_ms"] = mean
+        fields[f"median_{name}_ms"] = percentile(ms, 50) or 0.0
+        fields[f"std_{name}_ms"] = math.sqrt(sum((v - mean) ** 2 for v in ms) / len(ms)) if ms else 0.0
+        for q in percentiles:
+            fields[f"{percentile_key(q)}_{name}_ms"] = percentile(ms, q) or 0.0
+    return fields

@@ -27,6 +27,7 @@ def test_bench_serve_reports_every_level(server, tmp_path):
     report = json.loads(out.read_text())
     assert report["model"] == MODEL and report["input_len"] == 24 and report["output_len"] == 6
     assert [r["concurrency"] for r in report["results"]] == [1, 4]
+    assert "completed" not in report  # two runs: each level's figures in its own row
     for level in report["results"]:
         assert level["requests_ok"] == 4 and level["requests_failed"] == 0
         assert level["prompt_tokens"] == 4 * 24  # exact-length token-id prompts
@@ -58,3 +59,6 @@ def test_bench_serve_takes_vllms_spelling(server, tmp_path):
     (level,) = report["results"]
     assert level["concurrency"] == 2 and level["requests_ok"] == 5 and level["output_tokens"] == 5 * 4
     assert set(level["e2e_ms"]) == {"mean", "p25", "p75"} and level["e2e_ms"]["p25"] <= level["e2e_ms"]["p75"]
+    # one run: its figures on top as well, under the names of vllm bench serve's result file
+    assert report["completed"] == 5 and report["max_concurrency"] == 2 and report["total_output_tokens"] == 20
+    assert report["p25_e2el_ms"] == level["e2e_ms"]["p25"] and report["mean_ttft_ms"] == level["ttft_ms"]["mean"]
