@@ -177,8 +177,9 @@ class ServerMetrics:
 class _VllmRequestMetrics:
     """vLLM's per-request series. As vLLM's, each of a request's n samples counts as a finished request of its own
     (its finish reason, latencies, token counts), and the request as a whole gives the n and max_tokens it asked
-    for and its longest sample; a request whose stream closed before the engine finished it counts once, from
-    what its stream saw."""
+    for and its longest sample. A request the engine did not finish is seen from its stream: one that failed counts
+    once, and one its client left counts nowhere but in the time to its first token, as vLLM counts neither the
+    request nor its latencies where the client aborts."""
 
     def __init__(self, registry: CollectorRegistry, labels: list[str], max_model_len: int):
         def histogram(name: str, doc: str, buckets) -> Histogram:
@@ -249,10 +250,13 @@ class _VllmRequestMetrics:
         self.generation_tokens.observe(stats.num_generation_tokens)
 
     def _observe_from_stream(self, timing: RequestTiming) -> None:
-        """A request that the engine gave no sample times for (its stream closed before its final output): one
-        count, from what its stream saw."""
+        """A request that the engine gave no sample times for (its stream closed before its final output)."""
+        ttft, tpot, e2e = _latencies(timing)
+        if timing.finish_reason == "abort":  # its client left
+            _observe((self.ttft,), (ttft,))
+            return
         self.finished[timing.finish_reason].inc()
-        _observe((self.ttft, self.tpot, self.e2e), _latencies(timing))
+        _observe((self.ttft, self.tpot, self.e2e), (ttft, tpot, e2e))
         if timing.finish_reason in _COMPLETED:
             self.prompt_tokens.observe(timing.prompt_tokens)
             self.generation_tokens.observe(timing.generation_tokens)

@@ -53,14 +53,23 @@ def test_vllms_series_carry_the_numbers_of_deltaserves_own():
         assert got[(f"vllm:{name}", vllm)] == getattr(stats, field), name
     assert got[("vllm:kv_cache_usage_perc", vllm)] == stats.kv_blocks_used / stats.kv_blocks_total
     for reason in ("stop", "length", "abort", "error"):
-        assert got[("vllm:request_success_total", labelled(finished_reason=reason))] == \
-            got[("deltaserve_requests_finished_total", (("reason", reason),))] == \
+        assert got[("deltaserve_requests_finished_total", (("reason", reason),))] == \
             sum(t.finish_reason == reason for t in timings)
+        # as vLLM's: a request whose client left ("abort" without the engine's final output) is not a finished one
+        assert got[("vllm:request_success_total", labelled(finished_reason=reason))] == \
+            (0 if reason == "abort" else sum(t.finish_reason == reason for t in timings))
     for ours, theirs in (("time_to_first_token_seconds", "time_to_first_token_seconds"),
-                         ("time_per_output_token_seconds", "request_time_per_output_token_seconds"),
                          ("e2e_request_latency_seconds", "e2e_request_latency_seconds")):
         for part in ("_count", "_sum"):
             assert got[(f"vllm:{theirs}{part}", vllm)] == got[(f"deltaserve_{ours}{part}", ())], theirs
+    # the time per output token of a request its client left is deltaserve's alone
+    tpots = [(t.finished - t.first_token) / (t.generation_tokens - 1) for t in timings
+             if t.first_token is not None and t.generation_tokens > 1]
+    kept = [(t.finished - t.first_token) / (t.generation_tokens - 1) for t in timings
+            if t.first_token is not None and t.generation_tokens > 1 and t.finish_reason != "abort"]
+    assert got[("deltaserve_time_per_output_token_seconds_count", ())] == len(tpots)
+    assert got[("vllm:request_time_per_output_token_seconds_count", vllm)] == len(kept)
+    assert math.isclose(got[("vllm:request_time_per_output_token_seconds_sum", vllm)], sum(kept), abs_tol=1e-9)
     completed = [t for t in timings if t.finish_reason in ("stop", "length")]
     assert got[("vllm:e2e_request_latency_seconds_count", vllm)] == len(completed)
     for name, field in (("request_prompt_tokens", "prompt_tokens"), ("request_generation_tokens", "generation_tokens")):
