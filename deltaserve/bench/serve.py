@@ -123,21 +123,23 @@ def table_metrics(args: argparse.Namespace) -> list[str]:
     return metrics
 
 
-def parse_percentiles(text: str) -> list[float]:
+def _comma_separated(text: str, cast) -> list:
+    """The values of a comma-separated list ([] where one is not a number)."""
     try:
-        values = [float(part) for part in text.split(",") if part.strip()]
+        return [cast(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        values = []
+        return []
+
+
+def parse_percentiles(text: str) -> list[float]:
+    values = _comma_separated(text, float)
     if not values or any(not 0 <= v <= 100 for v in values):
         raise BenchArgumentError(f"--metric-percentiles needs numbers from 0 to 100, got {text!r}")
     return values
 
 
 def parse_levels(text: str) -> list[int]:
-    try:
-        levels = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        levels = []
+    levels = _comma_separated(text, int)
     if not levels or any(level < 1 for level in levels):
         raise BenchArgumentError(f"--concurrency needs positive integers, got {text!r}")
     return levels
