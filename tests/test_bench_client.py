@@ -152,3 +152,27 @@ def test_vllms_result_fields_carry_the_same_figures():
     gaps_ms = [g * 1000 for r in done for g in r.itls]
     if gaps_ms:
         assert row["std_itl_ms"] == pytest.approx(statistics.pstdev(gaps_ms))
+
+
+def test_one_levels_figures_print_as_vllm_prints_them():
+    import random
+    import re
+
+    from deltaserve.bench.report import format_vllm_summary
+
+    rng = random.Random()
+    results = [RequestResult(ok=True, prompt_tokens=rng.randint(1, 300), output_tokens=n,
+                             latency=rng.uniform(0.5, 2), ttft=rng.uniform(0.01, 0.4),
+                             itls=[rng.uniform(0.001, 0.05) for _ in range(n - 1)])
+               for n in (rng.randint(2, 40) for _ in range(rng.randint(1, 20)))]
+    row = summarize(8, results, rng.uniform(1, 30), 40, None, percentiles=(50, 95))
+    text = format_vllm_summary(row, ("ttft", "e2el"), (50, 95), max_concurrency=8, request_rate=2.5)
+    lines = dict(re.fullmatch(r"(.+?):\s+(\S+)\s*", line).groups() for line in text.splitlines() if ":" in line)
+    assert int(lines["Successful requests"]) == len(results) and int(lines["Maximum request concurrency"]) == 8
+    assert float(lines["Request rate configured (RPS)"]) == 2.5
+    assert int(lines["Total generated tokens"]) == sum(r.output_tokens for r in results)
+    assert float(lines["Output token throughput (tok/s)"]) == round(row["output_throughput"], 2)
+    for short, name in (("TTFT", "ttft"), ("E2EL", "e2el")):
+        assert float(lines[f"Mean {short} (ms)"]) == round(row[f"mean_{name}_ms"], 2)
+        assert float(lines[f"P95 {short} (ms)"]) == round(row[f"p95_{name}_ms"], 2)
+    assert "TPOT" not in text and text.startswith("=" * 12 + " Serving Benchmark Result ")

@@ -1,4 +1,4 @@
-"""The benchmark report as a terminal table."""
+"""The benchmark report as a terminal table, and one level's figures as `vllm bench serve` prints them."""
 
 from __future__ import annotations
 
@@ -36,4 +36,36 @@ def format_table(report: dict, metrics=("ttft", "tpot", "itl")) -> str:
     for r in report["results"]:
         for error in r.get("errors", []):
             lines.append(f"concurrency {r['concurrency']}: error: {error}")
+    return "\n".join(lines)
+
+
+_VLLM_SECTIONS = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+                  "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency")}
+
+
+def format_vllm_summary(row: dict, metrics=("ttft", "tpot", "itl"), percentiles=DEFAULT_PERCENTILES,
+                        max_concurrency: int | None = None, request_rate: float | None = None) -> str:
+    """One level's figures in the block that `vllm bench serve` prints, line for line where it has the figure
+    (row: a level of the report, with its vLLM-named fields)."""
+    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="),
+             "{:<40} {:<10}".format("Successful requests:", row["completed"]),
+             "{:<40} {:<10}".format("Failed requests:", row["failed"])]
+    if max_concurrency is not None:
+        lines.append("{:<40} {:<10}".format("Maximum request concurrency:", max_concurrency))
+    if request_rate is not None:
+        lines.append("{:<40} {:<10.2f}".format("Request rate configured (RPS):", request_rate))
+    lines += ["{:<40} {:<10.2f}".format("Benchmark duration (s):", row["duration"]),
+              "{:<40} {:<10}".format("Total input tokens:", row["total_input_tokens"]),
+              "{:<40} {:<10}".format("Total generated tokens:", row["total_output_tokens"]),
+              "{:<40} {:<10.2f}".format("Request throughput (req/s):", row["request_throughput"]),
+              "{:<40} {:<10.2f}".format("Output token throughput (tok/s):", row["output_throughput"]),
+              "{:<40} {:<10.2f}".format("Total token throughput (tok/s):", row["total_token_throughput"])]
+    for name in metrics:
+        short, long = _VLLM_SECTIONS[name]
+        lines.append("{s:{c}^{n}}".format(s=long, n=50, c="-"))
+        lines.append("{:<40} {:<10.2f}".format(f"Mean {short} (ms):", row[f"mean_{name}_ms"]))
+        lines.append("{:<40} {:<10.2f}".format(f"Median {short} (ms):", row[f"median_{name}_ms"]))
+        for q in percentiles:
+            lines.append("{:<40} {:<10.2f}".format(f"P{q:g} {short} (ms):", row[f"{percentile_key(q)}_{name}_ms"]))
+    lines.append("=" * 50)
     return "\n".join(lines)

@@ -27,7 +27,7 @@ import urllib.request
 from typing import Any
 
 from deltaserve.bench.http_stream import Connection, HTTPStreamError, sse_data
-from deltaserve.bench.report import format_table
+from deltaserve.bench.report import format_table, format_vllm_summary
 from deltaserve.bench.stats import RequestResult, summarize, vllm_fields
 from deltaserve.errors import DeltaServeError
 
@@ -341,6 +341,10 @@ def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     report = asyncio.run(run_benchmark(args))
     print(format_table(report, table_metrics(args)))
+    if len(report["results"]) == 1:
+        print(format_vllm_summary(report["results"][0], table_metrics(args), report["percentiles"],
+                                  max_concurrency=report["max_concurrency"],
+                                  request_rate=None if math.isinf(args.request_rate) else args.request_rate))
     text = json.dumps(report, indent=2)
     paths = [args.out] if args.out else []
     if args.save_result:

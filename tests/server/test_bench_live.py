@@ -22,7 +22,7 @@ def test_bench_serve_reports_every_level(server, tmp_path):
                "--seed", "3", "--api-key", API_KEY, "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "TTFT ms p50/p90/p99" in done.stdout
+    assert "TTFT ms p50/p90/p99" in done.stdout and "Serving Benchmark Result" not in done.stdout  # two levels
     assert "concurrency 4: 4/4 requests (0 failed)" in done.stderr
     report = json.loads(out.read_text())
     assert report["model"] == MODEL and report["input_len"] == 24 and report["output_len"] == 6
@@ -51,6 +51,7 @@ def test_bench_serve_takes_vllms_spelling(server, tmp_path):
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "E2EL ms p25/p75" in done.stdout and "TPOT" not in done.stdout
+    assert "Serving Benchmark Result" in done.stdout and "P75 E2EL (ms):" in done.stdout
     saved = list(tmp_path.glob("vllm-40qps-concurrency2-*.json"))
     assert len(saved) == 1, list(tmp_path.iterdir())
     report = json.loads(saved[0].read_text())
