@@ -15,6 +15,7 @@ from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.server.anthropic_protocol import MessagesRequest
 from deltaserve.server.chat_prompt import ChatPrompt
 from deltaserve.server.serving_messages import _MessageJob, anthropic_tools_for_template
+from deltaserve.server.tool_parsers import TAGS
 from tests.server.conftest import API_KEY, MODEL, serving
 from tests.server.live_server import LiveServer
 
@@ -244,7 +245,7 @@ def _job(body: dict, opens_reasoning: bool) -> _MessageJob:
     req = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 64, "messages": QUESTION, **body})
     prompt = ChatPrompt(text="", token_ids=[1, 2], capture_points=None, opens_reasoning=opens_reasoning)
     tools = anthropic_tools_for_template(req.tools, req.tool_choice)
-    return _MessageJob(types.SimpleNamespace(reasoning=True), req, MODEL, "msg_1", prompt, tools)
+    return _MessageJob(types.SimpleNamespace(reasoning=True, tool_format=TAGS), req, MODEL, "msg_1", prompt, tools)
 
 
 def _streamed_blocks(job: _MessageJob, text: str) -> tuple[list[dict], str]:
