@@ -11,8 +11,9 @@ from deltaserve.vllm_engine_args import ONLY, refusal
 
 # vLLM's names for the tool-call formats that tool_parsers/ reads: within <tool_call> tags, Qwen3's JSON bodies
 # (hermes) and the XML bodies of Qwen3.5 and Qwen3-Next (qwen3_coder, qwen3_xml), whichever it meets; or the bare
-# JSON calls of Llama 3.x and 4 (llama3_json, llama4_json).
-TOOL_CALL_PARSERS = ("hermes", "qwen3_coder", "qwen3_xml", "llama3_json", "llama4_json")
+# JSON calls of Llama 3.x and 4 (llama3_json, llama4_json); or a Python list of calls (pythonic, llama4_pythonic).
+TOOL_CALL_PARSERS = ("hermes", "qwen3_coder", "qwen3_xml", "llama3_json", "llama4_json", "pythonic",
+                     "llama4_pythonic")
 # vLLM's names for `<think>...</think>` split from the answer, the one reasoning format reasoning.py reads.
 REASONING_PARSERS = ("qwen3", "deepseek_r1")
 
@@ -24,9 +25,10 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted: tool calls are parsed wherever the chat template speaks of tools")
     g.add_argument("--tool-call-parser", default=None,
-                   help=f"{', '.join(TOOL_CALL_PARSERS)}: the format of the model's tool calls, <tool_call> tags "
-                        "(the first three, each body form whichever is named) or Llama's bare JSON (the last two); "
-                        "default: the one the chat template asks for (any other is refused)")
+                   help=f"{', '.join(TOOL_CALL_PARSERS)}: the format of the model's tool calls: <tool_call> tags "
+                        "(the first three, each body form whichever is named), Llama's bare JSON (the next two) or a "
+                        "Python list of calls (the last two); default: the one the chat template asks for (any "
+                        "other is refused)")
     g.add_argument("--reasoning-parser", default=None,
                    help=f"{' or '.join(REASONING_PARSERS)}: split <think> blocks from the answer into "
                         "reasoning (default: where the chat template thinks)")
@@ -93,7 +95,7 @@ def check_vllm_flags(args: Any) -> bool | None:
     if parser is not None and parser not in TOOL_CALL_PARSERS:
         raise DeltaServeError(f"--tool-call-parser {parser}: deltaserve reads the tool calls of "
                               f"{', '.join(TOOL_CALL_PARSERS)} (Qwen3's JSON and Qwen3.5's XML bodies in "
-                              "<tool_call> tags, Llama's bare JSON), not others")
+                              "<tool_call> tags, Llama's bare JSON, a Python list of calls), not others")
     reasoning = getattr(args, "reasoning_parser", None)
     if reasoning is not None and reasoning not in REASONING_PARSERS:
         raise DeltaServeError(f"--reasoning-parser {reasoning}: deltaserve splits <think> blocks "
