@@ -327,6 +327,9 @@ class LLMEngine:
         return failed + [self._output(parent) for parent in touched.values()]
 
     def _report_step(self) -> None:
+        if not self.step_listeners:  # nothing listens (offline): the gaps were not kept, nor is the count
+            self._step_stats.num_tokens = None
+            return
         stats, self._step_stats = self._step_stats, StepStats()
         for listener in self.step_listeners:
             try:
@@ -427,10 +430,10 @@ class LLMEngine:
 
     def _count_token(self, stats: RequestStateStats, now: float) -> None:
         self.stats_counters.generation_tokens_total += 1
-        if stats.first_token_ts:
-            self._step_stats.inter_token_latencies.append(now - stats.last_token_ts)
-        else:
+        if not stats.first_token_ts:
             stats.first_token_ts = now
+        elif self.step_listeners:  # kept only for a listener: a token a row every step
+            self._step_stats.inter_token_latencies.append(now - stats.last_token_ts)
         stats.last_token_ts = now
         stats.num_generation_tokens += 1
 

@@ -39,25 +39,24 @@ class StatsLog:
     def __init__(self, get_stats: Callable[[], Any], clock: Callable[[], float] = time.monotonic):
         self._get_stats = get_stats
         self._clock = clock
-        self._since = self._counters()
+        self._since = self._counters(get_stats())
         self._rates = (0.0, 0.0)
 
-    def _counters(self) -> tuple[float, int, int, int]:
+    def _counters(self, stats) -> tuple[float, int, int, int]:
         """(now, prompt tokens computed, tokens generated, preemptions) so far."""
-        stats = self._get_stats()
         total, cached = _read(stats, "prompt_tokens_total"), _read(stats, "prompt_tokens_cached_total")
         return (self._clock(), total - cached, _read(stats, "generation_tokens_total"),
                 _read(stats, "num_preemptions"))
 
     def line(self) -> tuple[str, bool]:
         """The line of the interval since the last one, and whether the engine was idle in both."""
-        (then, computed0, generated0, preempted0), now = self._since, self._counters()
+        stats = self._get_stats()
+        (then, computed0, generated0, preempted0), now = self._since, self._counters(stats)
         self._since = now
         elapsed = max(now[0] - then, 1e-9)
         rates = (max(now[1] - computed0, 0) / elapsed, max(now[2] - generated0, 0) / elapsed)
         idle = not any(rates + self._rates)
         self._rates = rates
-        stats = self._get_stats()
         parts = [f"Engine 000: Avg prompt throughput: {rates[0]:.1f} tokens/s",
                  f"Avg generation throughput: {rates[1]:.1f} tokens/s",
                  f"Running: {_read(stats, 'num_running')} reqs", f"Waiting: {_read(stats, 'num_waiting')} reqs"]
