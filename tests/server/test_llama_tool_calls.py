@@ -8,54 +8,22 @@ import pytest
 
 from deltaserve.server.output_parser import ChoiceParser
 from deltaserve.server.tool_parsers import LLAMA_JSON, TAGS, Llama3JsonToolParser, tool_format_of
+from tests.server.tool_call_text import cut, feed_all, random_value
 
 NAMES = ["get_weather", "search", "add", "lookup_user"]
-
-
-def _random_value(rng: random.Random, depth: int = 0):
-    kind = rng.randrange(6 if depth < 2 else 4)
-    if kind == 0:
-        return rng.randint(-10**6, 10**6)
-    if kind == 1:
-        return rng.choice(["Paris", "a \"quoted\" word", "日本", "x; y", "{not json}", ""])
-    if kind == 2:
-        return rng.choice([True, False, None])
-    if kind == 3:
-        return round(rng.uniform(-100, 100), 3)
-    if kind == 4:
-        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
-    return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randint(0, 3))}
-
-
-def _cut(text: str, rng: random.Random) -> list[str]:
-    pieces, at = [], 0
-    while at < len(text):
-        step = rng.randint(1, 7)
-        pieces.append(text[at:at + step])
-        at += step
-    return pieces
-
-
-def _feed_all(parser, pieces: list[str]) -> tuple[str, list]:
-    text, calls = "", []
-    for piece in pieces:
-        out = parser.feed(piece)
-        text += out.text
-        calls += out.tool_calls
-    out = parser.finish()
-    return text + out.text, calls + out.tool_calls
+STRINGS = ["Paris", "a \"quoted\" word", "日本", "x; y", "{not json}", ""]
 
 
 def test_bare_json_calls_are_read_whatever_the_stream_cuts():
     rng = random.Random()
     for _ in range(50):
-        wanted = [(rng.choice(NAMES), {f"p{i}": _random_value(rng) for i in range(rng.randint(0, 4))})
+        wanted = [(rng.choice(NAMES), {f"p{i}": random_value(rng, STRINGS) for i in range(rng.randint(0, 4))})
                   for _ in range(rng.randint(1, 3))]
         key = rng.choice(["parameters", "arguments"])
         body = rng.choice([";", "; ", " ;\n"]).join(json.dumps({"name": n, key: a}, ensure_ascii=rng.random() < 0.5)
                                                     for n, a in wanted)
         text = rng.choice(["", " ", "\n"]) + rng.choice(["", "<|python_tag|>"]) + body + rng.choice(["", "\n"])
-        answer, calls = _feed_all(Llama3JsonToolParser(), _cut(text, rng))
+        answer, calls = feed_all(Llama3JsonToolParser(), cut(text, rng))
         assert answer == "", text
         assert [(c.name, json.loads(c.arguments)) for c in calls] == wanted, text
 
@@ -63,7 +31,7 @@ def test_bare_json_calls_are_read_whatever_the_stream_cuts():
 def test_other_answers_are_text_streamed_as_they_come():
     rng = random.Random()
     for text in ("The weather in Paris is fine.", "  I'll call {a tool} later", "<|python_start|> not the tag"):
-        parser, pieces, shown = Llama3JsonToolParser(), _cut(text, rng), ""
+        parser, pieces, shown = Llama3JsonToolParser(), cut(text, rng), ""
         for k, piece in enumerate(pieces):
             shown += parser.feed(piece).text
             if len(shown.strip()) >= len("<|python_tag|>"):  # decided: what came has gone out
@@ -81,7 +49,7 @@ def test_other_answers_are_text_streamed_as_they_come():
 ])
 def test_an_answer_that_is_not_calls_alone_is_given_back_as_text(text):
     parser = Llama3JsonToolParser()
-    answer, calls = _feed_all(parser, _cut(text, random.Random()))
+    answer, calls = feed_all(parser, cut(text, random.Random()))
     assert answer == text and calls == [] and parser.calls == []
 
 
