@@ -4,9 +4,9 @@ matcher over the model's vocabulary: before a step samples, the sampler masks th
 grammar (`fill_masks`), and each token taken advances the matcher (`accept`). Where the grammar can go no
 further the request stops.
 
-The vocabulary's view for llguidance (its LLTokenizer) is built once per engine, on the first request that
-asks for a grammar (about half a second for a 49k vocabulary); a grammar is compiled when its request is
-added, so a schema that does not compile is refused then, naming llguidance's reason."""
+The vocabulary's view for llguidance (its LLTokenizer, grammar_vocabulary.py) is built once per engine, on the
+first request that asks for a grammar (about half a second for a 49k vocabulary); a grammar is compiled when
+its request is added, so a schema that does not compile is refused then, naming llguidance's reason."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from collections.abc import Iterable
 import torch
 
 from deltaserve.engine.finite_json_schema import admits_a_finite_value
+from deltaserve.engine.grammar_vocabulary import ll_tokenizer
 from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.sampling_params import StructuredOutputsParams
 
@@ -127,12 +128,12 @@ class GrammarCompiler:
         with self._build_lock:
             if self._ll_tokenizer is None:
                 try:
-                    import llguidance.hf
-                except ImportError as exc:
+                    self._ll_tokenizer = ll_tokenizer(self._hf, self.vocab_size, self._eos)
+                except ModuleNotFoundError as exc:
+                    if exc.name != "llguidance":
+                        raise
                     raise InvalidSamplingParamsError("structured outputs need the llguidance package, which is "
                                                      "not installed") from exc
-                self._ll_tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size,
-                                                                  eos_token=self._eos)
             return self._ll_tokenizer
 
     def compile(self, params: StructuredOutputsParams) -> str:
