@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
 from deltaserve.bench.report import format_table
-from deltaserve.bench.serve import BenchArgumentError, completions_url, make_prompts, parse_levels
+from deltaserve.bench.serve import BenchArgumentError, completions_url, parse_levels
 from deltaserve.bench.stats import RequestResult, percentile, summarize
+from deltaserve.bench.workload import length_range, make_requests, parse_range_ratio
 
 
 def test_percentile_matches_linear_interpolation():
@@ -53,14 +57,49 @@ def test_report_table_has_a_row_per_level():
     assert "TTFT ms p50/p90/p99" in lines[1]
     assert lines[3].split()[0] == "4" and lines[4].split()[0] == "8"
     assert "100.0/100.0/100.0" in lines[3]
+    assert "input 8 tokens, output 2 tokens, 1 prompts" in lines[0]
+    drawn = format_table(dict(report, random_range_ratio={"input": 0.25, "output": 0}, random_prefix_len=4))
+    assert "input 4 shared + 8 (+/-25%) tokens, output 2 tokens" in drawn.splitlines()[0]
 
 
 def test_prompts_have_exact_length_and_differ_by_seed():
-    a = make_prompts(3, 17, 1000, 2000, seed=1)
-    assert [len(p) for p in a] == [17, 17, 17]
-    assert all(1000 <= t < 2000 for p in a for t in p)
-    assert a == make_prompts(3, 17, 1000, 2000, seed=1)
-    assert a != make_prompts(3, 17, 1000, 2000, seed=2)
+    a = make_requests(3, 17, 5, (0.0, 0.0), 0, 1000, 2000, seed=1)
+    assert [len(r.prompt) for r in a] == [17, 17, 17] and [r.output_len for r in a] == [5, 5, 5]
+    assert all(1000 <= t < 2000 for r in a for t in r.prompt)
+    assert a == make_requests(3, 17, 5, (0.0, 0.0), 0, 1000, 2000, seed=1)
+    assert a != make_requests(3, 17, 5, (0.0, 0.0), 0, 1000, 2000, seed=2)
+
+
+def test_lengths_are_drawn_over_vllms_range_after_a_shared_prefix():
+    """With range ratios each length is uniform over [floor(L (1 - r)), ceil(L (1 + r))] (vLLM's random
+    dataset), an output at least 1; every prompt opens with the same prefix_len ids."""
+    rng = random.Random()
+    input_len, output_len, prefix_len = rng.randint(5, 40), rng.randint(1, 30), rng.randint(0, 9)
+    ratios = (rng.uniform(0, 0.99), rng.uniform(0, 0.99))
+    requests = make_requests(3000, input_len, output_len, ratios, prefix_len, 1000, 2000, seed=rng.randrange(99))
+    inputs = {len(r.prompt) - prefix_len for r in requests}
+    outputs = {r.output_len for r in requests}
+    low, high = math.floor(input_len * (1 - ratios[0])), math.ceil(input_len * (1 + ratios[0]))
+    assert inputs == set(range(low, high + 1))  # every length of the range drawn, none outside
+    low, high = max(1, math.floor(output_len * (1 - ratios[1]))), math.ceil(output_len * (1 + ratios[1]))
+    assert outputs == set(range(low, high + 1))
+    assert len({tuple(r.prompt[:prefix_len]) for r in requests}) == 1
+    assert len({tuple(r.prompt[prefix_len:prefix_len + 4]) for r in requests}) > 2900  # their own ids after it
+    assert length_range(10, 0.0) == (10, 10) and length_range(1, 0.5, at_least=1) == (1, 2)
+
+
+def test_a_range_ratio_is_a_number_or_vllms_object_of_two():
+    assert parse_range_ratio("0.25") == (0.25, 0.25)
+    assert parse_range_ratio('{"input": 0.1, "output": 0.5}') == (0.1, 0.5)
+
+
+def test_mismatches_count_against_each_requests_own_lengths():
+    asked = [RequestResult(ok=True, prompt_tokens=n, output_tokens=m, latency=1.0, ttft=0.1, sent_prompt_tokens=n,
+                           asked_output_tokens=m) for n, m in ((5, 3), (9, 7))]
+    short = RequestResult(ok=True, prompt_tokens=6, output_tokens=2, latency=1.0, ttft=0.1, sent_prompt_tokens=5,
+                          asked_output_tokens=3)
+    row = summarize(2, asked + [short], 1.0, expected_output_len=4, expected_input_len=4)
+    assert (row["output_len_mismatches"], row["input_len_mismatches"]) == (1, 1)
 
 
 def test_arguments():
@@ -104,7 +143,10 @@ def test_arrival_gaps_average_one_over_the_rate_and_spread_by_burstiness():
 
 @pytest.mark.parametrize("flags, message", [
     (["--dataset-name", "sharegpt"], "--dataset-name sharegpt: only random token-id prompts"),
-    (["--random-range-ratio", "0.5"], "--random-range-ratio 0.5: every prompt and output has its exact length"),
+    (["--random-range-ratio", "1"], r"--random-range-ratio 1: each ratio must be in \[0, 1\)"),
+    (["--random-range-ratio", '{"input": 0.2}'], "a number, or a JSON object with 'input' and 'output'"),
+    (["--random-input-len", "1", "--random-range-ratio", "0.5"], "a prompt could have no token"),
+    (["--random-output-len", "0"], "--random-output-len at least 1"),
     (["--backend", "openai-chat"], "--backend openai-chat: vllm or openai"),
     (["--endpoint", "/v1/chat/completions"], "--endpoint /v1/chat/completions: only /v1/completions"),
     (["--concurrency", "2", "--max-concurrency", "4"], "--concurrency and --max-concurrency: give one of them"),

@@ -27,8 +27,8 @@ def format_table(report: dict, metrics=("ttft", "tpot", "itl")) -> str:
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = [
-        f"{report['model']} at {report['base_url']}: input {report['input_len']} tokens, "
-        f"output {report['output_len']} tokens, {report['num_prompts']} prompts per concurrency",
+        f"{report['model']} at {report['base_url']}: {_lengths(report)}, {report['num_prompts']} prompts per "
+        "concurrency",
         "  ".join(h.rjust(w) for h, w in zip(header, widths)),
         "  ".join("-" * w for w in widths),
     ]
@@ -37,6 +37,17 @@ def format_table(report: dict, metrics=("ttft", "tpot", "itl")) -> str:
         for error in r.get("errors", []):
             lines.append(f"concurrency {r['concurrency']}: error: {error}")
     return "\n".join(lines)
+
+
+def _lengths(report: dict) -> str:
+    """What each request sent and asked for: "input 128 tokens, output 256 tokens", with the range ratios and
+    the shared prefix where a run drew its lengths."""
+    ratios = report.get("random_range_ratio") or {"input": 0, "output": 0}
+    prefix = report.get("random_prefix_len") or 0
+    spread = lambda r: f" (+/-{r:.0%})" if r else ""  # noqa: E731
+    shared = f"{prefix} shared + " if prefix else ""
+    return (f"input {shared}{report['input_len']}{spread(ratios['input'])} tokens, "
+            f"output {report['output_len']}{spread(ratios['output'])} tokens")
 
 
 _VLLM_SECTIONS = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),

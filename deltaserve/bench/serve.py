@@ -1,8 +1,10 @@
-"""`deltaserve bench serve`: drive an OpenAI-compatible server with exact-length token prompts.
+"""`deltaserve bench serve`: drive an OpenAI-compatible server with token-id prompts of known lengths.
 
 Each request sends `input_len` random token ids to /v1/completions and asks for exactly
 `output_len` tokens (`ignore_eos`), streamed, so time to first token, the gaps between
-streamed chunks and the time per output token can be measured. Every concurrency level gets
+streamed chunks and the time per output token can be measured. With a range ratio the lengths
+are drawn around those, and with a prefix length every prompt of a level opens with the same
+ids, as in vLLM's random dataset (`workload.py`). Every concurrency level gets
 its own prompts, so the server's prefix cache cannot serve one level from another. Each of a
 level's connections is kept alive across requests and levels (`http_stream.py`); a request
 waits for a free one, so a level's concurrency is its number of connections. Requests go out
@@ -29,6 +31,7 @@ from typing import Any
 from deltaserve.bench.http_stream import Connection, HTTPStreamError, sse_data
 from deltaserve.bench.report import format_table, format_vllm_summary
 from deltaserve.bench.stats import RequestResult, summarize, vllm_fields
+from deltaserve.bench.workload import BenchRequest, WorkloadError, check_workload, make_requests, parse_range_ratio
 from deltaserve.errors import DeltaServeError
 
 
@@ -68,8 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     # vLLM's options that hold here by construction, or name what this client does not do
     p.add_argument("--dataset-name", default="random", help="random only: prompts of random token ids")
-    p.add_argument("--random-range-ratio", type=float, default=0.0, help="0 only: every prompt and output has its "
-                   "exact length")
+    p.add_argument("--random-range-ratio", default="0", help="vLLM's: lengths drawn from [L (1 - r), L (1 + r)], r "
+                   "in [0, 1); a number for both or a JSON object {\"input\": r1, \"output\": r2}")
+    p.add_argument("--random-prefix-len", type=int, default=0,
+                   help="vLLM's: random token ids that every prompt of a level opens with, before its own")
     p.add_argument("--backend", default="vllm", help="vllm or openai: both mean /v1/completions")
     p.add_argument("--endpoint", default="/v1/completions", help="/v1/completions only")
     p.add_argument("--ignore-eos", action="store_true", help="accepted: every request ignores end of sequence")
@@ -88,9 +93,11 @@ def check_arguments(args: argparse.Namespace) -> None:
     """What this client cannot do, named before it sends anything."""
     if args.dataset_name != "random":
         raise BenchArgumentError(f"--dataset-name {args.dataset_name}: only random token-id prompts are sent here")
-    if args.random_range_ratio != 0:
-        raise BenchArgumentError(f"--random-range-ratio {args.random_range_ratio}: every prompt and output has its "
-                                 "exact length here (0)")
+    try:
+        check_workload(args.input_len, args.output_len, parse_range_ratio(args.random_range_ratio),
+                       args.random_prefix_len)
+    except WorkloadError as exc:
+        raise BenchArgumentError(str(exc)) from None
     if args.backend not in ("vllm", "openai"):
         raise BenchArgumentError(f"--backend {args.backend}: vllm or openai (the completions API)")
     if args.endpoint.rstrip("/") not in ("/v1/completions", "/completions"):
@@ -145,11 +152,6 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
-def make_prompts(n: int, input_len: int, low: int, high: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(low, high) for _ in range(input_len)] for _ in range(n)]
-
-
 def completions_url(base_url: str) -> str:
     base = base_url.rstrip("/")
     if not base.endswith("/v1"):
@@ -170,7 +172,8 @@ async def send_request(conn: Connection, model: str, prompt: list[int], output_l
     }
     body = json.dumps(payload).encode()
     start = time.perf_counter()
-    result = RequestResult(ok=False, prompt_tokens=len(prompt))
+    result = RequestResult(ok=False, prompt_tokens=len(prompt), sent_prompt_tokens=len(prompt),
+                           asked_output_tokens=output_len)
     chunks = 0
     last = start
     try:
@@ -245,31 +248,31 @@ def arrival_gaps(n: int, request_rate: float, burstiness: float, rng: random.Ran
     return [rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness)) for _ in range(n)]
 
 
-async def run_level(connections: list[Connection], model: str, prompts: list[list[int]], output_len: int,
-                    concurrency: int, headers: dict[str, str], gaps: list[float] | None = None,
+async def run_level(connections: list[Connection], model: str, requests: list[BenchRequest], concurrency: int,
+                    headers: dict[str, str], gaps: list[float] | None = None,
                     progress: bool = True) -> tuple[list[RequestResult], float]:
-    """The prompts over `concurrency` connections, in order: each request is sent after its gap (none by
-    default) and waits for a free connection."""
+    """The requests over `concurrency` connections, in order: each is sent after its gap (none by default) and
+    waits for a free connection."""
     free: asyncio.Queue[Connection] = asyncio.Queue()
-    for conn in connections[:min(concurrency, len(prompts))]:
+    for conn in connections[:min(concurrency, len(requests))]:
         free.put_nowait(conn)
-    results: list[RequestResult | None] = [None] * len(prompts)
-    shown = _Progress(concurrency, len(prompts), progress)
+    results: list[RequestResult | None] = [None] * len(requests)
+    shown = _Progress(concurrency, len(requests), progress)
 
-    async def send(k: int, prompt: list[int]) -> None:
+    async def send(k: int, request: BenchRequest) -> None:
         conn = await free.get()
         try:
-            results[k] = await send_request(conn, model, prompt, output_len, headers)
+            results[k] = await send_request(conn, model, request.prompt, request.output_len, headers)
         finally:
             free.put_nowait(conn)
         shown.update(results[k])
 
     start = time.perf_counter()
     sending = []
-    for k, prompt in enumerate(prompts):
+    for k, request in enumerate(requests):
         if gaps and gaps[k] > 0:
             await asyncio.sleep(gaps[k])
-        sending.append(asyncio.create_task(send(k, prompt)))
+        sending.append(asyncio.create_task(send(k, request)))
     await asyncio.gather(*sending)
     return [r for r in results if r is not None], time.perf_counter() - start
 
@@ -292,6 +295,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     check_arguments(args)
     levels = concurrency_levels(args)
     percentiles = parse_percentiles(args.metric_percentiles)
+    ratios = parse_range_ratio(args.random_range_ratio)
     low, high = (int(x) for x in args.token_id_range.split(":"))
     url = completions_url(base_url(args))
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
@@ -304,6 +308,8 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
         "model": args.model,
         "input_len": args.input_len,
         "output_len": args.output_len,
+        "random_range_ratio": {"input": ratios[0], "output": ratios[1]},
+        "random_prefix_len": args.random_prefix_len,
         "num_prompts": args.num_prompts,
         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
         "burstiness": args.burstiness,
@@ -317,14 +323,16 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     except ValueError as exc:
         raise BenchArgumentError(f"--base-url: {exc}") from None
     try:
+        draw = lambda n, seed: make_requests(n, args.input_len, args.output_len, ratios,  # noqa: E731
+                                             args.random_prefix_len, low, high, seed)
         for k in range(args.warmup):
-            warm = make_prompts(1, args.input_len, low, high, seed=args.seed * 1_000_003 + 999_983 + k)[0]
-            await send_request(connections[0], args.model, warm, min(args.output_len, 8), headers)
+            warm = draw(1, args.seed * 1_000_003 + 999_983 + k)[0]
+            await send_request(connections[0], args.model, warm.prompt, min(warm.output_len, 8), headers)
         for level in levels:
-            prompts = make_prompts(args.num_prompts, args.input_len, low, high, seed=args.seed * 1_000_003 + level)
-            gaps = arrival_gaps(len(prompts), args.request_rate, args.burstiness, random.Random(args.seed + level))
-            results, duration = await run_level(connections, args.model, prompts, args.output_len, level, headers,
-                                                gaps, progress=not args.disable_tqdm)
+            requests = draw(args.num_prompts, args.seed * 1_000_003 + level)  # a level's own prefix and prompts
+            gaps = arrival_gaps(len(requests), args.request_rate, args.burstiness, random.Random(args.seed + level))
+            results, duration = await run_level(connections, args.model, requests, level, headers, gaps,
+                                                progress=not args.disable_tqdm)
             report["results"].append(summarize(level, results, duration, args.output_len, args.input_len,
                                                percentiles))
         if len(report["results"]) == 1:  # one run, as vllm bench serve's result file holds it: its figures on top

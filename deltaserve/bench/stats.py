@@ -15,6 +15,8 @@ class RequestResult:
     ttft: float | None = None  # seconds to the first streamed token
     itls: list[float] = field(default_factory=list)  # gaps between streamed token chunks
     error: str | None = None
+    sent_prompt_tokens: int | None = None  # the prompt's length as sent (None: the level's input length)
+    asked_output_tokens: int | None = None  # the output length it asked for (None: the level's)
 
     @property
     def tpot(self) -> float | None:
@@ -64,10 +66,10 @@ def summarize(concurrency: int, results: list[RequestResult], duration: float, e
         "output_tok_s": output_tokens / duration if duration > 0 else 0.0,
         "total_tok_s": (output_tokens + prompt_tokens) / duration if duration > 0 else 0.0,
         "request_s": len(ok) / duration if duration > 0 else 0.0,
-        "output_len_mismatches": sum(1 for r in ok if r.output_tokens != expected_output_len),
-        "input_len_mismatches": (
-            sum(1 for r in ok if r.prompt_tokens != expected_input_len) if expected_input_len is not None else 0
-        ),
+        "output_len_mismatches": sum(1 for r in ok if r.output_tokens != _asked(r.asked_output_tokens,
+                                                                                  expected_output_len)),
+        "input_len_mismatches": sum(1 for r in ok if _asked(r.sent_prompt_tokens, expected_input_len)
+                                    not in (None, r.prompt_tokens)),
         "ttft_ms": distribution_ms([r.ttft for r in ok if r.ttft is not None], percentiles),
         "tpot_ms": distribution_ms([r.tpot for r in ok if r.tpot is not None], percentiles),
         "itl_ms": distribution_ms([gap for r in ok for gap in r.itls], percentiles),
@@ -75,6 +77,10 @@ def summarize(concurrency: int, results: list[RequestResult], duration: float, e
         "errors": errors[:10],
         **vllm_fields(results, duration, percentiles),
     }
+
+
+def _asked(own: int | None, level: int | None) -> int | None:
+    return own if own is not None else level
 
 
 def vllm_fields(results: list[RequestResult], duration: float, percentiles=DEFAULT_PERCENTILES) -> dict:

@@ -63,3 +63,21 @@ def test_bench_serve_takes_vllms_spelling(server, tmp_path):
     # one run: its figures on top as well, under the names of vllm bench serve's result file
     assert report["completed"] == 5 and report["max_concurrency"] == 2 and report["total_output_tokens"] == 20
     assert report["p25_e2el_ms"] == level["e2e_ms"]["p25"] and report["mean_ttft_ms"] == level["ttft_ms"]["mean"]
+
+
+def test_bench_serve_draws_lengths_around_a_range_after_a_shared_prefix(server, tmp_path):
+    # vLLM's --random-range-ratio (here its object form) and --random-prefix-len: each request asks for the
+    # lengths it drew, and the server's usage agrees with them
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "deltaserve.cli", "bench", "serve", "--base-url", server.url,
+               "--random-input-len", "16", "--random-output-len", "4", "--random-prefix-len", "8",
+               "--random-range-ratio", '{"input": 0.5, "output": 0.5}', "--num-prompts", "6", "--max-concurrency",
+               "3", "--api-key", API_KEY, "--disable-tqdm", "--out", str(out)]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["random_range_ratio"] == {"input": 0.5, "output": 0.5} and report["random_prefix_len"] == 8
+    (level,) = report["results"]
+    assert level["requests_ok"] == 6 and level["input_len_mismatches"] == 0 and level["output_len_mismatches"] == 0
+    assert 6 * (8 + 8) <= level["prompt_tokens"] <= 6 * (8 + 24)
+    assert 6 * 2 <= level["output_tokens"] <= 6 * 6
