@@ -118,6 +118,22 @@ def test_calls_are_emitted_as_soon_as_they_close():
     assert rest.text == ""  # the newline between calls is layout, not content
 
 
+def test_text_between_calls_is_the_same_in_every_chunking():
+    """Random text and whitespace around and between calls: each stretch between calls that holds text comes
+    back whole, its whitespace included, and a stretch of whitespace alone is dropped, however it is cut."""
+    rng = random.Random()
+    call = '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>'
+    for _ in range(20):
+        stretches = ["".join(rng.choice([" ", "\n", "a", "b."]) for _ in range(rng.randint(0, 6)))
+                     for _ in range(rng.randint(2, 4))]
+        text = call.join(stretches)
+        calls = len(stretches) - 1
+        expected = stretches[0] + "".join(s for s in stretches[1:] if s.strip())
+        for chunks in _chunkings(text, seed=rng.randrange(1000)):
+            got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), chunks)
+            assert (got.content, len(got.tool_calls)) == (expected, calls), chunks
+
+
 def test_text_without_calls_passes_through_and_lookalikes_survive():
     text = "Use <b>bold</b> or a <tool> tag; 3 < 4 and <tool_calls> is not ours."
     for chunks in _chunkings(text):

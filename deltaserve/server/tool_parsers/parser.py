@@ -46,6 +46,7 @@ class ToolCallParser:
         self._inside = False
         self._buffer = ""  # held text: a possible tag start outside, the body inside
         self._pending_space = ""  # whitespace after a call, emitted only if text follows
+        self._segment_has_text = False  # text other than whitespace since the last call
 
     def feed(self, chunk: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -82,9 +83,7 @@ class ToolCallParser:
         else:
             self._emit_text(self._buffer, out)
         self._buffer = ""
-        if not self.calls and self._pending_space:
-            out.text += self._pending_space
-        self._pending_space = ""
+        self._pending_space = ""  # whitespace alone after the last call: layout
         return out
 
     def _close_call(self, body: str, out: ParsedDelta) -> None:
@@ -99,12 +98,17 @@ class ToolCallParser:
         self.calls.append(call)
         out.tool_calls.append(call)
         self._pending_space = ""
+        self._segment_has_text = False
 
     def _emit_text(self, text: str, out: ParsedDelta) -> None:
+        """Text outside calls. Between or after calls, a stretch of whitespace alone is layout: it is held until
+        text follows it, and dropped where a call or the end does; once a stretch has text, all of it is text,
+        whichever pieces it comes in."""
         if not text:
             return
-        if self.calls and not text.strip():
-            self._pending_space += text  # between or after calls: maybe only layout
+        if self.calls and not self._segment_has_text and not text.strip():
+            self._pending_space += text
             return
         out.text += self._pending_space + text
         self._pending_space = ""
+        self._segment_has_text = True
