@@ -151,6 +151,12 @@ def test_arrival_gaps_average_one_over_the_rate_and_spread_by_burstiness():
     (["--endpoint", "/v1/chat/completions"], "--endpoint /v1/chat/completions: only /v1/completions"),
     (["--concurrency", "2", "--max-concurrency", "4"], "--concurrency and --max-concurrency: give one of them"),
     (["--request-rate", "0"], "--request-rate and --burstiness must be positive"),
+    (["--request-rate", "5", "--burstiness", "inf"], r"--request-rate and --burstiness must be positive \(the "
+                                                     "burstiness finite"),
+    (["--num-prompts", "0"], "--num-prompts must be at least 1"),
+    (["--token-id-range", "5"], "--token-id-range '5': LOW:HIGH, two ids with 0 <= LOW < HIGH"),
+    (["--token-id-range", "300:10"], "--token-id-range '300:10': LOW:HIGH"),
+    (["--token-id-range", "10:10"], "--token-id-range '10:10': LOW:HIGH"),
     (["--metric-percentiles", "50,101"], "--metric-percentiles needs numbers from 0 to 100"),
     (["--percentile-metrics", "ttft,goodput"], "--percentile-metrics 'ttft,goodput': name some of"),
 ])

@@ -104,11 +104,25 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise BenchArgumentError(f"--endpoint {args.endpoint}: only /v1/completions is driven here")
     if args.concurrency is not None and args.max_concurrency is not None:
         raise BenchArgumentError("--concurrency and --max-concurrency: give one of them")
-    if not args.request_rate > 0 or not args.burstiness > 0:
-        raise BenchArgumentError("--request-rate and --burstiness must be positive")
+    if not args.request_rate > 0 or not 0 < args.burstiness < math.inf:
+        raise BenchArgumentError("--request-rate and --burstiness must be positive (the burstiness finite)")
+    if args.num_prompts < 1 or args.warmup < 0 or not args.timeout > 0:
+        raise BenchArgumentError("--num-prompts must be at least 1, --warmup at least 0 and --timeout positive")
+    token_id_range(args)
     concurrency_levels(args)
     parse_percentiles(args.metric_percentiles)
     table_metrics(args)
+
+
+def token_id_range(args: argparse.Namespace) -> tuple[int, int]:
+    """--token-id-range's LOW:HIGH, the ids a prompt draws from (HIGH excluded)."""
+    try:
+        low, high = (int(x) for x in args.token_id_range.split(":"))
+    except ValueError:
+        low = high = -1
+    if not 0 <= low < high:
+        raise BenchArgumentError(f"--token-id-range {args.token_id_range!r}: LOW:HIGH, two ids with 0 <= LOW < HIGH")
+    return low, high
 
 
 def concurrency_levels(args: argparse.Namespace) -> list[int]:
@@ -296,7 +310,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
     levels = concurrency_levels(args)
     percentiles = parse_percentiles(args.metric_percentiles)
     ratios = parse_range_ratio(args.random_range_ratio)
-    low, high = (int(x) for x in args.token_id_range.split(":"))
+    low, high = token_id_range(args)
     url = completions_url(base_url(args))
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
@@ -358,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_result:
         paths.append(os.path.join(args.result_dir, args.result_filename or default_result_name(args, report)))
     for path in paths:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)  # vLLM's client makes --result-dir too
         with open(path, "w") as f:
             f.write(text + "\n")
         print(f"report written to {path}")

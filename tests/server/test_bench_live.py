@@ -47,13 +47,13 @@ def test_bench_serve_takes_vllms_spelling(server, tmp_path):
                "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "4",
                "--num-prompts", "5", "--max-concurrency", "2", "--request-rate", "40", "--ignore-eos",
                "--metric-percentiles", "25,75", "--percentile-metrics", "ttft,e2el", "--api-key", API_KEY,
-               "--save-result", "--result-dir", str(tmp_path), "--disable-tqdm"]
+               "--save-result", "--result-dir", str(tmp_path / "results" / "new"), "--disable-tqdm"]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "E2EL ms p25/p75" in done.stdout and "TPOT" not in done.stdout
     assert "Serving Benchmark Result" in done.stdout and "P75 E2EL (ms):" in done.stdout
-    saved = list(tmp_path.glob("vllm-40qps-concurrency2-*.json"))
-    assert len(saved) == 1, list(tmp_path.iterdir())
+    saved = list((tmp_path / "results" / "new").glob("vllm-40qps-concurrency2-*.json"))  # the folder made, as vLLM
+    assert len(saved) == 1, list(tmp_path.rglob("*"))
     report = json.loads(saved[0].read_text())
     models = httpx.get(server.base_url + "/models", headers=server.headers, timeout=10).json()["data"]
     assert report["model"] == models[0]["id"] and report["request_rate"] == 40
