@@ -39,6 +39,10 @@ class BenchArgumentError(DeltaServeError, ValueError):
     """An argument of `deltaserve bench serve` that the client cannot use."""
 
 
+class WarmUpFailedError(DeltaServeError):
+    """The server refused a warm-up request: every measured request would fail the same way."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=None, help="server root, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine; "
                    "default: http://HOST:PORT)")
@@ -341,7 +345,11 @@ async def run_benchmark(args: argparse.Namespace) -> dict:
                                              args.random_prefix_len, low, high, seed)
         for k in range(args.warmup):
             warm = draw(1, args.seed * 1_000_003 + 999_983 + k)[0]
-            await send_request(connections[0], args.model, warm.prompt, min(warm.output_len, 8), headers)
+            result = await send_request(connections[0], args.model, warm.prompt, min(warm.output_len, 8), headers)
+            if not result.ok:  # vLLM's client stops at its initial test run's failure too
+                raise WarmUpFailedError(f"the warm-up request failed, so the run stops before it is measured (check "
+                                        f"--model, --token-id-range and the lengths against the server): "
+                                        f"{result.error}")
         for level in levels:
             requests = draw(args.num_prompts, args.seed * 1_000_003 + level)  # a level's own prefix and prompts
             gaps = arrival_gaps(len(requests), args.request_rate, args.burstiness, random.Random(args.seed + level))

@@ -81,3 +81,14 @@ def test_bench_serve_draws_lengths_around_a_range_after_a_shared_prefix(server, 
     assert level["requests_ok"] == 6 and level["input_len_mismatches"] == 0 and level["output_len_mismatches"] == 0
     assert 6 * (8 + 8) <= level["prompt_tokens"] <= 6 * (8 + 24)
     assert 6 * 2 <= level["output_tokens"] <= 6 * 6
+
+
+def test_bench_serve_stops_at_a_refused_warm_up(server):
+    # token ids past the model's vocabulary: the server refuses the warm-up, and the run ends there, naming why
+    command = [sys.executable, "-m", "deltaserve.cli", "bench", "serve", "--base-url", server.url, "--model", MODEL,
+               "--max-concurrency", "2", "--num-prompts", "3", "--token-id-range", "4000000:4000010",
+               "--api-key", API_KEY, "--disable-tqdm"]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "the warm-up request failed" in done.stderr and "HTTP 400" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "Serving Benchmark Result" not in done.stdout
