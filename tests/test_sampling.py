@@ -202,6 +202,42 @@ def test_logit_bias_forces_and_bans_tokens_and_logprobs_stay_the_models(checkpoi
     assert again.token_ids == plain.token_ids  # nothing of the biases stays behind
 
 
+def test_greedy_under_biases_and_penalties_is_the_reference_argmax_in_vllms_order(checkpoint_factory):
+    """transformers' logits, each row's logit_bias added and then the repetition, frequency and presence
+    penalties applied (vLLM's sampler: biases and refusals before penalties), the argmax: a bias on a token the
+    repetition penalty divides or multiplies gives another token in the other order."""
+    from tests.reference import load_reference
+
+    path = checkpoint_factory("llama")
+    llm, reference = LLM(path, device="cpu"), load_reference(path)
+    rng = random.Random()
+    for _ in range(4):
+        prompt = [rng.randrange(300) for _ in range(rng.randint(2, 12))]
+        with torch.no_grad():
+            first = reference(torch.tensor([prompt])).logits[0, -1].double()
+        repetition = rng.choice([rng.uniform(1.5, 4.0), rng.uniform(0.3, 0.7)])
+        # biases that bring prompt tokens level with the best token, where the penalty's order decides
+        bias = {t: float(first.max() - first[t]) + rng.uniform(-1.0, 1.0) for t in rng.sample(prompt, 2)}
+        bias[rng.randrange(300)] = rng.uniform(-3.0, 3.0)
+        params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logit_bias=bias,
+                                repetition_penalty=repetition, frequency_penalty=rng.uniform(0, 1),
+                                presence_penalty=rng.uniform(0, 1))
+        tokens = list(prompt)
+        for _ in range(5):
+            with torch.no_grad():
+                logits = reference(torch.tensor([tokens])).logits[0, -1].double()
+            for token, value in bias.items():
+                logits[token] += value
+            output = tokens[len(prompt):]
+            for token in set(tokens):
+                logits[token] = logits[token] / repetition if logits[token] > 0 else logits[token] * repetition
+            for token in set(output):
+                logits[token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
+            tokens.append(int(logits.argmax()))
+        out = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        assert out.token_ids == tokens[len(prompt):], (prompt, bias, repetition)
+
+
 def test_bad_logit_bias_is_refused(checkpoint_factory):
     for bias in ({1: 100.5}, {1: "up"}, {"1": 2.0}, {1: float("nan")}, [1, 2]):
         with pytest.raises(InvalidSamplingParamsError, match="logit_bias"):

@@ -64,9 +64,11 @@ class Sampler:
         processed = logits[:, : self.vocab_size]
         if any(r.grammar is not None and r.grammar.active for r in requests):
             processed = self._constrained(processed, requests)
+        if any(r.adjusts_logits for r in requests):  # vLLM's order: biases and refusals, then the penalties
+            processed = self._adjusted(processed, requests)
         if any(_has_penalty(p) for p in params):
             processed = self._penalise(processed, requests)
-        tokens = self.sample_on_device(processed, requests).tolist()
+        tokens = self.sample_on_device(processed, requests, adjusted=True).tolist()
         if not any(p.returns_logprobs for p in params):
             return tokens, None
         return tokens, self._logprobs(logits[:, : self.vocab_size], tokens, requests)
@@ -92,10 +94,11 @@ class Sampler:
         return all(r.params.temperature == 0 and r.params.structured_outputs is None and not r.adjusts_logits
                    for r in requests)
 
-    def sample_on_device(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """The tokens [B] (int64, on the logits' device) of rows without penalties; nothing is read back."""
+    def sample_on_device(self, logits: torch.Tensor, requests: list[Request], adjusted: bool = False) -> torch.Tensor:
+        """The tokens [B] (int64, on the logits' device) of rows without penalties (or, `adjusted`, of logits
+        that already carry the rows' biases, refusals and penalties); nothing is read back."""
         logits = logits[:, : self.vocab_size]
-        if any(r.adjusts_logits for r in requests):
+        if not adjusted and any(r.adjusts_logits for r in requests):
             logits = self._adjusted(logits, requests)
         if all(r.params.temperature == 0 for r in requests):
             return logits.argmax(-1)  # greedy rows need neither masks nor noise
