@@ -65,14 +65,22 @@ def test_a_tiny_temperature_is_greedy_and_a_huge_top_k_keeps_every_token(checkpo
 
 
 def test_mask_logits_matches_a_direct_definition():
-    logits = torch.randn(4, 50)
-    top_k = torch.tensor([0, 5, 0, 3])
-    top_p = torch.tensor([1.0, 1.0, 0.6, 0.9])
-    min_p = torch.tensor([0.0, 0.0, 0.0, 0.2])
+    rows = 12
+    logits = torch.randn(rows, 50) * 2
+    top_k = torch.tensor([0, 5, 0, 3] + [random.choice([0, random.randrange(1, 50)]) for _ in range(rows - 4)])
+    top_p = torch.tensor([1.0, 1.0, 0.6, 0.9] + [random.choice([1.0, random.uniform(0.1, 0.99)])
+                                                 for _ in range(rows - 4)])
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.2] + [random.choice([0.0, random.uniform(0.01, 0.5)])
+                                                 for _ in range(rows - 4)])
     masked = mask_logits(logits, top_k, top_p, min_p)
-    for row in range(4):
+    for row in range(rows):
         keep = _direct_keep(logits[row], int(top_k[row]), float(top_p[row]), float(min_p[row]))
         assert torch.equal(torch.isfinite(masked[row]), keep)
+    # min-p first: of 0.4, 0.3 and thirty tokens of 0.01 it keeps the two, and top-p 0.5 of those (0.57, 0.43)
+    # keeps the first alone, where top-p over the whole row (0.4 before the second) would keep both
+    row = torch.tensor([0.4, 0.3] + [0.01] * 30).log()[None]
+    kept = mask_logits(row, torch.tensor([0]), torch.tensor([0.5]), torch.tensor([0.1]))
+    assert torch.isfinite(kept[0]).nonzero().flatten().tolist() == [0]
 
 
 def test_mask_logits_of_top_k_candidates_matches_the_whole_sort():
@@ -107,19 +115,19 @@ def test_mask_plan_follows_the_sampled_rows():
 
 
 def _direct_keep(row, k, p, min_p):
+    """vLLM's order: top-k, then min-p against the best token's probability, then top-p over what is left."""
     order = row.argsort(descending=True).tolist()
     kept = order[:k] if k > 0 else order
-    probs = torch.softmax(row[kept], 0)
+    probs = torch.softmax(row[kept].double(), 0).tolist()
+    kept = [token for token, prob in zip(kept, probs) if prob >= min_p * probs[0]]
     cumulative, chosen = 0.0, []
-    for token, prob in zip(kept, probs.tolist()):
+    for token, prob in zip(kept, torch.softmax(row[kept].double(), 0).tolist()):
         if cumulative >= p and chosen:
             break
-        chosen.append((token, prob))
+        chosen.append(token)
         cumulative += prob
-    best = chosen[0][1]
     keep = torch.zeros_like(row, dtype=torch.bool)
-    for token, prob in chosen:
-        keep[token] = prob >= min_p * best
+    keep[chosen] = True
     return keep
 
 

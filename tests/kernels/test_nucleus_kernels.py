@@ -50,6 +50,22 @@ def test_floors_keep_what_the_reference_masks_keep(rows, vocab):
     assert bool(kept[torch.arange(rows), scaled.argmax(-1)].all())  # the best token always stays
 
 
+def test_top_p_is_a_share_of_what_min_p_keeps():
+    """vLLM's order: min-p first. Two tokens of 0.4 and 0.3 in different slices, the rest 0.3 spread thin:
+    min-p 0.1 keeps the two, and top-p 0.5 of their 0.57 and 0.43 keeps the first alone (of the whole row's
+    mass, 0.4 before the second, it would keep both)."""
+    vocab = SLICE + 777
+    first, second = random.randrange(SLICE), random.randrange(SLICE, vocab)
+    probs = torch.full((1, vocab), 0.3 / (vocab - 2))
+    probs[0, first], probs[0, second] = 0.4, 0.3
+    logits = probs.log()
+    floors = nucleus_floors(logits, torch.ones(1), torch.tensor([0.5]), torch.tensor([0.1]))
+    kept = (reference.order_keys(logits) >= floors[:, None])[0].nonzero().flatten().tolist()
+    assert kept == [first]
+    assert torch.isfinite(reference.mask_logits(logits, torch.zeros(1, dtype=torch.int64), torch.tensor([0.5]),
+                                                torch.tensor([0.1])))[0].nonzero().flatten().tolist() == [first]
+
+
 def test_floors_at_the_qwen_vocabulary_keep_what_the_reference_keeps():
     """248320 tokens, most of them kept by top-p: the sums' rounding must not move the boundary."""
     rows, vocab = 2, 248320

@@ -98,16 +98,19 @@ def mask_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
 def mask_sorted(sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
                 vocab: int) -> torch.Tensor:
     """mask_logits over each row's best tokens [B, n] in descending order (n <= vocab, the row's length):
-    what the masks exclude set to -inf. Top-p's mass is over these tokens."""
+    what the masks exclude set to -inf. In vLLM's order: top-k and min-p (a token's probability against the
+    best one's), then top-p, whose mass is over the tokens those two keep."""
     rank = torch.arange(sorted_logits.shape[-1], device=sorted_logits.device)[None, :]
     k = torch.where(top_k > 0, top_k, vocab)[:, None]
     drop = rank >= k
     # In float64: over a vocabulary of 248k tokens, float32's softmax sum and running sum drift by more than
     # one token's mass where the nucleus ends.
-    probs = torch.softmax(sorted_logits.double().masked_fill(drop, float("-inf")), dim=-1)
+    logits = sorted_logits.double()
+    probs = torch.softmax(logits.masked_fill(drop, float("-inf")), dim=-1)
+    drop |= probs < min_p[:, None] * probs[:, :1]
+    probs = torch.softmax(logits.masked_fill(drop, float("-inf")), dim=-1)
     before = probs.cumsum(-1) - probs  # mass of strictly better tokens
     drop |= (before >= top_p[:, None].double()) & (rank > 0) & (top_p[:, None] < 1)  # 1 is off: rounding must not cut
-    drop |= probs < min_p[:, None] * probs[:, :1]
     return sorted_logits.masked_fill(drop, float("-inf"))
 
 

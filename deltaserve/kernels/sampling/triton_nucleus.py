@@ -11,7 +11,9 @@ every pivot; the next pass's programs read those sums to place their interval, s
 The first pass also takes each slice's largest logit (the reference of its masses) and its total mass.
 Once the interval is narrow, a slice without a key inside it adds its mass above the interval to every
 pivot at once. Min-p's floor is the key of max + log(min_p): a token's probability over the best one's is
-exp(x - max). Eight reads of a row replace the sort of the vocabulary."""
+exp(x - max). Min-p comes first, as in vLLM: top-p's share is of the mass that min-p keeps, which a pass after
+the first sums over each slice (once the row's max is known) for the rows with min-p on. Nine reads of a row
+replace the sort of the vocabulary."""
 
 import torch
 import triton
@@ -55,6 +57,36 @@ def _row_sums(slice_max, slice_sum, row, slices, BLOCK_S: tl.constexpr):
 
 
 @triton.jit
+def _row_max(slice_max, row, slices, BLOCK_S: tl.constexpr):
+    offs = tl.arange(0, BLOCK_S)
+    return tl.max(tl.load(slice_max + row * slices + offs, mask=offs < slices, other=float("-inf")), 0)
+
+
+@triton.jit
+def _min_p_key(best, least):
+    """The order key of min-p's cut-off: best + log(min_p) (under every key where min_p `least` is 0)."""
+    return tl.where(least > 0.0, order_key(best + tl.log(tl.maximum(least, 1e-30))).to(tl.int64), _KEY_MIN)
+
+
+@triton.jit
+def _kept_mass_kernel(x, inverse, min_p, slice_max, slice_sum, slice_kept, vocab, stride_x, slices,
+                      SLICE: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program (row, slice), after pass 0: the slice's mass (relative to its own max) of the tokens min-p keeps,
+    the whole slice's where the row has min-p off (its slice is then not read)."""
+    row, part = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    least = tl.load(min_p + row)
+    at = row * slices + part
+    if least > 0.0:
+        v = _scaled_block(x, tl.load(inverse + row), row, stride_x, part * SLICE, vocab, SLICE)
+        cut = _min_p_key(_row_max(slice_max, row, slices, BLOCK_S), least)
+        weight = tl.where((v > float("-inf")) & (order_key(v).to(tl.int64) >= cut),
+                          tl.exp(v - tl.load(slice_max + at)), 0.0)
+        tl.store(slice_kept + at, tl.sum(weight, 0))
+    else:
+        tl.store(slice_kept + at, tl.load(slice_sum + at))
+
+
+@triton.jit
 def _interval_low(lows, mass, top_p, scales, total, row, rows, slices, PASS: tl.constexpr, BLOCK_S: tl.constexpr,
                   PIVOTS: tl.constexpr):
     """The low end of the interval of keys pass PASS (> 0) searches, from pass PASS - 1's. Pivot 0 is that
@@ -69,11 +101,11 @@ def _interval_low(lows, mass, top_p, scales, total, row, rows, slices, PASS: tl.
 
 
 @triton.jit
-def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, stride_x, slices,
+def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, slice_kept, lows, mass, vocab, stride_x, slices,
                        PASS: tl.constexpr, SLICE: tl.constexpr, BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
     """Program (row, slice) of pass PASS: its slice's mass (exp(logit - the slice's max)) above each of the
-    pass's pivots; the row's first program also records the pass's low end. Pass 0 also records the slice's
-    max and total mass. The slice is loaded whole: a walk of it by 512-token blocks took about as long. The
+    pass's pivots; the row's first program also records the pass's low end, where the mass above crosses
+    top_p of what min-p keeps (slice_kept). Pass 0 also records the slice's max and total mass. The slice is loaded whole: a walk of it by 512-token blocks took about as long. The
     row count is the grid's, not an argument, so that no count of rows compiles a kernel of its own."""
     row, part, rows = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.num_programs(0)
     v = _scaled_block(x, tl.load(inverse + row), row, stride_x, part * SLICE, vocab, SLICE)
@@ -82,7 +114,7 @@ def _pivot_mass_kernel(x, inverse, top_p, slice_max, slice_sum, lows, mass, voca
         low = tl.full([], _KEY_MIN, tl.int64)
     else:
         ref = tl.load(slice_max + row * slices + part)
-        _, total, scales = _row_sums(slice_max, slice_sum, row, slices, BLOCK_S)
+        _, total, scales = _row_sums(slice_max, slice_kept, row, slices, BLOCK_S)
         low = _interval_low(lows, mass, top_p, scales, total, row, rows, slices, PASS, BLOCK_S, PIVOTS)
     if part == 0:
         tl.store(lows + PASS * rows + row, low)
@@ -113,16 +145,15 @@ def _floor_of(low, share, least, best):
     """The larger of the top-p floor (one past the last pass's low end, whose step is 1; none where top_p
     `share` is 1) and the min-p floor (the key of best + log(min_p); none where min_p `least` is 0)."""
     floor = tl.where(share < 1.0, low + 1, _KEY_MIN)
-    by_min_p = order_key(best + tl.log(tl.maximum(least, 1e-30))).to(tl.int64)
-    return tl.where(least > 0.0, tl.maximum(floor, by_min_p), floor).to(tl.int32)
+    return tl.maximum(floor, _min_p_key(best, least)).to(tl.int32)
 
 
 @triton.jit
-def _floor_kernel(top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, PASSES: tl.constexpr,
+def _floor_kernel(top_p, min_p, slice_max, slice_kept, lows, mass, floors, slices, PASSES: tl.constexpr,
                   BLOCK_S: tl.constexpr, PIVOTS: tl.constexpr):
     """Program per row: its floor."""
     row, rows = tl.program_id(0).to(tl.int64), tl.num_programs(0)
-    best, total, scales = _row_sums(slice_max, slice_sum, row, slices, BLOCK_S)
+    best, total, scales = _row_sums(slice_max, slice_kept, row, slices, BLOCK_S)
     low = _interval_low(lows, mass, top_p, scales, total, row, rows, slices, PASSES, BLOCK_S, PIVOTS)
     tl.store(floors + row, _floor_of(low, tl.load(top_p + row), tl.load(min_p + row), best))
 
@@ -141,13 +172,17 @@ def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, 
     slices = triton.cdiv(vocab, slice_)
     block_s = triton.next_power_of_2(slices)
     slice_max = torch.empty(rows, slices, dtype=torch.float32, device=x.device)
-    slice_sum = torch.empty_like(slice_max)
+    slice_sum, slice_kept = torch.empty_like(slice_max), torch.empty_like(slice_max)
     lows = torch.empty(PASSES, rows, dtype=torch.int64, device=x.device)
     mass = torch.empty(PASSES, rows, slices, PIVOTS, dtype=torch.float32, device=x.device)
     for pass_ in range(PASSES):
-        _pivot_mass_kernel[(rows, slices)](x, inverse, top_p, slice_max, slice_sum, lows, mass, vocab, x.stride(0),
-                                           slices, PASS=pass_, SLICE=slice_, BLOCK_S=block_s, PIVOTS=PIVOTS,
-                                           num_warps=num_warps)
-    _floor_kernel[(rows,)](top_p, min_p, slice_max, slice_sum, lows, mass, floors, slices, PASSES=PASSES,
+        _pivot_mass_kernel[(rows, slices)](x, inverse, top_p, slice_max, slice_sum, slice_kept, lows, mass, vocab,
+                                           x.stride(0), slices, PASS=pass_, SLICE=slice_, BLOCK_S=block_s,
+                                           PIVOTS=PIVOTS, num_warps=num_warps)
+        if pass_ == 0:  # the row's max is known from here: what min-p keeps, for the passes after
+            _kept_mass_kernel[(rows, slices)](x, inverse, min_p, slice_max, slice_sum, slice_kept, vocab,
+                                              x.stride(0), slices, SLICE=slice_, BLOCK_S=block_s,
+                                              num_warps=num_warps)
+    _floor_kernel[(rows,)](top_p, min_p, slice_max, slice_kept, lows, mass, floors, slices, PASSES=PASSES,
                            BLOCK_S=block_s, PIVOTS=PIVOTS, num_warps=1)
     return floors
