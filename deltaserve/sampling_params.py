@@ -10,9 +10,10 @@ from deltaserve.tokenizer import LONE_SURROGATE
 MAX_LOGPROBS = 20  # the default cap on logprobs a token (vLLM's and the OpenAI API's); the engine's max_logprobs sets it
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 makes it the only choice
-# Below this a temperature samples greedily, as in vLLM: logits over 1e-45 overflow to inf and the row's
-# softmax to NaN, where the user plainly asked for the most likely token.
-GREEDY_BELOW_TEMPERATURE = 1e-5
+# vLLM's: a temperature above 0 and below this is raised to it (logits over 1e-45 would overflow to inf and the
+# row's softmax to NaN); only 0 samples greedily. And OpenAI's and vLLM's upper bound.
+MIN_TEMPERATURE = 0.01
+MAX_TEMPERATURE = 2.0
 # The sampler computes in float32: a value past these rounds to inf or 0 there.
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
@@ -191,10 +192,8 @@ class SamplingParams:
         if self.n < 1:
             raise bad("n", self.n, "must be at least 1")
         _check_number("temperature", self.temperature)
-        if self.temperature < 0:
-            raise bad("temperature", self.temperature, "must be >= 0 (0 means greedy)")
-        if self.temperature > FLOAT32_MAX:
-            raise bad("temperature", self.temperature, f"must be at most {FLOAT32_MAX:.4g} (the sampler's float32)")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise bad("temperature", self.temperature, f"must be in [0, {MAX_TEMPERATURE:g}] (0 means greedy)")
         _check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", self.top_p, "must be in (0, 1]")
@@ -222,6 +221,8 @@ class SamplingParams:
         if not FLOAT32_TINY <= self.repetition_penalty <= FLOAT32_MAX:  # float32 0 or inf: logits of inf and NaN
             raise bad("repetition_penalty", self.repetition_penalty,
                       f"must be > 0, within float32's normal range [{FLOAT32_TINY:.4g}, {FLOAT32_MAX:.4g}]")
+        if self.seed == -1 and not isinstance(self.seed, bool):  # vLLM's: -1 asks for no seed
+            self.seed = None
         if self.seed is not None:
             _check_int("seed", self.seed)
             if not -(2**63) <= self.seed < 2**63:  # as vLLM's: past int64 a seed would wrap onto another's draws
@@ -259,6 +260,8 @@ class SamplingParams:
             for t in self.logprob_token_ids:
                 _check_int("logprob_token_ids", t)
         for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is True:  # vLLM's: True asks for one
+                setattr(self, name, 1)
             value = getattr(self, name)
             if value is not None:
                 _check_int(name, value)
@@ -292,8 +295,8 @@ class SamplingParams:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise bad("structured_outputs", self.structured_outputs, "must be a StructuredOutputsParams")
             self.structured_outputs.validate()
-        if self.temperature < GREEDY_BELOW_TEMPERATURE:
-            self.temperature = 0.0
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
 
     @property
     def returns_logprobs(self) -> bool:

@@ -50,8 +50,9 @@ def test_top_k_one_is_greedy_and_logprobs_are_reported(checkpoint_factory):
         assert max(e.logprob for e in entry.values()) == entry[token].logprob
 
 
-def test_a_tiny_temperature_is_greedy_and_a_huge_top_k_keeps_every_token(checkpoint_factory):
-    """Below 1e-5 the logits over the temperature would overflow; k past the vocabulary (any int64) is k off."""
+def test_a_tiny_temperature_samples_at_vllms_floor_and_a_huge_top_k_keeps_every_token(checkpoint_factory):
+    """vLLM's: a temperature in (0, 0.01) samples at 0.01 (under 1e-5 the logits over it would overflow) and
+    only 0 is greedy; past 2 it is refused. k past the vocabulary (any int64) is k off."""
     llm = LLM(checkpoint_factory("llama"), device="cpu")
     prompt = [random.randrange(300) for _ in range(10)]
     seed = random.randrange(2**31)
@@ -59,9 +60,25 @@ def test_a_tiny_temperature_is_greedy_and_a_huge_top_k_keeps_every_token(checkpo
     def tokens(**fields):
         return llm.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True, **fields))[0].outputs[0].token_ids
 
-    assert SamplingParams(temperature=1e-45).temperature == 0.0 and SamplingParams(temperature=2e-5).temperature > 0
-    assert tokens(temperature=1e-45) == tokens(temperature=1e-6) == tokens(temperature=0)
+    assert [SamplingParams(temperature=t).temperature for t in (1e-45, 2e-5, 0.0, 0.5)] == [0.01, 0.01, 0.0, 0.5]
+    assert tokens(temperature=1e-45, seed=seed) == tokens(temperature=1e-6, seed=seed) == tokens(temperature=0.01,
+                                                                                                  seed=seed)
+    with pytest.raises(InvalidSamplingParamsError, match=r"temperature=2.01: must be in \[0, 2\]"):
+        SamplingParams(temperature=2.01)
     assert tokens(temperature=1.0, seed=seed, top_k=2**63 - 1) == tokens(temperature=1.0, seed=seed)
+
+
+def test_a_seed_of_minus_one_is_no_seed_and_true_logprobs_ask_one(checkpoint_factory):
+    """vLLM's: seed -1 means unseeded (samples differ from run to run), and logprobs / prompt_logprobs True
+    ask for one."""
+    assert SamplingParams(seed=-1).seed is None
+    params = SamplingParams(logprobs=True, prompt_logprobs=True)
+    assert (params.logprobs, params.prompt_logprobs) == (1, 1)
+    llm = LLM(checkpoint_factory("llama"), device="cpu")
+    prompt = [random.randrange(300) for _ in range(6)]
+    draws = {tuple(llm.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=-1, ignore_eos=True),
+                                use_tqdm=False)[0].outputs[0].token_ids) for _ in range(3)}
+    assert len(draws) > 1  # 12 draws from a random model's vocabulary: equal three times by chance ~never
 
 
 def test_mask_logits_matches_a_direct_definition():

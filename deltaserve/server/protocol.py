@@ -150,7 +150,8 @@ class _SamplingFields(_Lenient):
     structured_outputs: StructuredOutputsField | None = None  # vLLM's
 
     # OpenAI's spec has these nullable (its SDK sends null for a None given), as vLLM takes them: null is the default
-    @field_validator("n", "stream", "logprobs", "echo", mode="before", check_fields=False)
+    # (completions' max_tokens too: 16, not the rest of the context)
+    @field_validator("n", "stream", "logprobs", "echo", "max_tokens", mode="before", check_fields=False)
     @classmethod
     def _null_is_the_default(cls, value: Any, info) -> Any:
         return cls.model_fields[info.field_name].default if value is None else value

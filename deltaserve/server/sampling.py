@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from deltaserve.errors import InvalidSamplingParamsError
-from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams, check_logprobs_count
+from deltaserve.sampling_params import MAX_LOGIT_BIAS, SamplingParams, StructuredOutputsParams, check_logprobs_count
 from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.errors import bad_request, context_length_error
 
@@ -200,7 +200,8 @@ async def check_structure(engine: Any, structure: StructuredOutputsParams | None
 
 
 def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None:
-    """OpenAI's logit_bias (token ids as the JSON object's keys) with integer keys."""
+    """OpenAI's logit_bias (token ids as the JSON object's keys) with integer keys, each bias clamped to
+    [-100, 100] as vLLM's server clamps it (OpenAI's range)."""
     if not logit_bias:
         return None
     for key in logit_bias:
@@ -208,4 +209,10 @@ def token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | None
             raise InvalidSamplingParamsError(f"logit_bias={key!r}: keys must be token ids (integers)")
         if len(key.lstrip("0")) > 20:  # past any int64 (and past int()'s 4300-digit limit, a ValueError)
             raise InvalidSamplingParamsError(f"logit_bias={key[:24]}...: token id outside the vocabulary")
-    return {int(key): bias for key, bias in logit_bias.items()}
+    return {int(key): _clamped(bias) for key, bias in logit_bias.items()}
+
+
+def _clamped(bias):
+    if isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias:
+        return bias  # not a number: SamplingParams names it
+    return min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, bias))

@@ -253,12 +253,18 @@ def test_logit_bias_forces_a_token_and_bans_the_greedy_ones(client, server):
     banned = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
                                        logit_bias={str(t): -100 for t in free_ids})
     assert banned.choices[0].text != free.choices[0].text
-    for bias, message in (({"Paris": 5}, "token ids"), ({"10000000": 5}, "outside the vocabulary"),
-                          ({"1": 101}, "in [-100, 100]")):
+    for bias, message in (({"Paris": 5}, "token ids"), ({"10000000": 5}, "outside the vocabulary")):
         r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": PROMPT, "logit_bias": bias},
                        headers=server.headers, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
         assert message in r.json()["error"]["message"]
+    # past OpenAI's [-100, 100] a bias is clamped to it, as vLLM's server clamps it: 1000 is 100, -1000 is -100
+    past = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0,
+                                     logit_bias={str(ids[-1]): 1000})
+    assert past.choices[0].text == forced.choices[0].text
+    unbanned = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
+                                         logit_bias={str(t): -1000 for t in free_ids})
+    assert unbanned.choices[0].text == banned.choices[0].text
 
 
 def test_seeded_sampling_is_reproducible(client):
@@ -319,13 +325,18 @@ def test_logprobs(client):
         {t: v} for t, v in zip(lp.tokens, lp.token_logprobs)]
 
 
-def test_a_temperature_too_small_to_divide_by_is_greedy(client):
-    greedy = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1)
+def test_a_temperature_too_small_to_divide_by_samples_at_vllms_floor_and_one_past_2_is_refused(client, server):
+    """vLLM's: a temperature in (0, 0.01) samples at 0.01 (under it the logits would overflow), and one past 2
+    (OpenAI's bound too) is refused."""
+    seed = random.randrange(2**31)
+    floor = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0.01, seed=seed)
     for temperature in (1e-45, 1e-6):
         tiny = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=temperature,
-                                         logprobs=1)
-        assert tiny.choices[0].text == greedy.choices[0].text
-        assert tiny.choices[0].logprobs.token_logprobs == greedy.choices[0].logprobs.token_logprobs
+                                         seed=seed)
+        assert tiny.choices[0].text == floor.choices[0].text
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": PROMPT, "temperature": 2.5},
+                   headers=server.headers, timeout=30)
+    assert r.status_code == 400 and "temperature=2.5: must be in [0, 2]" in r.json()["error"]["message"], r.text
 
 
 def test_sixteen_concurrent_streams_all_complete(server):
@@ -442,7 +453,8 @@ def test_chat_echo_starts_the_reply_with_the_message_it_goes_on_writing(client, 
 
 
 def test_null_is_the_default_where_openai_lets_a_field_be_null(client, server):
-    """OpenAI's SDK sends null for a field given as None: n, stream, logprobs and echo take their defaults."""
+    """OpenAI's SDK sends null for a field given as None: n, stream, logprobs, echo and completions' max_tokens
+    take their defaults."""
     nulls = {"n": None, "stream": None, "logprobs": None}
     tokens = random.randint(1, 6)
     for route, body in (("/v1/chat/completions", {"messages": QUESTION}), ("/v1/completions", {"prompt": PROMPT})):
@@ -452,6 +464,10 @@ def test_null_is_the_default_where_openai_lets_a_field_be_null(client, server):
         r = httpx.post(server.url + route, json={**base, **nulls, **extra}, headers=server.headers, timeout=60)
         assert r.status_code == 200 and r.json()["choices"] == plain["choices"], r.text
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=tokens, n=None).usage.completion_tokens
+    # completions' max_tokens null is its default, 16, as vLLM takes it (not the rest of the context)
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": None,
+                                                         "ignore_eos": True}, headers=server.headers, timeout=60)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
 
 
 def test_a_refusal_part_is_the_text_it_refuses_with(server):
