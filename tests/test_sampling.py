@@ -119,15 +119,17 @@ def test_mask_logits_of_top_k_candidates_matches_the_whole_sort():
 
 def test_mask_plan_follows_the_sampled_rows():
     greedy = SamplingParams(temperature=0, top_p=0.5, top_k=3)
-    assert mask_plan([greedy, SamplingParams(temperature=1.0)], 100) == MaskPlan()
+    assert mask_plan([greedy, SamplingParams(temperature=1.0)], 100) == MaskPlan(min_p=False)
     assert mask_plan([greedy, SamplingParams(temperature=1.0, top_k=20, top_p=0.9),
-                      SamplingParams(temperature=0.5, top_k=7)], 100) == MaskPlan(20, True)
-    assert mask_plan([SamplingParams(temperature=1.0, top_k=500)], 100) == MaskPlan(100, True, greedy_rows=False)
+                      SamplingParams(temperature=0.5, top_k=7, min_p=0.2)], 100) == MaskPlan(20, True, min_p=False)
+    assert mask_plan([SamplingParams(temperature=1.0, top_k=500)], 100) == MaskPlan(100, True, greedy_rows=False,
+                                                                                     min_p=False)
     assert mask_plan([SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=1.0, min_p=0.1)],
                      100) == MaskPlan(20, False, True, False)
     assert mask_plan([SamplingParams(temperature=1.0, top_k=20), SamplingParams(temperature=1.0)],
-                     100) == MaskPlan(20, False, False, False)
-    assert mask_plan([SamplingParams(temperature=1.0, top_p=0.9), greedy], 100) == MaskPlan(0, False, True)
+                     100) == MaskPlan(20, False, False, False, False)
+    assert mask_plan([SamplingParams(temperature=1.0, top_p=0.9), greedy], 100) == MaskPlan(0, False, True,
+                                                                                             min_p=False)
     assert not mask_plan([greedy], 100).masks
 
 

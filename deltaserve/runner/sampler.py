@@ -37,7 +37,9 @@ def mask_plan(params: list[SamplingParams], vocab: int) -> kernels.MaskPlan:
     sampled = [p for p in params if p.temperature > 0]
     top_k = [row_top_k(p, vocab) for p in sampled]
     nucleus = any(not k and (p.top_p < 1 or p.min_p > 0) for k, p in zip(top_k, sampled))
-    return kernels.MaskPlan(max(top_k, default=0), bool(sampled) and all(top_k), nucleus, len(sampled) < len(params))
+    min_p = any(not k and p.min_p > 0 for k, p in zip(top_k, sampled))
+    return kernels.MaskPlan(max(top_k, default=0), bool(sampled) and all(top_k), nucleus, len(sampled) < len(params),
+                            min_p)
 
 
 def row_seed(seed: int, sample_index: int, position: int) -> int:

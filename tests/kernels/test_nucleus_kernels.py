@@ -64,6 +64,10 @@ def test_top_p_is_a_share_of_what_min_p_keeps():
     assert kept == [first]
     assert torch.isfinite(reference.mask_logits(logits, torch.zeros(1, dtype=torch.int64), torch.tensor([0.5]),
                                                 torch.tensor([0.1])))[0].nonzero().flatten().tolist() == [first]
+    # without min-p (the host says so) the pass that sums what it keeps is skipped, with the same floors
+    none = torch.zeros(1)
+    assert torch.equal(nucleus_floors(logits, torch.ones(1), torch.tensor([0.5]), none, with_min_p=False),
+                       nucleus_floors(logits, torch.ones(1), torch.tensor([0.5]), none))
 
 
 def test_floors_at_the_qwen_vocabulary_keep_what_the_reference_keeps():

@@ -153,7 +153,7 @@ def test_top_k_batch_without_greedy_rows_matches_the_reference():
     args = (logits, temperature, top_k, top_p, min_p, _seeds(rows))
     mask = mask_plan([SamplingParams(temperature=float(t), top_k=int(k), top_p=float(p), min_p=float(m))
                       for t, k, p, m in zip(temperature, top_k, top_p, min_p)], vocab)
-    assert mask == reference.MaskPlan(40, True, False, False)
+    assert mask == reference.MaskPlan(40, True, False, False, min_p=False)  # min-p only beside top-k
     tokens = sample_from_logits(*args, mask=mask)
     assert torch.equal(tokens, reference.sample_from_logits(*args, mask=reference.MaskPlan(nucleus=True)))
     assert tokens[3] == logits[3].argmax()  # top-k 1 keeps the best token alone

@@ -63,12 +63,15 @@ class MaskPlan:
     wait for the logits): `top_k`, their largest top-k (0 where none has top-k on); `all_top_k`, whether
     every one has top-k on (only then may a row's mask look at its best `top_k` tokens alone); `nucleus`,
     whether some row without top-k has top-p or min-p on; `greedy_rows`, whether the batch has greedy rows
-    beside them (their argmax reads whole rows, where sampled rows with top-k read their candidates)."""
+    beside them (their argmax reads whole rows, where sampled rows with top-k read their candidates); `min_p`,
+    whether some row without top-k may have min-p on (where none has, top-p's share is of the whole row and
+    the nucleus floors need not sum what min-p keeps)."""
 
     top_k: int = 0
     all_top_k: bool = False
     nucleus: bool = False
     greedy_rows: bool = True
+    min_p: bool = True
 
     @property
     def masks(self) -> bool:

@@ -159,11 +159,12 @@ def _floor_kernel(top_p, min_p, slice_max, slice_kept, lows, mass, floors, slice
 
 
 def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor,
-                   slice_: int = SLICE, num_warps: int = NUM_WARPS) -> torch.Tensor:
+                   slice_: int = SLICE, num_warps: int = NUM_WARPS, with_min_p: bool = True) -> torch.Tensor:
     """floors [B] (int32): row b keeps the tokens whose scaled logit x[b] * inverse[b] has an order key
     (reference.order_keys) at or above floors[b], what top_p[b] (1 = off) and min_p[b] (0 = off) keep.
     x [B, V] float32 (last dim contiguous); inverse, top_p, min_p [B] float32. slice_ (a power of two) and
-    num_warps tune the pivot passes."""
+    num_warps tune the pivot passes. with_min_p False (the host knows no row has min-p on) skips the pass that
+    sums what min-p keeps: top-p's share is then of each slice's whole mass."""
     rows, vocab = x.shape
     floors = torch.empty(rows, dtype=torch.int32, device=x.device)
     if rows == 0:
@@ -172,14 +173,15 @@ def nucleus_floors(x: torch.Tensor, inverse: torch.Tensor, top_p: torch.Tensor, 
     slices = triton.cdiv(vocab, slice_)
     block_s = triton.next_power_of_2(slices)
     slice_max = torch.empty(rows, slices, dtype=torch.float32, device=x.device)
-    slice_sum, slice_kept = torch.empty_like(slice_max), torch.empty_like(slice_max)
+    slice_sum = torch.empty_like(slice_max)
+    slice_kept = torch.empty_like(slice_max) if with_min_p else slice_sum
     lows = torch.empty(PASSES, rows, dtype=torch.int64, device=x.device)
     mass = torch.empty(PASSES, rows, slices, PIVOTS, dtype=torch.float32, device=x.device)
     for pass_ in range(PASSES):
         _pivot_mass_kernel[(rows, slices)](x, inverse, top_p, slice_max, slice_sum, slice_kept, lows, mass, vocab,
                                            x.stride(0), slices, PASS=pass_, SLICE=slice_, BLOCK_S=block_s,
                                            PIVOTS=PIVOTS, num_warps=num_warps)
-        if pass_ == 0:  # the row's max is known from here: what min-p keeps, for the passes after
+        if pass_ == 0 and with_min_p:  # the row's max is known from here: what min-p keeps, for the passes after
             _kept_mass_kernel[(rows, slices)](x, inverse, min_p, slice_max, slice_sum, slice_kept, vocab,
                                               x.stride(0), slices, SLICE=slice_, BLOCK_S=block_s,
                                               num_warps=num_warps)

@@ -150,7 +150,7 @@ def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, mask:
     x = logits.float()
     x = x if x.stride(-1) == 1 else x.contiguous()  # rows may stand apart (a wider logits buffer): strides
     if not mask.top_k:
-        floors = nucleus_floors(x, inverse, top_p, min_p) if mask.nucleus else None
+        floors = nucleus_floors(x, inverse, top_p, min_p, with_min_p=mask.min_p) if mask.nucleus else None
         return race_or_argmax(x, inverse, seeds, greedy, floors=floors)
     vocab = x.shape[1]
     best, order = top_k_candidates(x, min(mask.top_k, vocab))  # a positive scale keeps the order
@@ -166,7 +166,8 @@ def sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, *, mask:
     unit = torch.ones_like(inverse)
     floors = None
     if mask.nucleus:
-        floors = nucleus_floors(x, unit, torch.where(has_k, 1.0, top_p), torch.where(has_k, 0.0, min_p))
+        floors = nucleus_floors(x, unit, torch.where(has_k, 1.0, top_p), torch.where(has_k, 0.0, min_p),
+                                with_min_p=mask.min_p)
     return race_or_argmax(x, unit, seeds, greedy, floors=floors)
 
 
