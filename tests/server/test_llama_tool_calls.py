@@ -8,7 +8,7 @@ import pytest
 
 from deltaserve.server.output_parser import ChoiceParser
 from deltaserve.server.tool_parsers import LLAMA_JSON, TAGS, Llama3JsonToolParser, tool_format_of
-from tests.server.tool_call_text import cut, feed_all, random_value
+from tests.server.tool_call_text import cut, feed_all, random_calls
 
 NAMES = ["get_weather", "search", "add", "lookup_user"]
 STRINGS = ["Paris", "a \"quoted\" word", "日本", "x; y", "{not json}", ""]
@@ -17,8 +17,7 @@ STRINGS = ["Paris", "a \"quoted\" word", "日本", "x; y", "{not json}", ""]
 def test_bare_json_calls_are_read_whatever_the_stream_cuts():
     rng = random.Random()
     for _ in range(50):
-        wanted = [(rng.choice(NAMES), {f"p{i}": random_value(rng, STRINGS) for i in range(rng.randint(0, 4))})
-                  for _ in range(rng.randint(1, 3))]
+        wanted = random_calls(rng, NAMES, STRINGS)
         key = rng.choice(["parameters", "arguments"])
         body = rng.choice([";", "; ", " ;\n"]).join(json.dumps({"name": n, key: a}, ensure_ascii=rng.random() < 0.5)
                                                     for n, a in wanted)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from deltaserve.server.tool_parsers import PYTHONIC, PythonicToolParser, tool_call_parser, tool_format_of
-from tests.server.tool_call_text import cut, feed_all, random_value
+from tests.server.tool_call_text import cut, feed_all, random_calls
 
 NAMES = ["get_weather", "search", "tools.add", "lookup_user"]
 STRINGS = ["Paris", "it's \"quoted\"", "日本", "a, b]", "x)", ""]
@@ -16,8 +16,7 @@ STRINGS = ["Paris", "it's \"quoted\"", "日本", "a, b]", "x)", ""]
 def test_a_list_of_calls_is_read_whatever_the_stream_cuts():
     rng = random.Random()
     for _ in range(50):
-        wanted = [(rng.choice(NAMES), {f"p{i}": random_value(rng, STRINGS) for i in range(rng.randint(0, 4))})
-                  for _ in range(rng.randint(1, 3))]
+        wanted = random_calls(rng, NAMES, STRINGS)
         # Python's repr of the values, or JSON's true / false / null where a model writes those
         writer = repr if rng.random() < 0.7 else json.dumps
         body = "[" + ", ".join(f"{n}({', '.join(f'{k}={writer(v)}' for k, v in a.items())})" for n, a in wanted) + "]"

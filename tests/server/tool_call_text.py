@@ -1,5 +1,5 @@
-"""What the tests of the whole-answer tool-call formats share: random argument values, a text cut into random
-stream pieces, and a parser fed them all."""
+"""What the tests of the whole-answer tool-call formats share: random calls and argument values, a text cut into
+random stream pieces, and a parser fed them all."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ def random_value(rng: random.Random, strings: list[str], depth: int = 0):
     if kind == 4:
         return [random_value(rng, strings, depth + 1) for _ in range(rng.randint(0, 3))]
     return {f"k{i}": random_value(rng, strings, depth + 1) for i in range(rng.randint(0, 3))}
+
+
+def random_calls(rng: random.Random, names: list[str], strings: list[str]) -> list[tuple[str, dict]]:
+    """One to three (name, arguments) pairs: names from `names`, up to four arguments of random values."""
+    return [(rng.choice(names), {f"p{i}": random_value(rng, strings) for i in range(rng.randint(0, 4))})
+            for _ in range(rng.randint(1, 3))]
 
 
 def cut(text: str, rng: random.Random) -> list[str]:
