@@ -70,13 +70,17 @@ def summarize(concurrency: int, results: list[RequestResult], duration: float, e
                                                                                   expected_output_len)),
         "input_len_mismatches": sum(1 for r in ok if _asked(r.sent_prompt_tokens, expected_input_len)
                                     not in (None, r.prompt_tokens)),
-        "ttft_ms": distribution_ms([r.ttft for r in ok if r.ttft is not None], percentiles),
-        "tpot_ms": distribution_ms([r.tpot for r in ok if r.tpot is not None], percentiles),
-        "itl_ms": distribution_ms([gap for r in ok for gap in r.itls], percentiles),
-        "e2e_ms": distribution_ms([r.latency for r in ok], percentiles),
+        **{f"{ours}_ms": distribution_ms(values, percentiles)
+           for ours, values in zip(("ttft", "tpot", "itl", "e2e"), latencies(ok).values())},
         "errors": errors[:10],
         **vllm_fields(results, duration, percentiles),
     }
+
+
+def latencies(ok: list[RequestResult]) -> dict[str, list[float]]:
+    """The successful requests' seconds by vLLM's metric name: ttft, tpot, itl (every gap) and e2el."""
+    return {"ttft": [r.ttft for r in ok if r.ttft is not None], "tpot": [r.tpot for r in ok if r.tpot is not None],
+            "itl": [gap for r in ok for gap in r.itls], "e2el": [r.latency for r in ok]}
 
 
 def _asked(own: int | None, level: int | None) -> int | None:
@@ -93,9 +97,7 @@ def vllm_fields(results: list[RequestResult], duration: float, percentiles=DEFAU
               "total_input_tokens": total_in, "total_output_tokens": total_out,
               "request_throughput": per_second(len(ok)), "output_throughput": per_second(total_out),
               "total_token_throughput": per_second(total_in + total_out)}
-    for name, values in (("ttft", [r.ttft for r in ok if r.ttft is not None]),
-                         ("tpot", [r.tpot for r in ok if r.tpot is not None]),
-                         ("itl", [gap for r in ok for gap in r.itls]), ("e2el", [r.latency for r in ok])):
+    for name, values in latencies(ok).items():
         ms = [v * 1000.0 for v in values]
         mean = sum(ms) / len(ms) if ms else 0.0
         fields[f"mean_{name}_ms"] = mean
