@@ -8,7 +8,7 @@ from collections.abc import Callable
 from deltaserve.engine.detokenizer import IncrementalDetokenizer
 from deltaserve.outputs import CompletionOutput
 from deltaserve.sampling_params import SamplingParams
-from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
+from deltaserve.server.output_parser import AnswerText, ChoiceDelta, ChoiceParser
 
 # (output, first token, end) -> the logprobs of those tokens, one entry each
 LogprobsOf = Callable[[CompletionOutput, int, int], list[dict]]
@@ -70,11 +70,13 @@ class MessageLogprobs:
 
     def _place(self, o: CompletionOutput, got: ChoiceDelta, delta: ChoiceDelta, placed: list[dict],
                final: bool = False) -> None:
-        """The waiting tokens go with the message text they gave, or nowhere where they gave reasoning or calls."""
-        delta.extend(got)
+        """The waiting tokens go with the message text they gave (the first stretch of it, where one token's text
+        holds a call between two), or nowhere where they gave reasoning or calls."""
         called, self._calls_read = self._calls_read != self.parser.calls_read, self.parser.calls_read
         if got.content:
-            placed += self._logprobs_of(o, self._waiting_from, self._fed_tokens)
-        elif not (final or called or self.parser.in_reasoning):
-            return  # still held: what they are comes with a later token
-        self._waiting_from = self._fed_tokens
+            logprobs = self._logprobs_of(o, self._waiting_from, self._fed_tokens)
+            next(p for p in got.answer if isinstance(p, AnswerText) and p.text).logprobs += logprobs
+            placed += logprobs
+        delta.extend(got)
+        if got.content or final or called or self.parser.in_reasoning:
+            self._waiting_from = self._fed_tokens  # else still held: what they are comes with a later token

@@ -10,18 +10,49 @@ from deltaserve.server.tool_parsers import TAGS, ToolCall, tool_call_parser
 
 
 @dataclass
+class AnswerText:
+    """A stretch of the answer's text, with the logprobs of the tokens that wrote it where a reader places them
+    (message_logprobs.MessageLogprobs)."""
+
+    text: str
+    logprobs: list[dict] = field(default_factory=list)
+
+
 class ChoiceDelta:
-    reasoning: str = ""
-    content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    """What a stretch of one choice's output holds: reasoning (it comes first), then the answer's text and tool
+    calls in the order written (`answer`). Chat's reply reads the text and the calls apart (`content`,
+    `tool_calls`); the Responses and Messages replies place them in order, as items and blocks."""
+
+    def __init__(self, reasoning: str = "", content: str = "", tool_calls: list[ToolCall] | None = None,
+                 answer: list[AnswerText | ToolCall] | None = None):
+        self.reasoning = reasoning
+        self.answer: list[AnswerText | ToolCall] = list(answer or ())
+        if content:
+            self.answer.insert(0, AnswerText(content))
+        self.answer += tool_calls or ()
+
+    @property
+    def content(self) -> str:
+        return "".join(p.text for p in self.answer if isinstance(p, AnswerText))
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [p for p in self.answer if isinstance(p, ToolCall)]
 
     def __bool__(self) -> bool:
-        return bool(self.reasoning or self.content or self.tool_calls)
+        return bool(self.reasoning or self.answer)
+
+    def __repr__(self) -> str:
+        return f"ChoiceDelta(reasoning={self.reasoning!r}, answer={self.answer!r})"
 
     def extend(self, other: ChoiceDelta) -> None:
         self.reasoning += other.reasoning
-        self.content += other.content
-        self.tool_calls.extend(other.tool_calls)
+        for piece in other.answer:
+            last = self.answer[-1] if self.answer else None
+            if isinstance(piece, AnswerText) and isinstance(last, AnswerText):
+                self.answer[-1] = AnswerText(last.text + piece.text, last.logprobs + piece.logprobs)
+            else:
+                self.answer.append(piece)
 
 
 class ChoiceParser:
@@ -82,7 +113,9 @@ class ChoiceParser:
         if self._tools is None:
             return ChoiceDelta(content=text)
         parsed = self._tools.finish() if final else self._tools.feed(text)
-        return ChoiceDelta(content=parsed.text, tool_calls=self._kept(parsed.tool_calls))
+        kept = {id(call) for call in self._kept(parsed.tool_calls)}
+        return ChoiceDelta(answer=[AnswerText(p) if isinstance(p, str) else p for p in parsed.pieces
+                                   if isinstance(p, str) or id(p) in kept])
 
     def _kept(self, calls: list[ToolCall]) -> list[ToolCall]:
         """The calls within max_calls, in the order they came."""

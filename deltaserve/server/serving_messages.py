@@ -23,7 +23,7 @@ from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
 from deltaserve.server.sampling import check_structure, resolve_max_tokens
 from deltaserve.server.sse import SSE_HEADERS, sse_event
 from deltaserve.server.streaming import EngineStreamResponse
-from deltaserve.server.tool_parsers import new_tool_call_id, written_json_value
+from deltaserve.server.tool_parsers import ToolCall, new_tool_call_id, written_json_value
 
 
 def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage]) -> list[dict]:
@@ -241,11 +241,13 @@ class _MessageJob:
         content: list[dict] = []
         if parsed.reasoning:
             content.append({"type": "thinking", "thinking": parsed.reasoning, "signature": ""})
-        if parsed.content:  # Anthropic sends no empty text block: a reply with nothing at all has no content
-            content.append({"type": "text", "text": parsed.content})
-        for call in parsed.tool_calls:  # a call the length cut short: its input as far as it was written
-            written = json.loads(call.arguments) if call.complete else written_json_value(call.arguments)
-            content.append({"type": "tool_use", "id": "toolu_" + call.id[5:], "name": call.name, "input": written})
+        for piece in parsed.answer:  # text and calls in the order written, as the stream's blocks
+            if isinstance(piece, ToolCall):  # a call the length cut short: its input as far as it was written
+                written = json.loads(piece.arguments) if piece.complete else written_json_value(piece.arguments)
+                content.append({"type": "tool_use", "id": "toolu_" + piece.id[5:], "name": piece.name,
+                                "input": written})
+            elif piece.text:  # Anthropic sends no empty text block: a reply with nothing at all has no content
+                content.append({"type": "text", "text": piece.text})
         stop_reason, stop_sequence = _stop_reason(o, self.req.stop_sequences or [], bool(parsed.tool_calls))
         return {
             "id": self.request_id,
@@ -317,15 +319,16 @@ class _BlockWriter:
             if self.open_kind != "thinking":
                 events += self._switch("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             events.append(self._delta({"type": "thinking_delta", "thinking": delta.reasoning}))
-        if delta.content:
-            if self.open_kind != "text":
-                events += self._switch("text", {"type": "text", "text": ""})
-            events.append(self._delta({"type": "text_delta", "text": delta.content}))
-        for call in delta.tool_calls:
-            self.used_tools = True
-            events += self._switch("tool_use", {"type": "tool_use", "id": "toolu_" + new_tool_call_id("")[:24],
-                                                "name": call.name, "input": {}})
-            events.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
+        for piece in delta.answer:  # text and calls in the order written
+            if isinstance(piece, ToolCall):
+                self.used_tools = True
+                events += self._switch("tool_use", {"type": "tool_use", "id": "toolu_" + new_tool_call_id("")[:24],
+                                                    "name": piece.name, "input": {}})
+                events.append(self._delta({"type": "input_json_delta", "partial_json": piece.arguments}))
+            elif piece.text:
+                if self.open_kind != "text":
+                    events += self._switch("text", {"type": "text", "text": ""})
+                events.append(self._delta({"type": "text_delta", "text": piece.text}))
         return events
 
     def close(self) -> list[str]:

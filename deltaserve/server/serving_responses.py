@@ -19,7 +19,7 @@ from deltaserve.server.context import last_output, read_json_object, until_disco
 from deltaserve.server.chat_prompt import check_tool_names, message_text
 from deltaserve.server.errors import APIError, bad_request, from_exception, require_fields
 from deltaserve.server.message_logprobs import MessageLogprobs, TextFeed
-from deltaserve.server.output_parser import ChoiceDelta
+from deltaserve.server.output_parser import AnswerText, ChoiceDelta
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.responses_protocol import InputContent, InputItem, ResponsesRequest
 from deltaserve.server.sampling import check_logprobs_field
@@ -293,15 +293,13 @@ class _ResponseJob:
         return (self.chat.logprobs(o, start, end) or {"content": []})["content"]
 
     def whole(self, output: RequestOutput) -> dict:
-        parsed, logprobs = self._reader().feed(output.outputs[0])
+        """The reply's items as its stream would close them: in the order written."""
+        parsed, _ = self._reader().feed(output.outputs[0])
         status = self.status(output)
-        items = []
-        if parsed.reasoning:
-            items.append(_reasoning_item(_item_id("rs"), parsed.reasoning, "completed"))
-        if parsed.content or not (items or parsed.tool_calls):  # as the stream: one message where nothing else came
-            items.append(_message_item(_item_id("msg"), parsed.content, status, logprobs))
-        items += [_call_item(_item_id("fc"), call, "completed") for call in parsed.tool_calls]
-        return self.envelope(status, items, self.usage(output, parsed.reasoning))
+        items = _EventWriter()
+        items.write(parsed)
+        items.close(status)
+        return self.envelope(status, items.items, self.usage(output, parsed.reasoning))
 
     async def stream(self, stream: RequestStream) -> AsyncIterator[str]:
         events = _EventWriter()
@@ -312,8 +310,8 @@ class _ResponseJob:
             yield events.emit("response.in_progress", response=self.envelope("in_progress", [], None))
             async for output in stream:
                 last = output
-                delta, logprobs = reader.feed(output.outputs[0])
-                for event in events.write(delta, logprobs):
+                delta, _ = reader.feed(output.outputs[0])
+                for event in events.write(delta):
                     yield event
             status = self.status(last)
             for event in events.close(status):
@@ -353,8 +351,9 @@ class _EventWriter:
             events.append(self.emit("response.content_part.added", **self._where(), content_index=0, part=part))
         return events
 
-    def write(self, delta: ChoiceDelta, logprobs: list[dict] | None = None) -> list[str]:
-        """logprobs: those of the delta's content, where the request asks for them."""
+    def write(self, delta: ChoiceDelta) -> list[str]:
+        """The delta's reasoning, then its text and calls in the order written; a text's logprobs are those the
+        reader placed with it, where the request asks for them."""
         events: list[str] = []
         if delta.reasoning:
             self.reasoning += delta.reasoning
@@ -364,19 +363,29 @@ class _EventWriter:
             self._open["text"] += delta.reasoning
             events.append(self.emit("response.reasoning_text.delta", **self._where(), content_index=0,
                                     delta=delta.reasoning))
-        if delta.content:
-            if self._open is None or self._open["kind"] != "message":
-                events += self._begin("message", _message_item(_item_id("msg"), "", "in_progress"), _output_text(""))
-            self._open["text"] += delta.content
-            self._open["logprobs"] += logprobs or []
-            events.append(self.emit("response.output_text.delta", **self._where(), content_index=0,
-                                    delta=delta.content, logprobs=logprobs or []))
-        for call in delta.tool_calls:  # a call comes whole from the parser: its arguments in one delta
-            events += self._begin("function_call", _call_item(_item_id("fc"), call, "in_progress"), None)
-            events.append(self.emit("response.function_call_arguments.delta", **self._where(), delta=call.arguments))
-            events.append(self.emit("response.function_call_arguments.done", **self._where(), name=call.name,
-                                    arguments=call.arguments))
-            self._open["call"] = call
+        for piece in delta.answer:
+            events += self._write_text(piece) if isinstance(piece, AnswerText) else self._write_call(piece)
+        return events
+
+    def _write_text(self, text: AnswerText) -> list[str]:
+        events: list[str] = []
+        if not text.text:
+            return events
+        if self._open is None or self._open["kind"] != "message":
+            events += self._begin("message", _message_item(_item_id("msg"), "", "in_progress"), _output_text(""))
+        self._open["text"] += text.text
+        self._open["logprobs"] += text.logprobs
+        events.append(self.emit("response.output_text.delta", **self._where(), content_index=0, delta=text.text,
+                                logprobs=text.logprobs))
+        return events
+
+    def _write_call(self, call: ToolCall) -> list[str]:
+        """A call comes whole from the parser: its arguments in one delta."""
+        events = self._begin("function_call", _call_item(_item_id("fc"), call, "in_progress"), None)
+        events.append(self.emit("response.function_call_arguments.delta", **self._where(), delta=call.arguments))
+        events.append(self.emit("response.function_call_arguments.done", **self._where(), name=call.name,
+                                arguments=call.arguments))
+        self._open["call"] = call
         return events
 
     def close(self, status: str) -> list[str]:

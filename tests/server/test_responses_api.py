@@ -5,8 +5,10 @@ a model."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import types
 
 import httpx
 import openai
@@ -14,11 +16,12 @@ import pytest
 
 from deltaserve.outputs import CompletionOutput
 from deltaserve.server.message_logprobs import MessageLogprobs
-from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
+from deltaserve.server.output_parser import AnswerText, ChoiceDelta, ChoiceParser
 from deltaserve.server.responses_protocol import ResponsesRequest
-from deltaserve.server.serving_responses import _EventWriter, chat_messages, chat_request
+from deltaserve.server.serving_responses import _EventWriter, _ResponseJob, chat_messages, chat_request
 from deltaserve.server.tool_parsers import ToolCall
 from tests.server.conftest import API_KEY, MODEL, serving
+from tests.server.engine_outputs import StreamedOutputs, cut_outputs
 from tests.server.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(400)
@@ -341,3 +344,50 @@ def test_message_logprobs_are_the_tokens_of_the_message_text_in_steps_of_any_siz
         assert streamed_placed == placed, steps
         assert (streamed.reasoning, streamed.content) == (whole.reasoning, whole.content)
         assert [c.arguments for c in streamed.tool_calls] == [c.arguments for c in whole.tool_calls]
+        # in the order written, each stretch of text with its own tokens' logprobs
+        assert [_piece(p) for p in whole.answer] == [("It is <b>sunny</b>\n", "It is <b>sunny</b>\n"), 1,
+                                                     (" ok", " ok"), 2][:3 if max_calls else 4]
+        assert [_piece(p) for p in streamed.answer] == [_piece(p) for p in whole.answer], steps
+
+
+def _piece(piece):
+    """A text's text and its logprobs' tokens joined, or a call's x."""
+    return (piece.text, "".join(piece.logprobs)) if isinstance(piece, AnswerText) else json.loads(piece.arguments)["x"]
+
+
+CALL_F = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+CALL_G = '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'
+
+
+def _response_job() -> _ResponseJob:
+    """A response's shaping over a chat job of no model: its parser reads Qwen's tool calls to f and g."""
+    req = ResponsesRequest.model_validate({"model": MODEL, "input": "Go."})
+    chat = types.SimpleNamespace(request_id="resp_1", model=MODEL,
+                                 parser=lambda: ChoiceParser(tool_schemas={"f": {}, "g": {}}),
+                                 api=types.SimpleNamespace(ctx=types.SimpleNamespace(tokenizer=None)))
+    return _ResponseJob(req, chat)
+
+
+def _without_ids(items: list[dict]) -> list[dict]:
+    return [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items]
+
+
+@pytest.mark.parametrize("text, kinds", [
+    ("Let me look.\n" + CALL_F + " Then the next one.", ["message", "function_call", "message"]),
+    (CALL_F + "\nand\n" + CALL_G, ["function_call", "message", "function_call"]),
+    ("Just text.", ["message"]),
+])
+def test_a_responses_items_are_in_the_order_written_whole_and_streamed(text, kinds):
+    """Text after a call is an item after the call's, in the whole response as in the stream's, wherever the
+    stream's outputs are cut."""
+    reason = random.choice(["stop", "length"])
+    whole = _response_job().whole(cut_outputs(text, "resp_1", reason)[-1])
+
+    async def frames():
+        job = _response_job()
+        return [frame async for frame in job.stream(StreamedOutputs(cut_outputs(text, "resp_1", reason)))]
+
+    final = json.loads(asyncio.run(frames())[-1].split("data: ", 1)[1])["response"]
+    assert [item["type"] for item in whole["output"]] == kinds
+    assert _without_ids(final["output"]) == _without_ids(whole["output"])
+    assert final["status"] == whole["status"] == ("incomplete" if reason == "length" else "completed")

@@ -22,13 +22,27 @@ CLOSE = "</tool_call>"
 
 @dataclass
 class ParsedDelta:
-    """What one chunk of model text turned out to hold."""
+    """What one chunk of model text turned out to hold: its text and calls in the order written (`pieces`), and
+    each kind alone."""
 
-    text: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    pieces: list[str | ToolCall] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(p for p in self.pieces if isinstance(p, str))
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [p for p in self.pieces if isinstance(p, ToolCall)]
+
+    def add_text(self, text: str) -> None:
+        if self.pieces and isinstance(self.pieces[-1], str):
+            self.pieces[-1] += text
+        elif text:
+            self.pieces.append(text)
 
     def __bool__(self) -> bool:
-        return bool(self.text or self.tool_calls)
+        return bool(self.pieces)
 
 
 def parse_tool_call_body(body: str, schemas: dict[str, dict] | None = None) -> ToolCall | None:
@@ -96,7 +110,7 @@ class ToolCallParser:
 
     def _add_call(self, call: ToolCall, out: ParsedDelta) -> None:
         self.calls.append(call)
-        out.tool_calls.append(call)
+        out.pieces.append(call)
         self._pending_space = ""
         self._segment_has_text = False
 
@@ -109,6 +123,6 @@ class ToolCallParser:
         if self.calls and not self._segment_has_text and not text.strip():
             self._pending_space += text
             return
-        out.text += self._pending_space + text
+        out.add_text(self._pending_space + text)
         self._pending_space = ""
         self._segment_has_text = True

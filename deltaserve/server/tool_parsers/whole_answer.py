@@ -24,7 +24,7 @@ class WholeAnswerToolParser:
 
     def feed(self, chunk: str) -> ParsedDelta:
         if self._calling is False:
-            return ParsedDelta(text=chunk)
+            return ParsedDelta([chunk] if chunk else [])
         self._held += chunk
         if self._calling is None:
             opening = self._held.lstrip()
@@ -33,13 +33,13 @@ class WholeAnswerToolParser:
             self._calling = opening.startswith(self.openings)
             if not self._calling:
                 text, self._held = self._held, ""
-                return ParsedDelta(text=text)
+                return ParsedDelta([text] if text else [])
         return ParsedDelta()
 
     def finish(self) -> ParsedDelta:
         text, self._held = self._held, ""
         calls = self.parse(text) if self._calling else None
         if calls is None:
-            return ParsedDelta(text=text)
+            return ParsedDelta([text] if text else [])
         self.calls.extend(calls)
-        return ParsedDelta(tool_calls=calls)
+        return ParsedDelta(list(calls))
