@@ -75,3 +75,39 @@ def test_stop_strings_count_only_past_min_tokens(tokenizer):
     assert stopped and stopped[0] == later
     plain = IncrementalDetokenizer(tokenizer, [], SamplingParams(max_tokens=len(output), stop=["stop"]))
     assert next(n for n, t in enumerate(output, start=1) if plain.append(t) is not None) == first_stop_end
+
+
+def _reference_stop(tokenizer, output, stops, min_tokens):
+    """Where the output stops, by definition: at the first token past min_tokens whose new text ends an
+    occurrence of a stop string, that of them which starts first. (tokens read, stop string, start) or None."""
+    seen = tokenizer.decode(output[:min_tokens]).rstrip("\ufffd")
+    for n in range(min_tokens + 1, len(output) + 1):
+        text = tokenizer.decode(output[:n]).rstrip("\ufffd")
+        ends_in_new = [(text.find(s, max(0, len(seen) - len(s) + 1)), s) for s in stops]
+        found = [(at, s) for at, s in ends_in_new if at >= 0]
+        if found:
+            at, stop = min(found)
+            return n, stop, at
+        seen = text
+    return None
+
+
+def test_stop_strings_of_several_lengths_past_min_tokens(tokenizer):
+    """A short stop string wholly within the text of the first min_tokens tokens does not count, beside a longer
+    one (as vLLM looks for each string from its own length before the new text)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    for _ in range(40):
+        stops = rng.sample(["a", "o", "STOP", " the end", "日本", "\n\n", "zzzzzzzz"], rng.randint(2, 3))
+        output = tokenizer.encode(_random_text(rng), add_special_tokens=False)
+        min_tokens = rng.randint(0, len(output))
+        include = rng.random() < 0.5
+        params = SamplingParams(max_tokens=len(output), stop=stops, min_tokens=min_tokens,
+                                include_stop_str_in_output=include)
+        detok = IncrementalDetokenizer(tokenizer, [], params)
+        found = next(((n, stop) for n, t in enumerate(output, start=1) if (stop := detok.append(t))), None)
+        expected = _reference_stop(tokenizer, output, stops, min_tokens)
+        assert found == (expected[:2] if expected else None), (seed, tokenizer.decode(output), stops, min_tokens)
+        if expected is not None:
+            n, stop, at = expected
+            assert detok.visible_text(False) == tokenizer.decode(output[:n])[: at + len(stop) if include else at]

@@ -20,7 +20,6 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special = params.skip_special_tokens
         self.stop_strings = params.stop_strings
-        self.longest_stop = max((len(s) for s in self.stop_strings), default=0)
         self.include_stop = params.include_stop_str_in_output
         # as vLLM does, stop strings are looked for once the output is longer than min_tokens, in the text of the
         # tokens after those (and the few characters before, where a stop string may begin)
@@ -40,17 +39,18 @@ class IncrementalDetokenizer:
         after = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip_special)
         if len(after) <= len(before) or after.endswith(REPLACEMENT):
             return None  # an unfinished character (or nothing printable) so far
-        # a stop string that ends in the new text starts at most len - 1 characters before it (one wholly in the
-        # old text was found then, or did not count then: within min_tokens)
-        searched_from = max(0, len(self.text) - self.longest_stop + 1)
+        old_length = len(self.text)
         self.text += after[len(before):]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return self._find_stop(searched_from) if self.num_tokens > self.min_tokens else None
+        return self._find_stop(old_length) if self.num_tokens > self.min_tokens else None
 
-    def _find_stop(self, searched_from: int) -> str | None:
+    def _find_stop(self, old_length: int) -> str | None:
+        """The stop string that ends in the text past `old_length` and starts first. Each is looked for from
+        its length less one before the new text: one wholly in the old text was found then, or did not count
+        then (within min_tokens)."""
         best = None
         for stop in self.stop_strings:
-            at = self.text.find(stop, searched_from)
+            at = self.text.find(stop, max(0, old_length - len(stop) + 1))
             if at >= 0 and (best is None or at < best[0]):
                 best = (at, stop)
         if best is None:
