@@ -13,6 +13,7 @@ from deltaserve.errors import InvalidSamplingParamsError, NoTokenAllowedError
 from deltaserve.engine.request import Request
 from deltaserve.kernels.sampling.reference import MaskPlan, mask_logits, penalise
 from deltaserve.runner.sampler import Sampler, mask_plan
+from tests.checkpoints import make_checkpoint
 
 
 def test_same_seed_same_text_alone_and_in_batch(checkpoint_factory):
@@ -367,14 +368,15 @@ def test_penalties_of_many_rows_match_each_row_built_alone():
     assert all(t.data_ptr() % 16 == 0 for t in (prompt.offsets, output.offsets, output.tokens))
 
 
-def _reference_greedy_holding_back(reference, prompt, stops, min_tokens, max_tokens):
-    """transformers' greedy tokens where the stop tokens are refused before min_tokens and end the output after."""
+def _reference_greedy_holding_back(reference, prompt, stops, min_tokens, max_tokens, held=()):
+    """transformers' greedy tokens where the stop tokens (and `held`) are refused before min_tokens and the stop
+    tokens end the output after."""
     ids, out = list(prompt), []
     with torch.no_grad():
         while len(out) < max_tokens:
             logits = reference(torch.tensor([ids])).logits[0, -1].float()
             if len(out) < min_tokens:
-                logits[stops] = float("-inf")
+                logits[[*stops, *held]] = float("-inf")
             token = int(logits.argmax())
             out.append(token)
             ids.append(token)
@@ -398,9 +400,11 @@ def test_min_tokens_refuses_the_stop_tokens_until_then(arch, checkpoint_factory)
     min_tokens = rng.randint(2, 8)
     params = SamplingParams(max_tokens=12, min_tokens=min_tokens, temperature=0, ignore_eos=True, stop_token_ids=stops)
     out = llm.generate([prompt], params)[0].outputs[0]
-    tokens, reason = _reference_greedy_holding_back(load_reference(path), prompt, stops, min_tokens, 12)
+    # ignore_eos or not, min_tokens holds back the end of sequence too, as vLLM's min-tokens processor does
+    eos = sorted(llm.engine.eos_token_ids)
+    tokens, reason = _reference_greedy_holding_back(load_reference(path), prompt, stops, min_tokens, 12, eos)
     assert (out.token_ids, out.finish_reason) == (tokens, reason)
-    assert not set(out.token_ids[:min_tokens]) & set(stops)
+    assert not set(out.token_ids[:min_tokens]) & set(stops + eos)
     again = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
                                                   stop_token_ids=stops))[0].outputs[0]
     assert again.token_ids == plain.token_ids[:1] and again.finish_reason == "stop"  # nothing stays behind
@@ -416,6 +420,11 @@ def test_min_tokens_holds_back_the_end_of_sequence_and_stop_strings(checkpoint_f
                                                     logit_bias={eos: 100}))[0].outputs[0]
         assert len(out.token_ids) == min_tokens + 1 and out.token_ids[-1] == eos and out.finish_reason == "stop"
         assert eos not in out.token_ids[:-1]
+    # under ignore_eos the end of sequence stops nothing, but min_tokens still holds it back (vLLM's rule)
+    out = llm.generate([prompt], SamplingParams(max_tokens=min_tokens + 3, min_tokens=min_tokens, ignore_eos=True,
+                                                temperature=0, logit_bias={eos: 100}))[0].outputs[0]
+    assert eos not in out.token_ids[:min_tokens] and out.token_ids[min_tokens:] == [eos] * 3
+    assert out.finish_reason == "length"
     # A stop string found before min_tokens does not count; one in the text after does.
     params = dict(max_tokens=40, temperature=0, stop=[","])
     early = demo_llm.generate(["Count with me: 1, 2, 3, 4, 5"], SamplingParams(**params))[0].outputs[0]
@@ -576,6 +585,35 @@ def test_include_stop_str_in_output_keeps_a_stop_tokens_text(demo_llm):
         out = demo_llm.generate([prompt], params)[0].outputs[0]
         assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[: k + 1], "stop", ids[k])
         assert out.text == tokenizer.decode(ids[: k + 1 if include else k])
+    # a stop string that the kept text of the stop token completes is the reason, as vLLM's detokenizer finds it
+    text = tokenizer.decode(ids[: k + 1])
+    stop = text[len(tokenizer.decode(ids[:k])) - 1:]  # the token's text and the character before it
+    if stop and text.find(stop) == len(text) - len(stop):
+        for include in (True, False):
+            params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, stop_token_ids=[ids[k]],
+                                    stop=[stop], include_stop_str_in_output=include)
+            out = demo_llm.generate([prompt], params)[0].outputs[0]
+            assert (out.token_ids, out.stop_reason) == (ids[: k + 1], stop if include else ids[k]), (text, stop)
+
+
+def test_the_end_of_sequence_gives_vllms_stop_reasons(tmp_path):
+    """vLLM's check_stop: the tokenizer's end of sequence stops with no reason, ahead of stop_token_ids; the
+    checkpoint's other ends of sequence stop as stop tokens do, naming themselves; ignore_eos stops neither."""
+    llm = LLM(make_checkpoint("llama", str(tmp_path), eos_token_id=[2, 0]), device="cpu")
+    primary = llm.engine.tokenizer.hf.eos_token_id
+    other = next(iter(llm.engine.eos_token_ids - {primary}))
+    prompt = [random.randrange(3, 300) for _ in range(6)]
+
+    def forced(token: int, **fields):
+        params = SamplingParams(max_tokens=3, temperature=0, logit_bias={token: 100}, **fields)
+        out = llm.generate([prompt], params)[0].outputs[0]
+        return out.token_ids, out.finish_reason, out.stop_reason
+
+    assert forced(primary) == ([primary], "stop", None)
+    assert forced(other) == ([other], "stop", other)
+    assert forced(primary, stop_token_ids=[primary]) == ([primary], "stop", None)
+    assert forced(primary, stop_token_ids=[primary], ignore_eos=True) == ([primary], "stop", primary)
+    assert forced(other, ignore_eos=True) == ([other] * 3, "length", None)
 
 
 def test_top_k_zero_is_off_as_in_vllm(checkpoint_factory):

@@ -16,6 +16,7 @@ from deltaserve.cache.block_hash import salt_root
 from deltaserve.engine.detokenizer import IncrementalDetokenizer
 from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.engine.grammar import GrammarCompiler
+from deltaserve.engine.logprob_text import MAX_CONTEXT, logprob_token_text
 from deltaserve.engine.model_setup import LoadedModel, load_engine_model
 from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.repetition import ends_in_repetition
@@ -99,6 +100,9 @@ class LLMEngine:
         self.vocab_size = loaded.model_config.vocab_size
         self.max_logprobs = logprobs_count(config.max_logprobs, self.vocab_size)  # resolved: -1 is the vocabulary
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(loaded.model_config.eos_token_ids)
+        # vLLM's primary end of sequence, the tokenizer's: it stops with no stop_reason; the checkpoint's other
+        # end tokens stop as stop_token_ids do, naming themselves
+        self.primary_eos = self.tokenizer.hf.eos_token_id
         prefix_cache = None
         if config.enable_prefix_caching:
             snapshots = loaded.snapshots.index if loaded.snapshots is not None else None
@@ -175,8 +179,19 @@ class LLMEngine:
             self.scheduler.add(child)
 
     def _stop_tokens(self, params: SamplingParams) -> list[int]:
-        """The tokens that would end the output: its stop_token_ids, and the end of sequence unless ignored."""
-        return sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids))
+        """The tokens min_tokens holds back: its stop_token_ids and the ends of sequence, ignore_eos or not (as
+        vLLM's min-tokens processor, which holds back every token that could end the output)."""
+        return sorted(set(params.stop_token_ids) | self.eos_token_ids)
+
+    def _stopping(self, token: int, params: SamplingParams) -> tuple[bool, int | None]:
+        """Whether `token` ends the output, and the stop_reason it gives (vLLM's check_stop): the primary end of
+        sequence none, a stop_token_id or another end of sequence itself; an end of sequence stops nothing under
+        ignore_eos."""
+        if not params.ignore_eos and token == self.primary_eos:
+            return True, None
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            return True, token
+        return False, None
 
     def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
         """Each bad word's tokens as vLLM reads them: the word without its leading spaces, and after one space
@@ -370,12 +385,17 @@ class LLMEngine:
         for request, (first, entries) in found.items():
             for position, entry in enumerate(entries, start=first):
                 if position == len(request.prompt_logprobs):  # a recompute after preemption adds nothing new
-                    self._decode_logprob_tokens(entry)
+                    self._decode_logprob_tokens(entry, request.prompt_token_ids[max(0, position - MAX_CONTEXT):
+                                                                                position])
                     request.prompt_logprobs.append(entry)
 
-    def _decode_logprob_tokens(self, entry) -> None:
+    def _decode_logprob_tokens(self, entry, before: list[int]) -> None:
+        """Each token's text in the entry, after the tokens `before` its position (logprob_text)."""
         for tid, logprob in entry.items():
-            logprob.decoded_token = self.tokenizer.decode([tid], skip_special_tokens=False)
+            logprob.decoded_token = logprob_token_text(self._decode_with_specials, tid, before)
+
+    def _decode_with_specials(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _take_token(self, request: Request, position: int, token: int, logprob, now: float) -> None:
         """The token sampled at `position` (the request's oldest pending one), read back at `now`: stop checks,
@@ -389,8 +409,9 @@ class LLMEngine:
         request.resolve_token(position, token)
         if request.thinking is not None:
             request.thinking.accept(token)
-        if logprob is not None:
-            self._decode_logprob_tokens(logprob)
+        if logprob is not None:  # read after the output's tokens before it, as vLLM reads them
+            index = position - request.num_prompt_tokens
+            self._decode_logprob_tokens(logprob, request.output_token_ids[max(0, index - MAX_CONTEXT):index])
             request.output_logprobs.append(logprob)
         self._count_token(request.stats, now)
         params = request.params
@@ -407,10 +428,11 @@ class LLMEngine:
             log.error("request %s: structured output refused token %d: %s", request.request_id, token, why)
             self._end_at_fault(parent, InvalidSamplingParamsError(f"structured_outputs: the grammar failed: {why}"))
             return
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            if params.include_stop_str_in_output and params.detokenize:  # vLLM's: the stop token's text kept
-                detok.append(token)
-            self.scheduler.finish(request, "stop", token if token in params.stop_token_ids else None)
+        stops, reason = self._stopping(token, params)
+        if stops:
+            if params.include_stop_str_in_output and params.detokenize:  # vLLM's: the stop token's text kept,
+                reason = detok.append(token) or reason  # and a stop string it completes is the reason
+            self.scheduler.finish(request, "stop", reason)
             return
         stop = detok.append(token) if params.detokenize else None
         if stop is not None:

@@ -16,9 +16,11 @@ class TokenText:
         self._cache: dict[int, str] = {}
         self._bytes: dict[int, list[int]] = {}
 
-    def bytes_of(self, token_id: int, text: str) -> list[int]:
+    def bytes_of(self, token_id: int) -> list[int]:
         """OpenAI's `bytes`: the token's own bytes, which a token holding part of a character (an emoji's first
-        bytes) has where its text is only U+FFFD; else its text's UTF-8."""
+        bytes) has where its own decode shows U+FFFD (and its logprob's text is what it adds to the tokens before
+        it: logprob_text); else its own text's UTF-8."""
+        text = self(token_id)
         if "\ufffd" not in text:
             return list(text.encode("utf-8"))
         found = self._bytes.get(token_id)
@@ -95,10 +97,10 @@ def chat_logprobs(
             {
                 "token": token_label(token_id, text, as_ids),
                 "logprob": _finite(chosen.logprob) if chosen else -9999.0,
-                "bytes": token_text.bytes_of(token_id, text),
+                "bytes": token_text.bytes_of(token_id),
                 "top_logprobs": [
-                    {"token": token_label(tid, t := token_text(tid, lp), as_ids), "logprob": _finite(lp.logprob),
-                     "bytes": token_text.bytes_of(tid, t)}
+                    {"token": token_label(tid, token_text(tid, lp), as_ids), "logprob": _finite(lp.logprob),
+                     "bytes": token_text.bytes_of(tid)}
                     for tid, lp in _ranked(entry, top)
                 ],
             }

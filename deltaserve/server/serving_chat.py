@@ -283,7 +283,7 @@ class ChatJob:
             out["content"] = delta.content
         if delta.tool_calls:
             out["tool_calls"] = [_tool_call_json(c, tool_index + k) for k, c in enumerate(delta.tool_calls)]
-        return out
+        return out or {"content": ""}  # a chunk of logprobs alone (its text held): vLLM's empty content
 
     def _add_token_ids(self, choice: dict, o: Any, sent: int) -> int:
         """With return_token_ids, the choice's token ids not sent yet go in this chunk: how many are sent now."""

@@ -485,15 +485,29 @@ def test_a_refusal_part_is_the_text_it_refuses_with(server):
 
 
 def test_logprob_bytes_are_each_tokens_own(client):
-    """OpenAI's bytes: a token holding part of a character (its text only U+FFFD) carries its own bytes, so that
-    a reply's tokens' bytes join into the reply's UTF-8, emoji and all."""
+    """OpenAI's bytes: a token holding part of a character carries its own bytes, so that a reply's tokens' bytes
+    join into the reply's UTF-8, emoji and all; its text is what it adds to the tokens before it (vLLM's): ""
+    where it only begins a character, the character where it completes one, so the texts join into the reply."""
     word = random.choice(["🎉", "🙂 ok", "naïve ☃", "日本"])
     r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, temperature=0, logprobs=True,
                                        top_logprobs=2, extra_body={"structured_outputs": {"choice": [word]}})
     content = r.choices[0].logprobs.content
-    assert r.choices[0].message.content == word and any("\ufffd" in t.token for t in content)
+    assert r.choices[0].message.content == word and any(t.token == "" for t in content)
+    assert "".join(t.token for t in content) == word
     assert bytes(b for t in content for b in t.bytes) == word.encode("utf-8")
     assert all(isinstance(top.bytes, list) for t in content for top in t.top_logprobs)
+    # streamed, a token that only begins a character comes in a chunk of its own, content "" (as vLLM's)
+    chunks = [c.choices[0] for c in client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=16, temperature=0, logprobs=True, stream=True,
+        extra_body={"structured_outputs": {"choice": [word]}}) if c.choices]
+    carrying = [c for c in chunks if c.logprobs and c.logprobs.content]
+    assert [t.token for c in carrying for t in c.logprobs.content] == [t.token for t in content]
+    assert all(c.delta.content is not None for c in carrying)
+    r = client.completions.create(model=MODEL, prompt="Say it:", max_tokens=16, temperature=0, logprobs=1,
+                                  extra_body={"structured_outputs": {"choice": [word]}})
+    logprobs = r.choices[0].logprobs
+    assert r.choices[0].text == word and "".join(logprobs.tokens) == word
+    assert logprobs.text_offset == [len("".join(logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
 
 
 def test_ping_and_version_answer_without_a_key(server):
