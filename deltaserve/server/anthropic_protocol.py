@@ -54,13 +54,26 @@ class AnthropicThinking(_Lenient):
     budget_tokens: StrictInt | None = None
 
 
+class AnthropicOutputFormat(_Lenient):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class AnthropicOutputConfig(_Lenient):
+    """The output's form (a JSON schema it is held to) and the effort of its reasoning (to the chat template as
+    reasoning_effort, as vLLM hands it)."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: AnthropicOutputFormat | None = None
+
+
 class MessagesRequest(_Lenient):
     model: StrictStr
     max_tokens: StrictInt
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: StrictStr | list[ContentBlock] | None = None
     stop_sequences: list[StrictStr] | None = None
-    stream: StrictBool = False
+    stream: StrictBool | None = False  # null: not streamed
     temperature: Number | None = None
     top_p: Number | None = None
     top_k: StrictInt | None = None
@@ -68,6 +81,8 @@ class MessagesRequest(_Lenient):
     tool_choice: AnthropicToolChoice | None = None
     metadata: dict[str, Any] | None = None
     thinking: AnthropicThinking | None = None
+    output_config: AnthropicOutputConfig | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the chat template
 
 
 class CountTokensRequest(_Lenient):
@@ -77,3 +92,5 @@ class CountTokensRequest(_Lenient):
     thinking: AnthropicThinking | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
+    output_config: AnthropicOutputConfig | None = None  # its effort renders the prompt as the request's does
+    chat_template_kwargs: dict[str, Any] | None = None

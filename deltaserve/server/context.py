@@ -55,15 +55,22 @@ class ServerContext:
             self.engine.add_step_listener(self.metrics.observe_step)
         self.engine.refusal_listeners.append(self.metrics.count_refusal)
 
-    def template_kwargs(self, own: dict | None) -> dict:
+    def template_kwargs(self, own: dict | None, reasoning_effort: str | None = None) -> dict:
         """A chat's template variables: the server's defaults (--default-chat-template-kwargs), the request's
         own chat_template_kwargs over them. The request's fields of the same names say how the chat is rendered,
-        and the server reads them (a reply's role and echo): in chat_template_kwargs they are refused."""
+        and the server reads them (a reply's role and echo): in chat_template_kwargs they are refused.
+        reasoning_effort, as vLLM hands it: the variable of that name, and enable_thinking (false for "none")
+        where the request's own variables do not set it."""
         for name in ("add_generation_prompt", "continue_final_message"):
             if name in (own or {}):
                 raise bad_request(f"chat_template_kwargs may not carry {name}: give it as the request's own field",
                                   f"chat_template_kwargs.{name}", "unsupported_value")
-        return {**self.default_chat_template_kwargs, **(own or {})}
+        kwargs = {**self.default_chat_template_kwargs, **(own or {})}
+        if reasoning_effort is not None:
+            kwargs["reasoning_effort"] = reasoning_effort
+            if "enable_thinking" not in (own or {}):
+                kwargs["enable_thinking"] = reasoning_effort != "none"
+        return kwargs
 
     def tokens_as_ids(self, req: Any) -> bool:
         """Whether the request's logprobs name each token "token_id:ID": its own field, else the server's."""

@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 Number = StrictInt | StrictFloat  # JSON numbers only: no strings, no booleans
+# OpenAI's and vLLM's reasoning efforts (the Responses API and Anthropic's output_config take some of them)
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 
 class _Lenient(BaseModel):
@@ -168,6 +170,7 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: StrictStr | None = None  # vLLM's: this request's own template (--trust-request-chat-template)
+    reasoning_effort: ReasoningEffort | None = None  # to the template (ServerContext.template_kwargs)
     response_format: ResponseFormat | None = None
     # vLLM's: open a new assistant turn after the messages (the default), or go on writing the last one
     add_generation_prompt: StrictBool = True

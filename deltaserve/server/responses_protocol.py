@@ -60,8 +60,15 @@ class TextConfig(_Lenient):
     format: TextFormat | None = None
 
 
+# what OpenAI's include may name; none but the output text's logprobs is of anything this server makes (it runs no
+# tools of its own, takes no images and encrypts no reasoning), so the others add nothing
+Includable = Literal["file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+                     "message.input_image.image_url", "computer_call_output.output.image_url",
+                     "code_interpreter_call.outputs", "reasoning.encrypted_content", "message.output_text.logprobs"]
+
+
 class ReasoningConfig(_Lenient):
-    effort: StrictStr | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None  # OpenAI's
     summary: StrictStr | None = None
 
 
@@ -79,13 +86,13 @@ class ResponsesRequest(_Lenient):
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the chat template
-    stream: StrictBool = False
+    stream: StrictBool | None = False  # null: not streamed
     store: StrictBool | None = None
     background: StrictBool | None = None
     previous_response_id: StrictStr | None = None
     conversation: StrictStr | dict[str, Any] | None = None
     metadata: dict[str, StrictStr] | None = None
     user: StrictStr | None = None
-    include: list[StrictStr] | None = None  # "message.output_text.logprobs" asks for the output text's logprobs
+    include: list[Includable] | None = None  # "message.output_text.logprobs" asks for the output text's logprobs
     top_logprobs: StrictInt | None = None
     truncation: Literal["auto", "disabled"] | None = None

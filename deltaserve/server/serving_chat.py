@@ -162,7 +162,7 @@ class ChatCompletions:
         messages = openai_messages_for_template(req.messages)
         check_rendering_fields(self.ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
         prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools,
-                                         self.ctx.template_kwargs(req.chat_template_kwargs),
+                                         self.ctx.template_kwargs(req.chat_template_kwargs, req.reasoning_effort),
                                          add_generation_prompt=req.add_generation_prompt,
                                          continue_final=req.continue_final_message, chat_template=req.chat_template)
         if req.add_special_tokens:  # vLLM's: the tokenizer's own on top of what the template writes

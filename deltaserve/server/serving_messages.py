@@ -11,15 +11,17 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import RequestStream
+from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.outputs import CompletionOutput, RequestOutput
-from deltaserve.sampling_params import SamplingParams
-from deltaserve.server.anthropic_protocol import (AnthropicMessage, AnthropicThinking, AnthropicTool, CountTokensRequest,
-                                                 MessagesRequest)
+from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams
+from deltaserve.server.anthropic_protocol import (AnthropicMessage, AnthropicOutputConfig, AnthropicThinking,
+                                                 AnthropicTool, CountTokensRequest, MessagesRequest)
 from deltaserve.server.chat_prompt import ChatPrompt, check_tool_names, message_text, render_chat, tool_schemas
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
 from deltaserve.server.errors import bad_request, from_exception, require_fields
 from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_structure
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
+from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.sampling import check_structure, resolve_max_tokens
 from deltaserve.server.sse import SSE_HEADERS, sse_event
 from deltaserve.server.streaming import EngineStreamResponse
@@ -131,6 +133,16 @@ def _thinking_budget(thinking: AnthropicThinking | None, max_tokens: int, engine
     return budget if getattr(engine, "think_tags", None) is not None else None
 
 
+def _output_structure(config: AnthropicOutputConfig | None, opens_reasoning: bool) -> StructuredOutputsParams | None:
+    """output_config.format: the reply held to its JSON schema (after the reasoning, where the prompt opens it)."""
+    if config is None or config.format is None:
+        return None
+    try:
+        return StructuredOutputsParams(json=config.format.schema_, start_after=THINK_CLOSE if opens_reasoning else None)
+    except InvalidSamplingParamsError as exc:
+        raise bad_request(str(exc), "output_config.format.schema") from None
+
+
 def _demanded_call(choice: Any) -> tuple[bool, str | None]:
     """(whether tool_choice demands a tool call, the tool it names or None for any)."""
     if choice is None or choice.type not in ("any", "tool"):
@@ -157,20 +169,21 @@ class Messages:
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
 
-    async def _prompt(self, system: Any, messages: list[AnthropicMessage], tools: list[dict] | None,
-                      thinking: AnthropicThinking | None) -> ChatPrompt:
-        """A final assistant message is a prefill: the reply goes on from its text, as Anthropic's does."""
-        converted = anthropic_messages_for_template(system, messages)
-        prefill = messages[-1].role == "assistant"
+    async def _prompt(self, req: MessagesRequest | CountTokensRequest, tools: list[dict] | None) -> ChatPrompt:
+        """A final assistant message is a prefill: the reply goes on from its text, as Anthropic's does. The
+        template's variables: thinking's, the request's own chat_template_kwargs over them, and the output's
+        effort (ServerContext.template_kwargs)."""
+        converted = anthropic_messages_for_template(req.system, req.messages)
+        prefill = req.messages[-1].role == "assistant"
+        own = {**(_thinking_template_kwargs(req.thinking) or {}), **(req.chat_template_kwargs or {})}
+        effort = req.output_config.effort if req.output_config is not None else None
         return await asyncio.to_thread(render_chat, self.ctx.tokenizer, converted, tools,
-                                       self.ctx.template_kwargs(_thinking_template_kwargs(thinking)),
-                                       continue_final=prefill)
+                                       self.ctx.template_kwargs(own or None, effort), continue_final=prefill)
 
     async def count_tokens(self, request: Request):
         req = CountTokensRequest.model_validate(await read_json_object(request))
         self.ctx.check_model(req.model)
-        prompt = await self._prompt(req.system, req.messages, anthropic_tools_for_template(req.tools, req.tool_choice),
-                                    req.thinking)
+        prompt = await self._prompt(req, anthropic_tools_for_template(req.tools, req.tool_choice))
         return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
     async def __call__(self, request: Request):
@@ -179,7 +192,7 @@ class Messages:
         self.ctx.admit()
         tools = anthropic_tools_for_template(req.tools, req.tool_choice)
         budget = _thinking_budget(req.thinking, req.max_tokens, self.ctx.engine)
-        prompt = await self._prompt(req.system, req.messages, tools, req.thinking)
+        prompt = await self._prompt(req, tools)
         max_tokens = resolve_max_tokens(req.max_tokens, len(prompt.token_ids), self.ctx.max_model_len, "messages")
         if any(not s for s in req.stop_sequences or ()):
             raise bad_request("stop_sequences must be non-empty strings", "stop_sequences")
@@ -195,10 +208,17 @@ class Messages:
             thinking_token_budget=budget,
         )
         demanded, name = _demanded_call(req.tool_choice)
+        structure = _output_structure(req.output_config, prompt.opens_reasoning)
         if demanded:  # the answer is held to the calls' JSON (forced_tool_calls.py)
+            if structure is not None:
+                raise bad_request("output_config.format and a tool_choice that demands a tool use each hold the "
+                                  "reply to a form: give one", "output_config.format")
             params.structured_outputs = demanded_call_structure(
                 tool_schemas(tools), name, not req.tool_choice.disable_parallel_tool_use, prompt.opens_reasoning)
             await check_structure(self.ctx.engine, params.structured_outputs, "tool_choice")
+        elif structure is not None:
+            params.structured_outputs = structure
+            await check_structure(self.ctx.engine, structure, "output_config.format.schema")
         request_id = random_id("msg_")
         stream = await self.ctx.engine.generate(
             request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points

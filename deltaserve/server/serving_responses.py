@@ -152,26 +152,18 @@ def wants_logprobs(req: ResponsesRequest) -> bool:
 
 
 def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request that asks what `req` asks. reasoning.effort reaches the chat template as
-    `reasoning_effort`, and as `enable_thinking` (false for "none") where the request's own chat_template_kwargs
-    do not set it, as vLLM hands them; a template that reads neither thinks as it always does."""
+    """The chat request that asks what `req` asks. reasoning.effort is its reasoning_effort (to the chat template,
+    as chat's: ServerContext.template_kwargs); a template that reads neither it nor enable_thinking thinks as it
+    always does."""
     _refuse_unhonoured(req)
     body = {"model": req.model, "messages": chat_messages(req), "max_completion_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "tools": _tools(req), "tool_choice": _tool_choice(req),
             "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req),
-            "chat_template_kwargs": _template_kwargs(req)}
+            "chat_template_kwargs": req.chat_template_kwargs,
+            "reasoning_effort": req.reasoning.effort if req.reasoning is not None else None}
     if wants_logprobs(req):  # OpenAI's rule: top_logprobs alone brings none
         body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
-
-
-def _template_kwargs(req: ResponsesRequest) -> dict | None:
-    effort = req.reasoning.effort if req.reasoning is not None else None
-    kwargs = dict(req.chat_template_kwargs or {})
-    if effort is not None:
-        kwargs["reasoning_effort"] = effort
-        kwargs.setdefault("enable_thinking", effort != "none")
-    return kwargs or None
 
 
 # ---- the reply, as output items -------------------------------------------------------------------------
@@ -200,7 +192,7 @@ def _call_item(item_id: str, call: ToolCall, status: str) -> dict:
 
 # the chat request's fields that a Responses request spells its own way (chat_request), for the errors they name
 _FIELDS = {"messages": "input", "response_format": "text.format", "max_completion_tokens": "max_output_tokens",
-           "chat_template_kwargs.reasoning_effort": "reasoning.effort"}
+           "reasoning_effort": "reasoning.effort"}
 
 
 def _in_responses_terms(exc: APIError) -> APIError:

@@ -76,6 +76,26 @@ def test_stop_sequence(client):
     assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
 
 
+def test_output_config_holds_the_reply_to_its_schema(client, server):
+    """vLLM's output_config.format: the reply is JSON of the schema, whole and streamed."""
+    key = random.choice(["city", "answer", "name"])
+    schema = {"type": "object", "properties": {key: {"type": "string", "maxLength": 12}}, "required": [key],
+              "additionalProperties": False}
+    ask = dict(model=MODEL, max_tokens=40, messages=QUESTION, extra_body={
+        **GREEDY, "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    whole = client.messages.create(**ask)
+    assert list(json.loads(whole.content[0].text)) == [key] and whole.stop_reason == "end_turn", whole
+    with client.messages.stream(**ask) as stream:
+        assert stream.get_final_message().content[0].text == whole.content[0].text
+    bad = _post(server, {"messages": QUESTION, "output_config": {"format": {"type": "json_schema",
+                                                                            "schema": {"type": "nonsense"}}}})
+    assert bad.status_code == 400 and "output_config.format.schema" in bad.json()["error"]["message"], bad.text
+    forced = _post(server, {"messages": QUESTION, "output_config": {"format": {"type": "json_schema", "schema": schema}},
+                            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                            "tool_choice": {"type": "any"}})
+    assert forced.status_code == 400 and "output_config.format" in forced.json()["error"]["message"], forced.text
+
+
 def test_multi_turn_with_tool_use_blocks(client):
     tools = [{"name": "get_weather", "description": "Weather for a city",
               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
@@ -107,6 +127,11 @@ def test_errors_use_the_anthropic_shape(client, server):
 def _post(server, body, headers=None):
     return httpx.post(server.url + "/v1/messages", json={"model": MODEL, "max_tokens": 4, **body},
                       headers=headers or {"x-api-key": API_KEY}, timeout=60)
+
+
+def test_a_null_stream_is_a_whole_reply(server):
+    r = _post(server, {"messages": QUESTION, "stream": None})
+    assert r.status_code == 200 and r.json()["type"] == "message", r.text
 
 
 def test_a_final_assistant_message_is_a_prefill_the_reply_goes_on_from(client, server):

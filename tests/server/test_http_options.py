@@ -5,6 +5,7 @@ end the start with the reason."""
 from __future__ import annotations
 
 import json
+import random
 import ssl
 import subprocess
 import uuid
@@ -156,6 +157,15 @@ def test_default_chat_template_kwargs_lie_under_a_requests_own(front, certificat
                           json={**body, "chat_template_kwargs": {"flavour": "house house house"}})
         assert own.json()["usage"]["prompt_tokens"] > house == len(client.post(
             "/tokenize", json={"model": MODEL, "messages": messages}, headers=headers).json()["tokens"])
+        # the Messages routes take them as vLLM's do: counted, and rendered for the reply
+        flavour = {"chat_template_kwargs": {"flavour": "house house house"}}
+        counted = [client.post("/v1/messages/count_tokens", headers=headers,
+                               json={"model": MODEL, "messages": messages, **fields}).json()["input_tokens"]
+                   for fields in ({}, flavour)]
+        replied = client.post("/v1/messages", headers=headers, json={"model": MODEL, "messages": messages,
+                                                                     "max_tokens": 1, **flavour}).json()
+        read = replied["usage"]["input_tokens"] + replied["usage"]["cache_read_input_tokens"]  # the chat's cached
+        assert counted == [house, own.json()["usage"]["prompt_tokens"]] == [house, read]
 
 
 def test_a_requests_own_chat_template_needs_the_servers_trust(front, certificate, server):
@@ -169,6 +179,13 @@ def test_a_requests_own_chat_template_needs_the_servers_trust(front, certificate
         tokens = client.post("/tokenize", headers=headers, json={"model": MODEL, "prompt": f"<<{word}|house>>",
                                                                  "add_special_tokens": False}).json()["count"]
         assert r.json()["usage"]["prompt_tokens"] == tokens  # its template, the server's variables under it
+        # reasoning_effort reaches the template as vLLM hands it: itself, and enable_thinking unless "none"
+        effort = random.choice(["none", "low", "high"])
+        r = client.post("/v1/chat/completions", headers=headers, json={
+            **body, "reasoning_effort": effort, "chat_template": "<<{{ reasoning_effort }}|{{ enable_thinking }}>>"})
+        tokens = client.post("/tokenize", headers=headers, json={
+            "model": MODEL, "prompt": f"<<{effort}|{effort != 'none'}>>", "add_special_tokens": False}).json()["count"]
+        assert r.json()["usage"]["prompt_tokens"] == tokens, r.text
         r = client.post("/v1/chat/completions", json={**body, "chat_template": "{% for m in messages %}"},
                         headers=headers)
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"

@@ -12,12 +12,14 @@ import types
 
 import httpx
 import openai
+import pydantic
 import pytest
 
 from deltaserve.outputs import CompletionOutput
 from deltaserve.server.message_logprobs import MessageLogprobs
 from deltaserve.server.output_parser import AnswerText, ChoiceDelta, ChoiceParser
 from deltaserve.server.responses_protocol import ResponsesRequest
+from deltaserve.server.context import ServerContext
 from deltaserve.server.serving_responses import _EventWriter, _ResponseJob, chat_messages, chat_request
 from deltaserve.server.tool_parsers import ToolCall
 from tests.server.conftest import API_KEY, MODEL, serving
@@ -250,10 +252,17 @@ def test_reasoning_effort_reaches_the_template_as_vllm_hands_it():
              ({"reasoning": {"effort": "none"}}, {"reasoning_effort": "none", "enable_thinking": False}),
              ({"reasoning": {"effort": "none"}, "chat_template_kwargs": {"enable_thinking": True, "x": 1}},
               {"reasoning_effort": "none", "enable_thinking": True, "x": 1}),
-             ({"chat_template_kwargs": {"x": 2}}, {"x": 2}), ({}, None)]
-    for fields, kwargs in cases:
+             ({"chat_template_kwargs": {"x": 2}}, {"x": 2}), ({}, {})]
+    server = types.SimpleNamespace(default_chat_template_kwargs={"enable_thinking": False, "d": 0})
+    for fields, kwargs in cases:  # the server's defaults under them, its enable_thinking under the effort's too
         chat = chat_request(ResponsesRequest.model_validate({"input": "Hi", **fields}))
-        assert chat.chat_template_kwargs == kwargs, fields
+        got = ServerContext.template_kwargs(server, chat.chat_template_kwargs, chat.reasoning_effort)
+        assert got == {"enable_thinking": False, "d": 0, **kwargs}, fields
+    # what OpenAI's API takes, and nothing else; a null stream is not streamed
+    for fields in ({"reasoning": {"effort": "bogus"}}, {"include": ["bogus"]}):
+        with pytest.raises(pydantic.ValidationError):
+            ResponsesRequest.model_validate({"input": "Hi", **fields})
+    assert not ResponsesRequest.model_validate({"input": "Hi", "stream": None}).stream
 
 
 def test_input_items_become_the_chat_conversation():
