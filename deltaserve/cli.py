@@ -7,6 +7,7 @@ import json
 import sys
 from decimal import Decimal, InvalidOperation
 
+from deltaserve.chat_content_format import CONTENT_FORMATS
 from deltaserve.errors import DeltaServeError
 
 
@@ -51,6 +52,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="share of the GPU's free memory at start-up that the engine may take (default: 0.9)")
     p.add_argument("--chat-template", default=None,
                    help="a chat template (a file, or the template itself) in place of the checkpoint's")
+    p.add_argument("--chat-template-content-format", choices=CONTENT_FORMATS, default=None,
+                   help="how the template is given a message's content: string (the text of its parts, joined by "
+                        "newlines), openai (a list of {type: text, text} parts) or auto (default: openai where the "
+                        "template loops over a message's content)")
     p.add_argument("--generation-config", default=None,
                    help="sampling defaults for fields a request leaves unset: auto (default: the checkpoint's "
                         "generation_config.json), vllm (the API's own), or a directory holding a "

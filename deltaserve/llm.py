@@ -9,7 +9,8 @@ from collections.abc import Callable
 import jinja2
 from tqdm import tqdm
 
-from deltaserve.chat_content import ContentPartError, content_text
+from deltaserve.chat_content import ContentPartError, template_content
+from deltaserve.chat_content_format import CONTENT_FORMATS, messages_for_template, resolve_content_format
 from deltaserve.engine.llm_engine import LLMEngine
 from deltaserve.errors import (DeltaServeError, InvalidPromptError, InvalidSamplingParamsError, RequestNotFoundError,
                                StepFailedError, WeightLoadError)
@@ -73,17 +74,19 @@ class LLM:
         chat_template_kwargs for the template's own variables (enable_thinking, ...)."""
         _refuse_run_options(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             mm_processor_kwargs=mm_processor_kwargs)
-        if chat_template_content_format != "auto":
-            raise InvalidPromptError(f"chat_template_content_format={chat_template_content_format!r}: deltaserve "
-                                     "gives the template each message as it comes (leave it 'auto')")
+        if chat_template_content_format not in CONTENT_FORMATS:
+            raise InvalidPromptError(f"chat_template_content_format={chat_template_content_format!r}: give one of "
+                                     f"{', '.join(CONTENT_FORMATS)}")
         conversations = _as_conversation_list(messages)
         params = _params_per_prompt(sampling_params, len(conversations), self.get_default_sampling_params)
         options = _template_options(chat_template, continue_final_message, add_generation_prompt,
                                     chat_template_kwargs)
         tok = self.engine.tokenizer
+        given = chat_template_content_format if chat_template_content_format != "auto" else tok.chat_content_format
+        content_format = resolve_content_format(given, options.get("chat_template") or tok.hf.chat_template)
         jobs, texts = [], []
         for conversation, sp in zip(conversations, params):
-            conversation = _template_messages(conversation)
+            conversation = messages_for_template(_template_messages(conversation), content_format)
             text = tok.apply_chat_template(conversation, tools=tools, add_generation_prompt=add_generation_prompt,
                                            **options)
             ids = tok.encode(text, add_special_tokens=False)
@@ -259,19 +262,20 @@ def _as_conversation_list(messages) -> list[list[dict]]:
 
 
 def _template_messages(conversation: list[dict]) -> list[dict]:
-    """OpenAI's messages as templates read them, as vLLM's LLM.chat takes them: content None is "" (an assistant
-    turn of tool calls only), and a list of parts is their text (text parts, and a refusal part's refusal)."""
+    """OpenAI's messages as vLLM's LLM.chat takes them: content a string, None (an assistant turn of tool calls
+    only) or a list of text parts (text parts, and a refusal part's refusal), given to the template in the form it
+    reads (chat_content_format)."""
     return [message if isinstance(message.get("content", ""), str)
-            else {**message, "content": _parts_text(message.get("content"), i)}
+            else {**message, "content": _parts(message.get("content"), i)}
             for i, message in enumerate(conversation)]
 
 
-def _parts_text(content, index: int) -> str:
+def _parts(content, index: int) -> list[dict] | None:
     if content is not None and not isinstance(content, (list, tuple)):
         raise InvalidPromptError(f"messages[{index}]'s content must be a string or a list of text parts, got "
                                  f"{type(content).__name__}")
     try:
-        return content_text(content, ("text", "refusal"))
+        return template_content(content, ("text", "refusal"))
     except ContentPartError as exc:
         raise InvalidPromptError(f"messages[{index}]'s {exc}") from None
 

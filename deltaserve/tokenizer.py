@@ -28,6 +28,7 @@ class Tokenizer:
         self._rust = backend if isinstance(backend, tokenizers.Tokenizer) else None
         eos = {hf_tokenizer.eos_token_id} if hf_tokenizer.eos_token_id is not None else set()
         self.eos_token_ids: set[int] = eos | {int(i) for i in extra_eos_ids}
+        self.chat_content_format = "auto"  # how chats give the template a message's content (chat_content_format)
 
     # ----- construction -----
 

@@ -73,6 +73,11 @@ def test_vllms_names_for_engine_options():
     assert engine_kwargs(parse(["serve", "--async-scheduling"])) == {"async_scheduling": True}
     assert engine_kwargs(parse(["serve", "--no-async-scheduling"])) == {"async_scheduling": False}
     assert "async_scheduling" not in engine_kwargs(parse(["chat"]))
+    content_format = random.choice(["auto", "string", "openai"])
+    assert engine_kwargs(parse(["serve", "--chat-template-content-format", content_format])) == {
+        "chat_template_content_format": content_format}
+    with pytest.raises(DeltaServeError, match="chat_template_content_format='parts'"):
+        EngineConfig(chat_template_content_format="parts")
 
 
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from deltaserve.server.output_parser import ChoiceDelta, ChoiceParser
-from deltaserve.server.reasoning import ReasoningSplitter, prompt_opens_reasoning
+from deltaserve.server.reasoning import ReasoningSplitter, prompt_opens_reasoning, reasoning_token_count
 from deltaserve.server.tool_parsers import ToolCallParser, parse_tool_call_body, written_json_value
 from deltaserve.server.tool_parsers.tags import held_suffix_len
 
@@ -259,3 +259,17 @@ def test_a_json_object_cut_anywhere_reads_as_what_was_written_of_it():
         for cut in range(len(text)):
             part = written_json_value(text[:cut])
             assert isinstance(part, dict) and _written_part_of(part, whole), (text[:cut], part)
+
+
+@pytest.mark.parametrize("opens", [False, True])
+def test_reasoning_tokens_are_those_within_the_think_block(opens):
+    """Counted from the token ids: the tokens between <think> and </think> (or from the output's start where the
+    prompt opened the block), the tags not counted, nothing after the block."""
+    start, end = 7, 8
+    before = [] if opens else [random.randrange(10, 99) for _ in range(random.randint(0, 3))]
+    thought = [random.randrange(10, 99) for _ in range(random.randint(0, 12))]
+    after = [random.randrange(10, 99) for _ in range(random.randint(0, 6))]
+    closed = random.random() < 0.7  # else the output ends inside the block (cut by its length)
+    ids = before + ([] if opens else [start]) + thought + ([end] + after if closed else [])
+    assert reasoning_token_count(ids, (start, end), opens) == len(thought)
+    assert reasoning_token_count(before + after, (start, end), False) == 0

@@ -158,8 +158,8 @@ def test_vllms_call_options_are_taken_at_none_and_refused_by_name_otherwise(llm)
         if name != "priority":
             with pytest.raises(InvalidPromptError, match=f"^{name}="):
                 llm.chat(conversation, GREEDY, use_tqdm=False, **{name: value})
-    with pytest.raises(InvalidPromptError, match="chat_template_content_format='openai'"):
-        llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_content_format="openai")
+    with pytest.raises(InvalidPromptError, match="chat_template_content_format='parts'"):  # vLLM's three only
+        llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_content_format="parts")
     assert not llm.engine.has_unfinished_requests()
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from deltaserve.chat_content_format import CONTENT_FORMATS
 from deltaserve.errors import DeltaServeError
 from deltaserve.sampling_params import MAX_LOGPROBS
 
@@ -45,11 +46,16 @@ class EngineConfig:
     generation_config: str = "auto"
     override_generation_config: dict | None = None  # vLLM's: generation_config.json values over those
     chat_template: str | None = None  # a file or the template's text, in place of the checkpoint's
+    # how the chat template is given a message's content: "string", "openai" (parts) or "auto" (read from it)
+    chat_template_content_format: str = "auto"
     cpu_kv_cache_gib: float = 1.0
     max_logprobs: int = MAX_LOGPROBS  # vLLM's: the most logprobs a request may ask a token; -1: the whole vocabulary
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
 
     def __post_init__(self):
+        if self.chat_template_content_format not in CONTENT_FORMATS:
+            raise DeltaServeError(f"chat_template_content_format={self.chat_template_content_format!r}: give one of "
+                                  f"{', '.join(CONTENT_FORMATS)}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "ssm_snapshot_interval",
                      "decode_snapshot_interval"):
             value = getattr(self, name)

@@ -67,6 +67,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     check_max_model_len(config.max_model_len, model_config)  # before the model is built
     if config.chat_template is not None:
         tokenizer.set_chat_template(read_chat_template(config.chat_template))
+    tokenizer.chat_content_format = config.chat_template_content_format
     dtype = resolve_dtype(config.dtype, model_config.dtype, device)
     max_positions = config.max_model_len or model_context_length(model_config)
     model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,

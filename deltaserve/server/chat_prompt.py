@@ -9,7 +9,8 @@ from typing import Any
 
 import jinja2
 
-from deltaserve.chat_content import ContentPartError, content_text
+from deltaserve.chat_content import ContentPartError, content_text, template_content
+from deltaserve.chat_content_format import messages_for_template, resolve_content_format
 from deltaserve.server.errors import bad_request
 from deltaserve.server.protocol import CHAT_ROLES, ChatMessage, ToolDef
 from deltaserve.server.reasoning import prompt_opens_reasoning
@@ -28,8 +29,17 @@ class ChatPrompt:
 
 def message_text(content: Any, param: str, text_kinds: tuple[str, ...] = ("text",)) -> str:
     """A message's content as text (chat_content.content_text); a part it cannot read is a 400 naming `param`."""
+    return _read_content(content_text, content, param, text_kinds)
+
+
+def message_content(content: Any, param: str, text_kinds: tuple[str, ...] = ("text",)) -> str | list[dict] | None:
+    """A message's content for the template (chat_content.template_content), refused as message_text's."""
+    return _read_content(template_content, content, param, text_kinds)
+
+
+def _read_content(read, content: Any, param: str, text_kinds: tuple[str, ...]):
     try:
-        return content_text(content, text_kinds)
+        return read(content, text_kinds)
     except ContentPartError as exc:
         raise bad_request(str(exc), param, "unsupported_value" if exc.unsupported else "invalid_value") from None
 
@@ -67,7 +77,7 @@ def openai_messages_for_template(messages: list[ChatMessage]) -> list[dict]:
     for i, msg in enumerate(messages):
         entry: dict[str, Any] = {
             "role": "system" if msg.role == "developer" else msg.role,
-            "content": message_text(msg.content, f"messages.{i}.content", ("text", "refusal")),
+            "content": message_content(msg.content, f"messages.{i}.content", ("text", "refusal")),
         }
         if msg.name is not None:
             entry["name"] = msg.name
@@ -141,8 +151,12 @@ def render_chat(
     """The prompt of a chat: a new assistant turn opened after the messages (add_generation_prompt), or with
     continue_final the last (assistant) message left open, for the model to go on writing it (a prefill).
     chat_template: the request's own template in place of the server's (which the caller has allowed).
-    capture_points: False where the prompt is only counted (/tokenize): finding them renders each turn again."""
+    capture_points: False where the prompt is only counted (/tokenize): finding them renders each turn again.
+    Each message's content goes to the template in the form it reads (chat_content_format)."""
     kwargs = _template_options(template_kwargs)
+    content_format = resolve_content_format(getattr(tokenizer, "chat_content_format", "auto"),
+                                            chat_template or template_source(tokenizer))
+    messages = messages_for_template(messages, content_format)
     if chat_template is not None:
         try:
             jinja2.Environment().parse(chat_template)

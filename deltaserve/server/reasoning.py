@@ -81,3 +81,18 @@ class ReasoningSplitter:
             out.content = self._buffer
         self._buffer = ""
         return out
+
+
+def reasoning_token_count(token_ids: list[int], think_tags: tuple[int, int], opens_reasoning: bool) -> int:
+    """The output tokens within think blocks, the tags not counted (as vLLM counts them), where a prompt that
+    opens its think block starts the output inside one."""
+    start, end = think_tags
+    depth, count = int(opens_reasoning), 0
+    for token in token_ids:
+        if token == start:
+            depth += 1
+        elif token == end:
+            depth = max(depth - 1, 0)
+        elif depth:
+            count += 1
+    return count

@@ -16,7 +16,8 @@ from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams
 from deltaserve.server.anthropic_protocol import (AnthropicMessage, AnthropicOutputConfig, AnthropicThinking,
                                                  AnthropicTool, CountTokensRequest, MessagesRequest)
-from deltaserve.server.chat_prompt import ChatPrompt, check_tool_names, message_text, render_chat, tool_schemas
+from deltaserve.server.chat_prompt import (ChatPrompt, check_tool_names, message_content, message_text, render_chat,
+                                           tool_schemas)
 from deltaserve.server.context import ServerContext, last_output, random_id, read_json_object, until_disconnect
 from deltaserve.server.errors import bad_request, from_exception, require_fields
 from deltaserve.server.forced_tool_calls import ForcedToolCalls, demanded_call_structure
@@ -27,11 +28,18 @@ from deltaserve.server.sse import SSE_HEADERS, sse_event
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall, new_tool_call_id, written_json_value
 
+BILLING_HEADER = "x-anthropic-billing-header"
+
 
 def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage]) -> list[dict]:
+    """As vLLM converts them: the system blocks' texts joined as one (less a billing header, which a client may
+    send with a hash of each request in it, so that a cached prefix would never match), a message's text blocks as
+    its parts (the template reads them as chat's: chat_content_format), a tool result's texts joined by newlines."""
     out: list[dict] = []
     if system:
-        out.append({"role": "system", "content": message_text(system, "system")})
+        system_text = system if isinstance(system, str) else "".join(
+            part["text"] for part in message_content(system, "system") if not part["text"].startswith(BILLING_HEADER))
+        out.append({"role": "system", "content": system_text})
     for i, msg in enumerate(messages):
         if isinstance(msg.content, str):
             out.append({"role": msg.role, "content": msg.content})
@@ -40,7 +48,7 @@ def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage
         for j, block in enumerate(msg.content):
             where = f"messages.{i}.content.{j}"
             if block.type == "text":
-                texts.append(message_text([block], where))
+                texts += message_content([block], where) if block.text != "" else []  # no empty part, as vLLM's
             elif block.type == "tool_use" and msg.role == "assistant":
                 require_fields(block, ("id", "name"), f"{block.type} block", where)
                 calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": block.input or {}}})
@@ -58,9 +66,9 @@ def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage
         if msg.role == "user":
             out.extend(results)
             if texts or not results:
-                out.append({"role": "user", "content": "".join(texts)})
+                out.append({"role": "user", "content": texts})
         else:
-            entry: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+            entry: dict[str, Any] = {"role": "assistant", "content": texts or None}
             if calls:
                 entry["tool_calls"] = calls
             if thinking:

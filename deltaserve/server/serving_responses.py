@@ -16,11 +16,12 @@ from fastapi.responses import JSONResponse
 from deltaserve.engine.async_engine import RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.server.context import last_output, read_json_object, until_disconnect
-from deltaserve.server.chat_prompt import check_tool_names, message_text
+from deltaserve.server.chat_prompt import check_tool_names, message_content, message_text
 from deltaserve.server.errors import APIError, bad_request, from_exception, require_fields
 from deltaserve.server.message_logprobs import MessageLogprobs, TextFeed
 from deltaserve.server.output_parser import AnswerText, ChoiceDelta
 from deltaserve.server.protocol import ChatCompletionRequest
+from deltaserve.server.reasoning import reasoning_token_count
 from deltaserve.server.responses_protocol import InputContent, InputItem, ResponsesRequest
 from deltaserve.server.sampling import check_logprobs_field
 from deltaserve.server.serving_chat import ChatCompletions, ChatJob
@@ -62,7 +63,7 @@ def chat_messages(req: ResponsesRequest) -> list[dict]:
         kind = item.type or "message"
         if kind == "message":
             require_fields(item, ("role",), f"{kind} item", where)
-            out.append({"role": item.role, "content": _text(item.content, f"{where}.content")})
+            out.append({"role": item.role, "content": message_content(item.content, f"{where}.content", TEXT_PARTS)})
         elif kind == "function_call":
             require_fields(item, ("call_id", "name", "arguments"), f"{kind} item", where)
             call = {"id": item.call_id, "type": "function",
@@ -147,6 +148,13 @@ def _refuse_unhonoured(req: ResponsesRequest) -> None:
                           "calls)", "max_tool_calls", "invalid_value")
 
 
+def _continues_last_message(req: ResponsesRequest) -> bool:
+    """Whether the input ends with an assistant message cut short (status incomplete or in progress)."""
+    last = req.input[-1] if isinstance(req.input, list) and req.input else None
+    return (last is not None and (last.type or "message") == "message" and last.role == "assistant"
+            and last.status in ("incomplete", "in_progress"))
+
+
 def wants_logprobs(req: ResponsesRequest) -> bool:
     return LOGPROBS_INCLUDE in (req.include or ())
 
@@ -161,6 +169,8 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
             "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req),
             "chat_template_kwargs": req.chat_template_kwargs,
             "reasoning_effort": req.reasoning.effort if req.reasoning is not None else None}
+    if _continues_last_message(req):  # the reply goes on writing it, as vLLM's (and Anthropic's prefill)
+        body.update(continue_final_message=True, add_generation_prompt=False)
     if wants_logprobs(req):  # OpenAI's rule: top_logprobs alone brings none
         body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
@@ -262,8 +272,13 @@ class _ResponseJob:
 
     def usage(self, output: RequestOutput, reasoning: str) -> dict:
         prompt, generated = len(output.prompt_token_ids), len(output.outputs[0].token_ids)
-        # the reasoning's text encoded again: the parser splits text, not tokens
-        thought = len(self.chat.api.ctx.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+        tags = getattr(self.chat.api.ctx.engine, "think_tags", None)
+        if not reasoning:
+            thought = 0
+        elif tags is not None:  # the tokens within the think block
+            thought = reasoning_token_count(output.outputs[0].token_ids, tags, self.chat.prompt.opens_reasoning)
+        else:  # tags of several tokens: the reasoning's text encoded again
+            thought = len(self.chat.api.ctx.tokenizer.encode(reasoning, add_special_tokens=False))
         return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": output.num_cached_tokens},
                 "output_tokens": generated, "output_tokens_details": {"reasoning_tokens": min(thought, generated)},
                 "total_tokens": prompt + generated}

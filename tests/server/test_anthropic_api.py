@@ -13,7 +13,9 @@ import pytest
 
 from deltaserve.server.anthropic_protocol import MessagesRequest
 from deltaserve.server.chat_prompt import ChatPrompt
-from deltaserve.server.serving_messages import _MessageJob, anthropic_tools_for_template
+from deltaserve.chat_content_format import messages_for_template
+from deltaserve.server.serving_messages import (_MessageJob, anthropic_messages_for_template,
+                                                anthropic_tools_for_template)
 from deltaserve.server.tool_parsers import TAGS
 from tests.server.conftest import API_KEY, MODEL, serving
 from tests.server.engine_outputs import StreamedOutputs, cut_outputs
@@ -90,9 +92,9 @@ def test_output_config_holds_the_reply_to_its_schema(client, server):
     bad = _post(server, {"messages": QUESTION, "output_config": {"format": {"type": "json_schema",
                                                                             "schema": {"type": "nonsense"}}}})
     assert bad.status_code == 400 and "output_config.format.schema" in bad.json()["error"]["message"], bad.text
-    forced = _post(server, {"messages": QUESTION, "output_config": {"format": {"type": "json_schema", "schema": schema}},
-                            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
-                            "tool_choice": {"type": "any"}})
+    forced = _post(server, {"messages": QUESTION,
+                            "output_config": {"format": {"type": "json_schema", "schema": schema}},
+                            "tools": [{"name": "f", "input_schema": {"type": "object"}}], "tool_choice": {"type": "any"}})
     assert forced.status_code == 400 and "output_config.format" in forced.json()["error"]["message"], forced.text
 
 
@@ -316,3 +318,21 @@ def test_a_reply_of_reasoning_alone_is_one_thinking_block_whole_and_streamed(rea
     for m in (whole, streamed):
         assert [block.type for block in m.content] == ["thinking"], m.content
     assert streamed.content[0].thinking == whole.content[0].thinking and streamed.stop_reason == whole.stop_reason
+
+
+def test_messages_become_the_chat_vllm_makes_of_them():
+    """System blocks' texts joined as one, a billing header (a hash of each request) left out so that a prefix
+    caches; a message's text blocks its parts (a string template reads them joined by newlines); a tool result's
+    texts joined by newlines; a message of tool uses alone has no text."""
+    texts = random.sample(["Look it up.", "Be brief.", "Then answer."], 2)
+    req = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 8, "system": [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=" + str(random.random())},
+        {"type": "text", "text": "You help."}, {"type": "text", "text": " Kindly."}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": t} for t in texts] + [{"type": "text", "text": ""}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "a.txt"}, {"type": "text", "text": "b.txt"}]}]}]})
+    converted = messages_for_template(anthropic_messages_for_template(req.system, req.messages), "string")
+    assert [(m["role"], m["content"]) for m in converted] == [
+        ("system", "You help. Kindly."), ("user", "\n".join(texts)), ("assistant", ""), ("tool", "a.txt\nb.txt")]
+    assert converted[2]["tool_calls"][0]["function"]["name"] == "ls"

@@ -381,6 +381,11 @@ def test_tokenize_renders_the_chat_as_asked(server):
     bare = post({"messages": QUESTION, "add_generation_prompt": False}).json()["tokens"]
     assert len(bare) < len(asked) and asked[: len(bare)] == bare
     assert post({"messages": QUESTION, "chat_template_kwargs": {"enable_thinking": False}}).status_code == 200
+    # the demo template reads a message's content as text: its parts' texts joined by newlines, as vLLM joins them
+    texts = random.sample(["Name a", "colour.", "in French", "please"], random.randint(2, 3))
+    parts = [{"type": "text", "text": t} for t in texts]
+    assert post({"messages": [{"role": "user", "content": parts}]}).json()["tokens"] == \
+        post({"messages": [{"role": "user", "content": "\n".join(texts)}]}).json()["tokens"]
     # vLLM's continue_final_message: the count a chat that goes on writing the last message is given
     head = random.choice(["The", "Paris is", "It"])
     going_on = {"model": MODEL, "messages": QUESTION + [{"role": "assistant", "content": head}],
@@ -436,11 +441,12 @@ def test_chat_echo_starts_the_reply_with_the_message_it_goes_on_writing(client, 
     prompt_logprobs = echoed.model_extra["prompt_logprobs"]
     assert len(prompt_logprobs) == echoed.usage.prompt_tokens and prompt_logprobs[0] is None
     assert all(1 <= len(entry) <= 3 for entry in prompt_logprobs[1:])
-    # the echo is the message as the prompt holds it: its text parts joined, a refusal part's refusal
+    # the echo is the message as the prompt holds it: its text parts joined by newlines (the demo template reads
+    # text), a refusal part's refusal
     parts = [{"type": "text", "text": head}, {"type": "refusal", "refusal": " x"}]
     listed = client.chat.completions.create(model=MODEL, messages=QUESTION + [{"role": "assistant", "content": parts}],
                                             max_tokens=2, temperature=0, extra_body={**extra, "echo": True})
-    assert listed.choices[0].message.content.startswith(head + " x")
+    assert listed.choices[0].message.content.startswith(head + "\n x")
     stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
                                             stream=True, extra_body={**extra, "echo": True})
     chunks = [c for c in stream if c.choices]

@@ -52,6 +52,25 @@ def test_a_response_says_what_the_chat_route_says(client):
     assert response.model == MODEL and response.id.startswith("resp_") and response.instructions == system
 
 
+def test_an_assistant_message_cut_short_is_gone_on_with(client):
+    """As vLLM's: input that ends with an incomplete assistant message (an earlier reply cut by
+    max_output_tokens, sent back) is continued, as chat's continue_final_message continues it."""
+    question = random.choice(QUESTIONS)
+    first = client.responses.create(model=MODEL, input=question, max_output_tokens=random.randint(3, 6),
+                                    temperature=0)
+    assert first.status == "incomplete" and first.output[-1].status == "incomplete"
+    asked = [{"role": "user", "content": question}, first.output[-1].model_dump(exclude_none=True)]
+    more = client.responses.create(model=MODEL, input=asked, max_output_tokens=8, temperature=0)
+    chat = client.chat.completions.create(
+        model=MODEL, max_tokens=8, temperature=0,
+        messages=[{"role": "user", "content": question}, {"role": "assistant", "content": first.output_text}],
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert more.output_text == chat.choices[0].message.content
+    asked[-1]["status"] = "completed"  # a whole one: the reply is a new turn
+    new_turn = client.responses.create(model=MODEL, input=asked, max_output_tokens=8, temperature=0)
+    assert more.usage.input_tokens < new_turn.usage.input_tokens
+
+
 def test_a_streamed_response_is_the_whole_one(client):
     question = random.choice(QUESTIONS)
     whole = client.responses.create(model=MODEL, input=question, max_output_tokens=40, temperature=0)
@@ -279,8 +298,9 @@ def test_input_items_become_the_chat_conversation():
     call = {"type": "function", "function": {"name": "get_weather"}}
     assert chat_messages(req) == [
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": "Looking.", "reasoning_content": thought, "tool_calls": [
+        {"role": "user", "content": [{"type": "text", "text": "Weather"}, {"type": "text", "text": "?"}]},  # parts
+        {"role": "assistant", "content": [{"type": "text", "text": "Looking."}], "reasoning_content": thought,
+         "tool_calls": [
             {"id": "c1", **call, "function": {**call["function"], "arguments": args}},
             {"id": "c2", **call, "function": {**call["function"], "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
