@@ -29,8 +29,9 @@ class StructuredOutputsParams:
 
     For JSON (a schema or any object), as vLLM reads them: `disable_any_whitespace` allows no whitespace between
     JSON tokens, `whitespace_pattern` is the regular expression that whitespace must match instead, and
-    `disable_additional_properties` leaves a schema's objects open where it does not say (they are closed by
-    default). `disable_fallback` asks that no other backend take over, which none does here."""
+    `disable_additional_properties` asks a schema's objects closed where it does not say, as vLLM's guidance
+    backend reads it: they always are here, as vLLM's default backend reads a schema (closed_schema.py).
+    `disable_fallback` asks that no other backend take over, which none does here."""
 
     json: dict | str | None = None
     json_object: bool = False

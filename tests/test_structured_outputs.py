@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from deltaserve import LLM, SamplingParams, StructuredOutputsParams
-from deltaserve.engine.grammar import RequestGrammar, closed_objects, mask_shape
+from deltaserve.engine.closed_schema import closed_objects
+from deltaserve.engine.grammar import RequestGrammar, mask_shape
 from deltaserve.kernels.sampling.reference import allowed_tokens, token_bits, without_tokens
 from deltaserve.errors import InvalidSamplingParamsError, NoTokenAllowedError
 from tests.reference import load_reference
@@ -167,20 +168,42 @@ def test_json_whitespace_follows_the_request(demo_llm):
     assert "\n" not in spaced and "  " not in spaced
 
 
-def test_a_schemas_objects_are_closed_unless_asked_otherwise(demo_llm):
-    """disable_additional_properties leaves the objects open, as vLLM reads it: a matcher over the compiled
-    grammar takes a property the schema does not list only then."""
+def _takes(llm, schema: dict, value, **fields) -> bool:
+    """Whether a matcher over the schema's compiled grammar takes `value` written as JSON."""
+    grammars = llm.engine.grammars
+    structure = StructuredOutputsParams(json=schema, **fields)
+    grammar = grammars.matcher(structure, grammars.compile(structure))
+    tokens = llm.engine.tokenizer.encode(json.dumps(value), add_special_tokens=False)
+    return all(grammar.accept(t) for t in tokens) and grammar.matcher.is_accepting()
+
+
+def test_a_schemas_objects_are_closed(demo_llm):
+    """As vLLM's default backend reads a schema (disable_additional_properties, which asks them closed, or not):
+    a property the schema does not list is refused, and an object that lists none takes none."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     extra = random.choice(["zz", "b", "other"])
-    text = json.dumps({"a": random.randint(0, 99), extra: random.randint(0, 99)})
-    grammars = demo_llm.engine.grammars
-    accepted = []
-    for opened in (False, True):
-        structure = StructuredOutputsParams(json=schema, disable_additional_properties=opened)
-        grammar = grammars.matcher(structure, grammars.compile(structure))
-        tokens = demo_llm.engine.tokenizer.encode(text, add_special_tokens=False)
-        accepted.append(all(grammar.accept(t) for t in tokens) and grammar.matcher.is_accepting())
-    assert accepted == [False, True]
+    a = random.randint(0, 99)
+    for asked in (False, True):
+        assert _takes(demo_llm, schema, {"a": a}, disable_additional_properties=asked)
+        assert not _takes(demo_llm, schema, {"a": a, extra: 1}, disable_additional_properties=asked)
+    empty = {"type": "object", "properties": {}}
+    assert _takes(demo_llm, empty, {}) and not _takes(demo_llm, empty, {extra: a})
+    assert _takes(demo_llm, {"type": "object"}, {extra: a})  # lists nothing: any names
+
+
+def test_an_allofs_branches_describe_one_object(demo_llm):
+    """Branches of an allOf, a local $ref among them or beside properties of its own: each branch's properties
+    stand beside the others' (closing each branch apart refused every object), and a name none lists is refused."""
+    base = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    more = {"properties": {"b": {"type": "string"}}, "required": ["b"]}
+    value = {"a": random.randint(0, 99), "b": random.choice(["x", "yz"])}
+    schemas = [{"allOf": [base, more]},
+               {"$defs": {"Base": base}, "allOf": [{"$ref": "#/$defs/Base"}, more]},
+               {"$defs": {"Base": base}, "$ref": "#/$defs/Base", **more}]
+    for schema in schemas:
+        assert _takes(demo_llm, schema, value), schema
+        assert not _takes(demo_llm, schema, {**value, "c": 1}), schema
+        assert not _takes(demo_llm, schema, {**value, "b": 3}), schema  # each branch still holds its own
 
 
 def test_the_grammar_starts_after_its_marker(checkpoint_factory):

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import torch
 
+from deltaserve.engine.closed_schema import closed_objects
 from deltaserve.engine.finite_json_schema import admits_a_finite_value
 from deltaserve.engine.grammar_vocabulary import ll_tokenizer
 from deltaserve.errors import InvalidSamplingParamsError
@@ -39,7 +40,7 @@ def grammar_text(params: StructuredOutputsParams) -> str:
             raise InvalidSamplingParamsError("structured_outputs.json: a JSON schema must be an object")
         try:
             return LLMatcher.grammar_from_json_schema(
-                schema if params.disable_additional_properties else closed_objects(schema),
+                closed_objects(schema),
                 defaults=_json_layout(params))
         except (TypeError, ValueError) as exc:  # a value JSON cannot hold (offline callers may pass any dict)
             raise InvalidSamplingParamsError(f"structured_outputs.json: not a JSON schema: {exc}") from None
@@ -79,34 +80,6 @@ def _json_layout(params: StructuredOutputsParams) -> dict | None:
 
 
 COMPILED_KEPT = 64
-
-# Keywords whose value is a schema, a list of schemas, or a map of names to schemas (JSON Schema 2020-12 and
-# draft 7's): where closed_objects looks for objects.
-_SCHEMA_KEYS = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties",
-                "propertyNames", "unevaluatedItems", "unevaluatedProperties")
-_SCHEMA_LIST_KEYS = ("anyOf", "allOf", "oneOf", "prefixItems", "items")
-_SCHEMA_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-
-
-def closed_objects(schema):
-    """A copy of the schema whose objects with listed properties take no others, where the schema does not say
-    (`additionalProperties: false`): as vLLM's default grammar backend reads a schema, and what a client that
-    lists the fields means. An object that lists none stays open."""
-    if not isinstance(schema, dict):
-        return schema
-    closed = dict(schema)
-    for key in _SCHEMA_KEYS:
-        if isinstance(closed.get(key), dict):
-            closed[key] = closed_objects(closed[key])
-    for key in _SCHEMA_LIST_KEYS:
-        if isinstance(closed.get(key), list):
-            closed[key] = [closed_objects(s) for s in closed[key]]
-    for key in _SCHEMA_MAP_KEYS:
-        if isinstance(closed.get(key), dict):
-            closed[key] = {name: closed_objects(s) for name, s in closed[key].items()}
-    if isinstance(closed.get("properties"), dict) and closed["properties"] and "additionalProperties" not in closed:
-        closed["additionalProperties"] = False
-    return closed
 
 
 class GrammarCompiler:
