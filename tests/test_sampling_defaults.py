@@ -9,9 +9,10 @@ import pytest
 
 from deltaserve import LLM, SamplingParams
 from deltaserve.cli import _build_parser
-from deltaserve.engine.sampling_defaults import load_sampling_defaults
+from deltaserve.engine.sampling_defaults import load_sampling_defaults, max_tokens_cap
 from deltaserve.errors import DeltaServeError
 from deltaserve.server.launcher import engine_kwargs
+from deltaserve.server.errors import APIError
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.sampling import build_sampling_params, resolve_max_tokens
 
@@ -99,19 +100,36 @@ def test_a_request_takes_the_defaults_only_for_what_it_leaves_unset():
     assert resolve_max_tokens(None, 100, 1024, "messages", defaults["max_tokens"]) == 30
     assert resolve_max_tokens(None, 1000, 1024, "messages", defaults["max_tokens"]) == 24  # the context's rest
     assert resolve_max_tokens(50, 100, 1024, "messages", defaults["max_tokens"]) == 50  # asked for: honoured
+    cap = random.randint(1, 60)  # the server's cap stands over what is asked, and over the default
+    assert resolve_max_tokens(50, 100, 1024, "messages", defaults["max_tokens"], cap) == min(50, cap)
+    assert resolve_max_tokens(None, 100, 1024, "messages", defaults["max_tokens"], cap) == min(30, cap)
+    with pytest.raises(APIError, match="context"):  # the context is checked against what is asked, as vLLM's
+        resolve_max_tokens(1000, 100, 1024, "messages", None, cap)
+
+
+def test_the_cap_is_an_override_or_a_named_files_max_new_tokens():
+    """vLLM's override_max_tokens: the checkpoint's own file ("auto") only fills in a request without a limit."""
+    n = random.randint(1, 99)
+    assert max_tokens_cap("auto", {"max_tokens": n}, None) is None
+    assert max_tokens_cap("vllm", {}, {"max_new_tokens": n}) == n
+    assert max_tokens_cap("auto", {"max_tokens": n + 1}, {"max_new_tokens": n}) == n
+    assert max_tokens_cap("/a/directory", {"max_tokens": n}, None) == n
 
 
 @pytest.mark.timeout(300)
 def test_the_server_samples_unset_fields_as_the_file_asks(checkpoint_factory, tmp_path):
     """The file asks for greedy decoding: a request without a temperature decodes greedily, where the API's
-    temperature 1 would sample; the start-up says which values it took."""
+    temperature 1 would sample; the start-up says which values it took. An override's max_new_tokens caps every
+    request, whatever it asks (vLLM's override_max_tokens)."""
     import httpx
 
     from tests.server.live_server import LiveServer
 
     path = _with_generation_config(checkpoint_factory("qwen3.5"), tmp_path, {"temperature": 0.0, "top_p": 0.9})
     prompt = [random.randrange(300) for _ in range(8)]
-    live = LiveServer(path, "--max-model-len", "512")  # the tiny checkpoint's own context
+    cap = random.randint(2, 8)
+    live = LiveServer(path, "--max-model-len", "512",  # the tiny checkpoint's own context
+                      "--override-generation-config", json.dumps({"max_new_tokens": cap}))
     try:
         def tokens(**fields):
             body = {"prompt": prompt, "max_tokens": 12, "ignore_eos": True, "logprobs": 0, **fields}
@@ -120,9 +138,9 @@ def test_the_server_samples_unset_fields_as_the_file_asks(checkpoint_factory, tm
             return r.json()["choices"][0]["logprobs"]["tokens"]
 
         unset = tokens()
-        assert unset == tokens(temperature=0)
+        assert len(unset) == cap and unset == tokens(temperature=0)
         assert any(tokens(temperature=1.0, seed=seed) != unset for seed in range(3))
-        assert "temperature=0.0, top_p=0.9" in live.read_log()
+        assert "temperature=0.0, top_p=0.9" in live.read_log() and f"more than {cap} tokens" in live.read_log()
     finally:
         assert live.stop() == 0, live.read_log()
         live.cleanup()

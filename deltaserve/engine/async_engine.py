@@ -105,6 +105,7 @@ class AsyncEngine:
         self.model_name: str = getattr(engine, "model_name", "model")
         self.max_model_len: int = engine_max_model_len(engine)
         self.sampling_defaults: dict = getattr(engine, "sampling_defaults", {})
+        self.max_tokens_cap: int | None = getattr(engine, "max_tokens_cap", None)  # (sampling_defaults.py)
         self.max_logprobs: int = engine.max_logprobs  # resolved: the whole vocabulary where it was -1
         self.vocab_size: int = engine.vocab_size
         self.think_tags: tuple[int, int] | None = getattr(engine, "think_tags", None)  # (<think>, </think>) ids

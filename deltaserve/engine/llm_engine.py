@@ -21,6 +21,7 @@ from deltaserve.engine.model_setup import LoadedModel, load_engine_model
 from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.repetition import ends_in_repetition
 from deltaserve.engine.request import Request
+from deltaserve.engine.sampling_defaults import max_tokens_cap
 from deltaserve.engine.scheduler import Scheduler
 from deltaserve.engine.thinking_budget import (THINK_END, THINK_START, ThinkingBudget, opens_think_block,
                                                think_tag_ids)
@@ -97,6 +98,8 @@ class LLMEngine:
         self.model_name = loaded.name
         self.max_model_len = loaded.max_model_len
         self.sampling_defaults = loaded.sampling_defaults
+        self.max_tokens_cap = max_tokens_cap(config.generation_config, self.sampling_defaults,
+                                             config.override_generation_config)
         self.vocab_size = loaded.model_config.vocab_size
         self.max_logprobs = logprobs_count(config.max_logprobs, self.vocab_size)  # resolved: -1 is the vocabulary
         self.eos_token_ids = set(self.tokenizer.eos_token_ids) | set(loaded.model_config.eos_token_ids)

@@ -78,5 +78,14 @@ def _checked(defaults: dict[str, Any], source: str) -> dict[str, Any]:
     return defaults
 
 
+def max_tokens_cap(setting: str, defaults: dict[str, Any], override: dict[str, Any] | None) -> int | None:
+    """The most tokens a served request may generate, whatever it asks (vLLM's override_max_tokens): the
+    max_new_tokens of a generation_config.json named by its directory, or of override_generation_config; the
+    checkpoint's own file ("auto") only fills in a request that asks no limit."""
+    if setting not in ("auto", BUILT_IN):
+        return defaults.get("max_tokens")
+    return (override or {}).get("max_new_tokens")
+
+
 def describe(defaults: dict[str, Any]) -> str:
     return ", ".join(f"{name}={value}" for name, value in defaults.items())

@@ -88,9 +88,12 @@ def serve(args: Any) -> int:
                                    **engine_kwargs(args))
     served = args.served_model_name or [engine.model_name]
     if engine.sampling_defaults:
-        print(f"deltaserve: requests that leave them unset sample with the checkpoint's "
+        print(f"deltaserve: requests that leave them unset sample with the generation config's "
               f"{describe(engine.sampling_defaults)} (--generation-config vllm for the API's defaults)",
               file=sys.stderr, flush=True)
+    if engine.max_tokens_cap is not None:
+        print(f"deltaserve: no request generates more than {engine.max_tokens_cap} tokens (the generation config's "
+              "max_new_tokens)", file=sys.stderr, flush=True)
     app = build_app(engine, served, api_key=api_keys, reasoning=reasoning,
                     force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
                     return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),

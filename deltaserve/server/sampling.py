@@ -25,43 +25,66 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str,
-                       default: int | None = None) -> int:
+                       default: int | None = None, cap: int | None = None) -> int:
     """The number of tokens to generate; a request that cannot fit the context is refused.
 
     Without a limit the request may use what the context has left after the prompt, or the checkpoint's
-    max_new_tokens (`default`) where that is less.
+    max_new_tokens (`default`) where that is less. `cap`: the most any request generates, whatever it asks
+    (vLLM's override_max_tokens: the server's generation config, sampling_defaults.max_tokens_cap).
     """
     if requested is None:
         if prompt_len >= max_model_len:
             raise context_length_error(prompt_len, 1, max_model_len, param)
-        return min(max_model_len - prompt_len, default or max_model_len)
-    if isinstance(requested, int) and requested >= 1 and prompt_len + requested > max_model_len:
+        requested = min(max_model_len - prompt_len, default or max_model_len)
+    elif isinstance(requested, int) and requested >= 1 and prompt_len + requested > max_model_len:
         raise context_length_error(prompt_len, requested, max_model_len, param)
-    return requested
+    return min(requested, cap) if cap is not None and isinstance(requested, int) and requested >= 1 else requested
 
 
-def kept_prompt_tokens(truncate: int | None, max_model_len: int) -> int | None:
-    """How many of the prompt's last tokens vLLM's truncate_prompt_tokens keeps: k, or the model's context for -1
-    (None: the whole prompt)."""
+def kept_prompt_tokens(truncate: int | None, max_model_len: int, max_output: int | None) -> int | None:
+    """How many of the prompt's tokens vLLM's truncate_prompt_tokens keeps: k, or for -1 what the model's context
+    leaves beside the `max_output` tokens the request asks (None: the whole prompt). A k past that is refused,
+    as vLLM refuses it."""
     if truncate is None:
         return None
+    room = max_model_len - (max_output or 0)
     if truncate == -1:
-        return max_model_len
+        return max(room, 1)  # a request asking the whole context for its output is refused by its length
     if truncate < 1:
         raise bad_request(f"truncate_prompt_tokens={truncate}: must be -1 (the model's context) or at least 1",
                           "truncate_prompt_tokens", "invalid_value")
-    if truncate > max_model_len:
-        raise bad_request(f"truncate_prompt_tokens={truncate} is more than the model's context of {max_model_len} "
-                          "tokens", "truncate_prompt_tokens", "invalid_value")
+    if truncate > room:
+        raise bad_request(f"truncate_prompt_tokens={truncate} is more than the {room} tokens the model's context of "
+                          f"{max_model_len} leaves beside the {max_output or 0} asked for the output",
+                          "truncate_prompt_tokens", "invalid_value")
     return truncate
 
 
-def truncated_tokens(token_ids: list[int], keep: int | None, side: str | None) -> list[int]:
+def truncated_tokens(token_ids: list[int], keep: int | None, side: str | None,
+                     text_ids: list[int] | None = None) -> list[int]:
     """The prompt tokens truncate_prompt_tokens keeps: its last `keep` (vLLM's truncation_side "left", the
-    default) or its first (side "right"); all of them where keep is None or covers them."""
+    default) or its first (side "right"); all of them where keep is None or covers them. `text_ids`: where the
+    prompt is a text encoded with the tokenizer's special tokens around it, the text's own tokens: without a side
+    those stay and the text loses its first tokens, as the tokenizer's own truncation keeps them (a BOS)."""
     if keep is None or len(token_ids) <= keep:
         return token_ids
+    if side is None and text_ids is not None:
+        head = _start_of(token_ids, text_ids)
+        if head is not None:
+            tail = token_ids[head + len(text_ids):]
+            room = keep - head - len(tail)
+            if room > 0:
+                return token_ids[:head] + text_ids[-room:] + tail
     return token_ids[:keep] if side == "right" else token_ids[-keep:]
+
+
+def _start_of(token_ids: list[int], inner: list[int]) -> int | None:
+    """Where `inner` stands whole in `token_ids` between added tokens (a few at either end), or None."""
+    extra = len(token_ids) - len(inner)
+    for head in range(extra + 1):
+        if token_ids[head:head + len(inner)] == inner:
+            return head
+    return None
 
 
 def build_sampling_params(req: Any, *, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,

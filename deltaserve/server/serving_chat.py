@@ -123,13 +123,15 @@ class ChatCompletions:
         self.ctx = ctx
         self.token_text = TokenText(ctx.tokenizer)
 
-    def _truncated(self, prompt: ChatPrompt, keep: int | None, side: str | None) -> ChatPrompt:
+    def _truncated(self, prompt: ChatPrompt, keep: int | None, side: str | None, specials: bool) -> ChatPrompt:
         """The rendered prompt's last `keep` tokens (vLLM's truncate_prompt_tokens), or its first with truncation_side
-        "right", its capture points moved with them; the whole prompt where keep is None or covers it."""
+        "right", its capture points moved with them; the whole prompt where keep is None or covers it. `specials`:
+        the tokenizer's special tokens were added around the text (they stay, as truncated_tokens keeps them)."""
         cut = len(prompt.token_ids) - keep if keep is not None else 0
         if cut <= 0:
             return prompt
-        kept = truncated_tokens(prompt.token_ids, keep, side)
+        text_ids = self.ctx.tokenizer.encode(prompt.text, add_special_tokens=False) if specials else None
+        kept = truncated_tokens(prompt.token_ids, keep, side, text_ids)
         if side == "right":  # the same positions: those past the kept tokens go
             points = [p for p in prompt.capture_points or [] if p <= keep]
         else:
@@ -168,12 +170,12 @@ class ChatCompletions:
         if req.add_special_tokens:  # vLLM's: the tokenizer's own on top of what the template writes
             prompt = dataclasses.replace(prompt, capture_points=None,  # the prefix the ids add moves every turn
                                          token_ids=self.ctx.tokenizer.encode(prompt.text, add_special_tokens=True))
-        prompt = self._truncated(prompt, kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len),
-                                 req.truncation_side)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len, requested)
+        prompt = self._truncated(prompt, keep, req.truncation_side, req.add_special_tokens)
         defaults = self.ctx.engine.sampling_defaults
         max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), self.ctx.max_model_len, "messages",
-                                        defaults.get("max_tokens"))
+                                        defaults.get("max_tokens"), self.ctx.engine.max_tokens_cap)
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = build_sampling_params(req, max_tokens=max_tokens, logprobs=top,
                                        prompt_logprobs=_prompt_logprobs(req), defaults=defaults)

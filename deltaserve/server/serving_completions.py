@@ -77,6 +77,12 @@ class Completions:
         _check_vocabulary(prompts, self.ctx.engine)
         return prompts
 
+    def _text_ids(self, prompt: _Prompt, specials: bool) -> list[int] | None:
+        """A text prompt's own tokens where special tokens were added around them (truncated_tokens keeps those)."""
+        if prompt.text is None or not specials:
+            return None
+        return self.ctx.tokenizer.encode(prompt.text, add_special_tokens=False)
+
     async def __call__(self, request: Request):
         body = await read_json_object(request)
         req = CompletionRequest.model_validate(body)
@@ -88,10 +94,12 @@ class Completions:
         # checked before any is queued: one bad id refuses them all at once
         # vLLM's default: a completion's prompt string gets the tokenizer's special tokens (a BOS)
         prompts = await asyncio.to_thread(self._prompts, req.prompt, req.add_special_tokens is not False)
-        keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len)
+        keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len, req.max_tokens)
         # a truncated prompt's text is what its kept tokens decode to (for echo)
         prompts = [p if len(p.token_ids) <= (keep or len(p.token_ids))
-                   else _Prompt(None, truncated_tokens(p.token_ids, keep, req.truncation_side)) for p in prompts]
+                   else _Prompt(None, truncated_tokens(p.token_ids, keep, req.truncation_side,
+                                                       self._text_ids(p, req.add_special_tokens is not False)))
+                   for p in prompts]
         # echo with max_tokens 0 scores the prompt (its logprobs) and generates nothing: the engine samples one
         # token, which the response leaves out
         requested = 1 if _scores_only(req) else req.max_tokens
@@ -100,7 +108,8 @@ class Completions:
                               "structured_outputs" if req.structured_outputs is not None else "response_format")
         params = []
         for p in prompts:
-            max_tokens = resolve_max_tokens(requested, len(p.token_ids), self.ctx.max_model_len, "prompt")
+            max_tokens = resolve_max_tokens(requested, len(p.token_ids), self.ctx.max_model_len, "prompt",
+                                            cap=self.ctx.engine.max_tokens_cap)
             params.append(build_sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs,
                                                 prompt_logprobs=_prompt_logprobs_asked(req),
                                                 defaults=self.ctx.engine.sampling_defaults))

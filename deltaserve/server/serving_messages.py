@@ -201,7 +201,8 @@ class Messages:
         tools = anthropic_tools_for_template(req.tools, req.tool_choice)
         budget = _thinking_budget(req.thinking, req.max_tokens, self.ctx.engine)
         prompt = await self._prompt(req, tools)
-        max_tokens = resolve_max_tokens(req.max_tokens, len(prompt.token_ids), self.ctx.max_model_len, "messages")
+        max_tokens = resolve_max_tokens(req.max_tokens, len(prompt.token_ids), self.ctx.max_model_len, "messages",
+                                        cap=self.ctx.engine.max_tokens_cap)
         if any(not s for s in req.stop_sequences or ()):
             raise bad_request("stop_sequences must be non-empty strings", "stop_sequences")
         defaults = self.ctx.engine.sampling_defaults  # the checkpoint's, for what the request leaves unset

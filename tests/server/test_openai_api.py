@@ -203,6 +203,14 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client, server):
     assert cut.usage.prompt_tokens == keep and cut.choices[0].text == alone.choices[0].text
     whole = client.completions.create(model=MODEL, prompt=text, max_tokens=1, extra_body={"truncate_prompt_tokens": -1})
     assert whole.usage.prompt_tokens == len(tokens)
+    # -1 keeps what the context leaves beside max_tokens, as vLLM's; more than that is refused
+    asked = random.randint(1, 32)
+    long = client.completions.create(model=MODEL, prompt=" plum" * 1100, max_tokens=asked,
+                                     extra_body={"truncate_prompt_tokens": -1, "ignore_eos": True})
+    assert long.usage.prompt_tokens == 1024 - asked and long.usage.completion_tokens == asked
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens"):
+        client.completions.create(model=MODEL, prompt=text, max_tokens=asked,
+                                  extra_body={"truncate_prompt_tokens": 1024 - asked + 1})
     keep = random.randint(3, 8)  # of the chat's rendered prompt
     chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2,
                                           extra_body={"truncate_prompt_tokens": keep})
