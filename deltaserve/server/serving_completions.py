@@ -206,6 +206,13 @@ class _CompletionJob:
                 "token_logprobs": [None] + rest["token_logprobs"], "top_logprobs": [None] + rest["top_logprobs"],
                 "text_offset": [0] + rest["text_offset"]}
 
+    def _prompt_text_length(self, output: RequestOutput) -> int:
+        """The length of the prompt's tokens' texts as its logprobs show them: where a whole reply's output
+        offsets go on from, as vLLM's one run of offsets over the prompt and the output."""
+        ids, entries = output.prompt_token_ids, output.prompt_logprobs
+        return len(self.api.token_text(ids[0])) + sum(len(self.api.token_text(t, entry.get(t)))
+                                                       for t, entry in zip(ids[1:], entries[1:]))
+
     def _usage(self, outputs: list[RequestOutput]) -> dict:
         return usage_dict(
             sum(len(r.prompt_token_ids) for r in outputs),
@@ -217,14 +224,15 @@ class _CompletionJob:
         choices = []
         for k, output in enumerate(finals):
             prefix = self._echo_text(k) if self.req.echo else ""
+            echoed = self._prompt_logprobs(output) if self.req.echo else None
+            start = self._prompt_text_length(output) if echoed is not None else len(prefix)
             for o in sorted(output.outputs, key=lambda o: o.index):
                 text, finish_reason, stop_reason = self._generated(o, o.text)
                 choices.append(
                     {
                         "index": k * self.req.n + o.index,
                         "text": prefix + text,
-                        "logprobs": _joined(self._prompt_logprobs(output) if self.req.echo else None,
-                                            self._logprobs(o, 0, len(o.token_ids), len(prefix))),
+                        "logprobs": _joined(echoed, self._logprobs(o, 0, len(o.token_ids), start)),
                         "finish_reason": finish_reason,
                         "stop_reason": stop_reason,
                     }

@@ -619,6 +619,10 @@ def test_completions_echo_with_logprobs_scores_the_prompt(client, server):
                                          logprobs=2, echo=True, stream=True)
     tokens = [t for c in streamed if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     assert tokens == lp.tokens
+    # one run of text offsets over the prompt's tokens and the output's, as vLLM's whole reply gives
+    text = random.choice(["Café ☕ and naïve 日本語", "🙂 ok", PROMPT])
+    lp = client.completions.create(model=MODEL, prompt=text, max_tokens=3, logprobs=0, echo=True).choices[0].logprobs
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))], lp
 
 
 def test_repetition_detection_ends_a_looping_reply(server):
