@@ -212,7 +212,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str):
-        return model_card(ctx.check_model(model_id))
+        ctx.check_model(model_id)  # a name not served is a 404; a served one is its own card
+        return model_card(model_id)
 
     async def _tokenize(request: Request):
         return await tokenize(ctx, request)

@@ -82,8 +82,10 @@ class ServerContext:
         return self.served_model_names[0]
 
     def check_model(self, name: str | None) -> str:
-        if name is None or name in self.served_model_names:
-            return self.model_name if name is None else name
+        """The name a reply gives its model: the first served name, whichever of them (or none) the request
+        asks for, as vLLM's."""
+        if not name or name in self.served_model_names:
+            return self.model_name
         raise APIError(
             404,
             f"The model '{name}' does not exist. This server serves: {', '.join(self.served_model_names)}",

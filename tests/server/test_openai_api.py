@@ -42,9 +42,10 @@ def test_chat_answers_and_reports_usage(client):
     assert 1 <= r.usage.completion_tokens <= 12
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     assert r.usage.prompt_tokens_details.cached_tokens >= 0
-    # the other served name reaches the same model; max_completion_tokens is the newer spelling
+    # the other served name reaches the same model, which replies under its first name (as vLLM's);
+    # max_completion_tokens is the newer spelling
     r2 = client.chat.completions.create(model="demo", messages=QUESTION, max_completion_tokens=12, temperature=0)
-    assert r2.choices[0].message.content == choice.message.content
+    assert r2.choices[0].message.content == choice.message.content and r2.model == r.model == MODEL
 
 
 def test_chat_stream_matches_the_whole_response(client):
