@@ -9,6 +9,7 @@ import types
 import pytest
 from pydantic import ValidationError
 
+from deltaserve.chat_content_format import messages_for_template
 from deltaserve.engine.async_engine import QueueFullError, RequestTiming, ServerShuttingDownError
 from deltaserve.errors import EngineDeadError, InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError
 from deltaserve.server.anthropic_protocol import MessagesRequest
@@ -93,8 +94,11 @@ def test_openai_tool_call_arguments_become_a_mapping_for_the_template():
     ]})
     out = openai_messages_for_template(req.messages)
     assert out[0] == {"role": "system", "content": "be brief"}
-    assert out[1]["content"] == "" and out[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
-    assert out[2] == {"role": "tool", "content": "42", "tool_call_id": "c1"}
+    assert out[1]["content"] is None and out[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+    assert out[2] == {"role": "tool", "content": [{"type": "text", "text": "42"}], "tool_call_id": "c1"}
+    # as a template that reads text is given them: no text "", a tool result's parts their text
+    shaped = messages_for_template(out, "string")
+    assert shaped[1]["content"] == "" and shaped[2]["content"] == "42"
 
 
 def test_an_earlier_turns_reasoning_reaches_the_template_under_either_name():
@@ -122,7 +126,7 @@ def test_anthropic_messages_become_chat_messages():
     ]})
     out = anthropic_messages_for_template(req.system, req.messages)
     assert [m["role"] for m in out] == ["system", "user", "assistant", "tool", "user"]
-    assert out[2]["content"] == "Checking."
+    assert out[2]["content"] == [{"type": "text", "text": "Checking."}]  # parts, as chat's
     assert out[2]["tool_calls"][0]["function"] == {"name": "w", "arguments": {"c": "P"}}
     assert out[3] == {"role": "tool", "tool_call_id": "t1", "content": "sunny"}
 

@@ -393,7 +393,7 @@ def _response_job() -> _ResponseJob:
     req = ResponsesRequest.model_validate({"model": MODEL, "input": "Go."})
     chat = types.SimpleNamespace(request_id="resp_1", model=MODEL,
                                  parser=lambda: ChoiceParser(tool_schemas={"f": {}, "g": {}}),
-                                 api=types.SimpleNamespace(ctx=types.SimpleNamespace(tokenizer=None)))
+                                 api=types.SimpleNamespace(ctx=types.SimpleNamespace(tokenizer=None, engine=None)))
     return _ResponseJob(req, chat)
 
 

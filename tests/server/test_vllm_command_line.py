@@ -219,7 +219,8 @@ def _chat_logprobs(live: LiveServer, **fields) -> list[dict]:
 
 def test_return_tokens_as_token_ids_names_each_token_by_its_id(vllm_style_server, server):
     """Under --return-tokens-as-token-ids logprobs name tokens "token_id:ID" (their bytes still the text's),
-    unless a request says false; a request may ask it of any server. Each id decodes to the text named."""
+    unless a request says false; a request may ask it of any server. Each id decodes to the text named, where it
+    decodes whole (a token that holds part of a character is named by what it adds to the tokens before it)."""
     as_ids, as_text = _chat_logprobs(vllm_style_server), _chat_logprobs(server)
     assert as_ids == _chat_logprobs(server, return_tokens_as_token_ids=True)
     assert as_text == _chat_logprobs(vllm_style_server, return_tokens_as_token_ids=False)
@@ -228,7 +229,8 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(vllm_style_server
             assert a["token"].startswith("token_id:") and a["bytes"] == b["bytes"] and a["logprob"] == b["logprob"]
             r = httpx.post(server.url + "/detokenize", json={"model": MODEL, "tokens": [int(a["token"][9:])]},
                            headers=server.headers, timeout=30)
-            assert r.json()["prompt"] == b["token"]
+            own = r.json()["prompt"]
+            assert own == b["token"] or "\ufffd" in own, (own, b["token"])
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": 3, "temperature": 0, "logprobs": 2, "echo": True}
     r = httpx.post(vllm_style_server.base_url + "/completions", json=body, headers=vllm_style_server.headers,
                    timeout=120)
