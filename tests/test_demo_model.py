@@ -30,8 +30,8 @@ def test_demo_model_greedy_equals_transformers_from_same_gguf(demo_llm, demo_ref
 
 
 def test_chat_takes_openais_message_shapes(demo_llm):
-    """As vLLM's LLM.chat: a list of text parts is their text, content None is "" (a turn of tool calls only), and
-    a part or template variable that cannot be is named."""
+    """As vLLM's LLM.chat: a list of text parts is their text joined by newlines (the demo template reads text),
+    content None is "" (a turn of tool calls only), and a part or template variable that cannot be is named."""
     import random
 
     from deltaserve import InvalidPromptError, SamplingParams
@@ -39,7 +39,8 @@ def test_chat_takes_openais_message_shapes(demo_llm):
     greedy = SamplingParams(max_tokens=6, temperature=0)
     words = random.choice(["What is the capital of France?", "Name a colour.", "Count to three."])
     cut = random.randrange(1, len(words))
-    plain = demo_llm.chat([{"role": "user", "content": words}], greedy, use_tqdm=False)[0]
+    plain = demo_llm.chat([{"role": "user", "content": words[:cut] + "\n" + words[cut:]}], greedy,
+                          use_tqdm=False)[0]
     parts = [{"type": "text", "text": words[:cut]}, {"type": "text", "text": words[cut:]}]
     assert demo_llm.chat([{"role": "user", "content": parts}], greedy, use_tqdm=False)[0].outputs[0].token_ids == \
         plain.outputs[0].token_ids
