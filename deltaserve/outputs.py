@@ -79,6 +79,9 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop string or token id that ended it
     logprobs: SampleLogprobs | None = None
     metrics: RequestStateStats | None = None  # once this sample has finished: its times in the engine
+    # vLLM's, for its code to read: no LoRA adapter, no expert routing kept
+    lora_request: None = None
+    routed_experts: None = None
 
     def finished(self) -> bool:
         """A method, as vLLM's (RequestOutput.finished is a field)."""
@@ -108,3 +111,8 @@ class RequestOutput:
     # Why the engine ended it early, where the request itself was at fault (its outputs' finish_reason "abort"):
     # errors.NoTokenAllowedError where its constraints refused every token.
     error: Exception | None = None
+    # vLLM's, for its code to read: no LoRA adapter, no encoder prompt (decoder-only models), no KV transfer
+    lora_request: None = None
+    encoder_prompt: None = None
+    encoder_prompt_token_ids: None = None
+    kv_transfer_params: None = None

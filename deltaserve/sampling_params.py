@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.tokenizer import LONE_SURROGATE
@@ -43,11 +45,15 @@ class StructuredOutputsParams:
     whitespace_pattern: str | None = None
     disable_additional_properties: bool = False
     disable_fallback: bool = False
+    structural_tag: str | None = None  # vLLM's: taken at None, refused otherwise (no structural tags here)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
+        if self.structural_tag is not None:
+            raise InvalidSamplingParamsError("structured_outputs.structural_tag is not supported: give a json, "
+                                             "json_object, regex, choice or grammar")
         kinds = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
         if not isinstance(self.json_object, bool):
             raise InvalidSamplingParamsError(f"structured_outputs.json_object={self.json_object!r}: must be True "
@@ -108,6 +114,15 @@ class RepetitionDetectionParams:
         return self.max_pattern_size > 0
 
 
+class RequestOutputKind(IntEnum):
+    """vLLM's: what each output of a request carries. The offline LLM returns each request's final output
+    alone (as vLLM's LLM sets FINAL_ONLY); the server streams what its API asks. Taken for vLLM's code to run."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 # vLLM's SamplingParams fields deltaserve takes only at their defaults: what each asks
 UNHONOURED = {"flat_logprobs": "logprobs as flat lists",
               "extra_args": "arguments for logits processors (deltaserve runs none of the caller's)"}
@@ -156,7 +171,20 @@ class SamplingParams:
     # their defaults so that vLLM's code runs, refused by name otherwise (UNHONOURED)
     flat_logprobs: bool = False
     extra_args: dict | None = None
+    # vLLM's, taken for its code to run: what each output carries (RequestOutputKind) and whether the engine
+    # copies the parameters (it reads them as given)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    skip_clone: bool = False
     stop_strings: list[str] = field(init=False, repr=False)
+
+    @classmethod
+    def from_optional(cls, **fields) -> SamplingParams:
+        """vLLM's: None for any field is its default."""
+        return cls(**{name: value for name, value in fields.items() if value is not None})
+
+    def clone(self) -> SamplingParams:
+        """vLLM's: a deep copy (a structured output's schema with it)."""
+        return copy.deepcopy(self)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -171,10 +199,17 @@ class SamplingParams:
         def bad(name: str, value, why: str) -> InvalidSamplingParamsError:
             return InvalidSamplingParamsError(f"{name}={value!r}: {why}")
 
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError:
+            raise bad("output_kind", self.output_kind, "must be a RequestOutputKind") from None
+        if self.bad_words is None:
+            self.bad_words = []  # vLLM's: none is an empty list
+
         if self.stop is None:
             self.stop_strings = []
         elif isinstance(self.stop, str):
-            self.stop_strings = [self.stop]
+            self.stop = self.stop_strings = [self.stop]  # vLLM's: a string is a list of one
         elif isinstance(self.stop, (list, tuple)):
             self.stop_strings = list(self.stop)
         else:
@@ -243,7 +278,7 @@ class SamplingParams:
             self.allowed_token_ids = list(self.allowed_token_ids)
             for t in self.allowed_token_ids:
                 _check_int("allowed_token_ids", t)
-        if self.bad_words is not None:
+        if self.bad_words:
             if not isinstance(self.bad_words, (list, tuple)) or not all(
                     isinstance(w, str) and w.strip() for w in self.bad_words):
                 raise bad("bad_words", self.bad_words, "must be a list of non-empty strings")

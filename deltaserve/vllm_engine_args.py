@@ -12,9 +12,11 @@ from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.errors import DeltaServeError
 
 # taken and dropped: deltaserve runs no code from a checkpoint, keeps no periodic stats log, and on its one GPU
-# holds every expert and has no all-reduce or worker processes to choose
+# holds every expert and has no all-reduce or worker processes to choose; it swaps nothing to the CPU (vLLM ignores
+# swap_space too), downloads nothing (hf_token), and captures its own CUDA graphs of its own kernels
+# (compilation_config's torch.compile and capture settings)
 ACCEPTED = ("trust_remote_code", "disable_log_stats", "enable_expert_parallel", "disable_custom_all_reduce",
-            "distributed_executor_backend")
+            "distributed_executor_backend", "swap_space", "hf_token", "compilation_config")
 RENAMED = {"mamba_ssm_cache_dtype": "gdn_state_dtype", "num_gpu_blocks_override": "num_kv_blocks"}
 # name -> (the values deltaserve does, why no other)
 ONLY = {
@@ -32,6 +34,9 @@ ONLY = {
     "hf_overrides": ((None,), "deltaserve reads the checkpoint's config.json as it is"),
     "enable_sleep_mode": ((False, None), "deltaserve keeps its weights on the GPU while it runs"),
     "cpu_offload_gb": ((0, 0.0, None), "deltaserve keeps every weight on the GPU"),
+    "runner": (("auto", "generate", None), "deltaserve runs generative models only"),
+    "skip_tokenizer_init": ((False, None), "deltaserve detokenizes with the checkpoint's tokenizer"),
+    "logprobs_mode": (("raw_logprobs", None), "logprobs are the model's own, before penalties and temperature"),
 }
 
 

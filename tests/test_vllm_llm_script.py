@@ -7,8 +7,8 @@ import random
 import pytest
 from tqdm import tqdm
 
-from deltaserve import LLM, SamplingParams
-from deltaserve.errors import DeltaServeError, InvalidPromptError
+from deltaserve import LLM, RequestOutputKind, SamplingParams, StructuredOutputsParams
+from deltaserve.errors import DeltaServeError, InvalidPromptError, InvalidSamplingParamsError
 from deltaserve.vllm_engine_args import ONLY, engine_args_from_vllm
 
 TEMPLATE = ("{% for m in messages %}[{{ m.role }}{% if flavour is defined %} {{ flavour }}{% endif %}] "
@@ -18,7 +18,8 @@ REFUSED = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_paralle
            "enable_chunked_prefill": False, "kv_cache_dtype": "fp8", "quantization": "awq",
            "speculative_config": {"method": "qwen3_next_mtp", "num_speculative_tokens": 2}, "enable_lora": True,
            "tokenizer_mode": "mistral", "hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-           "enable_sleep_mode": True, "cpu_offload_gb": 4}
+           "enable_sleep_mode": True, "cpu_offload_gb": 4, "runner": "pooling", "skip_tokenizer_init": True,
+           "logprobs_mode": "processed_logprobs"}
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 
 
@@ -38,7 +39,9 @@ def test_vllms_engine_arguments_start_the_same_engine(checkpoint_factory, llm):
                      kv_cache_dtype="auto", quantization=None, disable_log_stats=True, tokenizer=path,
                      mamba_ssm_cache_dtype="float32", enable_expert_parallel=True, disable_custom_all_reduce=True,
                      distributed_executor_backend="mp", enable_sleep_mode=False, cpu_offload_gb=0,
-                     hf_overrides=None, num_gpu_blocks_override=64)
+                     hf_overrides=None, num_gpu_blocks_override=64, swap_space=4, hf_token=None,
+                     compilation_config={"cudagraph_capture_sizes": [1, 2, 4]}, runner="generate",
+                     skip_tokenizer_init=False, logprobs_mode="raw_logprobs")
     assert vllm_style.engine.config.gdn_state_dtype == "float32" and vllm_style.engine.config.num_kv_blocks == 64
     prompts = [[random.randrange(3, 200) for _ in range(random.randint(1, 30))] for _ in range(3)]
     outs = vllm_style.generate(prompts, GREEDY, use_tqdm=False)
@@ -186,3 +189,40 @@ def test_the_tokenizer_answers_as_a_hugging_face_one(llm):
 def test_vllms_methods_for_what_deltaserve_does_not_do_refuse_by_name(llm, method):
     with pytest.raises(DeltaServeError, match=f"LLM.{method}: "):
         getattr(llm, method)(["a prompt"])
+
+
+def test_vllms_sampling_params_api():
+    """What vLLM's code calls on its SamplingParams: output_kind (the offline LLM returns the final outputs, as
+    vLLM's sets FINAL_ONLY), skip_clone, clone, from_optional; a stop string is a list of one, no bad words an
+    empty list, and a structural tag is refused by name."""
+    seed = random.randrange(10**6)
+    params = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, skip_clone=True, stop="x", seed=seed,
+                            structured_outputs=StructuredOutputsParams(json={"type": "object"}))
+    assert params.stop == ["x"] and params.bad_words == [] and params.output_kind == RequestOutputKind.FINAL_ONLY
+    copy = params.clone()
+    copy.structured_outputs.json["type"] = "array"
+    assert copy.seed == seed and params.structured_outputs.json == {"type": "object"}  # a deep copy
+    assert SamplingParams.from_optional(temperature=None, top_p=0.5, seed=None).temperature == 1.0
+    assert SamplingParams(output_kind=1).output_kind == RequestOutputKind.DELTA
+    with pytest.raises(InvalidSamplingParamsError, match="output_kind"):
+        SamplingParams(output_kind=7)
+    with pytest.raises(InvalidSamplingParamsError, match="structural_tag"):
+        StructuredOutputsParams(json={}, structural_tag="{}")
+
+
+def test_vllms_output_fields_seeds_and_token_texts(llm):
+    """vLLM's: sample i of a request seeded s draws as one seeded s + i; without detokenizing no logprob has a
+    text; and the output fields vLLM's code reads are there."""
+    prompt = [random.randrange(3, 200) for _ in range(random.randint(2, 12))]
+    seed = random.randrange(10**6)
+    sampled = dict(max_tokens=6, temperature=1.0, ignore_eos=True)
+    two = llm.generate([prompt], SamplingParams(n=2, seed=seed, **sampled), use_tqdm=False)[0]
+    for i in range(2):
+        alone = llm.generate([prompt], SamplingParams(seed=seed + i, **sampled), use_tqdm=False)[0]
+        assert two.outputs[i].token_ids == alone.outputs[0].token_ids, i
+    out = llm.generate([prompt], SamplingParams(max_tokens=3, logprobs=2, prompt_logprobs=1, detokenize=False),
+                       use_tqdm=False)[0]
+    assert all(lp.decoded_token is None for entry in out.outputs[0].logprobs for lp in entry.values())
+    assert all(lp.decoded_token is None for entry in out.prompt_logprobs[1:] for lp in entry.values())
+    assert (out.lora_request, out.encoder_prompt, out.encoder_prompt_token_ids, out.kv_transfer_params) == (None,) * 4
+    assert out.outputs[0].lora_request is None and out.outputs[0].text == ""

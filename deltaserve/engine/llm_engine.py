@@ -388,8 +388,9 @@ class LLMEngine:
         for request, (first, entries) in found.items():
             for position, entry in enumerate(entries, start=first):
                 if position == len(request.prompt_logprobs):  # a recompute after preemption adds nothing new
-                    self._decode_logprob_tokens(entry, request.prompt_token_ids[max(0, position - MAX_CONTEXT):
-                                                                                position])
+                    if request.params.detokenize:
+                        self._decode_logprob_tokens(entry, request.prompt_token_ids[max(0, position - MAX_CONTEXT):
+                                                                                    position])
                     request.prompt_logprobs.append(entry)
 
     def _decode_logprob_tokens(self, entry, before: list[int]) -> None:
@@ -414,7 +415,8 @@ class LLMEngine:
             request.thinking.accept(token)
         if logprob is not None:  # read after the output's tokens before it, as vLLM reads them
             index = position - request.num_prompt_tokens
-            self._decode_logprob_tokens(logprob, request.output_token_ids[max(0, index - MAX_CONTEXT):index])
+            if request.params.detokenize:  # else no text, as vLLM's
+                self._decode_logprob_tokens(logprob, request.output_token_ids[max(0, index - MAX_CONTEXT):index])
             request.output_logprobs.append(logprob)
         self._count_token(request.stats, now)
         params = request.params

@@ -2,9 +2,10 @@
 
 Randomness: each sampled row draws its noise from a 63-bit seed (kernels.sampling.reference.uniforms
 hashes it with the token's index, so the draws are the same on every device). A request with a seed
-gives its rows the seed of (seed, sample index, output position), so the same request gives the same
-text whatever runs beside it and whether or not it was preempted; other rows take theirs from the
-engine's generator, seeded once.
+gives its rows the seed of (seed + sample index, output position), so the same request gives the same
+text whatever runs beside it and whether or not it was preempted, and its sample i draws as sample 0 of a
+request seeded seed + i (vLLM seeds its n samples so); other rows take theirs from the engine's generator,
+seeded once.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ class Sampler:
         """Each row's 63-bit noise seed: its request's own (row_seed) or the engine generator's next (0 for
         greedy rows, which draw nothing)."""
         return [0 if r.params.temperature == 0 else self.generator.getrandbits(63) if r.params.seed is None
-                else row_seed(r.params.seed, r.sample_index, len(r.output_token_ids)) for r in requests]
+                else row_seed(r.params.seed + r.sample_index, 0, len(r.output_token_ids)) for r in requests]
 
     def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]):
         """Logprobs of the model's distribution (before penalties and temperature), as vLLM reports them."""
