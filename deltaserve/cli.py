@@ -156,6 +156,9 @@ def _build_parser() -> argparse.ArgumentParser:
                           "(as '{\"enable_thinking\": false}')")
     srv.add_argument("--trust-request-chat-template", action="store_true",
                      help="let a chat request bring its own chat_template (it runs on the server)")
+    srv.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                     help="render a chat whose tool_choice is \"none\" without its tools (by default, as vLLM's, "
+                          "the template shows them and the reply is read for no calls)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     from deltaserve.server.http_options import add_http_arguments
     from deltaserve.server.vllm_flags import add_vllm_flags

@@ -273,3 +273,19 @@ def test_reasoning_tokens_are_those_within_the_think_block(opens):
     ids = before + ([] if opens else [start]) + thought + ([end] + after if closed else [])
     assert reasoning_token_count(ids, (start, end), opens) == len(thought)
     assert reasoning_token_count(before + after, (start, end), False) == 0
+
+
+@pytest.mark.parametrize("opens", [False, True])
+def test_a_call_made_from_the_reasoning_ends_it(opens):
+    """As vLLM's Qwen3 parser: a <tool_call> inside the think block (no </think> before it) ends the reasoning and
+    is the answer's call, in every chunking; a </think> that comes first ends it as always."""
+    thought = random.choice(["hmm ", "I should call f.\n", ""])
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    text = ("" if opens else "<think>") + thought + call
+    for chunks in _chunkings(text, seed=random.randrange(10**6)):
+        out = _collect(ChoiceParser(reasoning=True, start_in_reasoning=opens, tool_schemas={"f": {}}), chunks)
+        assert out.reasoning == thought and out.content == "", chunks
+        assert [(c.name, json.loads(c.arguments)) for c in out.tool_calls] == [("f", {"x": 1})], chunks
+    closed = _collect(ChoiceParser(reasoning=True, start_in_reasoning=True, tool_schemas={"f": {}}),
+                      ["a </think>\n\nb ", call])
+    assert (closed.reasoning, closed.content, len(closed.tool_calls)) == ("a ", "b ", 1)

@@ -106,7 +106,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
               force_include_usage: bool = False, return_tokens_as_token_ids: bool = False,
               default_chat_template_kwargs: dict | None = None, trust_request_chat_template: bool = False,
               response_role: str = "assistant", log_stats_interval: float | None = None,
-              tool_call_parser: str | None = None) -> FastAPI:
+              tool_call_parser: str | None = None, exclude_tools_when_tool_choice_none: bool = False) -> FastAPI:
     """The app; it starts the engine thread on startup and stops it on shutdown. api_key: the key, or keys, a
     request must carry (None: none). force_include_usage: every stream ends with its usage, as if its
     stream_options asked (vLLM's --enable-force-include-usage). return_tokens_as_token_ids: logprobs name each
@@ -114,14 +114,16 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     each chat's own. trust_request_chat_template: a chat request may bring its own template. response_role: the
     role of a chat reply that opens a new turn (vLLM's --response-role). log_stats_interval: seconds between two
     lines of vLLM's periodic stats in the log (stats_log.py; None: none). tool_call_parser: vLLM's name of the
-    format tool calls come in (None: the one the chat template asks for)."""
+    format tool calls come in (None: the one the chat template asks for). exclude_tools_when_tool_choice_none:
+    vLLM's flag, a chat whose tool_choice is "none" rendered without its tools (else the template shows them)."""
     api_keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     ctx = ServerContext(engine, served_model_names or [engine.model_name], api_keys=api_keys, reasoning=reasoning,
                         force_include_usage=force_include_usage,
                         return_tokens_as_token_ids=return_tokens_as_token_ids,
                         default_chat_template_kwargs=dict(default_chat_template_kwargs or {}),
                         trust_request_chat_template=trust_request_chat_template, response_role=response_role,
-                        tool_call_parser=tool_call_parser)
+                        tool_call_parser=tool_call_parser,
+                        exclude_tools_when_tool_choice_none=exclude_tools_when_tool_choice_none)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -40,6 +40,7 @@ class ServerContext:
     response_role: str = "assistant"  # vLLM's: the role of a chat reply that opens a new turn
     reasoning: bool | None = None  # None: decide from the chat template
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser (None: the chat template's format)
+    exclude_tools_when_tool_choice_none: bool = False  # vLLM's: tool_choice "none" renders no tools
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:

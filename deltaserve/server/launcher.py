@@ -101,7 +101,9 @@ def serve(args: Any) -> int:
                     trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
                     response_role=getattr(args, "response_role", None) or "assistant",
                     log_stats_interval=stats_interval,
-                    tool_call_parser=getattr(args, "tool_call_parser", None))
+                    tool_call_parser=getattr(args, "tool_call_parser", None),
+                    exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none",
+                                                                     False)))
     add_http_middleware(app, args)
     config = uvicorn.Config(
         app,

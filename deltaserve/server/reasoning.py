@@ -2,8 +2,10 @@
 
 Qwen3-family templates may open the think block inside the prompt (the generation prompt
 ends with `<think>`), so the output starts inside reasoning without an opening tag; otherwise
-an output that begins (after whitespace) with `<think>` enters reasoning. Tags cut by chunk
-boundaries are held back until the next chunk decides them.
+an output that begins (after whitespace) with `<think>` enters reasoning. The reasoning ends at
+`</think>`, or where a `<tool_call>` opens inside it (the call is the answer's, as vLLM's Qwen3 parser
+reads a call made straight from the reasoning). Tags cut by chunk boundaries are held back until the
+next chunk decides them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 from deltaserve.engine.thinking_budget import THINK_END as THINK_CLOSE
 from deltaserve.engine.thinking_budget import THINK_START as THINK_OPEN
+from deltaserve.server.tool_parsers.parser import OPEN as TOOL_CALL_OPEN
 from deltaserve.server.tool_parsers.tags import held_suffix_len
 
 
@@ -51,13 +54,18 @@ class ReasoningSplitter:
                 else:
                     self._state = "content"
             elif self._state == "reasoning":
-                end = self._buffer.find(THINK_CLOSE)
-                if end >= 0:
+                end, call = self._buffer.find(THINK_CLOSE), self._buffer.find(TOOL_CALL_OPEN)
+                if call >= 0 and (end < 0 or call < end):  # a call made from the reasoning ends it
+                    out.reasoning += self._buffer[:call]
+                    self._buffer = self._buffer[call:]
+                    self._state = "content"
+                elif end >= 0:
                     out.reasoning += self._buffer[:end]
                     self._buffer = self._buffer[end + len(THINK_CLOSE):]
                     self._state = "after_reasoning"
                 else:
-                    keep = held_suffix_len(self._buffer, THINK_CLOSE)
+                    keep = max(held_suffix_len(self._buffer, THINK_CLOSE),
+                               held_suffix_len(self._buffer, TOOL_CALL_OPEN))
                     out.reasoning += self._buffer[: len(self._buffer) - keep]
                     self._buffer = self._buffer[len(self._buffer) - keep:]
                     break

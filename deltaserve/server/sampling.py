@@ -155,6 +155,8 @@ def refuse_unsupported(req: Any, engine: Any) -> None:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only for streamed responses (stream: true)", "stream_options",
                           "invalid_value")
+    if getattr(req, "tools", None) == []:  # as OpenAI's and vLLM's: leave them out for none
+        raise bad_request("tools must not be an empty array: leave it out for no tools", "tools", "invalid_value")
     tool_choice = getattr(req, "tool_choice", None)
     if tool_choice is not None and tool_choice != "none":
         if not getattr(req, "tools", None):

@@ -41,11 +41,15 @@ from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall
 
 
-def _select_tools(req: ChatCompletionRequest) -> list[dict] | None:
-    """The tools the template shows the model, after tool_choice. A template that never reads them drops them:
-    the model then calls none, as "auto" allows (a demanded call is held to their schemas all the same)."""
+def _select_tools(req: ChatCompletionRequest, exclude_when_none: bool) -> tuple[list[dict] | None, list[dict] | None]:
+    """(the tools the template shows the model, those the reply is read for calls to). tool_choice "none" reads
+    the reply for none; the template shows them all the same, as vLLM's does unless its
+    --exclude-tools-when-tool-choice-none. A template that never reads them drops them: the model then calls
+    none, as "auto" allows (a demanded call is held to their schemas all the same)."""
     tools = openai_tools_for_template(req.tools)
-    return None if tools is None or req.tool_choice == "none" else tools
+    if req.tool_choice != "none":
+        return tools, tools
+    return (None if exclude_when_none else tools), None
 
 
 def call_cap(parallel_tool_calls: bool | None, max_tool_calls: int | None = None) -> int | None:
@@ -159,11 +163,11 @@ class ChatCompletions:
             raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs", "invalid_value")
         _check_chat_ranges(req, self.ctx.engine)
         self.ctx.admit()
-        tools = _select_tools(req)
+        shown, tools = _select_tools(req, self.ctx.exclude_tools_when_tool_choice_none)
         check_roles(req.messages, self.ctx.response_role)
         messages = openai_messages_for_template(req.messages)
         check_rendering_fields(self.ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
-        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, tools,
+        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, shown,
                                          self.ctx.template_kwargs(req.chat_template_kwargs, req.reasoning_effort),
                                          add_generation_prompt=req.add_generation_prompt,
                                          continue_final=req.continue_final_message, chat_template=req.chat_template)

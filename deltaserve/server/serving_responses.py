@@ -100,7 +100,7 @@ def _tools(req: ResponsesRequest) -> list[dict] | None:
         tools.append({"type": "function", "function": {"name": tool.name, "description": tool.description,
                                                        "parameters": tool.parameters}})
     check_tool_names([tool.name for tool in req.tools], "tools.{i}.name")
-    return tools
+    return tools or None  # the Responses API takes an empty list for none
 
 
 def _tool_choice(req: ResponsesRequest) -> Any:

@@ -186,6 +186,16 @@ def test_a_requests_own_chat_template_needs_the_servers_trust(front, certificate
         tokens = client.post("/tokenize", headers=headers, json={
             "model": MODEL, "prompt": f"<<{effort}|{effort != 'none'}>>", "add_special_tokens": False}).json()["count"]
         assert r.json()["usage"]["prompt_tokens"] == tokens, r.text
+        # tool_choice "none" still shows the template the tools, as vLLM's (unless its exclude flag)
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        shown = "<<{% if tools %}tools {{ tools | length }}{% else %}none{% endif %}>>"
+        asked = ({"tools": [tool], "tool_choice": "none"}, {"tools": [tool], "tool_choice": "auto"}, {})
+        counts = [client.post("/v1/chat/completions", headers=headers, json={
+            **body, "chat_template": shown, **fields}).json()["usage"]["prompt_tokens"] for fields in asked]
+        expected = [client.post("/tokenize", headers=headers, json={
+            "model": MODEL, "prompt": text, "add_special_tokens": False}).json()["count"]
+            for text in ("<<tools 1>>", "<<tools 1>>", "<<none>>")]
+        assert counts == expected
         r = client.post("/v1/chat/completions", json={**body, "chat_template": "{% for m in messages %}"},
                         headers=headers)
         assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"
