@@ -196,10 +196,10 @@ class AsyncEngine:
     def _check_queue(self) -> None:
         if self.max_queue is None:
             return
-        running = getattr(self.stats, "num_running", None)
-        if running is None:
-            running = min(self.num_in_flight, self.max_num_seqs or self.num_in_flight)
-        waiting = self.num_in_flight - min(int(running), self.num_in_flight)
+        # the stats are the last step's: the requests that came since count as running, up to max_num_seqs
+        running = max(int(getattr(self.stats, "num_running", None) or 0),
+                      min(self.num_in_flight, self.max_num_seqs or self.num_in_flight))
+        waiting = self.num_in_flight - min(running, self.num_in_flight)
         if waiting >= self.max_queue:
             raise QueueFullError(
                 f"{waiting} requests are already waiting for the engine (--max-queue {self.max_queue}); "

@@ -214,7 +214,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str):
-        ctx.check_model(model_id)  # a name not served is a 404; a served one is its own card
+        if model_id not in ctx.served_model_names:  # none, too
+            raise ctx.not_served(model_id)
         return model_card(model_id)
 
     async def _tokenize(request: Request):

@@ -87,13 +87,12 @@ class ServerContext:
         asks for, as vLLM's."""
         if not name or name in self.served_model_names:
             return self.model_name
-        raise APIError(
-            404,
-            f"The model '{name}' does not exist. This server serves: {', '.join(self.served_model_names)}",
-            type="not_found_error",
-            param="model",
-            code="model_not_found",
-        )
+        raise self.not_served(name)
+
+    def not_served(self, name: str) -> APIError:
+        return APIError(404, f"The model '{name}' does not exist. This server serves: "
+                             f"{', '.join(self.served_model_names)}", type="not_found_error", param="model",
+                        code="model_not_found")
 
     def admit(self) -> None:
         """Refuse early (before tokenizing) when the engine cannot take a request (the engine counts the
@@ -107,6 +106,12 @@ def random_id(prefix: str) -> str:
 
 
 async def read_json_object(request: Request) -> dict:
+    """The request's JSON object. A body sent as another media type is refused, as vLLM refuses it: a browser
+    may send a form or text across sites without asking first, never JSON."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise bad_request(f"Unsupported Media Type: only 'application/json' is allowed (got {media_type or 'none'!r})",
+                          code="unsupported_media_type")
     body = await request.body()
     try:
         data = json.loads(body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -195,6 +196,19 @@ def test_unusable_prompts_share_one_code(server, prompt):
     r = _post(server, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2})
     _assert_error(r, 400, "prompt")
     assert r.json()["error"]["code"] == "invalid_prompt", r.text
+
+
+def test_a_body_of_another_media_type_is_refused(server):
+    """As vLLM's: only application/json (a browser sends a form or text across sites without asking first)."""
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode()
+    for media_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        r = httpx.post(server.url + "/v1/completions", content=body, timeout=60,
+                       headers={**server.headers, **({"content-type": media_type} if media_type else {})})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_media_type", r.text
+    ok = _post(server, "/v1/completions", content=body, headers={"content-type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200, ok.text
+    missing = httpx.get(server.url + "/v1/models/", headers=server.headers, timeout=30)  # no name: none served
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found", missing.text
 
 
 def test_an_escaped_surrogate_pair_is_text(server):

@@ -3,6 +3,7 @@ event and the process exits cleanly. One server of its own (one sequence at a ti
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import random
 import signal
@@ -61,6 +62,17 @@ def test_the_prompts_and_choices_of_one_request_do_not_refuse_each_other(small_s
                       json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "n": 3})
     assert chat.status_code == 200, chat.text
     assert small_server.metrics().get('deltaserve_requests_rejected_total{reason="QueueFullError"}', 0) == 0
+
+
+def test_requests_that_come_at_once_count_as_running_up_to_max_num_seqs(small_server):
+    """--max-num-seqs 1 --max-queue 1 on an idle server: two requests sent at once are one running and one
+    waiting, though the engine's stats, from its last step, still say none runs."""
+    def post(_):
+        return httpx.post(small_server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        statuses = [r.status_code for r in pool.map(post, range(2))]
+    assert statuses == [200, 200]
 
 
 def test_queue_limit_then_clean_shutdown(small_server):
