@@ -112,7 +112,9 @@ class AsyncEngine:
         cache_info = getattr(engine, "cache_config_info", None)
         self.cache_config_info: dict[str, str] = cache_info() if cache_info is not None else {}
         self.max_queue = max_queue
-        self.max_num_seqs = max_num_seqs
+        # the most sequences a step runs: given, else the engine's own
+        self.max_num_seqs = max_num_seqs if max_num_seqs is not None else getattr(
+            getattr(engine, "config", None), "max_num_seqs", None)
         self.stats: Any = None  # the engine's newest stats(), refreshed by the engine thread
         self.listeners: list[Callable[[RequestTiming], None]] = []
         self.refusal_listeners: list[Callable[[DeltaServeError], None]] = []  # told of each refused request
@@ -197,8 +199,9 @@ class AsyncEngine:
         if self.max_queue is None:
             return
         # the stats are the last step's: the requests that came since count as running, up to max_num_seqs
-        running = max(int(getattr(self.stats, "num_running", None) or 0),
-                      min(self.num_in_flight, self.max_num_seqs or self.num_in_flight))
+        running = int(getattr(self.stats, "num_running", None) or 0)
+        if self.max_num_seqs is not None:
+            running = max(running, min(self.num_in_flight, self.max_num_seqs))
         waiting = self.num_in_flight - min(running, self.num_in_flight)
         if waiting >= self.max_queue:
             raise QueueFullError(

@@ -156,3 +156,23 @@ def test_a_full_queue_refuses_other_requests_not_the_prompts_of_one_and_each_ref
         finally:
             engine.stop()
     asyncio.run(run())
+
+
+def test_requests_since_the_last_step_count_as_running_up_to_the_engines_max_num_seqs():
+    """The engine's stats are its last step's (here: none runs): the requests that came since count as running
+    up to its config's max_num_seqs, then as waiting up to --max-queue."""
+    async def run():
+        seqs, limit = random.randint(1, 4), random.randint(1, 3)
+        idle = _IdleEngine()
+        idle.config = types.SimpleNamespace(max_num_seqs=seqs)
+        engine = AsyncEngine(idle, max_queue=limit)
+        engine.start()
+        try:
+            streams = [await engine.generate(f"r{k}", [1, 2], None) for k in range(seqs + limit)]
+            with pytest.raises(QueueFullError):
+                await engine.generate("one-more", [1, 2], None)
+            for stream in streams:
+                stream.close()
+        finally:
+            engine.stop()
+    asyncio.run(run())
