@@ -64,7 +64,7 @@ def _reads(node: nodes.Node, name: str, key: str | None = None) -> bool:
     if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
         return _reads(node.node, name, key)
     if key is None:
-        return isinstance(node, nodes.Name) and node.ctx == "load" and node.name == name
+        return _reads_name(node, name)
     if isinstance(node, nodes.Getattr):
         return _reads_name(node.node, name) and node.attr == key
     if isinstance(node, nodes.Getitem):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 
-REPLACEMENT = "\ufffd"
+from deltaserve.engine.detokenizer import REPLACEMENT
+
 MAX_CONTEXT = 4  # a UTF-8 character is at most four bytes: four tokens before it hold all of its start
 
 

@@ -50,9 +50,11 @@ class ChoiceDelta:
         for piece in other.answer:
             last = self.answer[-1] if self.answer else None
             if isinstance(piece, AnswerText) and isinstance(last, AnswerText):
-                self.answer[-1] = AnswerText(last.text + piece.text, last.logprobs + piece.logprobs)
-            else:
-                self.answer.append(piece)
+                last.text += piece.text  # this delta's own copy: a whole reply merges token by token
+                last.logprobs += piece.logprobs
+            else:  # a text kept as a copy, so that merging into it changes no other delta
+                self.answer.append(AnswerText(piece.text, list(piece.logprobs)) if isinstance(piece, AnswerText)
+                                   else piece)
 
 
 class ChoiceParser:

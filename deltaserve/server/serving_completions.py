@@ -206,12 +206,11 @@ class _CompletionJob:
                 "token_logprobs": [None] + rest["token_logprobs"], "top_logprobs": [None] + rest["top_logprobs"],
                 "text_offset": [0] + rest["text_offset"]}
 
-    def _prompt_text_length(self, output: RequestOutput) -> int:
-        """The length of the prompt's tokens' texts as its logprobs show them: where a whole reply's output
-        offsets go on from, as vLLM's one run of offsets over the prompt and the output."""
-        ids, entries = output.prompt_token_ids, output.prompt_logprobs
-        return len(self.api.token_text(ids[0])) + sum(len(self.api.token_text(t, entry.get(t)))
-                                                       for t, entry in zip(ids[1:], entries[1:]))
+    def _prompt_end(self, output: RequestOutput, echoed: dict) -> int:
+        """Where the echoed prompt's token texts end (its last offset and last text): a whole reply's output
+        offsets go on from there, as vLLM's one run of offsets over the prompt and the output."""
+        token, entry = output.prompt_token_ids[-1], output.prompt_logprobs[-1]
+        return echoed["text_offset"][-1] + len(self.api.token_text(token, entry.get(token) if entry else None))
 
     def _usage(self, outputs: list[RequestOutput]) -> dict:
         return usage_dict(
@@ -225,7 +224,7 @@ class _CompletionJob:
         for k, output in enumerate(finals):
             prefix = self._echo_text(k) if self.req.echo else ""
             echoed = self._prompt_logprobs(output) if self.req.echo else None
-            start = self._prompt_text_length(output) if echoed is not None else len(prefix)
+            start = self._prompt_end(output, echoed) if echoed is not None else len(prefix)
             for o in sorted(output.outputs, key=lambda o: o.index):
                 text, finish_reason, stop_reason = self._generated(o, o.text)
                 choices.append(
