@@ -63,12 +63,29 @@ def test_each_sample_has_its_times_and_the_steps_give_its_gaps(overlap, checkpoi
     gaps = [g for step in steps for g in step.inter_token_latencies]
     assert len(gaps) == gaps_expected and all(g >= 0 for g in gaps)
     assert math.isclose(sum(gaps), decode_time, rel_tol=1e-6, abs_tol=1e-6)
-    # each sequence's prompt rows once (no prefix cache, a pool large enough to preempt none), then a decode row for
-    # each token after its first; a step launched ahead may hold a row for a sequence its previous token ended
-    rows = sum(len(prompt) * params.n + (params.max_tokens - 1) * params.n for prompt, params in requests)
+    # vLLM's iteration tokens: each token read back, and each sequence's prompt (no prefix cache) with its first
     tokens = sum(step.num_tokens for step in steps if step.num_tokens is not None)
+    assert tokens == sum((len(prompt) + params.max_tokens) * params.n for prompt, params in requests)
+    assert all(step.num_tokens is None or step.num_tokens > 0 for step in steps)
     assert engine.stats().num_preemptions == 0
-    assert tokens == rows if not overlap else rows <= tokens <= rows + len(steps) * sum(p.n for _, p in requests)
+
+
+def test_a_preempted_request_counts_its_prompt_once(checkpoint_factory):
+    rng = random.Random()
+    requests = [([rng.randrange(300) for _ in range(rng.randint(40, 70))],
+                 SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)) for _ in range(6)]
+    # 16 blocks of 16 tokens hold two or three of these sequences at a time
+    engine = LLMEngine.from_args(checkpoint_factory(rng.choice(["qwen3.5", "llama"])), device="cpu",
+                                 num_kv_blocks=16, max_model_len=256)
+    finished, steps = _run(engine, requests)
+    stats = engine.stats()
+    assert stats.num_preemptions > 0
+    assert stats.prompt_tokens_total == sum(len(prompt) for prompt, _ in requests)  # as each usage counts it
+    assert stats.prompt_tokens_total == sum(len(out.prompt_token_ids) for out in finished.values())
+    assert stats.prefix_cache_queries == stats.prompt_tokens_total  # lookups of restarts are not new queries
+    assert stats.generation_tokens_total == 30 * len(requests)
+    tokens = sum(step.num_tokens for step in steps if step.num_tokens is not None)
+    assert tokens == stats.prompt_tokens_total - stats.prompt_tokens_cached_total + stats.generation_tokens_total
 
 
 def test_prompt_tokens_cached_counts_the_prefix_cache_hits_of_started_requests(checkpoint_factory):

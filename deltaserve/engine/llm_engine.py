@@ -64,9 +64,10 @@ class EngineStats:
 
 @dataclass
 class StepStats:
-    """What one call of step() did, for the step listeners (vLLM's iteration stats): the tokens of the step it
-    started (prompt rows and decode rows; None where it started none), and for each output token it read back
-    after a sequence's first, the seconds since that sequence's previous token."""
+    """What one call of step() did, for the step listeners (vLLM's iteration stats): the tokens it read back
+    plus, for each sequence whose first token is among them, the prompt tokens it computed (vLLM's iteration
+    tokens; None where it read none back), and for each output token after a sequence's first, the seconds since
+    that sequence's previous token."""
 
     num_tokens: int | None = None
     inter_token_latencies: list[float] = field(default_factory=list)
@@ -359,18 +360,16 @@ class LLMEngine:
         """The plan's step is queued: its requests advance, each sampling one a pending token."""
         now = time.perf_counter()
         for request in plan.admitted:
-            self.stats_counters.prompt_tokens_total += request.num_prompt_tokens
-            self.stats_counters.prompt_tokens_cached_total += request.num_cached_tokens
-        num_tokens = 0
+            if request.num_preemptions == 0:  # a prompt counts once, as vLLM's: a restart recomputes, not adds
+                self.stats_counters.prompt_tokens_total += request.num_prompt_tokens
+                self.stats_counters.prompt_tokens_cached_total += request.num_cached_tokens
         for chunk in plan.chunks:
             request = chunk.request
             request.num_computed_tokens = chunk.end
-            num_tokens += chunk.num_tokens
             if not request.stats.scheduled_ts:
                 request.stats.scheduled_ts = now
             if chunk.samples:
                 request.add_pending_token()
-        self._step_stats.num_tokens = num_tokens
 
     def _finish_step(self, plan, sampling, tokens, logprobs, touched: dict) -> None:
         """The step's tokens are back: caches what it computed, then takes each token in."""
@@ -418,7 +417,7 @@ class LLMEngine:
             if request.params.detokenize:  # else no text, as vLLM's
                 self._decode_logprob_tokens(logprob, request.output_token_ids[max(0, index - MAX_CONTEXT):index])
             request.output_logprobs.append(logprob)
-        self._count_token(request.stats, now)
+        self._count_token(request, now)
         params = request.params
         if request.grammar is not None and not request.grammar.accept(token):
             if forced is not None:  # the budget's "</think>" stands over the grammar, which had not waited for it
@@ -455,10 +454,13 @@ class LLMEngine:
         elif self._repeats_itself(request, position):
             self.scheduler.finish(request, "repetition", REPETITION_STOP_REASON)
 
-    def _count_token(self, stats: RequestStateStats, now: float) -> None:
+    def _count_token(self, request: Request, now: float) -> None:
+        stats, step = request.stats, self._step_stats
         self.stats_counters.generation_tokens_total += 1
+        step.num_tokens = (step.num_tokens or 0) + 1
         if not stats.first_token_ts:
             stats.first_token_ts = now
+            step.num_tokens += request.num_prompt_tokens - request.num_cached_tokens  # its prompt, as vLLM's
         elif self.step_listeners:  # kept only for a listener: a token a row every step
             self._step_stats.inter_token_latencies.append(now - stats.last_token_ts)
         stats.last_token_ts = now

@@ -163,8 +163,9 @@ class PrefixCache:
 
     def admit(self, request: Request, hit: PrefixHit, plan: StepPlan) -> None:
         """Takes the hit's references and starts the request from it. Its state slot is allocated."""
-        self.num_queries += request.num_tokens
-        self.num_hits += hit.num_tokens
+        if request.num_preemptions == 0:  # as vLLM's counters: a restarted request's lookup is not a new query
+            self.num_queries += request.num_tokens
+            self.num_hits += hit.num_tokens
         self.blocks.incref(hit.held_blocks)
         request.block_ids = list(hit.blocks)
         if hit.tail_block is not None:  # held until the request stops: sent again, it needs the tail too

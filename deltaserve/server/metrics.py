@@ -228,11 +228,9 @@ class _VllmRequestMetrics:
             return
         for reason, stats in timing.samples:
             self._observe_sample(timing, "error" if timing.finish_reason == "error" else reason, stats)
-        if timing.finish_reason in _COMPLETED:
+        if timing.finish_reason in _COMPLETED:  # the parent's own figures, once (vLLM's parallel sampling)
             self.max_generation_tokens.observe(timing.generation_tokens)
             self.params_n.observe(timing.n)
-            if timing.max_tokens:
-                self.params_max_tokens.observe(timing.max_tokens)
 
     def _observe_sample(self, timing: RequestTiming, reason: str, stats: RequestStateStats) -> None:
         self.finished[reason].inc()
@@ -241,13 +239,14 @@ class _VllmRequestMetrics:
         if reason not in _COMPLETED:
             return
         self.e2e.observe((stats.last_token_ts or timing.finished) - timing.arrival)
-        if stats.num_generation_tokens > 1:
-            self.tpot.observe(stats.mean_time_per_output_token)
+        self.tpot.observe(stats.mean_time_per_output_token)  # 0.0 for a single token, as vLLM observes it
         for histogram, phase in self.phases:
             histogram.observe(getattr(stats, phase))
         self.prompt_tokens.observe(timing.prompt_tokens)
         self.prefill_computed.observe(timing.prompt_tokens - timing.num_cached_tokens)
         self.generation_tokens.observe(stats.num_generation_tokens)
+        if timing.max_tokens:  # each sample is one of vLLM's finished requests, with the parent's max_tokens
+            self.params_max_tokens.observe(timing.max_tokens)
 
     def _observe_from_stream(self, timing: RequestTiming) -> None:
         """A request that the engine gave no sample times for (its stream closed before its final output)."""
@@ -256,6 +255,8 @@ class _VllmRequestMetrics:
             _observe((self.ttft,), (ttft,))
             return
         self.finished[timing.finish_reason].inc()
+        if tpot is None and e2e is not None:  # completed on a single token: vLLM observes 0.0
+            tpot = 0.0
         _observe((self.ttft, self.tpot, self.e2e), (ttft, tpot, e2e))
         if timing.finish_reason in _COMPLETED:
             self.prompt_tokens.observe(timing.prompt_tokens)

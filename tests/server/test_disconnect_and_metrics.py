@@ -104,10 +104,14 @@ def test_vllms_series_count_each_of_n_samples(server):
         before[("deltaserve_requests_finished_total", frozenset({("reason", "length")}))] == 1
     for name, added in (("vllm:request_generation_tokens_count", 3), ("vllm:request_generation_tokens_sum", 15),
                         ("vllm:request_params_n_count", 1), ("vllm:request_params_n_sum", 3),
-                        ("vllm:request_max_num_generation_tokens_sum", 5), ("vllm:request_params_max_tokens_sum", 5),
+                        ("vllm:request_max_num_generation_tokens_sum", 5), ("vllm:request_params_max_tokens_sum", 3 * 5),
                         ("vllm:inter_token_latency_seconds_count", 3 * 4), ("vllm:request_decode_time_seconds_count", 3),
                         ("vllm:request_queue_time_seconds_count", 3)):
         assert value(after, name) - value(before, name) == added, name
     assert value(after, "vllm:iteration_tokens_total_count") - value(before, "vllm:iteration_tokens_total_count") >= 5
+    # vLLM's iteration tokens: each token generated, and each sample's prompt tokens computed with its first
+    assert value(after, "vllm:iteration_tokens_total_sum") - value(before, "vllm:iteration_tokens_total_sum") == \
+        value(after, "vllm:request_prefill_kv_computed_tokens_sum") - \
+        value(before, "vllm:request_prefill_kv_computed_tokens_sum") + 3 * 5
     info = [labels for name, labels in after if name == "vllm:cache_config_info"]
     assert len(info) == 1 and ("num_gpu_blocks", "256") in info[0] and ("block_size", "16") in info[0]

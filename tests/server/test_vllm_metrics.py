@@ -25,7 +25,7 @@ def _random_timing(rng: random.Random, i: int) -> RequestTiming:
     first = None if rng.random() < 0.2 else arrival + rng.uniform(0.001, 3)
     finished = (first or arrival) + rng.uniform(0, 30)
     reason = rng.choice(["stop", "length", "abort", "error"])
-    generated = 0 if first is None else rng.randint(1, 500)
+    generated = 0 if first is None else rng.choice([1, rng.randint(2, 500)])
     return RequestTiming(f"r{i}", reason, arrival=arrival, first_token=first, finished=finished,
                          prompt_tokens=rng.randint(1, 4000), generation_tokens=generated)
 
@@ -65,8 +65,10 @@ def test_vllms_series_carry_the_numbers_of_deltaserves_own():
     # the time per output token of a request its client left is deltaserve's alone
     tpots = [(t.finished - t.first_token) / (t.generation_tokens - 1) for t in timings
              if t.first_token is not None and t.generation_tokens > 1]
-    kept = [(t.finished - t.first_token) / (t.generation_tokens - 1) for t in timings
-            if t.first_token is not None and t.generation_tokens > 1 and t.finish_reason != "abort"]
+    # vLLM's observes every completed request, one of a single token as 0.0
+    kept = [(t.finished - t.first_token) / (t.generation_tokens - 1) if t.generation_tokens > 1 else 0.0
+            for t in timings if t.finish_reason in ("stop", "length")
+            or (t.finish_reason == "error" and t.generation_tokens > 1)]
     assert got[("deltaserve_time_per_output_token_seconds_count", ())] == len(tpots)
     assert got[("vllm:request_time_per_output_token_seconds_count", vllm)] == len(kept)
     assert math.isclose(got[("vllm:request_time_per_output_token_seconds_sum", vllm)], sum(kept), abs_tol=1e-9)
@@ -90,7 +92,7 @@ def _random_sample(rng: random.Random, arrival: float) -> tuple[str, RequestStat
     stats = RequestStateStats(arrival_time=1.7e9, queued_ts=queued, scheduled_ts=queued + rng.uniform(0, 5))
     if rng.random() < 0.9:
         stats.first_token_ts = stats.scheduled_ts + rng.uniform(0.001, 2)
-        stats.num_generation_tokens = rng.randint(1, 600)
+        stats.num_generation_tokens = rng.choice([1, rng.randint(2, 600)])  # one token: TPOT 0.0
         stats.last_token_ts = stats.first_token_ts + (stats.num_generation_tokens - 1) * rng.uniform(0.001, 0.2)
     reason = rng.choice(["stop", "length", "repetition"] if stats.num_generation_tokens else ["abort"])
     return reason, stats
@@ -138,15 +140,15 @@ def test_vllms_request_series_count_each_sample_as_vllm_does():
     assert_observed("request_decode_time_seconds", [s.last_token_ts - s.first_token_ts for s, _ in completed])
     assert_observed("request_inference_time_seconds", [s.last_token_ts - s.scheduled_ts for s, _ in completed])
     assert_observed("request_time_per_output_token_seconds",
-                    [(s.last_token_ts - s.first_token_ts) / (s.num_generation_tokens - 1) for s, _ in completed
-                     if s.num_generation_tokens > 1])
+                    [(s.last_token_ts - s.first_token_ts) / (s.num_generation_tokens - 1)
+                     if s.num_generation_tokens > 1 else 0.0 for s, _ in completed])
     assert_observed("request_generation_tokens", [s.num_generation_tokens for s, _ in completed])
     assert_observed("request_prompt_tokens", [t.prompt_tokens for _, t in completed])
     assert_observed("request_prefill_kv_computed_tokens", [t.prompt_tokens - t.num_cached_tokens for _, t in completed])
     whole = [t for t in timings if t.finish_reason in COMPLETED]
     assert_observed("request_max_num_generation_tokens", [t.generation_tokens for t in whole])
     assert_observed("request_params_n", [t.n for t in whole])
-    assert_observed("request_params_max_tokens", [t.max_tokens for t in whole if t.max_tokens])
+    assert_observed("request_params_max_tokens", [t.max_tokens for _, t in completed if t.max_tokens])
 
 
 def test_steps_give_vllms_iteration_tokens_and_inter_token_latencies():
