@@ -10,11 +10,13 @@ import random
 import pytest
 
 from deltaserve.bench.http_stream import Connection, HTTPStreamError, sse_data
+from deltaserve.bench.serve import send_request
 
 
 class RawServer:
     """Answers each request on a connection with the next of `replies` ((pieces, close[, pause]): the
-    bytes written in those pieces, `pause` seconds apart, then the connection closed or kept); records
+    bytes written in those pieces, `pause` seconds apart (or the list's seconds after each piece), then the
+    connection closed or kept); records
     the requests and the connections it accepted."""
 
     def __init__(self, replies: list):
@@ -38,10 +40,11 @@ class RawServer:
                               if line.lower().startswith(b"content-length:"))
                 self.requests.append((head, await reader.readexactly(length)))
                 pieces, close, *pause = self.replies.pop(0)
-                for piece in pieces:
+                for i, piece in enumerate(pieces):
                     writer.write(piece)
                     await writer.drain()
-                    await asyncio.sleep(pause[0] if pause else 0)
+                    await asyncio.sleep(pause[0][i] if pause and isinstance(pause[0], list) else
+                                        pause[0] if pause else 0)
                 if close:
                     break
         except asyncio.IncompleteReadError:
@@ -184,3 +187,28 @@ def test_a_server_that_never_answers_times_out_and_a_garbled_one_is_named():
         asyncio.run(run_garbled())
     with pytest.raises(ValueError, match="http and https"):
         Connection("ftp://h/x", timeout=1)
+
+
+def test_a_requests_latency_ends_at_its_last_token_not_at_the_usage_after_it():
+    # as vLLM's client: every chunk with choices is a token's (its text may be empty), and the latency runs to
+    # the last of them, not to the usage chunk or [DONE] that may come later
+    rng = random.Random()
+    tokens = [json.dumps({"choices": [{"text": rng.choice(["a", "", " b"])}]}).encode() for _ in range(rng.randint(3, 8))]
+    usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": len(tokens)}}).encode()
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    pieces = [head] + [b"%x\r\ndata: %s\n\n\r\n" % (len(t) + 8, t) for t in [*tokens, usage, b"[DONE]"]] + [b"0\r\n\r\n"]
+    late = 0.5
+    pauses = [0.0] + [0.01] * (len(tokens) - 1) + [late, 0.0, 0.0, 0.0]
+    server = RawServer([(pieces, True, pauses)])
+
+    async def run():
+        async with server as url:
+            conn = Connection(url, timeout=10)
+            result = await send_request(conn, "m", [1, 2, 3], len(tokens), {})
+            conn.close()
+            return result
+
+    result = asyncio.run(run())
+    assert result.ok and result.output_tokens == len(tokens) and len(result.itls) == len(tokens) - 1
+    assert abs(result.latency - (result.ttft + sum(result.itls))) < 1e-6
+    assert result.latency < late

@@ -211,7 +211,7 @@ async def send_request(conn: Connection, model: str, prompt: list[int], output_l
                 done = True
                 continue
             choices = event.get("choices") or []
-            if choices and choices[0].get("text"):
+            if choices:  # a token's chunk, as vLLM's client reads it: its text may be empty (a special token)
                 now = time.perf_counter()
                 if result.ttft is None:
                     result.ttft = now - start
@@ -228,7 +228,7 @@ async def send_request(conn: Connection, model: str, prompt: list[int], output_l
         return result
     if result.error is not None:
         return result
-    result.latency = time.perf_counter() - start
+    result.latency = last - start  # to the last token's chunk, as vLLM's: not the usage chunk or [DONE] after it
     if not result.output_tokens:
         result.output_tokens = chunks  # a server that sends no usage: one token per chunk
     result.ok = result.ttft is not None
