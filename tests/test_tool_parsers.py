@@ -120,7 +120,8 @@ def test_calls_are_emitted_as_soon_as_they_close():
 
 def test_text_between_calls_is_the_same_in_every_chunking():
     """Random text and whitespace around and between calls: each stretch between calls that holds text comes
-    back whole, its whitespace included, and a stretch of whitespace alone is dropped, however it is cut."""
+    back whole, its whitespace included, and a stretch of whitespace alone is dropped (before the first call too,
+    as vLLM's reply has no content of whitespace alone beside its calls), however it is cut."""
     rng = random.Random()
     call = '<tool_call>{"name": "get_time", "arguments": {"tz": "UTC"}}</tool_call>'
     for _ in range(20):
@@ -128,7 +129,7 @@ def test_text_between_calls_is_the_same_in_every_chunking():
                      for _ in range(rng.randint(2, 4))]
         text = call.join(stretches)
         calls = len(stretches) - 1
-        expected = stretches[0] + "".join(s for s in stretches[1:] if s.strip())
+        expected = "".join(s for s in stretches if s.strip())
         for chunks in _chunkings(text, seed=rng.randrange(1000)):
             got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), chunks)
             assert (got.content, len(got.tool_calls)) == (expected, calls), chunks
@@ -159,17 +160,18 @@ def test_unclosed_call_at_the_end():
     assert got.tool_calls == [] and got.content == cut
 
 
-def test_xml_without_schema_reads_json_values_and_missing_close_tags():
+def test_xml_without_schema_keeps_strings_and_reads_missing_close_tags():
+    # as vLLM's qwen3_coder parser: a parameter no schema declares is the text written
     body = "\n<function=set_volume>\n<parameter=level>\n7\n<parameter=label>\nloud music\n</function>\n"
-    call = parse_tool_call_body(body)
+    [call] = parse_tool_call_body(body)
     assert call.name == "set_volume"
-    assert json.loads(call.arguments) == {"level": 7, "label": "loud music"}
+    assert json.loads(call.arguments) == {"level": "7", "label": "loud music"}
 
 
 def test_json_call_with_string_arguments_and_parameters_key():
-    call = parse_tool_call_body('{"name": "f", "arguments": "{\\"x\\": 1}"}')
+    [call] = parse_tool_call_body('{"name": "f", "arguments": "{\\"x\\": 1}"}')
     assert json.loads(call.arguments) == {"x": 1}
-    call = parse_tool_call_body('{"name": "g", "parameters": {"y": [1, 2]}}')
+    [call] = parse_tool_call_body('{"name": "g", "parameters": {"y": [1, 2]}}')
     assert json.loads(call.arguments) == {"y": [1, 2]}
     assert parse_tool_call_body('["not", "a", "call"]') is None
 
@@ -289,3 +291,73 @@ def test_a_call_made_from_the_reasoning_ends_it(opens):
     closed = _collect(ChoiceParser(reasoning=True, start_in_reasoning=True, tool_schemas={"f": {}}),
                       ["a </think>\n\nb ", call])
     assert (closed.reasoning, closed.content, len(closed.tool_calls)) == ("a ", "b ", 1)
+
+
+# vLLM's qwen3_coder typing: the types the schema allows (type, enum values, anyOf / oneOf / allOf; a string where
+# it names none), the first that reads the value in the order null, integer, number, boolean, object, array, string
+PARAMETER_TYPING = [
+    ({"type": "string"}, "  Paris ", "  Paris "),  # a string keeps its own whitespace
+    ({"type": "string"}, "null", "null"),
+    ({"type": ["string", "null"]}, "null", None),
+    ({"anyOf": [{"type": "string"}, {"type": "null"}]}, "123", "123"),
+    ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "5", 5),
+    ({"oneOf": [{"type": "boolean"}, {"type": "string"}]}, "true", True),
+    ({"enum": ["a", "b"]}, "1", "1"),
+    ({"enum": [1, 2]}, "2", 2),
+    ({"description": "no type"}, "42", "42"),
+    (None, '{"a": 1}', '{"a": 1}'),  # a parameter the tool does not declare
+    ({"type": "integer"}, "007", 7),
+    ({"type": "integer"}, " 5 ", 5),
+    ({"type": "integer"}, "2.5", 2.5),  # no integer, read as JSON
+    ({"type": "integer"}, "abc", "abc"),
+    ({"type": "int"}, "7", 7),  # vLLM's aliases
+    ({"type": "number"}, "1e5", 100000),
+    ({"type": "number"}, "2.5", 2.5),
+    ({"type": "number"}, "NaN", "NaN"),  # no JSON number: the text
+    ({"type": "boolean"}, "1", True),
+    ({"type": "boolean"}, "False", False),
+    ({"type": "object"}, '{"a": [1, null]}', {"a": [1, None]}),
+    ({"type": "array"}, "[1, 2]", [1, 2]),
+    ({"type": "array"}, "[1, 2", "[1, 2"),
+]
+
+
+@pytest.mark.parametrize("schema,value,typed", PARAMETER_TYPING)
+def test_xml_parameters_are_typed_as_vllm_types_them(schema, value, typed):
+    properties = {} if schema is None else {"x": schema}
+    text = f"<tool_call>\n<function=f>\n<parameter=x>\n{value}\n</parameter>\n</function>\n</tool_call>"
+    got = _collect(ChoiceParser(tool_schemas={"f": {"type": "object", "properties": properties}}), [text])
+    assert [(c.name, json.loads(c.arguments)) for c in got.tool_calls] == [("f", {"x": typed})]
+
+
+def test_every_function_of_one_tool_call_is_a_call_in_every_chunking():
+    text = ("Sure.\n<tool_call>\n<function=get_time>\n<parameter=tz>\nUTC\n</parameter>\n</function>\n"
+            "<function=get_weather>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>")
+    for chunks in _chunkings(text):
+        got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), chunks)
+        assert [(c.name, json.loads(c.arguments)) for c in got.tool_calls] == \
+            [("get_time", {"tz": "UTC"}), ("get_weather", {"days": 2})], chunks
+        assert got.content == "Sure.\n"
+
+
+def test_a_function_written_without_tool_call_tags_is_a_call_in_every_chunking():
+    # as vLLM's qwen3_coder parser: <function=...> outside <tool_call> opens a call, a </tool_call> after it closes
+    # nothing, and whitespace alone around the calls is layout
+    call = "<function=get_time>\n<parameter=tz>\nUTC\n</parameter>\n</function>"
+    for text in (f"\n\n{call}\n</tool_call>\n", f"{call}\n{call}", f"{call}\nDone. </tool_call> stays"):
+        for chunks in _chunkings(text):
+            got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), chunks)
+            assert [(c.name, json.loads(c.arguments)) for c in got.tool_calls] == \
+                [("get_time", {"tz": "UTC"})] * text.count(call), chunks
+            assert got.content == ("\nDone. </tool_call> stays" if "Done" in text else ""), chunks
+    unclosed = "See <function=get_time> in the docs"  # no </function>: the text as written
+    for chunks in _chunkings(unclosed):
+        got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), chunks)
+        assert got.tool_calls == [] and got.content == unclosed, chunks
+
+
+def test_whitespace_alone_is_kept_where_no_call_is_made():
+    for text in ("\n\n", " ", "\n \n"):
+        for chunks in _chunkings(text):
+            got = _collect(ChoiceParser(tool_schemas=WEATHER_SCHEMA), chunks)
+            assert got.content == text and got.tool_calls == []
