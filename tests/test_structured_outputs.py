@@ -67,21 +67,37 @@ def _allowed(matcher, vocab: int) -> torch.Tensor:
     return ((bits.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten()[:vocab].bool()
 
 
-def _reference_constrained_greedy(model, path, structure, prompt, max_tokens) -> tuple[list[int], str]:
-    """transformers' logits at each step (the whole sequence again), the argmax over the allowed tokens."""
+def _reference_constrained_greedy(model, path, structure, prompt, max_tokens) -> tuple[list[int], str, list]:
+    """transformers' logits at each step (the whole sequence again), the argmax over the allowed tokens; and each
+    step's log-probabilities under the mask (vLLM's logprobs under a grammar)."""
     matcher, eos = _reference_grammar(path, structure)
     ids = list(prompt)
-    out = []
+    out, logprobs = [], []
     with torch.no_grad():
         while len(out) < max_tokens:
             logits = model(torch.tensor([ids])).logits[0, -1].float()
-            token = int(logits.masked_fill(~_allowed(matcher, logits.numel()), float("-inf")).argmax())
+            masked = logits.masked_fill(~_allowed(matcher, logits.numel()), float("-inf"))
+            token = int(masked.argmax())
+            logprobs.append(torch.log_softmax(masked, -1))
             assert matcher.consume_token(token)
             out.append(token)
             ids.append(token)
             if token == eos or matcher.is_stopped():
-                return out, "stop"
-    return out, "length"
+                return out, "stop", logprobs
+    return out, "length", logprobs
+
+
+def _assert_logprobs_under_the_mask(entries: list[dict], reference: list[torch.Tensor], top: int) -> None:
+    """Each position's logprobs are the reference's under the mask: its best `top` of the tokens the grammar
+    allows, none it refuses."""
+    assert len(entries) == len(reference)
+    for entry, row in zip(entries, reference):
+        finite = {t: lp.logprob for t, lp in entry.items() if lp.logprob > float("-inf")}
+        best = row.topk(top)
+        expected = {int(t): float(v) for v, t in zip(best.values, best.indices) if v > float("-inf")}
+        assert set(expected) <= set(finite) and all(row[t] > float("-inf") for t in finite)
+        for t, lp in finite.items():
+            assert abs(lp - float(row[t])) < 1e-3, (t, lp, float(row[t]))
 
 
 @pytest.mark.parametrize("arch", ["qwen3.5", "llama"])
@@ -93,10 +109,11 @@ def test_greedy_under_a_grammar_is_the_reference_argmax_over_what_it_allows(arch
     for _ in range(3):
         structure = _random_structure(rng)
         prompt = [rng.randrange(300) for _ in range(rng.randint(1, 30))]
-        out = llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0,
+        out = llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0, logprobs=5,
                                                     structured_outputs=structure))[0].outputs[0]
-        tokens, reason = _reference_constrained_greedy(reference, path, structure, prompt, 24)
+        tokens, reason, logprobs = _reference_constrained_greedy(reference, path, structure, prompt, 24)
         assert (out.token_ids, out.finish_reason) == (tokens, reason), structure
+        _assert_logprobs_under_the_mask(out.logprobs, logprobs, 5)
 
 
 def test_sampled_outputs_match_their_grammar_and_a_request_gives_what_it_gives_alone(checkpoint_factory):

@@ -67,6 +67,7 @@ class Sampler:
         processed = logits[:, : self.vocab_size]
         if any(r.grammar is not None and r.grammar.active for r in requests):
             processed = self._constrained(processed, requests)
+        reported = processed  # vLLM's logprobs: the model's, under the grammar's mask, before biases and penalties
         if any(r.adjusts_logits for r in requests):  # vLLM's order: biases and refusals, then the penalties
             processed = self._adjusted(processed, requests)
         if any(_has_penalty(p) for p in params):
@@ -74,7 +75,7 @@ class Sampler:
         tokens = self.sample_on_device(processed, requests, adjusted=True).tolist()
         if not any(p.returns_logprobs for p in params):
             return tokens, None
-        return tokens, self._logprobs(logits[:, : self.vocab_size], tokens, requests)
+        return tokens, self._logprobs(reported, tokens, requests)
 
     def compile_grammar_mask(self) -> None:
         """Masks one row that a grammar holds to every token, so that the mask's kernel compiles at start-up
@@ -164,7 +165,7 @@ class Sampler:
 
     def _constrained(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         """A copy of the logits where each row with an active grammar keeps only the tokens it allows (-inf
-        elsewhere). Logprobs are still read from the model's own logits, as vLLM reports them."""
+        elsewhere). Logprobs are read from this copy, as vLLM masks the logits before its sampler reads them."""
         rows = [i for i, r in enumerate(requests) if r.grammar is not None and r.grammar.active]
         # filled in pinned memory where it travels to a GPU, so that its copy neither blocks nor copies twice
         bitmask = torch.empty(mask_shape(len(rows), self.vocab_size), dtype=torch.int32,
@@ -248,7 +249,8 @@ class Sampler:
                 else row_seed(r.params.seed + r.sample_index, 0, len(r.output_token_ids)) for r in requests]
 
     def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]):
-        """Logprobs of the model's distribution (before penalties and temperature), as vLLM reports them."""
+        """Logprobs of the model's distribution (under a grammar's mask, before biases, penalties and
+        temperature), as vLLM reports them."""
         logprobs = torch.log_softmax(logits, dim=-1)
         return [logprob_entry(logprobs[i], tokens[i], r.params.logprobs or 0, r.params.logprob_token_ids or ())
                 if r.params.returns_logprobs else None for i, r in enumerate(requests)]
