@@ -187,6 +187,28 @@ def test_a_structure_holds_after_the_think_block_the_prompt_opens(thinking_llm):
     assert re.fullmatch("[a-z]{1,6}", answer), answer
 
 
+def test_a_structure_waits_for_the_end_of_a_block_the_output_opens(thinking_llm):
+    """A prompt that holds no think tag (a template whose model opens its block itself): the first token may be
+    <think>, and the structure then holds from the block's end; a prompt whose block is closed is held at once."""
+    import re
+
+    from deltaserve import StructuredOutputsParams
+
+    llm, start, end = thinking_llm
+    rng = random.Random()
+    words = [rng.randrange(300) for _ in range(rng.randint(2, 12))]
+    # the bias writes <think> wherever it may (a <think> in the block starts its count again), the budget of 0 its
+    # end straight after
+    params = SamplingParams(max_tokens=12, temperature=0, thinking_token_budget=0, logit_bias={start: 100.0},
+                            structured_outputs=StructuredOutputsParams(regex="[a-z]{1,6}"))
+    opened, closed = llm.generate([words, words + [start, 5, end]], params)
+    tokens = opened.outputs[0].token_ids
+    assert tokens[:2] == [start, end] and opened.outputs[0].finish_reason == "stop", tokens
+    assert re.fullmatch("[a-z]{1,6}", llm.get_tokenizer().decode(tokens[2:]))
+    held = closed.outputs[0]  # the bias cannot lift the <think> the grammar refuses
+    assert start not in held.token_ids and re.fullmatch("[a-z]{1,6}", held.text), held
+
+
 def test_a_budget_that_ends_the_block_where_an_active_grammar_refuses_names_both(thinking_llm):
     """A grammar that holds the think block itself (the prompt opens none; the grammar writes <think> first) does
     not take the budget's forced end: the request ends with an error naming both fields, and the engine serves on."""

@@ -147,15 +147,17 @@ class GrammarCompiler:
             first = probe.get_error().split("\n", 1)[0]
             raise InvalidSamplingParamsError(f"structured_outputs: nothing can be written under it ({first})")
 
-    def matcher(self, params: StructuredOutputsParams, text: str) -> RequestGrammar:
-        """A fresh RequestGrammar over a grammar `compile` returned (one per sequence: each advances alone)."""
+    def matcher(self, params: StructuredOutputsParams, text: str,
+                think_tags: tuple[int, int] | None = None) -> RequestGrammar:
+        """A fresh RequestGrammar over a grammar `compile` returned (one per sequence: each advances alone); with
+        `think_tags`, its first token may open a think block (RequestGrammar)."""
         from llguidance import LLMatcher
 
         matcher = LLMatcher(self.ll_tokenizer(), text, log_level=0)
         if matcher.is_error():
             raise InvalidSamplingParamsError(f"structured_outputs: {_one_line(matcher.get_error())}")
         start_after = self._encode(params.start_after) if params.start_after is not None else None
-        return RequestGrammar(matcher, start_after)
+        return RequestGrammar(matcher, start_after, think_tags)
 
 
 def _check_finite(text: str) -> None:
@@ -182,12 +184,21 @@ def _json_schema_in(text: str):
 
 
 class RequestGrammar:
-    """One sequence's matcher. With `start_after` (token ids) it waits, free, until the output ends with them."""
+    """One sequence's matcher. With `start_after` (token ids) it waits, free, until the output ends with them.
+    With `think_tags` ((<think>, </think>) ids: a prompt that holds neither, to a model that thinks), the first
+    token may also be the <think> that opens a think block, and then the grammar waits, free, for its </think>
+    (unless the grammar takes that <think> itself)."""
 
-    def __init__(self, matcher, start_after: list[int] | None = None):
+    def __init__(self, matcher, start_after: list[int] | None = None, think_tags: tuple[int, int] | None = None):
         self.matcher = matcher
         self._waiting_for = list(start_after) if start_after else None
         self._recent: list[int] = []  # the output's last tokens while waiting
+        self._think_tags = think_tags  # until the first token is taken
+
+    @property
+    def think_opening(self) -> int | None:
+        """A token the next one may be beside those the grammar allows (the first token's <think>), or None."""
+        return self._think_tags[0] if self._think_tags is not None and self.active else None
 
     @property
     def active(self) -> bool:
@@ -201,6 +212,13 @@ class RequestGrammar:
 
     def accept(self, token: int) -> bool:
         """Takes the output's next token; False where the grammar refuses it."""
+        if self._think_tags is not None:
+            start, end = self._think_tags
+            self._think_tags = None
+            # a grammar that takes the <think> itself (one that holds the think block) keeps it
+            if token == start and self.active and self.matcher.validate_tokens([token]) == 0:
+                self._waiting_for = [end]
+                return True
         if not self.active:
             self._recent = (self._recent + [token])[-len(self._waiting_for):]
             if self._recent == self._waiting_for:
@@ -220,6 +238,15 @@ def fill_masks(grammars: list[RequestGrammar], bitmask: torch.Tensor) -> None:
 
     llguidance.torch.fill_next_token_bitmask_par(_executor(), [(g.matcher, row) for row, g in enumerate(grammars)],
                                                  bitmask)
+    for row, grammar in enumerate(grammars):
+        if (token := grammar.think_opening) is not None:
+            allow_token(bitmask[row], token)
+
+
+def allow_token(mask_row: torch.Tensor, token: int) -> None:
+    """Sets `token`'s bit (bit t % 32 of word t // 32) in a host mask row of int32 words."""
+    word = int(mask_row[token // 32]) & 0xFFFFFFFF | 1 << token % 32
+    mask_row[token // 32] = word - (1 << 32) if word >= 1 << 31 else word
 
 
 @functools.cache

@@ -169,7 +169,8 @@ class LLMEngine:
         children = [
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
                     sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes,
-                    grammar=self.grammars.matcher(structured, grammar) if grammar is not None else None,
+                    grammar=self.grammars.matcher(structured, grammar, self._think_opening(structured, token_ids))
+                    if grammar is not None else None,
                     held_back=held_back, bad_words_ids=bad_words_ids, hash_root=hash_root,
                     thinking=self._thinking_budget(params, token_ids),
                     stats=RequestStateStats(arrival_time=arrival, queued_ts=queued))
@@ -228,6 +229,14 @@ class LLMEngine:
         if not opens_think_block(prompt_ids, self.think_tags):
             return structured
         return replace(structured, start_after=THINK_END)
+
+    def _think_opening(self, structured, prompt_ids: list[int]) -> tuple[int, int] | None:
+        """The think tags where the prompt holds neither and the structure says nowhere else to start: a model
+        that thinks opens its block itself, and the constraint waits for its end (vLLM, with a reasoning parser,
+        leaves such an output free until a </think>; here only a first <think> frees it)."""
+        if structured.start_after is not None or self.think_tags is None:
+            return None
+        return None if set(self.think_tags) & set(prompt_ids) else self.think_tags
 
     def _check_thinking_budget(self, params: SamplingParams) -> None:
         if params.thinking_token_budget is not None and self.think_tags is None:
