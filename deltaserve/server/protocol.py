@@ -104,6 +104,7 @@ class StructuredOutputsField(BaseModel):
     whitespace_pattern: StrictStr | None = None
     disable_additional_properties: StrictBool = False
     disable_fallback: StrictBool = False
+    structural_tag: Any = None  # vLLM's; refused by name where given
 
 
 class _SamplingFields(_Lenient):

@@ -181,32 +181,43 @@ def requested_structure(req: Any, opens_reasoning: bool = False) -> StructuredOu
     response_format = getattr(req, "response_format", None)
     kind = response_format.type if response_format is not None else "text"
     field = req.structured_outputs
-    if kind != "text" and field is not None:
+    if field is not None and field.structural_tag is not None:
+        raise bad_request("structured_outputs.structural_tag is not supported: give a json, json_object, regex, "
+                          "choice or grammar", "structured_outputs.structural_tag", "unsupported_value")
+    options = {}  # structured_outputs' options alone stand beside a response_format, as vLLM merges them
+    if field is not None:
+        options = dict(disable_any_whitespace=field.disable_any_whitespace, whitespace_pattern=field.whitespace_pattern,
+                       disable_additional_properties=field.disable_additional_properties,
+                       disable_fallback=field.disable_fallback)
+    if kind != "text" and field is not None and _names_a_constraint(field):
         raise bad_request("response_format and structured_outputs each constrain the output: give one",
                           "structured_outputs", "invalid_value")
     start_after = THINK_CLOSE if opens_reasoning else None
     try:
-        if field is not None:
+        if field is not None and kind == "text":
             return StructuredOutputsParams(json=field.json_, json_object=bool(field.json_object), regex=field.regex,
                                            choice=field.choice, grammar=field.grammar, start_after=start_after,
-                                           disable_any_whitespace=field.disable_any_whitespace,
-                                           whitespace_pattern=field.whitespace_pattern,
-                                           disable_additional_properties=field.disable_additional_properties,
-                                           disable_fallback=field.disable_fallback)
+                                           **options)
         if kind == "text":
             return None
         if kind == "json_object":
-            return StructuredOutputsParams(json_object=True, start_after=start_after)
+            return StructuredOutputsParams(json_object=True, start_after=start_after, **options)
         if kind == "json_schema":
             spec = response_format.json_schema
             if spec is None or spec.schema_ is None:
                 raise bad_request("response_format of type 'json_schema' needs json_schema.schema",
                                   "response_format", "invalid_value")
-            return StructuredOutputsParams(json=spec.schema_, start_after=start_after)
+            return StructuredOutputsParams(json=spec.schema_, start_after=start_after, **options)
     except InvalidSamplingParamsError as exc:
         raise bad_request(str(exc), "structured_outputs", "invalid_value") from None
     raise bad_request(f"response_format of type {kind!r} is not supported (text, json_object or json_schema)",
                       "response_format", "unsupported_value")
+
+
+def _names_a_constraint(field) -> bool:
+    """Whether vLLM's structured_outputs names what the output must be (else it gives options alone)."""
+    return any(value is not None for value in (field.json_, field.json_object, field.regex, field.choice,
+                                               field.grammar))
 
 
 async def check_structure(engine: Any, structure: StructuredOutputsParams | None, param: str) -> None:

@@ -45,3 +45,23 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(fields, param):
     with pytest.raises(APIError) as caught:
         requested_structure(_chat(**fields))
     assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_structured_outputs_options_alone_stand_beside_a_response_format():
+    # as vLLM's: the response_format says what the output is, the structured_outputs options how it is written
+    schema = {"type": "object", "properties": {"k": {"type": "integer"}}}
+    options = {"disable_any_whitespace": random.choice([True, False]),
+               "disable_additional_properties": random.choice([True, False])}
+    for response_format, kind, value in (({"type": "json_object"}, "json_object", True),
+                                         ({"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+                                          "json", schema)):
+        structure = requested_structure(_chat(response_format=response_format, structured_outputs=options))
+        assert getattr(structure, kind) == value
+        assert {name: getattr(structure, name) for name in options} == options
+
+
+def test_a_structural_tag_is_refused_by_name():
+    with pytest.raises(APIError) as caught:
+        requested_structure(_chat(structured_outputs={"structural_tag": {"type": "structural_tag"}}))
+    assert caught.value.status == 400 and caught.value.param == "structured_outputs.structural_tag"
+    assert "structural_tag is not supported" in caught.value.message
