@@ -1,4 +1,5 @@
-"""IncrementalDetokenizer token by token against one decode of the whole output (the demo tokenizer)."""
+"""IncrementalDetokenizer token by token against one decode of the whole output (the demo tokenizer, and a
+SentencePiece one with byte fallback, as Llama 2's and Mistral's)."""
 
 import os
 import random
@@ -111,3 +112,51 @@ def test_stop_strings_of_several_lengths_past_min_tokens(tokenizer):
         if expected is not None:
             n, stop, at = expected
             assert detok.visible_text(False) == tokenizer.decode(output[:n])[: at + len(stop) if include else at]
+
+
+@pytest.fixture(scope="module")
+def byte_fallback_tokenizer():
+    """A SentencePiece-style BPE (word starts marked "▁", a Llama-2 decoder) trained on ASCII alone: every other
+    character is written in byte tokens (<0xE6>), whose runs the decoder reads as UTF-8 or, where a run does not
+    read, as one U+FFFD a byte."""
+    import json
+
+    from tokenizers import Tokenizer as RustTokenizer, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    rust = RustTokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    rust.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=60)
+    rust.train_from_iterator(["Hello world, the end! 12 + 30 stop STOP"] * 20, trainer)
+    spec = json.loads(rust.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+        {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    hf = PreTrainedTokenizerFast(tokenizer_object=RustTokenizer.from_str(json.dumps(spec)), bos_token="<s>",
+                                 eos_token="</s>", unk_token="<unk>")
+    return Tokenizer(hf)
+
+
+def test_a_prompt_that_ends_in_byte_tokens_leaves_the_output_whole(byte_fallback_tokenizer):
+    """A text's tokens cut anywhere into a prompt and an output, the cut often among a run of byte tokens (a
+    prompt of CJK or emoji, one that ends inside a character): the output's text is the whole text less the
+    prompt's whole characters. A context that began inside a character read the output's bytes as U+FFFD; one
+    that ended inside one lost the character the output completed."""
+    tokenizer = byte_fallback_tokenizer
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    for _ in range(60):
+        ids = tokenizer.encode(_random_text(rng), add_special_tokens=False)
+        if len(ids) < 2:
+            continue
+        cut = rng.randrange(1, len(ids))
+        whole = tokenizer.decode(ids)
+        kept = next(end for end in range(cut, -1, -1) if not tokenizer.decode(ids[:end]).endswith("\ufffd"))
+        detok = IncrementalDetokenizer(tokenizer, ids[:cut], SamplingParams(max_tokens=len(ids)))
+        for token in ids[cut:]:
+            detok.append(token)
+            assert "\ufffd" not in detok.text, (seed, ids, cut)
+        assert detok.visible_text(True) == whole[len(tokenizer.decode(ids[:kept])):], (seed, ids, cut)

@@ -3,7 +3,9 @@
 Text grows only by whole characters: a token that ends inside a multi-byte UTF-8 character adds
 nothing until the character completes. A few prompt tokens serve as left context so that
 tokenizers which mark word starts (a leading space) decode the first output token as they would in
-the middle of the text. `visible_text` never shows a stop string nor the part of one that may be
+the middle of the text; the context starts at a character's first byte, since a SentencePiece
+decoder that meets a run of byte tokens it cannot read as UTF-8 replaces every byte of the run, the
+output's own with them. `visible_text` never shows a stop string nor the part of one that may be
 forming at the end.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 from deltaserve.sampling_params import SamplingParams
 
 CONTEXT_TOKENS = 5
+MAX_CHARACTER_BYTES = 4  # UTF-8's longest character: a context's ends move back at most this less one tokens
 REPLACEMENT = "\ufffd"
 
 
@@ -25,18 +28,40 @@ class IncrementalDetokenizer:
         # tokens after those (and the few characters before, where a stop string may begin)
         self.min_tokens = params.min_tokens
         self.num_tokens = 0
-        self.ids = list(prompt_token_ids[-CONTEXT_TOKENS:])
+        self.ids = self._context(list(prompt_token_ids))
         self.prefix_offset = 0
-        self.read_offset = len(self.ids)
+        self.read_offset = self._last_character_end(self.ids)
         self.text = ""
         self.stopped_by: str | None = None
+
+    def _context(self, prompt: list[int]) -> list[int]:
+        """The prompt's last CONTEXT_TOKENS tokens, or up to three more where those begin inside a character."""
+        start = max(0, len(prompt) - CONTEXT_TOKENS)
+        for _ in range(MAX_CHARACTER_BYTES - 1):
+            if start == 0 or not self._decode(prompt[start:]).startswith(REPLACEMENT):
+                break
+            start -= 1
+        return prompt[start:]
+
+    def _last_character_end(self, context: list[int]) -> int:
+        """Where the context's last whole character ends: a prompt that ends inside a character leaves its bytes
+        to the output, whose text then holds the character it completes."""
+        end = len(context)
+        for _ in range(MAX_CHARACTER_BYTES - 1):
+            if end == 0 or not self._decode(context[:end]).endswith(REPLACEMENT):
+                break
+            end -= 1
+        return end
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
 
     def append(self, token_id: int) -> str | None:
         """Adds one token. Returns the stop string it completed, if any (the text is cut there)."""
         self.ids.append(token_id)
         self.num_tokens += 1
-        before = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip_special)
-        after = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip_special)
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        after = self._decode(self.ids[self.prefix_offset :])
         if len(after) <= len(before) or after.endswith(REPLACEMENT):
             return None  # an unfinished character (or nothing printable) so far
         old_length = len(self.text)
