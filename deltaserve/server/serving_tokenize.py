@@ -22,10 +22,8 @@ async def tokenize(ctx: ServerContext, request: Request) -> dict:
         check_roles(req.messages, ctx.response_role)
         check_rendering_fields(ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
     tokens = await asyncio.to_thread(_tokens, ctx, req)  # off the event loop, as chat's rendering is
-    answer = {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens}
-    if req.return_token_strs:
-        answer["token_strs"] = ctx.tokenizer.convert_ids_to_tokens(tokens)
-    return answer
+    token_strs = ctx.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None  # null, as vLLM's
+    return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens, "token_strs": token_strs}
 
 
 def _tokens(ctx: ServerContext, req: TokenizeRequest) -> list[int]:
