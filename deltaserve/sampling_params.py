@@ -11,7 +11,7 @@ from deltaserve.tokenizer import LONE_SURROGATE
 
 MAX_LOGPROBS = 20  # the default cap on logprobs a token (vLLM's and the OpenAI API's); the engine's max_logprobs sets it
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
-MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 makes it the only choice
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range (the server's and from_optional's clamp): -100 bans a token, 100 makes it the only choice
 # vLLM's: a temperature above 0 and below this is raised to it (logits over 1e-45 would overflow to inf and the
 # row's softmax to NaN); only 0 samples greedily. And OpenAI's and vLLM's upper bound.
 MIN_TEMPERATURE = 0.01
@@ -179,7 +179,15 @@ class SamplingParams:
 
     @classmethod
     def from_optional(cls, **fields) -> SamplingParams:
-        """vLLM's: None for any field is its default."""
+        """vLLM's: None for any field is its default, and logit_bias's keys are read as token ids and its biases
+        clamped to OpenAI's [-100, 100]."""
+        bias = fields.get("logit_bias")
+        if isinstance(bias, dict):
+            try:
+                fields["logit_bias"] = {int(token): min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, value))
+                                        for token, value in bias.items()}
+            except (TypeError, ValueError):
+                pass  # left as given: validate names what is wrong
         return cls(**{name: value for name, value in fields.items() if value is not None})
 
     def clone(self) -> SamplingParams:
@@ -269,9 +277,8 @@ class SamplingParams:
             for token, bias in self.logit_bias.items():
                 _check_int("logit_bias", token)
                 _check_number("logit_bias", bias)
-                if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-                    limit = f"{MAX_LOGIT_BIAS:g}"
-                    raise bad("logit_bias", {token: bias}, f"a bias must be in [-{limit}, {limit}]")
+                if not -FLOAT32_MAX <= bias <= FLOAT32_MAX:  # as vLLM's, any bias the float32 logits can add
+                    raise bad("logit_bias", {token: bias}, "a bias must be within float32's range")
         if self.allowed_token_ids is not None:
             if not isinstance(self.allowed_token_ids, (list, tuple)) or not self.allowed_token_ids:
                 raise bad("allowed_token_ids", self.allowed_token_ids, "must be a non-empty list of token ids")
@@ -295,6 +302,9 @@ class SamplingParams:
             self.logprob_token_ids = list(self.logprob_token_ids)
             for t in self.logprob_token_ids:
                 _check_int("logprob_token_ids", t)
+            if self.logprobs not in (None, len(self.logprob_token_ids)):  # vLLM's: the named tokens are the top
+                raise bad("logprob_token_ids", self.logprob_token_ids,
+                          f"with logprobs={self.logprobs} given too, logprobs must equal their number")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is True:  # vLLM's: True asks for one
                 setattr(self, name, 1)

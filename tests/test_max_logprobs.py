@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from deltaserve import LLM, SamplingParams
+from deltaserve.outputs import Logprob
 from deltaserve.errors import DeltaServeError, InvalidSamplingParamsError
 from tests.checkpoints import VOCAB
 
@@ -94,3 +95,36 @@ def test_named_tokens_come_with_their_logprobs_and_ranks(checkpoint_factory):
             assert abs(logprob.logprob - whole[tid].logprob) < 1e-5 and logprob.rank == whole[tid].rank
     with pytest.raises(InvalidSamplingParamsError, match="logprob_token_ids=.*outside the vocabulary"):
         llm.generate([prompt], SamplingParams(max_tokens=2, logprob_token_ids=[10**6]))
+
+
+def test_ranks_count_the_tokens_at_least_as_likely_and_the_top_ones_rank_in_order():
+    """As vLLM's: a token's rank counts the tokens whose logprob is at least its own (a tie ranks behind its
+    equals), the top tokens take ranks 1..k in their order (the sampled one too, where among them), and named
+    tokens stand in the top ones' stead."""
+    from deltaserve.runner.sampler import logprob_entry
+
+    rng = random.Random()
+    row = torch.log_softmax(torch.randn(64), -1)
+    tied = rng.sample(range(64), 3)
+    row[tied] = row[tied[0]].item()
+    for token in (tied[1], rng.randrange(64)):
+        alone = logprob_entry(row, token, 0)
+        assert alone == {token: Logprob(row[token].item(), int((row >= row[token]).sum()))}
+        top = rng.randint(1, 8)
+        entry = logprob_entry(row, token, top)
+        best = row.topk(top)
+        for rank, tid in enumerate(best.indices.tolist(), start=1):
+            assert entry[tid].rank == rank
+        if token not in best.indices.tolist():
+            assert entry[token] == alone[token] and len(entry) == top + 1
+        named = rng.sample(range(64), 4)
+        entry = logprob_entry(row, token, len(named), named)
+        assert set(entry) == {token, *named}
+        assert all(entry[t].rank == int((row >= row[t]).sum()) for t in named)
+
+
+def test_logprobs_beside_named_tokens_must_count_them():
+    named = random.sample(range(300), random.randint(1, 6))
+    assert SamplingParams(logprob_token_ids=named, logprobs=len(named)).logprobs == len(named)
+    with pytest.raises(InvalidSamplingParamsError, match="logprobs must equal their number"):
+        SamplingParams(logprob_token_ids=named, logprobs=len(named) + 1)

@@ -267,9 +267,14 @@ def test_greedy_under_biases_and_penalties_is_the_reference_argmax_in_vllms_orde
 
 
 def test_bad_logit_bias_is_refused(checkpoint_factory):
-    for bias in ({1: 100.5}, {1: "up"}, {"1": 2.0}, {1: float("nan")}, [1, 2]):
+    for bias in ({1: 1e39}, {1: "up"}, {"1": 2.0}, {1: float("nan")}, [1, 2]):
         with pytest.raises(InvalidSamplingParamsError, match="logit_bias"):
             SamplingParams(logit_bias=bias)
+    # as vLLM's: any bias is taken; from_optional reads the keys as ids and clamps to OpenAI's [-100, 100]
+    big = random.uniform(100.5, 1e6)
+    assert SamplingParams(logit_bias={1: big}).logit_bias == {1: big}
+    assert SamplingParams.from_optional(logit_bias={"1": big, 2: -big, "3": 7.5}).logit_bias == \
+        {1: 100.0, 2: -100.0, 3: 7.5}
     llm = LLM(checkpoint_factory("llama"), device="cpu")
     vocab = llm.engine.model_config.vocab_size
     with pytest.raises(InvalidSamplingParamsError, match=f"token id {vocab} is outside the vocabulary"):

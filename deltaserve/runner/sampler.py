@@ -257,20 +257,22 @@ class Sampler:
 
 
 def logprob_entry(row: torch.Tensor, token: int, top: int, named=()) -> dict[int, Logprob]:
-    """`token`'s logprob and rank in one row of log-probabilities, then the `top` best tokens (-1: every token),
-    then the `named` ones (vLLM's logprob_token_ids), each with its rank."""
+    """`token`'s logprob and rank in one row of log-probabilities, then the `top` best tokens (-1: every token)
+    or, where asked for, the `named` ones (vLLM's logprob_token_ids) in their stead. As vLLM's: a token's rank
+    counts the tokens at least as likely (itself, and any tied with it), and the top tokens are ranked 1, 2, ...
+    in their order, the sampled one too where it is among them."""
     chosen = row[token]
-    entry = {token: Logprob(chosen.item(), int((row > chosen).sum().item()) + 1)}
-    if top:
-        values, ids = row.topk(min(logprobs_count(top, row.numel()), row.numel()))
-        for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
-            entry.setdefault(tid, Logprob(value, rank))
+    entry = {token: Logprob(chosen.item(), int((row >= chosen).sum().item()))}
     if named:
         ids = torch.tensor(list(named), device=row.device)
         values = row[ids]
-        ranks = (row.unsqueeze(0) > values.unsqueeze(1)).sum(dim=1) + 1  # [named]: one pass over the row each
+        ranks = (row.unsqueeze(0) >= values.unsqueeze(1)).sum(dim=1)  # [named]: one pass over the row each
         for tid, value, rank in zip(ids.tolist(), values.tolist(), ranks.tolist()):
             entry.setdefault(tid, Logprob(value, rank))
+    elif top:
+        values, ids = row.topk(min(logprobs_count(top, row.numel()), row.numel()))
+        for rank, (value, tid) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+            entry[tid] = Logprob(value, rank)
     return entry
 
 
