@@ -12,7 +12,7 @@ import jinja2
 from deltaserve.chat_content import ContentPartError, content_text, template_content
 from deltaserve.chat_content_format import messages_for_template, resolve_content_format
 from deltaserve.server.errors import bad_request
-from deltaserve.server.protocol import CHAT_ROLES, ChatMessage, ToolDef
+from deltaserve.server.protocol import ChatMessage, ToolDef
 from deltaserve.server.reasoning import prompt_opens_reasoning
 from deltaserve.tokenizer import RENDERING_ARGUMENTS
 
@@ -45,47 +45,50 @@ def _read_content(read, content: Any, param: str, text_kinds: tuple[str, ...]):
 
 
 def _arguments_for_template(arguments: Any) -> Any:
-    """Templates iterate arguments as a mapping (Qwen3.5) or dump them (Qwen3): give a dict."""
+    """Templates iterate arguments as a mapping (Qwen3.5) or dump them (Qwen3): as vLLM's, JSON text is given as
+    what it holds, and none (null, "") as {}; text that is no JSON (a call cut short) stays as written."""
+    if not arguments:
+        return {}
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
         except ValueError:
             return arguments
-        return parsed if isinstance(parsed, dict) else arguments
+        return {} if parsed is None else parsed
     return arguments
 
 
-def _reasoning(msg: ChatMessage, param: str) -> str | None:
-    """A message's reasoning under either name a client may send it by (a reply gives both)."""
-    if msg.reasoning is not None and msg.reasoning_content is not None and msg.reasoning != msg.reasoning_content:
-        raise bad_request("reasoning and reasoning_content differ: give the reasoning once", f"{param}.reasoning",
-                          "invalid_value")
-    return msg.reasoning_content if msg.reasoning_content is not None else msg.reasoning
+def _reasoning(msg: ChatMessage) -> str | None:
+    """An assistant message's reasoning under either name a client may send it by (a reply gives both;
+    `reasoning` where they differ, as vLLM's); other roles' is dropped, as vLLM drops it."""
+    if msg.role != "assistant":
+        return None
+    return msg.reasoning if msg.reasoning is not None else msg.reasoning_content
 
 
 def check_roles(messages: list[ChatMessage], response_role: str) -> None:
-    """Each message's role is one of OpenAI's, or the role the server gives its replies (--response-role)."""
-    roles = (*CHAT_ROLES, *([response_role] if response_role not in CHAT_ROLES else []))
+    """Each message names a role. As vLLM's, any name is taken (Llama 3.1's template reads "ipython"): the
+    template decides what it renders, and a role it refuses is its 400."""
     for i, msg in enumerate(messages):
-        if msg.role not in roles:
-            raise bad_request(f"Invalid value for 'messages.{i}.role': {msg.role!r} is not a role; give one of "
-                              f"{', '.join(map(repr, roles))}", f"messages.{i}.role", "invalid_value")
+        if not msg.role:
+            raise bad_request(f"Invalid value for 'messages.{i}.role': a message needs a role",
+                              f"messages.{i}.role", "invalid_value")
 
 
 def openai_messages_for_template(messages: list[ChatMessage]) -> list[dict]:
     out = []
     for i, msg in enumerate(messages):
         entry: dict[str, Any] = {
-            "role": "system" if msg.role == "developer" else msg.role,
+            "role": msg.role,  # a developer's is a system's where the template knows no developer (render_chat)
             "content": message_content(msg.content, f"messages.{i}.content", ("text", "refusal")),
         }
         if msg.name is not None:
             entry["name"] = msg.name
         if msg.tool_call_id is not None:
             entry["tool_call_id"] = msg.tool_call_id
-        reasoning = _reasoning(msg, f"messages.{i}")
-        if reasoning is not None:
-            entry["reasoning_content"] = reasoning
+        reasoning = _reasoning(msg)
+        if reasoning is not None:  # under both names, as vLLM hands it
+            entry["reasoning"] = entry["reasoning_content"] = reasoning
         if msg.tool_calls:
             entry["tool_calls"] = [
                 {
@@ -100,9 +103,37 @@ def openai_messages_for_template(messages: list[ChatMessage]) -> list[dict]:
 
 
 def openai_tools_for_template(tools: list[ToolDef] | None) -> list[dict] | None:
+    """Each tool as vLLM gives it: its function's every field, null where not given (but strict)."""
     if not tools:
         return None
-    return [{"type": "function", "function": tool.function.model_dump(exclude_none=True)} for tool in tools]
+    return [{"type": "function", "function": _function_for_template(tool.function.model_dump())} for tool in tools]
+
+
+def _function_for_template(function: dict) -> dict:
+    return {k: v for k, v in function.items() if not (k in ("strict", "defer_loading") and v is None)}
+
+
+def developer_as_system(messages: list[dict], template: str | None) -> list[dict]:
+    """As vLLM's: where a template knows no "developer" role, a developer's message is a system's, and the
+    system messages are then one, first, their texts joined by blank lines (templates that take a system
+    message only first)."""
+    if not any(m.get("role") == "developer" for m in messages):
+        return messages
+    if template is not None and ('"developer"' in template or "'developer'" in template):
+        return messages
+    messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+    systems = [i for i, m in enumerate(messages) if m["role"] == "system"]
+    if systems == [0]:
+        return messages
+    texts = [text for i in systems if (text := _system_text(messages[i].get("content")))]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *(m for m in messages if m["role"] != "system")]
+
+
+def _system_text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(p["text"] if isinstance(p, dict) else p for p in content
+                         if isinstance(p, str) or (isinstance(p, dict) and "text" in p))
+    return content or ""
 
 
 def tool_schemas(tools: list[dict] | None) -> dict[str, dict] | None:
@@ -154,9 +185,9 @@ def render_chat(
     capture_points: False where the prompt is only counted (/tokenize): finding them renders each turn again.
     Each message's content goes to the template in the form it reads (chat_content_format)."""
     kwargs = _template_options(template_kwargs)
-    content_format = resolve_content_format(getattr(tokenizer, "chat_content_format", "auto"),
-                                            chat_template or template_source(tokenizer))
-    messages = messages_for_template(messages, content_format)
+    template = chat_template or template_source(tokenizer)
+    content_format = resolve_content_format(getattr(tokenizer, "chat_content_format", "auto"), template)
+    messages = messages_for_template(developer_as_system(messages, template), content_format)
     if chat_template is not None:
         try:
             jinja2.Environment().parse(chat_template)

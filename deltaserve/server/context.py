@@ -59,14 +59,12 @@ class ServerContext:
     def template_kwargs(self, own: dict | None, reasoning_effort: str | None = None) -> dict:
         """A chat's template variables: the server's defaults (--default-chat-template-kwargs), the request's
         own chat_template_kwargs over them. The request's fields of the same names say how the chat is rendered,
-        and the server reads them (a reply's role and echo): in chat_template_kwargs they are refused.
+        and the server reads them (a reply's role and echo): as vLLM's, they stand over chat_template_kwargs'.
         reasoning_effort, as vLLM hands it: the variable of that name, and enable_thinking (false for "none")
         where the request's own variables do not set it."""
-        for name in ("add_generation_prompt", "continue_final_message"):
-            if name in (own or {}):
-                raise bad_request(f"chat_template_kwargs may not carry {name}: give it as the request's own field",
-                                  f"chat_template_kwargs.{name}", "unsupported_value")
         kwargs = {**self.default_chat_template_kwargs, **(own or {})}
+        for name in ("add_generation_prompt", "continue_final_message"):
+            kwargs.pop(name, None)
         if reasoning_effort is not None:
             kwargs["reasoning_effort"] = reasoning_effort
             if "enable_thinking" not in (own or {}):

@@ -37,10 +37,6 @@ class ToolCallIn(_Lenient):
     function: FunctionCallIn
 
 
-# OpenAI's roles; a server's --response-role is taken too (check_roles), so that its replies can be sent back
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
 class ChatMessage(_Lenient):
     role: StrictStr
     content: StrictStr | list[ContentPart] | None = None
@@ -172,6 +168,7 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: StrictStr | None = None  # vLLM's: this request's own template (--trust-request-chat-template)
     reasoning_effort: ReasoningEffort | None = None  # to the template (ServerContext.template_kwargs)
+    documents: list[dict[str, StrictStr]] | None = None  # vLLM's: to the template, for retrieval-augmented ones
     response_format: ResponseFormat | None = None
     # vLLM's: open a new assistant turn after the messages (the default), or go on writing the last one
     add_generation_prompt: StrictBool = True

@@ -167,8 +167,10 @@ class ChatCompletions:
         check_roles(req.messages, self.ctx.response_role)
         messages = openai_messages_for_template(req.messages)
         check_rendering_fields(self.ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
-        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, shown,
-                                         self.ctx.template_kwargs(req.chat_template_kwargs, req.reasoning_effort),
+        variables = self.ctx.template_kwargs(req.chat_template_kwargs, req.reasoning_effort)
+        if req.documents is not None:  # as vLLM hands them
+            variables["documents"] = req.documents
+        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, shown, variables,
                                          add_generation_prompt=req.add_generation_prompt,
                                          continue_final=req.continue_final_message, chat_template=req.chat_template)
         if req.add_special_tokens:  # vLLM's: the tokenizer's own on top of what the template writes

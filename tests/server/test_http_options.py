@@ -186,6 +186,17 @@ def test_a_requests_own_chat_template_needs_the_servers_trust(front, certificate
         tokens = client.post("/tokenize", headers=headers, json={
             "model": MODEL, "prompt": f"<<{effort}|{effort != 'none'}>>", "add_special_tokens": False}).json()["count"]
         assert r.json()["usage"]["prompt_tokens"] == tokens, r.text
+        # as vLLM's: documents reach the template; where it knows no developer, a developer's message is a
+        # system's, and the first; a tool's fields not given are null
+        title = f"t{uuid.uuid4().hex[:6]}"
+        r = client.post("/v1/chat/completions", headers=headers, json={
+            **body, "messages": [{"role": "user", "content": word}, {"role": "developer", "content": "dev"}],
+            "documents": [{"title": title, "text": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+            "chat_template": "<<{{ documents[0].title }}|{{ messages[0].role }}:{{ messages[0].content }}|"
+                             "{{ tools[0].function.description }}>>"})
+        tokens = client.post("/tokenize", headers=headers, json={
+            "model": MODEL, "prompt": f"<<{title}|system:dev|None>>", "add_special_tokens": False}).json()["count"]
+        assert r.json()["usage"]["prompt_tokens"] == tokens, r.text
         # tool_choice "none" still shows the template the tools, as vLLM's (unless its exclude flag)
         tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
         shown = "<<{% if tools %}tools {{ tools | length }}{% else %}none{% endif %}>>"

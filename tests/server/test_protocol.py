@@ -93,7 +93,7 @@ def test_openai_tool_call_arguments_become_a_mapping_for_the_template():
         {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
     ]})
     out = openai_messages_for_template(req.messages)
-    assert out[0] == {"role": "system", "content": "be brief"}
+    assert out[0] == {"role": "developer", "content": "be brief"}  # a system's where the template knows none
     assert out[1]["content"] is None and out[1]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
     assert out[2] == {"role": "tool", "content": [{"type": "text", "text": "42"}], "tool_call_id": "c1"}
     # as a template that reads text is given them: no text "", a tool result's parts their text
@@ -102,17 +102,41 @@ def test_openai_tool_call_arguments_become_a_mapping_for_the_template():
 
 
 def test_an_earlier_turns_reasoning_reaches_the_template_under_either_name():
+    # as vLLM's: an assistant's reasoning under both names, `reasoning` where the two differ; another role's none
     thought = "".join(random.choices("abc xyz", k=random.randint(1, 30)))
     for names in (["reasoning"], ["reasoning_content"], ["reasoning", "reasoning_content"]):
         req = ChatCompletionRequest.model_validate({"messages": [
-            {"role": "user", "content": "q"}, {"role": "assistant", "content": "a", **dict.fromkeys(names, thought)}]})
-        assert openai_messages_for_template(req.messages)[1] == {
-            "role": "assistant", "content": "a", "reasoning_content": thought}, names
+            {"role": "user", "content": "q", **dict.fromkeys(names, "not the user's")},
+            {"role": "assistant", "content": "a", **dict.fromkeys(names, thought)}]})
+        out = openai_messages_for_template(req.messages)
+        assert out[0] == {"role": "user", "content": "q"}, names
+        assert out[1] == {"role": "assistant", "content": "a", "reasoning": thought, "reasoning_content": thought}
     req = ChatCompletionRequest.model_validate({"messages": [
         {"role": "assistant", "content": "a", "reasoning": thought, "reasoning_content": thought + "!"}]})
-    with pytest.raises(APIError) as caught:
-        openai_messages_for_template(req.messages)
-    assert caught.value.status == 400 and caught.value.param == "messages.0.reasoning"
+    assert openai_messages_for_template(req.messages)[0]["reasoning_content"] == thought
+
+
+@pytest.mark.parametrize("arguments,given", [("", {}), ("null", {}), ('{"x": [1]}', {"x": [1]}),
+                                             ("[1, 2]", [1, 2]), ('{"x": 1', '{"x": 1')])
+def test_tool_call_arguments_reach_the_template_as_vllm_gives_them(arguments, given):
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]}]})
+    assert openai_messages_for_template(req.messages)[0]["tool_calls"][0]["function"]["arguments"] == given
+
+
+def test_developer_messages_are_systems_where_the_template_knows_no_developer():
+    from deltaserve.server.chat_prompt import developer_as_system
+
+    words = ["".join(random.choices("abc", k=random.randint(1, 5))) for _ in range(3)]
+    messages = [{"role": "system", "content": words[0]}, {"role": "user", "content": "q"},
+                {"role": "developer", "content": [{"type": "text", "text": words[1]}, {"type": "text", "text": words[2]}]}]
+    # as vLLM's: the system messages then one, first, their texts joined by blank lines
+    assert developer_as_system(messages, "{{ messages }}") == [
+        {"role": "system", "content": f"{words[0]}\n\n{words[1]}\n{words[2]}"}, {"role": "user", "content": "q"}]
+    knows = "{% if m.role == 'developer' %}{% endif %}"
+    assert developer_as_system(messages, knows) == messages
+    first = [{"role": "developer", "content": words[0]}, {"role": "user", "content": "q"}]
+    assert developer_as_system(first, None) == [{"role": "system", "content": words[0]}, first[1]]
 
 
 def test_anthropic_messages_become_chat_messages():
