@@ -30,6 +30,7 @@ class InputItem(_Lenient):
     name: StrictStr | None = None  # function_call
     arguments: StrictStr | None = None  # function_call
     output: StrictStr | list[InputContent] | None = None  # function_call_output
+    summary: list[InputContent] | None = None  # reasoning: its summary_text parts
     status: StrictStr | None = None  # an earlier item's: "incomplete" (or "in_progress") where it was cut short
 
 

@@ -77,20 +77,25 @@ def anthropic_messages_for_template(system: Any, messages: list[AnthropicMessage
     return out
 
 
-def anthropic_tools_for_template(tools: list[AnthropicTool] | None, choice: Any) -> list[dict] | None:
-    """The tools the template shows the model. Refused, as Anthropic refuses them: a choice without tools, a
-    choice of type "tool" without a name or naming no tool given, Anthropic's server tools (they run on its side),
-    two tools of one name, and an input schema of a type other than object."""
+def anthropic_tools_for_template(tools: list[AnthropicTool] | None, choice: Any,
+                                 exclude_when_none: bool = False) -> tuple[list[dict] | None, list[dict] | None]:
+    """(the tools the template shows the model, those the reply is read for calls to), as chat's with the
+    choice vLLM maps Anthropic's to: "none" reads the reply for none and shows the tools all the same (unless
+    --exclude-tools-when-tool-choice-none). Refused, as Anthropic refuses them: a choice without tools, a choice
+    of type "tool" without a name or naming no tool given, Anthropic's server tools (they run on its side), two
+    tools of one name, and an input schema of a type other than object (one that names none is an object's, as
+    vLLM reads it)."""
     _check_tool_choice(tools, choice)
     for i, tool in enumerate(tools or ()):
         _check_tool(tool, f"tools.{i}")
     check_tool_names([t.name for t in tools or ()], "tools.{i}.name")
-    if not tools or (choice is not None and choice.type == "none"):
-        return None
-    return [
-        {"type": "function", "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema}}
-        for t in tools
-    ]
+    if not tools:
+        return None, None
+    shown = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                               "parameters": {"type": "object", **t.input_schema}}} for t in tools]
+    if choice is not None and choice.type == "none":
+        return (None if exclude_when_none else shown), None
+    return shown, shown
 
 
 def _check_tool_choice(tools: list[AnthropicTool] | None, choice: Any) -> None:
@@ -111,7 +116,7 @@ def _check_tool(tool: AnthropicTool, where: str) -> None:
     if tool.type not in (None, "custom"):
         raise bad_request(f"{where}.type: tool of type {tool.type!r} is not supported: only tools the client runs "
                           "(custom)", f"{where}.type")
-    kind = tool.input_schema.get("type")
+    kind = tool.input_schema.get("type", "object")
     if kind != "object":  # a tool's input is a JSON object (tool_use's input)
         raise bad_request(f"{where}.input_schema.type: must be 'object', not {kind!r}: a tool's input is an object",
                           f"{where}.input_schema.type")
@@ -191,16 +196,18 @@ class Messages:
     async def count_tokens(self, request: Request):
         req = CountTokensRequest.model_validate(await read_json_object(request))
         self.ctx.check_model(req.model)
-        prompt = await self._prompt(req, anthropic_tools_for_template(req.tools, req.tool_choice))
+        shown, _ = anthropic_tools_for_template(req.tools, req.tool_choice, self.ctx.exclude_tools_when_tool_choice_none)
+        prompt = await self._prompt(req, shown)
         return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
     async def __call__(self, request: Request):
         req = MessagesRequest.model_validate(await read_json_object(request))
         model = self.ctx.check_model(req.model)
         self.ctx.admit()
-        tools = anthropic_tools_for_template(req.tools, req.tool_choice)
+        shown, tools = anthropic_tools_for_template(req.tools, req.tool_choice,
+                                                    self.ctx.exclude_tools_when_tool_choice_none)
         budget = _thinking_budget(req.thinking, req.max_tokens, self.ctx.engine)
-        prompt = await self._prompt(req, tools)
+        prompt = await self._prompt(req, shown)
         max_tokens = resolve_max_tokens(req.max_tokens, len(prompt.token_ids), self.ctx.max_model_len, "messages",
                                         cap=self.ctx.engine.max_tokens_cap)
         if any(not s for s in req.stop_sequences or ()):

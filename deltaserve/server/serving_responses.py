@@ -45,9 +45,12 @@ def _text(content: str | list[InputContent] | None, param: str) -> str:
 
 
 def _reasoning_text(item: InputItem, where: str) -> str:
-    """An earlier reasoning item's text (its reasoning_text parts; a summary alone is not the reasoning)."""
-    if isinstance(item.content, list):
+    """An earlier reasoning item's text: its reasoning_text parts, or where it has none, as vLLM's, its first
+    summary's."""
+    if isinstance(item.content, list) and item.content:
         return "".join(part.text or "" for part in item.content if part.type == "reasoning_text")
+    if item.content is None and item.summary:
+        return item.summary[0].text or ""
     return _text(item.content, f"{where}.content")
 
 
@@ -88,6 +91,7 @@ def chat_messages(req: ResponsesRequest) -> list[dict]:
 
 
 def _tools(req: ResponsesRequest) -> list[dict] | None:
+    """The function tools as chat's; none where tool_choice is "none", as vLLM's Responses route hides them."""
     if req.tools is None:
         return None
     tools = []
@@ -100,6 +104,8 @@ def _tools(req: ResponsesRequest) -> list[dict] | None:
         tools.append({"type": "function", "function": {"name": tool.name, "description": tool.description,
                                                        "parameters": tool.parameters}})
     check_tool_names([tool.name for tool in req.tools], "tools.{i}.name")
+    if req.tool_choice == "none":
+        return None
     return tools or None  # the Responses API takes an empty list for none
 
 

@@ -225,7 +225,6 @@ def test_what_anthropic_refuses_in_tools_is_refused_naming_the_field(server):
     tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
     for body, where in (({"tools": [tool, {**tool, "description": "again"}]}, "tools.1.name"),
                         ({"tools": [{**tool, "input_schema": {"type": "string"}}]}, "tools.0.input_schema.type"),
-                        ({"tools": [{**tool, "input_schema": {"properties": {}}}]}, "tools.0.input_schema.type"),
                         ({"tools": [tool], "tool_choice": {"type": "tool"}}, "tool_choice.name")):
         for path in ("/v1/messages", "/v1/messages/count_tokens"):
             r = httpx.post(server.url + path, json={"model": MODEL, "max_tokens": 4, "messages": QUESTION, **body},
@@ -245,7 +244,7 @@ TWO_TOOLS = [{"name": "f", "input_schema": {"type": "object", "properties": {"x"
 def _job(body: dict, opens_reasoning: bool) -> _MessageJob:
     req = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 64, "messages": QUESTION, **body})
     prompt = ChatPrompt(text="", token_ids=[1, 2], capture_points=None, opens_reasoning=opens_reasoning)
-    tools = anthropic_tools_for_template(req.tools, req.tool_choice)
+    _, tools = anthropic_tools_for_template(req.tools, req.tool_choice)
     return _MessageJob(types.SimpleNamespace(reasoning=True, tool_format=TAGS), req, MODEL, "msg_1", prompt, tools)
 
 
@@ -336,3 +335,18 @@ def test_messages_become_the_chat_vllm_makes_of_them():
     assert [(m["role"], m["content"]) for m in converted] == [
         ("system", "You help. Kindly."), ("user", "\n".join(texts)), ("assistant", ""), ("tool", "a.txt\nb.txt")]
     assert converted[2]["tool_calls"][0]["function"]["name"] == "ls"
+
+
+def test_tools_reach_the_template_as_vllm_gives_them():
+    """As vLLM's chat request made from Anthropic's: a description not given is null, an input schema that names
+    no type is an object's, and tool_choice "none" reads the reply for no calls but shows the tools (unless
+    --exclude-tools-when-tool-choice-none)."""
+    properties = {"x": {"type": "number"}}
+    req = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 8, "messages": QUESTION, "tools": [
+        {"name": "f", "input_schema": {"properties": properties}}], "tool_choice": {"type": "none"}})
+    function = {"name": "f", "description": None, "parameters": {"type": "object", "properties": properties}}
+    assert anthropic_tools_for_template(req.tools, req.tool_choice) == ([{"type": "function", "function": function}],
+                                                                        None)
+    assert anthropic_tools_for_template(req.tools, req.tool_choice, exclude_when_none=True) == (None, None)
+    auto = anthropic_tools_for_template(req.tools, None)
+    assert auto[0] == auto[1] == [{"type": "function", "function": function}]

@@ -420,3 +420,16 @@ def test_a_responses_items_are_in_the_order_written_whole_and_streamed(text, kin
     assert [item["type"] for item in whole["output"]] == kinds
     assert _without_ids(final["output"]) == _without_ids(whole["output"])
     assert final["status"] == whole["status"] == ("incomplete" if reason == "length" else "completed")
+
+
+def test_a_reasoning_summary_alone_stands_for_the_reasoning_and_tool_choice_none_hides_the_tools():
+    # as vLLM's Responses route: a reasoning item without content gives its first summary's text, and tool_choice
+    # "none" gives the template no tools
+    thought = "".join(random.choices("abc ", k=12))
+    req = ResponsesRequest.model_validate({"input": [
+        {"role": "user", "content": "q"},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": thought}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+        {"role": "user", "content": "again"}], "tools": [WEATHER], "tool_choice": random.choice(["none", "auto"])})
+    assert chat_messages(req)[1]["reasoning_content"] == thought
+    assert (chat_request(req).tools is None) == (req.tool_choice == "none")
