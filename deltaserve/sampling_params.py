@@ -11,7 +11,8 @@ from deltaserve.tokenizer import LONE_SURROGATE
 
 MAX_LOGPROBS = 20  # the default cap on logprobs a token (vLLM's and the OpenAI API's); the engine's max_logprobs sets it
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
-MAX_LOGIT_BIAS = 100.0  # OpenAI's range (the server's and from_optional's clamp): -100 bans a token, 100 makes it the only choice
+# OpenAI's range, the server's and from_optional's clamp: -100 bans a token, 100 makes it the only choice
+MAX_LOGIT_BIAS = 100.0
 # vLLM's: a temperature above 0 and below this is raised to it (logits over 1e-45 would overflow to inf and the
 # row's softmax to NaN); only 0 samples greedily. And OpenAI's and vLLM's upper bound.
 MIN_TEMPERATURE = 0.01

@@ -186,7 +186,8 @@ def requested_structure(req: Any, opens_reasoning: bool = False) -> StructuredOu
                           "choice or grammar", "structured_outputs.structural_tag", "unsupported_value")
     options = {}  # structured_outputs' options alone stand beside a response_format, as vLLM merges them
     if field is not None:
-        options = dict(disable_any_whitespace=field.disable_any_whitespace, whitespace_pattern=field.whitespace_pattern,
+        options = dict(disable_any_whitespace=field.disable_any_whitespace,
+                       whitespace_pattern=field.whitespace_pattern,
                        disable_additional_properties=field.disable_additional_properties,
                        disable_fallback=field.disable_fallback)
     if kind != "text" and field is not None and _names_a_constraint(field):

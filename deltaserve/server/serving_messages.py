@@ -196,7 +196,8 @@ class Messages:
     async def count_tokens(self, request: Request):
         req = CountTokensRequest.model_validate(await read_json_object(request))
         self.ctx.check_model(req.model)
-        shown, _ = anthropic_tools_for_template(req.tools, req.tool_choice, self.ctx.exclude_tools_when_tool_choice_none)
+        shown, _ = anthropic_tools_for_template(req.tools, req.tool_choice,
+                                                self.ctx.exclude_tools_when_tool_choice_none)
         prompt = await self._prompt(req, shown)
         return JSONResponse({"input_tokens": len(prompt.token_ids)})
 
