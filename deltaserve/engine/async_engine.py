@@ -127,6 +127,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, _Stream] = {}
+        self.closing: asyncio.Event | None = None  # set as shutdown begins: work a request awaits ends (off_loop)
 
     @classmethod
     def from_args(cls, model: str | None = None, *, max_queue: int | None = None, log_requests: bool = False,
@@ -144,6 +145,7 @@ class AsyncEngine:
         if self._thread is not None:
             return
         self._loop = asyncio.get_running_loop()
+        self.closing = asyncio.Event()
         self._refresh_stats()
         self._thread = threading.Thread(target=self._run, name="deltaserve-engine", daemon=True)
         self._thread.start()
@@ -157,6 +159,8 @@ class AsyncEngine:
     def begin_shutdown(self) -> None:
         """Refuse new requests and end those in flight; the thread runs on to free their blocks."""
         self._closing = True
+        if self.closing is not None:
+            self.closing.set()
         self.fail_all(ServerShuttingDownError("the server is shutting down"))
 
     def stop(self, timeout: float = 30.0) -> None:

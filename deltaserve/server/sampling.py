@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -10,6 +9,7 @@ from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.sampling_params import MAX_LOGIT_BIAS, SamplingParams, StructuredOutputsParams, check_logprobs_count
 from deltaserve.server.reasoning import THINK_CLOSE
 from deltaserve.server.errors import bad_request, context_length_error
+from deltaserve.server.off_loop import off_loop
 
 MAX_N = 128  # OpenAI's bound on the choices of one request: each is a sequence the engine runs
 # vLLM's fields that would change what is generated and that this server does not implement: refused by name
@@ -228,7 +228,7 @@ async def check_structure(engine: Any, structure: StructuredOutputsParams | None
     if structure is None or grammars is None:
         return
     try:
-        await asyncio.to_thread(grammars.compile, structure)
+        await off_loop(engine, grammars.compile, structure)
     except InvalidSamplingParamsError as exc:  # named as the request named it (response_format, a tool choice)
         message = str(exc)
         if message.startswith("structured_outputs") and not param.startswith("structured_outputs"):

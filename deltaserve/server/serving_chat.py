@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,6 +39,7 @@ from deltaserve.server.sampling import (build_sampling_params, check_logprobs_fi
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall
+from deltaserve.server.off_loop import off_loop
 
 
 def _select_tools(req: ChatCompletionRequest, exclude_when_none: bool) -> tuple[list[dict] | None, list[dict] | None]:
@@ -170,9 +171,9 @@ class ChatCompletions:
         variables = self.ctx.template_kwargs(req.chat_template_kwargs, req.reasoning_effort)
         if req.documents is not None:  # as vLLM hands them
             variables["documents"] = req.documents
-        prompt = await asyncio.to_thread(render_chat, self.ctx.tokenizer, messages, shown, variables,
-                                         add_generation_prompt=req.add_generation_prompt,
-                                         continue_final=req.continue_final_message, chat_template=req.chat_template)
+        prompt = await off_loop(self.ctx.engine, functools.partial(
+            render_chat, self.ctx.tokenizer, messages, shown, variables, add_generation_prompt=req.add_generation_prompt,
+            continue_final=req.continue_final_message, chat_template=req.chat_template))
         if req.add_special_tokens:  # vLLM's: the tokenizer's own on top of what the template writes
             prompt = dataclasses.replace(prompt, capture_points=None,  # the prefix the ids add moves every turn
                                          token_ids=self.ctx.tokenizer.encode(prompt.text, add_special_tokens=True))

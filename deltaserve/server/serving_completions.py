@@ -32,6 +32,7 @@ from deltaserve.server.sampling import (build_sampling_params, check_logprobs_fi
                                        resolve_max_tokens, truncated_tokens)
 from deltaserve.server.sse import DONE, SSE_HEADERS, sse_data
 from deltaserve.server.streaming import EngineStreamResponse
+from deltaserve.server.off_loop import off_loop
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Completions:
         self.ctx.admit()
         # checked before any is queued: one bad id refuses them all at once
         # vLLM's default: a completion's prompt string gets the tokenizer's special tokens (a BOS)
-        prompts = await asyncio.to_thread(self._prompts, req.prompt, req.add_special_tokens is not False)
+        prompts = await off_loop(self.ctx.engine, self._prompts, req.prompt, req.add_special_tokens is not False)
         keep = kept_prompt_tokens(req.truncate_prompt_tokens, self.ctx.max_model_len, req.max_tokens)
         # a truncated prompt's text is what its kept tokens decode to (for echo)
         prompts = [p if len(p.token_ids) <= (keep or len(p.token_ids))

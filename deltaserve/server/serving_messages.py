@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,6 +27,7 @@ from deltaserve.server.sampling import check_structure, resolve_max_tokens
 from deltaserve.server.sse import SSE_HEADERS, sse_event
 from deltaserve.server.streaming import EngineStreamResponse
 from deltaserve.server.tool_parsers import ToolCall, new_tool_call_id, written_json_value
+from deltaserve.server.off_loop import off_loop
 
 BILLING_HEADER = "x-anthropic-billing-header"
 
@@ -190,8 +191,9 @@ class Messages:
         prefill = req.messages[-1].role == "assistant"
         own = {**(_thinking_template_kwargs(req.thinking) or {}), **(req.chat_template_kwargs or {})}
         effort = req.output_config.effort if req.output_config is not None else None
-        return await asyncio.to_thread(render_chat, self.ctx.tokenizer, converted, tools,
-                                       self.ctx.template_kwargs(own or None, effort), continue_final=prefill)
+        return await off_loop(self.ctx.engine, functools.partial(
+            render_chat, self.ctx.tokenizer, converted, tools, self.ctx.template_kwargs(own or None, effort),
+            continue_final=prefill))
 
     async def count_tokens(self, request: Request):
         req = CountTokensRequest.model_validate(await read_json_object(request))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 
 from fastapi import Request
 
@@ -11,6 +10,7 @@ from deltaserve.server.chat_prompt import (check_rendering_fields, check_roles, 
 from deltaserve.server.context import ServerContext, read_json_object
 from deltaserve.server.errors import bad_request
 from deltaserve.server.protocol import DetokenizeRequest, TokenizeRequest
+from deltaserve.server.off_loop import off_loop
 
 
 async def tokenize(ctx: ServerContext, request: Request) -> dict:
@@ -21,7 +21,7 @@ async def tokenize(ctx: ServerContext, request: Request) -> dict:
     if req.messages is not None:
         check_roles(req.messages, ctx.response_role)
         check_rendering_fields(ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
-    tokens = await asyncio.to_thread(_tokens, ctx, req)  # off the event loop, as chat's rendering is
+    tokens = await off_loop(ctx.engine, _tokens, ctx, req)  # off the event loop, as chat's rendering is
     token_strs = ctx.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None  # null, as vLLM's
     return {"count": len(tokens), "max_model_len": ctx.max_model_len, "tokens": tokens, "token_strs": token_strs}
 
