@@ -24,7 +24,7 @@
   give in fp32 the CPU's tokens, and in bf16 the same tokens with graphs as eagerly;
 - a request whose constraints refuse every token, arriving beside decoding rows in a decode step launched ahead,
   ends with NoTokenAllowedError; the other rows' tokens are unchanged and the engine serves on.
-- rows asking logprobs of named tokens (logprob_token_ids) beside top ones, and rows ending at a repetition
+- rows asking logprobs of named tokens (logprob_token_ids) beside one asking top ones, and rows ending at a repetition
   (repetition_detection, one row's loop made certain by a logit bias), give in fp32 the CPU's tokens, finish
   reasons and logprob entries (ids and ranks equal, logprobs within 1e-4);
 - rows with a thinking_token_budget (their prompts opening a think block; greedy and seeded sampled, beside a free
@@ -84,11 +84,11 @@ THINKING = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, thinki
             SamplingParams(max_tokens=24, temperature=0.9, seed=17, ignore_eos=True, thinking_token_budget=6),
             SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, thinking_token_budget=0)]
 # Named logprobs and repetition detection: host-side rows the sampler and the engine read after each step.
-NAMED_AND_LOOPING = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=2,
+NAMED_AND_LOOPING = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=4,
                                     logprob_token_ids=[3, 50, 120, 299]),
                      SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logit_bias={42: 100.0},
                                     repetition_detection={"max_pattern_size": 2, "min_count": 3}),
-                     SamplingParams(max_tokens=24, temperature=0, ignore_eos=True,
+                     SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2,
                                     repetition_detection={"max_pattern_size": 4, "min_count": 2}),
                      SamplingParams(max_tokens=16, temperature=0.8, seed=18, ignore_eos=True,
                                     logprob_token_ids=[7, 8])]
