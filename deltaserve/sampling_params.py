@@ -69,9 +69,9 @@ class StructuredOutputsParams:
         if self.regex is not None and not isinstance(self.regex, str):
             raise InvalidSamplingParamsError("structured_outputs.regex must be a string")
         if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice
-                                        or not all(isinstance(c, str) and c for c in self.choice)):
-            raise InvalidSamplingParamsError("structured_outputs.choice must be a non-empty list of non-empty "
-                                             "strings")
+                                        or not all(isinstance(c, str) for c in self.choice)):
+            # as vLLM's, a choice may be "" (the empty answer)
+            raise InvalidSamplingParamsError("structured_outputs.choice must be a non-empty list of strings")
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
             raise InvalidSamplingParamsError("structured_outputs.grammar must be a non-empty string")
         if self.start_after is not None and (not isinstance(self.start_after, str) or not self.start_after):

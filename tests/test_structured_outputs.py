@@ -299,6 +299,18 @@ def test_a_grammar_finished_short_of_min_tokens_ends_the_request_there(checkpoin
     assert (llm.engine.tokenizer.decode(out.token_ids), out.finish_reason) == (word, "stop")
 
 
+def test_an_empty_choice_is_the_empty_answer(demo_llm):
+    """As vLLM's, a choice may be "": the answer may then end at once, and where it is the only choice it does."""
+    words = ["".join(random.choice("abcxyz") for _ in range(random.randint(1, 6))) for _ in range(2)]
+    for choices in ([""], ["", *words], [*words, ""]):
+        params = SamplingParams(max_tokens=8, temperature=1.0, n=3, seed=random.randrange(2**31),
+                                structured_outputs=StructuredOutputsParams(choice=choices))
+        out = demo_llm.generate(["The answer is"], params, use_tqdm=False)[0]
+        assert all(o.text in choices and o.finish_reason == "stop" for o in out.outputs), (choices, out)
+        if choices == [""]:
+            assert all(o.token_ids == [demo_llm.get_tokenizer().eos_token_id] for o in out.outputs), out
+
+
 def test_a_choice_among_thousands_is_one_of_them(demo_llm):
     """Past CHOICES_IN_A_RULE the choices are one terminal: llguidance's parser holds at most 2000 items a row,
     and a rule of 2001 choices failed at the first token (the request aborted, the grammar logged whole)."""
@@ -362,7 +374,7 @@ def test_structured_outputs_params_need_exactly_one_kind():
                                                                                              "regex": "a"}):
         with pytest.raises(InvalidSamplingParamsError, match="exactly one"):
             StructuredOutputsParams(**fields)
-    for fields in ({"choice": []}, {"choice": ["a", ""]}, {"json": 3}, {"regex": 3}, {"json_object": 1},
+    for fields in ({"choice": []}, {"choice": ["a", 3]}, {"json": 3}, {"regex": 3}, {"json_object": 1},
                    {"choice": ["a"], "start_after": ""}, {"grammar": " "}, {"grammar": 3}):
         with pytest.raises(InvalidSamplingParamsError, match="structured_outputs"):
             StructuredOutputsParams(**fields)

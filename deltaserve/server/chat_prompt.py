@@ -66,7 +66,7 @@ def _reasoning(msg: ChatMessage) -> str | None:
     return msg.reasoning if msg.reasoning is not None else msg.reasoning_content
 
 
-def check_roles(messages: list[ChatMessage], response_role: str) -> None:
+def check_roles(messages: list[ChatMessage]) -> None:
     """Each message names a role. As vLLM's, any name is taken (Llama 3.1's template reads "ipython"): the
     template decides what it renders, and a role it refuses is its 400."""
     for i, msg in enumerate(messages):

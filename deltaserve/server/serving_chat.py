@@ -165,7 +165,7 @@ class ChatCompletions:
         _check_chat_ranges(req, self.ctx.engine)
         self.ctx.admit()
         shown, tools = _select_tools(req, self.ctx.exclude_tools_when_tool_choice_none)
-        check_roles(req.messages, self.ctx.response_role)
+        check_roles(req.messages)
         messages = openai_messages_for_template(req.messages)
         check_rendering_fields(self.ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
         variables = self.ctx.template_kwargs(req.chat_template_kwargs, req.reasoning_effort)

@@ -19,7 +19,7 @@ async def tokenize(ctx: ServerContext, request: Request) -> dict:
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
     if req.messages is not None:
-        check_roles(req.messages, ctx.response_role)
+        check_roles(req.messages)
         check_rendering_fields(ctx, req.continue_final_message, req.add_generation_prompt, req.chat_template)
     tokens = await off_loop(ctx.engine, _tokens, ctx, req)  # off the event loop, as chat's rendering is
     token_strs = ctx.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None  # null, as vLLM's
