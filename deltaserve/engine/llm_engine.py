@@ -162,6 +162,7 @@ class LLMEngine:
         max_tokens = self._resolve_max_tokens(len(token_ids), params)
         structured = self._structure_after_thinking(params.structured_outputs, token_ids)
         grammar = self.grammars.compile(structured) if structured is not None else None
+        think_tags = self._think_opening(structured, token_ids) if grammar is not None else None  # once, for all n
         held_back = self._stop_tokens(params) if params.min_tokens else []
         bad_words_ids = self._bad_words_ids(params.bad_words or [])
         hash_root = salt_root(cache_salt)
@@ -169,8 +170,7 @@ class LLMEngine:
         children = [
             Request(f"{request_id}#{i}" if params.n > 1 else request_id, token_ids, params, max_tokens,
                     sample_index=i, capture_points=list(capture_points or []), prompt_bytes=token_bytes,
-                    grammar=self.grammars.matcher(structured, grammar, self._think_opening(structured, token_ids))
-                    if grammar is not None else None,
+                    grammar=self.grammars.matcher(structured, grammar, think_tags) if grammar is not None else None,
                     held_back=held_back, bad_words_ids=bad_words_ids, hash_root=hash_root,
                     thinking=self._thinking_budget(params, token_ids),
                     stats=RequestStateStats(arrival_time=arrival, queued_ts=queued))
@@ -471,7 +471,7 @@ class LLMEngine:
             stats.first_token_ts = now
             step.num_tokens += request.num_prompt_tokens - request.num_cached_tokens  # its prompt, as vLLM's
         elif self.step_listeners:  # kept only for a listener: a token a row every step
-            self._step_stats.inter_token_latencies.append(now - stats.last_token_ts)
+            step.inter_token_latencies.append(now - stats.last_token_ts)
         stats.last_token_ts = now
         stats.num_generation_tokens += 1
 
