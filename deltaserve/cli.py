@@ -9,6 +9,7 @@ from decimal import Decimal, InvalidOperation
 
 from deltaserve.chat_content_format import CONTENT_FORMATS
 from deltaserve.errors import DeltaServeError
+from deltaserve.sampling_params import LOGPROBS_MODES
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -66,6 +67,11 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-logprobs", type=int, default=None,
                    help="the most logprobs a request may ask a token (logprobs, top_logprobs, prompt_logprobs; "
                         "default: 20); -1: the whole vocabulary")
+    p.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default=None,
+                   help="what a generated token's logprobs report: raw_logprobs (default: the model's, before "
+                        "biases, penalties and temperature), raw_logits, or processed_logprobs / processed_logits "
+                        "(those it is drawn from, after them and top-k, top-p and min-p); prompt logprobs are "
+                        "always raw_logprobs")
     p.add_argument("--load-format", choices=("auto", "dummy"), default=None,
                    help="dummy: random weights in the checkpoint's shapes, from its config.json alone (benchmarks)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,

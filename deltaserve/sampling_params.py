@@ -10,6 +10,10 @@ from deltaserve.errors import InvalidSamplingParamsError
 from deltaserve.tokenizer import LONE_SURROGATE
 
 MAX_LOGPROBS = 20  # the default cap on logprobs a token (vLLM's and the OpenAI API's); the engine's max_logprobs sets it
+# What a generated token's logprobs report (vLLM's logprobs_mode). raw: the model's distribution (under a grammar's
+# mask), before biases, penalties and temperature; processed: the one the token is drawn from, after them and top-k,
+# top-p and min-p (a greedy row's before temperature, as vLLM's)
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 MAX_LOGPROB_TOKEN_IDS = 128  # vLLM's bound on logprob_token_ids
 # OpenAI's range, the server's and from_optional's clamp: -100 bans a token, 100 makes it the only choice
 MAX_LOGIT_BIAS = 100.0

@@ -36,7 +36,6 @@ ONLY = {
     "cpu_offload_gb": ((0, 0.0, None), "deltaserve keeps every weight on the GPU"),
     "runner": (("auto", "generate", None), "deltaserve runs generative models only"),
     "skip_tokenizer_init": ((False, None), "deltaserve detokenizes with the checkpoint's tokenizer"),
-    "logprobs_mode": (("raw_logprobs", None), "logprobs are the model's own, before penalties and temperature"),
 }
 
 

@@ -9,7 +9,7 @@ import torch
 
 from deltaserve.chat_content_format import CONTENT_FORMATS
 from deltaserve.errors import DeltaServeError
-from deltaserve.sampling_params import MAX_LOGPROBS
+from deltaserve.sampling_params import LOGPROBS_MODES, MAX_LOGPROBS
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ class EngineConfig:
     chat_template_content_format: str = "auto"
     cpu_kv_cache_gib: float = 1.0
     max_logprobs: int = MAX_LOGPROBS  # vLLM's: the most logprobs a request may ask a token; -1: the whole vocabulary
+    # vLLM's: what a sampled token's logprobs report (LOGPROBS_MODES); prompt logprobs are always raw_logprobs
+    logprobs_mode: str = "raw_logprobs"
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
 
     def __post_init__(self):
@@ -70,6 +72,8 @@ class EngineConfig:
         cap = self.max_logprobs
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < -1:
             raise DeltaServeError(f"max_logprobs={cap!r}: must be an integer >= 0, or -1 for the whole vocabulary")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise DeltaServeError(f"logprobs_mode={self.logprobs_mode!r}: give one of {', '.join(LOGPROBS_MODES)}")
         if self.load_format not in ("auto", "dummy"):
             raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
         utilization = self.gpu_memory_utilization

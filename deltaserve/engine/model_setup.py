@@ -88,8 +88,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         graphs.capture(pool)
         prefill_graphs = PrefillGraphs(model, buffers, snapshots)
         prefill_graphs.capture(pool)
-    runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device,
-                         Sampler(model_config.vocab_size, device, config.seed), graphs, snapshots, prefill_graphs)
+    sampler = Sampler(model_config.vocab_size, device, config.seed, config.logprobs_mode)
+    runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device, sampler, graphs, snapshots,
+                         prefill_graphs)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, state_pool.h_all.dtype if state_pool else "-",

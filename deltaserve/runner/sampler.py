@@ -22,7 +22,7 @@ from deltaserve.engine.grammar import fill_masks, mask_shape
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
 from deltaserve.host_to_device import to_device
-from deltaserve.kernels.sampling.reference import token_bits, without_tokens
+from deltaserve.kernels.sampling.reference import mask_logits, token_bits, without_tokens
 from deltaserve.sampling_params import SamplingParams, logprobs_count
 
 _MIX = 0x9E3779B97F4A7C15
@@ -50,9 +50,10 @@ def row_seed(seed: int, sample_index: int, position: int) -> int:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device, seed: int):
+    def __init__(self, vocab_size: int, device: torch.device, seed: int, logprobs_mode: str = "raw_logprobs"):
         self.vocab_size = vocab_size
         self.device = device
+        self.logprobs_mode = logprobs_mode  # EngineConfig.logprobs_mode: what a token's logprobs report
         self.generator = random.Random(seed)  # the seeds of rows whose request has none
         self._prompt_tokens = weakref.WeakKeyDictionary()  # request -> its prompt's distinct tokens, on the device
         self._output_tokens = weakref.WeakKeyDictionary()  # request -> array("i") of its output tokens read back
@@ -67,7 +68,7 @@ class Sampler:
         processed = logits[:, : self.vocab_size]
         if any(r.grammar is not None and r.grammar.active for r in requests):
             processed = self._constrained(processed, requests)
-        reported = processed  # vLLM's logprobs: the model's, under the grammar's mask, before biases and penalties
+        reported = processed  # vLLM's raw logits: the model's, under the grammar's mask, before biases and penalties
         if any(r.adjusts_logits for r in requests):  # vLLM's order: biases and refusals, then the penalties
             processed = self._adjusted(processed, requests)
         if any(_has_penalty(p) for p in params):
@@ -75,7 +76,26 @@ class Sampler:
         tokens = self.sample_on_device(processed, requests, adjusted=True).tolist()
         if not any(p.returns_logprobs for p in params):
             return tokens, None
+        if self.logprobs_mode.startswith("processed"):
+            reported = self.drawn_from(processed, requests)
+        if self.logprobs_mode.endswith("logprobs"):
+            reported = torch.log_softmax(reported, dim=-1)
         return tokens, self._logprobs(reported, tokens, requests)
+
+    def drawn_from(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """The logits each row's token is drawn from (vLLM's processed logits): a sampled row's scaled by its
+        temperature, -inf where its top-k, top-p and min-p exclude; a greedy row's as they are. `logits` carry
+        the rows' biases, refusals and penalties. Computed as the definition in kernels.sampling.reference
+        computes them (a mode a request opts into; the sampling kernels never write them out)."""
+        params = [r.params for r in requests]
+        sampled = [p.temperature > 0 for p in params]
+        tensor = lambda values, dtype: to_device(values, self.device, dtype)  # noqa: E731
+        temperature = tensor([p.temperature for p in params], torch.float32)
+        inverse = torch.where(temperature > 0, 1.0 / temperature, 1.0)[:, None]
+        top_k = tensor([row_top_k(p, self.vocab_size) if s else 0 for p, s in zip(params, sampled)], torch.int64)
+        top_p = tensor([p.top_p if s else 1.0 for p, s in zip(params, sampled)], torch.float32)
+        min_p = tensor([p.min_p if s else 0.0 for p, s in zip(params, sampled)], torch.float32)
+        return mask_logits(logits[:, : self.vocab_size] * inverse, top_k, top_p, min_p)
 
     def compile_grammar_mask(self) -> None:
         """Masks one row that a grammar holds to every token, so that the mask's kernel compiles at start-up
@@ -248,10 +268,9 @@ class Sampler:
         return [0 if r.params.temperature == 0 else self.generator.getrandbits(63) if r.params.seed is None
                 else row_seed(r.params.seed + r.sample_index, 0, len(r.output_token_ids)) for r in requests]
 
-    def _logprobs(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]):
-        """Logprobs of the model's distribution (under a grammar's mask, before biases, penalties and
-        temperature), as vLLM reports them."""
-        logprobs = torch.log_softmax(logits, dim=-1)
+    def _logprobs(self, logprobs: torch.Tensor, tokens: list[int], requests: list[Request]):
+        """Each row's logprob entry (or None where its request asks for none) from the values its logprobs
+        mode reports [B, V]."""
         return [logprob_entry(logprobs[i], tokens[i], r.params.logprobs or 0, r.params.logprob_token_ids or ())
                 if r.params.returns_logprobs else None for i, r in enumerate(requests)]
 
