@@ -63,8 +63,9 @@ class APIKeyMiddleware:
         headers = dict(scope["headers"])
         auth = headers.get(b"authorization", b"")
         keys = [headers.get(b"x-api-key", b""), auth[7:].strip() if auth[:7].lower() == b"bearer " else b""]
-        # either header may carry the key (a client may send both, one of them for another service)
-        if any([hmac.compare_digest(given, key) for given in keys for key in self.api_keys]):
+        # either header may carry the key (a client may send both, one of them for another service); a header
+        # left out is no key, whatever the keys are
+        if any([hmac.compare_digest(given, key) for given in keys if given for key in self.api_keys]):
             return await self.app(scope, receive, send)
         error = APIError(401, "Invalid or missing API key", type="authentication_error", code="invalid_api_key")
         await error_response(scope, error)(scope, receive, send)

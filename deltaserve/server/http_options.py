@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import uuid
 from typing import Any
 
@@ -63,17 +64,36 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_http_arguments(args: Any) -> None:
-    """What must hold before the model loads: a port there is, and TLS's key and certificate together, files
-    that exist."""
+    """What must hold before the model loads: an address the server can listen on, API keys that are not empty,
+    and TLS's key and certificate together, files that exist."""
     port = getattr(args, "port", 0)
     if not 0 <= port <= 65535:
         raise DeltaServeError(f"--port {port}: a port is 0 (any free one) to 65535")
+    if port:
+        check_address(getattr(args, "host", None) or "127.0.0.1", port)
+    if any(not key.strip() for key in getattr(args, "api_key", None) or []):
+        # a request without the header reads as an empty key: an empty key would let every request in
+        raise DeltaServeError("--api-key: a key is empty (an unset variable in the list?); an empty key would "
+                              "let in every request, so give each key its text or leave --api-key out")
     if bool(getattr(args, "ssl_keyfile", None)) != bool(getattr(args, "ssl_certfile", None)):
         raise DeltaServeError("--ssl-keyfile and --ssl-certfile go together: give both, or neither")
     for flag in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
         path = getattr(args, flag, None)
         if path and not os.path.isfile(path):
             raise DeltaServeError(f"--{flag.replace('_', '-')} {path}: no such file")
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuses a host that does not resolve or a port another process listens on, by binding there for a moment
+    as uvicorn will (SO_REUSEADDR, so that a port left in TIME_WAIT passes), before minutes of loading a model."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        raise DeltaServeError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
 
 
 class RequestIdHeaders:

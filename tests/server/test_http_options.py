@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import ssl
 import subprocess
 import uuid
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from deltaserve.cli import _build_parser
 from deltaserve.errors import DeltaServeError
+from deltaserve.server.app import APIKeyMiddleware
 from deltaserve.server.http_options import check_http_arguments, uvicorn_options
 from tests.server.conftest import MODEL, serving
 from tests.server.live_server import LiveServer
@@ -129,12 +132,40 @@ def test_the_options_reach_uvicorn_and_wrong_values_are_named():
         check_http_arguments(parse(["serve", "--ssl-keyfile", missing, "--ssl-certfile", missing]))
     two = [ORIGIN, "http://b.example"]
     for line, origins in ((["--allowed-origins", json.dumps(two)], two), (["--allowed-origins", *two], two), ([], ["*"])):
-        args = parse(["serve", *line])
+        args = parse(["serve", "--port", "0", *line])
         check_http_arguments(args)
         assert args.allowed_origins == origins and args.allowed_methods == args.allowed_headers == ["*"]
     for wrong, why in (("[\"a\", ", "not JSON"), ('{"a": 1}', "JSON list of strings"), ("[1]", "JSON list of strings")):
         with pytest.raises(DeltaServeError, match=f"--allowed-headers .*{why}"):
-            check_http_arguments(parse(["serve", "--allowed-headers", wrong]))
+            check_http_arguments(parse(["serve", "--port", "0", "--allowed-headers", wrong]))
+
+
+def test_a_port_taken_and_an_empty_api_key_end_the_start_before_the_model_loads():
+    parse = _build_parser().parse_args
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(DeltaServeError, match=f"--host 127.0.0.1 --port {port}: cannot listen there"):
+            check_http_arguments(parse(["serve", "--port", str(port)]))
+    check_http_arguments(parse(["serve", "--port", str(port)]))  # free again
+    # an unset variable in `--api-key "$OLD" "$NEW"` let every request in: one without the header matched it
+    for keys in ([""], [KEYS[0], ""], ["  "]):
+        with pytest.raises(DeltaServeError, match="--api-key: a key is empty"):
+            check_http_arguments(parse(["serve", "--port", "0", "--api-key", *keys]))
+
+
+def test_a_request_without_a_key_never_passes():
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"in"})
+
+    key = random.choice(KEYS)
+    client = TestClient(APIKeyMiddleware(app, ["", key]))  # not entered: the app has no lifespan to run
+    assert client.get("/v1/models").status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": "Bearer ", "x-api-key": ""}).status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    assert client.get("/v1/models", headers={"x-api-key": key}).status_code == 200
 
 
 def test_default_chat_template_kwargs_lie_under_a_requests_own(front, certificate):
