@@ -12,6 +12,7 @@ import itertools
 import sys
 from typing import Any, TextIO
 
+from deltaserve.chat_content_format import messages_for_template, resolve_content_format
 from deltaserve.engine.async_engine import engine_max_model_len
 from deltaserve.errors import DeltaServeError
 
@@ -23,6 +24,11 @@ class ChatSession:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine_max_model_len(engine)
+        self.max_tokens_cap = getattr(engine, "max_tokens_cap", None)  # the generation config's max_new_tokens
+        # how the template takes a message's content (--chat-template-content-format, else read from it), as
+        # LLM.chat and the server give it
+        self.content_format = resolve_content_format(self.tokenizer.chat_content_format,
+                                                     self.tokenizer.hf.chat_template)
         self.params = params
         self.system = system
         self.out = out
@@ -36,16 +42,18 @@ class ChatSession:
     def reply(self, text: str) -> str | None:
         """Send one user message, stream the answer to `out`, and return it (None if refused)."""
         messages = self.messages + [{"role": "user", "content": text}]
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        conversation = messages_for_template(messages, self.content_format)
+        prompt = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
         prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         room = self.max_model_len - len(prompt_ids)
         if room < 1:
             self.out.write(f"[the conversation is {len(prompt_ids)} tokens, the context holds {self.max_model_len}: "
                            "/reset to start over]\n")
             return None
-        params = _with_max_tokens(self.params, min(self.params.max_tokens or room, room))
+        longest = min(self.params.max_tokens or room, room, self.max_tokens_cap or room)
+        params = _with_max_tokens(self.params, longest)
         try:
-            capture_points = list(self.tokenizer.message_offsets(messages))
+            capture_points = list(self.tokenizer.message_offsets(conversation))
         except Exception:
             capture_points = None
         request_id = f"chat-{next(self._ids)}"
@@ -71,6 +79,17 @@ class ChatSession:
         self.out.write("\n")
         self.messages = messages + [{"role": "assistant", "content": answer}]
         return answer
+
+
+def reply_params(engine: Any, args: argparse.Namespace) -> Any:
+    """A reply's sampling: the flags given, over the generation config's values (--generation-config,
+    --override-generation-config: the checkpoint's own by default), over the API's defaults, as a server's
+    request that leaves them out samples. Without --max-tokens a reply may fill the context."""
+    from dataclasses import replace
+
+    given = {name: getattr(args, name) for name in ("max_tokens", "temperature", "top_p")
+             if getattr(args, name, None) is not None}
+    return replace(engine.default_sampling_params(), **given)
 
 
 def _with_max_tokens(params: Any, max_tokens: int) -> Any:
@@ -113,12 +132,11 @@ def repl(session: ChatSession, lines: TextIO = sys.stdin, interactive: bool = Tr
 
 def run(args: argparse.Namespace) -> int:
     from deltaserve.engine.llm_engine import LLMEngine
-    from deltaserve.sampling_params import SamplingParams
     from deltaserve.server.launcher import engine_kwargs
 
     print(f"deltaserve: loading {args.model or 'the demo model'} ...", file=sys.stderr, flush=True)
     engine = LLMEngine.from_args(args.model, **engine_kwargs(args))
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
+    params = reply_params(engine, args)
     session = ChatSession(engine, params, system=args.system)
     interactive = sys.stdin.isatty()
     if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 reads with U+FFFD where it breaks, not a crash

@@ -175,9 +175,13 @@ def _build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="chat with a model in the terminal")
     _engine_options(chat)
     chat.add_argument("--system", default=None, help="a system prompt")
-    chat.add_argument("--max-tokens", type=int, default=512, help="longest reply")
-    chat.add_argument("--temperature", type=float, default=0.7)
-    chat.add_argument("--top-p", type=float, default=0.95)
+    chat.add_argument("--max-tokens", type=int, default=None,
+                      help="longest reply (default: the generation config's max_new_tokens, else what the context "
+                           "leaves)")
+    chat.add_argument("--temperature", type=float, default=None,
+                      help="default: the generation config's (the checkpoint's own, as --generation-config says), "
+                           "else 1.0")
+    chat.add_argument("--top-p", type=float, default=None, help="default: the generation config's, else 1.0")
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
