@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 
 import jinja2
@@ -42,7 +43,7 @@ class Tokenizer:
             raise WeightLoadError(f"{model_dir}: model directory not found")
         try:
             hf = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # a missing file, or a config transformers' own checks refuse (a field's kind)
             raise WeightLoadError(f"{model_dir}: cannot load the tokenizer: {exc}") from exc
         config_eos = _eos_ids_in_json(os.path.join(model_dir, "config.json"))
         generation_eos = _eos_ids_in_json(os.path.join(model_dir, "generation_config.json"))
@@ -57,12 +58,14 @@ class Tokenizer:
         path = os.path.abspath(os.fspath(path))
         if not os.path.isfile(path):
             raise WeightLoadError(f"{path}: GGUF file not found")
-        try:
-            hf = PreTrainedTokenizerFast.from_pretrained(
-                os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True
-            )
-        except Exception as exc:  # parsing untrusted bytes; any failure means a bad file
-            raise WeightLoadError(f"{path}: cannot read the GGUF tokenizer: {exc}") from exc
+        # transformers prefers a tokenizer.json or tokenizer_config.json beside the file to the file's own
+        # metadata: read from a folder that holds the file alone, under the name ending in .gguf it looks for
+        with tempfile.TemporaryDirectory() as alone:
+            os.symlink(path, os.path.join(alone, "model.gguf"))
+            try:
+                hf = PreTrainedTokenizerFast.from_pretrained(alone, gguf_file="model.gguf", local_files_only=True)
+            except Exception as exc:  # parsing untrusted bytes; any failure means a bad file
+                raise WeightLoadError(f"{path}: cannot read the GGUF tokenizer: {exc}") from exc
         _restore_gguf_special_tokens(hf)
         return cls(hf, extra_eos_ids)
 
@@ -235,8 +238,11 @@ def _eos_ids_in_json(path: str) -> list[int]:
 def read_chat_template(value: str) -> str:
     """--chat-template: a file's text, or the template itself where it is written inline (as vLLM reads it)."""
     if os.path.isfile(value):
-        with open(value) as f:
-            return f.read()
+        try:
+            with open(value, encoding="utf-8") as f:
+                return f.read()
+        except UnicodeDecodeError as exc:
+            raise WeightLoadError(f"chat template {value}: not UTF-8 text (byte {exc.start} cannot be read)") from None
     if "{" not in value:  # neither a file nor a template: most likely a mistyped path
         raise WeightLoadError(f"chat template {value!r}: no such file, and not a template")
     return value

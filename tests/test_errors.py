@@ -43,6 +43,31 @@ def test_unknown_architecture_lists_supported(broken_copy):
         LLM(path, device="cpu")
 
 
+def _with_config(path: str, change) -> None:
+    name = os.path.join(path, "config.json")
+    config = json.load(open(name))
+    json.dump(change(config), open(name, "w"))
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda c: {k: v for k, v in c.items() if k != "hidden_size"}, WeightLoadError, "config has no hidden_size"),
+    (lambda c: [c], WeightLoadError, "config.json holds a JSON list, not an object"),
+    (lambda c: {**c, "hidden_size": "64"}, ShapeMismatchError, "hidden_size='64': must be an integer"),
+    (lambda c: {**c, "num_key_value_heads": 1.5}, ShapeMismatchError, "num_key_value_heads=1.5: must be an integer"),
+    (lambda c: {**c, "rms_norm_eps": "tiny"}, ShapeMismatchError, "rms_norm_eps='tiny': must be a positive number"),
+    (lambda c: {**c, "rope_scaling": "linear"}, WeightLoadError, "cannot be read as a LlamaForCausalLM config"),
+    (lambda c: {**c, "architectures": "LlamaForCausalLM"}, UnsupportedArchitectureError,
+     "architectures='LlamaForCausalLM': must be a list of class names"),
+])
+def test_a_malformed_config_is_named_not_a_traceback(broken_copy, change, error, message):
+    """Each raised KeyError, AttributeError or a transformers validation error from deep in the loader (an
+    architectures string read as a list of its letters)."""
+    path = broken_copy()
+    _with_config(path, change)
+    with pytest.raises(error, match=f"config.json: .*{message}|{message}"):
+        LLM(path, device="cpu")
+
+
 def test_missing_weight_file(broken_copy):
     path = broken_copy()
     os.remove(os.path.join(path, "model.safetensors"))

@@ -189,3 +189,40 @@ def test_not_a_gguf_file_is_a_weight_load_error(tmp_path):
     path.write_text("this is not a model\n" * 10)
     with pytest.raises(WeightLoadError, match="model.gguf"):
         load_gguf(path)
+
+
+def test_a_gguf_file_is_known_by_its_magic_and_a_folder_of_them_names_them(tmp_path):
+    from deltaserve.models.registry import resolve_model_source
+
+    renamed = tmp_path / "demo.bin"
+    os.symlink(demo_model_path(), renamed)
+    assert resolve_model_source(str(renamed)).is_gguf
+    other = tmp_path / "notes.bin"
+    other.write_bytes(b"GGML" + os.urandom(60))
+    with pytest.raises(WeightLoadError, match="is a file but not a GGUF file"):
+        resolve_model_source(str(other))
+    folder = tmp_path / "quants"
+    folder.mkdir()
+    for name in ("m.Q8_0.gguf", "m.Q4_1.gguf"):
+        os.symlink(demo_model_path(), folder / name)
+    with pytest.raises(WeightLoadError, match=r"no config.json but holds GGUF files: name one of them, as "
+                                              r"'.*m.Q4_1.gguf' \(m.Q4_1.gguf, m.Q8_0.gguf\)"):
+        resolve_model_source(str(folder))
+
+
+def test_the_tokenizer_is_the_files_own_whatever_lies_beside_it(tmp_path, checkpoint_factory):
+    """A tokenizer.json beside the file (another model's) was read in the stead of the file's own."""
+    from deltaserve.tokenizer import Tokenizer
+
+    beside = tmp_path / "mixed"
+    beside.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        with open(os.path.join(checkpoint_factory("llama"), name), "rb") as f:
+            (beside / name).write_bytes(f.read())
+    os.symlink(demo_model_path(), beside / "model.gguf")
+    own = Tokenizer.from_gguf(demo_model_path())
+    there = Tokenizer.from_gguf(beside / "model.gguf")
+    text = "The capital of France is"
+    assert len(there.hf) == len(own.hf) == 49152
+    assert there.encode(text) == own.encode(text)
+    assert there.hf.chat_template == own.hf.chat_template is not None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deltaserve.errors import ShapeMismatchError
+from deltaserve.errors import ShapeMismatchError, WeightLoadError
 from deltaserve.models.fp8_checkpoint import fp8_weight_block
 
 FULL_ATTENTION = "full_attention"
@@ -87,6 +87,15 @@ class ModelConfig:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
     def validate(self) -> None:
+        for name, key in SIZES.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name in POSITIVE else 0):
+                raise ShapeMismatchError(f"the config's {key}={value!r}: must be an integer, "
+                                         f"{'at least 1' if name in POSITIVE else 'at least 0'}")
+        for name, key in (("rms_norm_eps", "rms_norm_eps"), ("rope_theta", "rope_theta")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ShapeMismatchError(f"the config's {key}={value!r}: must be a positive number")
         if self.num_heads % max(self.num_kv_heads, 1):
             raise ShapeMismatchError(
                 f"num_attention_heads={self.num_heads} is not a multiple of num_key_value_heads={self.num_kv_heads}"
@@ -98,6 +107,20 @@ class ModelConfig:
             )
         if len(self.layer_types) != self.num_layers:
             raise ShapeMismatchError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+
+
+# the keys a config must name (the rest have defaults)
+REQUIRED_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# ModelConfig's sizes, by the config key they are read from
+SIZES = {"hidden_size": "hidden_size", "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+         "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "intermediate_size": "intermediate_size",
+         "vocab_size": "vocab_size", "max_position_embeddings": "max_position_embeddings",
+         "linear_num_key_heads": "linear_num_key_heads", "linear_num_value_heads": "linear_num_value_heads",
+         "linear_key_head_dim": "linear_key_head_dim", "linear_value_head_dim": "linear_value_head_dim",
+         "linear_conv_kernel_dim": "linear_conv_kernel_dim", "num_experts": "num_experts",
+         "num_experts_per_tok": "num_experts_per_tok", "moe_intermediate_size": "moe_intermediate_size",
+         "shared_expert_intermediate_size": "shared_expert_intermediate_size"}
+POSITIVE = {"hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size"}
 
 
 def _dtype_of(cfg: dict) -> torch.dtype:
@@ -168,6 +191,22 @@ def _eos_ids(cfg: dict) -> list[int]:
 def parse_model_config(raw: dict, architecture: str) -> ModelConfig:
     """Reads a Hugging Face config.json dict; the text model's fields for the multimodal wrappers."""
     cfg = raw.get("text_config", raw) if architecture.endswith("ForConditionalGeneration") else raw
+    if not isinstance(cfg, dict):
+        raise WeightLoadError(f"the config's text_config is {type(cfg).__name__}, not an object")
+    missing = [key for key in REQUIRED_KEYS if key not in cfg]
+    if missing:
+        raise WeightLoadError(f"the config has no {', '.join(missing)} (a {architecture} config names them)")
+    for key in REQUIRED_KEYS:
+        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ShapeMismatchError(f"the config's {key}={cfg[key]!r}: must be an integer, at least 1")
+    try:
+        return _parse(raw, cfg, architecture)
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as exc:  # a field of the wrong kind
+        raise WeightLoadError(f"the config cannot be read as a {architecture} config "
+                              f"({type(exc).__name__}: {exc})") from exc
+
+
+def _parse(raw: dict, cfg: dict, architecture: str) -> ModelConfig:
     heads = cfg["num_attention_heads"]
     theta, scaling, partial = _rope(cfg)
     hybrid_family = architecture.startswith(("Qwen3Next", "Qwen3_5"))

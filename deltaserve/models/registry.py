@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from deltaserve.errors import UnsupportedArchitectureError, WeightLoadError
+from deltaserve.errors import ShapeMismatchError, UnsupportedArchitectureError, WeightLoadError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.decoder import DecoderLM
 from deltaserve.models.hub_checkpoint import hub_checkpoint, looks_like_repo_id
@@ -63,16 +63,31 @@ def resolve_model_source(model: str | None, revision: str | None = None,
         raise WeightLoadError(f"model path {model!r} does not exist (give a checkpoint directory, a .gguf file "
                               "or a Hugging Face repo id)")
     if os.path.isfile(model):
-        if model.endswith(".gguf"):
+        if model.endswith(".gguf") or _starts_as_gguf(model):  # a GGUF file by its magic, whatever its name
             return ModelSource(model, True)
-        raise WeightLoadError(f"{model!r} is a file but not a .gguf file; give a checkpoint directory or a .gguf file")
+        raise WeightLoadError(f"{model!r} is a file but not a GGUF file; give a checkpoint directory or a .gguf file")
     if not os.path.exists(os.path.join(model, "config.json")):
+        gguf_files = sorted(name for name in os.listdir(model) if name.lower().endswith(".gguf"))
+        if gguf_files:
+            raise WeightLoadError(f"{model!r} has no config.json but holds GGUF files: name one of them, as "
+                                  f"{os.path.join(model, gguf_files[0])!r} ({', '.join(gguf_files)})")
         raise WeightLoadError(f"{model!r} has no config.json")
     return ModelSource(model, False)
 
 
+def _starts_as_gguf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def read_architecture(raw: dict) -> str:
     archs = raw.get("architectures") or []
+    if not isinstance(archs, list):
+        raise UnsupportedArchitectureError(f"architectures={archs!r}: must be a list of class names, as "
+                                           f"[{SUPPORTED_ARCHITECTURES[0]!r}]")
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
             return arch
@@ -88,7 +103,12 @@ def load_hf_config(model_dir: str) -> tuple[dict, ModelConfig]:
             raw = json.load(f)
     except (OSError, ValueError) as e:
         raise WeightLoadError(f"cannot read {path}: {e}") from e
-    return raw, parse_model_config(raw, read_architecture(raw))
+    if not isinstance(raw, dict):
+        raise WeightLoadError(f"{path} holds a JSON {type(raw).__name__}, not an object")
+    try:
+        return raw, parse_model_config(raw, read_architecture(raw))
+    except (WeightLoadError, ShapeMismatchError) as e:  # named with the file they are about
+        raise type(e)(f"{path}: {e}") from e
 
 
 def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int) -> DecoderLM:
