@@ -24,10 +24,12 @@ def config_file_args(path: str, command: argparse.ArgumentParser | None = None) 
     if os.path.splitext(path)[1] not in (".yaml", ".yml"):
         raise DeltaServeError(f"--config {path}: a config file is YAML, named .yaml or .yml")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             config = yaml.safe_load(f)
     except OSError as exc:
         raise DeltaServeError(f"--config {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise DeltaServeError(f"--config {path}: not UTF-8 text (byte {exc.start} cannot be read)") from None
     except yaml.YAMLError as exc:
         raise DeltaServeError(f"--config {path}: not YAML ({exc})") from None
     if config is None:

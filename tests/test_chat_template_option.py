@@ -31,6 +31,10 @@ def test_a_missing_file_or_a_broken_template_is_named(checkpoint_factory, tmp_pa
         LLM(checkpoint_factory("llama"), device="cpu", chat_template=str(tmp_path / "missing.jinja"))
     with pytest.raises(WeightLoadError, match="does not parse"):
         LLM(checkpoint_factory("llama"), device="cpu", chat_template="{% for m in messages %}")
+    latin1 = tmp_path / "latin1.jinja"
+    latin1.write_bytes("{{ messages[0].content }} café".encode("latin-1"))
+    with pytest.raises(WeightLoadError, match="latin1.jinja: not UTF-8 text"):
+        LLM(checkpoint_factory("llama"), device="cpu", chat_template=str(latin1))
 
 
 def test_the_serve_option_reaches_the_engine():

@@ -57,6 +57,9 @@ def test_wrong_files_are_named(tmp_path):
              (_write(tmp_path, "port: 1", "config.json"), "is YAML, named .yaml or .yml"),
              (_write(tmp_path, "- port\n- 1\n", "list.yaml"), "must map flag names to values"),
              (_write(tmp_path, "port: [1, \n", "broken.yml"), "not YAML")]
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("served-model-name: café\n".encode("latin-1"))
+    cases.append((str(latin1), "not UTF-8 text"))
     for path, why in cases:
         with pytest.raises(DeltaServeError, match=why):
             _parse(["serve", "--config", path])
