@@ -554,10 +554,15 @@ def test_invocations_routes_by_the_body_and_load_counts_the_engines_requests(ser
     r = httpx.post(server.url + "/invocations", json={"model": MODEL}, headers=server.headers, timeout=30)
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
     assert httpx.post(server.url + "/invocations", json=chat, timeout=30).status_code == 401  # the key guards it
-    long = {**completion, "max_tokens": 400, "stream": True}
+    long = {**completion, "max_tokens": 900, "stream": True}
     with httpx.stream("POST", server.base_url + "/completions", json=long, headers=server.headers, timeout=120) as r:
-        next(r.iter_lines())  # its first chunk: the request is in the engine
-        assert httpx.get(server.url + "/load", timeout=10).json()["server_load"] >= 1
+        loads = []  # after each chunk, until one counts it: a starved client may read a chunk late
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                loads.append(httpx.get(server.url + "/load", timeout=10).json()["server_load"])
+                if loads[-1] or json.loads(line[6:])["choices"][0]["finish_reason"] is not None:
+                    break
+        assert loads and loads[-1] >= 1, loads  # the request is in the engine while it streams
     deadline = time.monotonic() + 30  # closed: the engine aborts it
     while httpx.get(server.url + "/load", timeout=10).json()["server_load"] and time.monotonic() < deadline:
         time.sleep(0.05)
