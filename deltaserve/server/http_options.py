@@ -85,13 +85,13 @@ def check_http_arguments(args: Any) -> None:
 
 def check_address(host: str, port: int) -> None:
     """Refuses a host that does not resolve or a port another process listens on, by binding there for a moment
-    as uvicorn will (SO_REUSEADDR, so that a port left in TIME_WAIT passes), before minutes of loading a model."""
+    as uvicorn will (its address family, SO_REUSEADDR, so that a port left in TIME_WAIT passes), before minutes
+    of loading a model."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, kind, proto) as sock:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
+            sock.bind((host, port))
     except OSError as exc:
         raise DeltaServeError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
 
