@@ -84,7 +84,10 @@ def test_lengths_are_drawn_over_vllms_range_after_a_shared_prefix():
     low, high = max(1, math.floor(output_len * (1 - ratios[1]))), math.ceil(output_len * (1 + ratios[1]))
     assert outputs == set(range(low, high + 1))
     assert len({tuple(r.prompt[:prefix_len]) for r in requests}) == 1
-    assert len({tuple(r.prompt[prefix_len:prefix_len + 4]) for r in requests}) > 2900  # their own ids after it
+    # their own ids after it: 4-id openings, among those long enough to have one (a range ratio near 1 draws many
+    # prompts of 0 to 3 ids of their own), collide hardly ever (1000 ids a position)
+    own = [tuple(r.prompt[prefix_len:prefix_len + 4]) for r in requests if len(r.prompt) >= prefix_len + 4]
+    assert len(own) > 1000 and len(set(own)) >= len(own) - 2
     assert length_range(10, 0.0) == (10, 10) and length_range(1, 0.5, at_least=1) == (1, 2)
 
 
