@@ -153,7 +153,8 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     srv.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
     srv.add_argument("--api-key", nargs="+", default=None,
-                     help="require this key, or one of these keys (env: DELTASERVE_API_KEY, one key)")
+                     help="require this key, or one of these keys (env: DELTASERVE_API_KEY or vLLM's VLLM_API_KEY, "
+                          "one key)")
     srv.add_argument("--served-model-name", nargs="+", default=None, help="name(s) clients use for the model")
     srv.add_argument("--max-queue", type=queue_length, default=None,
                      help="most requests waiting for the engine; beyond it requests get 503 + Retry-After")

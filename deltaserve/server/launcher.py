@@ -22,6 +22,14 @@ from deltaserve.server.vllm_flags import check_vllm_flags
 logger = logging.getLogger("deltaserve.server")
 
 API_KEY_ENV = "DELTASERVE_API_KEY"
+VLLM_API_KEY_ENV = "VLLM_API_KEY"  # vLLM's: a deployment written for vLLM sets its key there
+
+
+def environment_api_keys() -> list[str]:
+    """The key --api-key leaves to the environment: DELTASERVE_API_KEY, else vLLM's VLLM_API_KEY (none where
+    both are unset or empty)."""
+    key = os.environ.get(API_KEY_ENV) or os.environ.get(VLLM_API_KEY_ENV)
+    return [key] if key else []
 
 
 class _Server(uvicorn.Server):
@@ -77,7 +85,7 @@ def engine_kwargs(args: Any) -> dict:
 
 def serve(args: Any) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
-    api_keys = args.api_key or ([os.environ[API_KEY_ENV]] if os.environ.get(API_KEY_ENV) else [])
+    api_keys = args.api_key or environment_api_keys()
     reasoning = check_vllm_flags(args)  # before the model loads: a flag it cannot honour ends the start at once
     check_http_arguments(args)
     stats_interval = log_stats_interval(bool(getattr(args, "disable_log_stats", False)))

@@ -25,6 +25,7 @@ class LiveServer:
         self.stdout = tempfile.NamedTemporaryFile(prefix="deltaserve-stdout-", suffix=".log", delete=False)
         env = dict(os.environ)
         env.pop("DELTASERVE_API_KEY", None)
+        env.pop("VLLM_API_KEY", None)
         if api_key is not None:
             env["DELTASERVE_API_KEY"] = api_key  # the environment twin of --api-key
         env["PYTHONUNBUFFERED"] = "1"

@@ -155,6 +155,20 @@ def test_a_port_taken_and_an_empty_api_key_end_the_start_before_the_model_loads(
             check_http_arguments(parse(["serve", "--port", "0", "--api-key", *keys]))
 
 
+def test_the_key_may_come_from_vllms_variable(monkeypatch):
+    """A deployment written for vLLM sets VLLM_API_KEY: it was ignored, and the server took every request."""
+    from deltaserve.server.launcher import environment_api_keys
+
+    ours, theirs = KEYS
+    monkeypatch.delenv("DELTASERVE_API_KEY", raising=False)
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    assert environment_api_keys() == []
+    monkeypatch.setenv("VLLM_API_KEY", theirs)
+    assert environment_api_keys() == [theirs]
+    monkeypatch.setenv("DELTASERVE_API_KEY", ours)
+    assert environment_api_keys() == [ours]
+
+
 def test_a_request_without_a_key_never_passes():
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": []})
