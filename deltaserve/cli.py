@@ -210,9 +210,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     """The command line, with a --config file's flags under it (config_file.py) and --model read as MODEL."""
     from deltaserve.config_file import parse_with_config_file
 
+    from deltaserve.vllm_argv import vllm_spelling
+
     parser = _build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    args = parse_with_config_file(parser, {name: commands[name] for name in ("serve", "chat")}, argv)
+    args = parse_with_config_file(parser, {name: commands[name] for name in ("serve", "chat")}, vllm_spelling(argv))
     option = getattr(args, "model_option", None)
     if option is not None:
         if args.model is not None and args.model != option:

@@ -18,6 +18,71 @@ TOOL_CALL_PARSERS = ("hermes", "qwen3_coder", "qwen3_xml", "llama3_json", "llama
 REASONING_PARSERS = ("qwen3", "deepseek_r1")
 
 
+# vLLM's tuning flags for what deltaserve does its own way: taken and dropped, with the reason in --help.
+# (names, takes a value, why)
+_GRAPHS = "deltaserve captures its own CUDA graphs of its own kernels (--enforce-eager turns them off)"
+_KERNELS = "deltaserve runs its own Triton kernels and model code"
+_TEXT = "deltaserve loads no vision encoder and takes text only"
+_SCHEDULER = "deltaserve prefills a long prompt in chunks of --max-num-batched-tokens beside the running decodes"
+DROPPED = [
+    (("-O", "--optimization-level"), True, _GRAPHS),
+    (("--compilation-config", "-cc"), True, _GRAPHS),
+    (("--max-cudagraph-capture-size",), True, _GRAPHS),
+    (("--cudagraph-capture-sizes",), "+", _GRAPHS),
+    (("--performance-mode",), True, _GRAPHS),
+    (("--attention-backend",), True, _KERNELS),
+    (("--moe-backend",), True, _KERNELS),
+    (("--linear-backend",), True, _KERNELS),
+    (("--gdn-prefill-backend",), True, _KERNELS),
+    (("--mamba-backend",), True, _KERNELS),
+    (("--disable-cascade-attn",), False, _KERNELS),
+    (("--mamba-cache-mode",), True, "deltaserve's prefix cache keeps GDN state snapshots its own way"),
+    (("--mamba-block-size",), True, "deltaserve's prefix cache keeps GDN state snapshots its own way"),
+    (("--disable-hybrid-kv-cache-manager",), False, "deltaserve keeps GDN states in slots beside the paged KV"),
+    (("--long-prefill-token-threshold",), True, _SCHEDULER),
+    (("--max-num-partial-prefills",), True, _SCHEDULER),
+    (("--max-long-partial-prefills",), True, _SCHEDULER),
+    (("--stream-interval",), True, "a stream sends each step's tokens as they come"),
+    (("--swap-space",), True, "deltaserve swaps nothing to the CPU"),
+    (("--mm-processor-kwargs",), True, _TEXT),
+    (("--media-io-kwargs",), True, _TEXT),
+    (("--allowed-local-media-path",), True, _TEXT),
+    (("--allowed-media-domains",), "+", _TEXT),
+    (("--mm-encoder-attn-backend",), True, _TEXT),
+    (("--mm-shm-cache-max-object-size-mb",), True, _TEXT),
+    (("--video-pruning-rate",), True, _TEXT),
+    (("--skip-mm-profiling",), False, _TEXT),
+    (("--enable-mm-embeds",), False, _TEXT),
+    (("--disable-chunked-mm-input",), False, _TEXT),
+    (("--interleave-mm-strings",), False, _TEXT),
+]
+# vLLM's flags of what deltaserve cannot do: refused by name wherever given. (names, takes a value, why)
+REFUSED = [
+    (("--headless",), False, "deltaserve runs its engine in the server's own process"),
+    (("--tool-parser-plugin",), True, "deltaserve imports no code a flag names"),
+    (("--reasoning-parser-plugin",), True, "deltaserve imports no code a flag names"),
+    (("--middleware",), "+", "deltaserve imports no code a flag names"),
+    (("--spec-method",), True, "deltaserve has no speculative decoding"),
+    (("--spec-tokens",), True, "deltaserve has no speculative decoding"),
+    (("-sc",), True, "deltaserve has no speculative decoding"),
+    (("--lora-modules",), "+", "deltaserve serves no LoRA adapters"),
+    (("--max-lora-rank",), True, "deltaserve serves no LoRA adapters"),
+    (("--kv-cache-memory-bytes",), True, "deltaserve sizes its KV pool by --gpu-memory-utilization or "
+                                        "--num-kv-blocks"),
+]
+
+
+def _dest(names: tuple[str, ...]) -> str:
+    """Where a table's flag is stored: under its longest name, apart from deltaserve's own settings."""
+    return "vllm_" + max(names, key=len).lstrip("-").replace("-", "_")
+
+
+def _add_table(g, table, prefix: str) -> None:
+    for names, value, why in table:
+        kind = {"action": "store_true"} if value is False else {"nargs": "+"} if value == "+" else {}
+        g.add_argument(*names, dest=_dest(names), default=None, help=f"{prefix}: {why}", **kind)
+
+
 def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("vLLM's flags", "taken so that a command line written for vLLM starts deltaserve")
     g.add_argument("--trust-remote-code", action="store_true",
@@ -86,11 +151,16 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="accepted: on one GPU there is no all-reduce")
     g.add_argument("--distributed-executor-backend", default=None,
                    help="accepted: deltaserve runs the model in its own process on one GPU")
+    _add_table(g, DROPPED, "accepted")
+    _add_table(g, REFUSED, "refused")
 
 
 def check_vllm_flags(args: Any) -> bool | None:
     """Refuses what deltaserve cannot do; returns whether replies are split into reasoning and answer where a
     reasoning parser is named (None: as the chat template says)."""
+    for name in ("tool_call_parser", "reasoning_parser"):  # vLLM reads "" (an unset variable) and "None" as unset
+        if getattr(args, name, None) in ("", "None"):
+            setattr(args, name, None)
     parser = getattr(args, "tool_call_parser", None)
     if parser is not None and parser not in TOOL_CALL_PARSERS:
         raise DeltaServeError(f"--tool-call-parser {parser}: deltaserve reads the tool calls of "
@@ -100,6 +170,9 @@ def check_vllm_flags(args: Any) -> bool | None:
     if reasoning is not None and reasoning not in REASONING_PARSERS:
         raise DeltaServeError(f"--reasoning-parser {reasoning}: deltaserve splits <think> blocks "
                               f"({', '.join(REASONING_PARSERS)}), not others")
+    for names, _, why in REFUSED:
+        if getattr(args, _dest(names), None) is not None:
+            raise DeltaServeError(f"{max(names, key=len)}: {why}")
     for name in (*ONLY, "tokenizer"):
         value = getattr(args, name, None)
         reason = refusal(name, value, getattr(args, "model", None)) if value is not None else None

@@ -11,10 +11,10 @@ import string
 import httpx
 import pytest
 
-from deltaserve.cli import _build_parser
+from deltaserve.cli import _build_parser, _parse
 from deltaserve.errors import DeltaServeError
 from deltaserve.server.launcher import engine_kwargs
-from deltaserve.server.vllm_flags import check_vllm_flags
+from deltaserve.server.vllm_flags import DROPPED, REFUSED, check_vllm_flags
 from tests.server.conftest import MODEL, serving
 from tests.server.live_server import LiveServer
 
@@ -68,6 +68,35 @@ def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
 def test_what_deltaserve_cannot_do_is_refused_by_name(line, named):
     with pytest.raises(DeltaServeError, match=named):
         check_vllm_flags(_build_parser().parse_args(["serve", *line]))
+
+
+def test_vllms_spellings_and_tuning_flags_parse_and_leave_the_engine_as_it_was(capsys):
+    """vLLM's parser reads `--max_model_len`, `-O3` and a dict flag key by key; its graph, kernel, scheduler and
+    vision tuning flags are taken and dropped (they were unrecognized arguments), an empty parser name is none."""
+    budget = random.randint(2, 9)
+    line = ["--max_num_seqs", str(budget), "-O3", "--default-chat-template-kwargs.enable_thinking", "false",
+            "--override-generation-config.temperature=0.5", "--override-generation-config.top_k", "20",
+            "--reasoning-parser", "", "--tool-call-parser", "None"]
+    args = _parse(["serve", *line])
+    assert check_vllm_flags(args) is None and args.tool_call_parser is None
+    assert args.default_chat_template_kwargs == {"enable_thinking": False}
+    assert engine_kwargs(args) == {"max_num_seqs": budget, "override_generation_config": {"temperature": 0.5,
+                                                                                           "top_k": 20}}
+    plain = engine_kwargs(_parse(["serve"]))
+    for names, value, _ in DROPPED:
+        flag = random.choice(names)
+        given = _parse(["serve", flag] + ([] if value is False else ["1", "2"] if value == "+" else ["x"]))
+        assert check_vllm_flags(given) is None and engine_kwargs(given) == plain, flag
+    with pytest.raises(SystemExit):
+        _parse(["serve", "--help"])
+    assert "accepted: deltaserve captures its own CUDA graphs" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("names, value, why", REFUSED)
+def test_vllms_flags_of_what_deltaserve_cannot_do_are_refused_by_name(names, value, why):
+    line = [random.choice(names)] + ([] if value is False else ["x"])
+    with pytest.raises(DeltaServeError, match=f"^{max(names, key=len)}: {why}"):
+        check_vllm_flags(_parse(["serve", *line]))
 
 
 def test_the_model_itself_as_its_tokenizer_is_taken():
