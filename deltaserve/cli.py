@@ -24,6 +24,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--download-dir", default=None,
                    help="the hub cache a repo id's checkpoint is read from and downloaded to (default: Hugging "
                         "Face's)")
+    p.add_argument("--hf-token", nargs="?", const=True, default=None,
+                   help="the Hugging Face token a repo id's download takes (alone: the one `hf auth login` "
+                        "stored; default: HF_TOKEN, else that one)")
     p.add_argument("--dtype", default=None, help="auto (default), float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="auto (default: CUDA when present), cuda, cpu")
     p.add_argument("--max-model-len", type=context_length, default=None,

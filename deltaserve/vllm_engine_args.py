@@ -13,10 +13,10 @@ from deltaserve.errors import DeltaServeError
 
 # taken and dropped: deltaserve runs no code from a checkpoint, keeps no periodic stats log, and on its one GPU
 # holds every expert and has no all-reduce or worker processes to choose; it swaps nothing to the CPU (vLLM ignores
-# swap_space too), downloads nothing (hf_token), and captures its own CUDA graphs of its own kernels
+# swap_space too), and captures its own CUDA graphs of its own kernels
 # (compilation_config's torch.compile and capture settings)
 ACCEPTED = ("trust_remote_code", "disable_log_stats", "enable_expert_parallel", "disable_custom_all_reduce",
-            "distributed_executor_backend", "swap_space", "hf_token", "compilation_config")
+            "distributed_executor_backend", "swap_space", "compilation_config")
 RENAMED = {"mamba_ssm_cache_dtype": "gdn_state_dtype", "num_gpu_blocks_override": "num_kv_blocks"}
 # name -> (the values deltaserve does, why no other)
 ONLY = {

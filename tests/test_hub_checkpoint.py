@@ -121,3 +121,29 @@ def test_serve_names_the_missing_repo_and_exits(tmp_path):
     assert done.returncode != 0
     assert "error: model 'org/absent' is neither a local path nor in the Hugging Face cache" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_download_takes_the_token_given(hub_cache, monkeypatch, checkpoint_factory):
+    """vLLM's hf_token (--hf-token): a token, or alone the stored login's; it was taken and dropped."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from deltaserve.cli import _parse
+    from deltaserve.server.launcher import engine_kwargs
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    asked = []
+
+    def snapshot_download(repo_id, local_files_only=False, **kwargs):
+        if local_files_only:
+            raise LocalEntryNotFoundError("not cached")
+        asked.append(kwargs["token"])
+        return checkpoint_factory("llama")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    token = f"hf_{random.randrange(10**9)}"
+    for given in (token, True, None):
+        assert resolve_model_source("org/gated", hf_token=given).path == checkpoint_factory("llama")
+    assert asked == [token, True, None]
+    assert engine_kwargs(_parse(["serve", "org/gated", "--hf-token", token]))["hf_token"] == token
+    assert engine_kwargs(_parse(["serve", "org/gated", "--hf-token"]))["hf_token"] is True
+    assert "hf_token" not in engine_kwargs(_parse(["serve", "org/gated"]))

@@ -19,6 +19,7 @@ class EngineConfig:
     model: str | None = None
     revision: str | None = None  # a hub revision (branch, tag or commit) where `model` is a repo id
     download_dir: str | None = None  # the hub cache to read and download a repo id's checkpoint in
+    hf_token: str | bool | None = None  # vLLM's: the hub token a download takes (True: the stored login's)
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
@@ -72,6 +73,9 @@ class EngineConfig:
         cap = self.max_logprobs
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < -1:
             raise DeltaServeError(f"max_logprobs={cap!r}: must be an integer >= 0, or -1 for the whole vocabulary")
+        if self.hf_token is not None and not isinstance(self.hf_token, (str, bool)):
+            raise DeltaServeError(f"hf_token={type(self.hf_token).__name__}: give the token, or True for the "
+                                  "stored login's")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise DeltaServeError(f"logprobs_mode={self.logprobs_mode!r}: give one of {', '.join(LOGPROBS_MODES)}")
         if self.load_format not in ("auto", "dummy"):

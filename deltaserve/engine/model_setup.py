@@ -59,7 +59,7 @@ class LoadedModel:
 
 def load_engine_model(config: EngineConfig) -> LoadedModel:
     started = time.perf_counter()
-    source = resolve_model_source(config.model, config.revision, config.download_dir)
+    source = resolve_model_source(config.model, config.revision, config.download_dir, config.hf_token)
     sampling_defaults = load_sampling_defaults(config.generation_config, source.path, source.is_gguf,
                                                config.override_generation_config)
     device = resolve_device(config.device)

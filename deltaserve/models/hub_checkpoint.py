@@ -25,9 +25,11 @@ def looks_like_repo_id(model: str) -> bool:
     return _REPO_ID.fullmatch(model) is not None and ".." not in model
 
 
-def hub_checkpoint(repo_id: str, revision: str | None = None, cache_dir: str | None = None) -> str:
+def hub_checkpoint(repo_id: str, revision: str | None = None, cache_dir: str | None = None,
+                   token: str | bool | None = None) -> str:
     """The directory of `repo_id`'s checkpoint (at `revision`, the default branch if None) in the hub cache
-    (`cache_dir`, the Hugging Face one if None), downloading it there if needed."""
+    (`cache_dir`, the Hugging Face one if None), downloading it there if needed with `token` (vLLM's hf_token:
+    a token, True for the one `hf auth login` stored, None for HF_TOKEN or that one)."""
     from huggingface_hub import constants, snapshot_download
 
     cached = _cached_snapshot(repo_id, revision, cache_dir)
@@ -39,7 +41,8 @@ def hub_checkpoint(repo_id: str, revision: str | None = None, cache_dir: str | N
         raise WeightLoadError(f"model {name!r} is neither a local path nor in {where}, and HF_HUB_OFFLINE is "
                               "set: download it there first, or give a checkpoint directory or a .gguf file")
     try:
-        path = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=CHECKPOINT_FILES)
+        path = snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, allow_patterns=CHECKPOINT_FILES,
+                                 token=token)
     except Exception as e:  # the hub's errors are many (network, gated, not found): each names itself
         raise WeightLoadError(f"model {name!r} is neither a local path nor in {where}, and downloading it "
                               f"failed: {type(e).__name__}: {_one_line(e)}") from e

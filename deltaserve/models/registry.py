@@ -48,7 +48,7 @@ class ModelSource:
 
 
 def resolve_model_source(model: str | None, revision: str | None = None,
-                         download_dir: str | None = None) -> ModelSource:
+                         download_dir: str | None = None, hf_token: str | bool | None = None) -> ModelSource:
     """`revision` and `download_dir` speak of the hub: a repo id's revision and the cache it is read from."""
     if revision is not None and (model is None or os.path.exists(model) or not looks_like_repo_id(model)):
         raise WeightLoadError(f"revision={revision!r} names a revision on the Hugging Face hub, but the model "
@@ -59,7 +59,7 @@ def resolve_model_source(model: str | None, revision: str | None = None,
         return ModelSource(demo_model_path(), True)
     if not os.path.exists(model):
         if looks_like_repo_id(model):
-            return ModelSource(hub_checkpoint(model, revision, download_dir), False, repo_id=model)
+            return ModelSource(hub_checkpoint(model, revision, download_dir, hf_token), False, repo_id=model)
         raise WeightLoadError(f"model path {model!r} does not exist (give a checkpoint directory, a .gguf file "
                               "or a Hugging Face repo id)")
     if os.path.isfile(model):

@@ -75,7 +75,7 @@ class _Server(uvicorn.Server):
 
 def engine_kwargs(args: Any) -> dict:
     """The engine options given on the command line (the engine's defaults rule the rest)."""
-    names = ("revision", "download_dir", "dtype", "device", "max_model_len", "max_num_seqs",
+    names = ("revision", "download_dir", "hf_token", "dtype", "device", "max_model_len", "max_num_seqs",
              "max_num_batched_tokens", "block_size", "num_kv_blocks", "seed", "enable_prefix_caching", "ssm_snapshot_slots", "ssm_snapshot_interval",
              "decode_snapshot_interval", "gdn_state_dtype", "enforce_eager", "async_scheduling", "load_format",
              "warm_up", "gpu_memory_utilization", "generation_config", "override_generation_config",
