@@ -51,7 +51,8 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gdn-state-dtype", "--mamba-ssm-cache-dtype", choices=("auto", "float32", "bfloat16"),
                    default=None, help="dtype of the GDN layers' recurrent state and its snapshots (default: auto, the "
                    "config's mamba_ssm_dtype where it names one, else float32)")
-    p.add_argument("--enforce-eager", action="store_true", default=None, help="never capture CUDA graphs")
+    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+                   help="never capture CUDA graphs")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="share of the GPU's free memory at start-up that the engine may take (default: 0.9)")
     p.add_argument("--chat-template", default=None,
@@ -164,9 +165,9 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--default-chat-template-kwargs", type=_json_object, default=None,
                      help="chat template variables for every chat, under a request's own chat_template_kwargs "
                           "(as '{\"enable_thinking\": false}')")
-    srv.add_argument("--trust-request-chat-template", action="store_true",
+    srv.add_argument("--trust-request-chat-template", action=argparse.BooleanOptionalAction, default=False,
                      help="let a chat request bring its own chat_template (it runs on the server)")
-    srv.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+    srv.add_argument("--exclude-tools-when-tool-choice-none", action=argparse.BooleanOptionalAction, default=False,
                      help="render a chat whose tool_choice is \"none\" without its tools (by default, as vLLM's, "
                           "the template shows them and the reply is read for no calls)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -45,7 +45,8 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
                    help="CORS methods, as the origins (default: any)")
     p.add_argument("--allowed-headers", nargs="+", action=_StringList, default=every,
                    help="CORS headers, as the origins (default: any)")
-    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    p.add_argument("--allow-credentials", action=argparse.BooleanOptionalAction, default=False,
+                   help="CORS: allow credentials")
     p.add_argument("--root-path", default=None, help="the path prefix a proxy serves the API under")
     p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (and --ssl-certfile)")
     p.add_argument("--ssl-certfile", default=None, help="the certificate of --ssl-keyfile")
@@ -55,11 +56,11 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uvicorn-log-level", default=None,
                    choices=["critical", "error", "warning", "info", "debug", "trace"],
                    help="uvicorn's own log level (default: --log-level)")
-    p.add_argument("--disable-uvicorn-access-log", action="store_true",
+    p.add_argument("--disable-uvicorn-access-log", action=argparse.BooleanOptionalAction, default=False,
                    help="no line per HTTP request (the access log is on at --log-level debug alone anyway)")
-    p.add_argument("--enable-request-id-headers", action="store_true",
+    p.add_argument("--enable-request-id-headers", action=argparse.BooleanOptionalAction, default=False,
                    help="answer each request with an X-Request-Id header (the client's own, or a new one)")
-    p.add_argument("--disable-fastapi-docs", action="store_true",
+    p.add_argument("--disable-fastapi-docs", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: deltaserve serves no OpenAPI docs pages")
 
 

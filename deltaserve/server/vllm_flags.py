@@ -85,9 +85,9 @@ def _add_table(g, table, prefix: str) -> None:
 
 def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("vLLM's flags", "taken so that a command line written for vLLM starts deltaserve")
-    g.add_argument("--trust-remote-code", action="store_true",
+    g.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: deltaserve runs no code from a checkpoint, so there is none to trust")
-    g.add_argument("--enable-auto-tool-choice", action="store_true",
+    g.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: tool calls are parsed wherever the chat template speaks of tools")
     g.add_argument("--tool-call-parser", default=None,
                    help=f"{', '.join(TOOL_CALL_PARSERS)}: the format of the model's tool calls: <tool_call> tags "
@@ -100,12 +100,12 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-reasoning", action="store_true",
                    help="accepted (older vLLM's companion of --reasoning-parser): replies are split where the "
                         "template thinks or a reasoning parser is named")
-    g.add_argument("--language-model-only", action="store_true",
+    g.add_argument("--language-model-only", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: deltaserve loads a Qwen3.5 checkpoint's language model only")
     for flag in ("--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--mm-processor-cache-type",
                  "--mm-processor-cache-gb"):  # a vision encoder's settings
         g.add_argument(flag, default=None, help="accepted: deltaserve loads no vision encoder and takes text only")
-    g.add_argument("--disable-log-stats", action="store_true",
+    g.add_argument("--disable-log-stats", action=argparse.BooleanOptionalAction, default=False,
                    help="no periodic stats line in the log (by default one every VLLM_LOG_STATS_INTERVAL "
                         "seconds, 10, while the engine works)")
     g.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction, default=False,
@@ -125,29 +125,29 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quantization", "-q", default=None,
                    help="refused: deltaserve quantizes no weights itself (an FP8 checkpoint loads without it)")
     g.add_argument("--speculative-config", default=None, help="refused: deltaserve has no speculative decoding")
-    g.add_argument("--enable-lora", action="store_true", default=None, help="refused: deltaserve serves no LoRA "
-                   "adapters")
+    g.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=None,
+                   help="refused: deltaserve serves no LoRA adapters")
     g.add_argument("--tokenizer", default=None, help="the model itself only: deltaserve reads the tokenizer from "
                    "its checkpoint")
     g.add_argument("--hf-overrides", default=None, help="refused: deltaserve reads the checkpoint's config as it is")
-    g.add_argument("--enable-sleep-mode", action="store_true", default=None,
+    g.add_argument("--enable-sleep-mode", action=argparse.BooleanOptionalAction, default=None,
                    help="refused: deltaserve keeps its weights on the GPU while it runs")
     g.add_argument("--cpu-offload-gb", type=float, default=None, help="0 only: every weight stays on the GPU")
     g.add_argument("--response-role", default="assistant",
                    help="the role of a chat reply that opens a new turn (add_generation_prompt)")
-    g.add_argument("--enable-force-include-usage", action="store_true",
+    g.add_argument("--enable-force-include-usage", action=argparse.BooleanOptionalAction, default=False,
                    help="every streamed reply ends with its usage, as if its stream_options asked")
-    g.add_argument("--enable-prompt-tokens-details", action="store_true",
+    g.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: usage always carries prompt_tokens_details (its cached tokens)")
-    g.add_argument("--return-tokens-as-token-ids", action="store_true",
+    g.add_argument("--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction, default=False,
                    help="logprobs name each token \"token_id:ID\" unless a request says otherwise")
-    g.add_argument("--enable-server-load-tracking", action="store_true",
+    g.add_argument("--enable-server-load-tracking", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: /load always answers with the requests the engine holds")
     g.add_argument("--max-log-len", type=int, default=None,
                    help="with --enable-log-requests, the most characters (or token ids) of a prompt logged")
-    g.add_argument("--enable-expert-parallel", action="store_true",
+    g.add_argument("--enable-expert-parallel", "-ep", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: deltaserve's one GPU holds every expert")
-    g.add_argument("--disable-custom-all-reduce", action="store_true",
+    g.add_argument("--disable-custom-all-reduce", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: on one GPU there is no all-reduce")
     g.add_argument("--distributed-executor-backend", default=None,
                    help="accepted: deltaserve runs the model in its own process on one GPU")

@@ -92,6 +92,19 @@ def test_vllms_spellings_and_tuning_flags_parse_and_leave_the_engine_as_it_was(c
     assert "accepted: deltaserve captures its own CUDA graphs" in " ".join(capsys.readouterr().out.split())
 
 
+def test_vllms_switches_take_their_no_twins():
+    """vLLM declares its switches --X / --no-X: a line that turns one off (or a config file's false) parsed as an
+    unrecognized argument."""
+    switches = ["--enforce-eager", "--trust-remote-code", "--enable-auto-tool-choice", "--disable-log-stats",
+                "--enable-lora", "--enable-sleep-mode", "--enable-force-include-usage", "--enable-expert-parallel",
+                "--return-tokens-as-token-ids", "--enable-request-id-headers", "--disable-fastapi-docs"]
+    off = _parse(["serve", *("--no-" + s[2:] for s in switches)])
+    assert check_vllm_flags(off) is None
+    assert engine_kwargs(off) == {"enforce_eager": False}
+    assert (off.enable_lora, off.trust_remote_code, off.return_tokens_as_token_ids) == (False, False, False)
+    assert _parse(["serve", "-ep"]).enable_expert_parallel is True
+
+
 @pytest.mark.parametrize("names, value, why", REFUSED)
 def test_vllms_flags_of_what_deltaserve_cannot_do_are_refused_by_name(names, value, why):
     line = [random.choice(names)] + ([] if value is False else ["x"])
