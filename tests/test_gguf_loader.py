@@ -1,6 +1,7 @@
 """GGUF loading checked against transformers' own GGUF loader on the SmolLM2 demo file."""
 
 import os
+import random
 
 import gguf
 import numpy as np
@@ -226,3 +227,37 @@ def test_the_tokenizer_is_the_files_own_whatever_lies_beside_it(tmp_path, checkp
     assert len(there.hf) == len(own.hf) == 49152
     assert there.encode(text) == own.encode(text)
     assert there.hf.chat_template == own.hf.chat_template is not None
+
+
+def test_the_files_metadata_and_tensors_read_as_the_gguf_package_reads_them(tmp_path):
+    """gguf_file.read_gguf against gguf.GGUFReader: every metadata value and every tensor's type, shape and bytes,
+    on the demo file and on a tiny one written with an array of arrays and values of every width."""
+    from deltaserve.models.gguf_file import read_gguf
+
+    tiny = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(tiny, "llama", with_output=random.random() < 0.5)
+    writer = gguf.GGUFWriter(str(tmp_path / "values.gguf"), "llama")
+    writer.add_uint8("u8", random.randrange(256))
+    writer.add_int16("i16", -random.randrange(2**15))
+    writer.add_uint64("u64", random.randrange(2**64))
+    writer.add_float64("f64", random.random())
+    writer.add_bool("flag", random.random() < 0.5)
+    nested = [[random.randrange(9) for _ in range(3)], ["a", "bc"]]
+    writer.add_array("nested", nested)
+    writer.add_array("floats", [random.random() for _ in range(5)])
+    writer.add_tensor("t", np.random.rand(3, 5).astype(np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    for path in (demo_model_path(), str(tiny), str(tmp_path / "values.gguf")):
+        ours, theirs = read_gguf(path), gguf.GGUFReader(path)
+        # the package's contents() flattens an array of arrays (and reads the inner strings as bytes)
+        assert ours.fields.pop("nested", nested) == nested
+        assert ours.fields == {k: f.contents() for k, f in theirs.fields.items()
+                               if not k.startswith("GGUF.") and k != "nested"}
+        assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+        for mine, reference in zip(ours.tensors, theirs.tensors):
+            assert (mine.tensor_type, mine.data.shape, mine.data.dtype) == (
+                reference.tensor_type, reference.data.shape, reference.data.dtype)
+            assert np.array_equal(mine.data, np.asarray(reference.data)), mine.name

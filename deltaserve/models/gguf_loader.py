@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from deltaserve.errors import UnsupportedArchitectureError, WeightLoadError
+from deltaserve.models.gguf_file import GGUFFile, read_gguf
 
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_GGUF_ARCHITECTURES = ("llama",)
@@ -92,26 +93,23 @@ def load_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
     return GGUFCheckpoint(config=config, tensors=tensors)
 
 
-def _open_reader(path: str):
-    import gguf
-
+def _open_reader(path: str) -> GGUFFile:
     if not os.path.isfile(path):
         raise WeightLoadError(f"{path}: GGUF file not found")
     try:
-        return gguf.GGUFReader(path)
+        return read_gguf(path)
     except Exception as exc:  # the reader parses untrusted bytes; any failure means a bad file
         raise WeightLoadError(
             f"{path}: not a readable GGUF file (truncated or corrupt?): {exc}"
         ) from exc
 
 
-def _field(reader, key: str, default=_MISSING):
-    field = reader.fields.get(key)
-    if field is None:
+def _field(reader: GGUFFile, key: str, default=_MISSING):
+    if key not in reader.fields:
         if default is _MISSING:
             raise WeightLoadError(f"GGUF metadata lacks the required key {key!r}")
         return default
-    return field.contents()
+    return reader.fields[key]
 
 
 def _llama_config(reader, tensor_names: set[str]) -> dict:
