@@ -92,7 +92,7 @@ def test_processed_logits_are_those_the_token_is_drawn_from(engines, greedy):
         if greedy:
             assert processed.argmax().item() == token
         else:
-            assert 1 < kept.sum() <= params.top_k
+            assert 1 <= kept.sum() <= params.top_k  # top-p may keep the best token alone
             assert race(processed[None], torch.tensor([row_seed(params.seed, 0, i)])).item() == token
         logprobs = _row(runs["processed_logprobs"].logprobs[i])
         assert torch.allclose(logprobs[kept], torch.log_softmax(processed, -1)[kept], atol=1e-5, rtol=0)
