@@ -14,7 +14,7 @@ from deltaserve.errors import (
     WeightLoadError,
 )
 from deltaserve.outputs import CompletionOutput, Logprob, RequestOutput
-from deltaserve.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from deltaserve.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
 def __getattr__(name):
@@ -27,7 +27,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob",
+    "LLM", "SamplingParams", "BeamSearchParams", "StructuredOutputsParams", "RequestOutputKind", "RequestOutput", "CompletionOutput", "Logprob",
     "DeltaServeError", "EngineDeadError", "InvalidPromptError", "InvalidSamplingParamsError", "NoTokenAllowedError",
     "PromptTooLongError", "RequestNotFoundError", "ShapeMismatchError", "StepFailedError",
     "UnsupportedArchitectureError", "WeightLoadError",

@@ -11,11 +11,12 @@ from tqdm import tqdm
 
 from deltaserve.chat_content import ContentPartError, template_content
 from deltaserve.chat_content_format import CONTENT_FORMATS, messages_for_template, resolve_content_format
+from deltaserve.engine.beam_search import BeamSearch
 from deltaserve.engine.llm_engine import LLMEngine
 from deltaserve.errors import (DeltaServeError, InvalidPromptError, InvalidSamplingParamsError, RequestNotFoundError,
                                StepFailedError, WeightLoadError)
-from deltaserve.outputs import RequestOutput
-from deltaserve.sampling_params import SamplingParams
+from deltaserve.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from deltaserve.sampling_params import BeamSearchParams, SamplingParams
 from deltaserve.tokenizer import RENDERING_ARGUMENTS, read_chat_template
 from deltaserve.vllm_engine_args import engine_args_from_vllm
 
@@ -95,6 +96,41 @@ class LLM:
             texts.append(text)
         return self._run(jobs, texts=texts, use_tqdm=use_tqdm)
 
+    def beam_search(self, prompts: Prompt | list[Prompt], params: BeamSearchParams, lora_request=None,
+                    use_tqdm: bool = False, concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's: each prompt's best params.beam_width sequences (engine/beam_search.py), in the prompts' order.
+        Every step runs one request a live beam of every prompt searched at once; concurrency_limit searches
+        that many prompts at a time. use_tqdm: a bar over the prompts as their searches end."""
+        _refuse_run_options(lora_request=lora_request)
+        if concurrency_limit is not None and (isinstance(concurrency_limit, bool)
+                                              or not isinstance(concurrency_limit, int) or concurrency_limit < 1):
+            raise InvalidSamplingParamsError(f"concurrency_limit={concurrency_limit!r}: must be at least 1")
+        searches = [(self.engine.beam_search(prompt, params), salt) for prompt, salt in _as_prompt_list(prompts)]
+        limit = concurrency_limit or len(searches)
+        bar = tqdm(total=len(searches), desc="Beam search", dynamic_ncols=True) if use_tqdm else None
+        try:
+            for start in range(0, len(searches), limit):
+                self._search(searches[start:start + limit], bar)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [_beam_search_output(search, self.engine.tokenizer) for search, _ in searches]
+
+    def _search(self, searches: list[tuple[BeamSearch, str | None]], bar) -> None:
+        """Runs the searches' steps together until each has finished."""
+        steps = {id(search): search.step_params() for search, _ in searches}
+        active = list(searches)
+        while active:
+            jobs = [(prompt, steps[id(search)], None, salt) for search, salt in active
+                    for prompt in search.next_prompts()]
+            outputs = iter(self._run(jobs))
+            for search, _ in active:
+                search.advance([next(outputs).outputs[0].logprobs[0] for _ in search.live])
+            still = [(search, salt) for search, salt in active if not search.finished]
+            if bar is not None:
+                bar.update(len(active) - len(still))
+            active = still
+
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
@@ -170,6 +206,18 @@ class _ProgressBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _beam_search_output(search: BeamSearch, tokenizer) -> BeamSearchOutput:
+    """vLLM's output of a search: each best beam's whole sequence, prompt included, and its text with the special
+    tokens, as vLLM's tokenizer decodes it."""
+    sequences = []
+    for beam in search.best():
+        tokens = search.prompt + beam.tokens
+        sequences.append(BeamSearchSequence(tokens=tokens, logprobs=beam.logprobs, cum_logprob=beam.cum_logprob,
+                                            text=tokenizer.decode(tokens, skip_special_tokens=False),
+                                            finish_reason=beam.finish_reason, stop_reason=beam.stop_reason))
+    return BeamSearchOutput(sequences)
 
 
 # vLLM's options of a generate or chat call that deltaserve has nothing to do with: why, for any value but None
@@ -296,7 +344,6 @@ def _params_per_prompt(params, count: int, default) -> list[SamplingParams]:
 # vLLM's LLM methods for what deltaserve does not do: each refuses by name, where an AttributeError would leave a
 # script written for vLLM guessing.
 NOT_OFFERED = {
-    "beam_search": "beam search is not supported (sample n sequences instead)",
     "encode": "deltaserve runs generative models only: no pooling (encode, embed, classify, score, reward)",
     "embed": "deltaserve runs generative models only: no embeddings",
     "classify": "deltaserve runs generative models only: no classification",

@@ -116,3 +116,23 @@ class RequestOutput:
     encoder_prompt: None = None
     encoder_prompt_token_ids: None = None
     kv_transfer_params: None = None
+
+
+@dataclass
+class BeamSearchSequence:
+    """vLLM's: one of a beam search's results. tokens: the prompt's and the generated ones (a stop token that ended
+    it last); logprobs: each generated position's candidates; text: all of tokens decoded, as vLLM's."""
+
+    tokens: list[int]
+    logprobs: list[dict[int, Logprob]]
+    cum_logprob: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None  # "stop" or "length"
+    stop_reason: int | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    """vLLM's: a prompt's best beams, best first."""
+
+    sequences: list[BeamSearchSequence]

@@ -387,3 +387,47 @@ def _check_number(name: str, value) -> None:
         raise InvalidSamplingParamsError(f"{name}={value!r}: must be a number")
     if value != value or value in (float("inf"), float("-inf")):
         raise InvalidSamplingParamsError(f"{name}={value!r}: must be finite")
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's: a beam search keeping `beam_width` sequences, ranked by their summed logprobs over their length (with
+    the prompt's tokens) to the power `length_penalty`. Every step takes each beam's 2 * beam_width likeliest next
+    tokens, so the engine's max_logprobs bounds the width. temperature is taken as vLLM takes it: the beams are
+    ranked by the model's own logprobs, which no temperature changes. stop_token_ids and min_tokens are
+    deltaserve's, as SamplingParams reads them (a server request's)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # vLLM's; refused: no grammar constrains the beams
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("beam_width", "max_tokens", "min_tokens"):
+            _check_int(name, getattr(self, name))
+        if self.beam_width < 1 or self.max_tokens < 1 or self.min_tokens < 0:
+            raise InvalidSamplingParamsError(
+                f"beam_width={self.beam_width}, max_tokens={self.max_tokens}, min_tokens={self.min_tokens}: beam "
+                "search needs a width and max_tokens of at least 1, and min_tokens of at least 0")
+        for name in ("temperature", "length_penalty"):
+            _check_number(name, getattr(self, name))
+        if self.temperature < 0:
+            raise InvalidSamplingParamsError(f"temperature={self.temperature}: must be at least 0")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidSamplingParamsError(f"{name}={getattr(self, name)!r}: must be true or false")
+        if self.structured_outputs is not None:
+            raise InvalidSamplingParamsError("structured_outputs: beam search takes no grammar (each beam's "
+                                             "candidates are the model's likeliest tokens, unconstrained)")
+        stops = self.stop_token_ids or []
+        if not isinstance(stops, (list, tuple)) or any(isinstance(t, bool) or not isinstance(t, int) for t in stops):
+            raise InvalidSamplingParamsError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids")
+        self.stop_token_ids = list(stops)

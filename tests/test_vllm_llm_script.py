@@ -183,7 +183,7 @@ def test_the_tokenizer_answers_as_a_hugging_face_one(llm):
     assert tok.batch_decode(batch) == words
 
 
-@pytest.mark.parametrize("method", ["beam_search", "encode", "embed", "classify", "score", "reward", "sleep",
+@pytest.mark.parametrize("method", ["encode", "embed", "classify", "score", "reward", "sleep",
                                     "wake_up"])
 def test_vllms_methods_for_what_deltaserve_does_not_do_refuse_by_name(llm, method):
     with pytest.raises(DeltaServeError, match=f"LLM.{method}: "):

@@ -21,8 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from deltaserve.engine.beam_search_stream import BeamSearchStream
 from deltaserve.errors import DeltaServeError, EngineDeadError
 from deltaserve.outputs import RequestOutput, RequestStateStats
+from deltaserve.sampling_params import BeamSearchParams
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +265,18 @@ class AsyncEngine:
             shown = prompt_text if prompt_text is not None else prompt
             logger.debug("request %s prompt: %r", request_id, shown[: self.max_log_len])
         return RequestStream(self, stream, arrival, getattr(params, "n", 1), getattr(params, "max_tokens", None))
+
+    async def beam_search(self, request_id: str, prompt: list[int], params: BeamSearchParams, *,
+                          prompt_text: str | None, decode: Callable[[list[int]], str], top_logprobs: int | None,
+                          cache_salt: str | None = None) -> BeamSearchStream:
+        """Start a beam search (engine/beam_search_stream.py): its stream yields the best beams as one finished
+        output. Its beams' requests are queued as one client request's, checked against the queue here, once.
+        decode: a beam's text from its tokens; top_logprobs: how many each result token carries (None: none)."""
+        self.check_admission()
+        search = self.engine.beam_search(prompt, params, top_logprobs or 0)  # reads the engine's settings alone
+        return BeamSearchStream(self, request_id, search, prompt_text=prompt_text, decode=decode,
+                                include_stop=params.include_stop_str_in_output, logprobs=top_logprobs,
+                                cache_salt=cache_salt)
 
     def add_step_listener(self, listener: Callable[[Any], None]) -> None:
         """`listener` is told of each engine step's StepStats (LLMEngine.step_listeners), on the engine's

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from deltaserve.cache.block_hash import salt_root
+from deltaserve.engine.beam_search import BeamSearch
 from deltaserve.engine.detokenizer import IncrementalDetokenizer
 from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.engine.grammar import GrammarCompiler
@@ -28,7 +29,7 @@ from deltaserve.engine.thinking_budget import (THINK_END, THINK_START, ThinkingB
 from deltaserve.engine.warm_up import warm_up
 from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
 from deltaserve.outputs import CompletionOutput, RequestOutput, RequestStateStats
-from deltaserve.sampling_params import SamplingParams, logprobs_count
+from deltaserve.sampling_params import BeamSearchParams, SamplingParams, logprobs_count
 
 log = logging.getLogger(__name__)
 REPETITION_STOP_REASON = "repetition_detected"  # vLLM's stop_reason beside finish_reason "repetition"
@@ -182,6 +183,24 @@ class LLMEngine:
         for child in children:
             self._owner[child] = parent
             self.scheduler.add(child)
+
+    def beam_search(self, prompt: str | list[int], params: BeamSearchParams, top_logprobs: int = 0) -> BeamSearch:
+        """A beam search over `prompt` (engine/beam_search.py), checked as add_request checks a request: its
+        max_tokens capped by the context the prompt leaves, its width by max_logprobs. top_logprobs: how many top
+        logprobs its results' tokens carry (checked by the caller). The caller runs its steps."""
+        if not isinstance(params, BeamSearchParams):
+            raise InvalidSamplingParamsError(f"beam search params must be a BeamSearchParams, got "
+                                             f"{type(params).__name__}")
+        params.validate()
+        if 2 * params.beam_width > self.max_logprobs:
+            raise InvalidSamplingParamsError(
+                f"beam_width={params.beam_width}: each step takes a beam's {2 * params.beam_width} likeliest tokens, "
+                f"more than the engine's max_logprobs of {self.max_logprobs} allows (--max-logprobs raises it)")
+        self._check_token_ids(SamplingParams(stop_token_ids=params.stop_token_ids))
+        token_ids, _, _ = self._prompt_tokens(prompt, None)
+        max_tokens = self._resolve_max_tokens(len(token_ids), SamplingParams(max_tokens=params.max_tokens))
+        return BeamSearch(token_ids, replace(params, max_tokens=max_tokens), self.eos_token_ids,
+                          None if self.primary_eos is None else int(self.primary_eos), top_logprobs)
 
     def _stop_tokens(self, params: SamplingParams) -> list[int]:
         """The tokens min_tokens holds back: its stop_token_ids and the ends of sequence, ignore_eos or not (as

@@ -147,6 +147,8 @@ class _SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     structured_outputs: StructuredOutputsField | None = None  # vLLM's
+    use_beam_search: StrictBool = False  # vLLM's: the n choices are the n best beams (server/beam_search.py)
+    length_penalty: Number = 1.0  # vLLM's: a beam's score is its summed logprobs over its length to this power
 
     # OpenAI's spec has these nullable (its SDK sends null for a None given), as vLLM takes them: null is the default
     # (completions' max_tokens too: 16, not the rest of the context)

@@ -14,7 +14,7 @@ from deltaserve.server.off_loop import off_loop
 MAX_N = 128  # OpenAI's bound on the choices of one request: each is a sequence the engine runs
 # vLLM's fields that would change what is generated and that this server does not implement: refused by name
 # where set, rather than ignored as fields it does not know are
-NOT_IMPLEMENTED = {"use_beam_search": "beam search", "logits_processors": "logits processors",
+NOT_IMPLEMENTED = {"logits_processors": "logits processors",
                    "guided_json": "guided_json (use structured_outputs or response_format)",
                    "guided_regex": "guided_regex (use structured_outputs)",
                    "guided_choice": "guided_choice (use structured_outputs)",

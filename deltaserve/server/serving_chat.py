@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from deltaserve.engine.async_engine import AsyncEngine, RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import StructuredOutputsParams
+from deltaserve.server.beam_search import beam_search_params, start_beam_search
 from deltaserve.server.chat_prompt import (
     ChatPrompt,
     check_rendering_fields,
@@ -190,10 +191,14 @@ class ChatCompletions:
         params.structured_outputs, field = _output_structure(req, tools, prompt.opens_reasoning, max_calls)
         await check_structure(self.ctx.engine, params.structured_outputs, field)
         request_id = random_id(id_prefix)
-        stream = await self.ctx.engine.generate(
-            request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points,
-            cache_salt=req.cache_salt
-        )
+        if getattr(req, "use_beam_search", False):
+            stream = await start_beam_search(self.ctx.engine, request_id, prompt.token_ids, prompt.text, params,
+                                             beam_search_params(req, params), req.cache_salt)
+        else:
+            stream = await self.ctx.engine.generate(
+                request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points,
+                cache_salt=req.cache_salt
+            )
         return ChatJob(self, req, model, request_id, prompt, tools, max_calls), stream
 
 

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import AsyncEngine, RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
+from deltaserve.server.beam_search import start_beam_searches
 from deltaserve.server.context import (
     ServerContext,
     last_output,
@@ -116,8 +117,9 @@ class Completions:
                                                 defaults=self.ctx.engine.sampling_defaults))
             params[-1].structured_outputs = structure
         base_id = random_id("cmpl-")
-        streams = await until_disconnect(request, submit_prompts(self.ctx.engine, base_id, prompts, params,
-                                                                 req.cache_salt))
+        started = (start_beam_searches(self.ctx.engine, base_id, prompts, params, req) if req.use_beam_search
+                   else submit_prompts(self.ctx.engine, base_id, prompts, params, req.cache_salt))
+        streams = await until_disconnect(request, started)
         job = _CompletionJob(self, req, model, base_id, prompts)
         if req.stream:
             return EngineStreamResponse(job.stream(streams), streams, headers=SSE_HEADERS)

@@ -116,8 +116,12 @@ CASES = {
     "negative prompt_logprobs beside echo": ("/v1/completions", {"model": MODEL, "prompt": "a", "echo": True,
                                                                  "logprobs": 2, "prompt_logprobs": -1}, None,
                                              "prompt_logprobs"),
-    "beam search": ("/v1/completions", {"model": MODEL, "prompt": "a", "use_beam_search": True}, None,
-                    "use_beam_search"),
+    "beam search under a tool choice's grammar": ("/v1/chat/completions", {
+        "model": MODEL, "messages": QUESTION, "use_beam_search": True, "n": 2, "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, None,
+        "tool_choice"),
+    "beam search's length_penalty not a number": ("/v1/completions", {
+        "model": MODEL, "prompt": "a", "use_beam_search": True, "length_penalty": "long"}, None, "length_penalty"),
     "guided_json": ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "guided_json": {"type": "object"}},
                     None, "guided_json"),
     "thinking budget without think tokens": ("/v1/chat/completions", {
