@@ -29,7 +29,9 @@
   reasons and logprob entries (ids and ranks equal, logprobs within 1e-4);
 - rows with a thinking_token_budget (their prompts opening a think block; greedy and seeded sampled, beside a free
   greedy row) give in fp32 the CPU's tokens, with `</think>` where their budgets fall due, and in bf16 the same
-  tokens with graphs as eagerly.
+  tokens with graphs as eagerly;
+- beam searches of width 3 over the prompts (each step's requests restored from their parents' prefix-cache tails)
+  give in fp32 the CPU's beams, their summed logprobs within fp32 rounding.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -46,7 +48,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from deltaserve import LLM, NoTokenAllowedError, SamplingParams, StructuredOutputsParams  # noqa: E402
+from deltaserve import LLM, BeamSearchParams, NoTokenAllowedError, SamplingParams, StructuredOutputsParams  # noqa: E402
 from deltaserve.runner.model_runner import MANY_DECODE_ROWS  # noqa: E402
 from tests.checkpoints import ARCHITECTURES, add_think_tokens, make_checkpoint  # noqa: E402
 
@@ -95,6 +97,7 @@ NAMED_AND_LOOPING = [SamplingParams(max_tokens=16, temperature=0, ignore_eos=Tru
 # Rows that finish at different steps: the batch shrinks through sizes between the graphs' rungs (3 rows replay
 # rung 4 beside a padding row; eagerly they run as 3).
 SHRINKING = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (8, 24, 13, 24)]
+BEAMS = BeamSearchParams(beam_width=3, max_tokens=12, ignore_eos=True)
 
 
 def tokens(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
@@ -232,6 +235,15 @@ def launches_without_sync(llm: LLM, prompts) -> dict:
     return {**found, "none_synced": found["launches"] > 0 and found["error"] is None}
 
 
+def beams_alike(gpu_llm: LLM, cpu_llm: LLM, prompts) -> dict:
+    """Beam searches (each step restored from the prefix cache's tails) on both engines: the same beams, their
+    summed logprobs within fp32 rounding."""
+    gpu, cpu = (llm.beam_search([{"prompt_token_ids": p} for p in prompts], BEAMS) for llm in (gpu_llm, cpu_llm))
+    pairs = [(a, b) for x, y in zip(gpu, cpu) for a, b in zip(x.sequences, y.sequences)]
+    return {"identical": all(a.tokens == b.tokens for a, b in pairs),
+            "cum_logprob_max_diff": max(abs(a.cum_logprob - b.cum_logprob) for a, b in pairs)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -256,7 +268,7 @@ def main() -> None:
               "graph_vs_eager_bf16_structured": {}, "graph_vs_eager_bf16_shrinking_batch": {},
               "fp32_adjusted_gpu_vs_cpu": {}, "graph_vs_eager_bf16_adjusted": {}, "fp32_dead_end_beside_decoding": {},
               "fp32_thinking_budget_gpu_vs_cpu": {}, "graph_vs_eager_bf16_thinking_budget": {},
-              "fp32_named_logprobs_and_repetition_gpu_vs_cpu": {}}
+              "fp32_named_logprobs_and_repetition_gpu_vs_cpu": {}, "fp32_beam_search_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         tags = add_think_tokens(path)
@@ -306,6 +318,7 @@ def main() -> None:
             "ends_where_due": ends_where_due(thinking, tags)}
         result["graph_vs_eager_bf16_thinking_budget"][arch] = {"identical": thinking_pair[0] == thinking_pair[1]}
         result["fp32_named_logprobs_and_repetition_gpu_vs_cpu"][arch] = named_and_looping(gpu_llm, cpu_llm, prompts)
+        result["fp32_beam_search_gpu_vs_cpu"][arch] = beams_alike(gpu_llm, cpu_llm, prompts)
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -314,7 +327,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-20:]), flush=True)
+        print(arch, *(result[key][arch] for key in list(result)[-21:]), flush=True)
         results_io.write(args.out, result)
 
 
