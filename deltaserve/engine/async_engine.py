@@ -37,6 +37,10 @@ class ServerShuttingDownError(DeltaServeError):
     """The server is stopping; requests still in flight are ended with this."""
 
 
+class RequestIdInUseError(DeltaServeError):
+    """A request named as one still in flight (a client's own request_id, on the tokens route)."""
+
+
 class RequestFailedError(DeltaServeError):
     """The engine aborted the request itself (a failed step), not at the client's wish."""
 
@@ -238,7 +242,7 @@ class AsyncEngine:
         else:
             self.check_admission()
         if request_id in self._streams:
-            raise DeltaServeError(f"request id {request_id!r} is already in flight")
+            raise RequestIdInUseError(f"request id {request_id!r} is already in flight")
         loop = asyncio.get_running_loop()
         stream = _Stream(request_id)
         self._streams[request_id] = stream

@@ -24,8 +24,10 @@ from deltaserve.server.metrics import CONTENT_TYPE
 from deltaserve.server.serving_chat import ChatCompletions
 from deltaserve.server.serving_completions import Completions
 from deltaserve.server.serving_messages import Messages
+from deltaserve.server.serving_render import render_chat, render_completion
 from deltaserve.server.serving_responses import Responses
 from deltaserve.server.serving_tokenize import detokenize, tokenize
+from deltaserve.server.serving_tokens import GenerateTokens
 from deltaserve.server.stats_log import StatsLog
 
 logger = logging.getLogger(__name__)
@@ -182,6 +184,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     completions = Completions(ctx)
     messages = Messages(ctx)
     responses = Responses(chat)
+    generate_tokens = GenerateTokens(ctx)
 
     @app.get("/health")
     async def health():
@@ -225,6 +228,12 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     async def _detokenize(request: Request):
         return await detokenize(ctx, request)
 
+    async def _render_chat(request: Request):
+        return await render_chat(chat, request)
+
+    async def _render_completion(request: Request):
+        return await render_completion(completions, request)
+
     async def _invocations(request: Request):
         """SageMaker's route, as vLLM's: a body of messages is a chat completion, a body with a prompt a
         completion (the body is read once: Starlette keeps it for the route that reads it again)."""
@@ -255,6 +264,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         "/tokenize": _tokenize,
         "/detokenize": _detokenize,
         "/invocations": _invocations,
+        "/inference/v1/generate": generate_tokens.__call__,
+        "/v1/chat/completions/render": _render_chat,
+        "/v1/completions/render": _render_completion,
     }
     if server_dev_mode():
         routes["/reset_prefix_cache"] = _reset_prefix_cache

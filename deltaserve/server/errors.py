@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deltaserve.engine.async_engine import QueueFullError, RequestFailedError, ServerShuttingDownError
+from deltaserve.engine.async_engine import (QueueFullError, RequestFailedError, RequestIdInUseError,
+                                            ServerShuttingDownError)
 from deltaserve.errors import (
     EngineDeadError,
     InvalidPromptError,
@@ -153,6 +154,8 @@ def from_exception(exc: BaseException) -> APIError:
         return APIError(400, str(exc), param="prompt", code="context_length_exceeded")
     if isinstance(exc, InvalidPromptError):
         return APIError(400, str(exc), param="prompt", code="invalid_prompt")
+    if isinstance(exc, RequestIdInUseError):
+        return APIError(400, str(exc), param="request_id", code="duplicate_request_id")
     if isinstance(exc, QueueFullError):
         return APIError(503, str(exc), type="server_overloaded", code="queue_full", headers={"Retry-After": "1"})
     if isinstance(exc, ServerShuttingDownError):

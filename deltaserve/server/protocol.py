@@ -207,3 +207,18 @@ class TokenizeRequest(_Lenient):
 class DetokenizeRequest(_Lenient):
     model: StrictStr | None = None
     tokens: list[StrictInt]
+
+
+class GenerateRequest(_Lenient):
+    """vLLM's tokens in, tokens out (POST /inference/v1/generate; what the render routes return)."""
+
+    request_id: StrictStr | None = None
+    token_ids: list[StrictInt] = Field(min_length=1)
+    features: dict[str, Any] | None = None  # vLLM's multimodal placeholders: text only here
+    sampling_params: dict[str, Any] = Field(default_factory=dict)  # vLLM's SamplingParams, field by field
+    model: StrictStr | None = None
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    cache_salt: StrictStr | None = Field(default=None, min_length=1)
+    priority: StrictInt = 0
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's disaggregated prefill: none here

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import AsyncEngine, RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
-from deltaserve.sampling_params import StructuredOutputsParams
+from deltaserve.sampling_params import SamplingParams, StructuredOutputsParams
 from deltaserve.server.beam_search import beam_search_params, start_beam_search
 from deltaserve.server.chat_prompt import (
     ChatPrompt,
@@ -158,6 +158,21 @@ class ChatCompletions:
                      ) -> tuple[ChatJob, RequestStream]:
         """Checks, renders and queues a chat request (the Responses route's too, translated into one, with its
         max_tool_calls): its output shaping and its stream."""
+        job, prompt, params = await self.prepare(req, id_prefix, max_tool_calls)
+        if getattr(req, "use_beam_search", False):
+            stream = await start_beam_search(self.ctx.engine, job.request_id, prompt.token_ids, prompt.text, params,
+                                             beam_search_params(req, params), req.cache_salt)
+        else:
+            stream = await self.ctx.engine.generate(
+                job.request_id, prompt.token_ids, params, prompt_text=prompt.text,
+                capture_points=prompt.capture_points, cache_salt=req.cache_salt
+            )
+        return job, stream
+
+    async def prepare(self, req: ChatCompletionRequest, id_prefix: str, max_tool_calls: int | None = None
+                      ) -> tuple[ChatJob, ChatPrompt, SamplingParams]:
+        """Checks and renders a chat request: its output shaping, its prompt and its sampling params (what the
+        render route returns, and submit queues)."""
         model = self.ctx.check_model(req.model)
         refuse_unsupported(req, self.ctx.engine)
         check_tool_names([t.function.name for t in req.tools or ()], "tools.{i}.function.name")
@@ -191,15 +206,7 @@ class ChatCompletions:
         params.structured_outputs, field = _output_structure(req, tools, prompt.opens_reasoning, max_calls)
         await check_structure(self.ctx.engine, params.structured_outputs, field)
         request_id = random_id(id_prefix)
-        if getattr(req, "use_beam_search", False):
-            stream = await start_beam_search(self.ctx.engine, request_id, prompt.token_ids, prompt.text, params,
-                                             beam_search_params(req, params), req.cache_salt)
-        else:
-            stream = await self.ctx.engine.generate(
-                request_id, prompt.token_ids, params, prompt_text=prompt.text, capture_points=prompt.capture_points,
-                cache_salt=req.cache_salt
-            )
-        return ChatJob(self, req, model, request_id, prompt, tools, max_calls), stream
+        return ChatJob(self, req, model, request_id, prompt, tools, max_calls), prompt, params
 
 
 class ChatJob:

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import AsyncEngine, RequestStream
 from deltaserve.outputs import CompletionOutput, RequestOutput
+from deltaserve.sampling_params import SamplingParams
 from deltaserve.server.beam_search import start_beam_searches
 from deltaserve.server.context import (
     ServerContext,
@@ -86,8 +87,21 @@ class Completions:
         return self.ctx.tokenizer.encode(prompt.text, add_special_tokens=False)
 
     async def __call__(self, request: Request):
-        body = await read_json_object(request)
-        req = CompletionRequest.model_validate(body)
+        req = CompletionRequest.model_validate(await read_json_object(request))
+        model, prompts, params = await self.prepare(req)
+        base_id = random_id("cmpl-")
+        started = (start_beam_searches(self.ctx.engine, base_id, prompts, params, req) if req.use_beam_search
+                   else submit_prompts(self.ctx.engine, base_id, prompts, params, req.cache_salt))
+        streams = await until_disconnect(request, started)
+        job = _CompletionJob(self, req, model, base_id, prompts)
+        if req.stream:
+            return EngineStreamResponse(job.stream(streams), streams, headers=SSE_HEADERS)
+        finals = await until_disconnect(request, asyncio.gather(*(last_output(s) for s in streams)))
+        return JSONResponse(job.response(finals))
+
+    async def prepare(self, req: CompletionRequest) -> tuple[str, list[_Prompt], list[SamplingParams]]:
+        """Checks and tokenizes a completion request: the model's name, each prompt and its sampling params (what
+        the render route returns, and the route queues)."""
         model = self.ctx.check_model(req.model)
         refuse_unsupported(req, self.ctx.engine)
         if req.logprobs is not None:
@@ -116,15 +130,7 @@ class Completions:
                                                 prompt_logprobs=_prompt_logprobs_asked(req),
                                                 defaults=self.ctx.engine.sampling_defaults))
             params[-1].structured_outputs = structure
-        base_id = random_id("cmpl-")
-        started = (start_beam_searches(self.ctx.engine, base_id, prompts, params, req) if req.use_beam_search
-                   else submit_prompts(self.ctx.engine, base_id, prompts, params, req.cache_salt))
-        streams = await until_disconnect(request, started)
-        job = _CompletionJob(self, req, model, base_id, prompts)
-        if req.stream:
-            return EngineStreamResponse(job.stream(streams), streams, headers=SSE_HEADERS)
-        finals = await until_disconnect(request, asyncio.gather(*(last_output(s) for s in streams)))
-        return JSONResponse(job.response(finals))
+        return model, prompts, params
 
 
 async def submit_prompts(engine: AsyncEngine, base_id: str, prompts: list[_Prompt], params: list,
