@@ -55,6 +55,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="never capture CUDA graphs")
     p.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="share of the GPU's free memory at start-up that the engine may take (default: 0.9)")
+    p.add_argument("--kv-cache-memory-bytes", type=byte_count, default=None,
+                   help="the cache's size in bytes, as 8G (GiB), 8g (10^9) or a plain number, in place of "
+                        "--gpu-memory-utilization's share: the KV pool, and on a GDN model its state and snapshot "
+                        "slots, are sized to it (default: sized to memory)")
     p.add_argument("--chat-template", default=None,
                    help="a chat template (a file, or the template itself) in place of the checkpoint's")
     p.add_argument("--chat-template-content-format", choices=CONTENT_FORMATS, default=None,
@@ -85,15 +89,15 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="skip the start-up prefill steps that compile the prefill kernels (default: on a GPU)")
 
 
-# vLLM's suffixes for token counts: lower case decimal (32k = 32000), upper case binary (32K = 32768)
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
+# vLLM's suffixes for its human-readable integers (token counts, bytes): lower case decimal (32k = 32000), upper
+# case binary (32K = 32768)
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def token_count(text: str) -> int:
-    """A whole number of tokens, plain or with vLLM's suffixes (25.6k is 25600; a binary suffix takes whole
-    numbers only)."""
-    text = text.strip()
+def _human_int(text: str) -> int:
+    """A whole number, plain or with vLLM's suffixes (25.6k is 25600; a binary suffix takes whole numbers only);
+    ValueError where it is none."""
     number, suffix = (text[:-1], text[-1]) if text[-1:] in {**_DECIMAL, **_BINARY} else (text, "")
     try:
         if suffix in _BINARY:
@@ -104,8 +108,30 @@ def token_count(text: str) -> int:
                 raise ValueError
             return int(value)
         return int(number)
-    except (ValueError, InvalidOperation):
+    except InvalidOperation:
+        raise ValueError(text) from None
+
+
+def token_count(text: str) -> int:
+    """A whole number of tokens, plain or with vLLM's suffixes."""
+    text = text.strip()
+    try:
+        return _human_int(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens (as 32768, 32k or 32K)") from None
+
+
+def byte_count(text: str) -> int:
+    """--kv-cache-memory-bytes: a positive number of bytes, plain or with vLLM's suffixes (8G is 8 GiB)."""
+    text = text.strip()
+    try:
+        value = _human_int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of bytes (as 8589934592, 8G for 8 GiB "
+                                         "or 8g for 8*10^9)")
+    return value
 
 
 def context_length(text: str) -> int | None:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from deltaserve.cli import _build_parser, _parse, token_count
+from deltaserve.cli import _build_parser, _parse, byte_count, token_count
 from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.errors import DeltaServeError
 from deltaserve.server.launcher import engine_kwargs
@@ -54,6 +54,23 @@ def test_token_counts_take_vllms_suffixes():
             _build_parser().parse_args(["serve", "--max-model-len", bad])
     for auto in ("auto", "AUTO", "-1"):  # vLLM's: the model's own, as when unset
         assert "max_model_len" not in engine_kwargs(_build_parser().parse_args(["serve", "--max-model-len", auto]))
+
+
+def test_the_kv_cache_budget_takes_vllms_byte_suffixes():
+    """--kv-cache-memory-bytes reads as vLLM's human-readable integers (it was refused); t and T, a tera, too."""
+    whole, tenths = random.randint(1, 999), random.randint(0, 9)
+    suffix, scale = random.choice([("k", 10**3), ("m", 10**6), ("g", 10**9), ("t", 10**12), ("K", 2**10),
+                                   ("M", 2**20), ("G", 2**30), ("T", 2**40)])
+    args = _build_parser().parse_args(["serve", "--kv-cache-memory-bytes", f"{whole}{suffix}"])
+    assert engine_kwargs(args) == {"kv_cache_memory_bytes": whole * scale}
+    assert EngineConfig(**engine_kwargs(args)).kv_cache_memory_bytes == whole * scale
+    assert byte_count(f"{whole}.{tenths}g") == whole * 10**9 + tenths * 10**8
+    assert byte_count(str(whole)) == whole and token_count(f"{whole}T") == whole * 2**40
+    assert "kv_cache_memory_bytes" not in engine_kwargs(_build_parser().parse_args(["serve"]))
+    assert engine_kwargs(_parse(["chat", "--kv-cache-memory-bytes", "8G"])) == {"kv_cache_memory_bytes": 8 * 2**30}
+    for bad in ("0", f"-{whole}", f"{whole}.5G", "G", f"{whole}B", f"{whole}.5"):
+        with pytest.raises(SystemExit):
+            _build_parser().parse_args(["serve", "--kv-cache-memory-bytes", bad])
 
 
 @pytest.mark.parametrize("field, value", [("num_kv_blocks", -1), ("num_kv_blocks", 0), ("seed", "x"),

@@ -42,6 +42,9 @@ class EngineConfig:
     async_scheduling: bool = True  # plan the next decode step while the GPU runs this one
     warm_up: bool | None = None  # prefill steps at start-up that compile their kernels (None: on a GPU)
     gpu_memory_utilization: float = 0.9
+    # vLLM's: the cache's size in bytes, in place of gpu_memory_utilization (and of cpu_kv_cache_gib on the CPU);
+    # the GDN state and snapshot slots come out of it, as vLLM's mamba state pages share its KV budget
+    kv_cache_memory_bytes: int | None = None
     # Sampling defaults for fields a request leaves unset: "auto" (the checkpoint's generation_config.json),
     # "vllm" (the API's own), or a directory holding a generation_config.json (engine/sampling_defaults.py)
     generation_config: str = "auto"
@@ -87,6 +90,10 @@ class EngineConfig:
             raise DeltaServeError(f"generation_config={self.generation_config!r}: give 'auto', 'vllm' or a directory")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
             raise DeltaServeError(f"max_model_len={self.max_model_len!r}: must be an integer >= 2")
+        budget = self.kv_cache_memory_bytes
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise DeltaServeError(f"kv_cache_memory_bytes={budget!r}: must be a positive number of bytes (None: "
+                                  "sized by gpu_memory_utilization)")
         blocks = self.num_kv_blocks
         if blocks is not None and (isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 1):
             raise DeltaServeError(f"num_kv_blocks={blocks!r}: must be a positive integer (None: sized to memory)")

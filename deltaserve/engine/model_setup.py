@@ -76,9 +76,11 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     capacity = blocks.num_blocks * config.block_size
     max_model_len = config.max_model_len or min(model_context_length(model_config), capacity)
     if max_model_len > capacity:
+        setting = _pool_setting(config, device)
         raise DeltaServeError(
             f"max_model_len={max_model_len} needs {max_model_len} KV slots but the pool holds {capacity} "
-            f"({blocks.num_blocks} blocks of {config.block_size}); raise num_kv_blocks or lower max_model_len")
+            f"({blocks.num_blocks} blocks of {config.block_size}, as {setting}={getattr(config, setting)} sizes "
+            f"it); raise {setting} or lower max_model_len")
     graphs = prefill_graphs = None
     if device.type == "cuda" and not config.enforce_eager:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
@@ -143,39 +145,99 @@ def _read_checkpoint(source: ModelSource):
 
 
 def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
-    attention_layers, gdn_layers = mc.attention_layers, mc.gdn_layers
-    state_pool = slots = snapshots = None
-    gdn_shape = (mc.gdn_conv_dim, mc.linear_conv_kernel_dim, mc.linear_num_value_heads, mc.linear_key_head_dim,
-                 mc.linear_value_head_dim)
-    if gdn_layers:
-        slots = SlotAllocator(config.max_num_seqs)
-        state_dtype = GDN_STATE_DTYPES[resolve_gdn_state_dtype(config.gdn_state_dtype, mc.mamba_ssm_dtype)]
-        state_pool = StatePool(gdn_layers, config.max_num_seqs, *gdn_shape, dtype, device, state_dtype)
-    if gdn_layers and config.enable_prefix_caching:  # allocated before the KV pool is sized to what is left
-        num_snapshots = config.ssm_snapshot_slots
-        if num_snapshots is None:
-            per_slot = StatePool.bytes_per_slot(len(gdn_layers), *gdn_shape, dtype, state_dtype)
-            share = max(0.0, _cache_budget(config, device) * SNAPSHOT_MEMORY_SHARE)
-            num_snapshots = int(min(share // per_slot, 4 * config.max_num_seqs))
-        snapshots = SnapshotPool(gdn_layers, num_snapshots, *gdn_shape, dtype, device, state_dtype)
-    num_blocks = config.num_kv_blocks or _default_num_blocks(config, mc, dtype, device)
-    kv_pool = KVPool(attention_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, device)
+    _check_budget_fits_gpu(config, device)
+    state_pool, slots, snapshots, spent = _gdn_pools(config, mc, dtype, device)
+    num_blocks = config.num_kv_blocks or _default_num_blocks(config, mc, dtype, device, spent)
+    kv_pool = KVPool(mc.attention_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, device)
     return kv_pool, BlockAllocator(num_blocks), state_pool, slots, snapshots
 
 
-def _cache_budget(config: EngineConfig, device: torch.device) -> float:
-    """Bytes the caches may take: what the GPU has left beside the activations, or the CPU setting."""
+def _gdn_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
+    """A GDN model's state slots (one for each running sequence) and, with prefix caching, its snapshot slots;
+    and the bytes they take, which kv_cache_memory_bytes counts (vLLM's mamba state pages share its KV budget).
+    Built before the KV pool, which is sized to what they leave."""
+    if not mc.gdn_layers:
+        return None, None, None, 0
+    gdn_shape = (mc.gdn_conv_dim, mc.linear_conv_kernel_dim, mc.linear_num_value_heads, mc.linear_key_head_dim,
+                 mc.linear_value_head_dim)
+    state_dtype = GDN_STATE_DTYPES[resolve_gdn_state_dtype(config.gdn_state_dtype, mc.mamba_ssm_dtype)]
+    per_slot = StatePool.bytes_per_slot(len(mc.gdn_layers), *gdn_shape, dtype, state_dtype)
+    # each pool holds one slot more than it hands out: a graph's padded rows write there
+    spent = _charge(config, 0, per_slot * (config.max_num_seqs + 1),
+                    f"the GDN state of max_num_seqs={config.max_num_seqs} sequences", "max_num_seqs")
+    state_pool = StatePool(mc.gdn_layers, config.max_num_seqs, *gdn_shape, dtype, device, state_dtype)
+    snapshots = None
+    if config.enable_prefix_caching:
+        num_snapshots = config.ssm_snapshot_slots
+        if num_snapshots is None:
+            share = max(0.0, _cache_budget(config, device, spent) * SNAPSHOT_MEMORY_SHARE)
+            num_snapshots = int(min(share // per_slot, 4 * config.max_num_seqs))
+        spent = _charge(config, spent, per_slot * (num_snapshots + 1),
+                        f"{num_snapshots} GDN state snapshots", "ssm_snapshot_slots")
+        snapshots = SnapshotPool(mc.gdn_layers, num_snapshots, *gdn_shape, dtype, device, state_dtype)
+    return state_pool, SlotAllocator(config.max_num_seqs), snapshots, spent
+
+
+def _charge(config: EngineConfig, spent: int, nbytes: int, what: str, knob: str) -> int:
+    """spent + nbytes: the bytes of kv_cache_memory_bytes that the GDN pools take once this one is built; a pool
+    that would run past it is refused by name, with the setting to lower."""
+    budget = config.kv_cache_memory_bytes
+    if budget is not None and spent + nbytes > budget:
+        left = f"the {_bytes(budget - spent)} it leaves after the GDN state" if spent else "all of it"
+        raise DeltaServeError(f"kv_cache_memory_bytes={budget} is too small for {what} ({_bytes(nbytes)}, more "
+                              f"than {left}); raise kv_cache_memory_bytes or lower {knob}")
+    return spent + nbytes
+
+
+def _check_budget_fits_gpu(config: EngineConfig, device: torch.device) -> None:
+    """A kv_cache_memory_bytes past the GPU's free memory is refused by name, where torch would fail to allocate."""
+    budget = config.kv_cache_memory_bytes
+    if budget is None or device.type != "cuda":
+        return
+    free, _ = torch.cuda.mem_get_info(device)
+    if budget > free:
+        raise DeltaServeError(f"kv_cache_memory_bytes={budget} ({_bytes(budget)}) is more than the GPU has free "
+                              f"after loading the model ({_bytes(free)}); lower it")
+
+
+def _cache_budget(config: EngineConfig, device: torch.device, spent: int = 0) -> float:
+    """Bytes the caches may still take: kv_cache_memory_bytes less the `spent` bytes the GDN pools took of it;
+    else what the GPU has left beside the activations (the pools built so far are out of its free memory
+    already), or the CPU setting."""
+    if config.kv_cache_memory_bytes is not None:
+        return config.kv_cache_memory_bytes - spent
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return free * config.gpu_memory_utilization - GPU_ACTIVATION_RESERVE
     return config.cpu_kv_cache_gib * GiB
 
 
-def _default_num_blocks(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+def _default_num_blocks(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
+                        spent: int = 0) -> int:
     per_block = KVPool.bytes_per_block(len(mc.attention_layers), config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
-    budget = _cache_budget(config, device)
+    budget = _cache_budget(config, device, spent)
     wanted = -(-(config.max_model_len or model_context_length(mc)) // config.block_size) * config.max_num_seqs
     blocks = int(min(budget // max(per_block, 1), wanted))
+    if blocks < 1 and config.kv_cache_memory_bytes is not None:
+        after = f" after the GDN state and snapshots ({_bytes(spent)})" if spent else ""
+        raise DeltaServeError(f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} leaves {_bytes(budget)} for the "
+                              f"KV cache{after}, less than one block of {config.block_size} tokens "
+                              f"({_bytes(per_block)}); raise kv_cache_memory_bytes")
     if blocks < 1:
-        raise DeltaServeError("no memory is left for the KV cache after loading the model")
+        setting = _pool_setting(config, device)
+        raise DeltaServeError(f"no memory is left for the KV cache after loading the model ({setting}="
+                              f"{getattr(config, setting)}); raise {setting}")
     return blocks
+
+
+def _pool_setting(config: EngineConfig, device: torch.device) -> str:
+    """The setting that sized the KV pool, as an error asking to raise it names it."""
+    if config.num_kv_blocks:
+        return "num_kv_blocks"
+    if config.kv_cache_memory_bytes is not None:
+        return "kv_cache_memory_bytes"
+    return "gpu_memory_utilization" if device.type == "cuda" else "cpu_kv_cache_gib"
+
+
+def _bytes(n: float) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{int(n)} bytes"

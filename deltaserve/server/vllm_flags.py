@@ -67,8 +67,6 @@ REFUSED = [
     (("-sc",), True, "deltaserve has no speculative decoding"),
     (("--lora-modules",), "+", "deltaserve serves no LoRA adapters"),
     (("--max-lora-rank",), True, "deltaserve serves no LoRA adapters"),
-    (("--kv-cache-memory-bytes",), True, "deltaserve sizes its KV pool by --gpu-memory-utilization or "
-                                        "--num-kv-blocks"),
 ]
 
 
