@@ -26,7 +26,7 @@ from deltaserve.server.serving_completions import Completions
 from deltaserve.server.serving_messages import Messages
 from deltaserve.server.serving_render import render_chat, render_completion
 from deltaserve.server.serving_responses import Responses
-from deltaserve.server.serving_tokenize import detokenize, tokenize
+from deltaserve.server.serving_tokenize import detokenize, tokenize, tokenizer_info
 from deltaserve.server.serving_tokens import GenerateTokens
 from deltaserve.server.stats_log import StatsLog
 
@@ -109,7 +109,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
               force_include_usage: bool = False, return_tokens_as_token_ids: bool = False,
               default_chat_template_kwargs: dict | None = None, trust_request_chat_template: bool = False,
               response_role: str = "assistant", log_stats_interval: float | None = None,
-              tool_call_parser: str | None = None, exclude_tools_when_tool_choice_none: bool = False) -> FastAPI:
+              tool_call_parser: str | None = None, exclude_tools_when_tool_choice_none: bool = False,
+              tokenizer_info_endpoint: bool = False) -> FastAPI:
     """The app; it starts the engine thread on startup and stops it on shutdown. api_key: the key, or keys, a
     request must carry (None: none). force_include_usage: every stream ends with its usage, as if its
     stream_options asked (vLLM's --enable-force-include-usage). return_tokens_as_token_ids: logprobs name each
@@ -118,7 +119,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     role of a chat reply that opens a new turn (vLLM's --response-role). log_stats_interval: seconds between two
     lines of vLLM's periodic stats in the log (stats_log.py; None: none). tool_call_parser: vLLM's name of the
     format tool calls come in (None: the one the chat template asks for). exclude_tools_when_tool_choice_none:
-    vLLM's flag, a chat whose tool_choice is "none" rendered without its tools (else the template shows them)."""
+    vLLM's flag, a chat whose tool_choice is "none" rendered without its tools (else the template shows them).
+    tokenizer_info_endpoint: serve vLLM's GET /tokenizer_info (its --enable-tokenizer-info-endpoint; off, as
+    there, since it shows the chat template and the tokenizer's settings)."""
     api_keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     ctx = ServerContext(engine, served_model_names or [engine.model_name], api_keys=api_keys, reasoning=reasoning,
                         force_include_usage=force_include_usage,
@@ -234,6 +237,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     async def _render_completion(request: Request):
         return await render_completion(completions, request)
 
+    async def _tokenizer_info(request: Request):
+        return tokenizer_info(ctx)
+
     async def _invocations(request: Request):
         """SageMaker's route, as vLLM's: a body of messages is a chat completion, a body with a prompt a
         completion (the body is read once: Starlette keeps it for the route that reads it again)."""
@@ -272,6 +278,8 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         routes["/reset_prefix_cache"] = _reset_prefix_cache
     for path, handler in routes.items():
         app.add_api_route(path, _answering_errors(handler), methods=["POST"])
+    if tokenizer_info_endpoint:
+        app.add_api_route("/tokenizer_info", _answering_errors(_tokenizer_info), methods=["GET"])
     app.add_api_route("/v1/responses/{response_id}", _answering_errors(responses.kept), methods=["GET", "DELETE"])
     app.add_api_route("/v1/responses/{response_id}/cancel", _answering_errors(responses.kept), methods=["POST"])
 

@@ -111,7 +111,8 @@ def serve(args: Any) -> int:
                     log_stats_interval=stats_interval,
                     tool_call_parser=getattr(args, "tool_call_parser", None),
                     exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none",
-                                                                     False)))
+                                                                     False)),
+                    tokenizer_info_endpoint=bool(getattr(args, "enable_tokenizer_info_endpoint", False)))
     add_http_middleware(app, args)
     config = uvicorn.Config(
         app,

@@ -1,4 +1,4 @@
-"""POST /tokenize and /detokenize (vLLM's shapes)."""
+"""POST /tokenize and /detokenize, and GET /tokenizer_info where the server enables it (vLLM's shapes)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,33 @@ async def detokenize(ctx: ServerContext, request: Request) -> dict:
         if token < 0 or (vocab is not None and token >= vocab):
             raise bad_request(f"token id {token} at position {i} is outside the vocabulary (size {vocab})", "tokens")
     return {"prompt": ctx.tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+
+# the paths of the vocabulary files on the server's disk, which vLLM leaves out
+_LOCAL_FILES = ("vocab_file", "merges_file")
+
+
+def tokenizer_info(ctx: ServerContext) -> dict:
+    """vLLM's GET /tokenizer_info: the tokenizer's own settings (transformers' init_kwargs, tokenizer_config.json's
+    fields), its class, and the chat template the server renders with (--chat-template's where given)."""
+    hf = ctx.tokenizer.hf
+    settings = getattr(hf, "init_kwargs", None) or {}
+    info = {name: _as_json(value) for name, value in settings.items() if name not in _LOCAL_FILES}
+    info["tokenizer_class"] = type(hf).__name__
+    if hf.chat_template:
+        info["chat_template"] = _as_json(hf.chat_template)
+    return info
+
+
+def _as_json(value):
+    """A setting as JSON carries it: an added token as its text (as vLLM's), containers item by item, and
+    anything else JSON has no form for as its text (encoding it would fail the response)."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {str(key): _as_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_json(item) for item in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

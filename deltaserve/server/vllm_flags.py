@@ -139,6 +139,10 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="accepted: usage always carries prompt_tokens_details (its cached tokens)")
     g.add_argument("--return-tokens-as-token-ids", action=argparse.BooleanOptionalAction, default=False,
                    help="logprobs name each token \"token_id:ID\" unless a request says otherwise")
+    g.add_argument("--enable-tokenizer-info-endpoint", action=argparse.BooleanOptionalAction, default=False,
+                   help="serve GET /tokenizer_info: the tokenizer's settings (tokenizer_config.json's), its class "
+                        "and the chat template (off by default, as vLLM's: it shows them to every client with a "
+                        "key)")
     g.add_argument("--enable-server-load-tracking", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: /load always answers with the requests the engine holds")
     g.add_argument("--max-log-len", type=int, default=None,
