@@ -1,10 +1,12 @@
 """The HTTP front's options under vLLM's names: CORS (every origin by default, as vLLM), a root path behind a
-proxy, TLS, uvicorn's own log level and access log, and request ids in the response headers."""
+proxy, TLS, uvicorn's own log level and access log (less the paths it should not log), and request ids in the
+response headers."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import uuid
@@ -58,6 +60,9 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
                    help="uvicorn's own log level (default: --log-level)")
     p.add_argument("--disable-uvicorn-access-log", action=argparse.BooleanOptionalAction, default=False,
                    help="no line per HTTP request (the access log is on at --log-level debug alone anyway)")
+    p.add_argument("--disable-access-log-for-endpoints", default=None,
+                   help="paths whose requests get no access-log line, comma-separated, as /health,/metrics,/ping "
+                        "(under --root-path, with or without it)")
     p.add_argument("--enable-request-id-headers", action=argparse.BooleanOptionalAction, default=False,
                    help="answer each request with an X-Request-Id header (the client's own, or a new one)")
     p.add_argument("--disable-fastapi-docs", action=argparse.BooleanOptionalAction, default=False,
@@ -78,6 +83,10 @@ def check_http_arguments(args: Any) -> None:
                               "let in every request, so give each key its text or leave --api-key out")
     if bool(getattr(args, "ssl_keyfile", None)) != bool(getattr(args, "ssl_certfile", None)):
         raise DeltaServeError("--ssl-keyfile and --ssl-certfile go together: give both, or neither")
+    for path in unlogged_paths(args):
+        if not path.startswith("/"):  # it would match no request
+            raise DeltaServeError(f"--disable-access-log-for-endpoints: {path!r} is no path; a path starts with / "
+                                  "(as /health)")
     for flag in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
         path = getattr(args, flag, None)
         if path and not os.path.isfile(path):
@@ -124,6 +133,39 @@ def add_http_middleware(app: FastAPI, args: Any) -> None:
         app.add_middleware(RequestIdHeaders)
     app.add_middleware(CORSMiddleware, allow_origins=args.allowed_origins, allow_methods=args.allowed_methods,
                        allow_headers=args.allowed_headers, allow_credentials=args.allow_credentials)
+
+
+def unlogged_paths(args: Any) -> list[str]:
+    """--disable-access-log-for-endpoints' paths: vLLM's one comma-separated string."""
+    given = getattr(args, "disable_access_log_for_endpoints", None) or ""
+    return [path.strip() for path in given.split(",") if path.strip()]
+
+
+class AccessLogFilter(logging.Filter):
+    """Drops uvicorn's access-log lines of the given paths (a query string aside). uvicorn logs the path with the
+    --root-path in front, so a path is matched with and without it."""
+
+    def __init__(self, paths: list[str], root_path: str = ""):
+        super().__init__()
+        self.paths = set(paths) | {root_path.rstrip("/") + path for path in paths}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn's access line: '%s - "%s %s HTTP/%s" %d' of (client, method, path and query, version, status)
+        args = record.args
+        if not isinstance(args, tuple) or len(args) < 3 or not isinstance(args[2], str):
+            return True
+        return args[2].split("?", 1)[0] not in self.paths
+
+
+def filter_access_log(args: Any) -> None:
+    """Puts the AccessLogFilter of --disable-access-log-for-endpoints on uvicorn's access logger; call it once
+    uvicorn.Config has set up uvicorn's logging."""
+    paths = unlogged_paths(args)
+    access = logging.getLogger("uvicorn.access")
+    for old in [f for f in access.filters if isinstance(f, AccessLogFilter)]:  # one server's paths at a time
+        access.removeFilter(old)
+    if paths:
+        access.addFilter(AccessLogFilter(paths, getattr(args, "root_path", None) or ""))
 
 
 def uvicorn_options(args: Any) -> dict[str, Any]:

@@ -15,7 +15,8 @@ import uvicorn
 from deltaserve.engine.async_engine import AsyncEngine
 from deltaserve.engine.sampling_defaults import describe
 from deltaserve.server.app import build_app
-from deltaserve.server.http_options import add_http_middleware, check_http_arguments, uvicorn_options
+from deltaserve.server.http_options import (add_http_middleware, check_http_arguments, filter_access_log,
+                                           uvicorn_options)
 from deltaserve.server.stats_log import log_stats_interval
 from deltaserve.server.vllm_flags import check_vllm_flags
 
@@ -122,6 +123,7 @@ def serve(args: Any) -> int:
         timeout_keep_alive=5,
         **uvicorn_options(args),
     )
+    filter_access_log(args)  # after uvicorn.Config, which sets its loggers up
     server = _Server(config, engine, served)
     server.run()
     engine.stop()

@@ -5,6 +5,7 @@ end the start with the reason."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import socket
 import ssl
@@ -18,7 +19,7 @@ from starlette.testclient import TestClient
 from deltaserve.cli import _build_parser
 from deltaserve.errors import DeltaServeError
 from deltaserve.server.app import APIKeyMiddleware
-from deltaserve.server.http_options import check_http_arguments, uvicorn_options
+from deltaserve.server.http_options import AccessLogFilter, check_http_arguments, filter_access_log, uvicorn_options
 from tests.server.conftest import MODEL, serving
 from tests.server.live_server import LiveServer
 
@@ -138,6 +139,55 @@ def test_the_options_reach_uvicorn_and_wrong_values_are_named():
     for wrong, why in (("[\"a\", ", "not JSON"), ('{"a": 1}', "JSON list of strings"), ("[1]", "JSON list of strings")):
         with pytest.raises(DeltaServeError, match=f"--allowed-headers .*{why}"):
             check_http_arguments(parse(["serve", "--port", "0", "--allowed-headers", wrong]))
+
+
+def _access_line(path: str) -> logging.LogRecord:
+    """A record as uvicorn's access logger makes it."""
+    return logging.LogRecord("uvicorn.access", logging.INFO, __file__, 0, '%s - "%s %s HTTP/%s" %d',
+                             ("127.0.0.1:5000", "GET", path, "1.1", 200), None)
+
+
+def test_the_access_log_leaves_out_the_paths_given():
+    """vLLM's comma-separated paths, matched without the query string, and with the root path uvicorn puts in
+    front of each request's path or without it."""
+    quiet = AccessLogFilter(["/health", "/metrics"], root_path="/proxied/")
+    for path in ("/health", "/metrics?name=x", "/proxied/health", "/proxied/metrics"):
+        assert not quiet.filter(_access_line(path)), path
+    for path in ("/healthz", "/v1/models", "/other/health", "/v1/health"):
+        assert quiet.filter(_access_line(path)), path
+    assert quiet.filter(logging.LogRecord("uvicorn.access", logging.INFO, __file__, 0, "no args", None, None))
+    args = _build_parser().parse_args(["serve", "--port", "0", "--disable-access-log-for-endpoints",
+                                       " /health, ,/metrics", "--root-path", "/p"])
+    check_http_arguments(args)
+    access = logging.getLogger("uvicorn.access")
+    try:
+        filter_access_log(args)
+        filter_access_log(args)  # once, however often a server starts in this process
+        [installed] = [f for f in access.filters if isinstance(f, AccessLogFilter)]
+        assert installed.paths == {"/health", "/metrics", "/p/health", "/p/metrics"}
+    finally:
+        filter_access_log(_build_parser().parse_args(["serve"]))
+    assert not [f for f in access.filters if isinstance(f, AccessLogFilter)]
+    with pytest.raises(DeltaServeError, match="--disable-access-log-for-endpoints: 'health' is no path"):
+        check_http_arguments(_build_parser().parse_args(["serve", "--port", "0",
+                                                         "--disable-access-log-for-endpoints", "/ping,health"]))
+
+
+@pytest.fixture(scope="module")
+def logging_server():
+    """A server that writes an access-log line per request (--log-level debug), but for /health and /metrics."""
+    yield from serving(LiveServer("--log-level", "debug", "--root-path", "/proxied",
+                                  "--disable-access-log-for-endpoints", "/health,/metrics"))
+
+
+def test_a_live_servers_access_log_leaves_out_the_paths_given(logging_server):
+    for path in ("/health", "/metrics", "/version", "/health?probe=1", "/ping"):
+        assert httpx.get(logging_server.url + path, timeout=30).status_code == 200, path
+    with open(logging_server.stdout.name) as f:
+        lines = [line for line in f if "HTTP/1.1" in line]
+    assert any('"GET /proxied/version HTTP/1.1" 200' in line for line in lines), lines
+    assert any('"GET /proxied/ping HTTP/1.1" 200' in line for line in lines), lines
+    assert not [line for line in lines if "/health" in line or "/metrics" in line], lines
 
 
 def test_a_port_taken_and_an_empty_api_key_end_the_start_before_the_model_loads():
