@@ -162,11 +162,16 @@ class AsyncEngine:
             stream.fail(error)
             self._submit(("abort", request_id))
 
-    def begin_shutdown(self) -> None:
-        """Refuse new requests and end those in flight; the thread runs on to free their blocks."""
+    def refuse_new(self) -> None:
+        """Refuse new requests (and end the work of those not yet queued) while those in flight run on: the wait
+        of a graceful shutdown (vLLM's --shutdown-timeout)."""
         self._closing = True
         if self.closing is not None:
             self.closing.set()
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests and end those in flight; the thread runs on to free their blocks."""
+        self.refuse_new()
         self.fail_all(ServerShuttingDownError("the server is shutting down"))
 
     def stop(self, timeout: float = 30.0) -> None:

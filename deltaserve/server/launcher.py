@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 import uvicorn
@@ -34,15 +35,19 @@ def environment_api_keys() -> list[str]:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, plus: print the URL once bound, end streams first on shutdown, and
-    exit normally after a signal instead of re-raising it."""
+    """uvicorn's server, plus: print the URL once bound, on shutdown let the requests in flight finish for up to
+    shutdown_timeout seconds and then end their streams before the connections close, and exit normally after a
+    signal instead of re-raising it."""
 
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, served: list[str]):
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, served: list[str], shutdown_timeout: int = 0):
         super().__init__(config)
         self.engine = engine
         self.served = served
+        self.shutdown_timeout = shutdown_timeout
         self.url: str | None = None
         self._streams_ended = False
+        self._drain_deadline: float | None = None
+        self._hurried = False  # a second signal came: stop waiting for the requests in flight
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -55,10 +60,33 @@ class _Server(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         should_exit = await super().on_tick(counter)
-        if should_exit and not self._streams_ended:
-            self._streams_ended = True
-            self.engine.begin_shutdown()  # streams end with an error event, then connections close
-        return should_exit
+        if not should_exit or self._streams_ended:
+            return should_exit
+        if self._draining():
+            return False  # uvicorn goes on serving: new requests get a 503, those in flight their tokens
+        self._streams_ended = True
+        self.engine.begin_shutdown()  # streams still open end with an error event, then connections close
+        return True
+
+    def _draining(self) -> bool:
+        """Whether the shutdown still waits for requests in flight (vLLM's --shutdown-timeout; 0: none). New ones
+        are refused from the signal on; the wait ends when none is left, when its seconds are up, or at a second
+        signal."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.shutdown_timeout
+            self.engine.refuse_new()
+            count = self.engine.num_in_flight
+            if self.shutdown_timeout and count:
+                print(f"deltaserve: stopping: waiting up to {self.shutdown_timeout} s for {count} "
+                      f"request{'s' if count > 1 else ''} in flight (a second signal stops at once)",
+                      file=sys.stderr, flush=True)
+        return (self.engine.num_in_flight > 0 and not self._hurried and not self.force_exit
+                and time.monotonic() < self._drain_deadline)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self.should_exit:
+            self._hurried = True
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -124,7 +152,7 @@ def serve(args: Any) -> int:
         **uvicorn_options(args),
     )
     filter_access_log(args)  # after uvicorn.Config, which sets its loggers up
-    server = _Server(config, engine, served)
+    server = _Server(config, engine, served, shutdown_timeout=getattr(args, "shutdown_timeout", 0))
     server.run()
     engine.stop()
     print("deltaserve: stopped", file=sys.stderr, flush=True)

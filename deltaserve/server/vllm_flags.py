@@ -143,6 +143,9 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="serve GET /tokenizer_info: the tokenizer's settings (tokenizer_config.json's), its class "
                         "and the chat template (off by default, as vLLM's: it shows them to every client with a "
                         "key)")
+    g.add_argument("--shutdown-timeout", type=_whole_seconds, default=0,
+                   help="on SIGTERM or Ctrl+C, seconds to let the requests in flight finish, new ones refused (503), "
+                        "before the rest are ended (default: 0, at once)")
     g.add_argument("--enable-server-load-tracking", action=argparse.BooleanOptionalAction, default=False,
                    help="accepted: /load always answers with the requests the engine holds")
     g.add_argument("--max-log-len", type=int, default=None,
@@ -155,6 +158,17 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="accepted: deltaserve runs the model in its own process on one GPU")
     _add_table(g, DROPPED, "accepted")
     _add_table(g, REFUSED, "refused")
+
+
+def _whole_seconds(text: str) -> int:
+    """--shutdown-timeout: a whole number of seconds, 0 or more, as vLLM's."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0 (0: requests in flight end at once)")
+    return value
 
 
 def check_vllm_flags(args: Any) -> bool | None:

@@ -1,11 +1,13 @@
 """--max-queue refuses with 503 + Retry-After; SIGTERM ends in-flight streams with an error
-event and the process exits cleanly. One server of its own (one sequence at a time)."""
+event and the process exits cleanly, or with --shutdown-timeout lets them finish for that long first. Servers
+of their own (one sequence at a time)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
 import random
+import re
 import signal
 import threading
 import time
@@ -13,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from deltaserve.cli import _build_parser
 from tests.server.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(400)
@@ -32,21 +35,23 @@ def small_server():
 class _Reader(threading.Thread):
     """Reads one SSE stream in the background, keeping its data events."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, body: dict = LONG):
         super().__init__(daemon=True)
-        self.url = url
+        self.url, self.body = url, body
         self.events: list[str] = []
         self.status: int | None = None
         self.first_event = threading.Event()
+        self.ended: float | None = None  # time.monotonic() at the stream's end
         self.start()
 
     def run(self) -> None:
-        with httpx.stream("POST", self.url + "/v1/completions", json=LONG, timeout=120) as response:
+        with httpx.stream("POST", self.url + "/v1/completions", json=self.body, timeout=120) as response:
             self.status = response.status_code
             for line in response.iter_lines():
                 if line.startswith("data:"):
                     self.events.append(line[5:].strip())
                     self.first_event.set()
+        self.ended = time.monotonic()
         self.first_event.set()
 
 
@@ -104,3 +109,86 @@ def test_queue_limit_then_clean_shutdown(small_server):
     assert len(running.events) > 3  # it had been streaming text before the shutdown
     log = small_server.read_log()
     assert "Traceback" not in log, log
+
+
+def _refused_while_stopping(url: str) -> httpx.Response:
+    """A new request once the server has read the signal (it looks every 0.1 s): 503, shutting down."""
+    deadline = time.monotonic() + 10
+    while True:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=30)
+        if r.status_code == 503 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.05)
+
+
+def test_shutdown_timeout_lets_the_requests_in_flight_finish():
+    """vLLM's --shutdown-timeout: from SIGTERM on, new requests are refused while those in flight run to their
+    end, and the server exits once none is left (long before the timeout)."""
+    live = LiveServer("--shutdown-timeout", "120")
+    try:
+        running = _Reader(live.url, {**LONG, "max_tokens": random.randint(20, 40)})
+        assert running.first_event.wait(120) and running.status == 200
+        start = time.monotonic()
+        live.proc.send_signal(signal.SIGTERM)
+        refused = _refused_while_stopping(live.url)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down", refused.text
+        assert httpx.get(live.url + "/health", timeout=30).status_code == 503
+        assert live.proc.wait(90) == 0
+        assert time.monotonic() - start < 90
+        running.join(10)
+        assert running.events[-1] == "[DONE]"
+        chunks = [json.loads(event) for event in running.events[:-1]]
+        assert not [c for c in chunks if "error" in c], chunks[-3:]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        # the first refused request may have come in before the signal was read, and run to its end too
+        assert re.search("waiting up to 120 s for [12] requests? in flight", live.read_log())
+        assert "Traceback" not in live.read_log()
+    finally:
+        live.cleanup()
+
+
+def test_shutdown_timeout_ends_what_still_runs_when_it_is_up():
+    """A request that cannot finish within the timeout (4000 tokens in 2 s) ends with the shutdown's error event
+    once it is up, not at the signal."""
+    live = LiveServer("--shutdown-timeout", "2", "--max-model-len", "4096", "--num-kv-blocks", "512")
+    try:
+        running = _Reader(live.url, {**LONG, "max_tokens": 4000})
+        assert running.first_event.wait(120) and running.status == 200
+        start = time.monotonic()
+        live.proc.send_signal(signal.SIGTERM)
+        assert live.proc.wait(60) == 0
+        running.join(10)
+        assert 2 <= running.ended - start < 15
+        assert running.events[-1] == "[DONE]"
+        assert json.loads(running.events[-2])["error"]["code"] == "shutting_down"
+        assert "Traceback" not in live.read_log()
+    finally:
+        live.cleanup()
+
+
+def test_a_second_signal_ends_the_wait():
+    """The requests in flight end at a second signal, whatever time the timeout leaves."""
+    live = LiveServer("--shutdown-timeout", "120", "--max-model-len", "4096", "--num-kv-blocks", "512")
+    try:
+        running = _Reader(live.url, {**LONG, "max_tokens": 4000})
+        assert running.first_event.wait(120) and running.status == 200
+        live.proc.send_signal(signal.SIGTERM)
+        assert _refused_while_stopping(live.url).status_code == 503  # the first was read: the wait began
+        assert running.is_alive()
+        start = time.monotonic()
+        live.proc.send_signal(signal.SIGTERM)  # (a second SIGINT is uvicorn's force quit, which skips the wait too)
+        assert live.proc.wait(60) == 0
+        running.join(10)
+        assert running.ended - start < 15
+        assert json.loads(running.events[-2])["error"]["code"] == "shutting_down"
+    finally:
+        live.cleanup()
+
+
+def test_shutdown_timeout_is_whole_seconds_from_zero():
+    parse = _build_parser().parse_args
+    assert parse(["serve"]).shutdown_timeout == 0  # vLLM's default: requests in flight end at once
+    assert parse(["serve", "--shutdown-timeout", "30"]).shutdown_timeout == 30
+    for bad in ("-1", "1.5", "soon"):
+        with pytest.raises(SystemExit):
+            parse(["serve", "--shutdown-timeout", bad])
