@@ -46,6 +46,8 @@ class Request:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    priority: int = 0  # under the priority policy, a lower value is admitted first and preempted last (vLLM's)
+    arrival: int = 0  # the order the scheduler took it in (Scheduler.add): of equal priorities, the earliest first
     # prefix cache
     block_hashes: list[bytes] = field(default_factory=list)  # names of the full blocks known so far
     num_registered_blocks: int = 0  # leading blocks of block_ids already in the prefix cache

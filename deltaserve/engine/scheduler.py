@@ -2,9 +2,14 @@
 recompute when KV blocks run out. Pure Python: it decides, the ModelRunner computes.
 
 Each step, running requests go first (oldest first; a decode needs one token, an unfinished prefill
-continues), then waiting requests are admitted while the budget, `max_num_seqs`, the KV blocks and
-the GDN state slots allow. When a running request cannot get the blocks it needs, the newest running
-request is preempted: its blocks and slot are freed and it waits at the front to be recomputed.
+continues), then waiting requests are admitted in the waiting queue's order while the budget,
+`max_num_seqs`, the KV blocks and the GDN state slots allow. When a running request cannot get the blocks
+it needs, another running request is preempted: its blocks and slot are freed and it waits to be
+recomputed. The policy (vLLM's) says which: under "fcfs" the waiting queue is in order of arrival, the
+newest running request is preempted and waits at the front; under "priority" the queue is ordered by
+(priority, arrival), the running request of the largest priority value (of those the latest to arrive) is
+preempted and waits in its place by that order. A waiting request never preempts a running one, as in
+vLLM: it is admitted first once there is room.
 
 With a PrefixCache, a request starting from scratch first looks up the longest cached prefix it can
 restart from (shared KV blocks, and for hybrid models a state snapshot), prefill passes stop at the
@@ -13,31 +18,36 @@ request's replay point, and the plan says where to save snapshots (see prefix_ca
 
 from __future__ import annotations
 
-from collections import deque
+import itertools
 
 from deltaserve.cache.block_allocator import BlockAllocator
 from deltaserve.cache.slot_allocator import SlotAllocator
 from deltaserve.engine.prefix_cache import PrefixCache
 from deltaserve.engine.request import Request, RequestStatus
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
+from deltaserve.engine.waiting_queue import served_before, waiting_queue
 
 
 class Scheduler:
     def __init__(self, blocks: BlockAllocator, slots: SlotAllocator | None, block_size: int,
-                 max_num_seqs: int, max_num_batched_tokens: int, prefix_cache: PrefixCache | None = None):
+                 max_num_seqs: int, max_num_batched_tokens: int, prefix_cache: PrefixCache | None = None,
+                 policy: str = "fcfs"):
         self.blocks = blocks
         self.prefix_cache = prefix_cache  # None: prefix caching off
         self.slots = slots  # None for models without GDN layers
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Request] = deque()
+        self.policy = policy  # "fcfs" or "priority" (waiting_queue.SCHEDULING_POLICIES)
+        self.waiting = waiting_queue(policy)
         self.running: list[Request] = []
+        self._arrivals = itertools.count()
         self.num_preemptions = 0
 
     # -- queue management -------------------------------------------------------------------------
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        request.arrival = next(self._arrivals)
+        self.waiting.add(request)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -79,8 +89,12 @@ class Scheduler:
                 index += 1  # its last token is on the device: it finishes when that is read back
                 continue
             count = self._chunk_size(request, request.num_computed_tokens, budget, request.replay_point)
+            num_preempted = len(plan.preempted)
             if not self._reserve_blocks(request, count, plan):
-                continue  # `request` itself was preempted; the list shifted under index
+                break  # `request` itself was preempted, the last to be: as vLLM's, the rest wait for the next step
+            if len(plan.preempted) > num_preempted:  # a victim planned before it gives back its place and tokens
+                index = self.running.index(request)
+                budget = self.max_num_batched_tokens - sum(c.num_tokens for c in plan.chunks)
             plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, count))
             budget -= count
             index += 1
@@ -92,7 +106,7 @@ class Scheduler:
 
     def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek()
             hit = None
             if (self.prefix_cache is not None and request.num_computed_tokens == 0
                     and request.params.prompt_logprobs is None):  # prompt logprobs need every prompt row
@@ -114,7 +128,7 @@ class Scheduler:
             if hit is not None:
                 self.prefix_cache.admit(request, hit, plan)
             request.block_ids += self.blocks.allocate(missing)
-            self.waiting.popleft()
+            self.waiting.pop()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             plan.admitted.append(request)
@@ -135,16 +149,23 @@ class Scheduler:
         return max(0, needed - len(request.block_ids))
 
     def _reserve_blocks(self, request: Request, count: int, plan: StepPlan) -> bool:
-        """Gives `request` the blocks for `count` more tokens, preempting the newest running requests
+        """Gives `request` the blocks for `count` more tokens, preempting other running requests (`_victim`)
         if it must. False when `request` itself had to be preempted."""
         missing = self._blocks_missing(request, count)
         while not self.blocks.can_allocate(missing):
-            victim = self.running[-1]
+            victim = self._victim()
             self._preempt(victim, plan)
             if victim is request:
                 return False
         request.block_ids += self.blocks.allocate(missing)
         return True
+
+    def _victim(self) -> Request:
+        """The running request preempted first, as vLLM's: the newest admitted (fcfs), or the one served last by
+        priority and arrival (priority), which may be one planned earlier in this step."""
+        if self.policy == "priority":
+            return max(self.running, key=served_before)
+        return self.running[-1]
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         self.running.remove(request)
@@ -154,7 +175,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         request.status = RequestStatus.WAITING
-        self.waiting.appendleft(request)
+        self.waiting.requeue(request)
         plan.preempted.append(request)
 
     # -- after the step ---------------------------------------------------------------------------
