@@ -54,13 +54,16 @@ class LLM:
                  tokenization_kwargs: dict | None = None, mm_processor_kwargs: dict | None = None
                  ) -> list[RequestOutput]:
         """The outputs of the prompts, in their order. use_tqdm: a progress bar over the finished prompts on
-        stderr, as vLLM's (False: none; a tqdm class: the bar it makes). vLLM's other options are taken where
-        they ask nothing (None) and refused by name otherwise (_refuse_run_options)."""
-        _refuse_run_options(lora_request=lora_request, priority=priority, tokenization_kwargs=tokenization_kwargs,
+        stderr, as vLLM's (False: none; a tqdm class: the bar it makes). priority: one integer a prompt, as vLLM's,
+        under scheduling_policy="priority" (a lower value is served first); under fcfs only zeros. vLLM's other
+        options are taken where they ask nothing (None) and refused by name otherwise (_refuse_run_options)."""
+        _refuse_run_options(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             mm_processor_kwargs=mm_processor_kwargs)
         prompts = _as_prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts), self.get_default_sampling_params)
-        return self._run([(p, sp, None, salt) for (p, salt), sp in zip(prompts, params)], use_tqdm=use_tqdm)
+        priorities = _priority_per_prompt(priority, len(prompts))
+        return self._run([(p, sp, None, salt) for (p, salt), sp in zip(prompts, params)], use_tqdm=use_tqdm,
+                         priorities=priorities)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -138,13 +141,15 @@ class LLM:
         """Forgets every cached KV block and state snapshot (the next requests run cold)."""
         self.engine.reset_prefix_cache()
 
-    def _run(self, jobs, texts: list[str] | None = None, use_tqdm: bool | Callable = False) -> list[RequestOutput]:
+    def _run(self, jobs, texts: list[str] | None = None, use_tqdm: bool | Callable = False,
+             priorities: list[int] | None = None) -> list[RequestOutput]:
         ids = [str(next(self._ids)) for _ in jobs]
         added = []
         try:
             for i, (request_id, (prompt, sp, offsets, salt)) in enumerate(zip(ids, jobs)):
                 self.engine.add_request(request_id, prompt, sp, capture_points=offsets,
-                                        prompt_text=texts[i] if texts else None, cache_salt=salt)
+                                        prompt_text=texts[i] if texts else None, cache_salt=salt,
+                                        priority=priorities[i] if priorities else 0)
                 added.append(request_id)
         except Exception:
             for request_id in added:  # all or nothing: a bad prompt leaves nothing queued
@@ -222,7 +227,6 @@ def _beam_search_output(search: BeamSearch, tokenizer) -> BeamSearchOutput:
 
 # vLLM's options of a generate or chat call that deltaserve has nothing to do with: why, for any value but None
 _RUN_OPTIONS = {"lora_request": "deltaserve serves no LoRA adapters",
-                "priority": "deltaserve schedules requests first come, first served",
                 "tokenization_kwargs": "deltaserve tokenizes a prompt whole, as the tokenizer's defaults do",
                 "mm_processor_kwargs": "deltaserve serves text alone"}
 
@@ -326,6 +330,18 @@ def _parts(content, index: int) -> list[dict] | None:
         return template_content(content, ("text", "refusal"))
     except ContentPartError as exc:
         raise InvalidPromptError(f"messages[{index}]'s {exc}") from None
+
+
+def _priority_per_prompt(priority, count: int) -> list[int] | None:
+    """generate's priority: None, or a list of one integer a prompt (as vLLM's; the engine checks each against
+    its scheduling policy)."""
+    if priority is None:
+        return None
+    if not isinstance(priority, (list, tuple)):
+        raise InvalidPromptError(f"priority={priority!r}: give a list of integers, one a prompt")
+    if len(priority) != count:
+        raise InvalidPromptError(f"priority: {len(priority)} values for {count} prompts (give one a prompt)")
+    return list(priority)
 
 
 def _params_per_prompt(params, count: int, default) -> list[SamplingParams]:

@@ -152,14 +152,17 @@ def test_vllms_call_options_are_taken_at_none_and_refused_by_name_otherwise(llm)
     chat = llm.chat(conversation, GREEDY, False, None, chat_template_content_format="auto", tokenization_kwargs=None,
                     mm_processor_kwargs=None)  # vLLM's order: lora_request the fourth
     assert chat[0].outputs[0].token_ids == llm.chat(conversation, GREEDY, use_tqdm=False)[0].outputs[0].token_ids
-    refused = {"lora_request": ("lora", 1, "/adapters/a"), "priority": [1], "tokenization_kwargs": {"truncation": True},
+    refused = {"lora_request": ("lora", 1, "/adapters/a"), "tokenization_kwargs": {"truncation": True},
                "mm_processor_kwargs": {"fps": 2}}
     for name, value in refused.items():
         with pytest.raises(InvalidPromptError, match=f"^{name}=.*: deltaserve .*leave it out"):
             llm.generate([prompt], GREEDY, use_tqdm=False, **{name: value})
-        if name != "priority":
-            with pytest.raises(InvalidPromptError, match=f"^{name}="):
-                llm.chat(conversation, GREEDY, use_tqdm=False, **{name: value})
+        with pytest.raises(InvalidPromptError, match=f"^{name}="):
+            llm.chat(conversation, GREEDY, use_tqdm=False, **{name: value})
+    # priority: zeros under fcfs, the engine's default (test_priority_engine.py has the rest)
+    assert llm.generate([prompt], GREEDY, use_tqdm=False, priority=[0])[0].outputs[0].token_ids == plain
+    with pytest.raises(InvalidPromptError, match="^priority=1: priority scheduling is not enabled"):
+        llm.generate([prompt], GREEDY, use_tqdm=False, priority=[1])
     with pytest.raises(InvalidPromptError, match="chat_template_content_format='parts'"):  # vLLM's three only
         llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_content_format="parts")
     assert not llm.engine.has_unfinished_requests()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from deltaserve.chat_content_format import CONTENT_FORMATS
+from deltaserve.engine.waiting_queue import SCHEDULING_POLICIES
 from deltaserve.errors import DeltaServeError
 from deltaserve.sampling_params import LOGPROBS_MODES, MAX_LOGPROBS
 
@@ -40,6 +41,9 @@ class EngineConfig:
     gdn_state_dtype: str = "auto"
     enforce_eager: bool = False
     async_scheduling: bool = True  # plan the next decode step while the GPU runs this one
+    # vLLM's: "fcfs" serves requests in order of arrival (a request's priority must be 0); "priority" admits the
+    # lowest priority value first and preempts the highest first, ties by arrival (engine/waiting_queue.py)
+    scheduling_policy: str = "fcfs"
     warm_up: bool | None = None  # prefill steps at start-up that compile their kernels (None: on a GPU)
     gpu_memory_utilization: float = 0.9
     # vLLM's: the cache's size in bytes, in place of gpu_memory_utilization (and of cpu_kv_cache_gib on the CPU);
@@ -79,6 +83,9 @@ class EngineConfig:
         if self.hf_token is not None and not isinstance(self.hf_token, (str, bool)):
             raise DeltaServeError(f"hf_token={type(self.hf_token).__name__}: give the token, or True for the "
                                   "stored login's")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise DeltaServeError(f"scheduling_policy={self.scheduling_policy!r}: give one of "
+                                  f"{', '.join(SCHEDULING_POLICIES)}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise DeltaServeError(f"logprobs_mode={self.logprobs_mode!r}: give one of {', '.join(LOGPROBS_MODES)}")
         if self.load_format not in ("auto", "dummy"):

@@ -114,7 +114,7 @@ class LLMEngine:
             prefix_cache = PrefixCache(loaded.blocks, snapshots, config.block_size, config.ssm_snapshot_interval,
                                        config.decode_snapshot_interval)
         self.scheduler = Scheduler(loaded.blocks, loaded.slots, config.block_size, config.max_num_seqs,
-                                   config.max_num_batched_tokens, prefix_cache)
+                                   config.max_num_batched_tokens, prefix_cache, config.scheduling_policy)
         self.runner = loaded.runner
         self.grammars = GrammarCompiler(self.tokenizer.hf, self.model_config.vocab_size, self.eos_token_ids,
                                         lambda text: self.tokenizer.encode(text, add_special_tokens=False))
@@ -144,9 +144,10 @@ class LLMEngine:
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams, *,
                     prompt_text: str | None = None, capture_points: list[int] | None = None,
-                    cache_salt: str | None = None) -> None:
+                    cache_salt: str | None = None, priority: int = 0) -> None:
         """Queues a request. cache_salt (vLLM's): its prefix-cache entries are shared only with requests of the
-        same salt."""
+        same salt. priority (vLLM's): under the priority policy, a lower value is served first (every one of its n
+        sequences); under fcfs only 0 is taken."""
         if not isinstance(params, SamplingParams):
             raise InvalidSamplingParamsError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()  # again: a field may have been set since construction
@@ -157,6 +158,7 @@ class LLMEngine:
             raise InvalidPromptError(f"request id {request_id!r} is already in use")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise InvalidPromptError(f"cache_salt={cache_salt!r}: must be a non-empty string")
+        self._check_priority(priority)
         self._check_token_ids(params)
         self._check_thinking_budget(params)
         token_ids, text, token_bytes = self._prompt_tokens(prompt, prompt_text)
@@ -174,7 +176,7 @@ class LLMEngine:
                     grammar=self.grammars.matcher(structured, grammar, think_tags) if grammar is not None else None,
                     held_back=held_back, bad_words_ids=bad_words_ids, hash_root=hash_root,
                     thinking=self._thinking_budget(params, token_ids),
-                    stats=RequestStateStats(arrival_time=arrival, queued_ts=queued))
+                    stats=RequestStateStats(arrival_time=arrival, queued_ts=queued), priority=priority)
             for i in range(params.n)
         ]
         parent = ParentRequest(request_id, text, token_ids, children,
@@ -201,6 +203,13 @@ class LLMEngine:
         max_tokens = self._resolve_max_tokens(len(token_ids), SamplingParams(max_tokens=params.max_tokens))
         return BeamSearch(token_ids, replace(params, max_tokens=max_tokens), self.eos_token_ids,
                           None if self.primary_eos is None else int(self.primary_eos), top_logprobs)
+
+    def _check_priority(self, priority) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidPromptError(f"priority={priority!r}: must be an integer")
+        if priority != 0 and self.config.scheduling_policy != "priority":  # vLLM documents this refusal too
+            raise InvalidPromptError(f"priority={priority}: priority scheduling is not enabled (only 0 is taken): "
+                                     "start the engine with scheduling_policy='priority'")
 
     def _stop_tokens(self, params: SamplingParams) -> list[int]:
         """The tokens min_tokens holds back: its stop_token_ids and the ends of sequence, ignore_eos or not (as

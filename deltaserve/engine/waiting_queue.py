@@ -6,8 +6,10 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from deltaserve.engine.request import Request
+if TYPE_CHECKING:  # kept light: the command line reads SCHEDULING_POLICIES before anything loads
+    from deltaserve.engine.request import Request
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
