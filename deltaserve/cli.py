@@ -8,6 +8,7 @@ import sys
 from decimal import Decimal, InvalidOperation
 
 from deltaserve.chat_content_format import CONTENT_FORMATS
+from deltaserve.engine.waiting_queue import SCHEDULING_POLICIES
 from deltaserve.errors import DeltaServeError
 from deltaserve.sampling_params import LOGPROBS_MODES
 
@@ -85,6 +86,10 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="plan the next decode step while the GPU runs this one (default: on); "
                         "--no-async-scheduling reads each step's tokens back first")
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=None,
+                   help="the order requests are served in: fcfs (default: by arrival; a request's priority must be "
+                        "0) or priority (by a request's priority field, the lowest value first, then by arrival: "
+                        "admitted first, and preempted last when KV blocks run out)")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=None,
                    help="skip the start-up prefill steps that compile the prefill kernels (default: on a GPU)")
 

@@ -95,6 +95,12 @@ def test_vllms_names_for_engine_options():
         "chat_template_content_format": content_format}
     with pytest.raises(DeltaServeError, match="chat_template_content_format='parts'"):
         EngineConfig(chat_template_content_format="parts")
+    policy = random.choice(["fcfs", "priority"])
+    assert engine_kwargs(parse(["serve", "--scheduling-policy", policy])) == {"scheduling_policy": policy}
+    assert engine_kwargs(parse(["chat", "--scheduling-policy", policy])) == {"scheduling_policy": policy}
+    assert "scheduling_policy" not in engine_kwargs(parse(["serve"]))  # the engine's fcfs
+    with pytest.raises(DeltaServeError, match="scheduling_policy='lifo': give one of fcfs, priority"):
+        EngineConfig(scheduling_policy="lifo")
 
 
 

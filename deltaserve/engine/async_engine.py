@@ -118,6 +118,8 @@ class AsyncEngine:
         cache_info = getattr(engine, "cache_config_info", None)
         self.cache_config_info: dict[str, str] = cache_info() if cache_info is not None else {}
         self.max_queue = max_queue
+        # vLLM's: under "priority" a request's priority orders it; under "fcfs" only 0 is taken (refuse_unsupported)
+        self.scheduling_policy: str = getattr(getattr(engine, "config", None), "scheduling_policy", "fcfs")
         # the most sequences a step runs: given, else the engine's own
         self.max_num_seqs = max_num_seqs if max_num_seqs is not None else getattr(
             getattr(engine, "config", None), "max_num_seqs", None)
@@ -233,6 +235,7 @@ class AsyncEngine:
         prompt_text: str | None = None,
         capture_points: list[int] | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
         queue_checked: bool = False,
     ) -> "RequestStream":
         """Queue a request; return its stream once the engine has accepted it.
@@ -259,6 +262,8 @@ class AsyncEngine:
             kwargs["capture_points"] = capture_points
         if cache_salt is not None:
             kwargs["cache_salt"] = cache_salt
+        if priority:
+            kwargs["priority"] = priority
         arrival = time.perf_counter()
         self._submit(("add", request_id, prompt, params, kwargs, added))
         try:

@@ -129,7 +129,7 @@ class _SamplingFields(_Lenient):
     add_special_tokens: StrictBool | None = None
     # vLLM's: the reply carries the prompt's token ids (prompt_token_ids) and each choice its own (token_ids)
     return_token_ids: StrictBool | None = None
-    priority: StrictInt = 0  # vLLM's: only 0 here (no priority scheduling), any other is refused
+    priority: StrictInt = 0  # vLLM's: lower is served first under --scheduling-policy priority (else only 0)
     prompt_logprobs: StrictInt | None = None  # vLLM's: each prompt token's logprob and the top ones
     # vLLM's: logprobs name each token "token_id:ID" (None: as the server's --return-tokens-as-token-ids)
     return_tokens_as_token_ids: StrictBool | None = None

@@ -98,3 +98,4 @@ class ResponsesRequest(_Lenient):
     include: list[Includable] | None = None  # "message.output_text.logprobs" asks for the output text's logprobs
     top_logprobs: StrictInt | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    priority: StrictInt = 0  # vLLM's, as chat's: lower is served first under --scheduling-policy priority

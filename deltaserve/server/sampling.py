@@ -145,9 +145,9 @@ def refuse_unsupported(req: Any, engine: Any) -> None:
             raise bad_request(f"{name}: {what} is not supported", name, "unsupported_value")
     if extra:  # as vLLM does: fields it does not know are ignored, and said to be
         logger.warning("request fields ignored: %s", ", ".join(sorted(extra)))
-    if req.priority != 0:  # vLLM refuses it too, unless its scheduler orders by priority (this one does not)
-        raise bad_request(f"priority={req.priority}: priority scheduling is not enabled (only 0 is taken)",
-                          "priority", "unsupported_value")
+    if req.priority != 0 and getattr(engine, "scheduling_policy", "fcfs") != "priority":  # as vLLM documents it
+        raise bad_request(f"priority={req.priority}: priority scheduling is not enabled (only 0 is taken): start the "
+                          "server with --scheduling-policy priority", "priority", "unsupported_value")
     if req.prompt_logprobs is not None and req.stream:  # as vLLM: they would come only with the last chunk
         raise bad_request("prompt_logprobs are not available with stream: true", "prompt_logprobs", "invalid_value")
     if req.prompt_logprobs is not None:  # before echo's logprobs join it

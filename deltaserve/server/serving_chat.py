@@ -165,7 +165,7 @@ class ChatCompletions:
         else:
             stream = await self.ctx.engine.generate(
                 job.request_id, prompt.token_ids, params, prompt_text=prompt.text,
-                capture_points=prompt.capture_points, cache_salt=req.cache_salt
+                capture_points=prompt.capture_points, cache_salt=req.cache_salt, priority=req.priority
             )
         return job, stream
 

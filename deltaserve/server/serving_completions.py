@@ -90,8 +90,10 @@ class Completions:
         req = CompletionRequest.model_validate(await read_json_object(request))
         model, prompts, params = await self.prepare(req)
         base_id = random_id("cmpl-")
-        started = (start_beam_searches(self.ctx.engine, base_id, prompts, params, req) if req.use_beam_search
-                   else submit_prompts(self.ctx.engine, base_id, prompts, params, req.cache_salt))
+        if req.use_beam_search:
+            started = start_beam_searches(self.ctx.engine, base_id, prompts, params, req)
+        else:
+            started = submit_prompts(self.ctx.engine, base_id, prompts, params, req.cache_salt, req.priority)
         streams = await until_disconnect(request, started)
         job = _CompletionJob(self, req, model, base_id, prompts)
         if req.stream:
@@ -134,7 +136,7 @@ class Completions:
 
 
 async def submit_prompts(engine: AsyncEngine, base_id: str, prompts: list[_Prompt], params: list,
-                         cache_salt: str | None) -> list[RequestStream]:
+                         cache_salt: str | None, priority: int = 0) -> list[RequestStream]:
     """Queues every prompt at once, so that the engine takes them all at its next step (one after another,
     each would wait for a step of its own). Where one is refused, or the caller is cancelled meanwhile (its
     client gone), the others are closed (aborted); the first refusal, in the prompts' order, is raised. The queue
@@ -142,7 +144,7 @@ async def submit_prompts(engine: AsyncEngine, base_id: str, prompts: list[_Promp
     own prompts would count as waiting ahead of each other."""
     engine.check_admission()
     tasks = [asyncio.ensure_future(engine.generate(f"{base_id}-{k}", p.token_ids, sp, prompt_text=p.text,
-                                                   cache_salt=cache_salt, queue_checked=True))
+                                                   cache_salt=cache_salt, priority=priority, queue_checked=True))
              for k, (p, sp) in enumerate(zip(prompts, params))]
     try:
         taken = await asyncio.gather(*tasks, return_exceptions=True)

@@ -173,7 +173,7 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     body = {"model": req.model, "messages": chat_messages(req), "max_completion_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "tools": _tools(req), "tool_choice": _tool_choice(req),
             "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req),
-            "chat_template_kwargs": req.chat_template_kwargs,
+            "chat_template_kwargs": req.chat_template_kwargs, "priority": req.priority,
             "reasoning_effort": req.reasoning.effort if req.reasoning is not None else None}
     if _continues_last_message(req):  # the reply goes on writing it, as vLLM's (and Anthropic's prefill)
         body.update(continue_final_message=True, add_generation_prompt=False)

@@ -36,7 +36,7 @@ class _SteppingEngine:
     def check_admission(self) -> None:
         self.admission_checks += 1
 
-    async def generate(self, request_id, token_ids, params, *, prompt_text=None, cache_salt=None,
+    async def generate(self, request_id, token_ids, params, *, prompt_text=None, cache_salt=None, priority=0,
                        queue_checked=False):
         if not queue_checked:
             self.unchecked.append(request_id)
