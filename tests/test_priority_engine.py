@@ -4,6 +4,7 @@ priority other than 0 is refused."""
 
 import random
 
+import numpy as np
 import pytest
 
 from deltaserve import LLM, DeltaServeError, InvalidPromptError, SamplingParams
@@ -94,6 +95,7 @@ def test_fcfs_refuses_a_priority_other_than_zero_and_generate_checks_the_list(mo
     assert not llm.engine.has_unfinished_requests()  # the first, taken, was let go again
     plain = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     assert llm.generate([prompt], GREEDY, use_tqdm=False, priority=[0])[0].outputs[0].token_ids == plain
+    assert llm.generate([prompt], GREEDY, use_tqdm=False, priority=[np.int64(0)])[0].outputs[0].token_ids == plain
     for given, named in (([0, 1], "2 values for 1 prompts"), (3, "give a list"), ([True], "must be an integer")):
         with pytest.raises(InvalidPromptError, match=f"^priority.*{named}"):
             llm.generate([prompt], GREEDY, use_tqdm=False, priority=given)

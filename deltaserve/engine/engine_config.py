@@ -42,7 +42,7 @@ class EngineConfig:
     enforce_eager: bool = False
     async_scheduling: bool = True  # plan the next decode step while the GPU runs this one
     # vLLM's: "fcfs" serves requests in order of arrival (a request's priority must be 0); "priority" admits the
-    # lowest priority value first and preempts the highest first, ties by arrival (engine/waiting_queue.py)
+    # lowest priority value first and preempts the largest first, ties by arrival (engine/waiting_queue.py)
     scheduling_policy: str = "fcfs"
     warm_up: bool | None = None  # prefill steps at start-up that compile their kernels (None: on a GPU)
     gpu_memory_utilization: float = 0.9

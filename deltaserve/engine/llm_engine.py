@@ -4,6 +4,7 @@ tokens into outputs. The body of both LLM.generate's loop and the server's engin
 from __future__ import annotations
 
 import logging
+import numbers
 import struct
 import time
 from array import array
@@ -158,7 +159,7 @@ class LLMEngine:
             raise InvalidPromptError(f"request id {request_id!r} is already in use")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise InvalidPromptError(f"cache_salt={cache_salt!r}: must be a non-empty string")
-        self._check_priority(priority)
+        priority = self._checked_priority(priority)
         self._check_token_ids(params)
         self._check_thinking_budget(params)
         token_ids, text, token_bytes = self._prompt_tokens(prompt, prompt_text)
@@ -204,12 +205,15 @@ class LLMEngine:
         return BeamSearch(token_ids, replace(params, max_tokens=max_tokens), self.eos_token_ids,
                           None if self.primary_eos is None else int(self.primary_eos), top_logprobs)
 
-    def _check_priority(self, priority) -> None:
-        if isinstance(priority, bool) or not isinstance(priority, int):
+    def _checked_priority(self, priority) -> int:
+        """An integer (a numpy one too), and under fcfs 0: vLLM documents that refusal (0.24 takes any value there
+        and drops it)."""
+        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
             raise InvalidPromptError(f"priority={priority!r}: must be an integer")
-        if priority != 0 and self.config.scheduling_policy != "priority":  # vLLM documents this refusal too
+        if priority != 0 and self.config.scheduling_policy != "priority":
             raise InvalidPromptError(f"priority={priority}: priority scheduling is not enabled (only 0 is taken): "
                                      "start the engine with scheduling_policy='priority'")
+        return int(priority)
 
     def _stop_tokens(self, params: SamplingParams) -> list[int]:
         """The tokens min_tokens holds back: its stop_token_ids and the ends of sequence, ignore_eos or not (as
