@@ -282,7 +282,7 @@ class AsyncEngine:
 
     async def beam_search(self, request_id: str, prompt: list[int], params: BeamSearchParams, *,
                           prompt_text: str | None, decode: Callable[[list[int]], str], top_logprobs: int | None,
-                          cache_salt: str | None = None) -> BeamSearchStream:
+                          cache_salt: str | None = None, priority: int = 0) -> BeamSearchStream:
         """Start a beam search (engine/beam_search_stream.py): its stream yields the best beams as one finished
         output. Its beams' requests are queued as one client request's, checked against the queue here, once.
         decode: a beam's text from its tokens; top_logprobs: how many each result token carries (None: none)."""
@@ -290,7 +290,7 @@ class AsyncEngine:
         search = self.engine.beam_search(prompt, params, top_logprobs or 0)  # reads the engine's settings alone
         return BeamSearchStream(self, request_id, search, prompt_text=prompt_text, decode=decode,
                                 include_stop=params.include_stop_str_in_output, logprobs=top_logprobs,
-                                cache_salt=cache_salt)
+                                cache_salt=cache_salt, priority=priority)
 
     def add_step_listener(self, listener: Callable[[Any], None]) -> None:
         """`listener` is told of each engine step's StepStats (LLMEngine.step_listeners), on the engine's

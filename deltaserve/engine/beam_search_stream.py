@@ -16,11 +16,13 @@ class BeamSearchStream:
     a beam's text from its tokens; `logprobs`: how many top logprobs each choice's tokens carry (None: none)."""
 
     def __init__(self, engine: Any, request_id: str, search: BeamSearch, *, prompt_text: str | None,
-                 decode, include_stop: bool, logprobs: int | None, cache_salt: str | None = None):
+                 decode, include_stop: bool, logprobs: int | None, cache_salt: str | None = None,
+                 priority: int = 0):
         self.request_id = request_id
         self._engine, self._search = engine, search
         self._prompt_text, self._decode = prompt_text, decode
         self._include_stop, self._logprobs, self._salt = include_stop, logprobs, cache_salt
+        self._priority = priority  # each step's requests are the client request's, ordered as it is
         self._num_cached_tokens: int | None = None
         self._task = asyncio.ensure_future(self._run())
         self._closed = False
@@ -54,7 +56,7 @@ class BeamSearchStream:
         while not search.finished:
             prompts = search.next_prompts()
             ids = [f"{self.request_id}-{step}-{i}" for i in range(len(prompts))]
-            outputs = await _one_token_each(self._engine, ids, prompts, params, self._salt)
+            outputs = await _one_token_each(self._engine, ids, prompts, params, self._salt, self._priority)
             if self._num_cached_tokens is None:
                 self._num_cached_tokens = outputs[0].num_cached_tokens
             search.advance([o.outputs[0].logprobs[0] for o in outputs])
@@ -75,12 +77,12 @@ class BeamSearchStream:
                                 beam.stop_reason, logprobs)
 
 
-async def _one_token_each(engine: Any, ids: list[str], prompts: list[list[int]], params,
-                          salt: str | None) -> list[RequestOutput]:
+async def _one_token_each(engine: Any, ids: list[str], prompts: list[list[int]], params, salt: str | None,
+                          priority: int) -> list[RequestOutput]:
     """Runs one request a prompt, all queued at once (the search's client request was admitted when it began), and
     returns their finished outputs; where one is refused or the search is cancelled, those taken are aborted."""
-    tasks = [asyncio.ensure_future(engine.generate(rid, prompt, params, cache_salt=salt, queue_checked=True))
-             for rid, prompt in zip(ids, prompts)]
+    tasks = [asyncio.ensure_future(engine.generate(rid, prompt, params, cache_salt=salt, queue_checked=True,
+                                                   priority=priority)) for rid, prompt in zip(ids, prompts)]
     streams = []
     try:
         for task in tasks:

@@ -41,14 +41,14 @@ def beam_search_params(req: Any, params: SamplingParams) -> BeamSearchParams:
 
 async def start_beam_search(engine: AsyncEngine, request_id: str, prompt: list[int], prompt_text: str | None,
                             params: SamplingParams, beams: BeamSearchParams,
-                            cache_salt: str | None) -> BeamSearchStream:
+                            cache_salt: str | None, priority: int = 0) -> BeamSearchStream:
     """The search's stream; a width the engine's max_logprobs cannot serve is a 400 naming n."""
     tokenizer = engine.tokenizer
     skip = params.skip_special_tokens
     try:
         return await engine.beam_search(request_id, prompt, beams, prompt_text=prompt_text,
                                         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=skip),
-                                        top_logprobs=params.logprobs, cache_salt=cache_salt)
+                                        top_logprobs=params.logprobs, cache_salt=cache_salt, priority=priority)
     except InvalidSamplingParamsError as exc:
         param = "n" if str(exc).startswith("beam_width") else None
         raise bad_request(str(exc), param, "invalid_value") from None
@@ -62,7 +62,7 @@ async def start_beam_searches(engine: AsyncEngine, base_id: str, prompts: list, 
     try:
         for k, (prompt, sp) in enumerate(zip(prompts, params)):
             streams.append(await start_beam_search(engine, f"{base_id}-{k}", prompt.token_ids, prompt.text, sp,
-                                                   beam_search_params(req, sp), req.cache_salt))
+                                                   beam_search_params(req, sp), req.cache_salt, req.priority))
     except BaseException:
         for stream in streams:
             stream.close()

@@ -161,7 +161,7 @@ class ChatCompletions:
         job, prompt, params = await self.prepare(req, id_prefix, max_tool_calls)
         if getattr(req, "use_beam_search", False):
             stream = await start_beam_search(self.ctx.engine, job.request_id, prompt.token_ids, prompt.text, params,
-                                             beam_search_params(req, params), req.cache_salt)
+                                             beam_search_params(req, params), req.cache_salt, req.priority)
         else:
             stream = await self.ctx.engine.generate(
                 job.request_id, prompt.token_ids, params, prompt_text=prompt.text,

@@ -82,7 +82,7 @@ class GenerateTokens:
         request_id = "generate-tokens-" + (request.headers.get("x-request-id") or req.request_id
                                            or random_id(""))
         stream = await until_disconnect(request, self.ctx.engine.generate(
-            request_id, list(req.token_ids), params, cache_salt=req.cache_salt))
+            request_id, list(req.token_ids), params, cache_salt=req.cache_salt, priority=req.priority))
         if req.stream:
             return EngineStreamResponse(self._stream(req, request_id, stream, params), stream, headers=SSE_HEADERS)
         final = await until_disconnect(request, last_output(stream))
@@ -93,9 +93,9 @@ class GenerateTokens:
             if getattr(req, name):
                 raise bad_request(f"{name}: deltaserve takes text prompts alone on one engine (no multimodal "
                                   "features, no disaggregated prefill)", name, "unsupported_value")
-        if req.priority != 0:
-            raise bad_request(f"priority={req.priority}: priority scheduling is not enabled (only 0 is taken)",
-                              "priority", "unsupported_value")
+        if req.priority != 0 and getattr(self.ctx.engine, "scheduling_policy", "fcfs") != "priority":
+            raise bad_request(f"priority={req.priority}: priority scheduling is not enabled (only 0 is taken): start "
+                              "the server with --scheduling-policy priority", "priority", "unsupported_value")
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only for streamed responses (stream: true)", "stream_options",
                               "invalid_value")
