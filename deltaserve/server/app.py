@@ -22,6 +22,7 @@ from deltaserve.server.errors import APIError, bad_request, from_exception
 from deltaserve.server.http_metrics import HttpMetrics, HttpMetricsMiddleware
 from deltaserve.server.metrics import CONTENT_TYPE
 from deltaserve.server.serving_chat import ChatCompletions
+from deltaserve.server.serving_chat_batch import batch_chat
 from deltaserve.server.serving_completions import Completions
 from deltaserve.server.serving_messages import Messages
 from deltaserve.server.serving_render import render_chat, render_completion
@@ -231,6 +232,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     async def _detokenize(request: Request):
         return await detokenize(ctx, request)
 
+    async def _batch_chat(request: Request):
+        return await batch_chat(chat, request)
+
     async def _render_chat(request: Request):
         return await render_chat(chat, request)
 
@@ -272,6 +276,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         "/invocations": _invocations,
         "/inference/v1/generate": generate_tokens.__call__,
         "/v1/chat/completions/render": _render_chat,
+        "/v1/chat/completions/batch": _batch_chat,
         "/v1/completions/render": _render_completion,
     }
     if server_dev_mode():
