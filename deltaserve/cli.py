@@ -90,6 +90,11 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="the order requests are served in: fcfs (default: by arrival; a request's priority must be "
                         "0) or priority (by a request's priority field, the lowest value first, then by arrival: "
                         "admitted first, and preempted last when KV blocks run out)")
+    p.add_argument("--profiler-config", type=_json_object, default=None,
+                   help="vLLM's profiler settings as a JSON object (or key by key, --profiler-config.profiler "
+                        "torch): profiler torch (its trace of the steps between /start_profile and /stop_profile "
+                        "written to torch_profiler_dir) or cuda (the CUDA profiler's capture range, for nsys), "
+                        "delay_iterations, max_iterations and the torch_profiler_* options")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=None,
                    help="skip the start-up prefill steps that compile the prefill kernels (default: on a GPU)")
 

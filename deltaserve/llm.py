@@ -141,6 +141,15 @@ class LLM:
         """Forgets every cached KV block and state snapshot (the next requests run cold)."""
         self.engine.reset_prefix_cache()
 
+    def start_profile(self, profile_prefix: str | None = None) -> None:
+        """vLLM's: the profiler of profiler_config traces the engine's steps from here; profile_prefix names its
+        trace's file."""
+        self.engine.start_profile(profile_prefix)
+
+    def stop_profile(self) -> None:
+        """vLLM's: the profiler stops; a torch profiler writes its trace to profiler_config's torch_profiler_dir."""
+        self.engine.stop_profile()
+
     def _run(self, jobs, texts: list[str] | None = None, use_tqdm: bool | Callable = False,
              priorities: list[int] | None = None) -> list[RequestOutput]:
         ids = [str(next(self._ids)) for _ in jobs]

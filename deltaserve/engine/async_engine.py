@@ -306,6 +306,20 @@ class AsyncEngine:
         self._submit(("reset_prefix_cache", done))
         await done
 
+    async def start_profile(self, prefix: str | None = None) -> None:
+        """The engine's profiler starts, between two engine steps (LLMEngine.start_profile)."""
+        await self._between_steps("start_profile", prefix)
+
+    async def stop_profile(self) -> None:
+        """The engine's profiler stops and writes its trace, between two engine steps."""
+        await self._between_steps("stop_profile")
+
+    async def _between_steps(self, method: str, *args) -> None:
+        self._check_alive()
+        done = asyncio.get_running_loop().create_future()
+        self._submit(("call", method, args, done))
+        await done
+
     # ---- engine thread -----------------------------------------------------------------------
 
     def _submit(self, command: tuple) -> None:
@@ -352,13 +366,18 @@ class AsyncEngine:
                 except Exception:  # already finished, or never added
                     pass
             elif command[0] == "reset_prefix_cache":
-                try:
-                    self.engine.reset_prefix_cache()
-                except Exception as exc:
-                    self._call_in_loop(_settle, command[1], exc)
-                else:
-                    self._call_in_loop(_settle, command[1], None)
+                self._call_on_engine("reset_prefix_cache", (), command[1])
+            elif command[0] == "call":
+                self._call_on_engine(*command[1:])
         return changed
+
+    def _call_on_engine(self, method: str, args: tuple, done: asyncio.Future) -> None:
+        try:
+            getattr(self.engine, method)(*args)
+        except Exception as exc:
+            self._call_in_loop(_settle, done, exc)
+        else:
+            self._call_in_loop(_settle, done, None)
 
     def _refresh_stats(self) -> None:
         try:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from deltaserve.chat_content_format import CONTENT_FORMATS
+from deltaserve.engine.profiler import ProfilerConfig
 from deltaserve.engine.waiting_queue import SCHEDULING_POLICIES
 from deltaserve.errors import DeltaServeError
 from deltaserve.sampling_params import LOGPROBS_MODES, MAX_LOGPROBS
@@ -61,6 +63,9 @@ class EngineConfig:
     # vLLM's: what a sampled token's logprobs report (LOGPROBS_MODES); prompt logprobs are always raw_logprobs
     logprobs_mode: str = "raw_logprobs"
     load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
+    # vLLM's: a ProfilerConfig or a dict of its fields; with a profiler, start_profile / stop_profile trace the
+    # steps between them (engine/profiler.py)
+    profiler_config: Any = None
 
     def __post_init__(self):
         if self.chat_template_content_format not in CONTENT_FORMATS:
@@ -88,6 +93,7 @@ class EngineConfig:
                                   f"{', '.join(SCHEDULING_POLICIES)}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise DeltaServeError(f"logprobs_mode={self.logprobs_mode!r}: give one of {', '.join(LOGPROBS_MODES)}")
+        self.profiler_config = ProfilerConfig.from_value(self.profiler_config)
         if self.load_format not in ("auto", "dummy"):
             raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
         utilization = self.gpu_memory_utilization

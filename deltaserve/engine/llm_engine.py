@@ -21,6 +21,7 @@ from deltaserve.engine.grammar import GrammarCompiler
 from deltaserve.engine.logprob_text import MAX_CONTEXT, logprob_token_text
 from deltaserve.engine.model_setup import LoadedModel, load_engine_model
 from deltaserve.engine.prefix_cache import PrefixCache
+from deltaserve.engine.profiler import StepProfiler
 from deltaserve.engine.repetition import ends_in_repetition
 from deltaserve.engine.request import Request
 from deltaserve.engine.sampling_defaults import max_tokens_cap
@@ -28,7 +29,8 @@ from deltaserve.engine.scheduler import Scheduler
 from deltaserve.engine.thinking_budget import (THINK_END, THINK_START, ThinkingBudget, opens_think_block,
                                                think_tag_ids)
 from deltaserve.engine.warm_up import warm_up
-from deltaserve.errors import InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError, RequestNotFoundError
+from deltaserve.errors import (DeltaServeError, InvalidPromptError, InvalidSamplingParamsError, PromptTooLongError,
+                               RequestNotFoundError)
 from deltaserve.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from deltaserve.sampling_params import BeamSearchParams, SamplingParams, logprobs_count
 
@@ -129,6 +131,8 @@ class LLMEngine:
         self.step_listeners: list[Callable[[StepStats], None]] = []
         self._step_stats = StepStats()
         self.last_failure: BaseException | None = None  # what the newest failed step raised
+        profiling = config.profiler_config is not None and config.profiler_config.profiler is not None
+        self.profiler = StepProfiler(config.profiler_config, loaded.device) if profiling else None
         if config.warm_up if config.warm_up is not None else loaded.device.type == "cuda":
             started = time.perf_counter()
             steps = warm_up(self)
@@ -340,6 +344,21 @@ class LLMEngine:
         """Forgets every cached KV block and state snapshot that no running request holds."""
         self.scheduler.reset_prefix_cache()
 
+    def start_profile(self, prefix: str | None = None) -> None:
+        """vLLM's: the profiler of profiler_config traces the steps from here (engine/profiler.py); `prefix` names
+        the trace's file."""
+        self._profiler_or_refusal().start(prefix)
+
+    def stop_profile(self) -> None:
+        """vLLM's: the profiler stops, and a torch profiler writes its trace."""
+        self._profiler_or_refusal().stop()
+
+    def _profiler_or_refusal(self) -> StepProfiler:
+        if self.profiler is None:
+            raise DeltaServeError("profiling is off: start the engine with profiler_config (--profiler-config), "
+                                  "e.g. {\"profiler\": \"torch\", \"torch_profiler_dir\": \"./traces\"}")
+        return self.profiler
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or self._launched is not None
 
@@ -382,6 +401,8 @@ class LLMEngine:
                 self._record_prompt_logprobs(result.prompt_logprobs)
                 self._finish_step(plan, result.sampling, result.tokens, result.logprobs, touched)
         self._report_step()
+        if self.profiler is not None:
+            self.profiler.step()
         if final_only:
             return failed + [self._output(p) for p in touched.values() if p.finished]
         return failed + [self._output(parent) for parent in touched.values()]

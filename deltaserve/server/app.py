@@ -265,6 +265,16 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
         await engine.reset_prefix_cache()
         return Response(status_code=200)
 
+    async def _start_profile(request: Request):
+        logger.info("starting the profiler")
+        await engine.start_profile()
+        return Response(status_code=200)
+
+    async def _stop_profile(request: Request):
+        logger.info("stopping the profiler")
+        await engine.stop_profile()
+        return Response(status_code=200)
+
     routes = {
         "/v1/chat/completions": chat.__call__,
         "/v1/completions": completions.__call__,
@@ -281,6 +291,9 @@ def build_app(engine: AsyncEngine, served_model_names: list[str] | None = None, 
     }
     if server_dev_mode():
         routes["/reset_prefix_cache"] = _reset_prefix_cache
+    if getattr(getattr(engine, "engine", None), "profiler", None) is not None:  # vLLM's, where one is configured
+        routes["/start_profile"] = _start_profile
+        routes["/stop_profile"] = _stop_profile
     for path, handler in routes.items():
         app.add_api_route(path, _answering_errors(handler), methods=["POST"])
     if tokenizer_info_endpoint:

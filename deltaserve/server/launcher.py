@@ -109,7 +109,7 @@ def engine_kwargs(args: Any) -> dict:
              "decode_snapshot_interval", "gdn_state_dtype", "enforce_eager", "async_scheduling", "load_format",
              "warm_up", "gpu_memory_utilization", "kv_cache_memory_bytes", "generation_config",
              "override_generation_config", "chat_template", "chat_template_content_format", "max_logprobs", "logprobs_mode",
-             "scheduling_policy")
+             "scheduling_policy", "profiler_config")
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 

@@ -1,0 +1,98 @@
+"""vLLM's profiler_config, start_profile and stop_profile (engine/profiler.py): the torch profiler's trace of the
+steps between them, written where the config says, its delay and step limit, and the refusals."""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import random
+
+import httpx
+import pytest
+
+from deltaserve import LLM, DeltaServeError, SamplingParams
+from deltaserve.engine.profiler import ProfilerConfig
+from tests.server.live_server import LiveServer
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _events(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(checkpoint_factory):
+    return checkpoint_factory("qwen3.5")
+
+
+def test_a_torch_trace_covers_the_steps_between_start_and_stop(checkpoint, tmp_path):
+    folder = tmp_path / "traces"
+    llm = LLM(checkpoint, device="cpu", profiler_config={"profiler": "torch", "torch_profiler_dir": str(folder)})
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)  # not traced
+    prefix = f"run{random.randrange(10**6)}"
+    llm.start_profile(prefix)
+    llm.generate([[random.randrange(3, 300) for _ in range(9)]], SamplingParams(max_tokens=4), use_tqdm=False)
+    llm.stop_profile()
+    traces = glob.glob(str(folder / f"{prefix}_*.pt.trace.json.gz"))
+    assert len(traces) == 1, os.listdir(folder)
+    names = {e.get("name", "") for e in _events(traces[0])}
+    assert any(n.startswith("aten::") for n in names)  # the steps' own operators
+    assert glob.glob(str(folder / f"{prefix}_*_kernels.txt"))
+    llm.stop_profile()  # not profiling: ignored, as vLLM's
+    assert len(glob.glob(str(folder / "*.gz"))) == 1
+
+
+def test_delay_and_step_limit(checkpoint, tmp_path):
+    config = {"profiler": "torch", "torch_profiler_dir": str(tmp_path), "delay_iterations": 2, "max_iterations": 3,
+              "torch_profiler_use_gzip": False, "torch_profiler_dump_cuda_time_total": False}
+    llm = LLM(checkpoint, device="cpu", profiler_config=config, enable_prefix_caching=False)
+    profiler = llm.engine.profiler
+    llm.start_profile()
+    llm.engine.add_request("a", [5, 6, 7, 8], SamplingParams(max_tokens=20, ignore_eos=True))
+    running = []
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+        running.append(profiler._running)
+    # two steps of delay, the profiler starting at the second's end; three traced: the trace is written without
+    # stop_profile
+    assert running[:6] == [False, True, True, True, False, False], running
+    assert [os.path.basename(p) for p in glob.glob(str(tmp_path / "deltaserve_*.pt.trace.json"))]
+    llm.stop_profile()
+    assert len(glob.glob(str(tmp_path / "*.json"))) == 1
+
+
+def test_profiling_off_and_bad_configs_are_named(checkpoint, tmp_path):
+    llm = LLM(checkpoint, device="cpu")
+    with pytest.raises(DeltaServeError, match="profiling is off: start the engine with profiler_config"):
+        llm.start_profile()
+    with pytest.raises(DeltaServeError, match="profiler_config.torch_profiler_dri: not one of vLLM's"):
+        ProfilerConfig.from_value({"profiler": "torch", "torch_profiler_dri": str(tmp_path)})
+    with pytest.raises(DeltaServeError, match="the torch profiler needs a directory"):
+        ProfilerConfig.from_value({"profiler": "torch"})
+    with pytest.raises(DeltaServeError, match="profiler='nsys': give 'torch' or 'cuda'"):
+        ProfilerConfig.from_value({"profiler": "nsys"})
+
+
+def test_the_servers_profile_routes(tmp_path):
+    folder = tmp_path / "server_traces"
+    live = LiveServer("--profiler-config.profiler", "torch", "--profiler-config.torch_profiler_dir", str(folder))
+    try:
+        assert httpx.post(live.url + "/start_profile", timeout=60).status_code == 200
+        r = httpx.post(live.base_url + "/completions", json={"prompt": "Hello", "max_tokens": 3}, timeout=60)
+        assert r.status_code == 200
+        assert httpx.post(live.url + "/stop_profile", timeout=120).status_code == 200
+        assert len(glob.glob(str(folder / "deltaserve_*.pt.trace.json.gz"))) == 1
+        assert live.stop() == 0
+    finally:
+        live.cleanup()
+    plain = LiveServer()
+    try:
+        assert httpx.post(plain.url + "/start_profile", timeout=60).status_code == 404
+        assert plain.stop() == 0
+    finally:
+        plain.cleanup()
