@@ -12,6 +12,7 @@ from deltaserve.engine.request import Request
 from deltaserve.engine.scheduler import Scheduler
 from deltaserve.engine.waiting_queue import PriorityQueue, served_before
 from deltaserve.sampling_params import SamplingParams
+from tests.test_prefix_cache_units import _step
 
 BS = 4
 
@@ -28,20 +29,6 @@ def _request(request_id, priority=0, prompt_len=BS, max_tokens=8, rng=None):
     request = Request(request_id, prompt, SamplingParams(max_tokens=max_tokens), max_tokens)
     request.priority = priority
     return request
-
-
-def _step(sched):
-    """One step as the engine runs it, token 7 sampled by every chunk that samples."""
-    plan = sched.schedule()
-    for chunk in plan.chunks:
-        chunk.request.num_computed_tokens = chunk.end
-    sched.step_done(plan)
-    for chunk in plan.chunks:
-        if chunk.samples:
-            chunk.request.output_token_ids.append(7)
-            if len(chunk.request.output_token_ids) >= chunk.request.max_tokens:
-                sched.finish(chunk.request, "length")
-    return plan
 
 
 def _ids(requests):

@@ -20,7 +20,22 @@ def served_before(request: Request) -> tuple[int, int]:
     return request.priority, request.arrival
 
 
-class FcfsQueue:
+class _Queue:
+    """What both orders share: membership, length, removal (an aborted request) and iteration in order."""
+
+    _requests: deque[Request] | list[Request]
+
+    def remove(self, request: Request) -> None:
+        self._requests.remove(request)
+
+    def __contains__(self, request: Request) -> bool:
+        return request in self._requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+
+class FcfsQueue(_Queue):
     """First come, first served; a preempted request goes back to the front, to be the first recomputed."""
 
     def __init__(self) -> None:
@@ -38,20 +53,11 @@ class FcfsQueue:
     def pop(self) -> Request:
         return self._requests.popleft()
 
-    def remove(self, request: Request) -> None:
-        self._requests.remove(request)
-
-    def __contains__(self, request: Request) -> bool:
-        return request in self._requests
-
-    def __len__(self) -> int:
-        return len(self._requests)
-
     def __iter__(self) -> Iterator[Request]:
         return iter(self._requests)
 
 
-class PriorityQueue:
+class PriorityQueue(_Queue):
     """By `served_before`; a preempted request takes its place by its key again, as vLLM's priority queue has no
     front. Kept sorted with the first served at the end, so that admitting it is a pop from the list's end."""
 
@@ -68,15 +74,6 @@ class PriorityQueue:
 
     def pop(self) -> Request:
         return self._requests.pop()
-
-    def remove(self, request: Request) -> None:
-        self._requests.remove(request)
-
-    def __contains__(self, request: Request) -> bool:
-        return request in self._requests
-
-    def __len__(self) -> int:
-        return len(self._requests)
 
     def __iter__(self) -> Iterator[Request]:
         return reversed(self._requests)
