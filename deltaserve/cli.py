@@ -8,6 +8,7 @@ import sys
 from decimal import Decimal, InvalidOperation
 
 from deltaserve.chat_content_format import CONTENT_FORMATS
+from deltaserve.engine.load_formats import LOAD_FORMATS
 from deltaserve.engine.waiting_queue import SCHEDULING_POLICIES
 from deltaserve.errors import DeltaServeError
 from deltaserve.sampling_params import LOGPROBS_MODES
@@ -81,8 +82,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "biases, penalties and temperature), raw_logits, or processed_logprobs / processed_logits "
                         "(those it is drawn from, after them and top-k, top-p and min-p); prompt logprobs are "
                         "always raw_logprobs")
-    p.add_argument("--load-format", choices=("auto", "dummy"), default=None,
-                   help="dummy: random weights in the checkpoint's shapes, from its config.json alone (benchmarks)")
+    p.add_argument("--load-format", choices=LOAD_FORMATS, default=None,
+                   help="dummy: random weights in the checkpoint's shapes, from its config.json alone (benchmarks); "
+                        "safetensors or gguf: the checkpoint must be of that format (auto: either)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="plan the next decode step while the GPU runs this one (default: on); "
                         "--no-async-scheduling reads each step's tokens back first")

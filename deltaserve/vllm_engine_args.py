@@ -27,8 +27,6 @@ ONLY = {
                                              "max_num_batched_tokens in chunks"),
     "kv_cache_dtype": (("auto",), "the KV cache is kept in the model's dtype"),
     "tokenizer_mode": (("auto", "hf"), "deltaserve reads the checkpoint's own fast tokenizer"),
-    "quantization": ((None,), "deltaserve quantizes no weights itself, and an FP8 checkpoint loads without it "
-                              "(its config.json says so)"),
     "speculative_config": ((None,), "deltaserve has no speculative decoding"),
     "enable_lora": ((False, None), "deltaserve serves no LoRA adapters"),
     "hf_overrides": ((None,), "deltaserve reads the checkpoint's config.json as it is"),
@@ -65,6 +63,9 @@ def engine_args_from_vllm(model: str | None, kwargs: dict[str, Any]) -> dict[str
             reason = refusal(name, value, model)
             if reason is not None:
                 raise DeltaServeError(f"{name}={value!r}: {reason}")
+        elif name == "mamba_cache_dtype":  # the whole cache's dtype: the GDN state's, where nothing names it
+            if value is not None and "mamba_ssm_cache_dtype" not in kwargs and "gdn_state_dtype" not in kwargs:
+                out["gdn_state_dtype"] = value
         elif name in RENAMED:
             if value is None:  # as if left out
                 continue

@@ -3,11 +3,14 @@
 import random
 
 import pytest
+import torch
 
+from deltaserve import LLM
 from deltaserve.cli import _build_parser, _parse, byte_count, token_count
 from deltaserve.engine.engine_config import EngineConfig
 from deltaserve.errors import DeltaServeError
 from deltaserve.server.launcher import engine_kwargs
+from tests.fp8_checkpoints import write_fp8_pair
 
 
 def test_serve_options_become_engine_config_fields():
@@ -116,3 +119,28 @@ def test_a_queue_length_below_one_is_refused_by_name(value, capsys, tmp_path):
         _parse(["serve", "--config", str(config)])
     assert "--max-queue" in capsys.readouterr().err
     assert _build_parser().parse_args(["serve", "--max-queue", "1"]).max_queue == 1
+
+
+def test_vllms_checkpoint_format_flags(checkpoint_factory, tmp_path):
+    """--load-format safetensors / gguf name the checkpoint's own format, --quantization fp8 an FP8 checkpoint's,
+    and --mamba-cache-dtype the GDN state's dtype where --mamba-ssm-cache-dtype does not name it."""
+    parse = _build_parser().parse_args
+    dtype = random.choice(["float32", "bfloat16"])
+    assert engine_kwargs(parse(["serve", "--mamba-cache-dtype", dtype])) == {"gdn_state_dtype": dtype}
+    assert engine_kwargs(parse(["serve", "--mamba-cache-dtype", dtype, "--mamba-ssm-cache-dtype", "float32"])) == {
+        "gdn_state_dtype": "float32"}
+    assert engine_kwargs(parse(["serve", "-q", "fp8", "--load-format", "safetensors"])) == {
+        "quantization": "fp8", "load_format": "safetensors"}
+    with pytest.raises(DeltaServeError, match="quantization='awq': deltaserve quantizes no weights itself"):
+        EngineConfig(quantization="awq")
+    with pytest.raises(DeltaServeError, match="load_format='pt': give one of auto, dummy, safetensors, gguf"):
+        EngineConfig(load_format="pt")
+    path = checkpoint_factory("qwen3.5")
+    with pytest.raises(DeltaServeError, match="load_format='gguf', but .* is a safetensors checkpoint"):
+        LLM(path, device="cpu", load_format="gguf")
+    with pytest.raises(DeltaServeError, match="quantization='fp8': .* is no FP8 checkpoint"):
+        LLM(path, device="cpu", quantization="fp8")
+    llm = LLM(path, device="cpu", load_format="safetensors", mamba_cache_dtype="bfloat16")
+    assert llm.engine.loaded.runner.state_pool.h_all.dtype == torch.bfloat16
+    fp8, _ = write_fp8_pair(path, tmp_path, (4, 4))
+    assert LLM(fp8, device="cpu", quantization="fp8").generate([[5, 6]], use_tqdm=False)[0].outputs[0].token_ids

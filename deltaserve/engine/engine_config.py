@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from deltaserve.chat_content_format import CONTENT_FORMATS
+from deltaserve.engine.load_formats import LOAD_FORMATS
 from deltaserve.engine.profiler import ProfilerConfig
 from deltaserve.engine.waiting_queue import SCHEDULING_POLICIES
 from deltaserve.errors import DeltaServeError
@@ -62,7 +63,11 @@ class EngineConfig:
     max_logprobs: int = MAX_LOGPROBS  # vLLM's: the most logprobs a request may ask a token; -1: the whole vocabulary
     # vLLM's: what a sampled token's logprobs report (LOGPROBS_MODES); prompt logprobs are always raw_logprobs
     logprobs_mode: str = "raw_logprobs"
-    load_format: str = "auto"  # "dummy": random weights in the checkpoint's shapes (benchmarks)
+    # "dummy": random weights in the checkpoint's shapes (benchmarks); vLLM's "safetensors" and "gguf" name the
+    # checkpoint's own format (model_setup.check_checkpoint_format)
+    load_format: str = "auto"
+    # vLLM's: None, or "fp8" for an FP8 checkpoint's own weights (deltaserve quantizes no weights itself)
+    quantization: str | None = None
     # vLLM's: a ProfilerConfig or a dict of its fields; with a profiler, start_profile / stop_profile trace the
     # steps between them (engine/profiler.py)
     profiler_config: Any = None
@@ -94,8 +99,12 @@ class EngineConfig:
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise DeltaServeError(f"logprobs_mode={self.logprobs_mode!r}: give one of {', '.join(LOGPROBS_MODES)}")
         self.profiler_config = ProfilerConfig.from_value(self.profiler_config)
-        if self.load_format not in ("auto", "dummy"):
-            raise DeltaServeError(f"load_format={self.load_format!r}: must be 'auto' or 'dummy'")
+        if self.load_format not in LOAD_FORMATS:
+            raise DeltaServeError(f"load_format={self.load_format!r}: give one of {', '.join(LOAD_FORMATS)} "
+                                  "(deltaserve reads safetensors and GGUF checkpoints)")
+        if self.quantization not in (None, "fp8"):
+            raise DeltaServeError(f"quantization={self.quantization!r}: deltaserve quantizes no weights itself; an "
+                                  "FP8 checkpoint loads as it is (quantization 'fp8' or none)")
         utilization = self.gpu_memory_utilization
         if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
             raise DeltaServeError(f"gpu_memory_utilization={utilization!r}: must be in (0, 1]")

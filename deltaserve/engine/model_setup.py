@@ -64,6 +64,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
                                                config.override_generation_config)
     device = resolve_device(config.device)
     model_config, tokenizer, gguf_tensors = _read_checkpoint(source)
+    check_checkpoint_format(config, source, model_config)
     check_max_model_len(config.max_model_len, model_config)  # before the model is built
     if config.chat_template is not None:
         tokenizer.set_chat_template(read_chat_template(config.chat_template))
@@ -130,6 +131,17 @@ def long_max_model_len_allowed_by() -> str | None:
         if os.environ.get(name, "0").strip().lower() in ("1", "true"):
             return name
     return None
+
+
+def check_checkpoint_format(config: EngineConfig, source: ModelSource, model_config: ModelConfig) -> None:
+    """vLLM's load_format and quantization, where they name a format: the checkpoint must be of it."""
+    found = "gguf" if source.is_gguf else "safetensors"
+    if config.load_format in ("safetensors", "gguf") and config.load_format != found:
+        raise DeltaServeError(f"load_format={config.load_format!r}, but {source.path!r} is a {found} checkpoint "
+                              f"(give {found!r} or 'auto')")
+    if config.quantization == "fp8" and not model_config.fp8_weights:
+        raise DeltaServeError(f"quantization='fp8': deltaserve quantizes no weights itself, and {source.path!r} "
+                              "is no FP8 checkpoint (its config.json names no fp8 quantization_config)")
 
 
 def _read_checkpoint(source: ModelSource):

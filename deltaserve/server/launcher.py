@@ -109,8 +109,12 @@ def engine_kwargs(args: Any) -> dict:
              "decode_snapshot_interval", "gdn_state_dtype", "enforce_eager", "async_scheduling", "load_format",
              "warm_up", "gpu_memory_utilization", "kv_cache_memory_bytes", "generation_config",
              "override_generation_config", "chat_template", "chat_template_content_format", "max_logprobs", "logprobs_mode",
-             "scheduling_policy", "profiler_config")
-    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+             "scheduling_policy", "profiler_config", "quantization")
+    kwargs = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    whole_cache = getattr(args, "mamba_cache_dtype", None)  # vLLM's: the GDN state's, where nothing names it
+    if whole_cache is not None and "gdn_state_dtype" not in kwargs:
+        kwargs["gdn_state_dtype"] = whole_cache
+    return kwargs
 
 
 def serve(args: Any) -> int:

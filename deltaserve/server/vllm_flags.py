@@ -121,7 +121,11 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer-mode", default=None, help="auto or hf: the checkpoint's own fast tokenizer")
     g.add_argument("--kv-cache-dtype", default=None, help="auto only: the KV cache is kept in the model's dtype")
     g.add_argument("--quantization", "-q", default=None,
-                   help="refused: deltaserve quantizes no weights itself (an FP8 checkpoint loads without it)")
+                   help="fp8 for an FP8 checkpoint (which loads without it too); any other is refused: deltaserve "
+                        "quantizes no weights itself")
+    g.add_argument("--mamba-cache-dtype", choices=("auto", "float32", "bfloat16"), default=None,
+                   help="the GDN state's dtype where --mamba-ssm-cache-dtype does not name it (the conv state stays "
+                        "in the model's dtype)")
     g.add_argument("--speculative-config", default=None, help="refused: deltaserve has no speculative decoding")
     g.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=None,
                    help="refused: deltaserve serves no LoRA adapters")

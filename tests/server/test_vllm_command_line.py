@@ -54,7 +54,6 @@ def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
                                          (["-tp", "4"], "--tensor-parallel-size 4"),
                                          (["-pp", "2"], "--pipeline-parallel-size 2: .*one GPU"),
                                          (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: .*model's dtype"),
-                                         (["-q", "fp8"], "--quantization fp8: .*quantizes no weights"),
                                          (["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'],
                                           "--speculative-config .*: deltaserve has no speculative decoding"),
                                          (["--enable-lora"], "--enable-lora: .*LoRA"),
