@@ -37,6 +37,8 @@ class LLM:
                         num_kv_blocks=num_kv_blocks, seed=seed)
         self.engine = LLMEngine.from_args(model, **(settings | translated))
         self._ids = itertools.count()
+        self._enqueued: list[str] = []  # enqueue's requests, for wait_for_completion
+        self._kept: dict[str, RequestOutput] = {}  # those of them that finished while another call waited
 
     def get_tokenizer(self):
         """The model's tokenizer: deltaserve's, which also answers as the Hugging Face tokenizer under it does
@@ -78,6 +80,52 @@ class LLM:
         chat_template_kwargs for the template's own variables (enable_thinking, ...)."""
         _refuse_run_options(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
                             mm_processor_kwargs=mm_processor_kwargs)
+        jobs, texts = self._chat_jobs(messages, sampling_params, chat_template, chat_template_content_format,
+                                      add_generation_prompt, continue_final_message, tools, chat_template_kwargs)
+        return self._run(jobs, texts=texts, use_tqdm=use_tqdm)
+
+    def enqueue(self, prompts: Prompt | list[Prompt],
+                sampling_params: SamplingParams | list[SamplingParams] | None = None, lora_request=None,
+                priority: list[int] | None = None, use_tqdm: bool | Callable[..., tqdm] = True,
+                tokenization_kwargs: dict | None = None, mm_processor_kwargs: dict | None = None) -> list[str]:
+        """vLLM's: queues the prompts as generate would and returns their request ids at once; wait_for_completion
+        runs them. use_tqdm is taken (the queueing needs no bar)."""
+        _refuse_run_options(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
+                            mm_processor_kwargs=mm_processor_kwargs)
+        prompts = _as_prompt_list(prompts)
+        params = _params_per_prompt(sampling_params, len(prompts), self.get_default_sampling_params)
+        ids = self._add([(p, sp, None, salt) for (p, salt), sp in zip(prompts, params)],
+                        priorities=_priority_per_prompt(priority, len(prompts)))
+        self._enqueued += ids
+        return ids
+
+    def enqueue_chat(self, messages: list[dict] | list[list[dict]],
+                     sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                     use_tqdm: bool | Callable[..., tqdm] = True, lora_request=None,
+                     priority: list[int] | None = None, chat_template: str | None = None,
+                     chat_template_content_format: str = "auto", add_generation_prompt: bool = True,
+                     continue_final_message: bool = False, tools: list[dict] | None = None,
+                     chat_template_kwargs: dict | None = None, tokenization_kwargs: dict | None = None,
+                     mm_processor_kwargs: dict | None = None) -> list[str]:
+        """vLLM's: renders and queues the conversations as chat would, and returns their request ids at once."""
+        _refuse_run_options(lora_request=lora_request, tokenization_kwargs=tokenization_kwargs,
+                            mm_processor_kwargs=mm_processor_kwargs)
+        jobs, texts = self._chat_jobs(messages, sampling_params, chat_template, chat_template_content_format,
+                                      add_generation_prompt, continue_final_message, tools, chat_template_kwargs)
+        ids = self._add(jobs, texts, _priority_per_prompt(priority, len(jobs)))
+        self._enqueued += ids
+        return ids
+
+    def wait_for_completion(self, output_type=None, *, use_tqdm: bool | Callable[..., tqdm] = True
+                            ) -> list[RequestOutput]:
+        """vLLM's: runs what enqueue and enqueue_chat queued until each has finished; their outputs in the order
+        they were queued. output_type is taken (deltaserve's outputs are RequestOutputs)."""
+        ids, self._enqueued = self._enqueued, []
+        return self._wait(ids, use_tqdm)
+
+    def _chat_jobs(self, messages, sampling_params, chat_template, chat_template_content_format,
+                   add_generation_prompt, continue_final_message, tools, chat_template_kwargs):
+        """Each conversation rendered with the chat template: (ids, params, message offsets, salt) and its text."""
         if chat_template_content_format not in CONTENT_FORMATS:
             raise InvalidPromptError(f"chat_template_content_format={chat_template_content_format!r}: give one of "
                                      f"{', '.join(CONTENT_FORMATS)}")
@@ -97,7 +145,7 @@ class LLM:
             offsets = tok.message_offsets(conversation, tools=tools, full=ids, **options)
             jobs.append((ids, sp, offsets, None))
             texts.append(text)
-        return self._run(jobs, texts=texts, use_tqdm=use_tqdm)
+        return jobs, texts
 
     def beam_search(self, prompts: Prompt | list[Prompt], params: BeamSearchParams, lora_request=None,
                     use_tqdm: bool = False, concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
@@ -152,6 +200,10 @@ class LLM:
 
     def _run(self, jobs, texts: list[str] | None = None, use_tqdm: bool | Callable = False,
              priorities: list[int] | None = None) -> list[RequestOutput]:
+        return self._wait(self._add(jobs, texts, priorities), use_tqdm)
+
+    def _add(self, jobs, texts: list[str] | None = None, priorities: list[int] | None = None) -> list[str]:
+        """Queues the jobs, all or none; their request ids."""
         ids = [str(next(self._ids)) for _ in jobs]
         added = []
         try:
@@ -164,14 +216,24 @@ class LLM:
             for request_id in added:  # all or nothing: a bad prompt leaves nothing queued
                 self.engine.abort(request_id)
             raise
-        finished: dict[str, RequestOutput] = {}
+        return ids
+
+    def _wait(self, ids: list[str], use_tqdm: bool | Callable = False) -> list[RequestOutput]:
+        """Steps the engine until the requests `ids` have finished; their outputs in that order. Enqueued requests
+        that finish meanwhile are kept for wait_for_completion."""
+        finished = {i: self._kept.pop(i) for i in ids if i in self._kept}
         progress = _ProgressBar(use_tqdm, len(ids))
+        waiting = set(ids)
         try:
             while len(finished) < len(ids):
                 for output in self.engine.step(final_only=True):
-                    if output.finished:
+                    if not output.finished:
+                        continue
+                    if output.request_id in waiting:
                         finished[output.request_id] = output
                         progress.finished(output)
+                    else:  # enqueued, and not waited for yet
+                        self._kept[output.request_id] = output
             # a step launched before a stop was read back still runs, for rows that have finished: the engine is
             # left idle, as a caller of vLLM's LLM finds it (has_unfinished_requests False)
             while self.engine.has_unfinished_requests() and not self.engine.scheduler.has_unfinished():

@@ -74,6 +74,23 @@ def test_renamed_checked_and_unknown_arguments():
         engine_args_from_vllm("m", {name: 1})
 
 
+def test_enqueued_prompts_and_chats_finish_in_wait_for_completion(llm):
+    """vLLM's enqueue / enqueue_chat / wait_for_completion: ids at once, the outputs of what was queued in its
+    order, as generate and chat give them; a generate meanwhile runs them too and returns its own alone."""
+    prompts = [[random.randrange(3, 200) for _ in range(random.randint(1, 20))] for _ in range(random.randint(2, 4))]
+    chats = [[{"role": "user", "content": _word()}] for _ in range(2)]
+    ids = llm.enqueue(prompts, GREEDY) + llm.enqueue_chat(chats, GREEDY)
+    assert len(set(ids)) == len(prompts) + 2
+    between = llm.generate(prompts[:1], GREEDY, use_tqdm=False)  # steps the queued ones too
+    assert [o.request_id for o in between] != ids[:1]
+    outs = llm.wait_for_completion(use_tqdm=False)
+    assert [o.request_id for o in outs] == ids
+    expected = llm.generate(prompts, GREEDY, use_tqdm=False) + llm.chat(chats, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in expected]
+    assert [o.prompt for o in outs[len(prompts):]] == [o.prompt for o in expected[len(prompts):]]
+    assert llm.wait_for_completion(use_tqdm=False) == [] and not llm.engine.has_unfinished_requests()
+
+
 def test_the_progress_bar_counts_the_finished_prompts(llm, capsys):
     count = random.randint(2, 5)
     prompts = [[random.randrange(3, 200) for _ in range(random.randint(1, 20))] for _ in range(count)]
