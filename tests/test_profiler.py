@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from deltaserve import LLM, DeltaServeError, SamplingParams
-from deltaserve.engine.profiler import ProfilerConfig
+from deltaserve.engine.profiler import ProfilerConfig, ProfilerError
 from tests.server.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(300)
@@ -66,6 +66,29 @@ def test_delay_and_step_limit(checkpoint, tmp_path):
     assert len(glob.glob(str(tmp_path / "*.json"))) == 1
 
 
+def test_a_profiler_that_fails_never_fails_a_step(checkpoint, tmp_path):
+    """A trace that cannot be written ends the profiling with a warning where a step ended it, and is named to a
+    stop_profile call; the engine serves on either way."""
+    config = {"profiler": "torch", "torch_profiler_dir": str(tmp_path), "max_iterations": random.randint(1, 2)}
+    llm = LLM(checkpoint, device="cpu", profiler_config=config)
+
+    def unwritable(prof):
+        raise OSError(28, "No space left on device")
+
+    llm.engine.profiler._write = unwritable
+    llm.start_profile()
+    prompt = [random.randrange(3, 300) for _ in range(5)]
+    out = llm.generate([prompt], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 6 and not llm.engine.profiler.active
+    llm.engine.profiler.config.max_iterations = 0  # no step ends it now: the stop call meets the failure
+    llm.start_profile()
+    llm.generate([prompt], SamplingParams(max_tokens=2), use_tqdm=False)
+    with pytest.raises(ProfilerError, match="did not stop and write its trace: .*No space left"):
+        llm.stop_profile()
+    assert len(llm.generate([prompt], SamplingParams(max_tokens=3, ignore_eos=True),
+                            use_tqdm=False)[0].outputs[0].token_ids) == 3
+
+
 def test_profiling_off_and_bad_configs_are_named(checkpoint, tmp_path):
     llm = LLM(checkpoint, device="cpu")
     with pytest.raises(DeltaServeError, match="profiling is off: start the engine with profiler_config"):
@@ -76,6 +99,11 @@ def test_profiling_off_and_bad_configs_are_named(checkpoint, tmp_path):
         ProfilerConfig.from_value({"profiler": "torch"})
     with pytest.raises(DeltaServeError, match="profiler='nsys': give 'torch' or 'cuda'"):
         ProfilerConfig.from_value({"profiler": "nsys"})
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(DeltaServeError, match="torch_profiler_dir=.*a_file/traces': cannot be made a directory"):
+        ProfilerConfig.from_value({"profiler": "torch", "torch_profiler_dir": str(tmp_path / "a_file" / "traces")})
+    with pytest.raises(DeltaServeError, match="profiler='cuda': the CUDA profiler needs the engine on a GPU"):
+        LLM(checkpoint, device="cpu", profiler_config={"profiler": "cuda"})
 
 
 def test_the_servers_profile_routes(tmp_path):

@@ -65,16 +65,32 @@ class ProfilerConfig:
         if self.profiler == "torch" and not self.torch_profiler_dir:
             raise DeltaServeError("profiler_config.torch_profiler_dir: the torch profiler needs a directory for "
                                   "its traces")
+        if self.profiler == "torch":  # made now, so that a path that cannot be one ends the start, not a trace
+            self.torch_profiler_dir = os.path.abspath(os.path.expanduser(self.torch_profiler_dir))
+            try:
+                os.makedirs(self.torch_profiler_dir, exist_ok=True)
+            except OSError as exc:
+                raise DeltaServeError(f"profiler_config.torch_profiler_dir={self.torch_profiler_dir!r}: cannot be "
+                                      f"made a directory ({exc.strerror or exc})") from None
         for name in ("delay_iterations", "max_iterations", "warmup_iterations", "wait_iterations"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise DeltaServeError(f"profiler_config.{name}={value!r}: must be an integer of at least 0")
 
 
+class ProfilerError(DeltaServeError):
+    """The profiler failed to start, or to stop and write its trace; the engine serves on."""
+
+
 class StepProfiler:
-    """Profiles the engine's steps between start() and stop(); step() is called once a step."""
+    """Profiles the engine's steps between start() and stop(); step() is called once a step. A profiler that
+    fails is let go and logged where a step ended it, and raised as ProfilerError to a start or stop call: it
+    never fails a step."""
 
     def __init__(self, config: ProfilerConfig, device: torch.device):
+        if config.profiler == "cuda" and device.type != "cuda":
+            raise DeltaServeError("profiler_config.profiler='cuda': the CUDA profiler needs the engine on a GPU "
+                                  f"(it runs on {device.type}); the torch profiler traces a CPU engine")
         self.config = config
         self.device = device
         self.active = False  # between start and stop
@@ -97,14 +113,19 @@ class StepProfiler:
         if not self.active:
             return
         self._steps += 1
-        if not self._running and self._steps == self.config.delay_iterations:
-            self._begin()
-            return
-        if self._running:
-            self._traced += 1
-            if self.config.max_iterations and self._traced >= self.config.max_iterations:
-                log.info("profiler: %d steps traced, stopping", self._traced)
-                self._end()
+        try:
+            if not self._running and self._steps == self.config.delay_iterations:
+                self._begin()
+                return
+            if self._running:
+                self._traced += 1
+                if self.config.max_iterations and self._traced >= self.config.max_iterations:
+                    log.info("profiler: %d steps traced, stopping", self._traced)
+                    self._end()
+        except ProfilerError:
+            log.warning("the profiler failed after a step; profiling is off until the next start_profile",
+                        exc_info=True)
+            self.active = False
 
     def stop(self) -> None:
         if not self.active:
@@ -115,6 +136,15 @@ class StepProfiler:
             self._end()
 
     def _begin(self) -> None:
+        try:
+            self._start_profiler()
+        except Exception as exc:
+            self._torch = None
+            raise ProfilerError(f"the {self.config.profiler} profiler did not start: {exc}") from exc
+        self._running = True
+        log.info("profiler (%s) started", self.config.profiler)
+
+    def _start_profiler(self) -> None:
         if self.config.profiler == "cuda":
             torch.cuda.profiler.start()
         else:
@@ -127,25 +157,33 @@ class StepProfiler:
                                                  record_shapes=c.torch_profiler_record_shapes,
                                                  profile_memory=c.torch_profiler_with_memory)
             self._torch.start()
-        self._running = True
-        log.info("profiler (%s) started", self.config.profiler)
 
     def _end(self) -> None:
         self._running = False
-        if self.config.profiler == "cuda":
-            torch.cuda.profiler.stop()
-            log.info("profiler (cuda) stopped")
-            return
-        prof, self._torch = self._torch, None
-        prof.stop()
-        self.last_trace = self._write(prof)
+        try:
+            if self.config.profiler == "cuda":
+                torch.cuda.profiler.stop()
+                log.info("profiler (cuda) stopped")
+                return
+            prof, self._torch = self._torch, None
+            prof.stop()
+            self.last_trace = self._write(prof)
+        except Exception as exc:
+            raise ProfilerError(f"the {self.config.profiler} profiler did not stop and write its trace: {exc}") \
+                from exc
         log.info("profiler trace written to %s", self.last_trace)
 
     def _write(self, prof: torch.profiler.profile) -> str:
-        folder = os.path.abspath(self.config.torch_profiler_dir)
+        folder = self.config.torch_profiler_dir
         os.makedirs(folder, exist_ok=True)
-        name = f"{self._prefix or 'deltaserve'}_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.pt.trace.json"
-        path = os.path.join(folder, name)
+        stamp = time.time()
+        name = (f"{self._prefix or 'deltaserve'}_{time.strftime('%Y%m%d-%H%M%S', time.localtime(stamp))}"
+                f".{int(stamp * 1000) % 1000:03d}_{os.getpid()}")
+        path = os.path.join(folder, name + ".pt.trace.json")
+        count = 1
+        while os.path.exists(path) or os.path.exists(path + ".gz"):  # two traces in one millisecond
+            path = os.path.join(folder, f"{name}_{count}.pt.trace.json")
+            count += 1
         prof.export_chrome_trace(path)
         if self.config.torch_profiler_dump_cuda_time_total:  # vLLM's table of the kernels, beside the trace
             sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
