@@ -93,6 +93,26 @@ def test_the_search_keeps_vllms_rule_on_drawn_logprobs():
     assert stopped_early > 10  # the early stop was taken, and gave the rule's beams
 
 
+def test_any_length_penalty_ranks_and_logits_never_stop_early():
+    """A length penalty whose length ** penalty leaves float's range still ranks (the sum over an infinite
+    length is 0), and where the values are logits (a logits logprobs_mode), which may rise, the search runs every
+    step."""
+    seed = random.randrange(10**9)
+    logprobs_of = lambda prefix: _drawn_logprobs(seed, prefix)  # noqa: E731
+    for penalty in (1000.0, -1000.0, 1e10, -1e10):
+        search = BeamSearch([1, 2, 3], BeamSearchParams(beam_width=2, max_tokens=4, length_penalty=penalty),
+                            {EOS}, EOS)
+        _run(search, logprobs_of)
+        assert len(search.best()) == 2 and all(b.finish_reason in ("stop", "length") for b in search.best())
+    rising = lambda prefix: [abs(x) + 5 for x in _drawn_logprobs(seed, prefix)]  # noqa: E731
+    params = BeamSearchParams(beam_width=1, max_tokens=6, length_penalty=0.0)
+    search = BeamSearch([1], params, {EOS, OTHER_EOS}, EOS, logprobs_fall=False)
+    _run(search, rising)
+    assert search.steps == params.max_tokens or not search.live
+    assert [(tuple(b.tokens), b.cum_logprob) for b in search.best()] == [
+        (t, c) for t, c, _ in _rule(1, rising, params, {EOS, OTHER_EOS})]
+
+
 @pytest.fixture(scope="module")
 def qwen(checkpoint_factory):
     path = checkpoint_factory("qwen3.5")

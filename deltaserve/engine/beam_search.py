@@ -6,6 +6,7 @@ parent's KV and GDN state and the step computes a token a beam."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from deltaserve.outputs import Logprob
@@ -34,8 +35,11 @@ class BeamSearch:
     results, best first."""
 
     def __init__(self, prompt: list[int], params: BeamSearchParams, eos_token_ids: set[int],
-                 primary_eos: int | None, top_logprobs: int = 0):
+                 primary_eos: int | None, top_logprobs: int = 0, logprobs_fall: bool = True):
         self.prompt = list(prompt)
+        # whether a beam's sum only falls as it grows (logprobs do; the logits of a logits logprobs_mode need not):
+        # the early stop stands on it
+        self.logprobs_fall = logprobs_fall
         self.top_logprobs = top_logprobs  # the top logprobs the results' tokens carry, where more than the candidates
         self.params = params
         self.eos_token_ids, self.primary_eos = set(eos_token_ids), primary_eos
@@ -92,7 +96,7 @@ class BeamSearch:
         """vLLM's ranking: the summed logprobs over the sequence's length (prompt included, a stop token not) to the
         power length_penalty."""
         length = len(self.prompt) + len(beam.tokens) - (1 if beam.stopped_by_token else 0)
-        return beam.cum_logprob / (max(length, 1) ** self.params.length_penalty)
+        return _over_length(beam.cum_logprob, length, self.params.length_penalty)
 
     def _candidates(self, entry: dict[int, Logprob]) -> list[int]:
         """The position's likeliest tokens, best first (the entry may also hold the request's own draw)."""
@@ -117,7 +121,7 @@ class BeamSearch:
         positive length penalty) or over its length now (otherwise). Stopping here returns what running to
         max_tokens would."""
         width = self.params.beam_width
-        if len(self.done) < width:
+        if len(self.done) < width or not self.logprobs_fall:
             return False
         kept = sorted((self.score(b) for b in self.done), reverse=True)[width - 1]
         return all(self._best_reachable(beam) < kept for beam in self.live)
@@ -126,4 +130,15 @@ class BeamSearch:
         penalty = self.params.length_penalty
         now = len(self.prompt) + len(beam.tokens)
         longest = len(self.prompt) + self.params.max_tokens
-        return beam.cum_logprob / (max(longest if penalty > 0 else now, 1) ** penalty)
+        return _over_length(beam.cum_logprob, longest if penalty > 0 else now, penalty)
+
+
+def _over_length(cum_logprob: float, length: int, penalty: float) -> float:
+    """cum_logprob / length ** penalty, vLLM's score, where length ** penalty leaves float's range too (a penalty
+    of hundreds): the sum over an infinite length is 0, over a length rounded to 0 infinite."""
+    try:
+        return cum_logprob / (float(max(length, 1)) ** penalty)
+    except OverflowError:
+        return math.copysign(0.0, cum_logprob)
+    except ZeroDivisionError:
+        return 0.0 if cum_logprob == 0 else math.copysign(math.inf, cum_logprob)

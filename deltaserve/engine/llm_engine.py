@@ -207,7 +207,8 @@ class LLMEngine:
         token_ids, _, _ = self._prompt_tokens(prompt, None)
         max_tokens = self._resolve_max_tokens(len(token_ids), SamplingParams(max_tokens=params.max_tokens))
         return BeamSearch(token_ids, replace(params, max_tokens=max_tokens), self.eos_token_ids,
-                          None if self.primary_eos is None else int(self.primary_eos), top_logprobs)
+                          None if self.primary_eos is None else int(self.primary_eos), top_logprobs,
+                          logprobs_fall=self.config.logprobs_mode.endswith("logprobs"))
 
     def _checked_priority(self, priority) -> int:
         """An integer (a numpy one too), and under fcfs 0: vLLM documents that refusal (0.24 takes any value there

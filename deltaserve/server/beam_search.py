@@ -27,6 +27,10 @@ def beam_search_params(req: Any, params: SamplingParams) -> BeamSearchParams:
         if value not in (neutral, [], {}) and not (name == "response_format" and value.type == "text"):
             raise bad_request(f"{name} is not applied by beam search (use_beam_search): leave it out, or sample",
                               name, "unsupported_value")
+    if params.prompt_logprobs is not None:  # echo's logprobs: the prompt's, which no beam's request computes
+        name = "echo" if getattr(req, "echo", False) else "prompt_logprobs"
+        raise bad_request(f"{name}: the prompt's logprobs are not given by beam search (use_beam_search): leave "
+                          "out echo's logprobs, or sample", name, "unsupported_value")
     if params.structured_outputs is not None:  # a tool choice's grammar
         raise bad_request("tool_choice: a required or named tool call takes a grammar, which beam search "
                           "(use_beam_search) does not apply", "tool_choice", "unsupported_value")

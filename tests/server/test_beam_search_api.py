@@ -74,6 +74,15 @@ def test_what_beams_do_not_apply_is_refused_by_name(server, field, value):
     assert "not applied by beam search" in r.json()["error"]["message"]
 
 
+def test_echos_prompt_logprobs_are_refused_beside_beams(server):
+    r = _post(server, "/completions", {"prompt": "a b", "max_tokens": 3, "n": 2, "use_beam_search": True,
+                                       "echo": True, "logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+    r = _post(server, "/completions", {"prompt": "a b", "max_tokens": 3, "n": 2, "use_beam_search": True,
+                                       "length_penalty": 1000})  # past float's range: ranked all the same
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
+
+
 def test_a_width_past_max_logprobs_is_refused_and_the_server_serves_on(server):
     r = _post(server, "/chat/completions", {"messages": QUESTION, "max_tokens": 3, "n": 11, "use_beam_search": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
