@@ -131,6 +131,8 @@ class AsyncEngine:
         self._wakeup = threading.Event()
         self._stopping = False
         self._closing = False
+        self._draining = False  # a graceful shutdown's wait: new requests refused, those admitted run on
+        self._searches: set = set()  # beam searches running (BeamSearchStream)
         self._dead: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -166,14 +168,16 @@ class AsyncEngine:
 
     def refuse_new(self) -> None:
         """Refuse new requests (and end the work of those not yet queued) while those in flight run on: the wait
-        of a graceful shutdown (vLLM's --shutdown-timeout)."""
-        self._closing = True
+        of a graceful shutdown (vLLM's --shutdown-timeout). A request admitted before goes on queueing what it
+        needs (a beam search its next step's requests)."""
+        self._draining = True
         if self.closing is not None:
             self.closing.set()
 
     def begin_shutdown(self) -> None:
         """Refuse new requests and end those in flight; the thread runs on to free their blocks."""
         self.refuse_new()
+        self._closing = True
         self.fail_all(ServerShuttingDownError("the server is shutting down"))
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -186,11 +190,17 @@ class AsyncEngine:
 
     @property
     def is_alive(self) -> bool:
-        return self._dead is None and not self._stopping and not self._closing
+        return self._dead is None and not self._stopping and not self._closing and not self._draining
 
     @property
     def num_in_flight(self) -> int:
         return len(self._streams)
+
+    @property
+    def num_busy(self) -> int:
+        """Client work not done: the requests in flight and the beam searches (between two steps a search has
+        none in flight)."""
+        return len(self._streams) + len(self._searches)
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -200,6 +210,8 @@ class AsyncEngine:
         refusal_listeners, so that each refused request is counted once, however it was refused."""
         try:
             self._check_alive()
+            if self._draining:
+                raise ServerShuttingDownError("the server is shutting down")
             self._check_queue()
         except DeltaServeError as exc:
             for listener in self.refusal_listeners:
@@ -288,9 +300,12 @@ class AsyncEngine:
         decode: a beam's text from its tokens; top_logprobs: how many each result token carries (None: none)."""
         self.check_admission()
         search = self.engine.beam_search(prompt, params, top_logprobs or 0)  # reads the engine's settings alone
-        return BeamSearchStream(self, request_id, search, prompt_text=prompt_text, decode=decode,
-                                include_stop=params.include_stop_str_in_output, logprobs=top_logprobs,
-                                cache_salt=cache_salt, priority=priority)
+        stream = BeamSearchStream(self, request_id, search, prompt_text=prompt_text, decode=decode,
+                                  include_stop=params.include_stop_str_in_output, logprobs=top_logprobs,
+                                  cache_salt=cache_salt, priority=priority)
+        self._searches.add(stream)
+        stream.when_done(lambda: self._searches.discard(stream))
+        return stream
 
     def add_step_listener(self, listener: Callable[[Any], None]) -> None:
         """`listener` is told of each engine step's StepStats (LLMEngine.step_listeners), on the engine's

@@ -42,6 +42,10 @@ class BeamSearchStream:
     def finished(self) -> bool:
         return self._closed
 
+    def when_done(self, callback) -> None:
+        """`callback()` once the search has ended, whichever way."""
+        self._task.add_done_callback(lambda _: callback())
+
     def close(self) -> None:
         """Stop listening; a search still running is cancelled and its beams' requests aborted."""
         self._closed = True

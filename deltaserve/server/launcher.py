@@ -75,12 +75,12 @@ class _Server(uvicorn.Server):
         if self._drain_deadline is None:
             self._drain_deadline = time.monotonic() + self.shutdown_timeout
             self.engine.refuse_new()
-            count = self.engine.num_in_flight
+            count = self.engine.num_busy
             if self.shutdown_timeout and count:
                 print(f"deltaserve: stopping: waiting up to {self.shutdown_timeout} s for {count} "
                       f"request{'s' if count > 1 else ''} in flight (a second signal stops at once)",
                       file=sys.stderr, flush=True)
-        return (self.engine.num_in_flight > 0 and not self._hurried and not self.force_exit
+        return (self.engine.num_busy > 0 and not self._hurried and not self.force_exit
                 and time.monotonic() < self._drain_deadline)
 
     def handle_exit(self, sig: int, frame) -> None:
