@@ -215,7 +215,7 @@ class GenerateRequest(_Lenient):
     request_id: StrictStr | None = None
     token_ids: list[StrictInt] = Field(min_length=1)
     features: dict[str, Any] | None = None  # vLLM's multimodal placeholders: text only here
-    sampling_params: dict[str, Any] = Field(default_factory=dict)  # vLLM's SamplingParams, field by field
+    sampling_params: dict[str, Any]  # vLLM's SamplingParams, field by field (required, as vLLM's)
     model: StrictStr | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None

@@ -16,6 +16,10 @@ from deltaserve.server.errors import bad_request
 from deltaserve.server.protocol import ChatCompletionRequest
 from deltaserve.server.serving_chat import ChatCompletions
 
+# vLLM's batch request writes these sampling fields out whatever the request leaves unset, so that there they stand
+# over the generation config's defaults (its own protocol's defaults: temperature 0.7, the others neutral)
+_BATCH_DEFAULTS = {"temperature": 0.7, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+                   "frequency_penalty": 0.0, "presence_penalty": 0.0}
 # (field, what vLLM's batch route takes of it): set otherwise, it is refused by name
 _ONE_SHAPE = (("stream", "streamed replies"), ("tools", "tools"), ("use_beam_search", "beam search"))
 
@@ -39,7 +43,8 @@ def _conversations(body: dict[str, Any]) -> list[list]:
 async def batch_chat(chat: ChatCompletions, request: Request) -> JSONResponse:
     body = await read_json_object(request)
     conversations = _conversations(body)
-    requests = [ChatCompletionRequest.model_validate({**body, "messages": c}) for c in conversations]
+    fields = {**_BATCH_DEFAULTS, **{k: v for k, v in body.items() if v is not None}}
+    requests = [ChatCompletionRequest.model_validate({**fields, "messages": c}) for c in conversations]
     prepared = [await chat.prepare(req, "chatcmpl-") for req in requests]  # each checked before any is queued
     engine = chat.ctx.engine
     engine.check_admission()  # once for the client request: its conversations must not wait on each other

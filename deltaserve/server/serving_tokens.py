@@ -96,9 +96,6 @@ class GenerateTokens:
         if req.priority != 0 and getattr(self.ctx.engine, "scheduling_policy", "fcfs") != "priority":
             raise bad_request(f"priority={req.priority}: priority scheduling is not enabled (only 0 is taken): start "
                               "the server with --scheduling-policy priority", "priority", "unsupported_value")
-        if req.stream_options is not None and not req.stream:
-            raise bad_request("stream_options is only for streamed responses (stream: true)", "stream_options",
-                              "invalid_value")
         vocab = self.ctx.engine.vocab_size
         for i, token in enumerate(req.token_ids):
             if not 0 <= token < vocab:

@@ -39,6 +39,18 @@ def test_each_conversation_is_answered_as_alone(server):
         assert reply["usage"][key] == sum(single["usage"][key] for single in alone)
 
 
+def test_unset_sampling_fields_take_vllms_batch_defaults(server):
+    """vLLM's batch request stands its own defaults (temperature 0.7, the others neutral) over the generation
+    config's: the same seed draws what a chat at those values draws."""
+    conversation = [{"role": "user", "content": random.choice(ASKS)}]
+    seed = random.randrange(10**6)
+    batch = _post(server, "/chat/completions/batch", {"messages": [conversation], "max_tokens": 12, "seed": seed,
+                                                       "return_token_ids": True}).json()
+    chat = _post(server, "/chat/completions", {"messages": conversation, "max_tokens": 12, "seed": seed,
+                                               "temperature": 0.7, "top_p": 1.0, "return_token_ids": True}).json()
+    assert batch["choices"][0]["token_ids"] == chat["choices"][0]["token_ids"]
+
+
 @pytest.mark.parametrize("body, param", [
     ({"messages": [[{"role": "user", "content": "hi"}]], "stream": True}, "stream"),
     ({"messages": [[{"role": "user", "content": "hi"}]], "n": 2}, "n"),

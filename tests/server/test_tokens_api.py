@@ -49,7 +49,7 @@ def test_a_rendered_chat_generates_the_chats_own_tokens(server):
 def test_generate_streams_the_whole_replys_tokens(server):
     body = {"token_ids": [random.randrange(100, 5000) for _ in range(random.randint(3, 12))],
             "sampling_params": {"max_tokens": 9, "temperature": 0, "ignore_eos": True, "n": 2}}
-    whole = _post(server, "/inference/v1/generate", body).json()
+    whole = _post(server, "/inference/v1/generate", {**body, "stream_options": {"include_usage": True}}).json()
     assert [c["index"] for c in whole["choices"]] == [0, 1]
     streamed: dict[int, list[int]] = {0: [], 1: []}
     reasons, usage = {}, None
@@ -92,6 +92,7 @@ def test_a_rendered_completion_is_one_request_a_prompt(server):
     ({"token_ids": [5], "sampling_params": {"max_tokens": 10**8}}, "token_ids"),
     ({"token_ids": [5], "features": {"mm_hashes": {}}, "sampling_params": {}}, "features"),
     ({"token_ids": [5], "sampling_params": {"n": 10**6}}, "sampling_params.n"),
+    ({"token_ids": [5]}, "sampling_params"),  # required, as vLLM's
 ])
 def test_what_generate_cannot_take_is_named(server, body, param):
     r = _post(server, "/inference/v1/generate", body)
