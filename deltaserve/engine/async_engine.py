@@ -198,9 +198,10 @@ class AsyncEngine:
 
     @property
     def num_busy(self) -> int:
-        """Client work not done: the requests in flight and the beam searches (between two steps a search has
-        none in flight)."""
-        return len(self._streams) + len(self._searches)
+        """Client requests not done: the requests in flight, a beam search counted once whether or not its step's
+        requests are among them (between two steps it has none)."""
+        steps = sum(search.requests_in_flight for search in self._searches)
+        return max(len(self._streams) - steps, 0) + len(self._searches)
 
     # ---- requests --------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ class BeamSearchStream:
         self._include_stop, self._logprobs, self._salt = include_stop, logprobs, cache_salt
         self._priority = priority  # each step's requests are the client request's, ordered as it is
         self._num_cached_tokens: int | None = None
+        self.requests_in_flight = 0  # the step's requests (the engine counts them among its streams)
         self._task = asyncio.ensure_future(self._run())
         self._closed = False
 
@@ -60,7 +61,11 @@ class BeamSearchStream:
         while not search.finished:
             prompts = search.next_prompts()
             ids = [f"{self.request_id}-{step}-{i}" for i in range(len(prompts))]
-            outputs = await _one_token_each(self._engine, ids, prompts, params, self._salt, self._priority)
+            self.requests_in_flight = len(prompts)
+            try:
+                outputs = await _one_token_each(self._engine, ids, prompts, params, self._salt, self._priority)
+            finally:
+                self.requests_in_flight = 0
             if self._num_cached_tokens is None:
                 self._num_cached_tokens = outputs[0].num_cached_tokens
             search.advance([o.outputs[0].logprobs[0] for o in outputs])

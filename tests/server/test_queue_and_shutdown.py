@@ -128,7 +128,7 @@ def test_shutdown_timeout_lets_the_requests_in_flight_finish():
     try:
         running = _Reader(live.url, {**LONG, "max_tokens": random.randint(20, 40)})
         # a beam search too, which between two steps has no request in flight (its reply comes whole at the end)
-        beams = _Reader(live.url, {**LONG, "max_tokens": random.randint(20, 40), "n": 2, "use_beam_search": True})
+        beams = _Reader(live.url, {**LONG, "max_tokens": random.randint(60, 80), "n": 2, "use_beam_search": True})
         assert running.first_event.wait(120) and running.status == 200
         start = time.monotonic()
         live.proc.send_signal(signal.SIGTERM)
@@ -148,7 +148,7 @@ def test_shutdown_timeout_lets_the_requests_in_flight_finish():
         assert not [c for c in beam_chunks if "error" in c], beam_chunks[-3:]
         assert {c["choices"][0]["index"] for c in beam_chunks if c["choices"][0]["finish_reason"]} == {0, 1}
         # the first refused request may have come in before the signal was read, and run to its end too
-        assert re.search("waiting up to 120 s for [1-3] requests? in flight", live.read_log())
+        assert re.search("waiting up to 120 s for [23] requests in flight", live.read_log())  # the search is one
         assert "Traceback" not in live.read_log()
     finally:
         live.cleanup()
