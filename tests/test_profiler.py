@@ -9,12 +9,10 @@ import json
 import os
 import random
 
-import httpx
 import pytest
 
 from deltaserve import LLM, DeltaServeError, SamplingParams
 from deltaserve.engine.profiler import ProfilerConfig, ProfilerError
-from tests.server.live_server import LiveServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -104,23 +102,3 @@ def test_profiling_off_and_bad_configs_are_named(checkpoint, tmp_path):
         ProfilerConfig.from_value({"profiler": "torch", "torch_profiler_dir": str(tmp_path / "a_file" / "traces")})
     with pytest.raises(DeltaServeError, match="profiler='cuda': the CUDA profiler needs the engine on a GPU"):
         LLM(checkpoint, device="cpu", profiler_config={"profiler": "cuda"})
-
-
-def test_the_servers_profile_routes(tmp_path):
-    folder = tmp_path / "server_traces"
-    live = LiveServer("--profiler-config.profiler", "torch", "--profiler-config.torch_profiler_dir", str(folder))
-    try:
-        assert httpx.post(live.url + "/start_profile", timeout=60).status_code == 200
-        r = httpx.post(live.base_url + "/completions", json={"prompt": "Hello", "max_tokens": 3}, timeout=60)
-        assert r.status_code == 200
-        assert httpx.post(live.url + "/stop_profile", timeout=120).status_code == 200
-        assert len(glob.glob(str(folder / "deltaserve_*.pt.trace.json.gz"))) == 1
-        assert live.stop() == 0
-    finally:
-        live.cleanup()
-    plain = LiveServer()
-    try:
-        assert httpx.post(plain.url + "/start_profile", timeout=60).status_code == 404
-        assert plain.stop() == 0
-    finally:
-        plain.cleanup()
