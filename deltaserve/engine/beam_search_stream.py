@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 from deltaserve.engine.beam_search import Beam, BeamSearch
+from deltaserve.engine.queue_together import queue_together
 from deltaserve.outputs import CompletionOutput, RequestOutput
 
 
@@ -90,19 +91,13 @@ async def _one_token_each(engine: Any, ids: list[str], prompts: list[list[int]],
                           priority: int) -> list[RequestOutput]:
     """Runs one request a prompt, all queued at once (the search's client request was admitted when it began), and
     returns their finished outputs; where one is refused or the search is cancelled, those taken are aborted."""
-    tasks = [asyncio.ensure_future(engine.generate(rid, prompt, params, cache_salt=salt, queue_checked=True,
-                                                   priority=priority)) for rid, prompt in zip(ids, prompts)]
-    streams = []
+    streams = await queue_together(engine, [(rid, prompt, params, dict(cache_salt=salt, priority=priority))
+                                            for rid, prompt in zip(ids, prompts)])
     try:
-        for task in tasks:
-            streams.append(await task)
         return list(await asyncio.gather(*(_last(s) for s in streams)))
     finally:
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-            elif not task.cancelled() and task.exception() is None:
-                task.result().close()
+        for stream in streams:
+            stream.close()  # a finished one is closed already: only one cut short is aborted
 
 
 async def _last(stream) -> RequestOutput:

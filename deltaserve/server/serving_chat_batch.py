@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from deltaserve.engine.queue_together import queue_together
 from deltaserve.server.context import last_output, random_id, read_json_object, until_disconnect
 from deltaserve.server.errors import bad_request
 from deltaserve.server.protocol import ChatCompletionRequest
@@ -49,18 +50,12 @@ async def batch_chat(chat: ChatCompletions, request: Request) -> JSONResponse:
     engine = chat.ctx.engine
     engine.check_admission()  # once for the client request: its conversations must not wait on each other
     base_id = random_id("chatcmpl-")
-    streams = []
-    try:
-        for i, (job, prompt, params) in enumerate(prepared):
-            job.request_id = f"{base_id}-{i}"
-            streams.append(await engine.generate(
-                job.request_id, prompt.token_ids, params, prompt_text=prompt.text,
-                capture_points=prompt.capture_points, cache_salt=job.req.cache_salt, priority=job.req.priority,
-                queue_checked=True))
-    except BaseException:
-        for stream in streams:
-            stream.close()
-        raise
+    for i, (job, _, _) in enumerate(prepared):
+        job.request_id = f"{base_id}-{i}"
+    streams = await until_disconnect(request, queue_together(engine, [
+        (job.request_id, prompt.token_ids, params, dict(prompt_text=prompt.text, capture_points=prompt.capture_points,
+                                                       cache_salt=job.req.cache_salt, priority=job.req.priority))
+        for job, prompt, params in prepared]))
     finals = await until_disconnect(request, asyncio.gather(*(last_output(s) for s in streams)))
     return JSONResponse(_joined(base_id, [job.response(final) for (job, _, _), final in zip(prepared, finals)]))
 

@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from deltaserve.engine.async_engine import AsyncEngine, RequestStream
+from deltaserve.engine.queue_together import queue_together
 from deltaserve.outputs import CompletionOutput, RequestOutput
 from deltaserve.sampling_params import SamplingParams
 from deltaserve.server.beam_search import start_beam_searches
@@ -137,26 +138,12 @@ class Completions:
 
 async def submit_prompts(engine: AsyncEngine, base_id: str, prompts: list[_Prompt], params: list,
                          cache_salt: str | None, priority: int = 0) -> list[RequestStream]:
-    """Queues every prompt at once, so that the engine takes them all at its next step (one after another,
-    each would wait for a step of its own). Where one is refused, or the caller is cancelled meanwhile (its
-    client gone), the others are closed (aborted); the first refusal, in the prompts' order, is raised. The queue
-    is checked once for the request (others may have filled it since it was admitted), not once per prompt: its
-    own prompts would count as waiting ahead of each other."""
+    """Queues every prompt of a completion at once (async_engine.queue_together), the queue checked once for the
+    request, not once per prompt."""
     engine.check_admission()
-    tasks = [asyncio.ensure_future(engine.generate(f"{base_id}-{k}", p.token_ids, sp, prompt_text=p.text,
-                                                   cache_salt=cache_salt, priority=priority, queue_checked=True))
-             for k, (p, sp) in enumerate(zip(prompts, params))]
-    try:
-        taken = await asyncio.gather(*tasks, return_exceptions=True)
-    except BaseException:  # cancelled: the adds still waiting abort themselves; close those taken
-        await asyncio.gather(*tasks, return_exceptions=True)
-        _close_taken(tasks)
-        raise
-    refused = [r for r in taken if isinstance(r, BaseException)]
-    if refused:
-        _close_taken(tasks)
-        raise refused[0]
-    return taken
+    return await queue_together(engine, [(f"{base_id}-{k}", p.token_ids, sp,
+                                          dict(prompt_text=p.text, cache_salt=cache_salt, priority=priority))
+                                         for k, (p, sp) in enumerate(zip(prompts, params))])
 
 
 def _check_vocabulary(prompts: list[_Prompt], engine: AsyncEngine) -> None:
@@ -169,12 +156,6 @@ def _check_vocabulary(prompts: list[_Prompt], engine: AsyncEngine) -> None:
             if low < 0 or high >= vocab:
                 raise bad_request(f"token id {low if low < 0 else high} is outside the vocabulary [0, {vocab})",
                                   "prompt", "invalid_prompt")
-
-
-def _close_taken(tasks: list[asyncio.Future]) -> None:
-    for task in tasks:
-        if task.done() and not task.cancelled() and task.exception() is None:
-            task.result().close()
 
 
 def _scores_only(req: CompletionRequest) -> bool:
