@@ -3,6 +3,9 @@ byte-level BPE tokenizer and a ChatML template, for parity tests against transfo
 
 from __future__ import annotations
 
+import json
+import os
+import re
 
 import torch
 
@@ -134,3 +137,40 @@ def add_think_tokens(path: str) -> tuple[int, int]:
     start, end = tokenizer.convert_tokens_to_ids(["<think>", "</think>"])
     assert end < VOCAB, "the tags must be rows of the model's embedding"
     return start, end
+
+
+def add_mtp_weights(path: str, seed: int) -> None:
+    """Gives a Qwen3.5 / Qwen3-Next checkpoint written by make_checkpoint random multi-token-prediction
+    tensors, as the published checkpoints carry them: mtp.fc, its three norms, and mtp.layers.0.* in the
+    shapes of one of the model's full-attention layers (a MoE one where the model has MoE layers), with
+    `mtp_num_hidden_layers: 1` in the (text) config. Written into the checkpoint's own file, so that
+    transformers meets them when it loads the checkpoint (it ignores mtp.*)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = os.path.join(path, "model.safetensors")
+    tensors = load_file(weights)
+    g = torch.Generator().manual_seed(seed)
+    hidden = next(t.shape[1] for name, t in tensors.items() if name.endswith("embed_tokens.weight"))
+    shapes = {"mtp.fc.weight": (hidden, 2 * hidden)}
+    shapes.update({f"mtp.{norm}.weight": (hidden,) for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")})
+    prefix = _mtp_source_layer(tensors)
+    shapes.update({"mtp.layers.0." + name[len(prefix):]: tuple(t.shape)
+                   for name, t in tensors.items() if name.startswith(prefix)})
+    for name, shape in shapes.items():  # norms zero-centred, as randomize draws them for these models
+        tensors[name] = torch.randn(shape, generator=g) * (0.2 if len(shape) == 1 else 0.15)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    config_path = os.path.join(path, "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config.get("text_config", config)["mtp_num_hidden_layers"] = 1
+    with open(config_path, "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def _mtp_source_layer(tensors: dict[str, torch.Tensor]) -> str:
+    """The name prefix ('model.layers.3.') of a full-attention layer whose feed-forward block is the MTP
+    layer's: MoE where any layer is."""
+    attention = sorted({m.group(1) for name in tensors if (m := re.match(r"(.*layers\.\d+\.)self_attn\.", name))})
+    moe = [p for p in attention if p + "mlp.gate.weight" in tensors]
+    any_moe = any(name.endswith("mlp.gate.weight") for name in tensors)
+    return (moe if any_moe else attention)[-1]

@@ -71,6 +71,16 @@ class ModelConfig:
         return [i for i, t in enumerate(self.layer_types) if t == LINEAR_ATTENTION]
 
     @property
+    def has_moe(self) -> bool:
+        return any(self.moe_layers)
+
+    @property
+    def mtp_layer_idx(self) -> int:
+        """The multi-token-prediction layer's id among the attention layers (its KV pool layer): past the
+        model's own layers, as vLLM numbers it."""
+        return self.num_layers
+
+    @property
     def is_hybrid(self) -> bool:
         return bool(self.gdn_layers)
 

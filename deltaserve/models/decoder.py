@@ -15,10 +15,13 @@ from deltaserve.models.decoder_layer import DecoderLayer
 from deltaserve.models.layers.norm import RMSNorm
 from deltaserve.models.layers.params import empty_param
 from deltaserve.models.layers.rotary import build_cos_sin_cache
+from deltaserve.models.mtp import build_mtp
 
 
 class DecoderLM(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device, max_positions: int):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device, max_positions: int, with_mtp: bool = False):
+        """with_mtp: also build the checkpoint's multi-token-prediction head (`self.mtp`, else None), which
+        reads this model's embedding, rotary table and lm_head."""
         super().__init__()
         self.config = config
         self.embed_tokens = empty_param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
@@ -29,8 +32,7 @@ class DecoderLM(nn.Module):
         else:
             self.lm_head = empty_param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         self.register_buffer("cos_sin_cache", build_cos_sin_cache(config, max_positions, device), persistent=False)
-        # Multi-token-prediction tensors, kept as loaded for speculative decoding.
-        self.mtp_tensors: dict[str, torch.Tensor] = {}
+        self.mtp = build_mtp(config, dtype, device) if with_mtp else None
 
     def forward(self, input_ids: torch.Tensor, batch) -> torch.Tensor:
         """Final-norm hidden states [T, hidden] of every row of the flat batch, or [R, hidden] of the rows
@@ -44,6 +46,11 @@ class DecoderLM(nn.Module):
             return hidden
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def forward_mtp(self, input_ids: torch.Tensor, hidden: torch.Tensor, batch) -> torch.Tensor:
+        """The multi-token-prediction head's final-norm hidden states [T, hidden] (see MultiTokenPredictor);
+        compute_logits turns them into its logits."""
+        return self.mtp(input_ids, hidden, batch, self.embed_tokens, self.cos_sin_cache)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return kernels.linear(hidden, self.lm_head, out_dtype=torch.float32)  # the sampler reads fp32

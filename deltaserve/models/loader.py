@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 SKIPPED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.")
+MTP_PREFIX = "mtp."
+MTP_NORMS = ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "norm.weight")
 
 
 def load_weights(model: DecoderLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -26,21 +28,26 @@ def load_weights(model: DecoderLM, tensors: Iterable[tuple[str, torch.Tensor]]) 
     with torch.no_grad():
         for param in model.parameters():
             param.fill_(float("nan"))  # a parameter still NaN after loading was missing from the checkpoint
-        skipped_vision = 0
+        skipped_vision = skipped_mtp = 0
         for name, tensor in tensors:
             if name.startswith(SKIPPED_PREFIXES):
                 skipped_vision += 1
-                continue
-            _load_one(model, config, name, tensor)
+            elif name.startswith(MTP_PREFIX) and model.mtp is None:
+                skipped_mtp += 1
+            else:
+                _load_one(model, config, name, tensor)
         if skipped_vision:
             log.info("skipped %d vision tensors (text generation only)", skipped_vision)
+        if skipped_mtp:
+            log.info("skipped %d multi-token-prediction tensors (the model was built without its MTP head)",
+                     skipped_mtp)
         _zero_padding(model)
         _check_filled(model)
 
 
 def _load_one(model: DecoderLM, config: ModelConfig, name: str, tensor: torch.Tensor) -> None:
-    if name.startswith("mtp."):
-        model.mtp_tensors[name] = tensor
+    if name.startswith(MTP_PREFIX):
+        _load_mtp(model.mtp, config, name[len(MTP_PREFIX):], tensor, name)
         return
     if name == "lm_head.weight":
         if not config.tie_word_embeddings:
@@ -61,6 +68,21 @@ def _load_one(model: DecoderLM, config: ModelConfig, name: str, tensor: torch.Te
             raise ShapeMismatchError(f"{name}: layer {index} but the config has {config.num_layers} layers")
         _load_layer(model.layers[index], config, rest, tensor, name)
     elif "rotary_emb" not in local:
+        log.warning("ignoring unexpected tensor %s", name)
+
+
+def _load_mtp(mtp, config: ModelConfig, local: str, tensor: torch.Tensor, name: str) -> None:
+    """mtp.* tensors: its fc and norms, and its decoder layer named as a main layer's. Layers past the ones
+    built (MultiTokenPredictor keeps the first) are left unread."""
+    if local == "fc.weight":
+        _copy(mtp.fc, tensor, name)
+    elif local in MTP_NORMS:
+        _copy(getattr(mtp, local.split(".")[0]).weight, tensor, name)
+    elif match := LAYER.fullmatch(local):
+        index, rest = int(match.group(1)), match.group(2)
+        if index < len(mtp.layers):
+            _load_layer(mtp.layers[index], config, rest, tensor, name)
+    else:
         log.warning("ignoring unexpected tensor %s", name)
 
 
@@ -229,4 +251,6 @@ def _check_filled(model: DecoderLM) -> None:
     missing = [name for name, p in model.named_parameters() if torch.isnan(p).any()]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        if any(name.startswith(MTP_PREFIX) for name in missing):
+            shown += " (mtp.*: the multi-token-prediction head, built as asked)"
         raise WeightLoadError(f"the checkpoint lacks tensors for: {shown}")

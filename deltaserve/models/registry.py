@@ -111,13 +111,16 @@ def load_hf_config(model_dir: str) -> tuple[dict, ModelConfig]:
         raise type(e)(f"{path}: {e}") from e
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int) -> DecoderLM:
-    return DecoderLM(config, dtype, device, max_positions).eval()
+def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
+                with_mtp: bool = False) -> DecoderLM:
+    """with_mtp: with the checkpoint's multi-token-prediction head (model.mtp); a config without one refuses."""
+    return DecoderLM(config, dtype, device, max_positions, with_mtp=with_mtp).eval()
 
 
 def load_model(source: ModelSource, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               max_positions: int, gguf_tensors: dict | None = None, dummy: bool = False) -> DecoderLM:
-    model = build_model(config, dtype, device, max_positions)
+               max_positions: int, gguf_tensors: dict | None = None, dummy: bool = False,
+               with_mtp: bool = False) -> DecoderLM:
+    model = build_model(config, dtype, device, max_positions, with_mtp=with_mtp)
     if dummy:
         init_random_weights(model)
     elif source.is_gguf:
