@@ -1,0 +1,103 @@
+"""Verifying drafted tokens: speculative sampling over a verify chunk's rows.
+
+A sequence that verifies k drafts d_1..d_k runs k + 1 rows: row j's logits are the target model's distribution
+p_j of the token after d_j (row 0's after the sequence's last token). The MTP head drafts greedily, so a draft's
+own distribution is all on the draft: d_{j+1} is accepted with probability p_j(d_{j+1}) (a greedy row: where it
+is p_j's argmax), and at the first refusal the row's token is drawn from p_j without d_{j+1}, renormalised (the
+residual max(p - q, 0) of speculative sampling where q is one-hot). Where every draft holds, the last row's token
+is drawn from p_k. So every token kept is distributed as the target model's sampling would draw it, and a greedy
+sequence keeps exactly the tokens greedy decoding gives.
+
+p_j is the distribution the sampler draws from (Sampler.drawn_from: temperature, top-k, top-p, min-p); only
+requests whose sampling needs nothing else verify drafts (speculative_decoding.drafts_eligible).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deltaserve import kernels
+from deltaserve.engine.request import Request
+from deltaserve.host_to_device import to_device
+from deltaserve.kernels.sampling.reference import uniforms
+from deltaserve.runner.sampler import Sampler, row_seed
+
+ACCEPT_STREAM = 1  # a seeded row's acceptance draw takes its row_seed at this sample offset; its tokens at 0
+
+
+@dataclass
+class VerifyRows:
+    """One sequence's rows in the step's logits: first_row, then one per draft."""
+
+    request: Request
+    first_row: int
+    draft_token_ids: list[int]
+
+
+def verify_drafts(sampler: Sampler, logits: torch.Tensor, sequences: list[VerifyRows]) -> list[list[int]]:
+    """For each sequence: its accepted drafts, then the token its first refuted row (or its last row) gives."""
+    if not sequences:
+        return []
+    requests, rows, drafts, positions = [], [], [], []
+    for seq in sequences:
+        base = len(seq.request.output_token_ids)
+        for j, draft in enumerate([*seq.draft_token_ids, -1]):  # -1: the last row verifies no draft
+            requests.append(seq.request)
+            rows.append(seq.first_row + j)
+            drafts.append(draft)
+            positions.append(base + j)
+    device = logits.device
+    drawn = sampler.drawn_from(logits[to_device(rows, device)], requests)
+    draft = to_device(drafts, device)
+    has_draft = draft >= 0
+    greedy = to_device([r.params.temperature == 0 for r in requests], device, torch.bool)
+    tokens = _residual_tokens(drawn, draft, has_draft, greedy, _seeds(sampler, requests, positions, 0))
+    accepted = _accepted(drawn, draft, has_draft, greedy, _seeds(sampler, requests, positions, ACCEPT_STREAM))
+    tokens, accepted = tokens.tolist(), accepted.tolist()
+    out, row = [], 0
+    for seq in sequences:
+        kept = []
+        for j, draft_token in enumerate(seq.draft_token_ids):
+            if not accepted[row + j]:
+                break
+            kept.append(draft_token)
+        out.append(kept + [tokens[row + len(kept)]])
+        row += len(seq.draft_token_ids) + 1
+    return out
+
+
+def _residual_tokens(drawn: torch.Tensor, draft: torch.Tensor, has_draft: torch.Tensor, greedy: torch.Tensor,
+                     seeds: torch.Tensor) -> torch.Tensor:
+    """Each row's token should its draft be refused: a greedy row's argmax, a sampled row's draw from its
+    distribution without the draft (a last row's from its whole distribution). `drawn` is already scaled and
+    masked, so the draw takes temperature 1 and no masks."""
+    rows = torch.arange(drawn.shape[0], device=drawn.device)
+    residual = drawn.clone()
+    residual[rows[has_draft], draft[has_draft]] = float("-inf")
+    residual = torch.where(greedy[:, None], drawn, residual)  # a greedy row refuses a draft only off its argmax
+    ones = torch.ones(drawn.shape[0], dtype=torch.float32, device=drawn.device)
+    temperature = torch.where(greedy, 0.0, ones)
+    no_masks = kernels.MaskPlan(greedy_rows=True, min_p=False)
+    return kernels.sample_from_logits(residual, temperature, torch.zeros_like(rows), ones, torch.zeros_like(ones),
+                                      seeds, mask=no_masks)
+
+
+def _accepted(drawn: torch.Tensor, draft: torch.Tensor, has_draft: torch.Tensor, greedy: torch.Tensor,
+              seeds: torch.Tensor) -> torch.Tensor:
+    """Whether each row's draft holds: u < p(draft) for a sampled row, the argmax for a greedy one."""
+    index = draft.clamp(min=0)[:, None]
+    p_draft = torch.softmax(drawn, dim=-1).gather(1, index)[:, 0]
+    is_argmax = drawn.argmax(-1) == draft
+    u = uniforms(seeds, 1)[:, 0]
+    return has_draft & torch.where(greedy, is_argmax, u < p_draft)
+
+
+def _seeds(sampler: Sampler, requests: list[Request], positions: list[int], stream: int) -> torch.Tensor:
+    """Each row's 63-bit seed: a seeded request's for (its sample, output position) in `stream`, else the
+    engine generator's next."""
+    seeds = [0 if r.params.temperature == 0 else sampler.generator.getrandbits(63) if r.params.seed is None
+             else row_seed(r.params.seed + r.sample_index, stream, position)
+             for r, position in zip(requests, positions)]
+    return to_device(seeds, sampler.device, torch.int64)
