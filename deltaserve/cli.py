@@ -97,6 +97,13 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                         "torch): profiler torch (its trace of the steps between /start_profile and /stop_profile "
                         "written to torch_profiler_dir) or cuda (the CUDA profiler's capture range, for nsys), "
                         "delay_iterations, max_iterations and the torch_profiler_* options")
+    p.add_argument("--speculative-config", "-sc", type=_json_object, default=None,
+                   help="vLLM's speculative decoding settings as a JSON object: {\"method\": \"mtp\", "
+                        "\"num_speculative_tokens\": k} drafts k tokens a step with the model's own "
+                        "multi-token-prediction head (Qwen3.5, Qwen3-Next) and verifies them in the next")
+    p.add_argument("--spec-method", default=None, help="speculative_config's method, key by key (vLLM's)")
+    p.add_argument("--spec-tokens", type=int, default=None,
+                   help="speculative_config's num_speculative_tokens, key by key (vLLM's)")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false", default=None,
                    help="skip the start-up prefill steps that compile the prefill kernels (default: on a GPU)")
 

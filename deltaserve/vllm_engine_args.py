@@ -27,7 +27,6 @@ ONLY = {
                                              "max_num_batched_tokens in chunks"),
     "kv_cache_dtype": (("auto",), "the KV cache is kept in the model's dtype"),
     "tokenizer_mode": (("auto", "hf"), "deltaserve reads the checkpoint's own fast tokenizer"),
-    "speculative_config": ((None,), "deltaserve has no speculative decoding"),
     "enable_lora": ((False, None), "deltaserve serves no LoRA adapters"),
     "hf_overrides": ((None,), "deltaserve reads the checkpoint's config.json as it is"),
     "enable_sleep_mode": ((False, None), "deltaserve keeps its weights on the GPU while it runs"),

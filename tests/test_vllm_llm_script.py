@@ -16,7 +16,7 @@ TEMPLATE = ("{% for m in messages %}[{{ m.role }}{% if flavour is defined %} {{ 
 # a value of each argument that deltaserve cannot honour
 REFUSED = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 4,
            "enable_chunked_prefill": False, "kv_cache_dtype": "fp8",
-           "speculative_config": {"method": "qwen3_next_mtp", "num_speculative_tokens": 2}, "enable_lora": True,
+           "enable_lora": True,
            "tokenizer_mode": "mistral", "hf_overrides": {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
            "enable_sleep_mode": True, "cpu_offload_gb": 4, "runner": "pooling", "skip_tokenizer_init": True}
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)

@@ -11,6 +11,7 @@ import torch
 from deltaserve.chat_content_format import CONTENT_FORMATS
 from deltaserve.engine.load_formats import LOAD_FORMATS
 from deltaserve.engine.profiler import ProfilerConfig
+from deltaserve.engine.speculative_config import SpeculativeConfig
 from deltaserve.engine.waiting_queue import SCHEDULING_POLICIES
 from deltaserve.errors import DeltaServeError
 from deltaserve.sampling_params import LOGPROBS_MODES, MAX_LOGPROBS
@@ -71,6 +72,9 @@ class EngineConfig:
     # vLLM's: a ProfilerConfig or a dict of its fields; with a profiler, start_profile / stop_profile trace the
     # steps between them (engine/profiler.py)
     profiler_config: Any = None
+    # vLLM's: a SpeculativeConfig or {"method": "mtp", "num_speculative_tokens": k}: the model's MTP head drafts k
+    # tokens a step, verified in the next (engine/speculative_decoding.py)
+    speculative_config: Any = None
 
     def __post_init__(self):
         if self.chat_template_content_format not in CONTENT_FORMATS:
@@ -99,6 +103,7 @@ class EngineConfig:
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise DeltaServeError(f"logprobs_mode={self.logprobs_mode!r}: give one of {', '.join(LOGPROBS_MODES)}")
         self.profiler_config = ProfilerConfig.from_value(self.profiler_config)
+        self.speculative_config = SpeculativeConfig.from_value(self.speculative_config)
         if self.load_format not in LOAD_FORMATS:
             raise DeltaServeError(f"load_format={self.load_format!r}: give one of {', '.join(LOAD_FORMATS)} "
                                   "(deltaserve reads safetensors and GGUF checkpoints)")

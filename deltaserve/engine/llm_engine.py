@@ -54,6 +54,22 @@ class EngineStats:
     snapshot_slots_used: int = 0
     snapshot_slots_total: int = 0
     num_preemptions: int = 0
+    # speculative decoding (vLLM's spec_decode counters): verify chunks, the drafts they verified, those kept, and
+    # how often the draft at each position was kept
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_accepted_per_position: list[int] = field(default_factory=list)
+
+    def count_verified(self, drafted: int, kept: int) -> None:
+        """A verify chunk checked `drafted` drafts and kept the first `kept`."""
+        self.spec_decode_num_drafts += 1
+        self.spec_decode_num_draft_tokens += drafted
+        self.spec_decode_num_accepted_tokens += kept
+        per_position = self.spec_decode_accepted_per_position
+        per_position += [0] * (drafted - len(per_position))
+        for position in range(kept):
+            per_position[position] += 1
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -116,8 +132,10 @@ class LLMEngine:
             snapshots = loaded.snapshots.index if loaded.snapshots is not None else None
             prefix_cache = PrefixCache(loaded.blocks, snapshots, config.block_size, config.ssm_snapshot_interval,
                                        config.decode_snapshot_interval)
+        speculative = config.speculative_config
+        lookahead = speculative.num_speculative_tokens - 1 if speculative is not None else 0
         self.scheduler = Scheduler(loaded.blocks, loaded.slots, config.block_size, config.max_num_seqs,
-                                   config.max_num_batched_tokens, prefix_cache, config.scheduling_policy)
+                                   config.max_num_batched_tokens, prefix_cache, config.scheduling_policy, lookahead)
         self.runner = loaded.runner
         self.grammars = GrammarCompiler(self.tokenizer.hf, self.model_config.vocab_size, self.eos_token_ids,
                                         lambda text: self.tokenizer.encode(text, add_special_tokens=False))
@@ -400,7 +418,8 @@ class LLMEngine:
             else:
                 self._started(plan)
                 self._record_prompt_logprobs(result.prompt_logprobs)
-                self._finish_step(plan, result.sampling, result.tokens, result.logprobs, touched)
+                self._finish_step(plan, result.sampling, result.tokens, result.logprobs, touched, result.accepted)
+                self._keep_drafts(plan, result.drafts)
         self._report_step()
         if self.profiler is not None:
             self.profiler.step()
@@ -434,17 +453,33 @@ class LLMEngine:
             if chunk.samples:
                 request.add_pending_token()
 
-    def _finish_step(self, plan, sampling, tokens, logprobs, touched: dict) -> None:
-        """The step's tokens are back: caches what it computed, then takes each token in."""
+    def _finish_step(self, plan, sampling, tokens, logprobs, touched: dict, accepted: dict | None = None) -> None:
+        """The step's tokens are back: caches what it computed, then takes each token in. accepted: {verify chunk:
+        the drafts it kept}, taken before the chunk's token."""
+        for chunk, drafts in (accepted or {}).items():
+            chunk.request.insert_pending_tokens(drafts)  # the prefix cache names its blocks by them
+            self.stats_counters.count_verified(len(chunk.draft_token_ids) + chunk.num_refuted, len(drafts))
         self.scheduler.step_done(plan)  # before any request finishes
         now = time.perf_counter()
         for i, (chunk, token) in enumerate(zip(sampling, tokens)):
             request = chunk.request
             if request.is_finished:  # aborted, or stopped by its previous token while this step ran
                 continue
-            self._take_token(request, chunk.end, token, logprobs[i] if logprobs else None, now)
+            for offset, draft in enumerate(chunk.draft_token_ids, start=1):
+                self._take_token(request, chunk.start + offset, draft, None, now)
+                if request.is_finished:  # a kept draft ended it: the tokens after it are dropped
+                    break
+            else:
+                self._take_token(request, chunk.end, token, logprobs[i] if logprobs else None, now)
             touched[self._owner[request].request_id] = self._owner[request]
         self.runner.save_states(self.scheduler.take_state_saves())  # the tails of requests that finished
+
+    @staticmethod
+    def _keep_drafts(plan, drafts: dict) -> None:
+        """Each request of the step that goes on keeps the drafts its next step verifies (none where it has none)."""
+        for chunk in plan.chunks:
+            if not chunk.request.is_finished:
+                chunk.request.draft_token_ids = drafts.get(chunk.request, [])
 
     def _record_prompt_logprobs(self, found: dict) -> None:
         for request, (first, entries) in found.items():

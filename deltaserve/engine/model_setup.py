@@ -22,6 +22,7 @@ from deltaserve.engine.engine_config import (
     resolve_gdn_state_dtype,
 )
 from deltaserve.engine.sampling_defaults import load_sampling_defaults
+from deltaserve.engine.speculative_config import SpeculativeConfig
 from deltaserve.errors import DeltaServeError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
@@ -29,6 +30,8 @@ from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.model_runner import ModelRunner
 from deltaserve.runner.prefill_graphs import PrefillGraphs, prefill_graph_rows
 from deltaserve.runner.sampler import Sampler
+from deltaserve.runner.mtp_drafter import MtpDrafter
+from deltaserve.runner.speculative_step import SpeculativeStep
 from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.tokenizer import Tokenizer, read_chat_template
 
@@ -71,9 +74,11 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     tokenizer.chat_content_format = config.chat_template_content_format
     dtype = resolve_dtype(config.dtype, model_config.dtype, device)
     max_positions = config.max_model_len or model_context_length(model_config)
+    speculative = config.speculative_config
+    check_speculative(speculative, model_config, source)
     model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,
-                       dummy=config.load_format == "dummy")
-    kv_pool, blocks, state_pool, slots, snapshots = _build_pools(config, model_config, dtype, device)
+                       dummy=config.load_format == "dummy", with_mtp=speculative is not None)
+    kv_pool, blocks, state_pool, slots, snapshots, verify_states = _build_pools(config, model_config, dtype, device)
     capacity = blocks.num_blocks * config.block_size
     max_model_len = config.max_model_len or min(model_context_length(model_config), capacity)
     if max_model_len > capacity:
@@ -83,7 +88,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
             f"({blocks.num_blocks} blocks of {config.block_size}, as {setting}={getattr(config, setting)} sizes "
             f"it); raise {setting} or lower max_model_len")
     graphs = prefill_graphs = None
-    if device.type == "cuda" and not config.enforce_eager:
+    if speculative is not None and device.type == "cuda" and not config.enforce_eager:
+        log.info("speculative decoding: the steps run eagerly (the verify and drafting passes have no graphs yet)")
+    elif device.type == "cuda" and not config.enforce_eager:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=prefill_graph_rows(config.max_num_batched_tokens))
         pool = torch.cuda.graph_pool_handle()
@@ -94,6 +101,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     sampler = Sampler(model_config.vocab_size, device, config.seed, config.logprobs_mode)
     runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device, sampler, graphs, snapshots,
                          prefill_graphs)
+    if speculative is not None:
+        drafter = MtpDrafter(model, speculative.num_speculative_tokens, config.block_size, runner.to_forward_batch)
+        runner.speculative = SpeculativeStep(drafter, verify_states, speculative.num_speculative_tokens)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, state_pool.h_all.dtype if state_pool else "-",
@@ -133,6 +143,14 @@ def long_max_model_len_allowed_by() -> str | None:
     return None
 
 
+def check_speculative(speculative: SpeculativeConfig | None, mc: ModelConfig, source: ModelSource) -> None:
+    """Speculative decoding drafts with the checkpoint's own MTP head: it must have one."""
+    if speculative is not None and (source.is_gguf or not mc.num_mtp_layers):
+        raise DeltaServeError(f"speculative_config method 'mtp' drafts with the model's multi-token-prediction head, "
+                              f"and {source.name} has none (its config names no mtp_num_hidden_layers; Qwen3.5 and "
+                              f"Qwen3-Next checkpoints carry one)")
+
+
 def check_checkpoint_format(config: EngineConfig, source: ModelSource, model_config: ModelConfig) -> None:
     """vLLM's load_format and quantization, where they name a format: the checkpoint must be of it."""
     found = "gguf" if source.is_gguf else "safetensors"
@@ -157,11 +175,25 @@ def _read_checkpoint(source: ModelSource):
 
 
 def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
+    """The KV pool (with the MTP head's layer where the engine drafts), the GDN state slots, and the snapshot
+    pool, whose slots past the prefix cache's take the states of a speculative step's verify rows (verify_states:
+    that pool, or None without GDN layers or drafts)."""
     _check_budget_fits_gpu(config, device)
     state_pool, slots, snapshots, spent = _gdn_pools(config, mc, dtype, device)
-    num_blocks = config.num_kv_blocks or _default_num_blocks(config, mc, dtype, device, spent)
-    kv_pool = KVPool(mc.attention_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, device)
-    return kv_pool, BlockAllocator(num_blocks), state_pool, slots, snapshots
+    if not config.enable_prefix_caching:
+        snapshots, verify_pool = None, snapshots  # the pool holds verify slots alone
+    else:
+        verify_pool = snapshots
+    layers = kv_layers(config, mc)
+    num_blocks = config.num_kv_blocks or _default_num_blocks(config, mc, dtype, device, spent, len(layers))
+    kv_pool = KVPool(layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, device)
+    verify_states = verify_pool if config.speculative_config is not None else None
+    return kv_pool, BlockAllocator(num_blocks), state_pool, slots, snapshots, verify_states
+
+
+def kv_layers(config: EngineConfig, mc: ModelConfig) -> list[int]:
+    """The layer ids the KV pool holds: the attention layers', and the MTP head's (num_layers) where it drafts."""
+    return mc.attention_layers + ([mc.num_layers] if config.speculative_config is not None else [])
 
 
 def _gdn_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
@@ -179,14 +211,20 @@ def _gdn_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device
                     f"the GDN state of max_num_seqs={config.max_num_seqs} sequences", "max_num_seqs")
     state_pool = StatePool(mc.gdn_layers, config.max_num_seqs, *gdn_shape, dtype, device, state_dtype)
     snapshots = None
-    if config.enable_prefix_caching:
-        num_snapshots = config.ssm_snapshot_slots
+    speculative = config.speculative_config
+    # a speculative step keeps the state after each verify row but the last: k slots a sequence
+    verify_slots = config.max_num_seqs * speculative.num_speculative_tokens if speculative is not None else 0
+    if verify_slots:
+        spent = _charge(config, spent, per_slot * verify_slots, f"the GDN states of {verify_slots} verify rows "
+                        f"(max_num_seqs x num_speculative_tokens)", "max_num_seqs")
+    if config.enable_prefix_caching or verify_slots:
+        num_snapshots = config.ssm_snapshot_slots if config.enable_prefix_caching else 0
         if num_snapshots is None:
             share = max(0.0, _cache_budget(config, device, spent) * SNAPSHOT_MEMORY_SHARE)
             num_snapshots = int(min(share // per_slot, 4 * config.max_num_seqs))
         spent = _charge(config, spent, per_slot * (num_snapshots + 1),
                         f"{num_snapshots} GDN state snapshots", "ssm_snapshot_slots")
-        snapshots = SnapshotPool(mc.gdn_layers, num_snapshots, *gdn_shape, dtype, device, state_dtype)
+        snapshots = SnapshotPool(mc.gdn_layers, num_snapshots, *gdn_shape, dtype, device, state_dtype, verify_slots)
     return state_pool, SlotAllocator(config.max_num_seqs), snapshots, spent
 
 
@@ -225,8 +263,9 @@ def _cache_budget(config: EngineConfig, device: torch.device, spent: int = 0) ->
 
 
 def _default_num_blocks(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
-                        spent: int = 0) -> int:
-    per_block = KVPool.bytes_per_block(len(mc.attention_layers), config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+                        spent: int = 0, num_layers: int | None = None) -> int:
+    num_layers = len(mc.attention_layers) if num_layers is None else num_layers
+    per_block = KVPool.bytes_per_block(num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
     budget = _cache_budget(config, device, spent)
     wanted = -(-(config.max_model_len or model_context_length(mc)) // config.block_size) * config.max_num_seqs
     blocks = int(min(budget // max(per_block, 1), wanted))

@@ -207,6 +207,8 @@ class PrefixCache:
             return
         planned: set[BlockHash] = set()
         for chunk in plan.chunks:
+            if chunk.draft_token_ids:  # where a verify chunk ends is known once its drafts are checked
+                continue
             request = chunk.request
             known = request.num_tokens - request.num_pending_tokens
             for position in self._capture_positions(chunk):

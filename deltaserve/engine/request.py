@@ -63,6 +63,8 @@ class Request:
     # (output index, error): the sampler found that its constraints refuse every token there (mark_dead_end)
     dead_end: tuple[int, NoTokenAllowedError] | None = None
     stats: RequestStateStats = field(default_factory=RequestStateStats)  # when it was queued, scheduled, ...
+    # speculative decoding: the tokens the MTP head proposed to follow its last one, verified by its next step
+    draft_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # read every step, so kept: logit biases, allowed tokens or bad words change every step's logits
@@ -112,6 +114,13 @@ class Request:
         """The token at `position` (the oldest pending one) has been read back."""
         self.output_token_ids[position - len(self.prompt_token_ids)] = token
         self.num_pending_tokens -= 1
+
+    def insert_pending_tokens(self, tokens: list[int]) -> None:
+        """Kept drafts of a verify step, before its one pending token: pending too, until each is taken in
+        (resolve_token), but their values stand in the output already."""
+        if tokens:
+            self.output_token_ids[-1:-1] = tokens
+            self.num_pending_tokens += len(tokens)
 
     def drop_pending_tokens(self) -> None:
         """The request stops: tokens still on the device will never be part of its output."""

@@ -31,7 +31,7 @@ from deltaserve.engine.waiting_queue import served_before, waiting_queue
 class Scheduler:
     def __init__(self, blocks: BlockAllocator, slots: SlotAllocator | None, block_size: int,
                  max_num_seqs: int, max_num_batched_tokens: int, prefix_cache: PrefixCache | None = None,
-                 policy: str = "fcfs"):
+                 policy: str = "fcfs", lookahead: int = 0):
         self.blocks = blocks
         self.prefix_cache = prefix_cache  # None: prefix caching off
         self.slots = slots  # None for models without GDN layers
@@ -39,6 +39,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy  # "fcfs" or "priority" (waiting_queue.SCHEDULING_POLICIES)
+        # speculative decoding: KV slots held past a chunk's end, where the MTP head's later drafting passes write
+        # (num_speculative_tokens - 1 of them)
+        self.lookahead = lookahead
         self.waiting = waiting_queue(policy)
         self.running: list[Request] = []
         self._arrivals = itertools.count()
@@ -89,13 +92,15 @@ class Scheduler:
                 index += 1  # its last token is on the device: it finishes when that is read back
                 continue
             count = self._chunk_size(request, request.num_computed_tokens, budget, request.replay_point)
+            drafts = self._drafts_to_verify(request, count, budget)
+            count += len(drafts)
             num_preempted = len(plan.preempted)
-            if not self._reserve_blocks(request, count, plan):
+            if not self._reserve_blocks(request, count + self.lookahead, plan):
                 break  # `request` itself was preempted, the last to be: as vLLM's, the rest wait for the next step
             if len(plan.preempted) > num_preempted:  # a victim planned before it gives back its place and tokens
                 index = self.running.index(request)
                 budget = self.max_num_batched_tokens - sum(c.num_tokens for c in plan.chunks)
-            plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, count))
+            plan.chunks.append(ScheduledChunk(request, request.num_computed_tokens, count, drafts))
             budget -= count
             index += 1
         if not plan.preempted:
@@ -116,7 +121,8 @@ class Scheduler:
             start = hit.num_tokens if hit else request.num_computed_tokens
             count = self._chunk_size(request, start, budget, hit.replay_point if hit else request.replay_point)
             shared = hit.blocks if hit else []
-            missing = max(0, -(-(start + count) // self.block_size) - len(request.block_ids) - len(shared))
+            missing = max(0, -(-(start + count + self.lookahead) // self.block_size) - len(request.block_ids)
+                          - len(shared))
             if not self.blocks.can_allocate(missing + self.blocks.num_unreferenced(hit.held_blocks if hit else [])):
                 return
             if self.slots is not None and request.state_slot is None:
@@ -143,6 +149,17 @@ class Scheduler:
         if start < replay_point:
             count = min(count, replay_point - start)
         return count
+
+    @staticmethod
+    def _drafts_to_verify(request: Request, count: int, budget: int) -> list[int]:
+        """The drafts a decoding request verifies this step: as many of its MTP head's as the budget takes and its
+        max_tokens leaves room for (a step that accepts them all yields one token more)."""
+        drafts = request.draft_token_ids
+        decoding = count == 1 and request.num_computed_tokens == request.num_tokens - 1
+        if not drafts or not decoding or request.num_pending_tokens:
+            return []
+        room = min(budget - 1, request.max_tokens - len(request.output_token_ids) - 1)
+        return drafts[: max(0, room)]
 
     def _blocks_missing(self, request: Request, count: int) -> int:
         needed = -(-(request.num_computed_tokens + count) // self.block_size)

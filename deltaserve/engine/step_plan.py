@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 from deltaserve.engine.request import Request
 
 
-@dataclass
+@dataclass(eq=False)
 class ScheduledChunk:
     request: Request
     start: int  # first position computed this step (== request.num_computed_tokens)
-    num_tokens: int
+    num_tokens: int  # drafts included
+    # speculative decoding: the drafted tokens after the request's last one, its rows after the first; each row
+    # samples, and the tokens up to the first draft its row's token refutes are kept (engine/speculative_decoding.py)
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def end(self) -> int:
@@ -20,7 +23,16 @@ class ScheduledChunk:
     @property
     def samples(self) -> bool:
         """True when this chunk reaches the end of the known tokens, so its last row yields a token."""
-        return self.end == self.request.num_tokens
+        return self.end == self.request.num_tokens + len(self.draft_token_ids)
+
+    num_refuted: int = 0  # a verify chunk's drafts after the first refuted one, that one included
+
+    def keep_verified(self, num_accepted: int) -> None:
+        """A verify chunk whose first num_accepted drafts held: its rows past them computed tokens that are not
+        the request's, so it counts as the chunk of its rows up to the last accepted draft."""
+        self.num_refuted = len(self.draft_token_ids) - num_accepted
+        self.num_tokens = num_accepted + 1
+        self.draft_token_ids = self.draft_token_ids[:num_accepted]
 
 
 @dataclass

@@ -66,7 +66,10 @@ def build_host_batch(plan: StepPlan, block_size: int) -> HostBatch:
             positions.append(start)
             slot_mapping.append(blocks[start // block_size] * block_size + start % block_size)
         else:
-            input_ids.extend(_token_ids(request, start, end))
+            if chunk.draft_token_ids:  # a verify chunk: the last token, then the drafts after it
+                input_ids.extend(np.array([request.token_at(start), *chunk.draft_token_ids], dtype=np.int64))
+            else:
+                input_ids.extend(_token_ids(request, start, end))
             positions.extend(np.arange(start, end, dtype=np.int64))
             slot_mapping.extend(kv_slots(blocks, start, end, block_size))
         rows += end - start
@@ -75,8 +78,9 @@ def build_host_batch(plan: StepPlan, block_size: int) -> HostBatch:
         batch.block_tables.append(blocks)
         batch.state_slots.append(request.state_slot if request.state_slot is not None else 0)
         if chunk.samples:
-            batch.logits_indices.append(rows - 1)
-            batch.logits_sequences.append(len(batch.seq_lens) - 1)
+            sampled = range(rows - 1 - len(chunk.draft_token_ids), rows)  # every row of a verify chunk samples
+            batch.logits_indices += sampled
+            batch.logits_sequences += [len(batch.seq_lens) - 1] * len(sampled)
     batch.input_ids, batch.positions, batch.slot_mapping = input_ids.values(), positions.values(), slot_mapping.values()
     return batch
 

@@ -21,6 +21,7 @@ from deltaserve.runner.launched_step import LaunchedStep
 from deltaserve.runner.prefill_graphs import MAX_ROWS, PrefillGraphs
 from deltaserve.runner.sampler import Sampler, prompt_logprob_entries
 from deltaserve.runner.snapshot_steps import chunk_end_saves, mid_chunk_capture_rows, restore_pairs
+from deltaserve.runner.speculative_step import SpeculativeStep
 
 # A first chunk longer than the prefill graphs' last rung attends through cuDNN (attention/fresh_prefill.py):
 # up to that rung paged attention's long-chunk tiles take as long (2048 tokens 89.3 against 89.2 us a layer,
@@ -59,13 +60,19 @@ class StepResult:
     logprobs: list | None = None  # per sampling chunk, when any asked
     # request -> (first prompt position predicted, entries), for requests asking prompt logprobs
     prompt_logprobs: dict = field(default_factory=dict)
+    # speculative decoding: verify chunk -> the drafts it accepted, which come before its token in `tokens` (the
+    # chunk is cut to its rows up to them, ScheduledChunk.keep_verified); request -> the drafts its next step verifies
+    accepted: dict = field(default_factory=dict)
+    drafts: dict = field(default_factory=dict)
 
 
 class ModelRunner:
     def __init__(self, model: DecoderLM, kv_pool: KVPool | None, state_pool: StatePool | None, block_size: int,
                  device: torch.device, sampler: Sampler, graphs: DecodeGraphs | None = None,
-                 snapshots: SnapshotPool | None = None, prefill_graphs: PrefillGraphs | None = None):
+                 snapshots: SnapshotPool | None = None, prefill_graphs: PrefillGraphs | None = None,
+                 speculative: SpeculativeStep | None = None):
         self.model = model
+        self.speculative = speculative  # None: no speculative decoding
         self.snapshots = snapshots  # prefix-cache GDN state snapshots; None without GDN layers or caching
         self.graphs = graphs  # None: every step runs eagerly
         self.prefill_graphs = prefill_graphs  # None: every prefill pass runs eagerly
@@ -78,6 +85,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan):
         """Runs one step: the sampled tokens of the chunks that reach their end, and logprobs asked for."""
+        if self.speculative is not None:
+            return self.speculative.execute(self, plan)
         passes = self._graph_passes(plan)
         if passes is not None:
             return self._execute_graphs(plan, *passes)
@@ -158,7 +167,8 @@ class ModelRunner:
     def can_launch(self, plan: StepPlan) -> bool:
         """Whether the plan can run without its tokens being read back before the next step is
         planned: decode rows whose sampling needs only their logits."""
-        return plan.is_decode and all(c.samples and Sampler.device_only(c.request.params) for c in plan.chunks)
+        return (self.speculative is None and plan.is_decode
+                and all(c.samples and Sampler.device_only(c.request.params) for c in plan.chunks))
 
     @torch.inference_mode()
     def launch(self, plan: StepPlan, previous: LaunchedStep | None) -> LaunchedStep:

@@ -15,6 +15,7 @@ import uvicorn
 
 from deltaserve.engine.async_engine import AsyncEngine
 from deltaserve.engine.sampling_defaults import describe
+from deltaserve.errors import DeltaServeError
 from deltaserve.server.app import build_app
 from deltaserve.server.http_options import (add_http_middleware, check_http_arguments, filter_access_log,
                                            uvicorn_options)
@@ -114,7 +115,25 @@ def engine_kwargs(args: Any) -> dict:
     whole_cache = getattr(args, "mamba_cache_dtype", None)  # vLLM's: the GDN state's, where nothing names it
     if whole_cache is not None and "gdn_state_dtype" not in kwargs:
         kwargs["gdn_state_dtype"] = whole_cache
+    speculative = speculative_config(args)
+    if speculative is not None:
+        kwargs["speculative_config"] = speculative
     return kwargs
+
+
+def speculative_config(args: Any) -> dict | None:
+    """--speculative-config with vLLM's key-by-key flags (--spec-method, --spec-tokens) merged in; a key given
+    both ways is refused, as vLLM refuses it."""
+    config = getattr(args, "speculative_config", None)
+    for flag, key, value in (("--spec-method", "method", getattr(args, "spec_method", None)),
+                             ("--spec-tokens", "num_speculative_tokens", getattr(args, "spec_tokens", None))):
+        if value is None:
+            continue
+        config = dict(config or {})
+        if key in config:
+            raise DeltaServeError(f"{flag} and --speculative-config's {key!r} are mutually exclusive: give one")
+        config[key] = value
+    return config
 
 
 def serve(args: Any) -> int:

@@ -65,6 +65,10 @@ _VLLM_COUNTERS = (
      "prefix_cache_queries"),
     ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (vLLM's name).", "prefix_cache_hits"),
     ("vllm:num_preemptions", "Requests preempted to free KV blocks (vLLM's name).", "num_preemptions"),
+    ("vllm:spec_decode_num_drafts", "Verify chunks of speculative decoding (vLLM's name).", "spec_decode_num_drafts"),
+    ("vllm:spec_decode_num_draft_tokens", "Draft tokens verified (vLLM's name).", "spec_decode_num_draft_tokens"),
+    ("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted (vLLM's name).",
+     "spec_decode_num_accepted_tokens"),
 )
 _FINISH_REASONS = ("stop", "length", "repetition", "abort", "error")
 _COMPLETED = ("stop", "length", "repetition")  # requests that ran to an end of their own
@@ -102,6 +106,13 @@ class _EngineStatsCollector:
                                        "capacity, or deferred (vLLM's name).", labels=_VLLM_LABELS + ["reason"])
             for reason, value in (("capacity", waiting), ("deferred", 0)):  # nothing here defers a request
                 family.add_metric(self._vllm_labels + [reason], float(value))
+            yield family
+        per_position = getattr(stats, "spec_decode_accepted_per_position", None)
+        if per_position:
+            family = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at "
+                                         "each draft position (vLLM's name).", labels=_VLLM_LABELS + ["position"])
+            for position, value in enumerate(per_position):
+                family.add_metric(self._vllm_labels + [str(position)], float(value))
             yield family
         family = GaugeMetricFamily("vllm:engine_sleep_state", "1 for the engine's sleep state, awake here "
                                    "(vLLM's name).", labels=_VLLM_LABELS + ["sleep_state"])

@@ -62,9 +62,6 @@ REFUSED = [
     (("--tool-parser-plugin",), True, "deltaserve imports no code a flag names"),
     (("--reasoning-parser-plugin",), True, "deltaserve imports no code a flag names"),
     (("--middleware",), "+", "deltaserve imports no code a flag names"),
-    (("--spec-method",), True, "deltaserve has no speculative decoding"),
-    (("--spec-tokens",), True, "deltaserve has no speculative decoding"),
-    (("-sc",), True, "deltaserve has no speculative decoding"),
     (("--lora-modules",), "+", "deltaserve serves no LoRA adapters"),
     (("--max-lora-rank",), True, "deltaserve serves no LoRA adapters"),
 ]
@@ -126,7 +123,6 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mamba-cache-dtype", choices=("auto", "float32", "bfloat16"), default=None,
                    help="the GDN state's dtype where --mamba-ssm-cache-dtype does not name it (the conv state stays "
                         "in the model's dtype)")
-    g.add_argument("--speculative-config", default=None, help="refused: deltaserve has no speculative decoding")
     g.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=None,
                    help="refused: deltaserve serves no LoRA adapters")
     g.add_argument("--tokenizer", default=None, help="the model itself only: deltaserve reads the tokenizer from "

@@ -54,8 +54,6 @@ def test_vllm_flags_parse_and_leave_the_engine_as_it_was():
                                          (["-tp", "4"], "--tensor-parallel-size 4"),
                                          (["-pp", "2"], "--pipeline-parallel-size 2: .*one GPU"),
                                          (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype fp8: .*model's dtype"),
-                                         (["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'],
-                                          "--speculative-config .*: deltaserve has no speculative decoding"),
                                          (["--enable-lora"], "--enable-lora: .*LoRA"),
                                          (["--no-enable-chunked-prefill"], "--no-enable-chunked-prefill: .*in chunks"),
                                          (["--tokenizer-mode", "mistral"], "--tokenizer-mode mistral: .*fast"),
@@ -277,3 +275,15 @@ def test_return_tokens_as_token_ids_names_each_token_by_its_id(vllm_style_server
     assert all(t.startswith("token_id:") for t in legacy["tokens"])
     assert all(k.startswith("token_id:") for top in legacy["top_logprobs"] if top for k in top)
 
+
+
+def test_the_speculative_config_reaches_the_engine_whole_or_key_by_key():
+    whole = _parse(["serve", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}'])
+    by_key = _parse(["serve", "--spec-method", "mtp", "--spec-tokens", "2"])
+    dotted = _parse(["serve", "--speculative-config.method", "mtp", "--speculative-config.num_speculative_tokens", "2"])
+    for args in (whole, by_key, dotted):
+        assert engine_kwargs(args)["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    both = _build_parser().parse_args(["serve", "-sc", '{"method": "mtp", "num_speculative_tokens": 1}',
+                                       "--spec-tokens", "3"])
+    with pytest.raises(DeltaServeError, match="--spec-tokens and --speculative-config's 'num_speculative_tokens'"):
+        engine_kwargs(both)

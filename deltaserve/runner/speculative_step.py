@@ -1,0 +1,117 @@
+"""SpeculativeStep: how a ModelRunner runs a step where the MTP head drafts (speculative decoding).
+
+One pass of the target model computes the plan's rows, a verify chunk's rows included: the last token and its
+drafts, each row sampling (draft_verifier.py keeps the drafts up to the first one refuted, and the token that row
+gives). The GDN kernels write the state after each verify row but the last into verify slots (captures, as the
+prefix cache's mid-chunk snapshots are written); a sequence whose drafts were not all kept gets its state back
+from the slot of its last kept row, so its state covers exactly its tokens. Its KV past them is written over by
+the next step. Then the MTP head reads the kept rows and drafts for the next step (mtp_drafter.py).
+
+These steps run eagerly, every step of an engine that drafts: the head needs the target's hidden state of every
+row, and the verify chunks' rows the graphs' decode rows do not take.
+"""
+
+from __future__ import annotations
+
+from deltaserve.cache.snapshot_pool import SnapshotPool
+from deltaserve.engine.request import Request
+from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
+from deltaserve.kernels.capture_rows import CaptureRows
+from deltaserve.runner.batch_builder import HostBatch, build_host_batch
+from deltaserve.runner.draft_verifier import VerifyRows, verify_drafts
+from deltaserve.runner.mtp_drafter import DraftRequest, MtpDrafter
+from deltaserve.runner.sampler import Sampler
+from deltaserve.runner.snapshot_steps import mid_chunk_capture_rows, restore_pairs
+
+
+def drafts_eligible(request: Request) -> bool:
+    """Whether the request's next tokens may be drafted: its sampling draws from its logits alone (temperature,
+    top-k, top-p, min-p). Logprobs, penalties, biases, allowed or bad words, min_tokens, grammars and thinking
+    budgets change each token's distribution by the tokens before it, which the verifier does not follow."""
+    return Sampler.device_only(request.params) and not request.adjusts_logits and not request.held_back
+
+
+class SpeculativeStep:
+    def __init__(self, drafter: MtpDrafter, verify_states: SnapshotPool | None, num_speculative_tokens: int):
+        self.drafter = drafter
+        self.verify_states = verify_states  # None without GDN layers: nothing to set back
+        self.num_speculative_tokens = num_speculative_tokens
+
+    def execute(self, runner, plan: StepPlan):
+        from deltaserve.runner.model_runner import StepResult
+
+        sampling = [c for c in plan.chunks if c.samples]
+        runner._prepare_states(plan, restore_pairs(plan))
+        host = build_host_batch(plan, runner.block_size)
+        batch = runner.to_forward_batch(host, plan.is_decode)  # every row's hidden state: the MTP head reads them
+        captures = mid_chunk_capture_rows(plan) if runner.snapshots is not None else []
+        captures += self._verify_captures(plan, host)
+        if captures:
+            batch.capture_rows, batch.snapshot_pool = CaptureRows(captures), self.verify_states
+        hidden = runner.model(batch.input_ids, batch)
+        prompt_logprobs = {}
+        if any(c.request.params.prompt_logprobs is not None for c in plan.chunks):
+            prompt_logprobs = runner._prompt_logprobs(plan, host, hidden)
+        logits = runner.model.compute_logits(hidden[batch.logits_indices]) if sampling else None
+        runner._save_snapshots(plan)
+        tokens, logprobs, accepted, set_back = self._sample(runner.sampler, logits, sampling)
+        if set_back:
+            self.verify_states.restore(set_back, runner.state_pool)
+        drafts = self.drafter.propose(hidden, self._draft_rows(plan, host, sampling, tokens))
+        return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts)
+
+    def _verify_captures(self, plan: StepPlan, host: HostBatch) -> list[tuple[int, int]]:
+        """(row, verify slot): the state after each verify row but the last, slot j of its chunk's k."""
+        if self.verify_states is None:
+            return []
+        captures = []
+        verify_index = 0
+        for chunk, first in zip(plan.chunks, host.query_start_loc):
+            if chunk.draft_token_ids:
+                captures += [(first + j, self._verify_slot(verify_index, j)) for j in range(len(chunk.draft_token_ids))]
+                verify_index += 1
+        return captures
+
+    def _sample(self, sampler: Sampler, logits, sampling: list[ScheduledChunk]):
+        """Each sampling chunk's token (a verify chunk's after its kept drafts), the logprobs of plain rows where
+        asked, {verify chunk: its kept drafts}, and (verify slot, state slot) for each sequence whose drafts were
+        not all kept: the state after its last kept row. A verify chunk is cut to its kept rows."""
+        plain, plain_rows, verify, row = [], [], [], 0
+        for chunk in sampling:
+            if chunk.draft_token_ids:
+                verify.append(VerifyRows(chunk.request, row, list(chunk.draft_token_ids)))
+            else:
+                plain.append(chunk)
+                plain_rows.append(row)
+            row += len(chunk.draft_token_ids) + 1
+        by_chunk, plain_logprobs = {}, None
+        if plain:
+            index = plain_rows if len(plain_rows) < row else slice(None)
+            plain_tokens, plain_logprobs = sampler(logits[index], [c.request for c in plain])
+            by_chunk = dict(zip(plain, plain_tokens))
+        accepted, set_back = {}, []
+        verify_chunks = [c for c in sampling if c.draft_token_ids]
+        for i, (chunk, kept) in enumerate(zip(verify_chunks, verify_drafts(sampler, logits, verify))):
+            if len(kept) - 1 < len(chunk.draft_token_ids) and self.verify_states is not None:
+                set_back.append((self._verify_slot(i, len(kept) - 1), chunk.request.state_slot))
+            chunk.keep_verified(len(kept) - 1)
+            accepted[chunk] = kept[:-1]
+            by_chunk[chunk] = kept[-1]
+        logprobs = None
+        if plain_logprobs is not None:
+            entries = dict(zip(plain, plain_logprobs))
+            logprobs = [entries.get(c) for c in sampling]
+        return [by_chunk[c] for c in sampling], logprobs, accepted, set_back
+
+    def _verify_slot(self, verify_index: int, row: int) -> int:
+        """The slot of the state after row `row` of the step's verify chunk `verify_index`."""
+        return self.verify_states.first_verify_slot + verify_index * self.num_speculative_tokens + row
+
+    def _draft_rows(self, plan: StepPlan, host: HostBatch, sampling, tokens) -> list[DraftRequest]:
+        sampled = dict(zip(sampling, tokens))
+        rows = []
+        for chunk, first in zip(plan.chunks, host.query_start_loc):
+            request = chunk.request
+            following = sampled[chunk] if chunk in sampled else request.token_at(chunk.end)
+            rows.append(DraftRequest(chunk, first, following, chunk in sampled and drafts_eligible(request)))
+        return rows

@@ -1,0 +1,149 @@
+"""Speculative decoding with the model's MTP head: greedy outputs are plain greedy decoding's, whatever the drafts
+(the head's own, or drafts that are right up to a point), with the GDN state set back where a draft is refuted;
+seeded sampling gives the same text alone or in a batch; what cannot draft decodes beside what does."""
+
+import random
+
+import pytest
+
+from deltaserve import LLM, SamplingParams
+from deltaserve.errors import DeltaServeError
+from tests.checkpoints import VOCAB, add_mtp_weights, make_checkpoint
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+MTP = {"method": "mtp", "num_speculative_tokens": 1}
+
+
+@pytest.fixture(scope="module")
+def mtp_checkpoint(tmp_path_factory):
+    """A tiny hybrid checkpoint (its full-attention layers 1 and 3) with an MTP head."""
+    path = str(tmp_path_factory.mktemp("qwen3_5_mtp"))
+    make_checkpoint("qwen3.5", path, seed=3)
+    add_mtp_weights(path, seed=3)
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain(mtp_checkpoint):
+    return LLM(mtp_checkpoint, device="cpu", max_num_seqs=8)
+
+
+@pytest.fixture(scope="module")
+def drafting(mtp_checkpoint):
+    return LLM(mtp_checkpoint, device="cpu", max_num_seqs=8,
+               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+
+
+def _prompts(count: int, longest: int = 40) -> list[list[int]]:
+    return [[random.randrange(3, VOCAB) for _ in range(random.randint(1, longest))] for _ in range(count)]
+
+
+def _tokens(llm: LLM, prompts, params=GREEDY) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_greedy_tokens_are_plain_greedy_decodings(plain, drafting):
+    prompts = _prompts(5)
+    before = drafting.engine.stats()
+    drafts_before = before.spec_decode_num_draft_tokens
+    assert _tokens(drafting, prompts) == _tokens(plain, prompts)
+    stats = drafting.engine.stats()
+    assert stats.spec_decode_num_drafts > 0 and stats.spec_decode_num_draft_tokens > drafts_before
+
+
+def test_drafts_right_up_to_a_point_keep_their_right_part(plain, drafting):
+    """Drafts taken from the plain greedy output, each wrong with some chance: the steps keep the right ones, set
+    the GDN state back after a wrong one, and the output stays plain greedy decoding's."""
+    prompts = _prompts(4)
+    expected = _tokens(plain, prompts)
+    by_prompt = {tuple(p): e for p, e in zip(prompts, expected)}
+    drafter = drafting.engine.runner.speculative.drafter
+    head_drafts = drafter.propose
+
+    def oracle(hidden, rows):
+        drafts = head_drafts(hidden, rows)  # the head still runs: its KV stays filled
+        for row in rows:
+            request = row.chunk.request
+            if request not in drafts:
+                continue
+            first = row.chunk.end + 1 - request.num_prompt_tokens
+            right = by_prompt[tuple(request.prompt_token_ids)][first : first + 3]
+            drafts[request] = [t if random.random() < 0.8 else (t + 1) % VOCAB for t in right]
+        return drafts
+
+    drafter.propose = oracle
+    try:
+        before = drafting.engine.stats()
+        drafted, kept = before.spec_decode_num_draft_tokens, before.spec_decode_num_accepted_tokens
+        assert _tokens(drafting, prompts) == expected
+        after = drafting.engine.stats()
+        drafted, kept = after.spec_decode_num_draft_tokens - drafted, after.spec_decode_num_accepted_tokens - kept
+        assert 0 < kept < drafted  # some held, some were refuted
+    finally:
+        drafter.propose = head_drafts
+
+
+def test_requests_that_cannot_draft_decode_beside_those_that_do(plain, drafting):
+    prompts = _prompts(4)
+    asking = [GREEDY, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3), GREEDY]
+    got = drafting.generate(prompts, asking, use_tqdm=False)
+    want = plain.generate(prompts, asking, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert [len(o.outputs[0].logprobs) for o in got[1:2]] == [20]
+
+
+def test_a_seeded_sample_is_the_same_alone_and_in_a_batch(drafting):
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=16, ignore_eos=True, seed=random.randrange(2**31))
+    prompt = _prompts(1)
+    alone = _tokens(drafting, prompt, seeded)
+    others = _prompts(3)
+    batch = drafting.generate(others + prompt, [SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)] * 3
+                              + [seeded], use_tqdm=False)
+    assert batch[-1].outputs[0].token_ids == alone[0]
+
+
+def test_stops_and_max_tokens_cut_a_verified_run(plain, drafting):
+    prompts = _prompts(3)
+    full = _tokens(plain, prompts)
+    stops = [SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[f[random.randrange(3, 12)]]) for f in full]
+    assert _tokens(drafting, prompts, stops) == [_tokens(plain, [p], s)[0] for p, s in zip(prompts, stops)]
+    for length in (1, 2, 5):
+        short = SamplingParams(temperature=0, max_tokens=length, ignore_eos=True)
+        assert _tokens(drafting, prompts, short) == [f[:length] for f in full]
+
+
+def test_preemption_and_the_prefix_cache_keep_greedy_outputs(mtp_checkpoint, plain):
+    """Four sequences of up to 32 tokens (8 blocks each, a draft's lookahead included) in 14 blocks of 4."""
+    tight = LLM(mtp_checkpoint, device="cpu", max_num_seqs=4, num_kv_blocks=14, block_size=4,
+                speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+    prompts = _prompts(4, longest=12)
+    expected = _tokens(plain, prompts)
+    assert _tokens(tight, prompts) == expected
+    assert tight.engine.stats().num_preemptions > 0
+    assert _tokens(tight, prompts[:1]) == expected[:1]  # again: a prefix-cache hit
+
+
+@pytest.mark.parametrize("config, named", [({**MTP, "method": "eagle"}, "method='eagle'"),
+                                           ({"method": "mtp"}, "num_speculative_tokens=None"),
+                                           ({**MTP, "num_speculative_tokens": 0}, "num_speculative_tokens=0"),
+                                           ({**MTP, "model": "x/y"}, "model='x/y'"),
+                                           ({**MTP, "foo": 1}, "foo")])
+def test_a_speculative_config_deltaserve_cannot_run_is_refused_by_name(config, named):
+    with pytest.raises(DeltaServeError, match=named):
+        LLM("unused", device="cpu", speculative_config=config)
+
+
+def test_a_model_without_an_mtp_head_is_refused(checkpoint_factory):
+    with pytest.raises(DeltaServeError, match="multi-token-prediction head"):
+        LLM(checkpoint_factory("qwen3"), device="cpu", speculative_config=MTP)
+
+
+@pytest.mark.parametrize("arch", ["qwen3-next", "qwen3.5-moe"])
+def test_the_moe_heads_draft_for_greedy_decoding_too(tmp_path, arch):
+    path = make_checkpoint(arch, str(tmp_path), seed=5)
+    add_mtp_weights(path, seed=5)
+    prompts = _prompts(3)
+    drafting = LLM(path, device="cpu", max_num_seqs=4, speculative_config=MTP)
+    assert _tokens(drafting, prompts) == _tokens(LLM(path, device="cpu", max_num_seqs=4), prompts)
+    assert drafting.engine.stats().spec_decode_num_drafts > 0
