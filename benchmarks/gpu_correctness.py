@@ -31,7 +31,10 @@
   greedy row) give in fp32 the CPU's tokens, with `</think>` where their budgets fall due, and in bf16 the same
   tokens with graphs as eagerly;
 - beam searches of width 3 over the prompts (each step's requests restored from their parents' prefix-cache tails)
-  give in fp32 the CPU's beams, their summed logprobs within fp32 rounding.
+  give in fp32 the CPU's beams, their summed logprobs within fp32 rounding;
+- on the hybrid architectures, given an MTP head, greedy speculative decoding (2 drafts a step) gives in fp32 the
+  CPU's plain greedy tokens, and seeded sampled rows beside greedy ones the CPU's speculative tokens; in bf16 the
+  share of its greedy tokens that match plain greedy decoding's is reported (the verify pass rounds otherwise).
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -50,7 +53,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import results_io  # noqa: E402
 from deltaserve import LLM, BeamSearchParams, NoTokenAllowedError, SamplingParams, StructuredOutputsParams  # noqa: E402
 from deltaserve.runner.model_runner import MANY_DECODE_ROWS  # noqa: E402
-from tests.checkpoints import ARCHITECTURES, add_think_tokens, make_checkpoint  # noqa: E402
+from tests.checkpoints import ARCHITECTURES, add_mtp_weights, add_think_tokens, make_checkpoint  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 WITH_LOGPROBS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2)
@@ -244,6 +247,29 @@ def beams_alike(gpu_llm: LLM, cpu_llm: LLM, prompts) -> dict:
             "cum_logprob_max_diff": max(abs(a.cum_logprob - b.cum_logprob) for a, b in pairs)}
 
 
+MTP_ARCHITECTURES = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "qwen3.5-vl")
+SPECULATIVE = {"method": "mtp", "num_speculative_tokens": 2}
+
+
+def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
+    """Greedy and mixed (seeded sampled beside greedy) speculative decoding on the GPU against the CPU: fp32 greedy
+    against the CPU's plain greedy tokens, fp32 mixed against the CPU's speculative tokens; bf16 greedy's share of
+    plain bf16 greedy's tokens, for information."""
+    gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, speculative_config=SPECULATIVE, **state)
+    cpu_drafting = LLM(path, device="cpu", speculative_config=SPECULATIVE, **state)
+    greedy = tokens(gpu, prompts)
+    stats = gpu.engine.stats()
+    mixed = tokens(gpu, prompts, MIXED) == tokens(cpu_drafting, prompts, MIXED)
+    del gpu
+    bf16 = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=8, speculative_config=SPECULATIVE, **state)
+    plain = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=8, enforce_eager=True, **state)
+    drafted, reference = tokens(bf16, prompts), tokens(plain, prompts)
+    return {"greedy_identical": greedy == tokens(cpu_llm, prompts), "mixed_identical": mixed,
+            "drafts_verified": stats.spec_decode_num_draft_tokens, "drafts_kept": stats.spec_decode_num_accepted_tokens,
+            "bf16_matching_share": sum(a == b for x, y in zip(drafted, reference) for a, b in zip(x, y))
+            / sum(len(x) for x in reference)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -268,9 +294,12 @@ def main() -> None:
               "graph_vs_eager_bf16_structured": {}, "graph_vs_eager_bf16_shrinking_batch": {},
               "fp32_adjusted_gpu_vs_cpu": {}, "graph_vs_eager_bf16_adjusted": {}, "fp32_dead_end_beside_decoding": {},
               "fp32_thinking_budget_gpu_vs_cpu": {}, "graph_vs_eager_bf16_thinking_budget": {},
-              "fp32_named_logprobs_and_repetition_gpu_vs_cpu": {}, "fp32_beam_search_gpu_vs_cpu": {}}
+              "fp32_named_logprobs_and_repetition_gpu_vs_cpu": {}, "fp32_beam_search_gpu_vs_cpu": {},
+              "speculative_mtp_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
+        if arch in MTP_ARCHITECTURES:
+            add_mtp_weights(path, seed=0)
         tags = add_think_tokens(path)
         thinking_prompts = [p + [tags[0]] for p in prompts]
         cpu_llm = LLM(path, device="cpu", **state)
@@ -319,6 +348,8 @@ def main() -> None:
         result["graph_vs_eager_bf16_thinking_budget"][arch] = {"identical": thinking_pair[0] == thinking_pair[1]}
         result["fp32_named_logprobs_and_repetition_gpu_vs_cpu"][arch] = named_and_looping(gpu_llm, cpu_llm, prompts)
         result["fp32_beam_search_gpu_vs_cpu"][arch] = beams_alike(gpu_llm, cpu_llm, prompts)
+        if arch in MTP_ARCHITECTURES:
+            result["speculative_mtp_gpu_vs_cpu"][arch] = speculative_alike(path, cpu_llm, prompts, state)
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -327,7 +358,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key][arch] for key in list(result)[-21:]), flush=True)
+        print(arch, *(result[key].get(arch) for key in list(result)[-22:]), flush=True)
         results_io.write(args.out, result)
 
 
