@@ -86,11 +86,14 @@ def test_drafts_right_up_to_a_point_keep_their_right_part(plain, drafting):
 def test_requests_that_cannot_draft_decode_beside_those_that_do(plain, drafting):
     prompts = _prompts(4)
     asking = [GREEDY, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2),
-              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3), GREEDY]
+              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, prompt_logprobs=1)]
     got = drafting.generate(prompts, asking, use_tqdm=False)
     want = plain.generate(prompts, asking, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert [len(o.outputs[0].logprobs) for o in got[1:2]] == [20]
+    assert [[list(e) for e in o.prompt_logprobs[1:]] for o in got[3:]] == [
+        [list(e) for e in o.prompt_logprobs[1:]] for o in want[3:]]
 
 
 def test_a_seeded_sample_is_the_same_alone_and_in_a_batch(drafting):
@@ -114,9 +117,10 @@ def test_stops_and_max_tokens_cut_a_verified_run(plain, drafting):
 
 
 def test_preemption_and_the_prefix_cache_keep_greedy_outputs(mtp_checkpoint, plain):
-    """Four sequences of up to 32 tokens (8 blocks each, a draft's lookahead included) in 14 blocks of 4."""
+    """Four sequences of up to 32 tokens (8 blocks each, a draft's lookahead included) in 14 blocks of 4, in steps of
+    at most 10 tokens (prompts in chunks, drafts cut to the budget)."""
     tight = LLM(mtp_checkpoint, device="cpu", max_num_seqs=4, num_kv_blocks=14, block_size=4,
-                speculative_config={"method": "mtp", "num_speculative_tokens": 2})
+                max_num_batched_tokens=10, speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     prompts = _prompts(4, longest=12)
     expected = _tokens(plain, prompts)
     assert _tokens(tight, prompts) == expected

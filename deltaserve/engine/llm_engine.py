@@ -457,7 +457,8 @@ class LLMEngine:
         """The step's tokens are back: caches what it computed, then takes each token in. accepted: {verify chunk:
         the drafts it kept}, taken before the chunk's token."""
         for chunk, drafts in (accepted or {}).items():
-            chunk.request.insert_pending_tokens(drafts)  # the prefix cache names its blocks by them
+            if not chunk.request.is_finished:
+                chunk.request.insert_pending_tokens(drafts)  # the prefix cache names its blocks by them
             self.stats_counters.count_verified(len(chunk.draft_token_ids) + chunk.num_refuted, len(drafts))
         self.scheduler.step_done(plan)  # before any request finishes
         now = time.perf_counter()

@@ -48,20 +48,36 @@ class MtpDrafter:
         index = torch.tensor(gather, device=hidden.device)
         batch = self._to_forward_batch(host, False)
         out = self.model.forward_mtp(batch.input_ids, hidden.index_select(0, index), batch)
-        drafting = [r for r in rows if r.drafts]
+        wanted = {id(r): self._useful_drafts(r) for r in rows}
+        drafting = [r for r in rows if wanted[id(r)]]
         if not drafting:
             return {}
         ends = [host.query_start_loc[rows.index(r) + 1] - 1 for r in drafting]
         last = out.index_select(0, torch.tensor(ends, device=out.device))
-        tokens = self._greedy(last)
-        drafts = [[t] for t in tokens.tolist()]
+        drafts = [[t] for t in self._greedy(last).tolist()]
         for step in range(1, self.num_speculative_tokens):
+            going = [i for i, r in enumerate(drafting) if wanted[id(r)] > step]
+            if not going:
+                break
+            if len(going) < len(drafting):
+                drafting, drafts = [drafting[i] for i in going], [drafts[i] for i in going]
+                last = last.index_select(0, torch.tensor(going, device=last.device))
             positions = [r.chunk.end + step - 1 for r in drafting]
             batch = self._to_forward_batch(self._next_pass(drafting, positions, [d[-1] for d in drafts]), False)
             last = self.model.forward_mtp(batch.input_ids, last, batch)
             for draft, token in zip(drafts, self._greedy(last).tolist()):
                 draft.append(token)
         return {r.chunk.request: d for r, d in zip(drafting, drafts)}
+
+    def _useful_drafts(self, row: DraftRequest) -> int:
+        """How many drafts the sequence's next step could verify: none where it does not draft, else up to k, as
+        many as its max_tokens leaves after this step's token and the one the next step adds (no draft pass then
+        reaches past the positions its request may fill)."""
+        if not row.drafts:
+            return 0
+        request = row.chunk.request
+        outputs_after = row.chunk.end + 1 - request.num_prompt_tokens
+        return max(0, min(self.num_speculative_tokens, request.max_tokens - outputs_after - 1))
 
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden)[:, : self.model.config.vocab_size].argmax(-1)
