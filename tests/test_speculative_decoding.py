@@ -8,6 +8,8 @@ import pytest
 
 from deltaserve import LLM, SamplingParams
 from deltaserve.errors import DeltaServeError
+from deltaserve.runner.step_buffers import StepBuffers
+from deltaserve.runner.verify_graphs import VerifyGraphs
 from tests.checkpoints import VOCAB, add_mtp_weights, make_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -51,36 +53,65 @@ def test_greedy_tokens_are_plain_greedy_decodings(plain, drafting):
     assert stats.spec_decode_num_drafts > 0 and stats.spec_decode_num_draft_tokens > drafts_before
 
 
-def test_drafts_right_up_to_a_point_keep_their_right_part(plain, drafting):
-    """Drafts taken from the plain greedy output, each wrong with some chance: the steps keep the right ones, set
-    the GDN state back after a wrong one, and the output stays plain greedy decoding's."""
-    prompts = _prompts(4)
-    expected = _tokens(plain, prompts)
+def _oracle(llm: LLM, prompts, expected) -> None:
+    """The engine's drafts taken from the plain greedy outputs `expected` of `prompts`, each wrong with some chance;
+    the head still runs (its KV stays filled)."""
     by_prompt = {tuple(p): e for p, e in zip(prompts, expected)}
-    drafter = drafting.engine.runner.speculative.drafter
-    head_drafts = drafter.propose
+    drafter = llm.engine.runner.speculative.drafter
+    head_drafts, k = drafter.propose, drafter.num_speculative_tokens
 
     def oracle(hidden, rows):
-        drafts = head_drafts(hidden, rows)  # the head still runs: its KV stays filled
+        drafts = head_drafts(hidden, rows)
         for row in rows:
             request = row.chunk.request
-            if request not in drafts:
-                continue
-            first = row.chunk.end + 1 - request.num_prompt_tokens
-            right = by_prompt[tuple(request.prompt_token_ids)][first : first + 3]
-            drafts[request] = [t if random.random() < 0.8 else (t + 1) % VOCAB for t in right]
+            if request in drafts:
+                first = row.chunk.end + 1 - request.num_prompt_tokens
+                right = by_prompt[tuple(request.prompt_token_ids)][first : first + len(drafts[request])]
+                drafts[request] = [t if random.random() < 0.8 else (t + 1) % VOCAB for t in right]
         return drafts
 
     drafter.propose = oracle
-    try:
-        before = drafting.engine.stats()
-        drafted, kept = before.spec_decode_num_draft_tokens, before.spec_decode_num_accepted_tokens
-        assert _tokens(drafting, prompts) == expected
-        after = drafting.engine.stats()
-        drafted, kept = after.spec_decode_num_draft_tokens - drafted, after.spec_decode_num_accepted_tokens - kept
-        assert 0 < kept < drafted  # some held, some were refuted
-    finally:
-        drafter.propose = head_drafts
+
+
+def _verified(llm: LLM, prompts) -> tuple[list[list[int]], int, int]:
+    """The greedy tokens, and the drafts verified and kept on the way."""
+    before = llm.engine.stats()
+    drafted, kept = before.spec_decode_num_draft_tokens, before.spec_decode_num_accepted_tokens
+    tokens = _tokens(llm, prompts)
+    after = llm.engine.stats()
+    return tokens, after.spec_decode_num_draft_tokens - drafted, after.spec_decode_num_accepted_tokens - kept
+
+
+def test_drafts_right_up_to_a_point_keep_their_right_part(mtp_checkpoint, plain):
+    """The steps keep the right drafts, set the GDN state back after a wrong one, and the output stays plain greedy
+    decoding's."""
+    llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, speculative_config={**MTP, "num_speculative_tokens": 3})
+    prompts = _prompts(4)
+    expected = _tokens(plain, prompts)
+    _oracle(llm, prompts, expected)
+    tokens, drafted, kept = _verified(llm, prompts)
+    assert tokens == expected
+    assert 0 < kept < drafted  # some held, some were refuted
+
+
+def test_padded_verify_steps_keep_greedy_outputs(mtp_checkpoint, plain):
+    """Verify steps through the graphs' padded layout (uncaptured on the CPU, so run eagerly): sequences of k + 1
+    rows padded to a rung, the GDN states captured by a fixed table."""
+    llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 2})
+    runner, config = llm.engine.runner, llm.engine.config
+    k = runner.speculative.num_speculative_tokens
+    buffers = StepBuffers(config.max_num_seqs, -(-llm.engine.max_model_len // config.block_size), runner.kv_pool,
+                          runner.state_pool, runner.device, max_prefill_rows=config.max_num_seqs * (k + 1))
+    graphs = VerifyGraphs(runner.model, buffers, k, config.max_num_seqs, runner.speculative.verify_states)
+    replayed, run = [], graphs.run
+    graphs.run = lambda host: replayed.append(len(host.seq_lens)) or run(host)
+    runner.speculative.graphs = graphs
+    prompts = _prompts(5)
+    expected = _tokens(plain, prompts)
+    _oracle(llm, prompts, expected)
+    tokens, drafted, kept = _verified(llm, prompts)
+    assert tokens == expected and 0 < kept < drafted
+    assert replayed and set(replayed) - {1, 2, 4, 6}  # padded to rungs from batches of other sizes
 
 
 def test_requests_that_cannot_draft_decode_beside_those_that_do(plain, drafting):

@@ -33,6 +33,7 @@ from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.mtp_drafter import MtpDrafter
 from deltaserve.runner.speculative_step import SpeculativeStep
 from deltaserve.runner.step_buffers import StepBuffers
+from deltaserve.runner.verify_graphs import VerifyGraphs
 from deltaserve.tokenizer import Tokenizer, read_chat_template
 
 log = logging.getLogger(__name__)
@@ -87,9 +88,14 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
             f"max_model_len={max_model_len} needs {max_model_len} KV slots but the pool holds {capacity} "
             f"({blocks.num_blocks} blocks of {config.block_size}, as {setting}={getattr(config, setting)} sizes "
             f"it); raise {setting} or lower max_model_len")
-    graphs = prefill_graphs = None
+    graphs = prefill_graphs = verify_graphs = None
     if speculative is not None and device.type == "cuda" and not config.enforce_eager:
-        log.info("speculative decoding: the steps run eagerly (the verify and drafting passes have no graphs yet)")
+        rows = config.max_num_seqs * (speculative.num_speculative_tokens + 1)
+        buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
+                              max_prefill_rows=rows)
+        verify_graphs = VerifyGraphs(model, buffers, speculative.num_speculative_tokens, config.max_num_seqs,
+                                     verify_states)
+        verify_graphs.capture(torch.cuda.graph_pool_handle())
     elif device.type == "cuda" and not config.enforce_eager:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=prefill_graph_rows(config.max_num_batched_tokens))
@@ -103,7 +109,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
                          prefill_graphs)
     if speculative is not None:
         drafter = MtpDrafter(model, speculative.num_speculative_tokens, config.block_size, runner.to_forward_batch)
-        runner.speculative = SpeculativeStep(drafter, verify_states, speculative.num_speculative_tokens)
+        runner.speculative = SpeculativeStep(drafter, verify_states, speculative.num_speculative_tokens, verify_graphs)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, state_pool.h_all.dtype if state_pool else "-",

@@ -65,6 +65,12 @@ class GraphCaptureRows(CaptureRows):
         super().__init__(())
         self.table = table
 
+    @classmethod
+    def of(cls, pairs, device: torch.device) -> "GraphCaptureRows":
+        """A fixed table of the (row, slot) pairs, rows distinct, on `device`."""
+        table, _ = CaptureRows(pairs)._on(device)
+        return cls(table)
+
     def __len__(self) -> int:
         return self.table.shape[1]
 

@@ -7,8 +7,10 @@ prefix cache's mid-chunk snapshots are written); a sequence whose drafts were no
 from the slot of its last kept row, so its state covers exactly its tokens. Its KV past them is written over by
 the next step. Then the MTP head reads the kept rows and drafts for the next step (mtp_drafter.py).
 
-These steps run eagerly, every step of an engine that drafts: the head needs the target's hidden state of every
-row, and the verify chunks' rows the graphs' decode rows do not take.
+A step of verify chunks alone, each with all k drafts (the steady state of decoding), replays a verify graph
+(verify_graphs.py); any other (a prompt's chunk, a request that does not draft, drafts cut short) runs eagerly.
+The head's passes and the sampling run eagerly after it, and the step's tokens are read back before the next is
+planned.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from deltaserve.runner.draft_verifier import VerifyRows, verify_drafts
 from deltaserve.runner.mtp_drafter import DraftRequest, MtpDrafter
 from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.snapshot_steps import mid_chunk_capture_rows, restore_pairs
+from deltaserve.runner.verify_graphs import VerifyGraphs
 
 
 def drafts_eligible(request: Request) -> bool:
@@ -32,18 +35,36 @@ def drafts_eligible(request: Request) -> bool:
 
 
 class SpeculativeStep:
-    def __init__(self, drafter: MtpDrafter, verify_states: SnapshotPool | None, num_speculative_tokens: int):
+    def __init__(self, drafter: MtpDrafter, verify_states: SnapshotPool | None, num_speculative_tokens: int,
+                 graphs: VerifyGraphs | None = None):
         self.drafter = drafter
         self.verify_states = verify_states  # None without GDN layers: nothing to set back
         self.num_speculative_tokens = num_speculative_tokens
+        self.graphs = graphs  # None: every step runs eagerly
 
     def execute(self, runner, plan: StepPlan):
         from deltaserve.runner.model_runner import StepResult
 
         sampling = [c for c in plan.chunks if c.samples]
-        runner._prepare_states(plan, restore_pairs(plan))
         host = build_host_batch(plan, runner.block_size)
-        batch = runner.to_forward_batch(host, plan.is_decode)  # every row's hidden state: the MTP head reads them
+        prompt_logprobs = {}
+        if self.graphs is not None and self.graphs.replayable(plan):
+            logits, hidden = self.graphs.run(host)
+        else:
+            hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host)
+            logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
+        runner._save_snapshots(plan)
+        tokens, logprobs, accepted, set_back = self._sample(runner.sampler, logits, sampling)
+        if set_back:
+            self.verify_states.restore(set_back, runner.state_pool)
+        drafts = self.drafter.propose(hidden, self._draft_rows(plan, host, sampling, tokens))
+        return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts)
+
+    def _eager_pass(self, runner, plan: StepPlan, host: HostBatch):
+        """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on
+        the device), and prompt logprobs."""
+        runner._prepare_states(plan, restore_pairs(plan))
+        batch = runner.to_forward_batch(host, plan.is_decode)
         captures = mid_chunk_capture_rows(plan) if runner.snapshots is not None else []
         captures += self._verify_captures(plan, host)
         if captures:
@@ -52,13 +73,7 @@ class SpeculativeStep:
         prompt_logprobs = {}
         if any(c.request.params.prompt_logprobs is not None for c in plan.chunks):
             prompt_logprobs = runner._prompt_logprobs(plan, host, hidden)
-        logits = runner.model.compute_logits(hidden[batch.logits_indices]) if sampling else None
-        runner._save_snapshots(plan)
-        tokens, logprobs, accepted, set_back = self._sample(runner.sampler, logits, sampling)
-        if set_back:
-            self.verify_states.restore(set_back, runner.state_pool)
-        drafts = self.drafter.propose(hidden, self._draft_rows(plan, host, sampling, tokens))
-        return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts)
+        return hidden, batch.logits_indices, prompt_logprobs
 
     def _verify_captures(self, plan: StepPlan, host: HostBatch) -> list[tuple[int, int]]:
         """(row, verify slot): the state after each verify row but the last, slot j of its chunk's k."""

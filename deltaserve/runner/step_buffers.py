@@ -16,8 +16,8 @@ which the next step reads them from (a step that samples otherwise copies its to
 out: each small operation launched there cost more than its own work, and with the argmax, three
 copies in, one out and three small kernels the 9B shape's graphs at 128 rows lay 0.36 ms apart.
 
-The pools are referenced here too, and the buffers of speculative decoding (draft tokens and per-row
-verify metadata) have their place beside them.
+A speculative verify step (load_verify) takes the decode layout's fields for sequences of k + 1 rows each,
+its block tables packed as a decode step's. The pools are referenced here too.
 """
 
 from __future__ import annotations
@@ -52,8 +52,7 @@ def graph_capture_pairs(captures: list[tuple[int, int]], num_rows: int, padding_
 
 class StepBuffers:
     def __init__(self, max_batch: int, max_blocks_per_seq: int, kv_pool: KVPool | None,
-                 state_pool: StatePool | None, device: torch.device, num_speculative_tokens: int = 0,
-                 max_prefill_rows: int = 0):
+                 state_pool: StatePool | None, device: torch.device, max_prefill_rows: int = 0):
         self.max_batch = max(max_batch, 2)  # a prefill pass is two sequences: its own and the padding
         self.max_prefill_rows = max_prefill_rows  # the longest pass a prefill graph may take
         self.max_rows = max(self.max_batch, max_prefill_rows)
@@ -85,9 +84,6 @@ class StepBuffers:
         self.captures = torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, device=device)
         self.sampled_tokens = torch.zeros(self.max_batch, dtype=torch.int64, device=device)  # by the last decode graph
         self.one_row_start = torch.tensor([0, 1], dtype=torch.int64, device=device)  # a prefill pass's output row
-        # Speculative decoding (MTP drafts verified in one step): per-row draft tokens and their count.
-        self.draft_tokens = torch.zeros(self.max_batch, num_speculative_tokens, dtype=torch.int64, device=device)
-        self.num_draft_tokens = torch.zeros(self.max_batch, dtype=torch.int64, device=device)
 
     def _next_mirror(self):
         mirror = self._mirrors[self._turn]
@@ -128,6 +124,59 @@ class StepBuffers:
         """Completes the input ids and block tables of the decode step load_decode wrote (on the device)."""
         kernels.unpack_decode_inputs(self.input_ids[:batch_size], self.token_sources[:batch_size], self.sampled_tokens,
                                      self.packed_blocks, self.block_width, self.block_tables[:batch_size])
+
+    def load_verify(self, host: HostBatch, batch_size: int, rows_per_seq: int) -> None:
+        """Writes a speculative verify step: its n sequences of rows_per_seq rows each (a last token and its drafts)
+        into rows [0, n * rows_per_seq), then padding sequences of as many rows up to batch_size sequences: their
+        rows write no KV (slot -1), sit at position 0 and run on the spare state slot. The block tables travel
+        packed, as a decode step's, and unpack_decode completes them (every row's input id is the host's)."""
+        n, per = len(host.seq_lens), rows_per_seq
+        assert len(host.input_ids) == n * per
+        mirror, _, _ = self._next_mirror()
+        meta = mirror.numpy()
+        fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0), "slot_mapping": (host.slot_mapping, -1)}
+        for name, (values, pad) in fill.items():
+            field = self._field(meta, name)
+            field[: n * per] = values
+            field[n * per : batch_size * per] = pad
+        for name, values, pad in (("seq_lens", host.seq_lens, per), ("state_slots", host.state_slots, self.padding_slot),
+                                  ("token_sources", [], -1)):
+            field = self._field(meta, name)
+            field[: len(values)] = values
+            field[len(values) : batch_size] = pad
+        self._field(meta, "query_start_loc")[: batch_size + 1] = np.arange(batch_size + 1) * per
+        self._field(meta, "live_rows")[0] = n * per
+        width = max((len(t) for t in host.block_tables), default=1) or 1
+        self._field(meta, "block_width")[0] = width
+        packed = self._field(meta, "packed_blocks")[: batch_size * width].reshape(batch_size, width)
+        packed[:] = 0
+        for row, table in enumerate(host.block_tables):
+            packed[row, : len(table)] = table
+        used = self._fields_end + batch_size * width
+        self.meta[:used].copy_(mirror[:used], non_blocking=True)
+
+    def verify_view(self, batch_size: int, rows_per_seq: int, capture_rows=None, snapshot_pool=None) -> ForwardBatch:
+        """The verify layout load_verify wrote, every row turned into logits; with a snapshot pool, the GDN states
+        after the rows of `capture_rows` go to its slots."""
+        rows = batch_size * rows_per_seq
+        batch = ForwardBatch(
+            input_ids=self.input_ids[:rows],
+            positions=self.positions[:rows],
+            query_start_loc=self.query_start_loc[: batch_size + 1],
+            seq_lens=self.seq_lens[:batch_size],
+            block_tables=self.block_tables[:batch_size],
+            slot_mapping=self.slot_mapping[:rows],
+            state_slots=self.state_slots[:batch_size],
+            logits_indices=None,
+            is_decode=False,
+            kv_pool=self.kv_pool,
+            state_pool=self.state_pool,
+            max_query_len=rows_per_seq,
+            live_rows=self.live_rows,
+        )
+        if snapshot_pool is not None:
+            batch.capture_rows, batch.snapshot_pool = capture_rows, snapshot_pool
+        return batch
 
     def load_prefill(self, host: HostBatch, num_rows: int, captures: list[tuple[int, int]],
                      padding_snapshot_slot: int, restore: tuple[int, int] | None = None,

@@ -1,0 +1,91 @@
+"""Speculative verify steps as CUDA graphs: every running sequence verifies k drafts, so a step is n sequences of
+k + 1 rows each, padded to a rung of the decode ladder, over StepBuffers (load_verify).
+
+The graph runs the target model over all the rows as one chunked pass (paged attention over each sequence's keys,
+the GDN chunk kernels) and turns every row into logits. Its GDN kernels write the state after each sequence's
+rows but the last into that sequence's k verify slots, a table fixed for each rung (sequence b's row j into verify
+slot b * k + j), so a sequence whose drafts are refuted takes its state back from there. It returns the logits and
+the final hidden states of every row, which the sampler and the MTP head read (runner/speculative_step.py)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from deltaserve.cache.snapshot_pool import SnapshotPool
+from deltaserve.engine.step_plan import StepPlan
+from deltaserve.kernels.capture_rows import CaptureRows, GraphCaptureRows
+from deltaserve.runner.batch_builder import HostBatch
+from deltaserve.runner.cuda_graphs import batch_size_ladder, capture_graph
+from deltaserve.runner.step_buffers import StepBuffers
+
+log = logging.getLogger(__name__)
+
+
+class VerifyGraphs:
+    def __init__(self, model, buffers: StepBuffers, num_speculative_tokens: int, max_num_seqs: int,
+                 verify_states: SnapshotPool | None):
+        self.model = model
+        self.buffers = buffers
+        self.num_speculative_tokens = num_speculative_tokens
+        self.rows_per_seq = num_speculative_tokens + 1
+        self.verify_states = verify_states  # None without GDN layers
+        self.sizes = [s for s in batch_size_ladder(max_num_seqs) if s * self.rows_per_seq <= buffers.max_rows]
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._captures: dict[int, CaptureRows] = {}
+
+    def capture(self, pool) -> None:
+        started, before = time.perf_counter(), torch.cuda.memory_allocated()
+        empty = HostBatch([], [], [0], [], [], [], [], [])
+        for size in reversed(self.sizes):  # largest first, so the smaller ones reuse its memory
+            self.buffers.load_verify(empty, size, self.rows_per_seq)
+            self.graphs[size], self.outputs[size] = capture_graph(lambda: self._forward(size), pool)
+        log.info("captured %d speculative verify graphs (%d..%d sequences of %d rows) in %.1f s using %.0f MiB",
+                 len(self.sizes), self.sizes[0], self.sizes[-1], self.rows_per_seq, time.perf_counter() - started,
+                 (torch.cuda.memory_allocated() - before) / 2**20)
+
+    def replayable(self, plan: StepPlan) -> bool:
+        """A step of verify chunks alone, each with all k drafts, and nothing to restore, copy or capture."""
+        k = self.num_speculative_tokens
+        return (bool(plan.chunks) and all(len(c.draft_token_ids) == k for c in plan.chunks)
+                and not (plan.restores or plan.block_copies or plan.captures or plan.reset_state_slots)
+                and self.rung(len(plan.chunks)) is not None)
+
+    def rung(self, num_seqs: int) -> int | None:
+        return next((s for s in self.sizes if s >= num_seqs), None)
+
+    def run(self, host: HostBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replays the smallest rung that holds the step (without a captured graph, as on the CPU, the same padded
+        step runs eagerly); returns the logits and the hidden states of its real rows."""
+        n = len(host.seq_lens)
+        size = self.rung(n)
+        self.buffers.load_verify(host, size, self.rows_per_seq)
+        if size in self.graphs:
+            self.graphs[size].replay()
+            logits, hidden = self.outputs[size]
+        else:
+            logits, hidden = self._forward(size)
+        rows = n * self.rows_per_seq
+        return logits[:rows], hidden[:rows]
+
+    def _forward(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.buffers.unpack_decode(size)  # the block tables (every input id is the host's)
+        batch = self.buffers.verify_view(size, self.rows_per_seq, self._capture_rows(size), self.verify_states)
+        hidden = self.model(batch.input_ids, batch)
+        return self.model.compute_logits(hidden), hidden
+
+    def _capture_rows(self, size: int) -> CaptureRows | None:
+        """Sequence b's row j (j < k) into verify slot b * k + j, padding sequences too (their slots are free
+        scratch for the step): one device table a rung, made once (on a CPU, where nothing is captured, the
+        pairs as the reference kernels read them)."""
+        if self.verify_states is None:
+            return None
+        if size not in self._captures:
+            k, per, first = self.num_speculative_tokens, self.rows_per_seq, self.verify_states.first_verify_slot
+            pairs = [(b * per + j, first + b * k + j) for b in range(size) for j in range(k)]
+            device = self.buffers.meta.device
+            self._captures[size] = GraphCaptureRows.of(pairs, device) if device.type == "cuda" else CaptureRows(pairs)
+        return self._captures[size]
