@@ -1,0 +1,139 @@
+"""Speculative decoding with the MTP head on one GPU, random weights in a real shape (Qwen3.5-9B by default, its
+config given one MTP layer), against plain decoding (its graphs) at the same concurrency.
+
+Random weights make the head's drafts as good as chance, so two kinds of drafts are timed:
+- the head's own: almost all refuted, so a step yields one token and costs a verify pass of k + 1 rows a sequence
+  and the head's passes (what drafting costs where nothing is kept);
+- drafts read off plain greedy decoding's output of the same prompts, wherever a sequence's output so far is that
+  output (the head's own elsewhere): kept as far as the verify pass's rounding agrees with plain decoding's, near
+  the most a step can yield. A real checkpoint's head lies between.
+
+Closed batches of C prompts of PROMPT_LEN tokens, TOKENS generated greedily (ignore_eos), after a warm-up batch at
+the same C; tok/s counts generated tokens over the batch's whole time (its prefill included, as the engine
+benchmarks' closed batches do).
+
+    python benchmarks/speculative_bench.py qwen3.5-9b --out benchmarks/results/speculative_SHAPE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from benchmarks import results_io  # noqa: E402
+from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_shape  # noqa: E402
+from deltaserve import LLM, SamplingParams  # noqa: E402
+
+PROMPT_LEN, TOKENS = 128, 128
+CONCURRENCY = (1, 8, 32)
+DRAFTS = (1, 2)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def closed_batch(llm: LLM, prompts, params) -> tuple[float, list[list[int]]]:
+    llm.generate(prompts, params, use_tqdm=False)  # warm-up at this concurrency
+    sync()
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    sync()
+    return time.perf_counter() - start, [o.outputs[0].token_ids for o in outs]
+
+
+def read_off(llm: LLM, prompts, plain: list[list[int]]) -> None:
+    """The engine's drafts, where a sequence's output so far is plain decoding's, become plain decoding's next
+    tokens."""
+    expected = {tuple(p["prompt_token_ids"]): out for p, out in zip(prompts, plain)}
+    drafter = llm.engine.runner.speculative.drafter
+    head = drafter.propose
+
+    def propose(hidden, rows):
+        drafts = head(hidden, rows)
+        for row in rows:
+            request = row.chunk.request
+            if request not in drafts:
+                continue
+            want = expected.get(tuple(request.prompt_token_ids))
+            so_far = request.output_token_ids + list(row.chunk.draft_token_ids) + [row.next_token]
+            if want is not None and want[: len(so_far)] == so_far:
+                drafts[request] = want[len(so_far) : len(so_far) + len(drafts[request])] or drafts[request]
+        return drafts
+
+    drafter.propose = propose
+
+
+def measured(llm: LLM, prompts, params) -> tuple[dict, list[list[int]]]:
+    before = llm.engine.stats()
+    drafted, kept, verifies = (before.spec_decode_num_draft_tokens, before.spec_decode_num_accepted_tokens,
+                               before.spec_decode_num_drafts)
+    seconds, outputs = closed_batch(llm, prompts, params)
+    after = llm.engine.stats()
+    generated = sum(len(o) for o in outputs)
+    row = {"seconds": round(seconds, 4), "tok_s": round(generated / seconds, 1)}
+    if after.spec_decode_num_drafts > verifies:
+        # the counters span the warm-up batch and the timed one: the same work twice
+        row["kept_share"] = round((after.spec_decode_num_accepted_tokens - kept)
+                                  / max(1, after.spec_decode_num_draft_tokens - drafted), 3)
+    return row, outputs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", nargs="?", default="qwen3.5-9b")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    allow_long_max_model_len()
+    path = write_shape(args.shape, tempfile.mkdtemp())
+    config_file = os.path.join(path, "config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    config["mtp_num_hidden_layers"] = 1
+    with open(config_file, "w") as f:
+        json.dump(config, f)
+    tokens = random_tokens(1000, seed=0)
+    prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in CONCURRENCY}
+    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+    engine = dict(load_format="dummy", max_num_seqs=max(CONCURRENCY), max_model_len=1024)
+    result = {**results_io.header(), "shape": args.shape, "prompt_len": PROMPT_LEN, "tokens": TOKENS, "rows": []}
+    llm = LLM(path, **engine)
+    plain = {}
+    for c in CONCURRENCY:
+        row, plain[c] = measured(llm, prompts[c], params)
+        result["rows"].append({"concurrency": c, "drafts": 0, **row})
+        print(result["rows"][-1], flush=True)
+    del llm
+    for k in DRAFTS:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        llm = LLM(path, speculative_config={"method": "mtp", "num_speculative_tokens": k}, **engine)
+        for c in CONCURRENCY:
+            row, outputs = measured(llm, prompts[c], params)
+            result["rows"].append({"concurrency": c, "drafts": k, "kind": "head", **row,
+                                   "same_as_plain": outputs == plain[c]})
+            print(result["rows"][-1], flush=True)
+        read_off(llm, [p for c in CONCURRENCY for p in prompts[c]], [o for c in CONCURRENCY for o in plain[c]])
+        for c in CONCURRENCY:
+            row, outputs = measured(llm, prompts[c], params)
+            result["rows"].append({"concurrency": c, "drafts": k, "kind": "read_off_plain", **row,
+                                   "same_as_plain": outputs == plain[c]})
+            print(result["rows"][-1], flush=True)
+        del llm
+        results_io.write(args.out, result)
+    results_io.write(args.out, result)
+
+
+if __name__ == "__main__":
+    main()
