@@ -73,7 +73,7 @@ class EngineConfig:
     # steps between them (engine/profiler.py)
     profiler_config: Any = None
     # vLLM's: a SpeculativeConfig or {"method": "mtp", "num_speculative_tokens": k}: the model's MTP head drafts k
-    # tokens a step, verified in the next (engine/speculative_decoding.py)
+    # tokens a step, verified in the next (runner/speculative_step.py)
     speculative_config: Any = None
 
     def __post_init__(self):

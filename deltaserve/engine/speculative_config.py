@@ -1,6 +1,6 @@
 """SpeculativeConfig: vLLM's `speculative_config`, as far as deltaserve drafts: the model's own multi-token-prediction
 (MTP) head proposes `num_speculative_tokens` tokens after each step's last one, and the next step verifies them in
-one pass (engine/speculative_decoding.py says how)."""
+one pass (runner/speculative_step.py says how)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ class ScheduledChunk:
     start: int  # first position computed this step (== request.num_computed_tokens)
     num_tokens: int  # drafts included
     # speculative decoding: the drafted tokens after the request's last one, its rows after the first; each row
-    # samples, and the tokens up to the first draft its row's token refutes are kept (engine/speculative_decoding.py)
+    # samples, and the tokens up to the first draft its row's token refutes are kept (runner/speculative_step.py)
     draft_token_ids: list[int] = field(default_factory=list)
+    num_refuted: int = 0  # a verify chunk's drafts from the first refuted one on (set by keep_verified)
 
     @property
     def end(self) -> int:
@@ -22,10 +23,9 @@ class ScheduledChunk:
 
     @property
     def samples(self) -> bool:
-        """True when this chunk reaches the end of the known tokens, so its last row yields a token."""
+        """True when this chunk reaches the end of the known tokens (a verify chunk's drafts past them), so its
+        last row yields a token (every row of a verify chunk does)."""
         return self.end == self.request.num_tokens + len(self.draft_token_ids)
-
-    num_refuted: int = 0  # a verify chunk's drafts after the first refuted one, that one included
 
     def keep_verified(self, num_accepted: int) -> None:
         """A verify chunk whose first num_accepted drafts held: its rows past them computed tokens that are not
