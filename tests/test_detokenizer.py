@@ -160,3 +160,16 @@ def test_a_prompt_that_ends_in_byte_tokens_leaves_the_output_whole(byte_fallback
             detok.append(token)
             assert "\ufffd" not in detok.text, (seed, ids, cut)
         assert detok.visible_text(True) == whole[len(tokenizer.decode(ids[:kept])):], (seed, ids, cut)
+
+
+def test_a_prompt_ending_inside_a_character_after_a_run_of_them_leaves_that_character_to_the_output(
+        byte_fallback_tokenizer):
+    """CJK characters then the first byte of a two-byte one, all byte tokens: the prompt's run of bytes reads as
+    replacement characters whole (the decoder replaces every byte of a run that is not UTF-8), so its context's
+    start and its last character's end are found together; the output's byte completes the character."""
+    tokenizer = byte_fallback_tokenizer
+    text = random.choice(["\n 日本語", "日本語", "a 語"]) + random.choice(["ß", "é", "ü"])
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer, ids[:-1], SamplingParams(max_tokens=1))
+    detok.append(ids[-1])
+    assert detok.visible_text(True) == text[-1]

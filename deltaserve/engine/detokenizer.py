@@ -28,30 +28,25 @@ class IncrementalDetokenizer:
         # tokens after those (and the few characters before, where a stop string may begin)
         self.min_tokens = params.min_tokens
         self.num_tokens = 0
-        self.ids = self._context(list(prompt_token_ids))
+        self.ids, self.read_offset = self._context(list(prompt_token_ids))
         self.prefix_offset = 0
-        self.read_offset = self._last_character_end(self.ids)
         self.text = ""
         self.stopped_by: str | None = None
 
-    def _context(self, prompt: list[int]) -> list[int]:
-        """The prompt's last CONTEXT_TOKENS tokens, or up to three more where those begin inside a character."""
-        start = max(0, len(prompt) - CONTEXT_TOKENS)
-        for _ in range(MAX_CHARACTER_BYTES - 1):
-            if start == 0 or not self._decode(prompt[start:]).startswith(REPLACEMENT):
-                break
-            start -= 1
-        return prompt[start:]
-
-    def _last_character_end(self, context: list[int]) -> int:
-        """Where the context's last whole character ends: a prompt that ends inside a character leaves its bytes
-        to the output, whose text then holds the character it completes."""
-        end = len(context)
-        for _ in range(MAX_CHARACTER_BYTES - 1):
-            if end == 0 or not self._decode(context[:end]).endswith(REPLACEMENT):
-                break
-            end -= 1
-        return end
+    def _context(self, prompt: list[int]) -> tuple[list[int], int]:
+        """The prompt's last CONTEXT_TOKENS tokens, from up to three tokens earlier where those begin inside a
+        character, and where in them its last whole character ends: a prompt that ends inside a character leaves
+        the bytes of it to the output, whose text then holds the character they complete. Both ends are looked
+        for together, since a run of byte tokens that does not read as UTF-8 is replaced whole: a context cut
+        inside a character at one end reads as cut at the other too."""
+        first = max(0, len(prompt) - CONTEXT_TOKENS)
+        starts = range(first, max(-1, first - MAX_CHARACTER_BYTES), -1)
+        for end in range(len(prompt), max(first, len(prompt) - MAX_CHARACTER_BYTES), -1):
+            for start in starts:
+                text = self._decode(prompt[start:end])
+                if not text.startswith(REPLACEMENT) and not text.endswith(REPLACEMENT):
+                    return prompt[start:], end - start
+        return prompt[first:], len(prompt) - first  # replacement characters of the prompt's own
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
