@@ -9,7 +9,7 @@ is drawn from p_k. So every token kept is distributed as the target model's samp
 sequence keeps exactly the tokens greedy decoding gives.
 
 p_j is the distribution the sampler draws from (Sampler.drawn_from: temperature, top-k, top-p, min-p); only
-requests whose sampling needs nothing else verify drafts (speculative_decoding.drafts_eligible).
+requests whose sampling needs nothing else verify drafts (speculative_step.drafts_eligible).
 """
 
 from __future__ import annotations

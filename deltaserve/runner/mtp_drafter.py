@@ -1,7 +1,7 @@
 """MtpDrafter: the model's multi-token-prediction (MTP) head after each step of the target model.
 
 The MTP head at position p reads the target's final hidden state at p and the token at p + 1, and predicts the
-token at p + 2; its one attention layer keeps KV of its own (the KV pool's layer `mtp.layer_idx`). So after every
+token at p + 2; its one attention layer keeps KV of its own (the KV pool's layer `config.mtp_layer_idx`). So after every
 step it runs over every row the step kept (a prompt's chunk, a decode row, a verify chunk's accepted rows), with
 the tokens shifted by one: the last row's next token is the one the step sampled (or, for a chunk that samples
 nothing, the prompt's next). Its output at a sequence's last row gives the first draft, greedily; each further
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from deltaserve.engine.step_plan import ScheduledChunk
+from deltaserve.host_to_device import to_device
 from deltaserve.runner.batch_builder import HostBatch, kv_slots
 
 
@@ -45,7 +46,7 @@ class MtpDrafter:
         if not rows:
             return {}
         host, gather = self._first_pass(rows)
-        index = torch.tensor(gather, device=hidden.device)
+        index = to_device(gather, hidden.device)
         batch = self._to_forward_batch(host, False)
         out = self.model.forward_mtp(batch.input_ids, hidden.index_select(0, index), batch)
         wanted = {id(r): self._useful_drafts(r) for r in rows}
@@ -53,7 +54,7 @@ class MtpDrafter:
         if not drafting:
             return {}
         ends = [host.query_start_loc[rows.index(r) + 1] - 1 for r in drafting]
-        last = out.index_select(0, torch.tensor(ends, device=out.device))
+        last = out.index_select(0, to_device(ends, out.device))
         drafts = [[t] for t in self._greedy(last).tolist()]
         for step in range(1, self.num_speculative_tokens):
             going = [i for i, r in enumerate(drafting) if wanted[id(r)] > step]
@@ -61,7 +62,7 @@ class MtpDrafter:
                 break
             if len(going) < len(drafting):
                 drafting, drafts = [drafting[i] for i in going], [drafts[i] for i in going]
-                last = last.index_select(0, torch.tensor(going, device=last.device))
+                last = last.index_select(0, to_device(going, last.device))
             positions = [r.chunk.end + step - 1 for r in drafting]
             batch = self._to_forward_batch(self._next_pass(drafting, positions, [d[-1] for d in drafts]), False)
             last = self.model.forward_mtp(batch.input_ids, last, batch)
