@@ -59,8 +59,8 @@ def read_off(llm: LLM, prompts, plain: list[list[int]]) -> None:
     drafter = llm.engine.runner.speculative.drafter
     head = drafter.propose
 
-    def propose(hidden, rows):
-        drafts = head(hidden, rows)
+    def propose(hidden, rows, *rung):
+        drafts = head(hidden, rows, *rung)
         for row in rows:
             request = row.chunk.request
             if request not in drafts:

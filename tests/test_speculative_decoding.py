@@ -8,6 +8,7 @@ import pytest
 
 from deltaserve import LLM, SamplingParams
 from deltaserve.errors import DeltaServeError
+from deltaserve.runner.mtp_graphs import MtpGraphs
 from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.runner.verify_graphs import VerifyGraphs
 from tests.checkpoints import VOCAB, add_mtp_weights, make_checkpoint
@@ -53,21 +54,21 @@ def test_greedy_tokens_are_plain_greedy_decodings(plain, drafting):
     assert stats.spec_decode_num_drafts > 0 and stats.spec_decode_num_draft_tokens > drafts_before
 
 
-def _oracle(llm: LLM, prompts, expected) -> None:
-    """The engine's drafts taken from the plain greedy outputs `expected` of `prompts`, each wrong with some chance;
-    the head still runs (its KV stays filled)."""
+def _oracle(llm: LLM, prompts, expected, rng: random.Random = random) -> None:
+    """The engine's drafts taken from the plain greedy outputs `expected` of `prompts`, each wrong with some chance
+    (drawn from `rng`); the head still runs (its KV stays filled)."""
     by_prompt = {tuple(p): e for p, e in zip(prompts, expected)}
     drafter = llm.engine.runner.speculative.drafter
-    head_drafts, k = drafter.propose, drafter.num_speculative_tokens
+    head_drafts = drafter.propose
 
-    def oracle(hidden, rows):
-        drafts = head_drafts(hidden, rows)
+    def oracle(hidden, rows, *rung):
+        drafts = head_drafts(hidden, rows, *rung)
         for row in rows:
             request = row.chunk.request
             if request in drafts:
                 first = row.chunk.end + 1 - request.num_prompt_tokens
                 right = by_prompt[tuple(request.prompt_token_ids)][first : first + len(drafts[request])]
-                drafts[request] = [t if random.random() < 0.8 else (t + 1) % VOCAB for t in right]
+                drafts[request] = [t if rng.random() < 0.8 else (t + 1) % VOCAB for t in right]
         return drafts
 
     drafter.propose = oracle
@@ -94,10 +95,9 @@ def test_drafts_right_up_to_a_point_keep_their_right_part(mtp_checkpoint, plain)
     assert 0 < kept < drafted  # some held, some were refuted
 
 
-def test_padded_verify_steps_keep_greedy_outputs(mtp_checkpoint, plain):
-    """Verify steps through the graphs' padded layout (uncaptured on the CPU, so run eagerly): sequences of k + 1
-    rows padded to a rung, the GDN states captured by a fixed table."""
-    llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 2})
+def _with_uncaptured_graphs(llm: LLM) -> list[int]:
+    """Gives a drafting engine verify and drafting graphs that were never captured (each step runs their padded
+    layout eagerly); returns the list of the verify steps' sequence counts, appended to as they run."""
     runner, config = llm.engine.runner, llm.engine.config
     k = runner.speculative.num_speculative_tokens
     buffers = StepBuffers(config.max_num_seqs, -(-llm.engine.max_model_len // config.block_size), runner.kv_pool,
@@ -106,6 +106,48 @@ def test_padded_verify_steps_keep_greedy_outputs(mtp_checkpoint, plain):
     replayed, run = [], graphs.run
     graphs.run = lambda host: replayed.append(len(host.seq_lens)) or run(host)
     runner.speculative.graphs = graphs
+    runner.speculative.drafter.graphs = MtpGraphs(runner.model, buffers, graphs, k, config.block_size)
+    return replayed
+
+
+def _recorded_drafts(llm: LLM) -> list:
+    """The drafts of each step, appended to as the engine runs."""
+    drafter, recorded = llm.engine.runner.speculative.drafter, []
+    propose = drafter.propose
+
+    def recording(*args):
+        drafts = propose(*args)
+        recorded.append(sorted((r.request_id, d) for r, d in drafts.items()))
+        return drafts
+
+    drafter.propose = recording
+    return recorded
+
+
+def test_the_graphs_layout_drafts_as_the_eager_steps_do(mtp_checkpoint, plain):
+    """The head's own drafts after padded verify steps (its passes over every verify row, then one row a
+    sequence) are those of eager steps (over the kept rows alone), step by step, where drafts read off the plain
+    output (wrong at the same places in both runs) are verified in their stead, so that rows are kept."""
+    prompts = _prompts(5)
+    expected = _tokens(plain, prompts)
+    seed = random.randrange(2**31)
+    runs = []
+    for padded in (False, True):
+        llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 3})
+        replayed = _with_uncaptured_graphs(llm) if padded else []
+        head_drafts = _recorded_drafts(llm)
+        _oracle(llm, prompts, expected, random.Random(seed))
+        tokens, drafted, kept = _verified(llm, prompts)
+        runs.append((tokens, head_drafts))
+    assert replayed and 0 < kept < drafted
+    assert runs[0] == runs[1] and runs[0][0] == expected
+
+
+def test_padded_verify_steps_keep_greedy_outputs(mtp_checkpoint, plain):
+    """Verify steps through the graphs' padded layout (uncaptured on the CPU, so run eagerly): sequences of k + 1
+    rows padded to a rung, the GDN states captured by a fixed table, the head drafting over every verify row."""
+    llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 2})
+    replayed = _with_uncaptured_graphs(llm)
     prompts = _prompts(5)
     expected = _tokens(plain, prompts)
     _oracle(llm, prompts, expected)

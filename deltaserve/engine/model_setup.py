@@ -31,6 +31,7 @@ from deltaserve.runner.model_runner import ModelRunner
 from deltaserve.runner.prefill_graphs import PrefillGraphs, prefill_graph_rows
 from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.mtp_drafter import MtpDrafter
+from deltaserve.runner.mtp_graphs import MtpGraphs
 from deltaserve.runner.speculative_step import SpeculativeStep
 from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.runner.verify_graphs import VerifyGraphs
@@ -88,14 +89,17 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
             f"max_model_len={max_model_len} needs {max_model_len} KV slots but the pool holds {capacity} "
             f"({blocks.num_blocks} blocks of {config.block_size}, as {setting}={getattr(config, setting)} sizes "
             f"it); raise {setting} or lower max_model_len")
-    graphs = prefill_graphs = verify_graphs = None
+    graphs = prefill_graphs = verify_graphs = mtp_graphs = None
     if speculative is not None and device.type == "cuda" and not config.enforce_eager:
         rows = config.max_num_seqs * (speculative.num_speculative_tokens + 1)
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=rows)
         verify_graphs = VerifyGraphs(model, buffers, speculative.num_speculative_tokens, config.max_num_seqs,
                                      verify_states)
-        verify_graphs.capture(torch.cuda.graph_pool_handle())
+        pool = torch.cuda.graph_pool_handle()
+        verify_graphs.capture(pool)
+        mtp_graphs = MtpGraphs(model, buffers, verify_graphs, speculative.num_speculative_tokens, config.block_size)
+        mtp_graphs.capture(pool)
     elif device.type == "cuda" and not config.enforce_eager:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=prefill_graph_rows(config.max_num_batched_tokens))
@@ -109,6 +113,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
                          prefill_graphs)
     if speculative is not None:
         drafter = MtpDrafter(model, speculative.num_speculative_tokens, config.block_size, runner.to_forward_batch)
+        drafter.graphs = mtp_graphs
         runner.speculative = SpeculativeStep(drafter, verify_states, speculative.num_speculative_tokens, verify_graphs)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,

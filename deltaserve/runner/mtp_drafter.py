@@ -38,10 +38,14 @@ class MtpDrafter:
         self.num_speculative_tokens = num_speculative_tokens
         self.block_size = block_size
         self._to_forward_batch = to_forward_batch  # ModelRunner.to_forward_batch
+        self.graphs = None  # MtpGraphs: the drafting after a graph-replayed verify step
 
-    def propose(self, hidden: torch.Tensor, rows: list[DraftRequest]) -> dict:
+    def propose(self, hidden: torch.Tensor, rows: list[DraftRequest], verify_rung: int | None = None) -> dict:
         """Runs the head over the chunks' kept rows (hidden: the target's final hidden states of the step's rows)
-        and returns {request: drafts} for those that draft."""
+        and returns {request: drafts} for those that draft. verify_rung: the step replayed that verify graph, whose
+        drafting graph then runs (mtp_graphs.py)."""
+        if verify_rung is not None and self.graphs is not None:
+            return self._propose_by_graph(verify_rung, rows)
         rows = [r for r in rows if r.chunk.num_tokens]
         if not rows:
             return {}
@@ -56,19 +60,34 @@ class MtpDrafter:
         ends = [host.query_start_loc[rows.index(r) + 1] - 1 for r in drafting]
         last = out.index_select(0, to_device(ends, out.device))
         drafts = [[t] for t in self._greedy(last).tolist()]
+        going = list(range(len(drafting)))  # the sequences still drafting; `last` holds their rows
         for step in range(1, self.num_speculative_tokens):
-            going = [i for i, r in enumerate(drafting) if wanted[id(r)] > step]
-            if not going:
+            kept = [j for j, i in enumerate(going) if wanted[id(drafting[i])] > step]
+            if not kept:
                 break
-            if len(going) < len(drafting):
-                drafting, drafts = [drafting[i] for i in going], [drafts[i] for i in going]
-                last = last.index_select(0, to_device(going, last.device))
-            positions = [r.chunk.end + step - 1 for r in drafting]
-            batch = self._to_forward_batch(self._next_pass(drafting, positions, [d[-1] for d in drafts]), False)
+            if len(kept) < len(going):
+                going = [going[j] for j in kept]
+                last = last.index_select(0, to_device(kept, last.device))
+            rows_now = [drafting[i] for i in going]
+            positions = [r.chunk.end + step - 1 for r in rows_now]
+            batch = self._to_forward_batch(self._next_pass(rows_now, positions, [drafts[i][-1] for i in going]), False)
             last = self.model.forward_mtp(batch.input_ids, last, batch)
-            for draft, token in zip(drafts, self._greedy(last).tolist()):
-                draft.append(token)
+            for i, token in zip(going, self._greedy(last).tolist()):
+                drafts[i].append(token)
         return {r.chunk.request: d for r, d in zip(drafting, drafts)}
+
+    def _propose_by_graph(self, rung: int, rows: list[DraftRequest]) -> dict:
+        """After a verify graph: every row's next token (a kept draft, else the step's token), each sequence's last
+        kept row and the drafts it takes, then one replay."""
+        per = self.num_speculative_tokens + 1
+        next_tokens, last_rows, limits = [], [], []
+        for b, row in enumerate(rows):
+            kept = row.chunk.draft_token_ids
+            next_tokens += kept + [row.next_token] * (per - len(kept))
+            last_rows.append(b * per + len(kept))
+            limits.append(self._useful_drafts(row))
+        drafts = self.graphs.run(rung, next_tokens, last_rows, limits)
+        return {r.chunk.request: d[:limit] for r, d, limit in zip(rows, drafts, limits) if limit}
 
     def _useful_drafts(self, row: DraftRequest) -> int:
         """How many drafts the sequence's next step could verify: none where it does not draft, else up to k, as

@@ -47,9 +47,10 @@ class SpeculativeStep:
 
         sampling = [c for c in plan.chunks if c.samples]
         host = build_host_batch(plan, runner.block_size)
-        prompt_logprobs = {}
+        prompt_logprobs, rung = {}, None
         if self.graphs is not None and self.graphs.replayable(plan):
             logits, hidden = self.graphs.run(host)
+            rung = self.graphs.last_size
         else:
             hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host)
             logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
@@ -57,7 +58,7 @@ class SpeculativeStep:
         tokens, logprobs, accepted, set_back = self._sample(runner.sampler, logits, sampling)
         if set_back:
             self.verify_states.restore(set_back, runner.state_pool)
-        drafts = self.drafter.propose(hidden, self._draft_rows(plan, host, sampling, tokens))
+        drafts = self.drafter.propose(hidden, self._draft_rows(plan, host, sampling, tokens), rung)
         return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts)
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch):

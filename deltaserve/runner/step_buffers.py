@@ -84,6 +84,8 @@ class StepBuffers:
         self.captures = torch.zeros(4, MAX_GRAPH_CAPTURES, dtype=torch.int32, device=device)
         self.sampled_tokens = torch.zeros(self.max_batch, dtype=torch.int64, device=device)  # by the last decode graph
         self.one_row_start = torch.tensor([0, 1], dtype=torch.int64, device=device)  # a prefill pass's output row
+        # 0, 1, ..., max_batch: the starts of rows one a sequence (the MTP head's drafting passes after a verify step)
+        self.row_starts = torch.arange(self.max_batch + 1, dtype=torch.int64, device=device)
 
     def _next_mirror(self):
         mirror = self._mirrors[self._turn]
@@ -134,13 +136,14 @@ class StepBuffers:
         assert len(host.input_ids) == n * per
         mirror, _, _ = self._next_mirror()
         meta = mirror.numpy()
-        fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0), "slot_mapping": (host.slot_mapping, -1)}
+        fill = {"input_ids": (host.input_ids, 0), "positions": (host.positions, 0),
+                "slot_mapping": (host.slot_mapping, -1)}
         for name, (values, pad) in fill.items():
             field = self._field(meta, name)
             field[: n * per] = values
             field[n * per : batch_size * per] = pad
-        for name, values, pad in (("seq_lens", host.seq_lens, per), ("state_slots", host.state_slots, self.padding_slot),
-                                  ("token_sources", [], -1)):
+        for name, values, pad in (("seq_lens", host.seq_lens, per),
+                                  ("state_slots", host.state_slots, self.padding_slot), ("token_sources", [], -1)):
             field = self._field(meta, name)
             field[: len(values)] = values
             field[len(values) : batch_size] = pad

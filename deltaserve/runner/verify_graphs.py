@@ -34,8 +34,10 @@ class VerifyGraphs:
         self.verify_states = verify_states  # None without GDN layers
         self.sizes = [s for s in batch_size_ladder(max_num_seqs) if s * self.rows_per_seq <= buffers.max_rows]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # (logits, hidden) a captured rung writes
         self._captures: dict[int, CaptureRows] = {}
+        self.last_size: int | None = None  # the rung of the step last run
+        self._uncaptured_hidden: dict[int, torch.Tensor] = {}  # a rung's hidden states, run without a graph
 
     def capture(self, pool) -> None:
         started, before = time.perf_counter(), torch.cuda.memory_allocated()
@@ -68,8 +70,15 @@ class VerifyGraphs:
             logits, hidden = self.outputs[size]
         else:
             logits, hidden = self._forward(size)
+            self._uncaptured_hidden[size] = hidden
+        self.last_size = size
         rows = n * self.rows_per_seq
         return logits[:rows], hidden[:rows]
+
+    def hidden_of(self, size: int) -> torch.Tensor:
+        """The hidden states of every row (padding ones too) of rung `size`'s last step: where its graph writes
+        them, or what its last uncaptured run gave."""
+        return self.outputs[size][1] if size in self.outputs else self._uncaptured_hidden[size]
 
     def _forward(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.buffers.unpack_decode(size)  # the block tables (every input id is the host's)
