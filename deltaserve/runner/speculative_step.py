@@ -8,9 +8,9 @@ from the slot of its last kept row, so its state covers exactly its tokens. Its 
 the next step. Then the MTP head reads the kept rows and drafts for the next step (mtp_drafter.py).
 
 A step of verify chunks alone, each with all k drafts (the steady state of decoding), replays a verify graph
-(verify_graphs.py); any other (a prompt's chunk, a request that does not draft, drafts cut short) runs eagerly.
-The head's passes and the sampling run eagerly after it, and the step's tokens are read back before the next is
-planned.
+(verify_graphs.py), the sampling runs eagerly after it and the head drafts in a graph of its own (mtp_graphs.py);
+any other step (a prompt's chunk, a request that does not draft, drafts cut short) runs eagerly. The step's
+tokens are read back before the next is planned.
 """
 
 from __future__ import annotations
