@@ -8,8 +8,9 @@ passes of one row a sequence give the others, each at the position after the one
 the block table on the device (none where the sequence takes fewer drafts: a draft past its max_tokens would reach
 positions it does not hold). So the head's work after a verify step is one replay and one read of the drafts.
 
-Its inputs besides the verify step's buffers, written before each replay: each row's next token, each sequence's
-last kept row and how many drafts it takes. Without a captured graph (a CPU) the same passes run eagerly.
+Its inputs beside the verify step's are in the step buffers too (StepBuffers.load_drafting): each row's next token,
+each sequence's last kept row and how many drafts it takes. Without a captured graph (a CPU) the same passes run
+eagerly.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import time
 
 import torch
 
-from deltaserve.host_to_device import to_device
 from deltaserve.runner.cuda_graphs import capture_graph
 from deltaserve.runner.forward_batch import ForwardBatch
 from deltaserve.runner.step_buffers import StepBuffers
@@ -36,32 +36,22 @@ class MtpGraphs:
         self.rows_per_seq = num_speculative_tokens + 1
         self.block_size = block_size
         self.max_position = model.cos_sin_cache.shape[0] - 1
-        device = buffers.meta.device
-        max_batch = buffers.max_batch
-        self.next_tokens = torch.zeros(buffers.max_rows, dtype=torch.int64, device=device)
-        self.last_rows = torch.zeros(max_batch, dtype=torch.int64, device=device)
-        self.draft_limits = torch.zeros(max_batch, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.drafts: dict[int, torch.Tensor] = {}
 
     def capture(self, pool) -> None:
-        started = time.perf_counter()
+        started, before = time.perf_counter(), torch.cuda.memory_allocated()
         for size in reversed(self.verify_graphs.sizes):
             self.graphs[size], self.drafts[size] = capture_graph(lambda: self._forward(size), pool)
-        log.info("captured %d MTP drafting graphs in %.1f s", len(self.graphs), time.perf_counter() - started)
+        log.info("captured %d MTP drafting graphs in %.1f s using %.0f MiB", len(self.graphs),
+                 time.perf_counter() - started, (torch.cuda.memory_allocated() - before) / 2**20)
 
     def run(self, size: int, next_tokens: list[int], last_rows: list[int], draft_limits: list[int]) -> list[list[int]]:
         """The drafts [n][k] of the n sequences of the verify step just replayed at rung `size`: next_tokens holds
         its n * (k + 1) rows' next tokens, last_rows each sequence's last kept row, draft_limits the drafts each
         takes (the columns past its limit are not its drafts)."""
-        n, rows = len(last_rows), len(next_tokens)
-        padded_rows = list(range(n * self.rows_per_seq, size * self.rows_per_seq, self.rows_per_seq))
-        inputs = to_device([*next_tokens, *([0] * (size * self.rows_per_seq - rows)), *last_rows, *padded_rows,
-                            *draft_limits, *([0] * (size - n))], self.next_tokens.device)
-        per = size * self.rows_per_seq
-        self.next_tokens[:per].copy_(inputs[:per])
-        self.last_rows[:size].copy_(inputs[per : per + size])
-        self.draft_limits[:size].copy_(inputs[per + size :])
+        n = len(last_rows)
+        self.buffers.load_drafting(size, self.rows_per_seq, next_tokens, last_rows, draft_limits)
         if size in self.graphs:
             self.graphs[size].replay()
             drafts = self.drafts[size]
@@ -73,8 +63,8 @@ class MtpGraphs:
         buffers, per = self.buffers, self.rows_per_seq
         hidden = self.verify_graphs.hidden_of(size)
         batch = buffers.verify_view(size, per)  # the verify step's positions, KV slots and tables
-        out = self.model.forward_mtp(self.next_tokens[: size * per], hidden, batch)
-        last_rows = self.last_rows[:size]
+        out = self.model.forward_mtp(buffers.next_tokens[: size * per], hidden, batch)
+        last_rows = buffers.last_rows[:size]
         last = out.index_select(0, last_rows)
         tokens = self._greedy(last)
         drafts = [tokens]
@@ -95,7 +85,7 @@ class MtpGraphs:
         where the sequence takes fewer than step + 1 drafts); positions past the rotary table's are clamped (their
         rows write nothing)."""
         size = positions.shape[0]
-        writes = self.draft_limits[:size] > step
+        writes = self.buffers.draft_limits[:size] > step
         positions = positions.clamp(max=self.max_position)
         blocks = verify.block_tables.gather(1, (positions // self.block_size).clamp(
             max=verify.block_tables.shape[1] - 1)[:, None])[:, 0]

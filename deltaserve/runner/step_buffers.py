@@ -28,6 +28,7 @@ import torch
 from deltaserve import kernels
 from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.state_pool import StatePool
+from deltaserve.host_to_device import to_device
 from deltaserve.kernels.capture_rows import CaptureRows, GraphCaptureRows
 from deltaserve.runner.batch_builder import HostBatch
 from deltaserve.runner.forward_batch import ForwardBatch, OutputRows
@@ -86,6 +87,12 @@ class StepBuffers:
         self.one_row_start = torch.tensor([0, 1], dtype=torch.int64, device=device)  # a prefill pass's output row
         # 0, 1, ..., max_batch: the starts of rows one a sequence (the MTP head's drafting passes after a verify step)
         self.row_starts = torch.arange(self.max_batch + 1, dtype=torch.int64, device=device)
+        # The MTP head's drafting after a verify step (load_drafting): each row's next token, then each sequence's
+        # last kept row and the drafts it takes, one tensor filled by one copy.
+        self.drafting = torch.zeros(self.max_rows + 2 * self.max_batch, dtype=torch.int64, device=device)
+        self.next_tokens = self.drafting[: self.max_rows]
+        self.last_rows = self.drafting[self.max_rows : self.max_rows + self.max_batch]
+        self.draft_limits = self.drafting[self.max_rows + self.max_batch :]
 
     def _next_mirror(self):
         mirror = self._mirrors[self._turn]
@@ -157,6 +164,20 @@ class StepBuffers:
             packed[row, : len(table)] = table
         used = self._fields_end + batch_size * width
         self.meta[:used].copy_(mirror[:used], non_blocking=True)
+
+    def load_drafting(self, batch_size: int, rows_per_seq: int, next_tokens: list[int], last_rows: list[int],
+                      draft_limits: list[int]) -> None:
+        """The MTP head's inputs after the verify step load_verify wrote: the next token of each of its rows, each
+        sequence's last kept row and the drafts it takes; the padding sequences' rows take token 0, their last
+        row their first, and no drafts."""
+        n, rows = len(last_rows), batch_size * rows_per_seq
+        values = np.zeros(self.drafting.numel(), dtype=np.int64)
+        values[: len(next_tokens)] = next_tokens
+        values[self.max_rows : self.max_rows + n] = last_rows
+        values[self.max_rows + n : self.max_rows + batch_size] = np.arange(n, batch_size) * rows_per_seq
+        values[self.max_rows + self.max_batch : self.max_rows + self.max_batch + n] = draft_limits
+        assert len(next_tokens) <= rows
+        self.drafting.copy_(to_device(values, self.drafting.device), non_blocking=True)
 
     def verify_view(self, batch_size: int, rows_per_seq: int, capture_rows=None, snapshot_pool=None) -> ForwardBatch:
         """The verify layout load_verify wrote, every row turned into logits; with a snapshot pool, the GDN states
