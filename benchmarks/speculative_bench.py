@@ -93,7 +93,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", nargs="?", default="qwen3.5-9b")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
+    ap.add_argument("--drafts", default=",".join(map(str, DRAFTS)), help="the num_speculative_tokens to run")
     args = ap.parse_args()
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    draft_counts = [int(k) for k in args.drafts.split(",")]
     allow_long_max_model_len()
     path = write_shape(args.shape, tempfile.mkdtemp())
     config_file = os.path.join(path, "config.json")
@@ -103,29 +107,29 @@ def main() -> None:
     with open(config_file, "w") as f:
         json.dump(config, f)
     tokens = random_tokens(1000, seed=0)
-    prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in CONCURRENCY}
+    prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in concurrency}
     params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
-    engine = dict(load_format="dummy", max_num_seqs=max(CONCURRENCY), max_model_len=1024)
+    engine = dict(load_format="dummy", max_num_seqs=max(concurrency), max_model_len=1024)
     result = {**results_io.header(), "shape": args.shape, "prompt_len": PROMPT_LEN, "tokens": TOKENS, "rows": []}
     llm = LLM(path, **engine)
     plain = {}
-    for c in CONCURRENCY:
+    for c in concurrency:
         row, plain[c] = measured(llm, prompts[c], params)
         result["rows"].append({"concurrency": c, "drafts": 0, **row})
         print(result["rows"][-1], flush=True)
     del llm
-    for k in DRAFTS:
+    for k in draft_counts:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         llm = LLM(path, speculative_config={"method": "mtp", "num_speculative_tokens": k}, **engine)
-        for c in CONCURRENCY:
+        for c in concurrency:
             row, outputs = measured(llm, prompts[c], params)
             result["rows"].append({"concurrency": c, "drafts": k, "kind": "head", **row,
                                    "same_as_plain": outputs == plain[c]})
             print(result["rows"][-1], flush=True)
-        read_off(llm, [p for c in CONCURRENCY for p in prompts[c]], [o for c in CONCURRENCY for o in plain[c]])
-        for c in CONCURRENCY:
+        read_off(llm, [p for c in concurrency for p in prompts[c]], [o for c in concurrency for o in plain[c]])
+        for c in concurrency:
             row, outputs = measured(llm, prompts[c], params)
             result["rows"].append({"concurrency": c, "drafts": k, "kind": "read_off_plain", **row,
                                    "same_as_plain": outputs == plain[c]})
