@@ -59,6 +59,37 @@ def test_a_busy_line_goes_to_info_and_an_idle_one_to_debug(caplog):
     assert [r.levelno for r in caplog.records] == [logging.INFO, logging.INFO, logging.DEBUG]
 
 
+SPEC = re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+), Accepted throughput: ([\d.]+) tokens/s, "
+                  r"Drafted throughput: ([\d.]+) tokens/s, Accepted: (\d+) tokens, Drafted: (\d+) tokens, "
+                  r"Per-position acceptance rate: ([\d., ]+), Avg Draft acceptance rate: ([\d.]+)%$")
+
+
+def test_the_speculative_line_gives_the_intervals_drafts():
+    rng = random.Random()
+    k = rng.randint(1, 4)
+    stats, clock = EngineStats(), [0.0]
+    log = StatsLog(lambda: stats, lambda: clock[0])
+    for _ in range(rng.randint(2, 6)):
+        elapsed, chunks = rng.uniform(1, 20), rng.randint(0, 50)
+        kept_each = [rng.randint(0, k) for _ in range(chunks)]
+        for kept in kept_each:
+            stats.count_verified(k, kept)
+        clock[0] += elapsed
+        line = log.spec_line(elapsed)
+        if not chunks:
+            assert line is None
+            continue
+        fields = SPEC.fullmatch(line)
+        assert fields, line
+        total = sum(kept_each)
+        assert float(fields[1]) == pytest.approx(1 + total / chunks, abs=0.0051)
+        assert float(fields[2]) == pytest.approx(total / elapsed, abs=0.0051)
+        assert (int(fields[4]), int(fields[5])) == (total, k * chunks)
+        rates = [float(r) for r in fields[6].split(", ")]
+        assert rates == pytest.approx([sum(n > p for n in kept_each) / chunks for p in range(k)], abs=0.00051)
+        assert float(fields[7]) == pytest.approx(100 * total / (k * chunks), abs=0.051)
+
+
 def test_the_interval_comes_from_vllms_variable():
     seconds = round(random.uniform(0.5, 60), 2)
     assert log_stats_interval(False, {}) == 10.0
