@@ -158,15 +158,39 @@ def test_padded_verify_steps_keep_greedy_outputs(mtp_checkpoint, plain):
 
 def test_requests_that_cannot_draft_decode_beside_those_that_do(plain, drafting):
     prompts = _prompts(4)
-    asking = [GREEDY, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2),
+    asking = [GREEDY, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, bad_words=["ab"]),
               SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3),
-              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, prompt_logprobs=1)]
+              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, prompt_logprobs=1, min_tokens=5)]
     got = drafting.generate(prompts, asking, use_tqdm=False)
     want = plain.generate(prompts, asking, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert [len(o.outputs[0].logprobs) for o in got[1:2]] == [20]
     assert [[list(e) for e in o.prompt_logprobs[1:]] for o in got[3:]] == [
         [list(e) for e in o.prompt_logprobs[1:]] for o in want[3:]]
+
+
+def _entries(output) -> list[list[tuple[int, int]]]:
+    return [sorted((token, logprob.rank) for token, logprob in entry.items()) for entry in output.logprobs]
+
+
+def test_kept_drafts_carry_the_logprobs_of_their_rows(mtp_checkpoint, plain):
+    """A request asking logprobs drafts too: each kept draft's entry is read off its own verify row, and greedy
+    decoding's entries come out (the same tokens and ranks, values to fp32 rounding), in every logprobs mode."""
+    mode = random.choice(["raw_logprobs", "processed_logprobs", "raw_logits"])
+    llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, logprobs_mode=mode,
+              speculative_config={**MTP, "num_speculative_tokens": 2})
+    reference = plain if mode == "raw_logprobs" else LLM(mtp_checkpoint, device="cpu", max_num_seqs=8,
+                                                          logprobs_mode=mode)
+    prompts = _prompts(3)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
+    _oracle(llm, prompts, _tokens(plain, prompts))
+    got, want = (m.generate(prompts, params, use_tqdm=False) for m in (llm, reference))
+    assert llm.engine.stats().spec_decode_num_accepted_tokens > 0
+    for g, w in zip(got, want):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        assert _entries(g.outputs[0]) == _entries(w.outputs[0])
+        values = [[e[t].logprob for t in sorted(e)] for e in g.outputs[0].logprobs]
+        expected = [[e[t].logprob for t in sorted(e)] for e in w.outputs[0].logprobs]
+        assert values == [pytest.approx(v, abs=1e-4) for v in expected]
 
 
 def test_a_seeded_sample_is_the_same_alone_and_in_a_batch(drafting):

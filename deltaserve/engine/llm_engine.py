@@ -418,7 +418,8 @@ class LLMEngine:
             else:
                 self._started(plan)
                 self._record_prompt_logprobs(result.prompt_logprobs)
-                self._finish_step(plan, result.sampling, result.tokens, result.logprobs, touched, result.accepted)
+                self._finish_step(plan, result.sampling, result.tokens, result.logprobs, touched, result.accepted,
+                                  result.draft_logprobs)
                 self._keep_drafts(plan, result.drafts)
         self._report_step()
         if self.profiler is not None:
@@ -453,9 +454,10 @@ class LLMEngine:
             if chunk.samples:
                 request.add_pending_token()
 
-    def _finish_step(self, plan, sampling, tokens, logprobs, touched: dict, accepted: dict | None = None) -> None:
+    def _finish_step(self, plan, sampling, tokens, logprobs, touched: dict, accepted: dict | None = None,
+                     draft_logprobs: dict | None = None) -> None:
         """The step's tokens are back: caches what it computed, then takes each token in. accepted: {verify chunk:
-        the drafts it kept}, taken before the chunk's token."""
+        the drafts it kept}, taken before the chunk's token; draft_logprobs: their logprob entries, where asked."""
         for chunk, drafts in (accepted or {}).items():
             if not chunk.request.is_finished:
                 chunk.request.insert_pending_tokens(drafts)  # the prefix cache names its blocks by them
@@ -466,8 +468,9 @@ class LLMEngine:
             request = chunk.request
             if request.is_finished:  # aborted, or stopped by its previous token while this step ran
                 continue
-            for offset, draft in enumerate(chunk.draft_token_ids, start=1):
-                self._take_token(request, chunk.start + offset, draft, None, now)
+            entries = (draft_logprobs or {}).get(chunk) or [None] * len(chunk.draft_token_ids)
+            for offset, (draft, entry) in enumerate(zip(chunk.draft_token_ids, entries), start=1):
+                self._take_token(request, chunk.start + offset, draft, entry, now)
                 if request.is_finished:  # a kept draft ended it: the tokens after it are dropped
                     break
             else:

@@ -64,6 +64,7 @@ class StepResult:
     # chunk is cut to its rows up to them, ScheduledChunk.keep_verified); request -> the drafts its next step verifies
     accepted: dict = field(default_factory=dict)
     drafts: dict = field(default_factory=dict)
+    draft_logprobs: dict = field(default_factory=dict)  # verify chunk -> its kept drafts' logprob entries, where asked
 
 
 class ModelRunner:

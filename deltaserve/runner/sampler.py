@@ -109,8 +109,24 @@ class Sampler:
         """Whether a row's sampling needs nothing but its logits on the device: no logprobs to read
         back, no penalties over its past tokens, and no grammar, bad words or thinking budget, whose refusals
         follow the last token (a step can then start before the last one's tokens are read back)."""
-        return (not params.returns_logprobs and params.prompt_logprobs is None and not _has_penalty(params)
-                and params.structured_outputs is None and not params.bad_words and params.thinking_token_budget is None)
+        return not params.returns_logprobs and params.prompt_logprobs is None and not Sampler.follows_past(params)
+
+    @staticmethod
+    def follows_past(params) -> bool:
+        """Whether what a row may draw depends on the tokens before it: penalties, a grammar, bad words, a
+        thinking budget."""
+        return (_has_penalty(params) or params.structured_outputs is not None or bool(params.bad_words)
+                or params.thinking_token_budget is not None)
+
+    def logprob_entries(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> list:
+        """Each row's logprob entry for `tokens`, as __call__ reports them, for rows whose logits the sampler
+        changes nothing of (no grammar, biases, refusals or penalties): the logprobs mode's values of its logits."""
+        reported = logits[:, : self.vocab_size]
+        if self.logprobs_mode.startswith("processed"):
+            reported = self.drawn_from(reported, requests)
+        if self.logprobs_mode.endswith("logprobs"):
+            reported = torch.log_softmax(reported, dim=-1)
+        return self._logprobs(reported, tokens, requests)
 
     @staticmethod
     def greedy(requests: list[Request]) -> bool:

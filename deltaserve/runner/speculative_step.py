@@ -18,6 +18,7 @@ from __future__ import annotations
 from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.engine.request import Request
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
+from deltaserve.host_to_device import to_device
 from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch
 from deltaserve.runner.draft_verifier import VerifyRows, verify_drafts
@@ -29,9 +30,10 @@ from deltaserve.runner.verify_graphs import VerifyGraphs
 
 def drafts_eligible(request: Request) -> bool:
     """Whether the request's next tokens may be drafted: its sampling draws from its logits alone (temperature,
-    top-k, top-p, min-p). Logprobs, penalties, biases, allowed or bad words, min_tokens, grammars and thinking
-    budgets change each token's distribution by the tokens before it, which the verifier does not follow."""
-    return Sampler.device_only(request.params) and not request.adjusts_logits and not request.held_back
+    top-k, top-p, min-p; its logprobs are read off them). Penalties, biases, allowed or bad words, min_tokens,
+    grammars and thinking budgets change each token's distribution by the tokens before it, which the verifier
+    does not follow."""
+    return not Sampler.follows_past(request.params) and not request.adjusts_logits and not request.held_back
 
 
 class SpeculativeStep:
@@ -55,11 +57,11 @@ class SpeculativeStep:
             hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host)
             logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
         runner._save_snapshots(plan)
-        tokens, logprobs, accepted, set_back = self._sample(runner.sampler, logits, sampling)
+        tokens, logprobs, accepted, set_back, draft_logprobs = self._sample(runner.sampler, logits, sampling)
         if set_back:
             self.verify_states.restore(set_back, runner.state_pool)
         drafts = self.drafter.propose(hidden, self._draft_rows(plan, host, sampling, tokens), rung)
-        return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts)
+        return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts, draft_logprobs)
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch):
         """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on
@@ -107,17 +109,37 @@ class SpeculativeStep:
             by_chunk = dict(zip(plain, plain_tokens))
         accepted, set_back = {}, []
         verify_chunks = [c for c in sampling if c.draft_token_ids]
-        for i, (chunk, kept) in enumerate(zip(verify_chunks, verify_drafts(sampler, logits, verify))):
+        taken = verify_drafts(sampler, logits, verify)
+        for i, (chunk, kept) in enumerate(zip(verify_chunks, taken)):
             if len(kept) - 1 < len(chunk.draft_token_ids) and self.verify_states is not None:
                 set_back.append((self._verify_slot(i, len(kept) - 1), chunk.request.state_slot))
             chunk.keep_verified(len(kept) - 1)
             accepted[chunk] = kept[:-1]
             by_chunk[chunk] = kept[-1]
-        logprobs = None
-        if plain_logprobs is not None:
-            entries = dict(zip(plain, plain_logprobs))
-            logprobs = [entries.get(c) for c in sampling]
-        return [by_chunk[c] for c in sampling], logprobs, accepted, set_back
+        entries = dict(zip(plain, plain_logprobs)) if plain_logprobs is not None else {}
+        draft_logprobs = self._verified_logprobs(sampler, logits, verify, verify_chunks, taken)
+        for chunk, chunk_entries in draft_logprobs.items():
+            entries[chunk] = chunk_entries.pop()  # the chunk's own token's; its kept drafts' stay
+        logprobs = [entries.get(c) for c in sampling] if entries else None
+        return [by_chunk[c] for c in sampling], logprobs, accepted, set_back, draft_logprobs
+
+    @staticmethod
+    def _verified_logprobs(sampler: Sampler, logits, verify: list[VerifyRows], chunks, taken) -> dict:
+        """{verify chunk: the logprob entries of its kept drafts and its token, each read off its own row} for
+        requests asking logprobs."""
+        asking = [(seq, chunk, kept) for seq, chunk, kept in zip(verify, chunks, taken)
+                  if seq.request.params.returns_logprobs]
+        if not asking:
+            return {}
+        rows = [seq.first_row + j for seq, _, kept in asking for j in range(len(kept))]
+        tokens = [t for _, _, kept in asking for t in kept]
+        requests = [seq.request for seq, _, kept in asking for _ in kept]
+        entries = sampler.logprob_entries(logits[to_device(rows, logits.device)], tokens, requests)
+        out, at = {}, 0
+        for _, chunk, kept in asking:
+            out[chunk] = entries[at : at + len(kept)]
+            at += len(kept)
+        return out
 
     def _verify_slot(self, verify_index: int, row: int) -> int:
         """The slot of the state after row `row` of the step's verify chunk `verify_index`."""
