@@ -1,6 +1,8 @@
 """Speculative decoding with the model's MTP head: greedy outputs are plain greedy decoding's, whatever the drafts
-(the head's own, or drafts that are right up to a point), with the GDN state set back where a draft is refuted;
-seeded sampling gives the same text alone or in a batch; what cannot draft decodes beside what does."""
+(the head's own, or drafts that are right up to a point), with the GDN state set back where a draft is refuted,
+through eager steps and through the graphs' padded layout (whose drafts are the eager steps'); kept drafts carry
+their own rows' logprobs; seeded sampling gives the same text alone or in a batch; what cannot draft decodes
+beside what does."""
 
 import random
 
@@ -33,8 +35,7 @@ def plain(mtp_checkpoint):
 
 @pytest.fixture(scope="module")
 def drafting(mtp_checkpoint):
-    return LLM(mtp_checkpoint, device="cpu", max_num_seqs=8,
-               speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    return LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, speculative_config={**MTP, "num_speculative_tokens": 3})
 
 
 def _prompts(count: int, longest: int = 40) -> list[list[int]]:
