@@ -253,20 +253,29 @@ SPECULATIVE = {"method": "mtp", "num_speculative_tokens": 2}
 
 def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     """Greedy and mixed (seeded sampled beside greedy) speculative decoding on the GPU against the CPU: fp32 greedy
-    against the CPU's plain greedy tokens, fp32 mixed against the CPU's speculative tokens; bf16 greedy's share of
-    plain bf16 greedy's tokens, for information."""
+    against the CPU's plain greedy tokens, with the head's own drafts and with drafts read off those tokens (kept,
+    so that the verify graphs set states back and the drafting graphs read kept rows); fp32 mixed against the
+    CPU's speculative tokens; bf16 greedy's share of plain bf16 greedy's tokens, for information."""
+    from benchmarks.speculative_bench import read_off
+
+    expected = tokens(cpu_llm, prompts)
     gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, speculative_config=SPECULATIVE, **state)
     cpu_drafting = LLM(path, device="cpu", speculative_config=SPECULATIVE, **state)
     greedy = tokens(gpu, prompts)
-    stats = gpu.engine.stats()
     mixed = tokens(gpu, prompts, MIXED) == tokens(cpu_drafting, prompts, MIXED)
+    before = gpu.engine.stats()
+    drafted, kept = before.spec_decode_num_draft_tokens, before.spec_decode_num_accepted_tokens
+    read_off(gpu, [{"prompt_token_ids": p} for p in prompts], expected)
+    read_off_greedy = tokens(gpu, prompts)
+    after = gpu.engine.stats()
     del gpu
     bf16 = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=8, speculative_config=SPECULATIVE, **state)
     plain = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=8, enforce_eager=True, **state)
-    drafted, reference = tokens(bf16, prompts), tokens(plain, prompts)
-    return {"greedy_identical": greedy == tokens(cpu_llm, prompts), "mixed_identical": mixed,
-            "drafts_verified": stats.spec_decode_num_draft_tokens, "drafts_kept": stats.spec_decode_num_accepted_tokens,
-            "bf16_matching_share": sum(a == b for x, y in zip(drafted, reference) for a, b in zip(x, y))
+    bf16_drafted, reference = tokens(bf16, prompts), tokens(plain, prompts)
+    return {"greedy_identical": greedy == expected, "read_off_greedy_identical": read_off_greedy == expected,
+            "read_off_drafts_verified": after.spec_decode_num_draft_tokens - drafted,
+            "read_off_drafts_kept": after.spec_decode_num_accepted_tokens - kept, "mixed_identical": mixed,
+            "bf16_matching_share": sum(a == b for x, y in zip(bf16_drafted, reference) for a, b in zip(x, y))
             / sum(len(x) for x in reference)}
 
 
