@@ -28,10 +28,10 @@ from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
 from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.model_runner import ModelRunner
-from deltaserve.runner.prefill_graphs import PrefillGraphs, prefill_graph_rows
-from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.mtp_drafter import MtpDrafter
 from deltaserve.runner.mtp_graphs import MtpGraphs
+from deltaserve.runner.prefill_graphs import PrefillGraphs, prefill_graph_rows
+from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.speculative_step import SpeculativeStep
 from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.runner.verify_graphs import VerifyGraphs
