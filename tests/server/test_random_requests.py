@@ -125,7 +125,7 @@ def _gauges(server) -> dict:
 
 
 def test_random_requests_are_answered_or_refused_by_name_and_leave_nothing_held(server):
-    seeds = [random.randrange(2**32) for _ in range(80)]
+    seeds = [random.randrange(2**32) for _ in range(48)]
     with ThreadPoolExecutor(12) as pool:
         answers = list(pool.map(lambda seed: _request(server, seed), seeds))
     for seed, (status, text) in zip(seeds, answers):
@@ -140,7 +140,7 @@ def test_random_requests_are_answered_or_refused_by_name_and_leave_nothing_held(
         elif text.startswith("event:"):  # a Responses stream ends with the response, whole
             assert text.splitlines()[-1].startswith('data: {"type":"response.'), (seed, text[-500:])
             assert json.loads(text.splitlines()[-1][6:])["type"] in ("response.completed", "response.incomplete")
-    assert sum(status == 200 for status, _ in answers) >= 20  # the draws are mostly valid
+    assert sum(status == 200 for status, _ in answers) >= 12  # the draws are mostly valid
     for _ in range(50):  # a stream its client left may still be finishing its step
         if not any(_gauges(server).values()):
             break
