@@ -37,12 +37,12 @@ def test_each_line_gives_its_intervals_rates_and_the_gauges_as_they_stand():
         text, idle = log.line()
         fields = LINE.fullmatch(text)
         assert fields, text
-        assert float(fields[1]) == pytest.approx(computed / elapsed, abs=0.05)
-        assert float(fields[2]) == pytest.approx(generated / elapsed, abs=0.05)
+        assert float(fields[1]) == pytest.approx(computed / elapsed, abs=0.051)
+        assert float(fields[2]) == pytest.approx(generated / elapsed, abs=0.051)
         assert (int(fields[3]), int(fields[4])) == (stats.num_running, stats.num_waiting)
         assert int(fields[5] or 0) == preempted
-        assert float(fields[6]) == pytest.approx(100 * stats.kv_blocks_used / stats.kv_blocks_total, abs=0.05)
-        assert float(fields[7]) == pytest.approx(100 * stats.prefix_cache_hits / stats.prefix_cache_queries, abs=0.05)
+        assert float(fields[6]) == pytest.approx(100 * stats.kv_blocks_used / stats.kv_blocks_total, abs=0.051)
+        assert float(fields[7]) == pytest.approx(100 * stats.prefix_cache_hits / stats.prefix_cache_queries, abs=0.051)
         assert idle == (not busy and idle_before)
         idle_before = not busy
 
