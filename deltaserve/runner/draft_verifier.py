@@ -49,13 +49,15 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, sequences: list[Verify
             drafts.append(draft)
             positions.append(base + j)
     device = logits.device
-    drawn = sampler.drawn_from(logits[to_device(rows, device)], requests)
+    picked = logits[to_device(rows, device), : sampler.vocab_size].float()
     draft = to_device(drafts, device)
-    has_draft = draft >= 0
-    greedy = to_device([r.params.temperature == 0 for r in requests], device, torch.bool)
-    tokens = _residual_tokens(drawn, draft, has_draft, greedy, _seeds(sampler, requests, positions, 0))
-    accepted = _accepted(drawn, draft, has_draft, greedy, _seeds(sampler, requests, positions, ACCEPT_STREAM))
-    tokens, accepted = tokens.tolist(), accepted.tolist()
+    if all(r.params.temperature == 0 for r in requests):
+        # greedy rows keep a draft where it is their argmax: one argmax, as plain greedy decoding takes it
+        tokens = kernels.greedy_tokens(picked, torch.empty(len(rows), dtype=torch.int64, device=device))
+        accepted = tokens == draft
+    else:
+        tokens, accepted = _sampled_verdicts(sampler, picked, requests, draft, positions)
+    tokens, accepted = torch.stack([tokens, accepted.long()]).tolist()  # one read back
     out, row = [], 0
     for seq in sequences:
         kept = []
@@ -66,6 +68,18 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, sequences: list[Verify
         out.append(kept + [tokens[row + len(kept)]])
         row += len(seq.draft_token_ids) + 1
     return out
+
+
+def _sampled_verdicts(sampler: Sampler, logits: torch.Tensor, requests: list[Request], draft: torch.Tensor,
+                      positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's token should its draft be refused, and whether its draft holds, in a batch with sampled rows."""
+    device = logits.device
+    drawn = sampler.drawn_from(logits, requests)
+    has_draft = draft >= 0
+    greedy = to_device([r.params.temperature == 0 for r in requests], device, torch.bool)
+    tokens = _residual_tokens(drawn, draft, has_draft, greedy, _seeds(sampler, requests, positions, 0))
+    accepted = _accepted(drawn, draft, has_draft, greedy, _seeds(sampler, requests, positions, ACCEPT_STREAM))
+    return tokens, accepted
 
 
 def _residual_tokens(drawn: torch.Tensor, draft: torch.Tensor, has_draft: torch.Tensor, greedy: torch.Tensor,

@@ -92,6 +92,9 @@ class Sampler:
         tensor = lambda values, dtype: to_device(values, self.device, dtype)  # noqa: E731
         temperature = tensor([p.temperature for p in params], torch.float32)
         inverse = torch.where(temperature > 0, 1.0 / temperature, 1.0)[:, None]
+        masks = [s and (row_top_k(p, self.vocab_size) or p.top_p < 1 or p.min_p > 0) for p, s in zip(params, sampled)]
+        if not any(masks):
+            return logits[:, : self.vocab_size] * inverse  # no row masks: no sort of the vocabulary
         top_k = tensor([row_top_k(p, self.vocab_size) if s else 0 for p, s in zip(params, sampled)], torch.int64)
         top_p = tensor([p.top_p if s else 1.0 for p, s in zip(params, sampled)], torch.float32)
         min_p = tensor([p.min_p if s else 0.0 for p, s in zip(params, sampled)], torch.float32)
