@@ -152,7 +152,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
 # kernels with 16-row chunks (less work on each chunk's serial path), then 64-row chunks. H200, Qwen3.5
 # GDN shape, a pass beside a 16-row padding sequence (kernels_check gdn_short_pass): 16 rows 19 / 27 /
 # 57 us (loop / 16-row chunks / 64-row chunks), 48 rows 40 / 35 / 59, 80 rows 62 / 40 / 73, 112 rows
-# 84 / 49 / 75.
+# 84 / 49 / 75. Many short sequences in one pass (a verify step's k + 1 rows each) take the token loop by their
+# longest: its programs run them side by side.
 TOKEN_LOOP_MAX_ROWS = 16
 SHORT_CHUNK_MAX_ROWS = 128
 SHORT_CHUNK = 16
@@ -160,11 +161,12 @@ SHORT_CHUNK = 16
 
 def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
                            capture_rows: list[tuple[int, int]] | None = None,
-                           h_snapshots: torch.Tensor | None = None) -> torch.Tensor:
-    """The gated delta rule over a ragged prefill batch (see gdn/reference.py)."""
+                           h_snapshots: torch.Tensor | None = None, longest_chunk: int | None = None) -> torch.Tensor:
+    """The gated delta rule over a ragged prefill batch (see gdn/reference.py). longest_chunk: a bound on every
+    sequence's rows where the caller knows one (ForwardBatch.max_query_len), else the pass's rows bound them."""
     if use_triton(q):
         rows = q.shape[0]
-        if rows <= TOKEN_LOOP_MAX_ROWS:
+        if min(rows, longest_chunk or rows) <= TOKEN_LOOP_MAX_ROWS:
             from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
             return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
                                  h_snapshots)

@@ -227,6 +227,19 @@ def test_token_loop_prefill_matches_reference(lens, hk, hv, dk, dv, block_v):
     _check_chunk(lens, hk, hv, dk, dv, slots, [(0, 0), (sum(lens) - 1, 1)], gdn_recurrent, block_v=block_v)
 
 
+def test_token_loop_over_many_short_sequences_in_decode_tiles():
+    # A speculative verify pass: sequences of k + 1 = 3 rows, the state after each row but the last captured.
+    # Enough of them take a decode step's wider tiles and warps, with the same result as the reference.
+    from deltaserve.kernels.gdn.triton_recurrent import decode_tiles, ragged_tiles
+
+    assert ragged_tiles(64, 4) == (8, 1, False)
+    assert ragged_tiles(512, 4) == (*decode_tiles(512, 4)[:2], False) and not ragged_tiles(4096, 4)[2]
+    seqs = 5
+    captures = [(3 * s + j, 2 * s + j) for s in range(seqs) for j in range(2)]
+    slots = list(range(seqs + 1, 1, -1))
+    _check_chunk([3] * seqs, 1, 2, 16, 64, slots, captures, gdn_recurrent, block_v=32, num_warps=4)
+
+
 @pytest.mark.parametrize("chunk", [16, 32])
 def test_chunk_prefill_with_shorter_chunks(chunk):
     _check_chunk([40, 1, 17], 1, 2, 16, 16, [3, 0, 4], [(15, 0), (16, 1), (39, 2), (50, 3)], chunk=chunk)

@@ -184,6 +184,19 @@ def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int, bool]:
     return 64, 4 if state_bytes >= 4 else 2, seq_heads >= 2048 and state_bytes >= 4
 
 
+def ragged_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int, bool]:
+    """(block_v, num_warps, streamed) of a ragged pass with seq_heads (sequence, value head) pairs. A few
+    sequences are bound by each token's latency: narrow tiles, one warp (kernels_check gdn_short_pass). Many
+    short ones (a speculative verify pass, k + 1 rows a sequence) fill the machine as a decode step does, and
+    take its tiles, unstreamed: the 9B engine's verify graph of 64 sequences of 3 rows took 14.2 ms with 32 x 4
+    tiles and 17.7 with 16 x 2 against 27.6 with 8 x 1, of 16 sequences 9.05 / 9.58 / 9.91 ms (H100,
+    verify_gdn_ab_qwen3.5-9b_h100.json); the decode tiles, 64 x 4 at 64 sequences, 13.8 against 14.3 ms with
+    32 x 4 (verify_gdn_ab_qwen3.5-9b_ragged_tiles_h100.json)."""
+    if seq_heads < 256:
+        return 8, 1, False
+    return *decode_tiles(seq_heads, state_bytes)[:2], False
+
+
 def grid_of(first: str, seqs: int, heads: int, tiles: int) -> tuple[int, int, int]:
     """A decode kernel's grid with `first` ("sequence", "head" or "tile") on its first axis, the one the
     hardware walks fastest (_state_tile reads it back the same way)."""
@@ -221,8 +234,8 @@ def gdn_recurrent(
         return o
     block_k = triton.next_power_of_2(dk)
     varlen = query_start_loc is not None
-    # The ragged loop is bound by each token's latency: narrow tiles, one warp (kernels_check gdn_short_pass).
-    tiles = (8, 1, False) if varlen else decode_tiles(seqs * hv, h_pool.element_size())
+    state_bytes = h_pool.element_size()
+    tiles = ragged_tiles(seqs * hv, state_bytes) if varlen else decode_tiles(seqs * hv, state_bytes)
     block_v = min(block_v or tiles[0], triton.next_power_of_2(dv))
     num_warps = num_warps or tiles[1]
     streamed = tiles[2] if streamed is None else streamed and not varlen

@@ -58,7 +58,7 @@ class GatedDeltaNet(nn.Module):
         else:
             out = kernels.chunk_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
-                batch.capture_rows, h_snap,
+                batch.capture_rows, h_snap, longest_chunk=batch.max_query_len,
             )
         z = z.reshape(tokens, self.num_v_heads, self.v_dim)
         if output_rows is not None:
