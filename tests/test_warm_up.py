@@ -49,13 +49,30 @@ def test_warm_up_groups_fit_one_step_and_cover_every_class(max_num_seqs, budget)
 
 
 def test_warm_up_groups_cover_many_sequences_in_a_pass_of_16_row_chunks():
-    """Up to 128 rows over up to 112 sequences, as when decode rows share a step with a short chunk: each
+    """Up to 128 rows over up to 111 sequences, one of them past the token loop's rows (a pass whose sequences
+    are all within them takes the loop), as when decode rows share a step with a short chunk: each
     power-of-two class of the sequence count, as a multiple of 16 and not."""
+    from deltaserve.kernels import TOKEN_LOOP_MAX_ROWS
+
     groups = warm_up_groups(256, 2048, max_model_len=4096)
-    counts = {len(g) for g in groups if 16 < sum(g) <= 128}
+    counts = {len(g) for g in groups if 16 < sum(g) <= 128 and max(g) > TOKEN_LOOP_MAX_ROWS}
     for block in (16, 32, 64, 128):
         in_class = {n for n in counts if _pow2_at_least_16(n) == block}
         assert any(n % 16 == 0 for n in in_class) and any(n % 16 for n in in_class), (block, in_class)
+
+
+@pytest.mark.parametrize("max_num_seqs,budget", [(256, 2048), (1024, 4096)])
+def test_warm_up_groups_cover_the_token_loop_over_many_short_sequences_and_chunks_past_it(max_num_seqs, budget):
+    """Passes whose sequences all take at most TOKEN_LOOP_MAX_ROWS rows run the token loop in tiles by their
+    sequence count (a few, a decode step's 256 (sequence, head) pairs and 1024 at 32 value heads); the
+    long-pass class over many sequences still runs 64-row chunks where a prompt is past the loop."""
+    from deltaserve.kernels import TOKEN_LOOP_MAX_ROWS
+
+    groups = warm_up_groups(max_num_seqs, budget, max_model_len=4096)
+    loop = {len(g) for g in groups if max(g) <= TOKEN_LOOP_MAX_ROWS and len(g) > 1}
+    assert any(n < 8 for n in loop) and any(8 <= n < 32 for n in loop) and any(n >= 32 for n in loop), loop
+    long_chunks = {len(g) for g in groups if sum(g) > 128 and max(g) > TOKEN_LOOP_MAX_ROWS}
+    assert {16, 17, 32, 33, 64, 65, 128, 129} <= long_chunks, long_chunks
 
 
 def test_warm_up_groups_cover_every_class_of_the_conv_row_kernel():

@@ -3,7 +3,7 @@ Triton compiles their kernels' variants then rather than in the middle of servin
 
 Triton compiles a kernel once per specialization: its constexprs (the GDN chunk kernels' BLOCK_B is
 the step's sequence count rounded up to a power of two; the pass's row count picks the token loop,
-16-row or 64-row chunks) and the classes of its integer arguments (1, a multiple of 16, any other).
+16-row or 64-row chunks, and the token loop's tiles follow the sequence count) and the classes of its integer arguments (1, a multiple of 16, any other).
 Decode steps are compiled when their graphs are captured, prefill steps only when one first needs
 them: on an H200 with an empty Triton cache, 36 kernels compiled, 1 to 3 s each, within the first
 minute of serving the Qwen3.5-9B shape in closed batches of 32 and 128 requests, and each stalled
@@ -24,17 +24,20 @@ from __future__ import annotations
 
 import random
 
-from deltaserve.kernels import SHORT_CHUNK_MAX_ROWS
+from deltaserve.kernels import SHORT_CHUNK_MAX_ROWS, TOKEN_LOOP_MAX_ROWS
 from deltaserve.runner.model_runner import FRESH_PREFILL_MIN_TOKENS
 from deltaserve.sampling_params import SamplingParams
 
 # Rows of a prefill step in each of the GDN dispatch's classes (token loop up to 16 rows, 16-row chunks
-# up to 128, 64-row chunks above; kernels/__init__.py), as (target, bound), the last one a long pass.
+# up to 128, 64-row chunks above; kernels/__init__.py), as (target, bound), the last one a long pass. A pass
+# whose sequences are all within the token loop's rows takes it at any row count, in tiles by its sequence
+# count (triton_recurrent.ragged_tiles): many sequences in the larger targets are such passes.
 ROW_TARGETS = ((12, 16), (100, 128), (1000, None))
-# Sequence counts at both ends of each power-of-two class of BLOCK_B (16 at least), and 1; 112, the
-# largest multiple of 16 of the class of 128 that a pass of 16-row chunks can hold; 8, whose short rows
+# Sequence counts at both ends of each power-of-two class of BLOCK_B (16 at least), and 1; 96, the
+# largest multiple of 16 of the class of 128 that a pass of 16-row chunks can hold with two prompts past the
+# token loop's rows (one-token prompts beside them); 8, whose short rows
 # make the 64-row tiles of paged attention split their keys 8 ways at Qwen3.5-9B's 4 KV heads.
-SEQUENCE_COUNTS = (1, 2, 8, 16, 17, 32, 33, 64, 65, 112, 128, 129, 256, 257, 512, 513, 1024)
+SEQUENCE_COUNTS = (1, 2, 8, 16, 17, 32, 33, 64, 65, 96, 128, 129, 256, 257, 512, 513, 1024)
 # Rows of a pass in each class of the conv1d row kernel's run length (conv1d row_tiles_for: at the
 # Qwen3.5 and Qwen3-Next shapes' 8192 channels 8, 16, 32, 64 and 128 rows a program from 65, 1009, 2017,
 # 4033 and 8065 rows), each as a multiple of 16 and not, over one sequence, a multiple of 16 of them
@@ -78,6 +81,11 @@ def warm_up_groups(max_num_seqs: int, max_num_batched_tokens: int, max_model_len
                 rest = max(4, min(rows, bound) - (seqs - 2))
                 lengths = [1] * (seqs - 2) + [rest // 2, rest - rest // 2]
             add(lengths, bound)
+            if seqs > 1 and max(lengths) <= TOKEN_LOOP_MAX_ROWS and bound != TOKEN_LOOP_MAX_ROWS:
+                # Sequences this short take the token loop whatever the pass's rows: the same count with two
+                # prompts past it runs the chunk kernels of the row class.
+                longer = TOKEN_LOOP_MAX_ROWS + 1
+                add([1] * (seqs - 2) + [longer, max(longer, sum(lengths) - (seqs - 2) - longer)], bound)
     for seqs in CONV_SEQUENCE_COUNTS:
         for rows in CONV_ROW_TARGETS:
             base, extra = divmod(rows, seqs)  # exactly `rows` rows: their count is the class
