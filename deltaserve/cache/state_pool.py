@@ -5,7 +5,7 @@ whatever it is stored in). One extra slot at the end absorbs padded rows of a gr
 import torch
 
 from deltaserve.host_to_device import to_device
-from deltaserve.kernels import copy_slot, copy_slot_at, zero_slots
+from deltaserve.kernels import copy_slot, copy_slot_at, copy_slots_at, zero_slots
 
 
 class StatePool:
@@ -29,9 +29,17 @@ class StatePool:
         zero_slots((self.conv_all, self.h_all), to_device(slots, self.h_all.device))
 
     def copy_slots(self, pairs: list[tuple[int, int]], destination: "StatePool") -> None:
-        """(slot here, slot there): copies every layer's states of each slot into `destination`."""
+        """(slot here, slot there): copies every layer's states of each slot into `destination`; several pairs
+        in one launch where no copy reads what another writes."""
+        srcs, dsts = (self.conv_all, self.h_all), (destination.conv_all, destination.h_all)
+        targets = {dst for _, dst in pairs}
+        apart = destination is not self or not targets & {src for src, _ in pairs}
+        if len(pairs) > 1 and len(targets) == len(pairs) and apart:
+            flat = [slot for pair in pairs for slot in pair]
+            copy_slots_at(srcs, dsts, to_device(flat, self.h_all.device).view(-1, 2))
+            return
         for src, dst in pairs:
-            copy_slot((self.conv_all, self.h_all), src, (destination.conv_all, destination.h_all), dst)
+            copy_slot(srcs, src, dsts, dst)
 
     def copy_slots_at(self, slots: torch.Tensor, destination: "StatePool") -> None:
         """copy_slots for the pair in the device tensor `slots` [2] (a negative slot here: nothing)."""

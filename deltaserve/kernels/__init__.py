@@ -240,6 +240,15 @@ def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...],
     return _slot_copy.copy_slot_at(srcs, dsts, slots)
 
 
+def copy_slots_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], pairs: torch.Tensor) -> None:
+    """copy_slot_at for every row (source slot, destination slot) of the device tensor `pairs` [n, 2], in one
+    launch: the destinations distinct, none of them another row's source in the same pool."""
+    triton_copy = _triton_slot_copy(srcs, dsts)
+    if triton_copy is not None:
+        return triton_copy.copy_slots_at(srcs, dsts, pairs)
+    return _slot_copy.copy_slots_at(srcs, dsts, pairs)
+
+
 def zero_slots(pools: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
     """pool[:, slot] = 0 for each layer-major state pool and each slot in the device tensor `slots`."""
     triton_copy = _triton_slot_copy(pools, pools)
@@ -312,6 +321,6 @@ __all__ = [
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
-    "copy_slot_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "apply_token_bitmask", "MaskPlan",
-    "RowTokens", "sample_from_logits", "greedy_tokens",
+    "copy_slot_at", "copy_slots_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "apply_token_bitmask",
+    "MaskPlan", "RowTokens", "sample_from_logits", "greedy_tokens",
 ]

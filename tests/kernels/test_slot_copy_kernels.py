@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from deltaserve.kernels.slot_copy import reference
-from deltaserve.kernels.slot_copy.triton_slot_copy import BLOCK, copy_slot, copy_slot_at, slot_is_contiguous
+from deltaserve.kernels.slot_copy.triton_slot_copy import (BLOCK, copy_slot, copy_slot_at, copy_slots_at,
+                                                          slot_is_contiguous)
 
 pytestmark = pytest.mark.triton
 
@@ -40,6 +41,26 @@ def test_copy_slot_at_reads_the_slots_from_the_device(restore):
     for got, ref, want, old in zip(dsts, by_reference, expected, before):
         assert torch.equal(ref, want) and torch.equal(got, want)
         assert torch.equal(got, old) != restore  # a restore changes the slot (random values), none does not
+
+
+def test_copy_slots_at_moves_many_pairs_in_one_launch():
+    # A speculative step's set-back: snapshot slots into distinct state slots, a pair with a negative source
+    # (nothing to copy) among them; each row as copy_slot would copy it, the other slots untouched.
+    layers, n = 3, 5
+    srcs = (torch.randn(layers, 7, 3, 5).to(torch.bfloat16), torch.randn(layers, 7, BLOCK + 11))
+    dsts = (torch.randn(layers, 6, 3, 5).to(torch.bfloat16), torch.randn(layers, 6, BLOCK + 11))
+    sources, targets = torch.randperm(7)[:n], torch.randperm(6)[:n]
+    sources[int(torch.randint(0, n - 1, ()))] = -1  # never the last: every other pair's copy is seen
+    pairs = torch.stack([sources, targets], dim=1).contiguous()
+    expected = tuple(d.clone() for d in dsts)
+    for src_slot, dst_slot in pairs.tolist():
+        if src_slot >= 0:
+            reference.copy_slot(srcs, src_slot, expected, dst_slot)
+    by_reference = tuple(d.clone() for d in dsts)
+    reference.copy_slots_at(srcs, by_reference, pairs)
+    copy_slots_at(srcs, dsts, pairs)
+    for got, ref, want in zip(dsts, by_reference, expected):
+        assert torch.equal(ref, want) and torch.equal(got, want)
 
 
 def test_copy_slot_at_moves_a_kv_block_within_its_own_pool():
