@@ -8,8 +8,9 @@ writing it once is ~30 us. Here each program copies one contiguous piece of one 
 64-bit offsets, and one launch serves both pools: a restore sits on the host's path before a
 prefix-cache hit's pass starts. `copy_slot_at` reads the two slots from the device instead, so a
 graph-replayed pass can start with its own restore; `copy_slots_at` copies many pairs so in one launch (a
-speculative step sets back every sequence whose drafts were refuted: one launch a sequence cost the host
-about 40 us each, 0.7 ms a step at 16 sequences of the Qwen3.5-9B shape on an H100).
+speculative step sets back every sequence whose drafts were refuted: at 64 sequences of the Qwen3.5-9B shape
+on an H100, 2.37 against 2.59 ms with a launch a sequence, 0.70 against 0.71 at 16; the bytes bound it,
+speculative_step_times_qwen3.5-9b_one_set_back_launch_h100.json).
 
 `zero_slots` clears the slots of sequences that start from their first token the same way, a program
 per (layer, piece of a slot, slot and pool). torch's index_fill over the pools' slot dimension wrote
