@@ -1,18 +1,21 @@
 """Speculative decoding with the model's MTP head: greedy outputs are plain greedy decoding's, whatever the drafts
 (the head's own, or drafts that are right up to a point), with the GDN state set back where a draft is refuted,
 through eager steps and through the graphs' padded layout (whose drafts are the eager steps'); kept drafts carry
-their own rows' logprobs; seeded sampling gives the same text alone or in a batch; what cannot draft decodes
-beside what does."""
+their own rows' logprobs; penalties, biases, refusals and grammars are followed through the drafts; seeded
+sampling gives the same text alone or in a batch; what cannot draft decodes beside what does."""
 
 import random
 
 import pytest
+import torch
 
 from deltaserve import LLM, SamplingParams
+from deltaserve.engine.grammar import mask_shape
 from deltaserve.errors import DeltaServeError
 from deltaserve.runner.mtp_graphs import MtpGraphs
 from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.runner.verify_graphs import VerifyGraphs
+from deltaserve.sampling_params import StructuredOutputsParams
 from tests.checkpoints import VOCAB, add_mtp_weights, make_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -69,7 +72,8 @@ def _oracle(llm: LLM, prompts, expected, rng: random.Random = random) -> None:
             if request in drafts:
                 first = row.chunk.end + 1 - request.num_prompt_tokens
                 right = by_prompt[tuple(request.prompt_token_ids)][first : first + len(drafts[request])]
-                drafts[request] = [t if rng.random() < 0.8 else (t + 1) % VOCAB for t in right]
+                right = [t if rng.random() < 0.8 else (t + 1) % VOCAB for t in right]
+                drafts[request] = right + drafts[request][len(right):]  # past a stop: the head's own
         return drafts
 
     drafter.propose = oracle
@@ -157,16 +161,76 @@ def test_padded_verify_steps_keep_greedy_outputs(mtp_checkpoint, plain):
     assert replayed and set(replayed) - {1, 2, 4, 6}  # padded to rungs from batches of other sizes
 
 
-def test_requests_that_cannot_draft_decode_beside_those_that_do(plain, drafting):
+def test_penalties_biases_and_refusals_draft_and_keep_plain_outputs(mtp_checkpoint, plain):
+    """Requests whose sampling reads their past (penalties, a logit bias, min_tokens holding a stop token back,
+    bad and allowed words) draft too, each verify row processed as a plain step after the drafts before it: with
+    drafts read off their plain greedy outputs (some wrong), their tokens are plain decoding's, drafts kept."""
+    llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, speculative_config={**MTP, "num_speculative_tokens": 3})
+    prompts = _prompts(5)
+    full = _tokens(plain, prompts)
+    greedy = dict(temperature=0, max_tokens=20)
+    asking = [SamplingParams(**greedy, ignore_eos=True, repetition_penalty=1.5),
+              SamplingParams(**greedy, ignore_eos=True, frequency_penalty=0.8, presence_penalty=0.6),
+              SamplingParams(**greedy, ignore_eos=True, logit_bias={full[2][1]: -4.0, full[2][4]: 3.0}),
+              SamplingParams(**greedy, min_tokens=8, stop_token_ids=[full[3][random.randrange(1, 6)]]),
+              SamplingParams(**greedy, ignore_eos=True, bad_words=["ab"], allowed_token_ids=list(range(3, VOCAB, 2)))]
+    want = [_tokens(plain, [p], s)[0] for p, s in zip(prompts, asking)]
+    assert want != full  # the constraints change the outputs
+    _oracle(llm, prompts, want)
+    kept = llm.engine.stats().spec_decode_num_accepted_tokens
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, asking, use_tqdm=False)]
+    assert got == want
+    assert llm.engine.stats().spec_decode_num_accepted_tokens > kept
+
+
+def _structured(**kwargs) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(**kwargs))
+
+
+def test_structured_outputs_draft_and_keep_plain_outputs(mtp_checkpoint, plain):
+    """Requests under a grammar draft: each verify row is masked as the grammar stands after the drafts before it,
+    so with drafts read off their plain greedy outputs (some wrong, some of those outside the grammar) the tokens
+    and finish reasons are plain decoding's, and drafts are kept. A grammar with min_tokens too decodes without
+    drafts beside them."""
+    llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, speculative_config={**MTP, "num_speculative_tokens": 3})
     prompts = _prompts(4)
-    asking = [GREEDY, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, bad_words=["ab"]),
-              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3),
-              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, prompt_logprobs=1, min_tokens=5)]
-    got = drafting.generate(prompts, asking, use_tqdm=False)
-    want = plain.generate(prompts, asking, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert [[list(e) for e in o.prompt_logprobs[1:]] for o in got[3:]] == [
-        [list(e) for e in o.prompt_logprobs[1:]] for o in want[3:]]
+    asking = [_structured(regex="[ab]{4,14}"), _structured(regex="(ab|ba|a)+c?"), _structured(choice=["ab", "ba"]),
+              SamplingParams(temperature=0, max_tokens=20, min_tokens=3,
+                             structured_outputs=StructuredOutputsParams(regex="[ab]{2,9}"))]
+    want = [plain.generate([p], s, use_tqdm=False)[0].outputs[0] for p, s in zip(prompts, asking)]
+    _oracle(llm, prompts, [w.token_ids for w in want])
+    kept = llm.engine.stats().spec_decode_num_accepted_tokens
+    got = [o.outputs[0] for o in llm.generate(prompts, asking, use_tqdm=False)]
+    assert [(g.token_ids, g.finish_reason) for g in got] == [(w.token_ids, w.finish_reason) for w in want]
+    assert llm.engine.stats().spec_decode_num_accepted_tokens > kept
+
+
+def test_a_grammars_masks_along_its_drafts_are_the_masks_after_taking_them(plain):
+    """RequestGrammar.fill_masks_along: row j is the mask the grammar gives once drafts[:j] are taken, rows past a
+    draft it refuses allow everything, and the grammar itself stays where it was."""
+    params = StructuredOutputsParams(regex="(ab|ba)+c")
+    grammars, vocab = plain.engine.grammars, plain.engine.model_config.vocab_size
+    text = grammars.compile(params)
+    path = _tokens(plain, _prompts(1), SamplingParams(temperature=0, max_tokens=12, structured_outputs=params))[0]
+
+    def masks(grammar, drafts):
+        rows = torch.empty(mask_shape(len(drafts) + 1, vocab), dtype=torch.int32)
+        grammar.fill_masks_along(drafts, rows, 0)
+        return rows
+
+    grammar = grammars.matcher(params, text)
+    before = masks(grammar, [])
+    cut = random.randrange(len(path))
+    along = masks(grammar, path[:cut])
+    walker = grammars.matcher(params, text)
+    for j in range(cut + 1):
+        assert torch.equal(along[j], masks(walker, [])[0]), j
+        if j < cut:
+            assert walker.accept(path[j])
+    refused = next(t for t in range(vocab) if not (int(along[cut, t // 32]) >> (t % 32)) & 1)
+    past_a_refusal = masks(grammar, path[:cut] + [refused, path[0]])
+    assert torch.equal(past_a_refusal[: cut + 1], along) and (past_a_refusal[cut + 1 :] == -1).all()
+    assert torch.equal(masks(grammar, []), before)
 
 
 def _entries(output) -> list[list[tuple[int, int]]]:
@@ -175,15 +239,18 @@ def _entries(output) -> list[list[tuple[int, int]]]:
 
 def test_kept_drafts_carry_the_logprobs_of_their_rows(mtp_checkpoint, plain):
     """A request asking logprobs drafts too: each kept draft's entry is read off its own verify row, and greedy
-    decoding's entries come out (the same tokens and ranks, values to fp32 rounding), in every logprobs mode."""
+    decoding's entries come out (the same tokens and ranks, values to fp32 rounding), in every logprobs mode, with
+    and without a penalty."""
     mode = random.choice(["raw_logprobs", "processed_logprobs", "raw_logits"])
     llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, logprobs_mode=mode,
               speculative_config={**MTP, "num_speculative_tokens": 2})
     reference = plain if mode == "raw_logprobs" else LLM(mtp_checkpoint, device="cpu", max_num_seqs=8,
                                                           logprobs_mode=mode)
     prompts = _prompts(3)
-    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
-    _oracle(llm, prompts, _tokens(plain, prompts))
+    # a penalty too, some runs: a processed mode reports the logits each row samples from, past its drafts
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3,
+                            repetition_penalty=random.choice([1.0, 1.4]))
+    _oracle(llm, prompts, _tokens(plain, prompts, params))
     got, want = (m.generate(prompts, params, use_tqdm=False) for m in (llm, reference))
     assert llm.engine.stats().spec_decode_num_accepted_tokens > 0
     for g, w in zip(got, want):

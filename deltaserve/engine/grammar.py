@@ -229,6 +229,28 @@ class RequestGrammar:
     def error(self) -> str:
         return self.matcher.get_error()
 
+    def fill_masks_along(self, drafts: list[int], bitmask: torch.Tensor, first_row: int) -> None:
+        """Rows first_row .. first_row + len(drafts) of `bitmask` (int32 on the host): row j what the grammar
+        allows after drafts[:j] were taken (all ones where it is not holding the token yet, as a sampler leaves
+        such a row unmasked). Rows past a draft it refuses allow everything: the verifier never reaches them,
+        that draft being masked. The grammar itself stays where it is: a copy takes the drafts."""
+        import llguidance.torch
+
+        shadow = RequestGrammar(self.matcher.deep_copy())
+        shadow._waiting_for, shadow._recent = self._waiting_for and list(self._waiting_for), list(self._recent)
+        shadow._think_tags = self._think_tags
+        for j in range(len(drafts) + 1):
+            row = first_row + j
+            if shadow.active:
+                llguidance.torch.fill_next_token_bitmask(shadow.matcher, bitmask, row)
+                if (token := shadow.think_opening) is not None:
+                    allow_token(bitmask[row], token)
+            else:
+                bitmask[row] = -1
+            if j < len(drafts) and not shadow.accept(drafts[j]):
+                bitmask[row + 1 : first_row + len(drafts) + 1] = -1
+                return
+
 
 def fill_masks(grammars: list[RequestGrammar], bitmask: torch.Tensor) -> None:
     """bitmask[i] (int32 on the host) = what grammars[i] allows next. llguidance fills the rows on its own

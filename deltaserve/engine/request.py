@@ -143,13 +143,18 @@ class Request:
         """The token the next one must be (a think block's end past its budget), or None."""
         return self.thinking.forced_token if self.thinking is not None else None
 
-    def refused_tokens(self) -> list[int]:
+    def refused_tokens(self, drafted: list[int] | tuple = ()) -> list[int]:
         """The tokens the next one may not be: its stop tokens while short of min_tokens, and the last token of
-        each bad word whose other tokens end the output (of a one-token word, always)."""
-        return (list(self.held_back) if self.holds_back_stops else []) + self._bad_word_ends()
+        each bad word whose other tokens end the output (of a one-token word, always). drafted: tokens taken to
+        follow the output first (a verify row's drafts before it)."""
+        short = bool(self.held_back) and len(self.output_token_ids) + len(drafted) < self.params.min_tokens
+        return (list(self.held_back) if short else []) + self._bad_word_ends(drafted)
 
-    def _bad_word_ends(self) -> list[int]:
-        return [word[-1] for word in self.bad_words_ids if _ends_with(self.output_token_ids, word[:-1])]
+    def _bad_word_ends(self, drafted: list[int] | tuple = ()) -> list[int]:
+        if not self.bad_words_ids:
+            return []
+        past = self.output_token_ids + list(drafted) if drafted else self.output_token_ids
+        return [word[-1] for word in self.bad_words_ids if _ends_with(past, word[:-1])]
 
     def allows_no_token(self, refused: list[int]) -> bool:
         """Whether every one of its allowed_token_ids is refused now: outside a grammar, the way its constraints

@@ -8,8 +8,13 @@ residual max(p - q, 0) of speculative sampling where q is one-hot). Where every 
 is drawn from p_k. So every token kept is distributed as the target model's sampling would draw it, and a greedy
 sequence keeps exactly the tokens greedy decoding gives.
 
-p_j is the distribution the sampler draws from (Sampler.drawn_from: temperature, top-k, top-p, min-p); only
-requests whose sampling needs nothing else verify drafts (speculative_step.drafts_eligible).
+p_j is the distribution the sampler draws from (Sampler.drawn_from: temperature, top-k, top-p, min-p) over row
+j's logits as a plain step would process them were d_1..d_j the output already: under the grammar's mask after
+those drafts (Sampler.constrained_along_drafts, a copy of the matcher taking them), with the request's biases,
+refusals and penalties (Sampler.follow_drafts: a penalty counts the drafts before the row, min_tokens holds stop
+tokens back by the row's place, a bad word ends in the drafts). A draft the grammar refuses is masked, so it is
+never kept. Requests under a thinking budget, and under a grammar with biases or refusals too, draft nothing
+(speculative_step.drafts_eligible).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, sequences: list[Verify
     """For each sequence: its accepted drafts, then the token its first refuted row (or its last row) gives."""
     if not sequences:
         return []
-    requests, rows, drafts, positions = [], [], [], []
+    requests, rows, drafts, positions, drafted = [], [], [], [], []
     for seq in sequences:
         base = len(seq.request.output_token_ids)
         for j, draft in enumerate([*seq.draft_token_ids, -1]):  # -1: the last row verifies no draft
@@ -48,8 +53,15 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, sequences: list[Verify
             rows.append(seq.first_row + j)
             drafts.append(draft)
             positions.append(base + j)
+            drafted.append(seq.draft_token_ids[:j])
     device = logits.device
     picked = logits[to_device(rows, device), : sampler.vocab_size].float()
+    if any(r.grammar is not None for r in requests):
+        picked = sampler.constrained_along_drafts(picked, requests, drafted)
+    dead_rows = set()
+    if any(Sampler.changes_logits(r) for r in requests):
+        picked, dead = sampler.follow_drafts(picked, requests, drafted)
+        dead_rows = set(dead)
     draft = to_device(drafts, device)
     if all(r.params.temperature == 0 for r in requests):
         # greedy rows keep a draft where it is their argmax: one argmax, as plain greedy decoding takes it
@@ -66,8 +78,18 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, sequences: list[Verify
                 break
             kept.append(draft_token)
         out.append(kept + [tokens[row + len(kept)]])
+        _mark_dead_end(seq, row, len(kept), dead_rows)
         row += len(seq.draft_token_ids) + 1
     return out
+
+
+def _mark_dead_end(seq: VerifyRows, row: int, kept: int, dead_rows: set[int]) -> None:
+    """The first of the sequence's rows it reaches (its kept drafts' and the one after) whose constraints allow no
+    token: its request fails at that output token, as a plain step's would (Sampler._adjusted)."""
+    for j in range(kept + 1):
+        if row + j in dead_rows:
+            seq.request.mark_dead_end(len(seq.request.output_token_ids) + j)
+            return
 
 
 def _sampled_verdicts(sampler: Sampler, logits: torch.Tensor, requests: list[Request], draft: torch.Tensor,

@@ -123,7 +123,8 @@ class Sampler:
 
     def logprob_entries(self, logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> list:
         """Each row's logprob entry for `tokens`, as __call__ reports them, for rows whose logits the sampler
-        changes nothing of (no grammar, biases, refusals or penalties): the logprobs mode's values of its logits."""
+        changes nothing of (no grammar, biases, refusals or penalties; in a processed mode, logits that carry
+        them already, follow_drafts'): the logprobs mode's values of its logits."""
         reported = logits[:, : self.vocab_size]
         if self.logprobs_mode.startswith("processed"):
             reported = self.drawn_from(reported, requests)
@@ -155,8 +156,51 @@ class Sampler:
         mask = mask_plan(params, self.vocab_size)
         return kernels.sample_from_logits(logits, temperature, top_k, top_p, min_p, seeds, mask=mask)
 
-    def _penalise(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        prompt, output = self.penalty_tokens(requests)
+    @staticmethod
+    def changes_logits(request: Request) -> bool:
+        """Whether its biases, refusals or penalties change a row's logits now (and, the later rows of a verify
+        chunk having more past, then too: a refusal that min_tokens holds ends before them, never after)."""
+        return request.adjusts_logits or _has_penalty(request.params)
+
+    def constrained_along_drafts(self, logits: torch.Tensor, requests: list[Request],
+                                 drafted: list[list[int]]) -> torch.Tensor:
+        """The logits of verify rows [B, V] where each row under a grammar keeps what the grammar allows after the
+        drafts before it (RequestGrammar.fill_masks_along), as _constrained masks a plain step's row: what the
+        raw logprobs modes report and what the rest of the sampling starts from. A sequence's rows follow each
+        other, its first row with no drafts before it and its last with all of them."""
+        starts = [i for i, r in enumerate(requests) if r.grammar is not None and not drafted[i]]
+        if not starts:
+            return logits
+        rows = len(requests)
+        bitmask = torch.empty(mask_shape(rows, self.vocab_size), dtype=torch.int32,
+                              pin_memory=self.device.type == "cuda")
+        mask_rows = [-1] * rows
+        for first in starts:
+            last = first
+            while last + 1 < rows and requests[last + 1] is requests[first] and drafted[last + 1]:
+                last += 1
+            requests[first].grammar.fill_masks_along(drafted[last], bitmask, first)
+            mask_rows[first : last + 1] = range(first, last + 1)
+        return kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
+                                           to_device(mask_rows, self.device, torch.int32))
+
+    def follow_drafts(self, logits: torch.Tensor, requests: list[Request],
+                      drafted: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        """The logits of verify rows [B, V] with each row's biases, refusals and penalties as its request's
+        would be were the drafts before it (`drafted[b]`) its output already (what __call__ samples from, less
+        temperature and masks), and the rows whose constraints leave no token: the caller marks the first one
+        its sequence reaches (Request.mark_dead_end), not one past a refused draft."""
+        dead_rows: list[int] = []
+        processed = logits
+        if any(r.adjusts_logits for r in requests):
+            processed = self._adjusted(processed, requests, drafted, dead_rows)
+        if any(_has_penalty(r.params) for r in requests):
+            processed = self._penalise(processed, requests, drafted)
+        return processed, dead_rows
+
+    def _penalise(self, logits: torch.Tensor, requests: list[Request],
+                  drafted: list[list[int]] | None = None) -> torch.Tensor:
+        prompt, output = self.penalty_tokens(requests, drafted)
         rows = len(requests)
         penalties = np.zeros((3, -(-rows // 4) * 4), dtype=np.float32)  # each row's start 16-byte aligned
         penalties[:, :rows] = [[r.params.repetition_penalty for r in requests],
@@ -165,13 +209,17 @@ class Sampler:
         repetition, frequency, presence = to_device(penalties, self.device, torch.float32)[:, :rows]
         return kernels.apply_penalties(logits, prompt, output, repetition, frequency, presence)
 
-    def penalty_tokens(self, requests: list[Request]) -> tuple[kernels.RowTokens, kernels.RowTokens]:
-        """Each row's distinct prompt tokens and its output tokens. A request's prompt tokens reach the device
-        once, on its first step with penalties; its output tokens are kept on the host, each step adding the
-        new ones, and travel with both lists' offsets in one copy: listing every prompt and output token of
-        every row again each step cost the host the most (benchmarks/penalties_device.py times the step)."""
+    def penalty_tokens(self, requests: list[Request], drafted: list[list[int]] | None = None
+                       ) -> tuple[kernels.RowTokens, kernels.RowTokens]:
+        """Each row's distinct prompt tokens and its output tokens (followed by `drafted[b]`, where given). A
+        request's prompt tokens reach the device once, on its first step with penalties; its output tokens are
+        kept on the host, each step adding the new ones, and travel with both lists' offsets in one copy: listing
+        every prompt and output token of every row again each step cost the host the most
+        (benchmarks/penalties_device.py times the step)."""
         prompts, prompt_lengths = zip(*(self._device_prompt(r) for r in requests))
         outputs = [self._output_array(r) for r in requests]
+        if drafted is not None:
+            outputs = [a + array("i", d) if d else a for a, d in zip(outputs, drafted)]
         output_lengths = [len(a) for a in outputs]
         rows = len(requests)
         prompt_offsets, output_offsets = _offsets(prompt_lengths), _offsets(output_lengths)
@@ -236,11 +284,13 @@ class Sampler:
             ids = self._allowed_ids[request] = torch.tensor(allowed)
         return not token_bits(kept, ids).any()
 
-    def _adjusted(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def _adjusted(self, logits: torch.Tensor, requests: list[Request], drafted: list[list[int]] | None = None,
+                  dead_rows: list[int] | None = None) -> torch.Tensor:
         """A copy of the logits (the logits themselves stay the model's: logprobs are read from them) with each
         row's logit_bias added, and -inf outside its allowed_token_ids and over the tokens it refuses now
         (Request.refused_tokens: stop tokens before min_tokens, bad words). A row with a forced token (a think
-        block's end) keeps that token alone, whatever the rest allow."""
+        block's end) keeps that token alone, whatever the rest allow. drafted: verify rows' drafts before them
+        (follow_drafts), whose rows that allow no token go to `dead_rows` rather than mark their request."""
         adjusted = logits.clone()
         rows, tokens, biases = [], [], []
         for i, r in enumerate(requests):
@@ -258,9 +308,12 @@ class Sampler:
             adjusted[index] = adjusted[index].masked_fill(~masks, float("-inf"))
         rows, tokens = [], []
         for i, r in enumerate(requests):
-            refused = r.refused_tokens() if r.adjusts_logits else ()
+            refused = r.refused_tokens(drafted[i] if drafted is not None else ()) if r.adjusts_logits else ()
             if r.forced_token is None and r.allows_no_token(refused):
-                r.mark_dead_end()  # the row samples a token it refuses, which the engine never takes
+                if drafted is not None:
+                    dead_rows.append(i)
+                else:
+                    r.mark_dead_end()  # the row samples a token it refuses, which the engine never takes
             rows += [i] * len(refused)
             tokens += refused
         if rows:

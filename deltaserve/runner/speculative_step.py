@@ -29,11 +29,13 @@ from deltaserve.runner.verify_graphs import VerifyGraphs
 
 
 def drafts_eligible(request: Request) -> bool:
-    """Whether the request's next tokens may be drafted: its sampling draws from its logits alone (temperature,
-    top-k, top-p, min-p; its logprobs are read off them). Penalties, biases, allowed or bad words, min_tokens,
-    grammars and thinking budgets change each token's distribution by the tokens before it, which the verifier
-    does not follow."""
-    return not Sampler.follows_past(request.params) and not request.adjusts_logits and not request.held_back
+    """Whether the request's next tokens may be drafted: the verifier follows what its sampling reads of the tokens
+    before each row (a grammar, through a copy of its matcher; penalties, biases, allowed or bad words, min_tokens:
+    draft_verifier). A thinking budget's state, and where a grammar's mask meets biases or refusals whether any
+    token is left (Sampler._grammar_leaves_nothing), it does not follow."""
+    if request.thinking is not None:
+        return False
+    return request.grammar is None or not (request.adjusts_logits or request.held_back)
 
 
 class SpeculativeStep:
@@ -126,7 +128,8 @@ class SpeculativeStep:
     @staticmethod
     def _verified_logprobs(sampler: Sampler, logits, verify: list[VerifyRows], chunks, taken) -> dict:
         """{verify chunk: the logprob entries of its kept drafts and its token, each read off its own row} for
-        requests asking logprobs."""
+        requests asking logprobs (the raw modes' under its grammar's mask, before its biases and penalties, as a plain
+        step's)."""
         asking = [(seq, chunk, kept) for seq, chunk, kept in zip(verify, chunks, taken)
                   if seq.request.params.returns_logprobs]
         if not asking:
@@ -134,7 +137,13 @@ class SpeculativeStep:
         rows = [seq.first_row + j for seq, _, kept in asking for j in range(len(kept))]
         tokens = [t for _, _, kept in asking for t in kept]
         requests = [seq.request for seq, _, kept in asking for _ in kept]
-        entries = sampler.logprob_entries(logits[to_device(rows, logits.device)], tokens, requests)
+        source = logits[to_device(rows, logits.device), : sampler.vocab_size]
+        drafted = [seq.draft_token_ids[:j] for seq, _, kept in asking for j in range(len(kept))]
+        if any(r.grammar is not None for r in requests):  # every mode reports the logits under the grammar's mask
+            source = sampler.constrained_along_drafts(source, requests, drafted)
+        if sampler.logprobs_mode.startswith("processed") and any(Sampler.changes_logits(r) for r in requests):
+            source, _ = sampler.follow_drafts(source, requests, drafted)  # the processed logits the mode reports
+        entries = sampler.logprob_entries(source, tokens, requests)
         out, at = {}, 0
         for _, chunk, kept in asking:
             out[chunk] = entries[at : at + len(kept)]
