@@ -33,8 +33,9 @@
 - beam searches of width 3 over the prompts (each step's requests restored from their parents' prefix-cache tails)
   give in fp32 the CPU's beams, their summed logprobs within fp32 rounding;
 - on the hybrid architectures, given an MTP head, greedy speculative decoding (2 drafts a step) gives in fp32 the
-  CPU's plain greedy tokens, and seeded sampled rows beside greedy ones the CPU's speculative tokens; in bf16 the
-  share of its greedy tokens that match plain greedy decoding's is reported (the verify pass rounds otherwise).
+  CPU's plain greedy tokens (penalised rows too), and seeded sampled rows beside greedy ones, and rows under
+  grammars, biases and refusals, the CPU's speculative tokens; in bf16 the share of its greedy tokens that match
+  plain greedy decoding's is reported (the verify pass rounds otherwise).
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -255,7 +256,9 @@ def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     """Greedy and mixed (seeded sampled beside greedy) speculative decoding on the GPU against the CPU: fp32 greedy
     against the CPU's plain greedy tokens, with the head's own drafts and with drafts read off those tokens (kept,
     so that the verify graphs set states back and the drafting graphs read kept rows); fp32 mixed against the
-    CPU's speculative tokens; bf16 greedy's share of plain bf16 greedy's tokens, for information."""
+    CPU's speculative tokens; penalised greedy rows against the CPU's plain ones, and rows under grammars, biases and
+    refusals (seeded sampled ones among them) against the CPU's speculative ones, all drafting; bf16 greedy's share
+    of plain bf16 greedy's tokens, for information."""
     from benchmarks.speculative_bench import read_off
 
     expected = tokens(cpu_llm, prompts)
@@ -263,6 +266,9 @@ def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     cpu_drafting = LLM(path, device="cpu", speculative_config=SPECULATIVE, **state)
     greedy = tokens(gpu, prompts)
     mixed = tokens(gpu, prompts, MIXED) == tokens(cpu_drafting, prompts, MIXED)
+    penalised = tokens(gpu, prompts, PENALISED) == tokens(cpu_llm, prompts, PENALISED)
+    constrained = all(tokens(gpu, prompts, params) == tokens(cpu_drafting, prompts, params)
+                      for params in (STRUCTURED, ADJUSTED))
     before = gpu.engine.stats()
     drafted, kept = before.spec_decode_num_draft_tokens, before.spec_decode_num_accepted_tokens
     read_off(gpu, [{"prompt_token_ids": p} for p in prompts], expected)
@@ -275,6 +281,7 @@ def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     return {"greedy_identical": greedy == expected, "read_off_greedy_identical": read_off_greedy == expected,
             "read_off_drafts_verified": after.spec_decode_num_draft_tokens - drafted,
             "read_off_drafts_kept": after.spec_decode_num_accepted_tokens - kept, "mixed_identical": mixed,
+            "penalised_identical": penalised, "structured_and_adjusted_identical": constrained,
             "bf16_matching_share": sum(a == b for x, y in zip(bf16_drafted, reference) for a, b in zip(x, y))
             / sum(len(x) for x in reference)}
 
