@@ -1,8 +1,8 @@
 """Speculative decoding with the model's MTP head: greedy outputs are plain greedy decoding's, whatever the drafts
 (the head's own, or drafts that are right up to a point), with the GDN state set back where a draft is refuted,
 through eager steps and through the graphs' padded layout (whose drafts are the eager steps'); kept drafts carry
-their own rows' logprobs; penalties, biases, refusals and grammars are followed through the drafts; seeded
-sampling gives the same text alone or in a batch; what cannot draft decodes beside what does."""
+their own rows' logprobs; penalties, biases, refusals, grammars and thinking budgets are followed through the
+drafts; seeded sampling gives the same text alone or in a batch."""
 
 import random
 
@@ -16,7 +16,7 @@ from deltaserve.runner.mtp_graphs import MtpGraphs
 from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.runner.verify_graphs import VerifyGraphs
 from deltaserve.sampling_params import StructuredOutputsParams
-from tests.checkpoints import VOCAB, add_mtp_weights, make_checkpoint
+from tests.checkpoints import VOCAB, add_mtp_weights, add_think_tokens, make_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
@@ -190,8 +190,7 @@ def _structured(**kwargs) -> SamplingParams:
 def test_structured_outputs_draft_and_keep_plain_outputs(mtp_checkpoint, plain):
     """Requests under a grammar draft: each verify row is masked as the grammar stands after the drafts before it,
     so with drafts read off their plain greedy outputs (some wrong, some of those outside the grammar) the tokens
-    and finish reasons are plain decoding's, and drafts are kept. A grammar with min_tokens too decodes without
-    drafts beside them."""
+    and finish reasons are plain decoding's, and drafts are kept, beside a grammar with min_tokens too."""
     llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, speculative_config={**MTP, "num_speculative_tokens": 3})
     prompts = _prompts(4)
     asking = [_structured(regex="[ab]{4,14}"), _structured(regex="(ab|ba|a)+c?"), _structured(choice=["ab", "ba"]),
@@ -203,6 +202,51 @@ def test_structured_outputs_draft_and_keep_plain_outputs(mtp_checkpoint, plain):
     got = [o.outputs[0] for o in llm.generate(prompts, asking, use_tqdm=False)]
     assert [(g.token_ids, g.finish_reason) for g in got] == [(w.token_ids, w.finish_reason) for w in want]
     assert llm.engine.stats().spec_decode_num_accepted_tokens > kept
+
+
+def test_thinking_budgets_draft_and_keep_plain_outputs(tmp_path):
+    """A thinking budget's end is forced at the verify row where the drafts before it fill the budget: with drafts
+    read off plain greedy outputs (some wrong), the tokens are plain decoding's, forced ends and all."""
+    path = str(tmp_path)
+    make_checkpoint("qwen3.5", path, seed=5)
+    add_mtp_weights(path, seed=5)
+    start, end = add_think_tokens(path)
+    plain = LLM(path, device="cpu", max_num_seqs=8)
+    llm = LLM(path, device="cpu", max_num_seqs=8, speculative_config={**MTP, "num_speculative_tokens": 3})
+    prompts = [p + [start] for p in _prompts(4, longest=20)]
+    asking = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, thinking_token_budget=b)
+              for b in (0, 2, 5, random.randint(6, 12))]
+    want = [_tokens(plain, [p], s)[0] for p, s in zip(prompts, asking)]
+    assert sum(end in w for w in want) >= 3  # the budgets force their ends
+    _oracle(llm, prompts, want)
+    kept = llm.engine.stats().spec_decode_num_accepted_tokens
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, asking, use_tqdm=False)] == want
+    assert llm.engine.stats().spec_decode_num_accepted_tokens > kept
+
+
+def test_a_grammar_beside_refusals_ends_its_request_where_a_reached_row_allows_nothing(plain):
+    """Regex [ab]+, allowed tokens a, b and c, bad words "a a" and "a b": after an a, only c is left, which the
+    grammar refuses. A draft a that holds ends the request at the next output index (as a plain step there
+    would); one refused leaves the request going."""
+    from deltaserve.engine.request import Request
+    from deltaserve.runner.draft_verifier import VerifyRows, verify_drafts
+
+    a, b, c = (plain.engine.tokenizer.hf.encode(x, add_special_tokens=False)[0] for x in "abc")
+    params = SamplingParams(temperature=0, allowed_token_ids=[a, b, c],
+                            structured_outputs=StructuredOutputsParams(regex="[ab]+"))
+    grammars = plain.engine.grammars
+    sampler, vocab = plain.engine.runner.sampler, plain.engine.model_config.vocab_size
+    for best, dead in ((a, True), (b, False)):
+        request = Request("r", [5, 6], params, max_tokens=16, bad_words_ids=[[a, a], [a, b]],
+                          grammar=grammars.matcher(params.structured_outputs,
+                                                   grammars.compile(params.structured_outputs)))
+        logits = torch.zeros(3, vocab)
+        logits[0, best] = 1.0
+        out = verify_drafts(sampler, logits, [VerifyRows(request, 0, [a, b])])
+        assert out[0][0] == best
+        assert (request.dead_end is not None) == dead
+        if dead:
+            assert request.dead_end[0] == 1 and "structured" in str(request.dead_end[1])
 
 
 def test_a_grammars_masks_along_its_drafts_are_the_masks_after_taking_them(plain):

@@ -55,6 +55,25 @@ def test_a_block_closed_in_the_prompt_or_by_the_model_is_left_alone():
     assert feed(early, free_tokens(rng, 4) + [END] + free_tokens(rng, 30)) == [None] * 35
 
 
+def test_forced_after_drafts_is_the_forced_token_once_they_are_taken_and_moves_nothing():
+    # A speculative verify row's forced token: the budget as it would stand after the drafts before the row, with
+    # multi-token tags (the end forced one token after another), the block closed or reopened among the drafts.
+    rng = random.Random()
+    start, end = [START, 7], [END, 8, 9]
+    for _ in range(50):
+        pool = free_tokens(rng, 6) + start + end
+        prompt = free_tokens(rng, 3) + start + free_tokens(rng, rng.randint(0, 4))
+        budget = ThinkingBudget(rng.randint(0, 5), start, end, prompt)
+        feed(budget, [rng.choice(pool) for _ in range(rng.randint(0, 6))])
+        state = vars(budget).copy()
+        drafts = [rng.choice(pool + [END, 8, 9] * 2) for _ in range(rng.randint(0, 5))]
+        walked = ThinkingBudget(budget.budget, start, end, [])
+        vars(walked).update({**state, "_recent": list(budget._recent)})
+        feed(walked, drafts)
+        assert budget.forced_after(drafts) == walked.forced_token
+        assert vars(budget) == state
+
+
 def test_a_block_the_output_opens_is_counted_from_its_start():
     rng = random.Random()
     size = rng.randint(0, 8)

@@ -10,6 +10,8 @@ afresh. Plain Python: the engine feeds it every output token and the sampler ask
 
 from __future__ import annotations
 
+import copy
+
 
 class ThinkingBudget:
     def __init__(self, budget: int, start_ids: list[int], end_ids: list[int], prompt_ids: list[int]):
@@ -39,6 +41,17 @@ class ThinkingBudget:
         if self.in_block and self.count >= self.budget:
             return self.end_ids[0]
         return None
+
+    def forced_after(self, drafted: list[int]) -> int | None:
+        """forced_token were `drafted` the output's next tokens (a verify row's drafts before it); the budget itself
+        stays where it is."""
+        if not drafted:
+            return self.forced_token
+        ahead = copy.copy(self)
+        ahead._recent = list(self._recent)
+        for token in drafted:
+            ahead.accept(token)
+        return ahead.forced_token
 
     def accept(self, token: int) -> None:
         """The output's next token."""

@@ -12,9 +12,9 @@ p_j is the distribution the sampler draws from (Sampler.drawn_from: temperature,
 j's logits as a plain step would process them were d_1..d_j the output already: under the grammar's mask after
 those drafts (Sampler.constrained_along_drafts, a copy of the matcher taking them), with the request's biases,
 refusals and penalties (Sampler.follow_drafts: a penalty counts the drafts before the row, min_tokens holds stop
-tokens back by the row's place, a bad word ends in the drafts). A draft the grammar refuses is masked, so it is
-never kept. Requests under a thinking budget, and under a grammar with biases or refusals too, draft nothing
-(speculative_step.drafts_eligible).
+tokens back by the row's place, a bad word ends in the drafts, a thinking budget forces its end where the drafts
+fill it). A draft the grammar refuses is masked, so it is never kept; a row whose constraints leave no token ends
+its request there only where the sequence reaches it.
 """
 
 from __future__ import annotations
@@ -56,12 +56,13 @@ def verify_drafts(sampler: Sampler, logits: torch.Tensor, sequences: list[Verify
             drafted.append(seq.draft_token_ids[:j])
     device = logits.device
     picked = logits[to_device(rows, device), : sampler.vocab_size].float()
-    if any(r.grammar is not None for r in requests):
-        picked = sampler.constrained_along_drafts(picked, requests, drafted)
     dead_rows = set()
+    if any(r.grammar is not None for r in requests):
+        picked, dead = sampler.constrained_along_drafts(picked, requests, drafted)
+        dead_rows.update(dead)
     if any(Sampler.changes_logits(r) for r in requests):
         picked, dead = sampler.follow_drafts(picked, requests, drafted)
-        dead_rows = set(dead)
+        dead_rows.update(dead)
     draft = to_device(drafts, device)
     if all(r.params.temperature == 0 for r in requests):
         # greedy rows keep a draft where it is their argmax: one argmax, as plain greedy decoding takes it

@@ -158,19 +158,21 @@ class Sampler:
 
     @staticmethod
     def changes_logits(request: Request) -> bool:
-        """Whether its biases, refusals or penalties change a row's logits now (and, the later rows of a verify
-        chunk having more past, then too: a refusal that min_tokens holds ends before them, never after)."""
-        return request.adjusts_logits or _has_penalty(request.params)
+        """Whether its biases, refusals, forced tokens or penalties may change a verify row's logits: those that
+        do now (a refusal that min_tokens holds ends before later rows, never after), and a thinking budget,
+        which may force its end at a later row."""
+        return request.adjusts_logits or request.thinking is not None or _has_penalty(request.params)
 
     def constrained_along_drafts(self, logits: torch.Tensor, requests: list[Request],
-                                 drafted: list[list[int]]) -> torch.Tensor:
+                                 drafted: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
         """The logits of verify rows [B, V] where each row under a grammar keeps what the grammar allows after the
         drafts before it (RequestGrammar.fill_masks_along), as _constrained masks a plain step's row: what the
-        raw logprobs modes report and what the rest of the sampling starts from. A sequence's rows follow each
-        other, its first row with no drafts before it and its last with all of them."""
+        raw logprobs modes report and what the rest of the sampling starts from; and the rows where that mask,
+        the request's allowed_token_ids and what it refuses there leave no token (follow_drafts' dead rows). A
+        sequence's rows follow each other, its first row with no drafts before it and its last with all of them."""
         starts = [i for i, r in enumerate(requests) if r.grammar is not None and not drafted[i]]
         if not starts:
-            return logits
+            return logits, []
         rows = len(requests)
         bitmask = torch.empty(mask_shape(rows, self.vocab_size), dtype=torch.int32,
                               pin_memory=self.device.type == "cuda")
@@ -181,8 +183,19 @@ class Sampler:
                 last += 1
             requests[first].grammar.fill_masks_along(drafted[last], bitmask, first)
             mask_rows[first : last + 1] = range(first, last + 1)
-        return kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
-                                           to_device(mask_rows, self.device, torch.int32))
+        dead_rows = [i for i, r in enumerate(requests) if mask_rows[i] >= 0 and self._leaves_nothing_along(
+            bitmask[i], r, drafted[i])]
+        masked = kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
+                                             to_device(mask_rows, self.device, torch.int32))
+        return masked, dead_rows
+
+    def _leaves_nothing_along(self, mask_row: torch.Tensor, request: Request, drafted: list[int]) -> bool:
+        """_constrained's dead end at a verify row: biases or refusals beside the grammar, no forced token."""
+        if not (request.adjusts_logits or request.thinking is not None):
+            return False
+        if request.thinking is not None and request.thinking.forced_after(drafted) is not None:
+            return False
+        return self._grammar_leaves_nothing(mask_row, request, request.refused_tokens(drafted))
 
     def follow_drafts(self, logits: torch.Tensor, requests: list[Request],
                       drafted: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
@@ -192,7 +205,7 @@ class Sampler:
         its sequence reaches (Request.mark_dead_end), not one past a refused draft."""
         dead_rows: list[int] = []
         processed = logits
-        if any(r.adjusts_logits for r in requests):
+        if any(r.adjusts_logits or r.thinking is not None for r in requests):
             processed = self._adjusted(processed, requests, drafted, dead_rows)
         if any(_has_penalty(r.params) for r in requests):
             processed = self._penalise(processed, requests, drafted)
@@ -268,11 +281,14 @@ class Sampler:
         return kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
                                            to_device(mask_rows, self.device, torch.int32))
 
-    def _grammar_leaves_nothing(self, mask_row: torch.Tensor, request: Request) -> bool:
+    def _grammar_leaves_nothing(self, mask_row: torch.Tensor, request: Request, refused: list[int] | None = None
+                                ) -> bool:
         """Whether none of the tokens a grammar's mask row (on the host) allows is among the request's
-        allowed_token_ids and outside what it refuses now. Read at the bits of those tokens alone, words of 32
-        tokens: at a 248k vocabulary 0.05 ms a row and step, where the whole row unpacked took 0.34."""
-        allowed, refused = request.params.allowed_token_ids, request.refused_tokens()
+        allowed_token_ids and outside what it refuses (`refused`, where given; else what it refuses now). Read at
+        the bits of those tokens alone, words of 32 tokens: at a 248k vocabulary 0.05 ms a row and step, where the
+        whole row unpacked took 0.34."""
+        allowed = request.params.allowed_token_ids
+        refused = request.refused_tokens() if refused is None else refused
         if allowed is None and not refused:  # its logit bias alone changes no token's place in the mask
             return False
         kept = without_tokens(mask_row, refused)
@@ -306,19 +322,24 @@ class Sampler:
             index = to_device(allowed, self.device)
             masks = torch.stack([self._allowed_mask(requests[i]) for i in allowed])
             adjusted[index] = adjusted[index].masked_fill(~masks, float("-inf"))
-        rows, tokens = [], []
+        rows, tokens, forced = [], [], []
         for i, r in enumerate(requests):
-            refused = r.refused_tokens(drafted[i] if drafted is not None else ()) if r.adjusts_logits else ()
-            if r.forced_token is None and r.allows_no_token(refused):
+            if drafted is None:
+                refused, forced_token = r.refused_tokens() if r.adjusts_logits else (), r.forced_token
+            else:
+                refused = r.refused_tokens(drafted[i])
+                forced_token = r.thinking.forced_after(drafted[i]) if r.thinking is not None else None
+            if forced_token is None and r.allows_no_token(refused):
                 if drafted is not None:
                     dead_rows.append(i)
                 else:
                     r.mark_dead_end()  # the row samples a token it refuses, which the engine never takes
             rows += [i] * len(refused)
             tokens += refused
+            if forced_token is not None:
+                forced.append((i, forced_token))
         if rows:
             adjusted[to_device(rows, self.device), to_device(tokens, self.device)] = float("-inf")
-        forced = [(i, r.forced_token) for i, r in enumerate(requests) if r.forced_token is not None]
         if forced:
             rows, tokens = (to_device(list(column), self.device) for column in zip(*forced))
             adjusted[rows] = float("-inf")

@@ -16,7 +16,6 @@ tokens are read back before the next is planned.
 from __future__ import annotations
 
 from deltaserve.cache.snapshot_pool import SnapshotPool
-from deltaserve.engine.request import Request
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.host_to_device import to_device
 from deltaserve.kernels.capture_rows import CaptureRows
@@ -26,16 +25,6 @@ from deltaserve.runner.mtp_drafter import DraftRequest, MtpDrafter
 from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.snapshot_steps import mid_chunk_capture_rows, restore_pairs
 from deltaserve.runner.verify_graphs import VerifyGraphs
-
-
-def drafts_eligible(request: Request) -> bool:
-    """Whether the request's next tokens may be drafted: the verifier follows what its sampling reads of the tokens
-    before each row (a grammar, through a copy of its matcher; penalties, biases, allowed or bad words, min_tokens:
-    draft_verifier). A thinking budget's state, and where a grammar's mask meets biases or refusals whether any
-    token is left (Sampler._grammar_leaves_nothing), it does not follow."""
-    if request.thinking is not None:
-        return False
-    return request.grammar is None or not (request.adjusts_logits or request.held_back)
 
 
 class SpeculativeStep:
@@ -140,7 +129,7 @@ class SpeculativeStep:
         source = logits[to_device(rows, logits.device), : sampler.vocab_size]
         drafted = [seq.draft_token_ids[:j] for seq, _, kept in asking for j in range(len(kept))]
         if any(r.grammar is not None for r in requests):  # every mode reports the logits under the grammar's mask
-            source = sampler.constrained_along_drafts(source, requests, drafted)
+            source, _ = sampler.constrained_along_drafts(source, requests, drafted)
         if sampler.logprobs_mode.startswith("processed") and any(Sampler.changes_logits(r) for r in requests):
             source, _ = sampler.follow_drafts(source, requests, drafted)  # the processed logits the mode reports
         entries = sampler.logprob_entries(source, tokens, requests)
@@ -160,5 +149,5 @@ class SpeculativeStep:
         for chunk, first in zip(plan.chunks, host.query_start_loc):
             request = chunk.request
             following = sampled[chunk] if chunk in sampled else request.token_at(chunk.end)
-            rows.append(DraftRequest(chunk, first, following, chunk in sampled and drafts_eligible(request)))
+            rows.append(DraftRequest(chunk, first, following, chunk in sampled))
         return rows
