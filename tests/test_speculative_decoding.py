@@ -360,3 +360,29 @@ def test_the_moe_heads_draft_for_greedy_decoding_too(tmp_path, arch):
     drafting = LLM(path, device="cpu", max_num_seqs=4, speculative_config=MTP)
     assert _tokens(drafting, prompts) == _tokens(LLM(path, device="cpu", max_num_seqs=4), prompts)
     assert drafting.engine.stats().spec_decode_num_drafts > 0
+
+
+def test_the_batched_masks_along_drafts_are_each_grammars_own(plain):
+    """fill_masks_along_drafts (llguidance's threads, each matcher taking its drafts and giving them back) fills
+    what RequestGrammar.fill_masks_along fills, sequence by sequence: drafts right, wrong at some point, or none."""
+    from deltaserve.engine.grammar import fill_masks_along_drafts
+
+    params = StructuredOutputsParams(regex="(ab|ba)+c")
+    grammars, vocab = plain.engine.grammars, plain.engine.model_config.vocab_size
+    text = grammars.compile(params)
+    path = _tokens(plain, _prompts(1), SamplingParams(temperature=0, max_tokens=12, structured_outputs=params))[0]
+    sequences, first = [], 0
+    for _ in range(6):
+        cut = random.randrange(len(path))
+        drafts = path[:cut] + ([random.randrange(VOCAB)] + path[:2] if random.random() < 0.5 else [])
+        sequences.append((grammars.matcher(params, text), first, drafts))
+        first += len(drafts) + 1
+    batched = torch.empty(mask_shape(first, vocab), dtype=torch.int32)
+    fill_masks_along_drafts(sequences, batched)
+    one_by_one = torch.empty(mask_shape(first, vocab), dtype=torch.int32)
+    for grammar, at, drafts in sequences:
+        grammar.fill_masks_along(drafts, one_by_one, at)
+    assert torch.equal(batched, one_by_one)
+    again = torch.empty(mask_shape(first, vocab), dtype=torch.int32)
+    fill_masks_along_drafts(sequences, again)
+    assert torch.equal(again, batched)  # the matchers gave the drafts back

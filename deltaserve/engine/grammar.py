@@ -265,6 +265,29 @@ def fill_masks(grammars: list[RequestGrammar], bitmask: torch.Tensor) -> None:
             allow_token(bitmask[row], token)
 
 
+def fill_masks_along_drafts(sequences: list[tuple[RequestGrammar, int, list[int]]], bitmask: torch.Tensor) -> None:
+    """For each (grammar, first row, drafts): RequestGrammar.fill_masks_along into `bitmask`. The grammars that
+    hold their next token with nothing of their own to follow (no think block to wait for or to open) are filled by
+    llguidance on its threads, each matcher taking the drafts and giving them back itself; a verify step's rows are
+    (k + 1) times a plain step's, which one row after another would fill that many times slower."""
+    import llguidance.torch
+
+    batched, alone = [], []
+    for grammar, first, drafts in sequences:
+        (batched if grammar.active and grammar._think_tags is None else alone).append((grammar, first, drafts))
+    for grammar, first, drafts in alone:
+        grammar.fill_masks_along(drafts, bitmask, first)
+    with_drafts = [(g.matcher, first, drafts) for g, first, drafts in batched if drafts]
+    if with_drafts:
+        llguidance.torch.fill_next_token_bitmask_par_with_draft_tokens(_executor(), with_drafts, bitmask)
+    without = [(g.matcher, first) for g, first, drafts in batched if not drafts]
+    for matcher, first in without:
+        llguidance.torch.fill_next_token_bitmask(matcher, bitmask, first)
+    for matcher, first, drafts in with_drafts:
+        valid = matcher.validate_tokens(drafts)
+        bitmask[first + valid + 1 : first + len(drafts) + 1] = -1  # past a refused draft: never reached
+
+
 def allow_token(mask_row: torch.Tensor, token: int) -> None:
     """Sets `token`'s bit (bit t % 32 of word t // 32) in a host mask row of int32 words."""
     word = int(mask_row[token // 32]) & 0xFFFFFFFF | 1 << token % 32

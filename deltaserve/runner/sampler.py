@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from deltaserve import kernels
-from deltaserve.engine.grammar import fill_masks, mask_shape
+from deltaserve.engine.grammar import fill_masks, fill_masks_along_drafts, mask_shape
 from deltaserve.engine.request import Request
 from deltaserve.outputs import Logprob
 from deltaserve.host_to_device import to_device
@@ -176,13 +176,14 @@ class Sampler:
         rows = len(requests)
         bitmask = torch.empty(mask_shape(rows, self.vocab_size), dtype=torch.int32,
                               pin_memory=self.device.type == "cuda")
-        mask_rows = [-1] * rows
+        mask_rows, sequences = [-1] * rows, []
         for first in starts:
             last = first
             while last + 1 < rows and requests[last + 1] is requests[first] and drafted[last + 1]:
                 last += 1
-            requests[first].grammar.fill_masks_along(drafted[last], bitmask, first)
+            sequences.append((requests[first].grammar, first, drafted[last]))
             mask_rows[first : last + 1] = range(first, last + 1)
+        fill_masks_along_drafts(sequences, bitmask)
         dead_rows = [i for i, r in enumerate(requests) if mask_rows[i] >= 0 and self._leaves_nothing_along(
             bitmask[i], r, drafted[i])]
         masked = kernels.apply_token_bitmask(logits, bitmask.to(self.device, non_blocking=True),
