@@ -9,13 +9,15 @@ and aborts mid-way. Every request that finishes must give the tokens, finish rea
 without prefix caching, its logprobs within rounding (a request that fails ends all its samples at once, so
 there the shorter run of each sample is a prefix of the longer); at the end no block, state slot or snapshot
 may be held. Rounding of other batch shapes may tip a draw whose best two tokens all but tie: a sample may
-part from its lone run only at such a tie, which the lone run's processed logits and seeded noise show. The seed
-of a failing trial is in the assertion's message."""
+part from its lone run only at such a tie, which the lone run's processed logits and seeded noise show. The same
+mixes, greedy, on an engine that drafts with the MTP head must give what plain greedy decoding gives alone. The
+seed of a failing trial is in the assertion's message."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
 
 import pytest
 import torch
@@ -24,13 +26,14 @@ from deltaserve import SamplingParams, StructuredOutputsParams
 from deltaserve.engine.llm_engine import LLMEngine
 from deltaserve.kernels.sampling.reference import uniforms
 from deltaserve.runner.sampler import row_seed
-from tests.checkpoints import every_expert
+from tests.checkpoints import add_mtp_weights, every_expert
 
 MAX_MODEL_LEN = 320
 VOCAB = 300
 STOP_STRINGS = ["e", "th", " a", "o", "!"]
 BAD_WORDS = ["the", "e", "an", "of"]
 TRIALS = 5
+SPECULATIVE_TRIALS = 5
 LOGPROB_TOLERANCE = 5e-4  # a wrong row or state moves a logprob by far more
 STRUCTURES = [StructuredOutputsParams(regex="[a-z]{1,6}( [0-9]{1,3}){1,5}"),
               StructuredOutputsParams(choice=["the fox", "the dog", "Paris"]),
@@ -38,9 +41,9 @@ STRUCTURES = [StructuredOutputsParams(regex="[a-z]{1,6}( [0-9]{1,3}){1,5}"),
               StructuredOutputsParams(grammar='root ::= word (" " word)*\nword ::= [a-z]+')]
 
 
-def _params(rng: random.Random) -> SamplingParams:
+def _params(rng: random.Random, greedy: bool = False) -> SamplingParams:
     kw: dict = {"max_tokens": rng.randint(1, 24), "ignore_eos": rng.random() < 0.7}
-    if rng.random() < 0.5:
+    if greedy or rng.random() < 0.5:
         kw["temperature"] = 0.0
     else:
         kw.update(temperature=rng.choice([0.7, 1.0]), seed=rng.randrange(2**31))
@@ -152,8 +155,13 @@ class Alone:
 
 
 class Mix:
-    def __init__(self, path: str, rng: random.Random):
+    def __init__(self, path: str, rng: random.Random, speculative_tokens: int = 0):
+        """speculative_tokens: the engine drafts that many tokens a step with the model's MTP head, and every
+        request is greedy (a sampled one's draws would be speculative sampling's, not a plain run's)."""
         self.rng = rng
+        self.greedy = bool(speculative_tokens)
+        drafting = {"speculative_config": {"method": "mtp", "num_speculative_tokens": speculative_tokens}
+                    } if speculative_tokens else {}
         self.block = rng.choice([8, 16, 32])
         fewest = -(-MAX_MODEL_LEN // self.block)  # one longest sequence's blocks
         budget = rng.choice([rng.randint(1, 16), rng.randint(16, 128), 2048])
@@ -167,7 +175,7 @@ class Mix:
             num_kv_blocks=rng.randint(fewest, fewest + fewest // 2), enable_prefix_caching=rng.random() < 0.85,
             ssm_snapshot_slots=rng.choice([None, 0, 1, 4]), ssm_snapshot_interval=rng.choice([1024, self.block]),
             decode_snapshot_interval=rng.choice([256, self.block]), async_scheduling=rng.random() < 0.7,
-            seed=rng.randrange(1000))
+            seed=rng.randrange(1000), **drafting)
         self.prefixes = [self._tokens(rng.randint(1, self.longest)) for _ in range(2)]
         self.sent: dict[str, tuple] = {}  # request id -> (prompt, params)
         self.finished: dict = {}
@@ -204,7 +212,7 @@ class Mix:
             for item in [a for a in arrivals if a[0] <= step]:
                 arrivals.remove(item)
                 request_id = f"r{len(self.sent)}"
-                self.sent[request_id] = (item[1], _params(rng))
+                self.sent[request_id] = (item[1], _params(rng, self.greedy))
                 # a cache salt keeps a request to the cache entries of its salt: what it gives never changes
                 engine.add_request(request_id, *self.sent[request_id], cache_salt=rng.choice([None, None, "a", "b"]))
                 if rng.random() < 0.12:
@@ -250,23 +258,50 @@ def test_a_request_gets_in_any_mix_what_it_gets_alone(arch, checkpoint_factory, 
         mix = Mix(path, random.Random(seed))
         mix.run()
         mix.assert_nothing_held()
-        for request_id, output in mix.finished.items():
-            if request_id in mix.aborted:
+        _assert_alone(mix, alone, seed)
+
+
+@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
+def test_a_drafting_engine_gives_in_any_mix_what_plain_decoding_gives_alone(arch, checkpoint_factory, alone_engines,
+                                                                             tmp_path):
+    """The same mixes, greedy, on an engine that drafts 1 to 3 tokens a step with the checkpoint's MTP head
+    (penalties, grammars, refusals, stops, logprobs, preemption, prefix caching, follow-ups and aborts among
+    them): each request gives what plain greedy decoding gives it alone, to rounding ties as above."""
+    path = checkpoint_factory(arch, **every_expert(arch))
+    alone = alone_engines.setdefault(arch, Alone(path))
+    drafting = str(tmp_path / "with_head")
+    shutil.copytree(path, drafting)
+    add_mtp_weights(drafting, seed=1)
+    drafted = 0
+    for _ in range(SPECULATIVE_TRIALS):
+        seed = random.randrange(2**32)
+        mix = Mix(drafting, random.Random(seed), speculative_tokens=random.Random(seed).randint(1, 3))
+        mix.run()
+        mix.assert_nothing_held()
+        _assert_alone(mix, alone, seed)
+        drafted += mix.engine.stats().spec_decode_num_drafts  # none where a step's budget holds no verify chunk
+    assert drafted > 0
+
+
+def _assert_alone(mix: Mix, alone: Alone, seed: int) -> None:
+    """Every request of the mix that finished gives what it gives alone, to rounding ties."""
+    for request_id, output in mix.finished.items():
+        if request_id in mix.aborted:
+            continue
+        prompt, params = mix.sent[request_id]
+        for index, (got, want) in enumerate(zip(_summary(output), alone.run(prompt, params), strict=True)):
+            where = f"trial seed {seed}, {request_id} ({len(prompt)} prompt tokens, {params})"
+            at = _first_difference(got[0], want[0])
+            # rounding moves a logit by under the tolerance (a logprob's, either way): so much for the two
+            # tokens' difference, scaled as the penalty and temperature scale the logits
+            tie = 2 * LOGPROB_TOLERANCE * params.repetition_penalty / (params.temperature or 1)
+            if at is not None and alone.tie_margin(prompt, params, index, at, got[0][at], where) < tie:
+                got, want = (_cut(sample, at) for sample in (got, want))
+                assert got[0] == want[0], where
+                if want[3] is not None:
+                    assert max((abs(a - b) for a, b in zip(got[3], want[3])), default=0) < LOGPROB_TOLERANCE, where
                 continue
-            prompt, params = mix.sent[request_id]
-            for index, (got, want) in enumerate(zip(_summary(output), alone.run(prompt, params), strict=True)):
-                where = f"trial seed {seed}, {request_id} ({len(prompt)} prompt tokens, {params})"
-                at = _first_difference(got[0], want[0])
-                # rounding moves a logit by under the tolerance (a logprob's, either way): so much for the two
-                # tokens' difference, scaled as the penalty and temperature scale the logits
-                tie = 2 * LOGPROB_TOLERANCE * params.repetition_penalty / (params.temperature or 1)
-                if at is not None and alone.tie_margin(prompt, params, index, at, got[0][at], where) < tie:
-                    got, want = (_cut(sample, at) for sample in (got, want))
-                    assert got[0] == want[0], where
-                    if want[3] is not None:
-                        assert max((abs(a - b) for a, b in zip(got[3], want[3])), default=0) < LOGPROB_TOLERANCE, where
-                    continue
-                _assert_same_sample(got, want, where)
+            _assert_same_sample(got, want, where)
 
 
 def _cut(sample: tuple, at: int) -> tuple:
