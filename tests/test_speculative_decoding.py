@@ -338,13 +338,23 @@ def test_preemption_and_the_prefix_cache_keep_greedy_outputs(mtp_checkpoint, pla
 
 
 @pytest.mark.parametrize("config, named", [({**MTP, "method": "eagle"}, "method='eagle'"),
-                                           ({"method": "mtp"}, "num_speculative_tokens=None"),
+                                           ({**MTP, "num_speculative_tokens": "2"}, "num_speculative_tokens='2'"),
                                            ({**MTP, "num_speculative_tokens": 0}, "num_speculative_tokens=0"),
                                            ({**MTP, "model": "x/y"}, "model='x/y'"),
                                            ({**MTP, "foo": 1}, "foo")])
 def test_a_speculative_config_deltaserve_cannot_run_is_refused_by_name(config, named):
     with pytest.raises(DeltaServeError, match=named):
         LLM("unused", device="cpu", speculative_config=config)
+
+
+def test_num_speculative_tokens_left_out_is_what_the_head_predicts(mtp_checkpoint, plain):
+    """vLLM's default: as many drafts a step as the checkpoint's MTP layers predict (one here)."""
+    llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, speculative_config={"method": "mtp"})
+    assert llm.engine.config.speculative_config.num_speculative_tokens == 1
+    prompts = _prompts(2)
+    assert _tokens(llm, prompts) == _tokens(plain, prompts)
+    stats = llm.engine.stats()
+    assert stats.spec_decode_num_drafts > 0 and stats.spec_decode_num_draft_tokens == stats.spec_decode_num_drafts
 
 
 def test_a_model_without_an_mtp_head_is_refused(checkpoint_factory):

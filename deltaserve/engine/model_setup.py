@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 import time
@@ -76,8 +78,8 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     tokenizer.chat_content_format = config.chat_template_content_format
     dtype = resolve_dtype(config.dtype, model_config.dtype, device)
     max_positions = config.max_model_len or model_context_length(model_config)
-    speculative = config.speculative_config
-    check_speculative(speculative, model_config, source)
+    check_speculative(config.speculative_config, model_config, source)
+    speculative = config.speculative_config = resolve_speculative(config.speculative_config, model_config)
     model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,
                        dummy=config.load_format == "dummy", with_mtp=speculative is not None)
     kv_pool, blocks, state_pool, slots, snapshots, verify_states = _build_pools(config, model_config, dtype, device)
@@ -160,6 +162,13 @@ def check_speculative(speculative: SpeculativeConfig | None, mc: ModelConfig, so
         raise DeltaServeError(f"speculative_config method 'mtp' drafts with the model's multi-token-prediction head, "
                               f"and {source.name} has none (its config names no mtp_num_hidden_layers; Qwen3.5 and "
                               f"Qwen3-Next checkpoints carry one)")
+
+
+def resolve_speculative(speculative: SpeculativeConfig | None, mc: ModelConfig) -> SpeculativeConfig | None:
+    """num_speculative_tokens left out: as many as the head predicts, its layer count (vLLM's n_predict)."""
+    if speculative is None or speculative.num_speculative_tokens is not None:
+        return speculative
+    return dataclasses.replace(speculative, num_speculative_tokens=mc.num_mtp_layers)
 
 
 def check_checkpoint_format(config: EngineConfig, source: ModelSource, model_config: ModelConfig) -> None:

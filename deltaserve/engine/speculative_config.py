@@ -17,7 +17,9 @@ NEUTRAL = {"model": (None,), "draft_tensor_parallel_size": (None, 1), "quantizat
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    num_speculative_tokens: int
+    # None: vLLM's default, as many as the head predicts (the checkpoint's mtp_num_hidden_layers), which the engine
+    # sets once it has read the checkpoint (model_setup.resolve_speculative)
+    num_speculative_tokens: int | None
     method: str = "mtp"
 
     @classmethod
@@ -34,7 +36,7 @@ class SpeculativeConfig:
             raise DeltaServeError(f"speculative_config method={method!r}: deltaserve drafts with the model's own "
                                   f"multi-token-prediction head only (method \"mtp\")")
         count = fields.pop("num_speculative_tokens", None)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
             raise DeltaServeError(f"speculative_config num_speculative_tokens={count!r}: must be a positive integer")
         for name, taken in NEUTRAL.items():
             if name in fields and fields.pop(name) not in taken:
