@@ -305,8 +305,11 @@ def test_kept_drafts_carry_the_logprobs_of_their_rows(mtp_checkpoint, plain):
         assert values == [pytest.approx(v, abs=1e-4) for v in expected]
 
 
-def test_a_seeded_sample_is_the_same_alone_and_in_a_batch(drafting):
-    seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=16, ignore_eos=True, seed=random.randrange(2**31))
+@pytest.mark.parametrize("reads_its_past", [{}, {"repetition_penalty": 1.3, "presence_penalty": 0.5},
+                                            {"structured_outputs": StructuredOutputsParams(regex="[ab ]{4,30}")}])
+def test_a_seeded_sample_is_the_same_alone_and_in_a_batch(drafting, reads_its_past):
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, max_tokens=16, ignore_eos=True, seed=random.randrange(2**31),
+                            **reads_its_past)
     prompt = _prompts(1)
     alone = _tokens(drafting, prompt, seeded)
     others = _prompts(3)
