@@ -100,7 +100,9 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-config", "-sc", type=_json_object, default=None,
                    help="vLLM's speculative decoding settings as a JSON object: {\"method\": \"mtp\", "
                         "\"num_speculative_tokens\": k} drafts k tokens a step with the model's own "
-                        "multi-token-prediction head (Qwen3.5, Qwen3-Next) and verifies them in the next")
+                        "multi-token-prediction head (Qwen3.5, Qwen3-Next) and verifies them in the next; "
+                        "{\"method\": \"ngram\", \"num_speculative_tokens\": k, \"prompt_lookup_max\": n} drafts by "
+                        "prompt lookup, on any model")
     p.add_argument("--spec-method", default=None, help="speculative_config's method, key by key (vLLM's)")
     p.add_argument("--spec-tokens", type=int, default=None,
                    help="speculative_config's num_speculative_tokens, key by key (vLLM's)")

@@ -133,7 +133,9 @@ class LLMEngine:
             prefix_cache = PrefixCache(loaded.blocks, snapshots, config.block_size, config.ssm_snapshot_interval,
                                        config.decode_snapshot_interval)
         speculative = config.speculative_config
-        lookahead = speculative.num_speculative_tokens - 1 if speculative is not None else 0
+        # the MTP head's passes after a step's first write KV for drafts past the chunk (MtpDrafter)
+        lookahead = speculative.num_speculative_tokens - 1 if speculative is not None and speculative.drafts_with_head \
+            else 0
         self.scheduler = Scheduler(loaded.blocks, loaded.slots, config.block_size, config.max_num_seqs,
                                    config.max_num_batched_tokens, prefix_cache, config.scheduling_policy, lookahead)
         self.runner = loaded.runner

@@ -32,6 +32,7 @@ from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.model_runner import ModelRunner
 from deltaserve.runner.mtp_drafter import MtpDrafter
 from deltaserve.runner.mtp_graphs import MtpGraphs
+from deltaserve.runner.ngram_drafter import NgramDrafter
 from deltaserve.runner.prefill_graphs import PrefillGraphs, prefill_graph_rows
 from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.speculative_step import SpeculativeStep
@@ -80,8 +81,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     max_positions = config.max_model_len or model_context_length(model_config)
     check_speculative(config.speculative_config, model_config, source)
     speculative = config.speculative_config = resolve_speculative(config.speculative_config, model_config)
+    with_head = speculative is not None and speculative.drafts_with_head
     model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,
-                       dummy=config.load_format == "dummy", with_mtp=speculative is not None)
+                       dummy=config.load_format == "dummy", with_mtp=with_head)
     kv_pool, blocks, state_pool, slots, snapshots, verify_states = _build_pools(config, model_config, dtype, device)
     capacity = blocks.num_blocks * config.block_size
     max_model_len = config.max_model_len or min(model_context_length(model_config), capacity)
@@ -100,8 +102,10 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
                                      verify_states)
         pool = torch.cuda.graph_pool_handle()
         verify_graphs.capture(pool)
-        mtp_graphs = MtpGraphs(model, buffers, verify_graphs, speculative.num_speculative_tokens, config.block_size)
-        mtp_graphs.capture(pool)
+        if with_head:
+            mtp_graphs = MtpGraphs(model, buffers, verify_graphs, speculative.num_speculative_tokens,
+                                   config.block_size)
+            mtp_graphs.capture(pool)
     elif device.type == "cuda" and not config.enforce_eager:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=prefill_graph_rows(config.max_num_batched_tokens))
@@ -114,9 +118,8 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device, sampler, graphs, snapshots,
                          prefill_graphs)
     if speculative is not None:
-        drafter = MtpDrafter(model, speculative.num_speculative_tokens, config.block_size, runner.to_forward_batch)
-        drafter.graphs = mtp_graphs
-        runner.speculative = SpeculativeStep(drafter, verify_states, speculative.num_speculative_tokens, verify_graphs)
+        runner.speculative = SpeculativeStep(_drafter(speculative, model, config, runner, mtp_graphs), verify_states,
+                                             speculative.num_speculative_tokens, verify_graphs)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, state_pool.h_all.dtype if state_pool else "-",
@@ -157,11 +160,21 @@ def long_max_model_len_allowed_by() -> str | None:
 
 
 def check_speculative(speculative: SpeculativeConfig | None, mc: ModelConfig, source: ModelSource) -> None:
-    """Speculative decoding drafts with the checkpoint's own MTP head: it must have one."""
-    if speculative is not None and (source.is_gguf or not mc.num_mtp_layers):
+    """Speculative decoding with the MTP method drafts with the checkpoint's own head: it must have one."""
+    if speculative is not None and speculative.drafts_with_head and (source.is_gguf or not mc.num_mtp_layers):
         raise DeltaServeError(f"speculative_config method 'mtp' drafts with the model's multi-token-prediction head, "
                               f"and {source.name} has none (its config names no mtp_num_hidden_layers; Qwen3.5 and "
                               f"Qwen3-Next checkpoints carry one)")
+
+
+def _drafter(speculative: SpeculativeConfig, model, config: EngineConfig, runner: ModelRunner, mtp_graphs):
+    """What proposes a step's drafts: the model's MTP head (its drafting graphs where captured), or prompt lookup."""
+    if not speculative.drafts_with_head:
+        return NgramDrafter(speculative.num_speculative_tokens, speculative.prompt_lookup_min,
+                            speculative.prompt_lookup_max)
+    drafter = MtpDrafter(model, speculative.num_speculative_tokens, config.block_size, runner.to_forward_batch)
+    drafter.graphs = mtp_graphs
+    return drafter
 
 
 def resolve_speculative(speculative: SpeculativeConfig | None, mc: ModelConfig) -> SpeculativeConfig | None:
@@ -213,7 +226,8 @@ def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, devi
 
 def kv_layers(config: EngineConfig, mc: ModelConfig) -> list[int]:
     """The layer ids the KV pool holds: the attention layers', and the MTP head's (num_layers) where it drafts."""
-    return mc.attention_layers + ([mc.num_layers] if config.speculative_config is not None else [])
+    speculative = config.speculative_config
+    return mc.attention_layers + ([mc.num_layers] if speculative is not None and speculative.drafts_with_head else [])
 
 
 def _gdn_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):

@@ -90,14 +90,7 @@ class MtpDrafter:
         return {r.chunk.request: d[:limit] for r, d, limit in zip(rows, drafts, limits) if limit}
 
     def _useful_drafts(self, row: DraftRequest) -> int:
-        """How many drafts the sequence's next step could verify: none where it does not draft, else up to k, as
-        many as its max_tokens leaves after this step's token and the one the next step adds (no draft pass then
-        reaches past the positions its request may fill)."""
-        if not row.drafts:
-            return 0
-        request = row.chunk.request
-        outputs_after = row.chunk.end + 1 - request.num_prompt_tokens
-        return max(0, min(self.num_speculative_tokens, request.max_tokens - outputs_after - 1))
+        return useful_drafts(row, self.num_speculative_tokens)
 
     def _greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden)[:, : self.model.config.vocab_size].argmax(-1)
@@ -127,6 +120,17 @@ class MtpDrafter:
         slots = [b[p // self.block_size] * self.block_size + p % self.block_size for b, p in zip(blocks, positions)]
         return HostBatch(list(tokens), list(positions), list(range(len(rows) + 1)), [p + 1 for p in positions],
                          blocks, slots, [0] * len(rows), list(range(len(rows))))
+
+
+def useful_drafts(row: DraftRequest, k: int) -> int:
+    """How many drafts the sequence's next step could verify: none where it does not draft, else up to k, as many
+    as its max_tokens leaves after this step's token and the one the next step adds (no draft pass then reaches
+    past the positions its request may fill)."""
+    if not row.drafts:
+        return 0
+    request = row.chunk.request
+    outputs_after = row.chunk.end + 1 - request.num_prompt_tokens
+    return max(0, min(k, request.max_tokens - outputs_after - 1))
 
 
 def _token_after(chunk: ScheduledChunk, position: int) -> int:

@@ -22,14 +22,15 @@ from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch
 from deltaserve.runner.draft_verifier import VerifyRows, verify_drafts
 from deltaserve.runner.mtp_drafter import DraftRequest, MtpDrafter
+from deltaserve.runner.ngram_drafter import NgramDrafter
 from deltaserve.runner.sampler import Sampler
 from deltaserve.runner.snapshot_steps import mid_chunk_capture_rows, restore_pairs
 from deltaserve.runner.verify_graphs import VerifyGraphs
 
 
 class SpeculativeStep:
-    def __init__(self, drafter: MtpDrafter, verify_states: SnapshotPool | None, num_speculative_tokens: int,
-                 graphs: VerifyGraphs | None = None):
+    def __init__(self, drafter: MtpDrafter | NgramDrafter, verify_states: SnapshotPool | None,
+                 num_speculative_tokens: int, graphs: VerifyGraphs | None = None):
         self.drafter = drafter
         self.verify_states = verify_states  # None without GDN layers: nothing to set back
         self.num_speculative_tokens = num_speculative_tokens
