@@ -10,8 +10,8 @@ without prefix caching, its logprobs within rounding (a request that fails ends 
 there the shorter run of each sample is a prefix of the longer); at the end no block, state slot or snapshot
 may be held. Rounding of other batch shapes may tip a draw whose best two tokens all but tie: a sample may
 part from its lone run only at such a tie, which the lone run's processed logits and seeded noise show. The same
-mixes, greedy, on an engine that drafts with the MTP head must give what plain greedy decoding gives alone. The
-seed of a failing trial is in the assertion's message."""
+mixes, greedy, on an engine that drafts (with the MTP head, or by prompt lookup) must give what plain greedy
+decoding gives alone. The seed of a failing trial is in the assertion's message."""
 
 from __future__ import annotations
 
@@ -155,13 +155,12 @@ class Alone:
 
 
 class Mix:
-    def __init__(self, path: str, rng: random.Random, speculative_tokens: int = 0):
-        """speculative_tokens: the engine drafts that many tokens a step with the model's MTP head, and every
-        request is greedy (a sampled one's draws would be speculative sampling's, not a plain run's)."""
+    def __init__(self, path: str, rng: random.Random, speculative_config: dict | None = None):
+        """speculative_config: the engine drafts so, and every request is greedy (a sampled one's draws would be
+        speculative sampling's, not a plain run's)."""
         self.rng = rng
-        self.greedy = bool(speculative_tokens)
-        drafting = {"speculative_config": {"method": "mtp", "num_speculative_tokens": speculative_tokens}
-                    } if speculative_tokens else {}
+        self.greedy = speculative_config is not None
+        drafting = {"speculative_config": speculative_config} if speculative_config else {}
         self.block = rng.choice([8, 16, 32])
         fewest = -(-MAX_MODEL_LEN // self.block)  # one longest sequence's blocks
         budget = rng.choice([rng.randint(1, 16), rng.randint(16, 128), 2048])
@@ -261,21 +260,27 @@ def test_a_request_gets_in_any_mix_what_it_gets_alone(arch, checkpoint_factory, 
         _assert_alone(mix, alone, seed)
 
 
-@pytest.mark.parametrize("arch", ["qwen3.5", "qwen3-next"])
-def test_a_drafting_engine_gives_in_any_mix_what_plain_decoding_gives_alone(arch, checkpoint_factory, alone_engines,
-                                                                             tmp_path):
-    """The same mixes, greedy, on an engine that drafts 1 to 3 tokens a step with the checkpoint's MTP head
-    (penalties, grammars, refusals, stops, logprobs, preemption, prefix caching, follow-ups and aborts among
-    them): each request gives what plain greedy decoding gives it alone, to rounding ties as above."""
+@pytest.mark.parametrize("arch, method", [("qwen3.5", "mtp"), ("qwen3-next", "mtp"), ("llama", "ngram"),
+                                          ("qwen3.5", "ngram")])
+def test_a_drafting_engine_gives_in_any_mix_what_plain_decoding_gives_alone(arch, method, checkpoint_factory,
+                                                                             alone_engines, tmp_path):
+    """The same mixes, greedy, on an engine that drafts 1 to 3 tokens a step with the checkpoint's MTP head or by
+    prompt lookup (penalties, grammars, refusals, stops, logprobs, preemption, prefix caching, follow-ups and
+    aborts among them): each request gives what plain greedy decoding gives it alone, to rounding ties as above."""
     path = checkpoint_factory(arch, **every_expert(arch))
     alone = alone_engines.setdefault(arch, Alone(path))
-    drafting = str(tmp_path / "with_head")
-    shutil.copytree(path, drafting)
-    add_mtp_weights(drafting, seed=1)
+    drafting = path
+    if method == "mtp":
+        drafting = str(tmp_path / "with_head")
+        shutil.copytree(path, drafting)
+        add_mtp_weights(drafting, seed=1)
     drafted = 0
     for _ in range(SPECULATIVE_TRIALS):
         seed = random.randrange(2**32)
-        mix = Mix(drafting, random.Random(seed), speculative_tokens=random.Random(seed).randint(1, 3))
+        config = {"method": method, "num_speculative_tokens": random.Random(seed).randint(1, 3)}
+        if method == "ngram":
+            config["prompt_lookup_min"] = 1  # random text repeats few longer n-grams
+        mix = Mix(drafting, random.Random(seed), config)
         mix.run()
         mix.assert_nothing_held()
         _assert_alone(mix, alone, seed)
