@@ -40,6 +40,19 @@ def write_shape(name: str, directory: str, every_id_a_word: bool = False) -> str
     return directory
 
 
+def write_shape_with_head(name: str, directory: str) -> str:
+    """write_shape, the config given one MTP layer (mtp_num_hidden_layers), as the released Qwen3.5 and Qwen3-Next
+    checkpoints have: an engine that drafts with the head builds it (random weights, load_format dummy)."""
+    write_shape(name, directory)
+    config_file = os.path.join(directory, "config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    config["mtp_num_hidden_layers"] = 1
+    with open(config_file, "w") as f:
+        json.dump(config, f)
+    return directory
+
+
 def write_word_tokenizer(directory: str, size: int) -> None:
     """A word-level tokenizer of `size` ids: benchmarks send token ids, and only a server asks for text."""
     from tokenizers import Tokenizer, models, pre_tokenizers

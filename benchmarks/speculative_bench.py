@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_shape  # noqa: E402
+from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_shape_with_head  # noqa: E402
 from deltaserve import LLM, SamplingParams  # noqa: E402
 
 PROMPT_LEN, TOKENS = 128, 128
@@ -99,13 +98,7 @@ def main() -> None:
     concurrency = [int(c) for c in args.concurrency.split(",")]
     draft_counts = [int(k) for k in args.drafts.split(",")]
     allow_long_max_model_len()
-    path = write_shape(args.shape, tempfile.mkdtemp())
-    config_file = os.path.join(path, "config.json")
-    with open(config_file) as f:
-        config = json.load(f)
-    config["mtp_num_hidden_layers"] = 1
-    with open(config_file, "w") as f:
-        json.dump(config, f)
+    path = write_shape_with_head(args.shape, tempfile.mkdtemp())
     tokens = random_tokens(1000, seed=0)
     prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in concurrency}
     params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)

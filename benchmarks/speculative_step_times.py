@@ -3,9 +3,9 @@ its config given one MTP layer).
 
 Closed batches of C prompts of 128 tokens, 128 tokens generated greedily (ignore_eos), after a warm-up batch.
 Each part of a step is timed between device synchronisations (which cost a little themselves): the verify pass
-(a graph replay, or the eager pass; its loading of the step buffers apart), the verdicts (draft_verifier), the set-back of refuted sequences' states,
-the MTP head's drafting, and the rest of the engine step (scheduling, the host batch, outputs). Plain decoding at
-the same concurrency is timed the same way (its whole step) beside it. --profile C adds the CUDA kernels of a
+(a graph replay, or the eager pass; its loading of the step buffers apart), the verdicts (draft_verifier), the
+set-back of refuted sequences' states, the MTP head's drafting, and the rest of the engine step (scheduling, the
+host batch, outputs). Plain decoding at the same concurrency is timed the same way (its whole step) beside it. --profile C adds the CUDA kernels of a
 batch at concurrency C of each engine, by total time (profile_steps.kernel_table).
 
     python benchmarks/speculative_step_times.py qwen3.5-9b --out benchmarks/results/speculative_step_times_SHAPE.json
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -29,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.profile_steps import kernel_table  # noqa: E402
-from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_shape  # noqa: E402
+from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_shape_with_head  # noqa: E402
 from deltaserve import LLM, SamplingParams  # noqa: E402
 
 PROMPT_LEN, TOKENS = 128, 128
@@ -78,17 +77,6 @@ def instrument(llm: LLM) -> PartTimes:
     return times
 
 
-def shape_with_head(shape: str) -> str:
-    path = write_shape(shape, tempfile.mkdtemp())
-    config_file = os.path.join(path, "config.json")
-    with open(config_file) as f:
-        config = json.load(f)
-    config["mtp_num_hidden_layers"] = 1
-    with open(config_file, "w") as f:
-        json.dump(config, f)
-    return path
-
-
 def timed_batches(llm: LLM, concurrency: list[int], prompts: dict, params) -> list[dict]:
     rows = []
     for c in concurrency:
@@ -128,7 +116,7 @@ def main() -> None:
     args = ap.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     allow_long_max_model_len()
-    path = shape_with_head(args.shape)
+    path = write_shape_with_head(args.shape, tempfile.mkdtemp())
     tokens = random_tokens(1000, seed=0)
     prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in concurrency}
     params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)

@@ -20,14 +20,15 @@ import argparse
 import gc
 import os
 import sys
+import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from benchmarks.shapes import allow_long_max_model_len, random_tokens  # noqa: E402
-from benchmarks.speculative_step_times import PROMPT_LEN, TOKENS, shape_with_head, timed_batches  # noqa: E402
+from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_shape_with_head  # noqa: E402
+from benchmarks.speculative_step_times import PROMPT_LEN, TOKENS, timed_batches  # noqa: E402
 from deltaserve import LLM, SamplingParams, kernels  # noqa: E402
 from deltaserve.kernels.gdn import triton_recurrent  # noqa: E402
 
@@ -59,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     allow_long_max_model_len()
-    path = shape_with_head(args.shape)
+    path = write_shape_with_head(args.shape, tempfile.mkdtemp())
     tokens = random_tokens(1000, seed=0)
     prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in concurrency}
     params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)

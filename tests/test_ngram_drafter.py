@@ -13,6 +13,7 @@ from deltaserve.engine.speculative_config import SpeculativeConfig
 from deltaserve.errors import DeltaServeError
 from deltaserve.runner.ngram_drafter import lookup
 from tests.checkpoints import VOCAB
+from tests.read_off_drafts import read_off_drafts
 
 
 def _reference(tokens: list[int], shortest: int, longest: int, count: int) -> list[int]:
@@ -70,26 +71,6 @@ def test_the_drafter_looks_up_the_tokens_through_the_one_its_step_sampled():
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
-def _oracle(llm: LLM, prompts, expected, rng: random.Random) -> None:
-    """Where prompt lookup drafts, its drafts become the plain greedy outputs' next tokens, each wrong with some
-    chance: kept and refuted drafts on a model whose random weights seldom repeat what came before."""
-    by_prompt = {tuple(p): e for p, e in zip(prompts, expected)}
-    drafter = llm.engine.runner.speculative.drafter
-    lookup_drafts = drafter.propose
-
-    def oracle(hidden, rows, *rung):
-        drafts = lookup_drafts(hidden, rows, *rung)
-        for row in rows:
-            request = row.chunk.request
-            if request in drafts:
-                first = row.chunk.end + 1 - request.num_prompt_tokens
-                right = by_prompt[tuple(request.prompt_token_ids)][first : first + len(drafts[request])]
-                drafts[request] = [t if rng.random() < 0.8 else (t + 1) % VOCAB for t in right] or drafts[request]
-        return drafts
-
-    drafter.propose = oracle
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen3.5"])
 def test_prompt_lookup_keeps_plain_greedy_outputs(arch, checkpoint_factory):
     path = checkpoint_factory(arch)
@@ -103,7 +84,7 @@ def test_prompt_lookup_keeps_plain_greedy_outputs(arch, checkpoint_factory):
     for with_oracle in (False, True):
         llm = LLM(path, device="cpu", max_num_seqs=8, speculative_config=NGRAM)
         if with_oracle:
-            _oracle(llm, prompts, expected, rng)
+            read_off_drafts(llm, prompts, expected, rng)
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert got == expected, with_oracle
         stats = llm.engine.stats()

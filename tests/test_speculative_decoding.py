@@ -17,6 +17,7 @@ from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.runner.verify_graphs import VerifyGraphs
 from deltaserve.sampling_params import StructuredOutputsParams
 from tests.checkpoints import VOCAB, add_mtp_weights, add_think_tokens, make_checkpoint
+from tests.read_off_drafts import read_off_drafts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
@@ -58,27 +59,6 @@ def test_greedy_tokens_are_plain_greedy_decodings(plain, drafting):
     assert stats.spec_decode_num_drafts > 0 and stats.spec_decode_num_draft_tokens > drafts_before
 
 
-def _oracle(llm: LLM, prompts, expected, rng: random.Random = random) -> None:
-    """The engine's drafts taken from the plain greedy outputs `expected` of `prompts`, each wrong with some chance
-    (drawn from `rng`); the head still runs (its KV stays filled)."""
-    by_prompt = {tuple(p): e for p, e in zip(prompts, expected)}
-    drafter = llm.engine.runner.speculative.drafter
-    head_drafts = drafter.propose
-
-    def oracle(hidden, rows, *rung):
-        drafts = head_drafts(hidden, rows, *rung)
-        for row in rows:
-            request = row.chunk.request
-            if request in drafts:
-                first = row.chunk.end + 1 - request.num_prompt_tokens
-                right = by_prompt[tuple(request.prompt_token_ids)][first : first + len(drafts[request])]
-                right = [t if rng.random() < 0.8 else (t + 1) % VOCAB for t in right]
-                drafts[request] = right + drafts[request][len(right):]  # past a stop: the head's own
-        return drafts
-
-    drafter.propose = oracle
-
-
 def _verified(llm: LLM, prompts) -> tuple[list[list[int]], int, int]:
     """The greedy tokens, and the drafts verified and kept on the way."""
     before = llm.engine.stats()
@@ -94,7 +74,7 @@ def test_drafts_right_up_to_a_point_keep_their_right_part(mtp_checkpoint, plain)
     llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, speculative_config={**MTP, "num_speculative_tokens": 3})
     prompts = _prompts(4)
     expected = _tokens(plain, prompts)
-    _oracle(llm, prompts, expected)
+    read_off_drafts(llm, prompts, expected)
     tokens, drafted, kept = _verified(llm, prompts)
     assert tokens == expected
     assert 0 < kept < drafted  # some held, some were refuted
@@ -141,7 +121,7 @@ def test_the_graphs_layout_drafts_as_the_eager_steps_do(mtp_checkpoint, plain):
         llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 3})
         replayed = _with_uncaptured_graphs(llm) if padded else []
         head_drafts = _recorded_drafts(llm)
-        _oracle(llm, prompts, expected, random.Random(seed))
+        read_off_drafts(llm, prompts, expected, random.Random(seed))
         tokens, drafted, kept = _verified(llm, prompts)
         runs.append((tokens, head_drafts))
     assert replayed and 0 < kept < drafted
@@ -155,7 +135,7 @@ def test_padded_verify_steps_keep_greedy_outputs(mtp_checkpoint, plain):
     replayed = _with_uncaptured_graphs(llm)
     prompts = _prompts(5)
     expected = _tokens(plain, prompts)
-    _oracle(llm, prompts, expected)
+    read_off_drafts(llm, prompts, expected)
     tokens, drafted, kept = _verified(llm, prompts)
     assert tokens == expected and 0 < kept < drafted
     assert replayed and set(replayed) - {1, 2, 4, 6}  # padded to rungs from batches of other sizes
@@ -176,7 +156,7 @@ def test_penalties_biases_and_refusals_draft_and_keep_plain_outputs(mtp_checkpoi
               SamplingParams(**greedy, ignore_eos=True, bad_words=["ab"], allowed_token_ids=list(range(3, VOCAB, 2)))]
     want = [_tokens(plain, [p], s)[0] for p, s in zip(prompts, asking)]
     assert want != full  # the constraints change the outputs
-    _oracle(llm, prompts, want)
+    read_off_drafts(llm, prompts, want)
     kept = llm.engine.stats().spec_decode_num_accepted_tokens
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, asking, use_tqdm=False)]
     assert got == want
@@ -197,7 +177,7 @@ def test_structured_outputs_draft_and_keep_plain_outputs(mtp_checkpoint, plain):
               SamplingParams(temperature=0, max_tokens=20, min_tokens=3,
                              structured_outputs=StructuredOutputsParams(regex="[ab]{2,9}"))]
     want = [plain.generate([p], s, use_tqdm=False)[0].outputs[0] for p, s in zip(prompts, asking)]
-    _oracle(llm, prompts, [w.token_ids for w in want])
+    read_off_drafts(llm, prompts, [w.token_ids for w in want])
     kept = llm.engine.stats().spec_decode_num_accepted_tokens
     got = [o.outputs[0] for o in llm.generate(prompts, asking, use_tqdm=False)]
     assert [(g.token_ids, g.finish_reason) for g in got] == [(w.token_ids, w.finish_reason) for w in want]
@@ -218,7 +198,7 @@ def test_thinking_budgets_draft_and_keep_plain_outputs(tmp_path):
               for b in (0, 2, 5, random.randint(6, 12))]
     want = [_tokens(plain, [p], s)[0] for p, s in zip(prompts, asking)]
     assert sum(end in w for w in want) >= 3  # the budgets force their ends
-    _oracle(llm, prompts, want)
+    read_off_drafts(llm, prompts, want)
     kept = llm.engine.stats().spec_decode_num_accepted_tokens
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, asking, use_tqdm=False)] == want
     assert llm.engine.stats().spec_decode_num_accepted_tokens > kept
@@ -294,7 +274,7 @@ def test_kept_drafts_carry_the_logprobs_of_their_rows(mtp_checkpoint, plain):
     # a penalty too, some runs: a processed mode reports the logits each row samples from, past its drafts
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3,
                             repetition_penalty=random.choice([1.0, 1.4]))
-    _oracle(llm, prompts, _tokens(plain, prompts, params))
+    read_off_drafts(llm, prompts, _tokens(plain, prompts, params))
     got, want = (m.generate(prompts, params, use_tqdm=False) for m in (llm, reference))
     assert llm.engine.stats().spec_decode_num_accepted_tokens > 0
     for g, w in zip(got, want):
