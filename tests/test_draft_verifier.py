@@ -6,7 +6,7 @@ import random
 import torch
 
 from deltaserve.engine.request import Request
-from deltaserve.runner.draft_verifier import VerifyRows, verify_drafts
+from deltaserve.runner.draft_verifier import VerifyRows, verify_sequences
 from deltaserve.runner.sampler import Sampler
 from deltaserve.sampling_params import SamplingParams
 
@@ -29,7 +29,7 @@ def test_greedy_sequences_keep_the_drafts_that_are_their_argmax():
         sequences.append(VerifyRows(_request(SamplingParams(temperature=0)), len(rows), drafts))
         rows += list(logits)
         expected.append(best[:held] + [best[held]])
-    assert verify_drafts(sampler, torch.stack(rows), sequences) == expected
+    assert verify_sequences(sampler, torch.stack(rows), sequences).taken == expected
 
 
 def _distribution(tokens: list[int]) -> torch.Tensor:
@@ -47,7 +47,7 @@ def test_sampled_tokens_follow_the_target_distribution_whatever_the_draft():
     for draft in (int(target[0].argmax()), int(target[0].argmin()), random.randrange(VOCAB)):
         n = 6000
         sequences = [VerifyRows(_request(params), 0, [draft]) for _ in range(n)]
-        out = verify_drafts(sampler, _tiled(logits, n), _offset(sequences))
+        out = verify_sequences(sampler, _tiled(logits, n), _offset(sequences)).taken
         first = [o[0] for o in out]
         assert (_distribution(first) - target[0]).abs().sum() / 2 < 0.04, (draft, _distribution(first), target[0])
         kept = [o[1] for o in out if len(o) == 2]
@@ -71,8 +71,8 @@ def test_a_seeded_sequence_verifies_the_same_way_again():
     params = SamplingParams(temperature=1.0, seed=random.randrange(2**31))
     logits = torch.randn(3, VOCAB)
     drafts = random.sample(range(VOCAB), 2)
-    runs = [verify_drafts(Sampler(VOCAB, torch.device("cpu"), seed=random.randrange(2**31)), logits,
-                          [VerifyRows(_request(params), 0, drafts)]) for _ in range(3)]
+    runs = [verify_sequences(Sampler(VOCAB, torch.device("cpu"), seed=random.randrange(2**31)), logits,
+                             [VerifyRows(_request(params), 0, drafts)]).taken for _ in range(3)]
     assert runs[0] == runs[1] == runs[2]
 
 
@@ -122,7 +122,7 @@ def test_greedy_verdicts_follow_penalties_biases_and_refusals_through_the_drafts
         sequences.append(VerifyRows(request, len(rows), drafts))
         rows += list(logits)
         expected.append(path[:held] + [path[held]])
-    assert verify_drafts(sampler, torch.stack(rows), sequences) == expected
+    assert verify_sequences(sampler, torch.stack(rows), sequences).taken == expected
     assert changed >= 5  # the test sees processing through the drafts, not logits that need none
 
 
@@ -138,7 +138,7 @@ def test_sampled_rows_follow_the_penalties_of_the_drafts_before_them():
     target = torch.softmax(sampler.drawn_from(sampler._penalise(logits[1:], [after]), [after]), dim=-1)[0]
     n = 6000
     sequences = [VerifyRows(_request(params), 0, [draft]) for _ in range(n)]
-    out = verify_drafts(sampler, _tiled(logits, n), _offset(sequences))
+    out = verify_sequences(sampler, _tiled(logits, n), _offset(sequences)).taken
     kept = [o[1] for o in out if len(o) == 2]
     assert len(kept) > 1000
     assert (_distribution(kept) - target).abs().sum() / 2 < 0.06
@@ -156,7 +156,7 @@ def test_a_row_that_allows_no_token_ends_its_request_only_where_the_sequence_rea
         request.output_token_ids = [7]
         logits = torch.zeros(3, VOCAB)
         logits[0, best] = 1.0
-        out = verify_drafts(sampler, logits, [VerifyRows(request, 0, [5, 4])])
+        out = verify_sequences(sampler, logits, [VerifyRows(request, 0, [5, 4])]).taken
         assert out[0][0] == best
         assert (request.dead_end is not None) == dead
         if dead:

@@ -209,7 +209,7 @@ def test_a_grammar_beside_refusals_ends_its_request_where_a_reached_row_allows_n
     grammar refuses. A draft a that holds ends the request at the next output index (as a plain step there
     would); one refused leaves the request going."""
     from deltaserve.engine.request import Request
-    from deltaserve.runner.draft_verifier import VerifyRows, verify_drafts
+    from deltaserve.runner.draft_verifier import VerifyRows, verify_sequences
 
     a, b, c = (plain.engine.tokenizer.hf.encode(x, add_special_tokens=False)[0] for x in "abc")
     params = SamplingParams(temperature=0, allowed_token_ids=[a, b, c],
@@ -222,7 +222,7 @@ def test_a_grammar_beside_refusals_ends_its_request_where_a_reached_row_allows_n
                                                    grammars.compile(params.structured_outputs)))
         logits = torch.zeros(3, vocab)
         logits[0, best] = 1.0
-        out = verify_drafts(sampler, logits, [VerifyRows(request, 0, [a, b])])
+        out = verify_sequences(sampler, logits, [VerifyRows(request, 0, [a, b])]).taken
         assert out[0][0] == best
         assert (request.dead_end is not None) == dead
         if dead:

@@ -41,47 +41,53 @@ class VerifyRows:
     draft_token_ids: list[int]
 
 
-def verify_drafts(sampler: Sampler, logits: torch.Tensor, sequences: list[VerifyRows]) -> list[list[int]]:
-    """For each sequence: its accepted drafts, then the token its first refuted row (or its last row) gives."""
+@dataclass
+class Verdicts:
+    """What verify_sequences gives: `taken[i]`, sequence i's accepted drafts then the token its first refuted row
+    (or its last row) gives; `reported`, the logits the engine's logprobs mode reads of every verify row (under the
+    grammar's mask, and in a processed mode with the biases and penalties too), sequence i's rows from
+    `first_rows[i]`."""
+
+    taken: list[list[int]]
+    reported: torch.Tensor | None  # None: no sequence
+    first_rows: list[int]
+
+
+def verify_sequences(sampler: Sampler, logits: torch.Tensor, sequences: list[VerifyRows]) -> Verdicts:
+    """The verdicts on the sequences' drafts, and the logits their rows report (Verdicts)."""
     if not sequences:
-        return []
-    requests, rows, drafts, positions, drafted = [], [], [], [], []
+        return Verdicts([], None, [])
+    requests, rows, drafts, positions, first_rows = [], [], [], [], []
     for seq in sequences:
         base = len(seq.request.output_token_ids)
+        first_rows.append(len(rows))
         for j, draft in enumerate([*seq.draft_token_ids, -1]):  # -1: the last row verifies no draft
             requests.append(seq.request)
             rows.append(seq.first_row + j)
             drafts.append(draft)
             positions.append(base + j)
-            drafted.append(seq.draft_token_ids[:j])
     device = logits.device
     picked = logits[to_device(rows, device), : sampler.vocab_size].float()
-    dead_rows = set()
-    if any(r.grammar is not None for r in requests):
-        picked, dead = sampler.constrained_along_drafts(picked, requests, drafted)
-        dead_rows.update(dead)
-    if any(Sampler.changes_logits(r) for r in requests):
-        picked, dead = sampler.follow_drafts(picked, requests, drafted)
-        dead_rows.update(dead)
+    masked, processed, dead_rows = _processed(sampler, picked, requests, sequences)
     draft = to_device(drafts, device)
     if all(r.params.temperature == 0 for r in requests):
         # greedy rows keep a draft where it is their argmax: one argmax, as plain greedy decoding takes it
-        tokens = kernels.greedy_tokens(picked, torch.empty(len(rows), dtype=torch.int64, device=device))
+        tokens = kernels.greedy_tokens(processed, torch.empty(len(rows), dtype=torch.int64, device=device))
         accepted = tokens == draft
     else:
-        tokens, accepted = _sampled_verdicts(sampler, picked, requests, draft, positions)
+        tokens, accepted = _sampled_verdicts(sampler, processed, requests, draft, positions)
     tokens, accepted = torch.stack([tokens, accepted.long()]).tolist()  # one read back
-    out, row = [], 0
-    for seq in sequences:
+    out = []
+    for seq, row in zip(sequences, first_rows):
         kept = []
         for j, draft_token in enumerate(seq.draft_token_ids):
             if not accepted[row + j]:
                 break
             kept.append(draft_token)
         out.append(kept + [tokens[row + len(kept)]])
-        _mark_dead_end(seq, row, len(kept), dead_rows)
-        row += len(seq.draft_token_ids) + 1
-    return out
+        if dead_rows:
+            _mark_dead_end(seq, row, len(kept), dead_rows)
+    return Verdicts(out, processed if sampler.logprobs_mode.startswith("processed") else masked, first_rows)
 
 
 def _mark_dead_end(seq: VerifyRows, row: int, kept: int, dead_rows: set[int]) -> None:
@@ -91,6 +97,26 @@ def _mark_dead_end(seq: VerifyRows, row: int, kept: int, dead_rows: set[int]) ->
         if row + j in dead_rows:
             seq.request.mark_dead_end(len(seq.request.output_token_ids) + j)
             return
+
+
+def _processed(sampler: Sampler, logits: torch.Tensor, requests: list[Request], sequences: list[VerifyRows]):
+    """The verify rows' logits as a plain step processes its row's, were the drafts before each row the output
+    already: (under the grammar's mask, what a raw logprobs mode reports; then with the biases, refusals and
+    penalties too, what the row samples from; the rows those leave no token)."""
+    grammar = any(r.grammar is not None for r in requests)
+    changes = any(Sampler.changes_logits(r) for r in requests)
+    if not (grammar or changes):
+        return logits, logits, set()
+    drafted = [seq.draft_token_ids[:j] for seq in sequences for j in range(len(seq.draft_token_ids) + 1)]
+    dead_rows = set()
+    if grammar:
+        logits, dead = sampler.constrained_along_drafts(logits, requests, drafted)
+        dead_rows.update(dead)
+    processed = logits
+    if changes:
+        processed, dead = sampler.follow_drafts(logits, requests, drafted)
+        dead_rows.update(dead)
+    return logits, processed, dead_rows
 
 
 def _sampled_verdicts(sampler: Sampler, logits: torch.Tensor, requests: list[Request], draft: torch.Tensor,

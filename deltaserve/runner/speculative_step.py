@@ -20,7 +20,7 @@ from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.host_to_device import to_device
 from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch
-from deltaserve.runner.draft_verifier import VerifyRows, verify_drafts
+from deltaserve.runner.draft_verifier import Verdicts, VerifyRows, verify_sequences
 from deltaserve.runner.mtp_drafter import DraftRequest, MtpDrafter
 from deltaserve.runner.ngram_drafter import NgramDrafter
 from deltaserve.runner.sampler import Sampler
@@ -101,41 +101,35 @@ class SpeculativeStep:
             by_chunk = dict(zip(plain, plain_tokens))
         accepted, set_back = {}, []
         verify_chunks = [c for c in sampling if c.draft_token_ids]
-        taken = verify_drafts(sampler, logits, verify)
-        for i, (chunk, kept) in enumerate(zip(verify_chunks, taken)):
+        verdicts = verify_sequences(sampler, logits, verify)
+        for i, (chunk, kept) in enumerate(zip(verify_chunks, verdicts.taken)):
             if len(kept) - 1 < len(chunk.draft_token_ids) and self.verify_states is not None:
                 set_back.append((self._verify_slot(i, len(kept) - 1), chunk.request.state_slot))
             chunk.keep_verified(len(kept) - 1)
             accepted[chunk] = kept[:-1]
             by_chunk[chunk] = kept[-1]
         entries = dict(zip(plain, plain_logprobs)) if plain_logprobs is not None else {}
-        draft_logprobs = self._verified_logprobs(sampler, logits, verify, verify_chunks, taken)
+        draft_logprobs = self._verified_logprobs(sampler, verify, verify_chunks, verdicts)
         for chunk, chunk_entries in draft_logprobs.items():
             entries[chunk] = chunk_entries.pop()  # the chunk's own token's; its kept drafts' stay
         logprobs = [entries.get(c) for c in sampling] if entries else None
         return [by_chunk[c] for c in sampling], logprobs, accepted, set_back, draft_logprobs
 
     @staticmethod
-    def _verified_logprobs(sampler: Sampler, logits, verify: list[VerifyRows], chunks, taken) -> dict:
-        """{verify chunk: the logprob entries of its kept drafts and its token, each read off its own row} for
-        requests asking logprobs (the raw modes' under its grammar's mask, before its biases and penalties, as a plain
-        step's)."""
-        asking = [(seq, chunk, kept) for seq, chunk, kept in zip(verify, chunks, taken)
-                  if seq.request.params.returns_logprobs]
+    def _verified_logprobs(sampler: Sampler, verify: list[VerifyRows], chunks, verdicts: Verdicts) -> dict:
+        """{verify chunk: the logprob entries of its kept drafts and its token, each read off its own row of the
+        logits the verdicts report} for requests asking logprobs."""
+        asking = [(seq, chunk, kept, first) for seq, chunk, kept, first
+                  in zip(verify, chunks, verdicts.taken, verdicts.first_rows) if seq.request.params.returns_logprobs]
         if not asking:
             return {}
-        rows = [seq.first_row + j for seq, _, kept in asking for j in range(len(kept))]
-        tokens = [t for _, _, kept in asking for t in kept]
-        requests = [seq.request for seq, _, kept in asking for _ in kept]
-        source = logits[to_device(rows, logits.device), : sampler.vocab_size]
-        drafted = [seq.draft_token_ids[:j] for seq, _, kept in asking for j in range(len(kept))]
-        if any(r.grammar is not None for r in requests):  # every mode reports the logits under the grammar's mask
-            source, _ = sampler.constrained_along_drafts(source, requests, drafted)
-        if sampler.logprobs_mode.startswith("processed") and any(Sampler.changes_logits(r) for r in requests):
-            source, _ = sampler.follow_drafts(source, requests, drafted)  # the processed logits the mode reports
-        entries = sampler.logprob_entries(source, tokens, requests)
+        rows = [first + j for _, _, kept, first in asking for j in range(len(kept))]
+        tokens = [t for _, _, kept, _ in asking for t in kept]
+        requests = [seq.request for seq, _, kept, _ in asking for _ in kept]
+        reported = verdicts.reported[to_device(rows, verdicts.reported.device)]
+        entries = sampler.logprob_entries(reported, tokens, requests)
         out, at = {}, 0
-        for _, chunk, kept in asking:
+        for _, chunk, kept, _ in asking:
             out[chunk] = entries[at : at + len(kept)]
             at += len(kept)
         return out
