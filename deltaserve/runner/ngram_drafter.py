@@ -10,6 +10,9 @@ sequence decodes a token a step. The verifier keeps what the target model would 
 
 from __future__ import annotations
 
+import weakref
+from array import array
+
 import numpy as np
 
 from deltaserve.runner.mtp_drafter import DraftRequest, useful_drafts
@@ -22,6 +25,9 @@ class NgramDrafter:
         self.num_speculative_tokens = num_speculative_tokens
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max
+        # request -> its tokens (prompt, then output) known so far, grown by the new ones each step: listing a long
+        # sequence's tokens again every step would cost the host as much as the lookup itself
+        self._known: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def propose(self, hidden, rows: list[DraftRequest], verify_rung: int | None = None) -> dict:
         """{request: drafts} for the sequences that draft and whose tokens end in an n-gram seen before (the
@@ -31,30 +37,50 @@ class NgramDrafter:
             wanted = useful_drafts(row, self.num_speculative_tokens)
             if not wanted:
                 continue
-            found = lookup(_tokens_so_far(row), self.prompt_lookup_min, self.prompt_lookup_max, wanted)
+            found = lookup(self._tokens_so_far(row), self.prompt_lookup_min, self.prompt_lookup_max, wanted)
             if found:
                 drafts[row.chunk.request] = found
         return drafts
 
+    def _tokens_so_far(self, row: DraftRequest) -> np.ndarray:
+        """The sequence's tokens through the one its step sampled: the verify chunk's kept drafts are not in its
+        output yet (the engine takes them after the step)."""
+        chunk = row.chunk
+        own = chunk.start + 1 if chunk.draft_token_ids else chunk.end  # the request's own tokens the step read
+        after = np.asarray([*chunk.draft_token_ids, row.next_token], dtype=np.int64)
+        return np.concatenate([self._own_tokens(chunk.request, own), after])
 
-def _tokens_so_far(row: DraftRequest) -> np.ndarray:
-    """The sequence's tokens through the one its step sampled: the verify chunk's kept drafts are not in its
-    output yet (the engine takes them after the step)."""
-    request = row.chunk.request
-    past = request.prompt_token_ids + request.output_token_ids
-    return np.asarray(past[: row.chunk.start + 1] + list(row.chunk.draft_token_ids) + [row.next_token]
-                      if row.chunk.draft_token_ids else past[: row.chunk.end] + [row.next_token], dtype=np.int64)
+    def _own_tokens(self, request, count: int) -> np.ndarray:
+        """The request's first `count` tokens, from the array kept for it (made again if its output shrank)."""
+        known = self._known.get(request)
+        if known is None or len(known) > request.num_tokens:
+            known = self._known[request] = array("q")
+        if len(known) < count:
+            prompt = request.prompt_token_ids
+            start = len(known)
+            known.extend(prompt[start:count])
+            known.extend(request.output_token_ids[max(0, start - len(prompt)) : count - len(prompt)])
+        return np.frombuffer(known, dtype=np.int64, count=count)  # a view: the caller copies it out at once
 
 
 def lookup(tokens: np.ndarray, shortest: int, longest: int, count: int) -> list[int]:
     """Up to `count` tokens after the earliest earlier occurrence of the longest suffix of `tokens` of
-    `shortest`..`longest` tokens that occurs earlier; [] where none does."""
+    `shortest`..`longest` tokens that occurs earlier; [] where none does. The places where the last token stood
+    before end every candidate; each is followed back one token at a time while it still matches."""
     total = tokens.shape[0]
-    for n in range(min(longest, total - 1), shortest - 1, -1):
-        # windows starting at 0 .. total - n - 1: each is followed by at least one token
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
-        hits = np.flatnonzero((windows == tokens[total - n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[0]) + n
-            return tokens[start : start + count].tolist()
-    return []
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])  # each followed by at least one token
+    if not ends.size:
+        return []
+    matched = np.ones(ends.size, dtype=np.int64)  # how many of the suffix's last tokens end at each candidate
+    for back in range(1, longest):
+        at = ends - back
+        going = (matched == back) & (at >= 0)
+        going[going] = tokens[at[going]] == tokens[total - 1 - back]
+        if not going.any():
+            break
+        matched[going] += 1
+    best = min(int(matched.max()), longest)
+    if best < shortest:
+        return []
+    start = int(ends[np.flatnonzero(matched >= best)[0]]) + 1  # the earliest: ends ascend
+    return tokens[start : start + count].tolist()
