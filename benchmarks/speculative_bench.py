@@ -33,6 +33,17 @@ from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_sha
 from deltaserve import LLM, SamplingParams  # noqa: E402
 
 PROMPT_LEN, TOKENS = 128, 128
+
+
+def closed_batch_inputs(shape: str, concurrency: list[int]) -> tuple[str, dict, SamplingParams, dict]:
+    """The speculative benchmarks' inputs: the shape written with an MTP head, each concurrency's prompts, greedy
+    sampling of TOKENS tokens, and the engine arguments (random weights, room for every sequence)."""
+    allow_long_max_model_len()
+    path = write_shape_with_head(shape, tempfile.mkdtemp())
+    tokens = random_tokens(1000, seed=0)
+    prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in concurrency}
+    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
+    return path, prompts, params, dict(load_format="dummy", max_num_seqs=max(concurrency), max_model_len=1024)
 CONCURRENCY = (1, 8, 32)
 DRAFTS = (1, 2)
 
@@ -97,12 +108,7 @@ def main() -> None:
     args = ap.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     draft_counts = [int(k) for k in args.drafts.split(",")]
-    allow_long_max_model_len()
-    path = write_shape_with_head(args.shape, tempfile.mkdtemp())
-    tokens = random_tokens(1000, seed=0)
-    prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in concurrency}
-    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
-    engine = dict(load_format="dummy", max_num_seqs=max(concurrency), max_model_len=1024)
+    path, prompts, params, engine = closed_batch_inputs(args.shape, concurrency)
     result = {**results_io.header(), "shape": args.shape, "prompt_len": PROMPT_LEN, "tokens": TOKENS, "rows": []}
     llm = LLM(path, **engine)
     plain = {}

@@ -18,7 +18,6 @@ import gc
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 
@@ -28,10 +27,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
 from benchmarks.profile_steps import kernel_table  # noqa: E402
-from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_shape_with_head  # noqa: E402
-from deltaserve import LLM, SamplingParams  # noqa: E402
+from benchmarks.speculative_bench import PROMPT_LEN, TOKENS, closed_batch_inputs  # noqa: E402
+from deltaserve import LLM  # noqa: E402
 
-PROMPT_LEN, TOKENS = 128, 128
 
 
 class PartTimes:
@@ -115,12 +113,7 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, help="a concurrency whose batch's kernels are listed")
     args = ap.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    allow_long_max_model_len()
-    path = write_shape_with_head(args.shape, tempfile.mkdtemp())
-    tokens = random_tokens(1000, seed=0)
-    prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in concurrency}
-    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
-    engine = dict(load_format="dummy", max_num_seqs=max(concurrency), max_model_len=1024)
+    path, prompts, params, engine = closed_batch_inputs(args.shape, concurrency)
     result = {**results_io.header(), "shape": args.shape, "prompt_len": PROMPT_LEN, "tokens": TOKENS,
               "num_speculative_tokens": args.drafts}
     llm = LLM(path, **engine)

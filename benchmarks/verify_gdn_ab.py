@@ -20,16 +20,15 @@ import argparse
 import gc
 import os
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from benchmarks import results_io  # noqa: E402
-from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_shape_with_head  # noqa: E402
-from benchmarks.speculative_step_times import PROMPT_LEN, TOKENS, timed_batches  # noqa: E402
-from deltaserve import LLM, SamplingParams, kernels  # noqa: E402
+from benchmarks.speculative_bench import PROMPT_LEN, TOKENS, closed_batch_inputs  # noqa: E402
+from benchmarks.speculative_step_times import timed_batches  # noqa: E402
+from deltaserve import LLM, kernels  # noqa: E402
 from deltaserve.kernels.gdn import triton_recurrent  # noqa: E402
 
 VARIANTS = ("chunk", "loop_8x1", "loop_16x2", "loop_32x4", "loop")
@@ -59,13 +58,8 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    allow_long_max_model_len()
-    path = write_shape_with_head(args.shape, tempfile.mkdtemp())
-    tokens = random_tokens(1000, seed=0)
-    prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in concurrency}
-    params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
-    engine = dict(load_format="dummy", max_num_seqs=max(concurrency), max_model_len=1024,
-                  speculative_config={"method": "mtp", "num_speculative_tokens": args.drafts})
+    path, prompts, params, engine = closed_batch_inputs(args.shape, concurrency)
+    engine["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.drafts}
     result = {**results_io.header(), "shape": args.shape, "prompt_len": PROMPT_LEN, "tokens": TOKENS,
               "num_speculative_tokens": args.drafts, "variants": {}}
     for variant in args.variants.split(","):

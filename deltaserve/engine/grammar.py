@@ -10,6 +10,7 @@ its request is added, so a schema that does not compile is refused then, naming 
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import threading
@@ -206,6 +207,11 @@ class RequestGrammar:
         return self._waiting_for is None
 
     @property
+    def matches_alone(self) -> bool:
+        """Whether its matcher alone decides the next tokens: it holds them, with no think block to open."""
+        return self.active and self._think_tags is None
+
+    @property
     def finished(self) -> bool:
         """Whether the output is complete: the grammar accepts nothing more (but an end of sequence)."""
         return self.active and self.matcher.is_stopped()
@@ -236,9 +242,8 @@ class RequestGrammar:
         that draft being masked. The grammar itself stays where it is: a copy takes the drafts."""
         import llguidance.torch
 
-        shadow = RequestGrammar(self.matcher.deep_copy())
-        shadow._waiting_for, shadow._recent = self._waiting_for and list(self._waiting_for), list(self._recent)
-        shadow._think_tags = self._think_tags
+        shadow = copy.copy(self)  # accept() replaces its lists, never changes them in place
+        shadow.matcher = self.matcher.deep_copy()
         for j in range(len(drafts) + 1):
             row = first_row + j
             if shadow.active:
@@ -274,7 +279,7 @@ def fill_masks_along_drafts(sequences: list[tuple[RequestGrammar, int, list[int]
 
     batched, alone = [], []
     for grammar, first, drafts in sequences:
-        (batched if grammar.active and grammar._think_tags is None else alone).append((grammar, first, drafts))
+        (batched if grammar.matches_alone else alone).append((grammar, first, drafts))
     for grammar, first, drafts in alone:
         grammar.fill_masks_along(drafts, bitmask, first)
     with_drafts = [(g.matcher, first, drafts) for g, first, drafts in batched if drafts]

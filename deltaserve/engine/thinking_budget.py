@@ -47,8 +47,7 @@ class ThinkingBudget:
         stays where it is."""
         if not drafted:
             return self.forced_token
-        ahead = copy.copy(self)
-        ahead._recent = list(self._recent)
+        ahead = copy.copy(self)  # accept() replaces its list of recent tokens, never changes it in place
         for token in drafted:
             ahead.accept(token)
         return ahead.forced_token

@@ -3,7 +3,8 @@ Triton compiles their kernels' variants then rather than in the middle of servin
 
 Triton compiles a kernel once per specialization: its constexprs (the GDN chunk kernels' BLOCK_B is
 the step's sequence count rounded up to a power of two; the pass's row count picks the token loop,
-16-row or 64-row chunks, and the token loop's tiles follow the sequence count) and the classes of its integer arguments (1, a multiple of 16, any other).
+16-row or 64-row chunks, and the token loop's tiles follow the sequence count) and the classes of its
+integer arguments (1, a multiple of 16, any other).
 Decode steps are compiled when their graphs are captured, prefill steps only when one first needs
 them: on an H200 with an empty Triton cache, 36 kernels compiled, 1 to 3 s each, within the first
 minute of serving the Qwen3.5-9B shape in closed batches of 32 and 128 requests, and each stalled
