@@ -35,7 +35,9 @@
 - on the hybrid architectures, given an MTP head, greedy speculative decoding (2 drafts a step) gives in fp32 the
   CPU's plain greedy tokens (penalised rows too), and seeded sampled rows beside greedy ones, and rows under
   grammars, biases and refusals, the CPU's speculative tokens; in bf16 the share of its greedy tokens that match
-  plain greedy decoding's is reported (the verify pass rounds otherwise).
+  plain greedy decoding's is reported (the verify pass rounds otherwise);
+- on every architecture, prompt lookup (3 drafts copied from earlier tokens) gives in fp32 the CPU's plain greedy
+  tokens over prompts that repeat a stretch, and seeded sampled rows the CPU's prompt-lookup tokens.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
@@ -286,6 +288,40 @@ def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
             / sum(len(x) for x in reference)}
 
 
+PROMPT_LOOKUP = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+LONGER_GREEDY = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+
+
+def prompt_lookup_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
+    """Prompt lookup (drafts copied from earlier tokens: any architecture) on the GPU in fp32: greedy against the
+    CPU's plain greedy tokens over prompts that repeat a stretch (drafts proposed from the first step, a random
+    model refuting nearly all), then with the drafts it finds replaced by the plain tokens to come (kept, so that the
+    verify graphs set states back and keep rows); mixed seeded rows against the CPU's prompt lookup."""
+    from benchmarks.speculative_bench import read_off
+
+    repeating = [p + p + p[: len(p) // 2] for p in prompts]
+    expected = tokens(cpu_llm, repeating, LONGER_GREEDY)
+    gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, speculative_config=PROMPT_LOOKUP, **state)
+    cpu_drafting = LLM(path, device="cpu", speculative_config=PROMPT_LOOKUP, **state)
+    greedy = tokens(gpu, repeating, LONGER_GREEDY)
+    first = draft_counts(gpu)
+    mixed = tokens(gpu, repeating, MIXED) == tokens(cpu_drafting, repeating, MIXED)
+    before = draft_counts(gpu)
+    read_off(gpu, [{"prompt_token_ids": p} for p in repeating], expected)
+    read_off_greedy = tokens(gpu, repeating, LONGER_GREEDY)
+    after = draft_counts(gpu)
+    return {"greedy_identical": greedy == expected, "drafts_verified": first[0], "drafts_kept": first[1],
+            "read_off_greedy_identical": read_off_greedy == expected,
+            "read_off_drafts_verified": after[0] - before[0], "read_off_drafts_kept": after[1] - before[1],
+            "mixed_identical": mixed}
+
+
+def draft_counts(llm: LLM) -> tuple[int, int]:
+    """(drafts verified, drafts kept) so far; read at once, the stats object being live."""
+    stats = llm.engine.stats()
+    return stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -311,7 +347,7 @@ def main() -> None:
               "fp32_adjusted_gpu_vs_cpu": {}, "graph_vs_eager_bf16_adjusted": {}, "fp32_dead_end_beside_decoding": {},
               "fp32_thinking_budget_gpu_vs_cpu": {}, "graph_vs_eager_bf16_thinking_budget": {},
               "fp32_named_logprobs_and_repetition_gpu_vs_cpu": {}, "fp32_beam_search_gpu_vs_cpu": {},
-              "speculative_mtp_gpu_vs_cpu": {}}
+              "speculative_mtp_gpu_vs_cpu": {}, "prompt_lookup_gpu_vs_cpu": {}}
     for arch in args.archs.split(","):
         path = make_checkpoint(arch, tempfile.mkdtemp(), max_position_embeddings=4096)  # room for long_prompts
         if arch in MTP_ARCHITECTURES:
@@ -366,6 +402,7 @@ def main() -> None:
         result["fp32_beam_search_gpu_vs_cpu"][arch] = beams_alike(gpu_llm, cpu_llm, prompts)
         if arch in MTP_ARCHITECTURES:
             result["speculative_mtp_gpu_vs_cpu"][arch] = speculative_alike(path, cpu_llm, prompts, state)
+        result["prompt_lookup_gpu_vs_cpu"][arch] = prompt_lookup_alike(path, cpu_llm, prompts, state)
         penalised = tokens(gpu_llm, prompts, PENALISED)
         result["fp32_penalised_gpu_vs_cpu"][arch] = {"identical": penalised == tokens(cpu_llm, prompts, PENALISED)}
         result["fp32_gpu_vs_cpu"][arch] = {"identical": gpu == cpu,
@@ -374,7 +411,7 @@ def main() -> None:
         result["graph_vs_eager_bf16"][arch] = {"identical": graph == eager}
         result["graph_vs_eager_bf16_mixed_sampling"][arch] = {"identical": graph_mixed == eager_mixed}
         result["graph_vs_eager_bf16_top_p_min_p_sampling"][arch] = {"identical": graph_nucleus == eager_nucleus}
-        print(arch, *(result[key].get(arch) for key in list(result)[-22:]), flush=True)
+        print(arch, *(result[key].get(arch) for key in list(result)[-23:]), flush=True)
         results_io.write(args.out, result)
 
 
