@@ -14,6 +14,7 @@ from deltaserve.errors import DeltaServeError
 from deltaserve.runner.ngram_drafter import lookup
 from tests.checkpoints import VOCAB
 from tests.read_off_drafts import read_off_drafts
+from tests.uncaptured_graphs import with_uncaptured_graphs
 
 
 def _reference(tokens: list[int], shortest: int, longest: int, count: int) -> list[int]:
@@ -91,6 +92,27 @@ def test_prompt_lookup_keeps_plain_greedy_outputs(arch, checkpoint_factory):
         assert stats.spec_decode_num_drafts > 0  # the repeated prompts' n-grams draft
         if with_oracle:
             assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3.5"])
+def test_sequences_with_and_without_a_match_share_the_verify_graphs(arch, checkpoint_factory):
+    """Beside a sequence whose lookups hit, one whose tokens never repeat has no drafts: both stay in the verify
+    graphs' layout (uncaptured on the CPU, so run eagerly), the draftless one padded to k + 1 rows that change
+    nothing (on Qwen3.5 its GDN state set back past them), and the tokens are plain greedy decoding's."""
+    path = checkpoint_factory(arch)
+    plain = LLM(path, device="cpu", max_num_seqs=8)
+    rng = random.Random()
+    every = rng.sample(range(3, VOCAB), VOCAB - 3)  # whatever its last token, it stood before: lookups hit
+    prompts = [every, rng.sample(range(3, VOCAB), 3), every[::-1]]  # the middle one's rarely do at first
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(path, device="cpu", max_num_seqs=8, speculative_config=NGRAM)
+    replayed = with_uncaptured_graphs(llm.engine)
+    read_off_drafts(llm, prompts, expected, rng)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
+    assert any(1 in step and max(step) > 1 for step in replayed)  # a draftless sequence beside drafting ones
+    assert llm.engine.stats().spec_decode_num_accepted_tokens > 0
 
 
 def test_prompt_lookup_needs_no_head_and_vllms_defaults_hold():

@@ -12,12 +12,10 @@ import torch
 from deltaserve import LLM, SamplingParams
 from deltaserve.engine.grammar import mask_shape
 from deltaserve.errors import DeltaServeError
-from deltaserve.runner.mtp_graphs import MtpGraphs
-from deltaserve.runner.step_buffers import StepBuffers
-from deltaserve.runner.verify_graphs import VerifyGraphs
 from deltaserve.sampling_params import StructuredOutputsParams
 from tests.checkpoints import VOCAB, add_mtp_weights, add_think_tokens, make_checkpoint
 from tests.read_off_drafts import read_off_drafts
+from tests.uncaptured_graphs import with_uncaptured_graphs
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
@@ -80,21 +78,6 @@ def test_drafts_right_up_to_a_point_keep_their_right_part(mtp_checkpoint, plain)
     assert 0 < kept < drafted  # some held, some were refuted
 
 
-def _with_uncaptured_graphs(llm: LLM) -> list[int]:
-    """Gives a drafting engine verify and drafting graphs that were never captured (each step runs their padded
-    layout eagerly); returns the list of the verify steps' sequence counts, appended to as they run."""
-    runner, config = llm.engine.runner, llm.engine.config
-    k = runner.speculative.num_speculative_tokens
-    buffers = StepBuffers(config.max_num_seqs, -(-llm.engine.max_model_len // config.block_size), runner.kv_pool,
-                          runner.state_pool, runner.device, max_prefill_rows=config.max_num_seqs * (k + 1))
-    graphs = VerifyGraphs(runner.model, buffers, k, config.max_num_seqs, runner.speculative.verify_states)
-    replayed, run = [], graphs.run
-    graphs.run = lambda host: replayed.append(len(host.seq_lens)) or run(host)
-    runner.speculative.graphs = graphs
-    runner.speculative.drafter.graphs = MtpGraphs(runner.model, buffers, graphs, k, config.block_size)
-    return replayed
-
-
 def _recorded_drafts(llm: LLM) -> list:
     """The drafts of each step, appended to as the engine runs."""
     drafter, recorded = llm.engine.runner.speculative.drafter, []
@@ -119,7 +102,7 @@ def test_the_graphs_layout_drafts_as_the_eager_steps_do(mtp_checkpoint, plain):
     runs = []
     for padded in (False, True):
         llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 3})
-        replayed = _with_uncaptured_graphs(llm) if padded else []
+        replayed = with_uncaptured_graphs(llm.engine) if padded else []
         head_drafts = _recorded_drafts(llm)
         read_off_drafts(llm, prompts, expected, random.Random(seed))
         tokens, drafted, kept = _verified(llm, prompts)
@@ -132,13 +115,60 @@ def test_padded_verify_steps_keep_greedy_outputs(mtp_checkpoint, plain):
     """Verify steps through the graphs' padded layout (uncaptured on the CPU, so run eagerly): sequences of k + 1
     rows padded to a rung, the GDN states captured by a fixed table, the head drafting over every verify row."""
     llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 2})
-    replayed = _with_uncaptured_graphs(llm)
+    replayed = with_uncaptured_graphs(llm.engine)
     prompts = _prompts(5)
     expected = _tokens(plain, prompts)
     read_off_drafts(llm, prompts, expected)
     tokens, drafted, kept = _verified(llm, prompts)
     assert tokens == expected and 0 < kept < drafted
-    assert replayed and set(replayed) - {1, 2, 4, 6}  # padded to rungs from batches of other sizes
+    assert replayed and {len(step) for step in replayed} - {1, 2, 4, 6}  # padded to rungs from other sizes
+
+
+def test_pad_rows_fills_each_sequence_to_k_plus_1_rows_that_write_nothing():
+    from deltaserve.runner.batch_builder import HostBatch
+    from deltaserve.runner.verify_graphs import pad_rows
+
+    per = random.randint(2, 5)
+    lengths = [random.randint(1, per) for _ in range(random.randint(1, 6))]
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    ids, positions, slots = ([random.randrange(1000) for _ in range(starts[-1])] for _ in range(3))
+    seq_lens = [random.randint(n, 200) for n in lengths]
+    host = HostBatch(ids, positions, starts, seq_lens, [[1]] * len(lengths), slots, list(range(len(lengths))), [])
+    padded = pad_rows(host, per)
+    assert padded.query_start_loc == [b * per for b in range(len(lengths) + 1)]
+    for b, n in enumerate(lengths):
+        own = slice(starts[b], starts[b] + n)
+        rows = slice(b * per, b * per + n)
+        assert list(padded.input_ids[rows]) == ids[own] and list(padded.positions[rows]) == positions[own]
+        assert list(padded.slot_mapping[rows]) == slots[own]
+        past = slice(b * per + n, (b + 1) * per)
+        assert set(padded.input_ids[past]) <= {ids[starts[b] + n - 1]}
+        assert set(padded.positions[past]) <= {positions[starts[b] + n - 1]}
+        assert set(padded.slot_mapping[past]) <= {-1}
+        assert padded.seq_lens[b] == seq_lens[b] + per - n  # its own rows attend as far as before
+
+
+def test_sequences_with_drafts_cut_short_replay_the_verify_graphs(mtp_checkpoint, plain):
+    """Requests near their max_tokens verify fewer than k drafts, the last step none: they stay in the graphs'
+    layout, each padded to k + 1 rows that change nothing, beside sequences with all k; the tokens are plain
+    decoding's, and sampled rows (seeded) are the eager steps' draws."""
+    prompts = _prompts(5)
+    lengths = [random.randint(2, 9) for _ in prompts]
+    greedy = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    seeded = [SamplingParams(temperature=0.9, seed=random.randrange(2**31), max_tokens=n, ignore_eos=True)
+              for n in lengths]
+    expected = _tokens(plain, prompts, greedy)
+    runs = []
+    for padded in (False, True):
+        llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 3})
+        replayed = with_uncaptured_graphs(llm.engine) if padded else []
+        read_off_drafts(llm, prompts, expected)
+        runs.append((_tokens(llm, prompts, greedy), _tokens(llm, prompts, seeded)))
+    assert runs[0][0] == expected and runs[1] == runs[0]
+    rows = [n for step in replayed for n in step]
+    assert 1 in rows and 4 in rows and {2, 3} & set(rows)  # no drafts, some, all k
 
 
 def test_penalties_biases_and_refusals_draft_and_keep_plain_outputs(mtp_checkpoint, plain):

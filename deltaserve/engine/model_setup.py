@@ -99,7 +99,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=rows)
         verify_graphs = VerifyGraphs(model, buffers, speculative.num_speculative_tokens, config.max_num_seqs,
-                                     verify_states)
+                                     verify_states, config.block_size)
         pool = torch.cuda.graph_pool_handle()
         verify_graphs.capture(pool)
         if with_head:

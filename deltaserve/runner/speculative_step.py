@@ -7,10 +7,10 @@ prefix cache's mid-chunk snapshots are written); a sequence whose drafts were no
 from the slot of its last kept row, so its state covers exactly its tokens. Its KV past them is written over by
 the next step. Then the MTP head reads the kept rows and drafts for the next step (mtp_drafter.py).
 
-A step of verify chunks alone, each with all k drafts (the steady state of decoding), replays a verify graph
-(verify_graphs.py), the sampling runs eagerly after it and the head drafts in a graph of its own (mtp_graphs.py);
-any other step (a prompt's chunk, a request that does not draft, drafts cut short) runs eagerly. The step's
-tokens are read back before the next is planned.
+A step of decoding sequences alone, each its last token and up to k drafts (the steady state of decoding),
+replays a verify graph (verify_graphs.py) with every sequence padded to k + 1 rows, the sampling runs eagerly after
+it and the head drafts in a graph of its own (mtp_graphs.py); any other step (a prompt's chunk beside them, a
+prefix-cache restore or capture) runs eagerly. The step's tokens are read back before the next is planned.
 """
 
 from __future__ import annotations
@@ -45,14 +45,16 @@ class SpeculativeStep:
         if self.graphs is not None and self.graphs.replayable(plan):
             logits, hidden = self.graphs.run(host)
             rung = self.graphs.last_size
+            layout = RowLayout.padded(plan, self.graphs.rows_per_seq)
         else:
             hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host)
             logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
+            layout = RowLayout.eager(plan, host)
         runner._save_snapshots(plan)
-        tokens, logprobs, accepted, set_back, draft_logprobs = self._sample(runner.sampler, logits, sampling)
+        tokens, logprobs, accepted, set_back, draft_logprobs = self._sample(runner.sampler, logits, sampling, layout)
         if set_back:
             self.verify_states.restore(set_back, runner.state_pool)
-        drafts = self.drafter.propose(hidden, self._draft_rows(plan, host, sampling, tokens), rung)
+        drafts = self.drafter.propose(hidden, self._draft_rows(plan, layout, sampling, tokens), rung)
         return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts, draft_logprobs)
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch):
@@ -82,38 +84,41 @@ class SpeculativeStep:
                 verify_index += 1
         return captures
 
-    def _sample(self, sampler: Sampler, logits, sampling: list[ScheduledChunk]):
+    def _sample(self, sampler: Sampler, logits, sampling: list[ScheduledChunk], layout: RowLayout):
         """Each sampling chunk's token (a verify chunk's after its kept drafts), the logprobs of plain rows where
-        asked, {verify chunk: its kept drafts}, and (verify slot, state slot) for each sequence whose drafts were
-        not all kept: the state after its last kept row. A verify chunk is cut to its kept rows."""
-        plain, plain_rows, verify, row = [], [], [], 0
-        for chunk in sampling:
-            if chunk.draft_token_ids:
-                verify.append(VerifyRows(chunk.request, row, list(chunk.draft_token_ids)))
-            else:
-                plain.append(chunk)
-                plain_rows.append(row)
-            row += len(chunk.draft_token_ids) + 1
+        asked, {verify chunk: its kept drafts}, and (verify slot, state slot) for each sequence whose state went
+        past its kept rows (drafts refuted, or a padded layout's rows past its own): the state after its last kept
+        row. A verify chunk is cut to its kept rows."""
+        plain = [c for c in sampling if not c.draft_token_ids]
+        verify_chunks = [c for c in sampling if c.draft_token_ids]
         by_chunk, plain_logprobs = {}, None
         if plain:
-            index = plain_rows if len(plain_rows) < row else slice(None)
+            rows = [layout.first_row[c] for c in plain]
+            index = slice(None) if len(rows) == logits.shape[0] else rows  # every row is a plain chunk's
             plain_tokens, plain_logprobs = sampler(logits[index], [c.request for c in plain])
             by_chunk = dict(zip(plain, plain_tokens))
-        accepted, set_back = {}, []
-        verify_chunks = [c for c in sampling if c.draft_token_ids]
+        verify = [VerifyRows(c.request, layout.first_row[c], list(c.draft_token_ids)) for c in verify_chunks]
         verdicts = verify_sequences(sampler, logits, verify)
-        for i, (chunk, kept) in enumerate(zip(verify_chunks, verdicts.taken)):
-            if len(kept) - 1 < len(chunk.draft_token_ids) and self.verify_states is not None:
-                set_back.append((self._verify_slot(i, len(kept) - 1), chunk.request.state_slot))
-            chunk.keep_verified(len(kept) - 1)
+        accepted = {}
+        for chunk, kept in zip(verify_chunks, verdicts.taken):
             accepted[chunk] = kept[:-1]
             by_chunk[chunk] = kept[-1]
+        set_back = self._set_back(sampling, layout, {c: len(accepted.get(c, ())) + 1 for c in sampling})
+        for chunk in verify_chunks:
+            chunk.keep_verified(len(accepted[chunk]))
         entries = dict(zip(plain, plain_logprobs)) if plain_logprobs is not None else {}
         draft_logprobs = self._verified_logprobs(sampler, verify, verify_chunks, verdicts)
         for chunk, chunk_entries in draft_logprobs.items():
             entries[chunk] = chunk_entries.pop()  # the chunk's own token's; its kept drafts' stay
         logprobs = [entries.get(c) for c in sampling] if entries else None
         return [by_chunk[c] for c in sampling], logprobs, accepted, set_back, draft_logprobs
+
+    def _set_back(self, sampling: list[ScheduledChunk], layout: RowLayout, kept_rows: dict) -> list[tuple[int, int]]:
+        """(verify slot, state slot) for each sequence that ran more rows than it keeps."""
+        if self.verify_states is None:
+            return []
+        return [(self._verify_slot(layout.verify_index[c], kept_rows[c] - 1), c.request.state_slot)
+                for c in sampling if kept_rows[c] < layout.rows[c]]
 
     @staticmethod
     def _verified_logprobs(sampler: Sampler, verify: list[VerifyRows], chunks, verdicts: Verdicts) -> dict:
@@ -138,11 +143,51 @@ class SpeculativeStep:
         """The slot of the state after row `row` of the step's verify chunk `verify_index`."""
         return self.verify_states.first_verify_slot + verify_index * self.num_speculative_tokens + row
 
-    def _draft_rows(self, plan: StepPlan, host: HostBatch, sampling, tokens) -> list[DraftRequest]:
+    def _draft_rows(self, plan: StepPlan, layout: RowLayout, sampling, tokens) -> list[DraftRequest]:
         sampled = dict(zip(sampling, tokens))
         rows = []
-        for chunk, first in zip(plan.chunks, host.query_start_loc):
+        for chunk in plan.chunks:
             request = chunk.request
             following = sampled[chunk] if chunk in sampled else request.token_at(chunk.end)
-            rows.append(DraftRequest(chunk, first, following, chunk in sampled))
+            rows.append(DraftRequest(chunk, layout.pass_row[chunk], following, chunk in sampled))
         return rows
+
+
+class RowLayout:
+    """Where a step's chunks lie: `pass_row`, each chunk's first row in the pass (its hidden states); for a
+    sampling chunk, `first_row`, its first row of the step's logits, `rows`, the rows its state went through, and
+    `verify_index`, whose verify slots hold the states after them (SpeculativeStep._verify_slot)."""
+
+    def __init__(self):
+        self.pass_row: dict = {}
+        self.first_row: dict = {}
+        self.rows: dict = {}
+        self.verify_index: dict = {}
+
+    @classmethod
+    def eager(cls, plan: StepPlan, host: HostBatch) -> RowLayout:
+        """An eager pass: the chunks' own rows; logits for the sampling chunks' rows alone; verify slots for the
+        chunks with drafts, in order."""
+        layout, logits_row, verify_index = cls(), 0, 0
+        for chunk, first in zip(plan.chunks, host.query_start_loc):
+            layout.pass_row[chunk] = first
+            if not chunk.samples:
+                continue
+            layout.first_row[chunk] = logits_row
+            layout.rows[chunk] = len(chunk.draft_token_ids) + 1
+            logits_row += layout.rows[chunk]
+            if chunk.draft_token_ids:
+                layout.verify_index[chunk] = verify_index
+                verify_index += 1
+        return layout
+
+    @classmethod
+    def padded(cls, plan: StepPlan, per: int) -> RowLayout:
+        """A verify graph's: sequence b's `per` rows from b * per, every one turned into logits and each but the
+        last captured into verify slot b * (per - 1) + j."""
+        layout = cls()
+        for b, chunk in enumerate(plan.chunks):
+            layout.pass_row[chunk] = layout.first_row[chunk] = b * per
+            layout.rows[chunk] = per
+            layout.verify_index[chunk] = b
+        return layout

@@ -1,5 +1,8 @@
-"""Speculative verify steps as CUDA graphs: every running sequence verifies k drafts, so a step is n sequences of
-k + 1 rows each, padded to a rung of the decode ladder, over StepBuffers (load_verify).
+"""Speculative verify steps as CUDA graphs: a step of decoding sequences, each its last token and up to k drafts,
+is n sequences of k + 1 rows each, padded to a rung of the decode ladder, over StepBuffers (load_verify). A
+sequence with fewer drafts (none found, or cut short by max_tokens) fills its k + 1 rows with its last token
+(pad_rows): those rows write no KV, and no verdict or state is taken from them (the sequence's state is set back
+past them, runner/speculative_step.py), so they cost the graph's rows and change nothing.
 
 The graph runs the target model over all the rows as one chunked pass (paged attention over each sequence's keys,
 the GDN chunk kernels) and turns every row into logits. Its GDN kernels write the state after each sequence's
@@ -12,10 +15,11 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 from deltaserve.cache.snapshot_pool import SnapshotPool
-from deltaserve.engine.step_plan import StepPlan
+from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.kernels.capture_rows import CaptureRows, GraphCaptureRows
 from deltaserve.runner.batch_builder import HostBatch
 from deltaserve.runner.cuda_graphs import batch_size_ladder, capture_graph
@@ -26,11 +30,14 @@ log = logging.getLogger(__name__)
 
 class VerifyGraphs:
     def __init__(self, model, buffers: StepBuffers, num_speculative_tokens: int, max_num_seqs: int,
-                 verify_states: SnapshotPool | None):
+                 verify_states: SnapshotPool | None, block_size: int):
         self.model = model
         self.buffers = buffers
         self.num_speculative_tokens = num_speculative_tokens
         self.rows_per_seq = num_speculative_tokens + 1
+        # a sequence's k + 1 rows attend over the keys its block table holds up to the last of them, so they must
+        # lie within the table's width (only a sequence at the end of max_model_len with fewer drafts reaches past)
+        self.max_positions = buffers.max_blocks * block_size
         self.verify_states = verify_states  # None without GDN layers
         self.sizes = [s for s in batch_size_ladder(max_num_seqs) if s * self.rows_per_seq <= buffers.max_rows]
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -50,11 +57,15 @@ class VerifyGraphs:
                  (torch.cuda.memory_allocated() - before) / 2**20)
 
     def replayable(self, plan: StepPlan) -> bool:
-        """A step of verify chunks alone, each with all k drafts, and nothing to restore, copy or capture."""
-        k = self.num_speculative_tokens
-        return (bool(plan.chunks) and all(len(c.draft_token_ids) == k for c in plan.chunks)
+        """A step of decoding sequences alone (each its last token and up to k drafts), and nothing to restore,
+        copy or capture."""
+        return (bool(plan.chunks) and all(self._decodes(c) for c in plan.chunks)
                 and not (plan.restores or plan.block_copies or plan.captures or plan.reset_state_slots)
                 and self.rung(len(plan.chunks)) is not None)
+
+    def _decodes(self, chunk: ScheduledChunk) -> bool:
+        return (chunk.samples and chunk.num_tokens == len(chunk.draft_token_ids) + 1
+                and chunk.start + self.rows_per_seq <= self.max_positions)
 
     def rung(self, num_seqs: int) -> int | None:
         return next((s for s in self.sizes if s >= num_seqs), None)
@@ -64,7 +75,7 @@ class VerifyGraphs:
         step runs eagerly); returns the logits and the hidden states of its real rows."""
         n = len(host.seq_lens)
         size = self.rung(n)
-        self.buffers.load_verify(host, size, self.rows_per_seq)
+        self.buffers.load_verify(pad_rows(host, self.rows_per_seq), size, self.rows_per_seq)
         if size in self.graphs:
             self.graphs[size].replay()
             logits, hidden = self.outputs[size]
@@ -98,3 +109,22 @@ class VerifyGraphs:
             device = self.buffers.meta.device
             self._captures[size] = GraphCaptureRows.of(pairs, device) if device.type == "cuda" else CaptureRows(pairs)
         return self._captures[size]
+
+
+def pad_rows(host: HostBatch, per: int) -> HostBatch:
+    """The step's sequences (each its last token and up to per - 1 drafts) at `per` rows each: a sequence's rows
+    past its own repeat its last row's token and position and write no KV (slot -1), and its length counts them,
+    so that its own rows attend as they would unpadded."""
+    n = len(host.seq_lens)
+    if host.query_start_loc[-1] == n * per:
+        return host
+    starts = np.asarray(host.query_start_loc, dtype=np.int64)
+    lengths = np.diff(starts)
+    column = np.arange(per)
+    source = starts[:-1, None] + np.minimum(column[None, :], lengths[:, None] - 1)  # [n, per] rows of `host`
+    own = column[None, :] < lengths[:, None]
+    input_ids, positions, slots = (np.asarray(v, dtype=np.int64) for v in
+                                   (host.input_ids, host.positions, host.slot_mapping))
+    return HostBatch(input_ids[source].ravel(), positions[source].ravel(), list(range(0, n * per + 1, per)),
+                     (np.asarray(host.seq_lens) - lengths + per).tolist(), host.block_tables,
+                     np.where(own, slots[source], -1).ravel(), host.state_slots, list(range(n * per)))
