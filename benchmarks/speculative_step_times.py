@@ -5,10 +5,13 @@ Closed batches of C prompts of 128 tokens, 128 tokens generated greedily (ignore
 Each part of a step is timed between device synchronisations (which cost a little themselves): the verify pass
 (a graph replay, or the eager pass; its loading of the step buffers apart), the verdicts (draft_verifier), the
 set-back of refuted sequences' states, the MTP head's drafting, and the rest of the engine step (scheduling, the
-host batch, outputs). Plain decoding at the same concurrency is timed the same way (its whole step) beside it. --profile C adds the CUDA kernels of a
-batch at concurrency C of each engine, by total time (profile_steps.kernel_table).
+host batch, outputs). Plain decoding at the same concurrency is timed the same way (its whole step) beside it.
+--profile C adds the CUDA kernels of a batch at concurrency C of each engine, by total time
+(profile_steps.kernel_table). --method ngram drafts by prompt lookup instead (no head: random prompts and a random
+model's tokens seldom repeat, so most lookups miss and most steps verify no drafts).
 
     python benchmarks/speculative_step_times.py qwen3.5-9b --out benchmarks/results/speculative_step_times_SHAPE.json
+        [--concurrency 1,16] [--drafts 2] [--method mtp|ngram] [--profile C]
 """
 
 from __future__ import annotations
@@ -80,15 +83,23 @@ def timed_batches(llm: LLM, concurrency: list[int], prompts: dict, params) -> li
     for c in concurrency:
         llm.generate(prompts[c], params, use_tqdm=False)  # warm-up
         times = instrument(llm)
+        before = _draft_counts(llm)
         start = time.perf_counter()
         llm.generate(prompts[c], params, use_tqdm=False)
         seconds = time.perf_counter() - start
         steps = len(times.ms["engine_step"])
+        drafted, kept = (b - a for a, b in zip(before, _draft_counts(llm)))
         rows.append({"concurrency": c, "seconds": round(seconds, 4), "steps": steps,
-                     "tok_s": round(c * TOKENS / seconds, 1), "parts": times.medians(steps)})
+                     "tok_s": round(c * TOKENS / seconds, 1), "drafts_verified": drafted, "drafts_kept": kept,
+                     "parts": times.medians(steps)})
         _unwrap(llm)
         print(rows[-1], flush=True)
     return rows
+
+
+def _draft_counts(llm: LLM) -> tuple[int, int]:
+    stats = llm.engine.stats()  # live: read at once
+    return stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens
 
 
 def _unwrap(llm: LLM) -> None:
@@ -110,12 +121,13 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--concurrency", default="1,16")
     ap.add_argument("--drafts", type=int, default=2)
+    ap.add_argument("--method", default="mtp", help="mtp, or ngram (prompt lookup, 1 to 5 tokens matched)")
     ap.add_argument("--profile", type=int, default=0, help="a concurrency whose batch's kernels are listed")
     args = ap.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
     path, prompts, params, engine = closed_batch_inputs(args.shape, concurrency)
     result = {**results_io.header(), "shape": args.shape, "prompt_len": PROMPT_LEN, "tokens": TOKENS,
-              "num_speculative_tokens": args.drafts}
+              "method": args.method, "num_speculative_tokens": args.drafts}
     llm = LLM(path, **engine)
     result["plain"] = timed_batches(llm, concurrency, prompts, params)
     if args.profile:
@@ -123,7 +135,10 @@ def main() -> None:
     del llm
     gc.collect()
     torch.cuda.empty_cache()
-    llm = LLM(path, speculative_config={"method": "mtp", "num_speculative_tokens": args.drafts}, **engine)
+    config = {"method": args.method, "num_speculative_tokens": args.drafts}
+    if args.method == "ngram":
+        config.update(prompt_lookup_min=1, prompt_lookup_max=5)
+    llm = LLM(path, speculative_config=config, **engine)
     result["speculative"] = timed_batches(llm, concurrency, prompts, params)
     if args.profile:
         result["speculative_kernels"] = kernel_table(
