@@ -96,9 +96,10 @@ def test_prompt_lookup_keeps_plain_greedy_outputs(arch, checkpoint_factory):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3.5"])
 def test_sequences_with_and_without_a_match_share_the_verify_graphs(arch, checkpoint_factory):
-    """Beside a sequence whose lookups hit, one whose tokens never repeat has no drafts: both stay in the verify
+    """Beside a sequence whose lookups hit, one whose tokens seldom repeat has no drafts: both stay in the verify
     graphs' layout (uncaptured on the CPU, so run eagerly), the draftless one padded to k + 1 rows that change
-    nothing (on Qwen3.5 its GDN state set back past them), and the tokens are plain greedy decoding's."""
+    nothing (on Qwen3.5 its GDN state set back past them); a step where no sequence drafts replays a plain decode
+    graph. The tokens are plain greedy decoding's throughout."""
     path = checkpoint_factory(arch)
     plain = LLM(path, device="cpu", max_num_seqs=8)
     rng = random.Random()
@@ -107,12 +108,14 @@ def test_sequences_with_and_without_a_match_share_the_verify_graphs(arch, checkp
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     llm = LLM(path, device="cpu", max_num_seqs=8, speculative_config=NGRAM)
-    replayed = with_uncaptured_graphs(llm.engine)
+    steps = with_uncaptured_graphs(llm.engine)
     read_off_drafts(llm, prompts, expected, rng)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
-    assert any(1 in step and max(step) > 1 for step in replayed)  # a draftless sequence beside drafting ones
+    assert any(1 in step and max(step) > 1 for step in steps.verify)  # a draftless sequence beside drafting ones
     assert llm.engine.stats().spec_decode_num_accepted_tokens > 0
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts[1:2], params, use_tqdm=False)] == expected[1:2]
+    assert steps.decode  # its first step at least found nothing to draft
 
 
 def test_prompt_lookup_needs_no_head_and_vllms_defaults_hold():

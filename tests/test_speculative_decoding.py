@@ -102,7 +102,7 @@ def test_the_graphs_layout_drafts_as_the_eager_steps_do(mtp_checkpoint, plain):
     runs = []
     for padded in (False, True):
         llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 3})
-        replayed = with_uncaptured_graphs(llm.engine) if padded else []
+        replayed = with_uncaptured_graphs(llm.engine).verify if padded else []
         head_drafts = _recorded_drafts(llm)
         read_off_drafts(llm, prompts, expected, random.Random(seed))
         tokens, drafted, kept = _verified(llm, prompts)
@@ -115,7 +115,7 @@ def test_padded_verify_steps_keep_greedy_outputs(mtp_checkpoint, plain):
     """Verify steps through the graphs' padded layout (uncaptured on the CPU, so run eagerly): sequences of k + 1
     rows padded to a rung, the GDN states captured by a fixed table, the head drafting over every verify row."""
     llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 2})
-    replayed = with_uncaptured_graphs(llm.engine)
+    replayed = with_uncaptured_graphs(llm.engine).verify
     prompts = _prompts(5)
     expected = _tokens(plain, prompts)
     read_off_drafts(llm, prompts, expected)
@@ -163,7 +163,7 @@ def test_sequences_with_drafts_cut_short_replay_the_verify_graphs(mtp_checkpoint
     runs = []
     for padded in (False, True):
         llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 3})
-        replayed = with_uncaptured_graphs(llm.engine) if padded else []
+        replayed = with_uncaptured_graphs(llm.engine).verify if padded else []
         read_off_drafts(llm, prompts, expected)
         runs.append((_tokens(llm, prompts, greedy), _tokens(llm, prompts, seeded)))
     assert runs[0][0] == expected and runs[1] == runs[0]

@@ -1,30 +1,55 @@
-"""A drafting engine on the CPU given verify graphs (and, for the MTP head, drafting graphs) that were never
-captured: each step they would replay runs their padded layout eagerly, so the CPU tests the graphs' layout."""
+"""A drafting engine on the CPU given the graphs a GPU engine captures but never captured: verify graphs (and the
+MTP head's drafting graphs, or prompt lookup's decode graphs). Each step they would replay runs their padded
+layout eagerly, so the CPU tests the graphs' layout."""
 
+from dataclasses import dataclass, field
+
+from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.mtp_drafter import MtpDrafter
 from deltaserve.runner.mtp_graphs import MtpGraphs
 from deltaserve.runner.step_buffers import StepBuffers
 from deltaserve.runner.verify_graphs import VerifyGraphs
 
 
-def with_uncaptured_graphs(engine) -> list[list[int]]:
-    """Gives the engine (an LLMEngine) the graphs; returns the list of the steps run through them, each as its
-    sequences' own row counts (the last token and its drafts), appended to as they run."""
+@dataclass
+class GraphSteps:
+    """The steps run through the graphs, appended to as they run: each verify step as its sequences' own row
+    counts (the last token and its drafts), each decode step as its row count."""
+
+    verify: list[list[int]] = field(default_factory=list)
+    decode: list[int] = field(default_factory=list)
+
+
+def with_uncaptured_graphs(engine) -> GraphSteps:
+    """Gives the engine (an LLMEngine) the graphs; returns the steps they run."""
     runner, config = engine.runner, engine.config
-    k = runner.speculative.num_speculative_tokens
+    speculative = runner.speculative
+    k = speculative.num_speculative_tokens
     buffers = StepBuffers(config.max_num_seqs, -(-engine.max_model_len // config.block_size), runner.kv_pool,
                           runner.state_pool, runner.device, max_prefill_rows=config.max_num_seqs * (k + 1))
-    graphs = VerifyGraphs(runner.model, buffers, k, config.max_num_seqs, runner.speculative.verify_states,
-                          config.block_size)
-    replayed, run = [], graphs.run
+    steps = GraphSteps()
+    speculative.graphs = VerifyGraphs(runner.model, buffers, k, config.max_num_seqs, speculative.verify_states,
+                                      config.block_size)
+    _record(speculative.graphs, lambda host: steps.verify.append(_row_counts(host)))
+    if isinstance(speculative.drafter, MtpDrafter):
+        speculative.drafter.graphs = MtpGraphs(runner.model, buffers, speculative.graphs, k, config.block_size)
+    else:
+        speculative.decode_graphs = DecodeGraphs(runner.model, buffers, config.max_num_seqs,
+                                                 engine.model_config.vocab_size)
+        _record(speculative.decode_graphs, lambda host: steps.decode.append(len(host.input_ids)))
+    return steps
 
-    def recording(host):
-        starts = host.query_start_loc
-        replayed.append([b - a for a, b in zip(starts[:-1], starts[1:])])
-        return run(host)
+
+def _record(graphs, note) -> None:
+    run = graphs.run
+
+    def recording(host, *args):
+        note(host)
+        return run(host, *args)
 
     graphs.run = recording
-    runner.speculative.graphs = graphs
-    if isinstance(runner.speculative.drafter, MtpDrafter):
-        runner.speculative.drafter.graphs = MtpGraphs(runner.model, buffers, graphs, k, config.block_size)
-    return replayed
+
+
+def _row_counts(host) -> list[int]:
+    starts = host.query_start_loc
+    return [b - a for a, b in zip(starts[:-1], starts[1:])]

@@ -106,6 +106,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
             mtp_graphs = MtpGraphs(model, buffers, verify_graphs, speculative.num_speculative_tokens,
                                    config.block_size)
             mtp_graphs.capture(pool)
+        else:  # prompt lookup finds no drafts in some steps: those decode a row a sequence (SpeculativeStep)
+            graphs = DecodeGraphs(model, buffers, config.max_num_seqs, model_config.vocab_size)
+            graphs.capture(pool)
     elif device.type == "cuda" and not config.enforce_eager:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=prefill_graph_rows(config.max_num_batched_tokens))
@@ -115,11 +118,11 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         prefill_graphs = PrefillGraphs(model, buffers, snapshots)
         prefill_graphs.capture(pool)
     sampler = Sampler(model_config.vocab_size, device, config.seed, config.logprobs_mode)
-    runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device, sampler, graphs, snapshots,
-                         prefill_graphs)
+    runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device, sampler,
+                         graphs if speculative is None else None, snapshots, prefill_graphs)
     if speculative is not None:
         runner.speculative = SpeculativeStep(_drafter(speculative, model, config, runner, mtp_graphs), verify_states,
-                                             speculative.num_speculative_tokens, verify_graphs)
+                                             speculative.num_speculative_tokens, verify_graphs, graphs)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, state_pool.h_all.dtype if state_pool else "-",

@@ -9,8 +9,9 @@ the next step. Then the MTP head reads the kept rows and drafts for the next ste
 
 A step of decoding sequences alone, each its last token and up to k drafts (the steady state of decoding),
 replays a verify graph (verify_graphs.py) with every sequence padded to k + 1 rows, the sampling runs eagerly after
-it and the head drafts in a graph of its own (mtp_graphs.py); any other step (a prompt's chunk beside them, a
-prefix-cache restore or capture) runs eagerly. The step's tokens are read back before the next is planned.
+it and the head drafts in a graph of its own (mtp_graphs.py). With prompt lookup, a step where no sequence found
+drafts replays a plain decode graph instead. Any other step (a prompt's chunk beside them, a prefix-cache restore
+or capture) runs eagerly. The step's tokens are read back before the next is planned.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.host_to_device import to_device
 from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch
+from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.draft_verifier import Verdicts, VerifyRows, verify_sequences
 from deltaserve.runner.mtp_drafter import DraftRequest, MtpDrafter
 from deltaserve.runner.ngram_drafter import NgramDrafter
@@ -30,11 +32,15 @@ from deltaserve.runner.verify_graphs import VerifyGraphs
 
 class SpeculativeStep:
     def __init__(self, drafter: MtpDrafter | NgramDrafter, verify_states: SnapshotPool | None,
-                 num_speculative_tokens: int, graphs: VerifyGraphs | None = None):
+                 num_speculative_tokens: int, graphs: VerifyGraphs | None = None,
+                 decode_graphs: DecodeGraphs | None = None):
         self.drafter = drafter
         self.verify_states = verify_states  # None without GDN layers: nothing to set back
         self.num_speculative_tokens = num_speculative_tokens
         self.graphs = graphs  # None: every step runs eagerly
+        # prompt lookup's: a step where no sequence verifies drafts decodes a row a sequence (the MTP head reads
+        # every verify row's hidden state, so its steps stay in the verify graphs)
+        self.decode_graphs = decode_graphs
 
     def execute(self, runner, plan: StepPlan):
         from deltaserve.runner.model_runner import StepResult
@@ -42,7 +48,11 @@ class SpeculativeStep:
         sampling = [c for c in plan.chunks if c.samples]
         host = build_host_batch(plan, runner.block_size)
         prompt_logprobs, rung = {}, None
-        if self.graphs is not None and self.graphs.replayable(plan):
+        if self._decodes_plainly(plan):
+            runner._prepare_states(plan, restore_pairs(plan))
+            logits, hidden = self.decode_graphs.run(host)[0], None
+            layout = RowLayout.eager(plan, host)
+        elif self.graphs is not None and self.graphs.replayable(plan):
             logits, hidden = self.graphs.run(host)
             rung = self.graphs.last_size
             layout = RowLayout.padded(plan, self.graphs.rows_per_seq)
@@ -56,6 +66,12 @@ class SpeculativeStep:
             self.verify_states.restore(set_back, runner.state_pool)
         drafts = self.drafter.propose(hidden, self._draft_rows(plan, layout, sampling, tokens), rung)
         return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts, draft_logprobs)
+
+    def _decodes_plainly(self, plan: StepPlan) -> bool:
+        """A step of decode rows without drafts that a decode graph holds (as ModelRunner replays them, its
+        restores and resets before it and its snapshots after)."""
+        return (self.decode_graphs is not None and plan.is_decode  # one row a chunk: no drafts
+                and len(plan.chunks) <= self.decode_graphs.max_batch and all(c.samples for c in plan.chunks))
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch):
         """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on
