@@ -118,6 +118,30 @@ def test_sequences_with_and_without_a_match_share_the_verify_graphs(arch, checkp
     assert steps.decode  # its first step at least found nothing to draft
 
 
+def test_a_prefix_cache_hit_restores_into_a_decode_graph_step(checkpoint_factory):
+    """A prompt sent again restores the GDN state its first run saved a token before its end (snapshots every
+    block), so its first step is one decode row with a restore: it replays a decode graph (uncaptured on the CPU),
+    the restore run before it, and gives the first run's tokens, which are plain greedy decoding's."""
+    path = checkpoint_factory("qwen3.5")
+    prompt = [random.randrange(3, VOCAB) for _ in range(33)]  # a snapshot at 32: one token left to compute
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    want = LLM(path, device="cpu").generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    llm = LLM(path, device="cpu", block_size=16, ssm_snapshot_interval=16,
+              speculative_config={**NGRAM, "prompt_lookup_min": 2})
+    steps = with_uncaptured_graphs(llm.engine)
+    restoring, plainly = [], llm.engine.runner.speculative._decodes_plainly
+
+    def noting(plan):
+        taken = plainly(plan)
+        restoring.append(taken and bool(plan.restores))  # a decode graph step with a restore
+        return taken
+
+    llm.engine.runner.speculative._decodes_plainly = noting
+    for _ in range(2):
+        assert llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids == want
+    assert any(restoring) and steps.decode
+
+
 def test_prompt_lookup_needs_no_head_and_vllms_defaults_hold():
     assert SpeculativeConfig.from_value({"method": "ngram", "num_speculative_tokens": 2}) == SpeculativeConfig(
         2, "ngram", 5, 5)
