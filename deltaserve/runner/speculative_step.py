@@ -10,8 +10,8 @@ the next step. Then the MTP head reads the kept rows and drafts for the next ste
 A step of decoding sequences alone, each its last token and up to k drafts (the steady state of decoding),
 replays a verify graph (verify_graphs.py) with every sequence padded to k + 1 rows, the sampling runs eagerly after
 it and the head drafts in a graph of its own (mtp_graphs.py). With prompt lookup, a step where no sequence found
-drafts replays a plain decode graph instead. Any other step (a prompt's chunk beside them, a prefix-cache restore
-or capture) runs eagerly. The step's tokens are read back before the next is planned.
+drafts replays a plain decode graph instead. Any other step (a prompt's chunk beside them) runs eagerly. The
+step's tokens are read back before the next is planned.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class SpeculativeStep:
             logits, hidden = self.decode_graphs.run(host)[0], None
             layout = RowLayout.eager(plan, host)
         elif self.graphs is not None and self.graphs.replayable(plan):
+            runner._prepare_states(plan, restore_pairs(plan))
             logits, hidden = self.graphs.run(host)
             rung = self.graphs.last_size
             layout = RowLayout.padded(plan, self.graphs.rows_per_seq)
@@ -60,10 +61,10 @@ class SpeculativeStep:
             hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host)
             logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
             layout = RowLayout.eager(plan, host)
-        runner._save_snapshots(plan)
         tokens, logprobs, accepted, set_back, draft_logprobs = self._sample(runner.sampler, logits, sampling, layout)
         if set_back:
             self.verify_states.restore(set_back, runner.state_pool)
+        runner._save_snapshots(plan)  # a padded sequence's state is its own once set back
         drafts = self.drafter.propose(hidden, self._draft_rows(plan, layout, sampling, tokens), rung)
         return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts, draft_logprobs)
 

@@ -57,11 +57,11 @@ class VerifyGraphs:
                  (torch.cuda.memory_allocated() - before) / 2**20)
 
     def replayable(self, plan: StepPlan) -> bool:
-        """A step of decoding sequences alone (each its last token and up to k drafts), and nothing to restore,
-        copy or capture."""
+        """A step of decoding sequences alone (each its last token and up to k drafts). Its restores, block
+        copies and state resets run before the graph and its snapshots after (SpeculativeStep), as a decode
+        graph's do: a decoding sequence's captures are its state after the step (a verify chunk has none)."""
         return (bool(plan.chunks) and all(self._decodes(c) for c in plan.chunks)
-                and not (plan.restores or plan.block_copies or plan.captures or plan.reset_state_slots)
-                and self.rung(len(plan.chunks)) is not None)
+                and all(c.at_chunk_end for c in plan.captures) and self.rung(len(plan.chunks)) is not None)
 
     def _decodes(self, chunk: ScheduledChunk) -> bool:
         return (chunk.samples and chunk.num_tokens == len(chunk.draft_token_ids) + 1
