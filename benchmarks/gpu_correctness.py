@@ -37,7 +37,8 @@
   grammars, biases and refusals, the CPU's speculative tokens; in bf16 the share of its greedy tokens that match
   plain greedy decoding's is reported (the verify pass rounds otherwise);
 - on every architecture, prompt lookup (3 drafts copied from earlier tokens) gives in fp32 the CPU's plain greedy
-  tokens over prompts that repeat a stretch, and seeded sampled rows the CPU's prompt-lookup tokens.
+  tokens over prompts that repeat a stretch, and seeded sampled rows the CPU's prompt-lookup tokens (its steps
+  replay verify graphs, a sequence without a match padded in them, and decode graphs where no sequence has one).
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
