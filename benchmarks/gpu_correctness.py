@@ -58,6 +58,7 @@ from benchmarks import results_io  # noqa: E402
 from deltaserve import LLM, BeamSearchParams, NoTokenAllowedError, SamplingParams, StructuredOutputsParams  # noqa: E402
 from deltaserve.runner.model_runner import MANY_DECODE_ROWS  # noqa: E402
 from tests.checkpoints import ARCHITECTURES, add_mtp_weights, add_think_tokens, make_checkpoint  # noqa: E402
+from tests.read_off_drafts import read_off_drafts  # noqa: E402
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 WITH_LOGPROBS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2)
@@ -262,8 +263,6 @@ def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     CPU's speculative tokens; penalised greedy rows against the CPU's plain ones, and rows under grammars, biases and
     refusals (seeded sampled ones among them) against the CPU's speculative ones, all drafting; bf16 greedy's share
     of plain bf16 greedy's tokens, for information."""
-    from benchmarks.speculative_bench import read_off
-
     expected = tokens(cpu_llm, prompts)
     gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, speculative_config=SPECULATIVE, **state)
     cpu_drafting = LLM(path, device="cpu", speculative_config=SPECULATIVE, **state)
@@ -274,7 +273,7 @@ def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
                       for params in (STRUCTURED, ADJUSTED))
     before = gpu.engine.stats()
     drafted, kept = before.spec_decode_num_draft_tokens, before.spec_decode_num_accepted_tokens
-    read_off(gpu, [{"prompt_token_ids": p} for p in prompts], expected)
+    read_off_drafts(gpu, prompts, expected, right_chance=1.0)
     read_off_greedy = tokens(gpu, prompts)
     after = gpu.engine.stats()
     del gpu
@@ -298,8 +297,6 @@ def prompt_lookup_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     CPU's plain greedy tokens over prompts that repeat a stretch (drafts proposed from the first step, a random
     model refuting nearly all), then with the drafts it finds replaced by the plain tokens to come (kept, so that the
     verify graphs set states back and keep rows); mixed seeded rows against the CPU's prompt lookup."""
-    from benchmarks.speculative_bench import read_off
-
     repeating = [p + p + p[: len(p) // 2] for p in prompts]
     expected = tokens(cpu_llm, repeating, LONGER_GREEDY)
     gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, speculative_config=PROMPT_LOOKUP, **state)
@@ -308,7 +305,7 @@ def prompt_lookup_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     first = draft_counts(gpu)
     mixed = tokens(gpu, repeating, MIXED) == tokens(cpu_drafting, repeating, MIXED)
     before = draft_counts(gpu)
-    read_off(gpu, [{"prompt_token_ids": p} for p in repeating], expected)
+    read_off_drafts(gpu, repeating, expected, right_chance=1.0)
     read_off_greedy = tokens(gpu, repeating, LONGER_GREEDY)
     after = draft_counts(gpu)
     return {"greedy_identical": greedy == expected, "drafts_verified": first[0], "drafts_kept": first[1],

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import results_io  # noqa: E402
 from benchmarks.shapes import allow_long_max_model_len, random_tokens, write_shape_with_head  # noqa: E402
 from deltaserve import LLM, SamplingParams  # noqa: E402
+from tests.read_off_drafts import read_off_drafts  # noqa: E402
 
 PROMPT_LEN, TOKENS = 128, 128
 
@@ -44,6 +45,8 @@ def closed_batch_inputs(shape: str, concurrency: list[int]) -> tuple[str, dict, 
     prompts = {c: [{"prompt_token_ids": tokens(PROMPT_LEN)} for _ in range(c)] for c in concurrency}
     params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
     return path, prompts, params, dict(load_format="dummy", max_num_seqs=max(concurrency), max_model_len=1024)
+
+
 CONCURRENCY = (1, 8, 32)
 DRAFTS = (1, 2)
 
@@ -60,28 +63,6 @@ def closed_batch(llm: LLM, prompts, params) -> tuple[float, list[list[int]]]:
     outs = llm.generate(prompts, params, use_tqdm=False)
     sync()
     return time.perf_counter() - start, [o.outputs[0].token_ids for o in outs]
-
-
-def read_off(llm: LLM, prompts, plain: list[list[int]]) -> None:
-    """The engine's drafts, where a sequence's output so far is plain decoding's, become plain decoding's next
-    tokens."""
-    expected = {tuple(p["prompt_token_ids"]): out for p, out in zip(prompts, plain)}
-    drafter = llm.engine.runner.speculative.drafter
-    head = drafter.propose
-
-    def propose(hidden, rows, *rung):
-        drafts = head(hidden, rows, *rung)
-        for row in rows:
-            request = row.chunk.request
-            if request not in drafts:
-                continue
-            want = expected.get(tuple(request.prompt_token_ids))
-            so_far = request.output_token_ids + list(row.chunk.draft_token_ids) + [row.next_token]
-            if want is not None and want[: len(so_far)] == so_far:
-                drafts[request] = want[len(so_far) : len(so_far) + len(drafts[request])] or drafts[request]
-        return drafts
-
-    drafter.propose = propose
 
 
 def measured(llm: LLM, prompts, params) -> tuple[dict, list[list[int]]]:
@@ -127,7 +108,8 @@ def main() -> None:
             result["rows"].append({"concurrency": c, "drafts": k, "kind": "head", **row,
                                    "same_as_plain": outputs == plain[c]})
             print(result["rows"][-1], flush=True)
-        read_off(llm, [p for c in concurrency for p in prompts[c]], [o for c in concurrency for o in plain[c]])
+        read_off_drafts(llm, [p["prompt_token_ids"] for c in concurrency for p in prompts[c]],
+                        [o for c in concurrency for o in plain[c]], right_chance=1.0)
         for c in concurrency:
             row, outputs = measured(llm, prompts[c], params)
             result["rows"].append({"concurrency": c, "drafts": k, "kind": "read_off_plain", **row,

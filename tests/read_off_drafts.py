@@ -1,15 +1,17 @@
 """Drafts read off known outputs: an engine's drafter (the MTP head, prompt lookup) still runs, and where it drafts
 for a request, its drafts become that request's expected next tokens, each wrong with some chance. So a test sees
-drafts kept and refuted on tiny random models, whose own drafts are almost never right."""
+drafts kept and refuted on tiny random models, whose own drafts are almost never right (and a benchmark, with every
+one right, nearly the most a step can yield)."""
 
 import random
 
 from tests.checkpoints import VOCAB
 
 
-def read_off_drafts(llm, prompts, expected, rng: random.Random = random) -> None:
-    """`expected[i]`: the output of `prompts[i]` (plain greedy decoding's); each draft is right with chance 0.8
-    (drawn from `rng`). Past the expected output's end, the drafter's own drafts stand."""
+def read_off_drafts(llm, prompts, expected, rng: random.Random = random, right_chance: float = 0.8) -> None:
+    """`expected[i]`: the output of `prompts[i]` (token lists; plain greedy decoding's); each draft is right with
+    chance `right_chance` (drawn from `rng`). The drafter's own drafts stand past the expected output's end, and
+    wherever a sequence's tokens so far are not its beginning (rounding took the sequence elsewhere)."""
     by_prompt = {tuple(p): e for p, e in zip(prompts, expected)}
     drafter = llm.engine.runner.speculative.drafter
     own_drafts = drafter.propose
@@ -18,11 +20,15 @@ def read_off_drafts(llm, prompts, expected, rng: random.Random = random) -> None
         drafts = own_drafts(hidden, rows, *rung)
         for row in rows:
             request = row.chunk.request
-            if request in drafts:
-                first = row.chunk.end + 1 - request.num_prompt_tokens
-                right = by_prompt[tuple(request.prompt_token_ids)][first : first + len(drafts[request])]
-                right = [t if rng.random() < 0.8 else (t + 1) % VOCAB for t in right]
-                drafts[request] = right + drafts[request][len(right):]
+            want = by_prompt.get(tuple(request.prompt_token_ids))
+            if request not in drafts or want is None:
+                continue
+            so_far = request.output_token_ids + list(row.chunk.draft_token_ids) + [row.next_token]
+            if want[: len(so_far)] != so_far:
+                continue
+            right = want[len(so_far) : len(so_far) + len(drafts[request])]
+            right = [t if rng.random() < right_chance else (t + 1) % VOCAB for t in right]
+            drafts[request] = right + drafts[request][len(right):]
         return drafts
 
     drafter.propose = read_off

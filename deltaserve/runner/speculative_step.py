@@ -58,9 +58,9 @@ class SpeculativeStep:
             rung = self.graphs.last_size
             layout = RowLayout.padded(plan, self.graphs.rows_per_seq)
         else:
-            hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host)
-            logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
             layout = RowLayout.eager(plan, host)
+            hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host, layout)
+            logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
         tokens, logprobs, accepted, set_back, draft_logprobs = self._sample(runner.sampler, logits, sampling, layout)
         if set_back:
             self.verify_states.restore(set_back, runner.state_pool)
@@ -74,13 +74,13 @@ class SpeculativeStep:
         return (self.decode_graphs is not None and plan.is_decode  # one row a chunk: no drafts
                 and len(plan.chunks) <= self.decode_graphs.max_batch and all(c.samples for c in plan.chunks))
 
-    def _eager_pass(self, runner, plan: StepPlan, host: HostBatch):
+    def _eager_pass(self, runner, plan: StepPlan, host: HostBatch, layout: RowLayout):
         """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on
         the device), and prompt logprobs."""
         runner._prepare_states(plan, restore_pairs(plan))
         batch = runner.to_forward_batch(host, plan.is_decode)
         captures = mid_chunk_capture_rows(plan) if runner.snapshots is not None else []
-        captures += self._verify_captures(plan, host)
+        captures += self._verify_captures(layout)
         if captures:
             batch.capture_rows, batch.snapshot_pool = CaptureRows(captures), self.verify_states
         hidden = runner.model(batch.input_ids, batch)
@@ -89,17 +89,12 @@ class SpeculativeStep:
             prompt_logprobs = runner._prompt_logprobs(plan, host, hidden)
         return hidden, batch.logits_indices, prompt_logprobs
 
-    def _verify_captures(self, plan: StepPlan, host: HostBatch) -> list[tuple[int, int]]:
+    def _verify_captures(self, layout: RowLayout) -> list[tuple[int, int]]:
         """(row, verify slot): the state after each verify row but the last, slot j of its chunk's k."""
         if self.verify_states is None:
             return []
-        captures = []
-        verify_index = 0
-        for chunk, first in zip(plan.chunks, host.query_start_loc):
-            if chunk.draft_token_ids:
-                captures += [(first + j, self._verify_slot(verify_index, j)) for j in range(len(chunk.draft_token_ids))]
-                verify_index += 1
-        return captures
+        return [(layout.pass_row[chunk] + j, self._verify_slot(index, j))
+                for chunk, index in layout.verify_index.items() for j in range(len(chunk.draft_token_ids))]
 
     def _sample(self, sampler: Sampler, logits, sampling: list[ScheduledChunk], layout: RowLayout):
         """Each sampling chunk's token (a verify chunk's after its kept drafts), the logprobs of plain rows where
