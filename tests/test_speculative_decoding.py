@@ -155,16 +155,17 @@ def test_sequences_with_drafts_cut_short_replay_the_verify_graphs(mtp_checkpoint
     layout, each padded to k + 1 rows that change nothing, beside sequences with all k; the tokens are plain
     decoding's, and sampled rows (seeded) are the eager steps' draws."""
     prompts = _prompts(5)
-    lengths = [random.randint(2, 9) for _ in prompts]
+    lengths = [9] + [random.randint(2, 9) for _ in prompts[1:]]  # one long enough for a step with all k drafts
     greedy = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
     seeded = [SamplingParams(temperature=0.9, seed=random.randrange(2**31), max_tokens=n, ignore_eos=True)
               for n in lengths]
     expected = _tokens(plain, prompts, greedy)
+    seed = random.randrange(2**31)  # both runs verify the same drafts: a seeded row's draws follow its drafts
     runs = []
     for padded in (False, True):
         llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=6, speculative_config={**MTP, "num_speculative_tokens": 3})
         replayed = with_uncaptured_graphs(llm.engine).verify if padded else []
-        read_off_drafts(llm, prompts, expected)
+        read_off_drafts(llm, prompts, expected, random.Random(seed))
         runs.append((_tokens(llm, prompts, greedy), _tokens(llm, prompts, seeded)))
     assert runs[0][0] == expected and runs[1] == runs[0]
     rows = [n for step in replayed for n in step]
