@@ -1,4 +1,16 @@
+import os
+import random
 import sys
+
+# Some tests draw their parameters when collected. Under pytest-xdist every worker collects the whole suite and
+# must draw the same ones, so the draws are seeded from the run's id: the same in each worker, new every run.
+random.seed(os.environ.get("PYTEST_XDIST_TESTRUNUID") or os.urandom(16))
+
+# Workers share the machine's cores: each takes its share of torch's threads rather than all of them.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 # transformers binds flash-linear-attention kernels at import time when that package is present; they
 # need a GPU. On CPU the reference of record is transformers' torch path.
