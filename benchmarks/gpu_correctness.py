@@ -262,9 +262,10 @@ def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     so that the verify graphs set states back and the drafting graphs read kept rows); fp32 mixed against the
     CPU's speculative tokens; penalised greedy rows against the CPU's plain ones, and rows under grammars, biases and
     refusals (seeded sampled ones among them) against the CPU's speculative ones, all drafting; bf16 greedy's share
-    of plain bf16 greedy's tokens, for information."""
+    of plain bf16 greedy's tokens, for information; how the fp32 engine's steps ran (step_paths)."""
     expected = tokens(cpu_llm, prompts)
     gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, speculative_config=SPECULATIVE, **state)
+    paths = step_paths(gpu)
     cpu_drafting = LLM(path, device="cpu", speculative_config=SPECULATIVE, **state)
     greedy = tokens(gpu, prompts)
     mixed = tokens(gpu, prompts, MIXED) == tokens(cpu_drafting, prompts, MIXED)
@@ -285,7 +286,7 @@ def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
             "read_off_drafts_kept": after.spec_decode_num_accepted_tokens - kept, "mixed_identical": mixed,
             "penalised_identical": penalised, "structured_and_adjusted_identical": constrained,
             "bf16_matching_share": sum(a == b for x, y in zip(bf16_drafted, reference) for a, b in zip(x, y))
-            / sum(len(x) for x in reference)}
+            / sum(len(x) for x in reference), "fp32_steps": paths}
 
 
 PROMPT_LOOKUP = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -296,10 +297,12 @@ def prompt_lookup_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     """Prompt lookup (drafts copied from earlier tokens: any architecture) on the GPU in fp32: greedy against the
     CPU's plain greedy tokens over prompts that repeat a stretch (drafts proposed from the first step, a random
     model refuting nearly all), then with the drafts it finds replaced by the plain tokens to come (kept, so that the
-    verify graphs set states back and keep rows); mixed seeded rows against the CPU's prompt lookup."""
+    verify graphs set states back and keep rows); mixed seeded rows against the CPU's prompt lookup; how the
+    engine's steps ran (step_paths)."""
     repeating = [p + p + p[: len(p) // 2] for p in prompts]
     expected = tokens(cpu_llm, repeating, LONGER_GREEDY)
     gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, speculative_config=PROMPT_LOOKUP, **state)
+    paths = step_paths(gpu)
     cpu_drafting = LLM(path, device="cpu", speculative_config=PROMPT_LOOKUP, **state)
     greedy = tokens(gpu, repeating, LONGER_GREEDY)
     first = draft_counts(gpu)
@@ -311,7 +314,25 @@ def prompt_lookup_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     return {"greedy_identical": greedy == expected, "drafts_verified": first[0], "drafts_kept": first[1],
             "read_off_greedy_identical": read_off_greedy == expected,
             "read_off_drafts_verified": after[0] - before[0], "read_off_drafts_kept": after[1] - before[1],
-            "mixed_identical": mixed}
+            "mixed_identical": mixed, "steps": paths}
+
+
+def step_paths(llm: LLM) -> dict:
+    """Counts, as the engine runs, its speculative steps by how they ran: verify graph replays, decode graph replays
+    (prompt lookup's steps without drafts) and eager passes (prompt chunks among them)."""
+    speculative, counts = llm.engine.runner.speculative, {"verify_graph": 0, "decode_graph": 0, "eager": 0}
+    for owner, name, path in ((speculative.graphs, "run", "verify_graph"),
+                              (speculative.decode_graphs, "run", "decode_graph"),
+                              (speculative, "_eager_pass", "eager")):
+        if owner is not None:
+            inner = getattr(owner, name)
+
+            def counted(*args, _inner=inner, _path=path):
+                counts[_path] += 1
+                return _inner(*args)
+
+            setattr(owner, name, counted)
+    return counts
 
 
 def draft_counts(llm: LLM) -> tuple[int, int]:
