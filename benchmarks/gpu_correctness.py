@@ -318,12 +318,14 @@ def prompt_lookup_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
 
 
 def step_paths(llm: LLM) -> dict:
-    """Counts, as the engine runs, its speculative steps by how they ran: verify graph replays, decode graph replays
-    (prompt lookup's steps without drafts) and eager passes (prompt chunks among them)."""
-    speculative, counts = llm.engine.runner.speculative, {"verify_graph": 0, "decode_graph": 0, "eager": 0}
-    for owner, name, path in ((speculative.graphs, "run", "verify_graph"),
-                              (speculative.decode_graphs, "run", "decode_graph"),
-                              (speculative, "_eager_pass", "eager")):
+    """Counts, as the engine runs, its speculative steps' passes by how they ran: verify graph replays, prompt
+    lookup's decode and prefill graph replays, and eager passes of the target (each builds its batch)."""
+    runner = llm.engine.runner
+    speculative = runner.speculative
+    counts = {"verify_graph": 0, "decode_graph": 0, "prefill_graph": 0, "eager": 0}
+    for owner, name, path in ((speculative.graphs, "run", "verify_graph"), (runner.graphs, "run", "decode_graph"),
+                              (runner.prefill_graphs, "run", "prefill_graph"),
+                              (runner, "to_forward_batch", "eager")):
         if owner is not None:
             inner = getattr(owner, name)
 

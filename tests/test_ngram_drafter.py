@@ -129,14 +129,14 @@ def test_a_prefix_cache_hit_restores_into_a_decode_graph_step(checkpoint_factory
     llm = LLM(path, device="cpu", block_size=16, ssm_snapshot_interval=16,
               speculative_config={**NGRAM, "prompt_lookup_min": 2})
     steps = with_uncaptured_graphs(llm.engine)
-    restoring, plainly = [], llm.engine.runner.speculative._decodes_plainly
+    restoring, plainly = [], llm.engine.runner._replayable
 
     def noting(plan):
         taken = plainly(plan)
         restoring.append(taken and bool(plan.restores))  # a decode graph step with a restore
         return taken
 
-    llm.engine.runner.speculative._decodes_plainly = noting
+    llm.engine.runner._replayable = noting
     for _ in range(2):
         assert llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids == want
     assert any(restoring) and steps.decode
@@ -171,6 +171,80 @@ def test_a_decode_snapshot_taken_in_a_verify_graph_step_is_the_sequences_own_sta
     hits = llm.engine.stats().prefix_cache_hits
     assert llm.generate(follow_up, params, use_tqdm=False)[0].outputs[0].token_ids == want
     assert llm.engine.stats().prefix_cache_hits - hits == point
+
+
+def _arrivals(llm: LLM, prompts: dict, params) -> dict:
+    """"first" run alone; "a" (its lookups hit) and "b" decoding, joined by "fresh" and then by "follow-up" (a
+    prefix-cache hit on "first"'s history), each arriving alone while the others decode: {name: its tokens}."""
+    engine, done = llm.engine, {}
+
+    def step():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+
+    def add(name):
+        engine.add_request(name, prompts[name], params[name] if isinstance(params, dict) else params)
+
+    add("first")
+    while "first" not in done:
+        step()
+    for name in ("a", "b", None, None, "fresh", None, None, "follow-up"):
+        add(name) if name else step()
+    while engine.has_unfinished_requests():
+        step()
+    return done
+
+
+def _arrival_prompts(rng: random.Random) -> dict:
+    history = [rng.randrange(3, VOCAB) for _ in range(rng.randint(40, 90))]
+    prompts = {"first": history, "a": rng.sample(range(3, VOCAB), VOCAB - 3),  # whatever its last token, it stood
+               "b": [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 12))],  # before: lookups hit
+               "fresh": [rng.randrange(3, VOCAB) for _ in range(rng.randint(20, 100))]}
+    prompts["follow-up"] = [rng.randrange(3, VOCAB) for _ in range(rng.randint(20, 50))]  # after the first turn
+    return prompts
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3.5"])
+def test_a_prompt_arriving_beside_drafting_sequences_replays_its_prefill_graph(arch, checkpoint_factory):
+    """A prompt that arrives while sequences decode with drafts runs as its own prefill graph after their verify
+    graph (uncaptured on the CPU, so run eagerly in the graphs' layouts), as a plain engine splits a step; beside
+    sequences without drafts it follows their decode graph, and alone it is a prefill graph; a prefix-cache hit
+    restores inside its graph. The tokens are plain greedy decoding's, and seeded sampled rows are those of
+    eager steps."""
+    path = checkpoint_factory(arch)
+    rng = random.Random()
+    prompts = _arrival_prompts(rng)
+    plain = LLM(path, device="cpu", max_num_seqs=8)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    first = plain.generate([prompts["first"]], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    prompts["follow-up"] = prompts["first"] + first + prompts["follow-up"]
+    expected = {name: o.outputs[0].token_ids
+                for name, o in zip(prompts, plain.generate(list(prompts.values()), greedy, use_tqdm=False))}
+    seeded = {name: SamplingParams(temperature=0.9, seed=rng.randrange(2**31), max_tokens=24, ignore_eos=True)
+              for name in prompts}
+    seed, runs = rng.randrange(2**31), []
+    for in_graphs in (False, True):
+        llm = LLM(path, device="cpu", max_num_seqs=8, block_size=16, speculative_config=NGRAM)
+        steps, splits = (with_uncaptured_graphs(llm.engine), _recorded_splits(llm)) if in_graphs else (None, None)
+        read_off_drafts(llm, list(prompts.values()), list(expected.values()), random.Random(seed))
+        runs.append((_arrivals(llm, prompts, greedy), _arrivals(llm, prompts, seeded)))
+    assert runs[0][0] == expected and runs[1] == runs[0]
+    assert splits and steps.decode and len(steps.prefill) > len(splits)  # alone, beside verify and decode graphs
+    assert llm.engine.stats().prefix_cache_hits > 0
+
+
+def _recorded_splits(llm: LLM) -> list[int]:
+    """The prompt chunks' row counts of the steps split into a verify graph and a prefill graph, as they run."""
+    speculative, splits = llm.engine.runner.speculative, []
+    execute_split = speculative._execute_split
+
+    def recorded(runner, plan, decoding, prefill, captures):
+        splits.append(prefill.chunks[0].num_tokens)
+        return execute_split(runner, plan, decoding, prefill, captures)
+
+    speculative._execute_split = recorded
+    return splits
 
 
 def test_prompt_lookup_needs_no_head_and_vllms_defaults_hold():

@@ -95,8 +95,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     graphs = prefill_graphs = verify_graphs = mtp_graphs = None
     if speculative is not None and device.type == "cuda" and not config.enforce_eager:
         rows = config.max_num_seqs * (speculative.num_speculative_tokens + 1)
+        prompt_rows = 0 if with_head else prefill_graph_rows(config.max_num_batched_tokens)  # prompt lookup's
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
-                              max_prefill_rows=rows)
+                              max_prefill_rows=max(rows, prompt_rows))
         verify_graphs = VerifyGraphs(model, buffers, speculative.num_speculative_tokens, config.max_num_seqs,
                                      verify_states, config.block_size)
         pool = torch.cuda.graph_pool_handle()
@@ -105,9 +106,11 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
             mtp_graphs = MtpGraphs(model, buffers, verify_graphs, speculative.num_speculative_tokens,
                                    config.block_size)
             mtp_graphs.capture(pool)
-        else:  # prompt lookup finds no drafts in some steps: those decode a row a sequence (SpeculativeStep)
+        else:  # prompt lookup's steps without drafts to verify run as a plain engine's (SpeculativeStep)
             graphs = DecodeGraphs(model, buffers, config.max_num_seqs, model_config.vocab_size)
             graphs.capture(pool)
+            prefill_graphs = PrefillGraphs(model, buffers, snapshots, prompt_rows)
+            prefill_graphs.capture(pool)
     elif device.type == "cuda" and not config.enforce_eager:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=prefill_graph_rows(config.max_num_batched_tokens))
@@ -117,11 +120,11 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         prefill_graphs = PrefillGraphs(model, buffers, snapshots)
         prefill_graphs.capture(pool)
     sampler = Sampler(model_config.vocab_size, device, config.seed, config.logprobs_mode)
-    runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device, sampler,
-                         graphs if speculative is None else None, snapshots, prefill_graphs)
+    runner = ModelRunner(model, kv_pool, state_pool, config.block_size, device, sampler, graphs, snapshots,
+                         prefill_graphs)
     if speculative is not None:
         runner.speculative = SpeculativeStep(_drafter(speculative, model, config, runner, mtp_graphs), verify_states,
-                                             speculative.num_speculative_tokens, verify_graphs, graphs)
+                                             speculative.num_speculative_tokens, verify_graphs)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, state_pool.h_all.dtype if state_pool else "-",

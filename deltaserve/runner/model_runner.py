@@ -88,6 +88,11 @@ class ModelRunner:
         """Runs one step: the sampled tokens of the chunks that reach their end, and logprobs asked for."""
         if self.speculative is not None:
             return self.speculative.execute(self, plan)
+        return self.execute_plain(plan)
+
+    def execute_plain(self, plan: StepPlan) -> StepResult:
+        """A step without drafts to verify: its decode graph, its decode rows' and prefill chunk's graphs, or an
+        eager pass."""
         passes = self._graph_passes(plan)
         if passes is not None:
             return self._execute_graphs(plan, *passes)
@@ -126,10 +131,7 @@ class ModelRunner:
         if decode is not None:
             logits.append(self.graphs.run(build_host_batch(decode, self.block_size))[0])
             sampling += decode.chunks  # every decode row samples
-        restores = restore_pairs(prefill)
-        hidden = self.prefill_graphs.run(build_host_batch(prefill, self.block_size), captures,
-                                         restores[0] if restores else None,
-                                         prefill.block_copies[0].pair if prefill.block_copies else None)
+        hidden = self.run_prefill_graph(prefill, captures)
         chunk = prefill.chunks[0]
         if chunk.samples:
             logits.append(self.model.compute_logits(hidden))
@@ -141,12 +143,17 @@ class ModelRunner:
                                         [c.request for c in sampling])
         return StepResult(sampling, tokens, logprobs)
 
+    def run_prefill_graph(self, prefill: StepPlan, captures: list[tuple[int, int]]) -> torch.Tensor:
+        """Replays the prefill graph of `prefill`'s one chunk (see prefill_split); its sampled row's hidden state."""
+        restores = restore_pairs(prefill)
+        return self.prefill_graphs.run(build_host_batch(prefill, self.block_size), captures,
+                                       restores[0] if restores else None,
+                                       prefill.block_copies[0].pair if prefill.block_copies else None)
+
     def _graph_passes(self, plan: StepPlan) -> tuple[StepPlan | None, StepPlan, list[tuple[int, int]]] | None:
         """A step of one prefill chunk, alone or beside decode rows, as the plan of its decode rows (None without
-        them) and that of its chunk with the chunk's mid-chunk captures (rows counted from the chunk's first):
-        None unless they replay graphs. Beside decode rows the chunk holds at most mixed_split_max_rows rows,
-        and a restore or a tail's copy for a decode row (a prompt restored to its last token) keeps the step
-        eager."""
+        them) and the chunk's plan and captures (prefill_split): None unless both replay graphs. A restore or a
+        tail's copy for a decode row (a prompt restored to its last token) keeps the step eager."""
         if self.prefill_graphs is None or plan.is_decode:
             return None
         chunks = [c for c in plan.chunks if c.num_tokens > 1]
@@ -155,15 +162,24 @@ class ModelRunner:
         chunk = chunks[0]
         rows = [c for c in plan.chunks if c is not chunk]
         decode = StepPlan(chunks=rows) if rows else None
-        if decode is not None and (chunk.num_tokens > mixed_split_max_rows(len(rows))
-                                   or not self._replayable(decode)):
+        if decode is not None and not self._replayable(decode):
+            return None
+        split = self.prefill_split(plan, chunk, len(rows))
+        return None if split is None else (decode, *split)
+
+    def prefill_split(self, plan: StepPlan, chunk: ScheduledChunk, beside: int) -> tuple[StepPlan, list] | None:
+        """The plan of `plan`'s prefill chunk `chunk` as its own graph's pass beside `beside` decoding sequences,
+        and the chunk's mid-chunk captures (rows counted from its first): None where it does not replay (beside
+        decoding sequences it holds at most mixed_split_max_rows rows; the step's restores and tail copies must
+        be its own)."""
+        if self.prefill_graphs is None or (beside and chunk.num_tokens > mixed_split_max_rows(beside)):
             return None
         prefill = StepPlan(chunks=[chunk], restores=plan.restores, block_copies=plan.block_copies,
                            captures=[c for c in plan.captures if c.chunk is chunk])
         captures = mid_chunk_capture_rows(prefill) if self.snapshots is not None else []
         if not self._prefill_replayable(prefill, captures):
             return None
-        return decode, prefill, captures
+        return prefill, captures
 
     def can_launch(self, plan: StepPlan) -> bool:
         """Whether the plan can run without its tokens being read back before the next step is

@@ -23,16 +23,18 @@ from deltaserve.runner.batch_builder import HostBatch, kv_slots
 
 @dataclass
 class DraftRequest:
-    """One chunk as the MTP head reads it: its kept rows [start, end) of the step's rows from `first_row`, and the
-    token after its last one (`next_token`); `drafts` whether its sequence drafts."""
+    """One chunk as the MTP head reads it: its kept rows [start, end) of the step's rows from `first_row` (None
+    where the step kept no hidden states: prompt lookup reads none), and the token after its last one
+    (`next_token`); `drafts` whether its sequence drafts."""
 
     chunk: ScheduledChunk
-    first_row: int
+    first_row: int | None
     next_token: int
     drafts: bool
 
 
 class MtpDrafter:
+    reads_hidden = True  # the target's final hidden state of every row a step keeps
     def __init__(self, model, num_speculative_tokens: int, block_size: int, to_forward_batch):
         self.model = model
         self.num_speculative_tokens = num_speculative_tokens

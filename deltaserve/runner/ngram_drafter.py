@@ -20,6 +20,7 @@ from deltaserve.runner.mtp_drafter import DraftRequest, useful_drafts
 
 class NgramDrafter:
     graphs = None  # nothing to replay: the drafts are read off the tokens on the host
+    reads_hidden = False  # so a step without drafts to verify runs as a plain engine's (SpeculativeStep)
 
     def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int, prompt_lookup_max: int):
         self.num_speculative_tokens = num_speculative_tokens

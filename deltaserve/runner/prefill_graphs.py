@@ -72,11 +72,12 @@ def prefill_ladder(max_rows: int) -> list[int]:
 
 
 class PrefillGraphs:
-    def __init__(self, model: DecoderLM, buffers: StepBuffers, snapshots=None):
+    def __init__(self, model: DecoderLM, buffers: StepBuffers, snapshots=None, max_rows: int | None = None):
         self.model = model
         self.buffers = buffers
         self.snapshots = snapshots  # SnapshotPool: captures on; None: the model or the engine keeps none
-        self.sizes = prefill_ladder(min(MAX_ROWS, buffers.max_prefill_rows))
+        # the buffers' rows by default (a prompt-lookup engine's hold its verify steps' rows too)
+        self.sizes = prefill_ladder(min(MAX_ROWS, max_rows or buffers.max_prefill_rows))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.hidden: dict[int, torch.Tensor] = {}  # per rung: the last row's hidden state [1, H] a replay writes
 

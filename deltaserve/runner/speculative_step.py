@@ -9,19 +9,22 @@ the next step. Then the MTP head reads the kept rows and drafts for the next ste
 
 A step of decoding sequences alone, each its last token and up to k drafts (the steady state of decoding),
 replays a verify graph (verify_graphs.py) with every sequence padded to k + 1 rows, the sampling runs eagerly after
-it and the head drafts in a graph of its own (mtp_graphs.py). With prompt lookup, a step where no sequence found
-drafts replays a plain decode graph instead. Any other step (a prompt's chunk beside them) runs eagerly. The
-step's tokens are read back before the next is planned.
+it and the head drafts in a graph of its own (mtp_graphs.py). Prompt lookup reads no hidden states, so its steps
+with no drafts to verify run as a plain engine's (decode graphs, a prompt chunk's prefill graph beside them, or
+one eager pass: ModelRunner.execute_plain), and one prompt chunk beside sequences with drafts runs as its prefill
+graph after their verify graph. Any other step runs eagerly. The step's tokens are read back before the next is
+planned.
 """
 
 from __future__ import annotations
+
+import torch
 
 from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.host_to_device import to_device
 from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch
-from deltaserve.runner.cuda_graphs import DecodeGraphs
 from deltaserve.runner.draft_verifier import Verdicts, VerifyRows, verify_sequences
 from deltaserve.runner.mtp_drafter import DraftRequest, MtpDrafter
 from deltaserve.runner.ngram_drafter import NgramDrafter
@@ -32,27 +35,22 @@ from deltaserve.runner.verify_graphs import VerifyGraphs
 
 class SpeculativeStep:
     def __init__(self, drafter: MtpDrafter | NgramDrafter, verify_states: SnapshotPool | None,
-                 num_speculative_tokens: int, graphs: VerifyGraphs | None = None,
-                 decode_graphs: DecodeGraphs | None = None):
+                 num_speculative_tokens: int, graphs: VerifyGraphs | None = None):
         self.drafter = drafter
         self.verify_states = verify_states  # None without GDN layers: nothing to set back
         self.num_speculative_tokens = num_speculative_tokens
         self.graphs = graphs  # None: every step runs eagerly
-        # prompt lookup's: a step where no sequence verifies drafts decodes a row a sequence (the MTP head reads
-        # every verify row's hidden state, so its steps stay in the verify graphs)
-        self.decode_graphs = decode_graphs
 
     def execute(self, runner, plan: StepPlan):
-        from deltaserve.runner.model_runner import StepResult
-
+        if not self.drafter.reads_hidden and not any(c.draft_token_ids for c in plan.chunks):
+            return self._plain_step(runner, plan)
+        split = self._verify_split(runner, plan)
+        if split is not None:
+            return self._execute_split(runner, plan, *split)
         sampling = [c for c in plan.chunks if c.samples]
         host = build_host_batch(plan, runner.block_size)
         prompt_logprobs, rung = {}, None
-        if self._decodes_plainly(plan):
-            runner._prepare_states(plan, restore_pairs(plan))
-            logits, hidden = self.decode_graphs.run(host)[0], None
-            layout = RowLayout.eager(plan, host)
-        elif self.graphs is not None and self.graphs.replayable(plan):
+        if self.graphs is not None and self.graphs.replayable(plan):
             runner._prepare_states(plan, restore_pairs(plan))
             logits, hidden = self.graphs.run(host)
             rung = self.graphs.last_size
@@ -61,18 +59,59 @@ class SpeculativeStep:
             layout = RowLayout.eager(plan, host)
             hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host, layout)
             logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
+        return self._verify(runner, plan, logits, hidden, layout, rung, prompt_logprobs)
+
+    def _verify(self, runner, plan: StepPlan, logits, hidden, layout: RowLayout, rung: int | None = None,
+                prompt_logprobs: dict | None = None):
+        """Samples the step's rows (verdicts on the drafts), sets refuted sequences' states back, saves the
+        step's snapshots and drafts for the next step."""
+        from deltaserve.runner.model_runner import StepResult
+
+        sampling = [c for c in plan.chunks if c.samples]
         tokens, logprobs, accepted, set_back, draft_logprobs = self._sample(runner.sampler, logits, sampling, layout)
         if set_back:
             self.verify_states.restore(set_back, runner.state_pool)
         runner._save_snapshots(plan)  # a padded sequence's state is its own once set back
-        drafts = self.drafter.propose(hidden, self._draft_rows(plan, layout, sampling, tokens), rung)
-        return StepResult(sampling, tokens, logprobs, prompt_logprobs, accepted, drafts, draft_logprobs)
+        drafts = self.drafter.propose(hidden, self._draft_rows(plan, layout.pass_row, sampling, tokens), rung)
+        return StepResult(sampling, tokens, logprobs, prompt_logprobs or {}, accepted, drafts, draft_logprobs)
 
-    def _decodes_plainly(self, plan: StepPlan) -> bool:
-        """A step of decode rows without drafts that a decode graph holds (as ModelRunner replays them, its
-        restores and resets before it and its snapshots after)."""
-        return (self.decode_graphs is not None and plan.is_decode  # one row a chunk: no drafts
-                and len(plan.chunks) <= self.decode_graphs.max_batch and all(c.samples for c in plan.chunks))
+    def _plain_step(self, runner, plan: StepPlan):
+        """Prompt lookup's step with no drafts to verify runs as a plain engine's does (its decode graph, its
+        decode rows' graph and its prompt chunk's, or one eager pass), then drafts: the lookup reads no hidden
+        states."""
+        result = runner.execute_plain(plan)
+        result.drafts = self.drafter.propose(None, self._draft_rows(plan, {}, result.sampling, result.tokens))
+        return result
+
+    def _verify_split(self, runner, plan: StepPlan) -> tuple[StepPlan, StepPlan, list] | None:
+        """Prompt lookup's step of one prompt chunk beside decoding sequences with drafts, as ModelRunner splits a
+        plain step: the sequences' plan, which a verify graph replays, then the chunk's prefill graph pass
+        (ModelRunner.prefill_split). None where either would run eagerly, or where the drafter reads the
+        target's hidden states (the MTP head reads every row's, which a prefill graph does not keep)."""
+        if self.drafter.reads_hidden or self.graphs is None or plan.is_decode:
+            return None
+        prompts = [c for c in plan.chunks if not c.draft_token_ids and c.num_tokens > 1]
+        if len(prompts) != 1:
+            return None
+        decoding = StepPlan(chunks=[c for c in plan.chunks if c is not prompts[0]])
+        if not decoding.chunks or not self.graphs.replayable(decoding):
+            return None
+        split = runner.prefill_split(plan, prompts[0], len(decoding.chunks))
+        return None if split is None else (decoding, *split)
+
+    def _execute_split(self, runner, plan: StepPlan, decoding: StepPlan, prefill: StepPlan, captures: list):
+        """The decoding sequences' verify graph, then the prompt chunk's prefill graph (which restores its
+        sequence's snapshot and copies its KV tail itself), over the same buffers one after the other; the
+        chunk's logits row, where it samples, follows the verify rows."""
+        runner._prepare_states(plan, [], copy_blocks=False)
+        logits, _ = self.graphs.run(build_host_batch(decoding, runner.block_size))
+        layout = RowLayout.padded(decoding, self.graphs.rows_per_seq)
+        chunk = prefill.chunks[0]
+        hidden = runner.run_prefill_graph(prefill, captures)
+        if chunk.samples:
+            layout.add_plain_row(chunk, logits.shape[0])
+            logits = torch.cat([logits, runner.model.compute_logits(hidden)])
+        return self._verify(runner, plan, logits, None, layout)
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch, layout: RowLayout):
         """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on
@@ -155,13 +194,16 @@ class SpeculativeStep:
         """The slot of the state after row `row` of the step's verify chunk `verify_index`."""
         return self.verify_states.first_verify_slot + verify_index * self.num_speculative_tokens + row
 
-    def _draft_rows(self, plan: StepPlan, layout: RowLayout, sampling, tokens) -> list[DraftRequest]:
+    @staticmethod
+    def _draft_rows(plan: StepPlan, pass_row: dict, sampling, tokens) -> list[DraftRequest]:
+        """Each chunk as the drafter reads it; `pass_row`: each chunk's first row of the step's hidden states
+        (empty where the drafter reads none)."""
         sampled = dict(zip(sampling, tokens))
         rows = []
         for chunk in plan.chunks:
             request = chunk.request
             following = sampled[chunk] if chunk in sampled else request.token_at(chunk.end)
-            rows.append(DraftRequest(chunk, layout.pass_row[chunk], following, chunk in sampled))
+            rows.append(DraftRequest(chunk, pass_row.get(chunk), following, chunk in sampled))
         return rows
 
 
@@ -192,6 +234,11 @@ class RowLayout:
                 layout.verify_index[chunk] = verify_index
                 verify_index += 1
         return layout
+
+    def add_plain_row(self, chunk: ScheduledChunk, logits_row: int) -> None:
+        """A prompt chunk beside a verify graph's rows, run as its own pass: its one logits row."""
+        self.first_row[chunk] = logits_row
+        self.rows[chunk] = 1
 
     @classmethod
     def padded(cls, plan: StepPlan, per: int) -> RowLayout:
