@@ -57,6 +57,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import results_io  # noqa: E402
 from deltaserve import LLM, BeamSearchParams, NoTokenAllowedError, SamplingParams, StructuredOutputsParams  # noqa: E402
 from deltaserve.runner.model_runner import MANY_DECODE_ROWS  # noqa: E402
+from tests.arrivals import arrival_prompts, arrivals as arrivals_one_at_a_time  # noqa: E402
 from tests.checkpoints import ARCHITECTURES, add_mtp_weights, add_think_tokens, make_checkpoint  # noqa: E402
 from tests.read_off_drafts import read_off_drafts  # noqa: E402
 
@@ -314,7 +315,21 @@ def prompt_lookup_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     return {"greedy_identical": greedy == expected, "drafts_verified": first[0], "drafts_kept": first[1],
             "read_off_greedy_identical": read_off_greedy == expected,
             "read_off_drafts_verified": after[0] - before[0], "read_off_drafts_kept": after[1] - before[1],
-            "mixed_identical": mixed, "steps": paths}
+            "mixed_identical": mixed, "arrivals_identical": arrivals_alike(path, cpu_llm, state), "steps": paths}
+
+
+def arrivals_alike(path: str, cpu_llm: LLM, state: dict) -> dict:
+    """Prompts arriving one at a time beside sequences decoding by prompt lookup (tests/arrivals.py: prefill
+    graphs alone, after a decode graph and after a verify graph, a prefix-cache hit restored in one), fp32
+    greedy on the GPU against the CPU's plain greedy tokens; how the steps ran."""
+    prompts = arrival_prompts(random.Random(1))
+    first = tokens(cpu_llm, [prompts["first"]], LONGER_GREEDY)[0]
+    prompts["follow-up"] = prompts["first"] + first + prompts["follow-up"]
+    expected = dict(zip(prompts, tokens(cpu_llm, list(prompts.values()), LONGER_GREEDY)))
+    gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, block_size=16,
+              speculative_config=PROMPT_LOOKUP, **state)
+    paths = step_paths(gpu)
+    return {"identical": arrivals_one_at_a_time(gpu, prompts, LONGER_GREEDY) == expected, "steps": paths}
 
 
 def step_paths(llm: LLM) -> dict:
@@ -322,16 +337,17 @@ def step_paths(llm: LLM) -> dict:
     lookup's decode and prefill graph replays, and eager passes of the target (each builds its batch)."""
     runner = llm.engine.runner
     speculative = runner.speculative
-    counts = {"verify_graph": 0, "decode_graph": 0, "prefill_graph": 0, "eager": 0}
+    counts = {"verify_graph": 0, "decode_graph": 0, "prefill_graph": 0, "verify_then_prefill_graph": 0, "eager": 0}
     for owner, name, path in ((speculative.graphs, "run", "verify_graph"), (runner.graphs, "run", "decode_graph"),
                               (runner.prefill_graphs, "run", "prefill_graph"),
+                              (speculative, "_execute_split", "verify_then_prefill_graph"),
                               (runner, "to_forward_batch", "eager")):
         if owner is not None:
             inner = getattr(owner, name)
 
-            def counted(*args, _inner=inner, _path=path):
+            def counted(*args, _inner=inner, _path=path, **kwargs):
                 counts[_path] += 1
-                return _inner(*args)
+                return _inner(*args, **kwargs)
 
             setattr(owner, name, counted)
     return counts

@@ -13,6 +13,7 @@ from deltaserve.engine.speculative_config import SpeculativeConfig
 from deltaserve.errors import DeltaServeError
 from deltaserve.runner.ngram_drafter import lookup
 from tests.checkpoints import VOCAB
+from tests.arrivals import arrival_prompts, arrivals
 from tests.read_off_drafts import read_off_drafts
 from tests.uncaptured_graphs import with_uncaptured_graphs
 
@@ -173,38 +174,6 @@ def test_a_decode_snapshot_taken_in_a_verify_graph_step_is_the_sequences_own_sta
     assert llm.engine.stats().prefix_cache_hits - hits == point
 
 
-def _arrivals(llm: LLM, prompts: dict, params) -> dict:
-    """"first" run alone; "a" (its lookups hit) and "b" decoding, joined by "fresh" and then by "follow-up" (a
-    prefix-cache hit on "first"'s history), each arriving alone while the others decode: {name: its tokens}."""
-    engine, done = llm.engine, {}
-
-    def step():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-
-    def add(name):
-        engine.add_request(name, prompts[name], params[name] if isinstance(params, dict) else params)
-
-    add("first")
-    while "first" not in done:
-        step()
-    for name in ("a", "b", None, None, "fresh", None, None, "follow-up"):
-        add(name) if name else step()
-    while engine.has_unfinished_requests():
-        step()
-    return done
-
-
-def _arrival_prompts(rng: random.Random) -> dict:
-    history = [rng.randrange(3, VOCAB) for _ in range(rng.randint(40, 90))]
-    prompts = {"first": history, "a": rng.sample(range(3, VOCAB), VOCAB - 3),  # whatever its last token, it stood
-               "b": [rng.randrange(3, VOCAB) for _ in range(rng.randint(3, 12))],  # before: lookups hit
-               "fresh": [rng.randrange(3, VOCAB) for _ in range(rng.randint(20, 100))]}
-    prompts["follow-up"] = [rng.randrange(3, VOCAB) for _ in range(rng.randint(20, 50))]  # after the first turn
-    return prompts
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen3.5"])
 def test_a_prompt_arriving_beside_drafting_sequences_replays_its_prefill_graph(arch, checkpoint_factory):
     """A prompt that arrives while sequences decode with drafts runs as its own prefill graph after their verify
@@ -214,7 +183,7 @@ def test_a_prompt_arriving_beside_drafting_sequences_replays_its_prefill_graph(a
     eager steps."""
     path = checkpoint_factory(arch)
     rng = random.Random()
-    prompts = _arrival_prompts(rng)
+    prompts = arrival_prompts(rng)
     plain = LLM(path, device="cpu", max_num_seqs=8)
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     first = plain.generate([prompts["first"]], greedy, use_tqdm=False)[0].outputs[0].token_ids
@@ -228,7 +197,7 @@ def test_a_prompt_arriving_beside_drafting_sequences_replays_its_prefill_graph(a
         llm = LLM(path, device="cpu", max_num_seqs=8, block_size=16, speculative_config=NGRAM)
         steps, splits = (with_uncaptured_graphs(llm.engine), _recorded_splits(llm)) if in_graphs else (None, None)
         read_off_drafts(llm, list(prompts.values()), list(expected.values()), random.Random(seed))
-        runs.append((_arrivals(llm, prompts, greedy), _arrivals(llm, prompts, seeded)))
+        runs.append((arrivals(llm, prompts, greedy), arrivals(llm, prompts, seeded)))
     assert runs[0][0] == expected and runs[1] == runs[0]
     assert splits and steps.decode and len(steps.prefill) > len(splits)  # alone, beside verify and decode graphs
     assert llm.engine.stats().prefix_cache_hits > 0
