@@ -11,6 +11,10 @@ makes it (ModelRunner._graph_passes, here for a prompt of any length: MIXED_SPLI
 MIXED_SPLIT_MAX_ROWS_BESIDE_MANY are what these times set), and the same step kept eager (both 0), each after
 one untimed trial of its own. `split_steps` counts the split arm's steps that did run split. `decode_step_ms`
 is a plain decode step of the C rows, for scale. Prefix caching is off, so the prompt arrives as one chunk.
+
+`--drafts k`: the engine drafts by prompt lookup, and every decoding sequence verifies k drafts each step (random
+tokens stand for what lookups find: a random model's tokens seldom repeat), so the split is their verify graph
+then the prompt's prefill graph (SpeculativeStep._execute_split), and `decode_step_ms` a verify step.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from benchmarks.shapes import dummy_engine, random_tokens  # noqa: E402
 from deltaserve.engine.llm_engine import LLMEngine  # noqa: E402
 from deltaserve.errors import RequestNotFoundError  # noqa: E402
 from deltaserve.runner import model_runner  # noqa: E402
+from deltaserve.runner.mtp_drafter import useful_drafts  # noqa: E402
 from deltaserve.sampling_params import SamplingParams  # noqa: E402
 
 DECODING = SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True, detokenize=False)
@@ -46,14 +51,24 @@ def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: b
     model_runner.MIXED_SPLIT_MAX_ROWS = max(SPLIT_ROWS, prompt_len) if split else 0
     model_runner.MIXED_SPLIT_MAX_ROWS_BESIDE_MANY = max(SPLIT_ROWS_BESIDE_MANY, prompt_len) if split else 0
     splits = []
-    execute_graphs = type(runner)._execute_graphs
+    if runner.speculative is not None:
+        speculative = runner.speculative
+        execute_split = type(speculative)._execute_split
 
-    def counted(plan, decode, *parts):
-        if decode is not None:
+        def counted_split(runner_, plan, *parts):
             splits.append(plan)
-        return execute_graphs(runner, plan, decode, *parts)
+            return execute_split(speculative, runner_, plan, *parts)
 
-    runner._execute_graphs = counted
+        speculative._execute_split = counted_split
+    else:
+        execute_graphs = type(runner)._execute_graphs
+
+        def counted(plan, decode, *parts):
+            if decode is not None:
+                splits.append(plan)
+            return execute_graphs(runner, plan, decode, *parts)
+
+        runner._execute_graphs = counted
     ids = [f"d{time.monotonic_ns()}-{i}" for i in range(concurrency)]
     for request_id in ids:
         engine.add_request(request_id, tokens(PROMPT), DECODING)
@@ -83,6 +98,17 @@ def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: b
     return arrival, decode_step, len(splits)
 
 
+def draft_always(engine: LLMEngine, tokens) -> None:
+    """Every decoding sequence's drafts: as many random tokens as its next step may verify."""
+    drafter = engine.runner.speculative.drafter
+    k = drafter.num_speculative_tokens
+
+    def propose(hidden, rows, verify_rung=None):
+        return {row.chunk.request: tokens(n) for row in rows if (n := useful_drafts(row, k))}
+
+    drafter.propose = propose
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("shape")
@@ -91,15 +117,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--drafts", type=int, default=0, help="k: prompt lookup, every sequence verifying k drafts")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",")]
     lengths = [int(n) for n in args.prompt_len.split(",")]
     budget = max(2048, max(lengths) + max(ladder))  # the arriving prompt in one chunk beside the decode rows
+    drafting = {"speculative_config": {"method": "ngram", "num_speculative_tokens": args.drafts}} if args.drafts else {}
     engine = dummy_engine(args.shape, device=args.device, max_num_seqs=max(ladder) + 1, max_num_batched_tokens=budget,
-                          max_model_len=args.max_model_len, enable_prefix_caching=False)
+                          max_model_len=args.max_model_len, enable_prefix_caching=False, **drafting)
     tokens = random_tokens(engine.model_config.vocab_size)
-    result = {**results_io.header(), "shape": args.shape, "max_num_batched_tokens": budget, "rows": []}
+    if args.drafts:
+        draft_always(engine, tokens)
+    result = {**results_io.header(), "shape": args.shape, "max_num_batched_tokens": budget, "drafts": args.drafts,
+              "rows": []}
     for c in ladder:
         for length in lengths:
             times, splits = {True: [], False: []}, {True: 0, False: 0}
