@@ -35,6 +35,7 @@ class DraftRequest:
 
 class MtpDrafter:
     reads_hidden = True  # the target's final hidden state of every row a step keeps
+
     def __init__(self, model, num_speculative_tokens: int, block_size: int, to_forward_batch):
         self.model = model
         self.num_speculative_tokens = num_speculative_tokens
