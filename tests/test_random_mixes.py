@@ -158,8 +158,8 @@ class Alone:
 class Mix:
     def __init__(self, path: str, rng: random.Random, speculative_config: dict | None = None):
         """speculative_config: the engine drafts so, and every request is greedy (a sampled one's draws would be
-        speculative sampling's, not a plain run's); in half the mixes its decoding steps run in the verify graphs'
-        layout (uncaptured, so eagerly)."""
+        speculative sampling's, not a plain run's); in half the mixes its steps run in the graphs' layouts
+        (uncaptured, so eagerly): the verify graphs', and prompt lookup's decode and prefill graphs'."""
         self.rng = rng
         self.greedy = speculative_config is not None
         drafting = {"speculative_config": speculative_config} if speculative_config else {}
@@ -177,7 +177,7 @@ class Mix:
             ssm_snapshot_slots=rng.choice([None, 0, 1, 4]), ssm_snapshot_interval=rng.choice([1024, self.block]),
             decode_snapshot_interval=rng.choice([256, self.block]), async_scheduling=rng.random() < 0.7,
             seed=rng.randrange(1000), **drafting)
-        if speculative_config and rng.random() < 0.5:  # decoding steps in the verify graphs' padded layout
+        if speculative_config and rng.random() < 0.5:  # steps in the graphs' padded layouts
             with_uncaptured_graphs(self.engine)
         self.prefixes = [self._tokens(rng.randint(1, self.longest)) for _ in range(2)]
         self.sent: dict[str, tuple] = {}  # request id -> (prompt, params)
