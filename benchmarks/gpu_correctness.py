@@ -38,7 +38,10 @@
   plain greedy decoding's is reported (the verify pass rounds otherwise);
 - on every architecture, prompt lookup (3 drafts copied from earlier tokens) gives in fp32 the CPU's plain greedy
   tokens over prompts that repeat a stretch, and seeded sampled rows the CPU's prompt-lookup tokens (its steps
-  replay verify graphs, a sequence without a match padded in them, and decode graphs where no sequence has one).
+  replay verify graphs, a sequence without a match padded in them, and decode graphs where no sequence has one);
+  prompts arriving one at a time beside its decoding sequences (prefill graphs alone, after a decode graph and
+  after a verify graph, a prefix-cache hit restored in one) give in fp32 the CPU's plain greedy tokens; the
+  speculative rows count their passes by the graphs they replay.
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
