@@ -10,9 +10,12 @@ from tests.checkpoints import VOCAB
 
 def read_off_drafts(llm, prompts, expected, rng: random.Random = random, right_chance: float = 0.8) -> None:
     """`expected[i]`: the output of `prompts[i]` (token lists; plain greedy decoding's); each draft is right with
-    chance `right_chance` (drawn from `rng`). The drafter's own drafts stand past the expected output's end, and
-    wherever a sequence's tokens so far are not its beginning (rounding took the sequence elsewhere)."""
-    by_prompt = {tuple(p): e for p, e in zip(prompts, expected)}
+    chance `right_chance`, drawn for its prompt and output position from a seed `rng` gives (so two engines that
+    draft for the same positions, in whatever order, draft alike). The drafter's own drafts stand past the expected
+    output's end, and wherever a sequence's tokens so far are not its beginning (rounding took the sequence
+    elsewhere)."""
+    by_prompt = {tuple(p): (i, e) for i, (p, e) in enumerate(zip(prompts, expected))}
+    seed = rng.randrange(2**63)
     drafter = llm.engine.runner.speculative.drafter
     own_drafts = drafter.propose
 
@@ -20,15 +23,19 @@ def read_off_drafts(llm, prompts, expected, rng: random.Random = random, right_c
         drafts = own_drafts(hidden, rows, *rung)
         for row in rows:
             request = row.chunk.request
-            want = by_prompt.get(tuple(request.prompt_token_ids))
+            index, want = by_prompt.get(tuple(request.prompt_token_ids), (None, None))
             if request not in drafts or want is None:
                 continue
             so_far = request.output_token_ids + list(row.chunk.draft_token_ids) + [row.next_token]
             if want[: len(so_far)] != so_far:
                 continue
-            right = want[len(so_far) : len(so_far) + len(drafts[request])]
-            right = [t if rng.random() < right_chance else (t + 1) % VOCAB for t in right]
+            start = len(so_far)
+            right = want[start : start + len(drafts[request])]
+            right = [t if is_right(index, start + j) else (t + 1) % VOCAB for j, t in enumerate(right)]
             drafts[request] = right + drafts[request][len(right):]
         return drafts
+
+    def is_right(index: int, position: int) -> bool:
+        return right_chance >= 1.0 or random.Random(f"{seed}:{index}:{position}").random() < right_chance
 
     drafter.propose = read_off

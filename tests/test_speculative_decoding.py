@@ -13,6 +13,7 @@ from deltaserve import LLM, SamplingParams
 from deltaserve.engine.grammar import mask_shape
 from deltaserve.errors import DeltaServeError
 from deltaserve.sampling_params import StructuredOutputsParams
+from tests.arrivals import arrival_prompts, arrivals
 from tests.checkpoints import VOCAB, add_mtp_weights, add_think_tokens, make_checkpoint
 from tests.read_off_drafts import read_off_drafts
 from tests.uncaptured_graphs import with_uncaptured_graphs
@@ -80,15 +81,15 @@ def test_drafts_right_up_to_a_point_keep_their_right_part(mtp_checkpoint, plain)
 
 def _recorded_drafts(llm: LLM) -> list:
     """The drafts of each step, appended to as the engine runs."""
-    drafter, recorded = llm.engine.runner.speculative.drafter, []
-    propose = drafter.propose
+    speculative, recorded = llm.engine.runner.speculative, []
+    execute = speculative.execute
 
     def recording(*args):
-        drafts = propose(*args)
-        recorded.append(sorted((r.request_id, d) for r, d in drafts.items()))
-        return drafts
+        result = execute(*args)
+        recorded.append(sorted((r.request_id, d) for r, d in result.drafts.items()))
+        return result
 
-    drafter.propose = recording
+    speculative.execute = recording
     return recorded
 
 
@@ -170,6 +171,49 @@ def test_sequences_with_drafts_cut_short_replay_the_verify_graphs(mtp_checkpoint
     assert runs[0][0] == expected and runs[1] == runs[0]
     rows = [n for step in replayed for n in step]
     assert 1 in rows and 4 in rows and {2, 3} & set(rows)  # no drafts, some, all k
+
+
+def test_a_prompt_arriving_beside_verify_steps_replays_its_prefill_graph(mtp_checkpoint, plain):
+    """A prompt arriving while sequences verify the head's drafts runs as its own prefill graph after their verify
+    graph (uncaptured on the CPU, so run eagerly in the graphs' layouts), one arriving alone as a prefill graph,
+    a prefix-cache hit restored inside it; the graphs keep every row's hidden state, which the head reads apart
+    from the verify rows'. The tokens are plain greedy decoding's, the head's drafts those of eager steps, and
+    seeded sampled rows those of eager steps."""
+    rng = random.Random()
+    prompts = arrival_prompts(rng)
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    first = plain.generate([prompts["first"]], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    prompts["follow-up"] = prompts["first"] + first + prompts["follow-up"]
+    expected = {name: o.outputs[0].token_ids
+                for name, o in zip(prompts, plain.generate(list(prompts.values()), greedy, use_tqdm=False))}
+    seeded = {name: SamplingParams(temperature=0.9, seed=rng.randrange(2**31), max_tokens=16, ignore_eos=True)
+              for name in prompts}
+    seed, runs = rng.randrange(2**31), []
+    for in_graphs in (False, True):
+        llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, block_size=16,
+                  speculative_config={**MTP, "num_speculative_tokens": 3})
+        steps = with_uncaptured_graphs(llm.engine) if in_graphs else None
+        splits = _recorded_splits(llm)
+        head_drafts = _recorded_drafts(llm)
+        read_off_drafts(llm, list(prompts.values()), list(expected.values()), random.Random(seed))
+        runs.append((arrivals(llm, prompts, greedy), head_drafts, arrivals(llm, prompts, seeded)))
+    assert runs[0][0] == expected and runs[1] == runs[0]
+    assert splits and len(steps.prefill) > len(splits)  # beside verify graphs, and alone
+    assert llm.engine.stats().prefix_cache_hits > 0 and llm.engine.stats().spec_decode_num_accepted_tokens > 0
+
+
+def _recorded_splits(llm: LLM) -> list[int]:
+    """The prompt chunks' row counts of the steps split into a verify graph and a prefill graph, as they run."""
+    speculative, splits = llm.engine.runner.speculative, []
+    execute_split = speculative._execute_split
+
+    def recorded(runner, plan, decoding, prefill, captures):
+        if decoding.chunks:
+            splits.append(prefill.chunks[0].num_tokens)
+        return execute_split(runner, plan, decoding, prefill, captures)
+
+    speculative._execute_split = recorded
+    return splits
 
 
 def test_penalties_biases_and_refusals_draft_and_keep_plain_outputs(mtp_checkpoint, plain):

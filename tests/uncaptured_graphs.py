@@ -1,6 +1,6 @@
-"""A drafting engine on the CPU given the graphs a GPU engine captures but never captured: verify graphs (and the
-MTP head's drafting graphs, or prompt lookup's decode and prefill graphs). Each step they would replay runs their
-padded layout eagerly, so the CPU tests the graphs' layout."""
+"""A drafting engine on the CPU given the graphs a GPU engine captures but never captured: verify graphs, prefill
+graphs, and the MTP head's drafting graphs or prompt lookup's decode graphs. Each step they would replay runs
+their padded layout eagerly, so the CPU tests the graphs' layout."""
 
 from dataclasses import dataclass, field
 
@@ -28,7 +28,7 @@ def with_uncaptured_graphs(engine) -> GraphSteps:
     runner, config = engine.runner, engine.config
     speculative = runner.speculative
     k = speculative.num_speculative_tokens
-    prompt_rows = 0 if speculative.drafter.reads_hidden else prefill_graph_rows(config.max_num_batched_tokens)
+    prompt_rows = prefill_graph_rows(config.max_num_batched_tokens)
     buffers = StepBuffers(config.max_num_seqs, -(-engine.max_model_len // config.block_size), runner.kv_pool,
                           runner.state_pool, runner.device, max_prefill_rows=max(config.max_num_seqs * (k + 1),
                                                                                  prompt_rows))
@@ -41,8 +41,9 @@ def with_uncaptured_graphs(engine) -> GraphSteps:
     else:  # as a GPU engine's runner holds them (model_setup)
         runner.graphs = DecodeGraphs(runner.model, buffers, config.max_num_seqs, engine.model_config.vocab_size)
         _record(runner.graphs, lambda host: steps.decode.append(len(host.input_ids)))
-        runner.prefill_graphs = PrefillGraphs(runner.model, buffers, runner.snapshots, prompt_rows)
-        _record(runner.prefill_graphs, lambda host: steps.prefill.append(len(host.input_ids)))
+    runner.prefill_graphs = PrefillGraphs(runner.model, buffers, runner.snapshots, prompt_rows,
+                                          every_row=speculative.drafter.reads_hidden)
+    _record(runner.prefill_graphs, lambda host: steps.prefill.append(len(host.input_ids)))
     return steps
 
 

@@ -95,7 +95,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     graphs = prefill_graphs = verify_graphs = mtp_graphs = None
     if speculative is not None and device.type == "cuda" and not config.enforce_eager:
         rows = config.max_num_seqs * (speculative.num_speculative_tokens + 1)
-        prompt_rows = 0 if with_head else prefill_graph_rows(config.max_num_batched_tokens)  # prompt lookup's
+        prompt_rows = prefill_graph_rows(config.max_num_batched_tokens)
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=max(rows, prompt_rows))
         verify_graphs = VerifyGraphs(model, buffers, speculative.num_speculative_tokens, config.max_num_seqs,
@@ -109,8 +109,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         else:  # prompt lookup's steps without drafts to verify run as a plain engine's (SpeculativeStep)
             graphs = DecodeGraphs(model, buffers, config.max_num_seqs, model_config.vocab_size)
             graphs.capture(pool)
-            prefill_graphs = PrefillGraphs(model, buffers, snapshots, prompt_rows)
-            prefill_graphs.capture(pool)
+        # a prompt chunk, alone or beside the verify graph's sequences (the MTP head reads every row's state)
+        prefill_graphs = PrefillGraphs(model, buffers, snapshots, prompt_rows, every_row=with_head)
+        prefill_graphs.capture(pool)
     elif device.type == "cuda" and not config.enforce_eager:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=prefill_graph_rows(config.max_num_batched_tokens))

@@ -144,7 +144,8 @@ class ModelRunner:
         return StepResult(sampling, tokens, logprobs)
 
     def run_prefill_graph(self, prefill: StepPlan, captures: list[tuple[int, int]]) -> torch.Tensor:
-        """Replays the prefill graph of `prefill`'s one chunk (see prefill_split); its sampled row's hidden state."""
+        """Replays the prefill graph of `prefill`'s one chunk (see prefill_split); its last row's hidden state
+        (every row's, where the graphs keep them all: PrefillGraphs.every_row)."""
         restores = restore_pairs(prefill)
         return self.prefill_graphs.run(build_host_batch(prefill, self.block_size), captures,
                                        restores[0] if restores else None,

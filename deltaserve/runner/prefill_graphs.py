@@ -72,14 +72,21 @@ def prefill_ladder(max_rows: int) -> list[int]:
 
 
 class PrefillGraphs:
-    def __init__(self, model: DecoderLM, buffers: StepBuffers, snapshots=None, max_rows: int | None = None):
+    def __init__(self, model: DecoderLM, buffers: StepBuffers, snapshots=None, max_rows: int | None = None,
+                 every_row: bool = False):
         self.model = model
         self.buffers = buffers
         self.snapshots = snapshots  # SnapshotPool: captures on; None: the model or the engine keeps none
-        # the buffers' rows by default (a prompt-lookup engine's hold its verify steps' rows too)
+        # the buffers' rows by default (a drafting engine's hold its verify steps' rows too)
         self.sizes = prefill_ladder(min(MAX_ROWS, max_rows or buffers.max_prefill_rows))
+        # every row's hidden state, not the last row's alone: the MTP head reads them all (its engine's eager
+        # passes compute every row in the last layer too)
+        self.every_row = every_row
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.hidden: dict[int, torch.Tensor] = {}  # per rung: the last row's hidden state [1, H] a replay writes
+        # per rung: the last row's hidden state [1, H] a replay writes, or every row's [rung, H]: views of one
+        # buffer the rungs share (a rung's own output would hold its rows of the graphs' pool for good)
+        self.hidden: dict[int, torch.Tensor] = {}
+        self._rows: torch.Tensor | None = None
 
     def capture(self, pool) -> None:
         if not self.sizes:  # buffers of fewer rows than the first rung: every prefill pass runs eagerly
@@ -95,7 +102,7 @@ class PrefillGraphs:
         """The layout a rung is captured over: a one-row pass (no KV written), the rest padding."""
         self.buffers.load_prefill(HostBatch([0], [0], [0, 1], [1], [[]], [-1], [self.buffers.padding_slot], [0]),
                                   size, [], self._padding_snapshot_slot)
-        return self.buffers.prefill_view(size, self.snapshots)
+        return self.buffers.prefill_view(size, self.snapshots, every_row=self.every_row)
 
     @property
     def _padding_snapshot_slot(self) -> int:
@@ -106,7 +113,14 @@ class PrefillGraphs:
             self.snapshots.restore_at(self.buffers.restore, self.buffers.state_pool)
         if self.buffers.kv_pool is not None:
             self.buffers.kv_pool.copy_block_at(self.buffers.kv_copy)
-        return self.model(batch.input_ids, batch)  # the hidden state of the last row
+        hidden = self.model(batch.input_ids, batch)  # the hidden state of the last row, or of every row
+        if not self.every_row:
+            return hidden
+        if self._rows is None or self._rows.shape[0] < hidden.shape[0]:  # the largest rung first, uncaptured
+            self._rows = torch.empty_like(hidden)
+        rows = self._rows[: hidden.shape[0]]
+        rows.copy_(hidden)
+        return rows
 
     def rung(self, num_rows: int, captures: list[tuple[int, int]]) -> int | None:
         """The smallest rung with room for the pass (the padding sequence may be empty: a full step's chunk
@@ -121,11 +135,14 @@ class PrefillGraphs:
             kv_copy: tuple[int, int] | None = None) -> torch.Tensor:
         """Runs the pass of host's one sequence (see rung), first restoring its state when `restore`
         (snapshot slot, state slot) and copying a KV block when `kv_copy` (source, destination); returns
-        the hidden state of its last row [1, H], for the LM head where the pass samples. Without a captured
-        graph (CPU) the same padded batch runs eagerly."""
-        size = self.rung(len(host.input_ids), captures)
+        the hidden state of its last row [1, H], for the LM head where the pass samples (with `every_row`, those
+        of its n rows [n, H]). Without a captured graph (CPU) the same padded batch runs eagerly."""
+        n = len(host.input_ids)
+        size = self.rung(n, captures)
         pairs = self.buffers.load_prefill(host, size, captures, self._padding_snapshot_slot, restore, kv_copy)
         if size in self.graphs:
             self.graphs[size].replay()
-            return self.hidden[size]
-        return self._forward(self.buffers.prefill_view(size, self.snapshots, pairs))
+            hidden = self.hidden[size]
+        else:
+            hidden = self._forward(self.buffers.prefill_view(size, self.snapshots, pairs, self.every_row))
+        return hidden[:n] if self.every_row else hidden

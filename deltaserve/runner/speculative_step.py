@@ -9,11 +9,12 @@ the next step. Then the MTP head reads the kept rows and drafts for the next ste
 
 A step of decoding sequences alone, each its last token and up to k drafts (the steady state of decoding),
 replays a verify graph (verify_graphs.py) with every sequence padded to k + 1 rows, the sampling runs eagerly after
-it and the head drafts in a graph of its own (mtp_graphs.py). Prompt lookup reads no hidden states, so its steps
-with no drafts to verify run as a plain engine's (decode graphs, a prompt chunk's prefill graph beside them, or
-one eager pass: ModelRunner.execute_plain), and one prompt chunk beside sequences with drafts runs as its prefill
-graph after their verify graph. Any other step runs eagerly. The step's tokens are read back before the next is
-planned.
+it and the head drafts in a graph of its own (mtp_graphs.py). One prompt chunk, alone or beside such sequences,
+runs as its prefill graph after their verify graph (the head then drafts eagerly, reading the chunk's rows from
+the prefill graph, which keeps every row's hidden state for it). Prompt lookup reads no hidden states, so its
+steps with no drafts to verify run as a plain engine's (decode graphs, a prompt chunk's prefill graph beside
+them, or one eager pass: ModelRunner.execute_plain). Any other step runs eagerly. The step's tokens are read back
+before the next is planned.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ class SpeculativeStep:
         return self._verify(runner, plan, logits, hidden, layout, rung, prompt_logprobs)
 
     def _verify(self, runner, plan: StepPlan, logits, hidden, layout: RowLayout, rung: int | None = None,
-                prompt_logprobs: dict | None = None):
+                prompt_logprobs: dict | None = None, prompt: tuple | None = None):
         """Samples the step's rows (verdicts on the drafts), sets refuted sequences' states back, saves the
-        step's snapshots and drafts for the next step."""
+        step's snapshots and drafts for the next step. `prompt`: (chunk, its hidden states) of a prompt chunk
+        that ran in its own pass (_execute_split), which the drafter reads apart from the others'."""
         from deltaserve.runner.model_runner import StepResult
 
         sampling = [c for c in plan.chunks if c.samples]
@@ -72,7 +74,14 @@ class SpeculativeStep:
         if set_back:
             self.verify_states.restore(set_back, runner.state_pool)
         runner._save_snapshots(plan)  # a padded sequence's state is its own once set back
-        drafts = self.drafter.propose(hidden, self._draft_rows(plan, layout.pass_row, sampling, tokens), rung)
+        rows = self._draft_rows(plan, layout.pass_row, sampling, tokens)
+        if prompt is None:
+            drafts = self.drafter.propose(hidden, rows, rung)
+        else:
+            chunk, prompt_hidden = prompt
+            others = [r for r in rows if r.chunk is not chunk]
+            drafts = self.drafter.propose(hidden, others) if others else {}
+            drafts.update(self.drafter.propose(prompt_hidden, [r for r in rows if r.chunk is chunk]))
         return StepResult(sampling, tokens, logprobs, prompt_logprobs or {}, accepted, drafts, draft_logprobs)
 
     def _plain_step(self, runner, plan: StepPlan):
@@ -84,17 +93,16 @@ class SpeculativeStep:
         return result
 
     def _verify_split(self, runner, plan: StepPlan) -> tuple[StepPlan, StepPlan, list] | None:
-        """Prompt lookup's step of one prompt chunk beside decoding sequences with drafts, as ModelRunner splits a
-        plain step: the sequences' plan, which a verify graph replays, then the chunk's prefill graph pass
-        (ModelRunner.prefill_split). None where either would run eagerly, or where the drafter reads the
-        target's hidden states (the MTP head reads every row's, which a prefill graph does not keep)."""
-        if self.drafter.reads_hidden or self.graphs is None or plan.is_decode:
+        """A step of one prompt chunk, alone or beside decoding sequences, as ModelRunner splits a plain step: the
+        sequences' plan (perhaps of none), which a verify graph replays, then the chunk's prefill graph pass
+        (ModelRunner.prefill_split). None where either would run eagerly."""
+        if self.graphs is None or plan.is_decode:
             return None
         prompts = [c for c in plan.chunks if not c.draft_token_ids and c.num_tokens > 1]
         if len(prompts) != 1:
             return None
         decoding = StepPlan(chunks=[c for c in plan.chunks if c is not prompts[0]])
-        if not decoding.chunks or not self.graphs.replayable(decoding):
+        if decoding.chunks and not self.graphs.replayable(decoding):
             return None
         split = runner.prefill_split(plan, prompts[0], len(decoding.chunks))
         return None if split is None else (decoding, *split)
@@ -102,16 +110,23 @@ class SpeculativeStep:
     def _execute_split(self, runner, plan: StepPlan, decoding: StepPlan, prefill: StepPlan, captures: list):
         """The decoding sequences' verify graph, then the prompt chunk's prefill graph (which restores its
         sequence's snapshot and copies its KV tail itself), over the same buffers one after the other; the
-        chunk's logits row, where it samples, follows the verify rows."""
+        chunk's logits row, where it samples, follows the verify rows. The MTP head reads each pass's hidden
+        states apart, eagerly: its drafting graph would read the verify step's layout from the buffers, which
+        the prefill graph's has replaced."""
         runner._prepare_states(plan, [], copy_blocks=False)
-        logits, _ = self.graphs.run(build_host_batch(decoding, runner.block_size))
-        layout = RowLayout.padded(decoding, self.graphs.rows_per_seq)
+        logits, hidden = None, None
+        layout = RowLayout()
+        if decoding.chunks:
+            logits, hidden = self.graphs.run(build_host_batch(decoding, runner.block_size))
+            layout = RowLayout.padded(decoding, self.graphs.rows_per_seq)
         chunk = prefill.chunks[0]
-        hidden = runner.run_prefill_graph(prefill, captures)
+        prompt_hidden = runner.run_prefill_graph(prefill, captures)  # its last row's, or every row's for the head
+        layout.pass_row[chunk] = 0  # its first row of its own pass's hidden states
         if chunk.samples:
-            layout.add_plain_row(chunk, logits.shape[0])
-            logits = torch.cat([logits, runner.model.compute_logits(hidden)])
-        return self._verify(runner, plan, logits, None, layout)
+            chunk_logits = runner.model.compute_logits(prompt_hidden[-1:])
+            layout.add_plain_row(chunk, 0 if logits is None else logits.shape[0])
+            logits = chunk_logits if logits is None else torch.cat([logits, chunk_logits])
+        return self._verify(runner, plan, logits, hidden, layout, prompt=(chunk, prompt_hidden))
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch, layout: RowLayout):
         """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on

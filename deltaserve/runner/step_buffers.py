@@ -270,10 +270,11 @@ class StepBuffers:
             live_rows=self.live_rows,
         )
 
-    def prefill_view(self, num_rows: int, snapshot_pool=None, captures: list[tuple[int, int]] | None = None
-                     ) -> ForwardBatch:
+    def prefill_view(self, num_rows: int, snapshot_pool=None, captures: list[tuple[int, int]] | None = None,
+                     every_row: bool = False) -> ForwardBatch:
         """The prefill layout at `num_rows` rows; with a snapshot pool its captures are on: read from the
-        device table (graphs), or from `captures`, the pairs load_prefill wrote there (eager)."""
+        device table (graphs), or from `captures`, the pairs load_prefill wrote there (eager). `every_row`: the
+        last layer computes every row (the MTP head reads them all), as a drafting engine's eager pass does."""
         batch = ForwardBatch(
             input_ids=self.input_ids[:num_rows],
             positions=self.positions[:num_rows],
@@ -292,8 +293,9 @@ class StepBuffers:
             max_query_len=num_rows,
             # the last layer computes the sequence's last row alone, as an eager pass does (so a prefix-cache hit,
             # whose tail a graph computes, gives the bytes of the miss that computed it eagerly)
-            output_rows=OutputRows(rows=self.logits_index, query_start_loc=self.one_row_start,
-                                   seq_lens=self.seq_lens[:1], block_tables=self.block_tables[:1]),
+            output_rows=None if every_row else OutputRows(rows=self.logits_index, query_start_loc=self.one_row_start,
+                                                          seq_lens=self.seq_lens[:1],
+                                                          block_tables=self.block_tables[:1]),
         )
         if snapshot_pool is not None:
             rows = GraphCaptureRows(self.captures) if captures is None else CaptureRows(captures)
