@@ -35,7 +35,8 @@
 - on the hybrid architectures, given an MTP head, greedy speculative decoding (2 drafts a step) gives in fp32 the
   CPU's plain greedy tokens (penalised rows too), and seeded sampled rows beside greedy ones, and rows under
   grammars, biases and refusals, the CPU's speculative tokens; in bf16 the share of its greedy tokens that match
-  plain greedy decoding's is reported (the verify pass rounds otherwise);
+  plain greedy decoding's is reported (the verify pass rounds otherwise); prompts arriving one at a time beside
+  its decoding sequences (prefill graphs alone and after a verify graph) give in fp32 the CPU's greedy tokens;
 - on every architecture, prompt lookup (3 drafts copied from earlier tokens) gives in fp32 the CPU's plain greedy
   tokens over prompts that repeat a stretch, and seeded sampled rows the CPU's prompt-lookup tokens (its steps
   replay verify graphs, a sequence without a match padded in them, and decode graphs where no sequence has one);
@@ -45,6 +46,7 @@
 
     python benchmarks/gpu_correctness.py --out benchmarks/results/gpu_correctness.json
     [--archs qwen3.5,qwen3.5-moe] [--gdn-state-dtype bfloat16]   (every engine of the run uses that state dtype)
+    [--speculative-only]
 """
 
 from __future__ import annotations
@@ -290,7 +292,8 @@ def speculative_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
             "read_off_drafts_kept": after.spec_decode_num_accepted_tokens - kept, "mixed_identical": mixed,
             "penalised_identical": penalised, "structured_and_adjusted_identical": constrained,
             "bf16_matching_share": sum(a == b for x, y in zip(bf16_drafted, reference) for a, b in zip(x, y))
-            / sum(len(x) for x in reference), "fp32_steps": paths}
+            / sum(len(x) for x in reference), "fp32_steps": paths,
+            "arrivals_identical": arrivals_alike(path, cpu_llm, state, SPECULATIVE)}
 
 
 PROMPT_LOOKUP = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -318,32 +321,35 @@ def prompt_lookup_alike(path: str, cpu_llm: LLM, prompts, state: dict) -> dict:
     return {"greedy_identical": greedy == expected, "drafts_verified": first[0], "drafts_kept": first[1],
             "read_off_greedy_identical": read_off_greedy == expected,
             "read_off_drafts_verified": after[0] - before[0], "read_off_drafts_kept": after[1] - before[1],
-            "mixed_identical": mixed, "arrivals_identical": arrivals_alike(path, cpu_llm, state), "steps": paths}
+            "mixed_identical": mixed, "arrivals_identical": arrivals_alike(path, cpu_llm, state, PROMPT_LOOKUP),
+            "steps": paths}
 
 
-def arrivals_alike(path: str, cpu_llm: LLM, state: dict) -> dict:
-    """Prompts arriving one at a time beside sequences decoding by prompt lookup (tests/arrivals.py: prefill
-    graphs alone, after a decode graph and after a verify graph, a prefix-cache hit restored in one), fp32
-    greedy on the GPU against the CPU's plain greedy tokens; how the steps ran."""
+def arrivals_alike(path: str, cpu_llm: LLM, state: dict, config: dict) -> dict:
+    """Prompts arriving one at a time beside sequences drafting by `config` (tests/arrivals.py: prefill graphs
+    alone, after a verify graph and, for prompt lookup, after a decode graph; a prefix-cache hit restored in one),
+    fp32 greedy on the GPU against the CPU's plain greedy tokens; how the steps ran."""
     prompts = arrival_prompts(random.Random(1))
     first = tokens(cpu_llm, [prompts["first"]], LONGER_GREEDY)[0]
     prompts["follow-up"] = prompts["first"] + first + prompts["follow-up"]
     expected = dict(zip(prompts, tokens(cpu_llm, list(prompts.values()), LONGER_GREEDY)))
-    gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, block_size=16,
-              speculative_config=PROMPT_LOOKUP, **state)
+    gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, block_size=16, speculative_config=config,
+              **state)
     paths = step_paths(gpu)
     return {"identical": arrivals_one_at_a_time(gpu, prompts, LONGER_GREEDY) == expected, "steps": paths}
 
 
 def step_paths(llm: LLM) -> dict:
     """Counts, as the engine runs, its speculative steps' passes by how they ran: verify graph replays, prompt
-    lookup's decode and prefill graph replays, and eager passes of the target (each builds its batch)."""
+    lookup's decode and prefill graph replays, the speculative steps that ran a prompt chunk's prefill graph
+    (after the verify graph where sequences decode beside it), and eager passes of the target (each builds its
+    batch)."""
     runner = llm.engine.runner
     speculative = runner.speculative
-    counts = {"verify_graph": 0, "decode_graph": 0, "prefill_graph": 0, "verify_then_prefill_graph": 0, "eager": 0}
+    counts = {"verify_graph": 0, "decode_graph": 0, "prefill_graph": 0, "speculative_prefill_split": 0, "eager": 0}
     for owner, name, path in ((speculative.graphs, "run", "verify_graph"), (runner.graphs, "run", "decode_graph"),
                               (runner.prefill_graphs, "run", "prefill_graph"),
-                              (speculative, "_execute_split", "verify_then_prefill_graph"),
+                              (speculative, "_execute_split", "speculative_prefill_split"),
                               (runner, "to_forward_batch", "eager")):
         if owner is not None:
             inner = getattr(owner, name)
@@ -367,6 +373,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--archs", default=",".join(ARCHITECTURES))
     ap.add_argument("--gdn-state-dtype", default="float32")
+    ap.add_argument("--speculative-only", action="store_true", help="the MTP head's and prompt lookup's rows alone")
     args = ap.parse_args()
     state = {"gdn_state_dtype": args.gdn_state_dtype}
     rng = random.Random(0)
@@ -395,6 +402,12 @@ def main() -> None:
         tags = add_think_tokens(path)
         thinking_prompts = [p + [tags[0]] for p in prompts]
         cpu_llm = LLM(path, device="cpu", **state)
+        if args.speculative_only:
+            if arch in MTP_ARCHITECTURES:
+                result["speculative_mtp_gpu_vs_cpu"][arch] = speculative_alike(path, cpu_llm, prompts, state)
+            result["prompt_lookup_gpu_vs_cpu"][arch] = prompt_lookup_alike(path, cpu_llm, prompts, state)
+            results_io.write(args.out, result)
+            continue
         gpu_llm = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, **state)
         cpu, gpu = tokens(cpu_llm, prompts), tokens(gpu_llm, prompts)
         eager_llm = LLM(path, device="cuda", dtype="bfloat16", enforce_eager=True, max_num_seqs=8, **state)
