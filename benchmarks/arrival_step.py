@@ -14,7 +14,9 @@ is a plain decode step of the C rows, for scale. Prefix caching is off, so the p
 
 `--drafts k`: the engine drafts by prompt lookup, and every decoding sequence verifies k drafts each step (random
 tokens stand for what lookups find: a random model's tokens seldom repeat), so the split is their verify graph
-then the prompt's prefill graph (SpeculativeStep._execute_split), and `decode_step_ms` a verify step.
+then the prompt's prefill graph (SpeculativeStep._execute_split), and `decode_step_ms` a verify step. With
+`--method mtp` the shape's config is given one MTP layer and its head drafts the k tokens (random weights: all
+refuted), its passes over the prompt's rows and the verify rows part of the step.
 """
 
 from __future__ import annotations
@@ -117,20 +119,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--drafts", type=int, default=0, help="k: prompt lookup, every sequence verifying k drafts")
+    ap.add_argument("--drafts", type=int, default=0, help="k: every decoding sequence verifies k drafts")
+    ap.add_argument("--method", default="ngram", help="with --drafts: ngram (prompt lookup), or mtp (the head's)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     ladder = [int(c) for c in args.concurrency.split(",")]
     lengths = [int(n) for n in args.prompt_len.split(",")]
     budget = max(2048, max(lengths) + max(ladder))  # the arriving prompt in one chunk beside the decode rows
-    drafting = {"speculative_config": {"method": "ngram", "num_speculative_tokens": args.drafts}} if args.drafts else {}
-    engine = dummy_engine(args.shape, device=args.device, max_num_seqs=max(ladder) + 1, max_num_batched_tokens=budget,
-                          max_model_len=args.max_model_len, enable_prefix_caching=False, **drafting)
-    tokens = random_tokens(engine.model_config.vocab_size)
+    drafting = {}
     if args.drafts:
+        drafting["speculative_config"] = {"method": args.method, "num_speculative_tokens": args.drafts}
+    engine = dummy_engine(args.shape, device=args.device, max_num_seqs=max(ladder) + 1, max_num_batched_tokens=budget,
+                          max_model_len=args.max_model_len, enable_prefix_caching=False,
+                          with_head=bool(args.drafts) and args.method == "mtp", **drafting)
+    tokens = random_tokens(engine.model_config.vocab_size)
+    if args.drafts and args.method == "ngram":
         draft_always(engine, tokens)
     result = {**results_io.header(), "shape": args.shape, "max_num_batched_tokens": budget, "drafts": args.drafts,
-              "rows": []}
+              "method": args.method if args.drafts else None, "rows": []}
     for c in ladder:
         for length in lengths:
             times, splits = {True: [], False: []}, {True: 0, False: 0}

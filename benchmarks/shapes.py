@@ -90,15 +90,16 @@ def allow_long_max_model_len() -> None:
     os.environ.setdefault("DELTASERVE_ALLOW_LONG_MAX_MODEL_LEN", "1")
 
 
-def dummy_engine(name: str, **engine_kwargs):
-    """An LLMEngine with random weights in the shape `name` (its config written to a temporary folder), allowed
-    past the config's context length."""
+def dummy_engine(name: str, with_head: bool = False, **engine_kwargs):
+    """An LLMEngine with random weights in the shape `name` (its config written to a temporary folder, with one
+    MTP layer where `with_head`), allowed past the config's context length."""
     import tempfile
 
     from deltaserve.engine.llm_engine import LLMEngine
 
     allow_long_max_model_len()
-    return LLMEngine.from_args(write_shape(name, tempfile.mkdtemp()), load_format="dummy", **engine_kwargs)
+    write = write_shape_with_head if with_head else write_shape
+    return LLMEngine.from_args(write(name, tempfile.mkdtemp()), load_format="dummy", **engine_kwargs)
 
 
 def random_tokens(vocab: int, seed: int = 0):
