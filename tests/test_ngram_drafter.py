@@ -12,10 +12,10 @@ from deltaserve import LLM, SamplingParams
 from deltaserve.engine.speculative_config import SpeculativeConfig
 from deltaserve.errors import DeltaServeError
 from deltaserve.runner.ngram_drafter import lookup
-from tests.checkpoints import VOCAB
 from tests.arrivals import arrival_prompts, arrivals
+from tests.checkpoints import VOCAB
 from tests.read_off_drafts import read_off_drafts
-from tests.uncaptured_graphs import with_uncaptured_graphs
+from tests.uncaptured_graphs import recorded_splits, with_uncaptured_graphs
 
 
 def _reference(tokens: list[int], shortest: int, longest: int, count: int) -> list[int]:
@@ -195,25 +195,13 @@ def test_a_prompt_arriving_beside_drafting_sequences_replays_its_prefill_graph(a
     seed, runs = rng.randrange(2**31), []
     for in_graphs in (False, True):
         llm = LLM(path, device="cpu", max_num_seqs=8, block_size=16, speculative_config=NGRAM)
-        steps, splits = (with_uncaptured_graphs(llm.engine), _recorded_splits(llm)) if in_graphs else (None, None)
+        steps, splits = (with_uncaptured_graphs(llm.engine), recorded_splits(llm.engine)) if in_graphs else (None, None)
         read_off_drafts(llm, list(prompts.values()), list(expected.values()), random.Random(seed))
         runs.append((arrivals(llm, prompts, greedy), arrivals(llm, prompts, seeded)))
     assert runs[0][0] == expected and runs[1] == runs[0]
-    assert splits and steps.decode and len(steps.prefill) > len(splits)  # alone, beside verify and decode graphs
+    assert splits and all(beside for beside, _ in splits)  # prompt lookup's lone prompts run as a plain engine's
+    assert steps.decode and len(steps.prefill) > len(splits)  # alone, beside verify and decode graphs
     assert llm.engine.stats().prefix_cache_hits > 0
-
-
-def _recorded_splits(llm: LLM) -> list[int]:
-    """The prompt chunks' row counts of the steps split into a verify graph and a prefill graph, as they run."""
-    speculative, splits = llm.engine.runner.speculative, []
-    execute_split = speculative._execute_split
-
-    def recorded(runner, plan, decoding, prefill, captures):
-        splits.append(prefill.chunks[0].num_tokens)
-        return execute_split(runner, plan, decoding, prefill, captures)
-
-    speculative._execute_split = recorded
-    return splits
 
 
 def test_prompt_lookup_needs_no_head_and_vllms_defaults_hold():

@@ -60,3 +60,17 @@ def _record(graphs, note) -> None:
 def _row_counts(host) -> list[int]:
     starts = host.query_start_loc
     return [b - a for a, b in zip(starts[:-1], starts[1:])]
+
+
+def recorded_splits(engine) -> list[tuple[int, int]]:
+    """The steps run as a verify graph and a prompt chunk's prefill graph (SpeculativeStep._execute_split), as they
+    run: (the decoding sequences beside the chunk, none where it ran alone; the chunk's rows)."""
+    speculative, splits = engine.runner.speculative, []
+    execute_split = speculative._execute_split
+
+    def recorded(runner, plan, decoding, prefill, captures):
+        splits.append((len(decoding.chunks), prefill.chunks[0].num_tokens))
+        return execute_split(runner, plan, decoding, prefill, captures)
+
+    speculative._execute_split = recorded
+    return splits
