@@ -62,7 +62,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from benchmarks import results_io  # noqa: E402
 from deltaserve import LLM, BeamSearchParams, NoTokenAllowedError, SamplingParams, StructuredOutputsParams  # noqa: E402
 from deltaserve.runner.model_runner import MANY_DECODE_ROWS  # noqa: E402
-from tests.arrivals import arrival_prompts, arrivals as arrivals_one_at_a_time  # noqa: E402
+from tests.arrivals import arrival_requests, arrivals as arrivals_one_at_a_time  # noqa: E402
 from tests.checkpoints import ARCHITECTURES, add_mtp_weights, add_think_tokens, make_checkpoint  # noqa: E402
 from tests.read_off_drafts import read_off_drafts  # noqa: E402
 
@@ -329,14 +329,11 @@ def arrivals_alike(path: str, cpu_llm: LLM, state: dict, config: dict) -> dict:
     """Prompts arriving one at a time beside sequences drafting by `config` (tests/arrivals.py: prefill graphs
     alone, after a verify graph and, for prompt lookup, after a decode graph; a prefix-cache hit restored in one),
     fp32 greedy on the GPU against the CPU's plain greedy tokens; how the steps ran."""
-    prompts = arrival_prompts(random.Random(1))
-    first = tokens(cpu_llm, [prompts["first"]], LONGER_GREEDY)[0]
-    prompts["follow-up"] = prompts["first"] + first + prompts["follow-up"]
-    expected = dict(zip(prompts, tokens(cpu_llm, list(prompts.values()), LONGER_GREEDY)))
+    prompts, greedy, expected, _ = arrival_requests(cpu_llm, random.Random(1), LONGER_GREEDY.max_tokens)
     gpu = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, block_size=16, speculative_config=config,
               **state)
     paths = step_paths(gpu)
-    return {"identical": arrivals_one_at_a_time(gpu, prompts, LONGER_GREEDY) == expected, "steps": paths}
+    return {"identical": arrivals_one_at_a_time(gpu, prompts, greedy) == expected, "steps": paths}
 
 
 def step_paths(llm: LLM) -> dict:

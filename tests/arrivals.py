@@ -3,7 +3,7 @@ sequences that decode (one whose prompt lookups always hit among them), and a pr
 
 import random
 
-from deltaserve import LLM
+from deltaserve import LLM, SamplingParams
 from tests.checkpoints import VOCAB
 
 
@@ -42,3 +42,17 @@ def arrival_prompts(rng: random.Random) -> dict:
                "fresh": [rng.randrange(3, VOCAB) for _ in range(rng.randint(20, 100))]}
     prompts["follow-up"] = [rng.randrange(3, VOCAB) for _ in range(rng.randint(20, 50))]  # after the first turn
     return prompts
+
+
+def arrival_requests(plain: LLM, rng: random.Random, max_tokens: int) -> tuple[dict, SamplingParams, dict, dict]:
+    """arrival_prompts with "follow-up" after the first turn's greedy output; the greedy parameters; each prompt's
+    greedy tokens by `plain` (an engine that does not draft); seeded sampling parameters for each prompt."""
+    prompts = arrival_prompts(rng)
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    first = plain.generate([prompts["first"]], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    prompts["follow-up"] = prompts["first"] + first + prompts["follow-up"]
+    expected = {name: o.outputs[0].token_ids
+                for name, o in zip(prompts, plain.generate(list(prompts.values()), greedy, use_tqdm=False))}
+    seeded = {name: SamplingParams(temperature=0.9, seed=rng.randrange(2**31), max_tokens=max_tokens, ignore_eos=True)
+              for name in prompts}
+    return prompts, greedy, expected, seeded

@@ -12,7 +12,7 @@ from deltaserve import LLM, SamplingParams
 from deltaserve.engine.speculative_config import SpeculativeConfig
 from deltaserve.errors import DeltaServeError
 from deltaserve.runner.ngram_drafter import lookup
-from tests.arrivals import arrival_prompts, arrivals
+from tests.arrivals import arrival_requests, arrivals
 from tests.checkpoints import VOCAB
 from tests.read_off_drafts import read_off_drafts
 from tests.uncaptured_graphs import recorded_splits, with_uncaptured_graphs
@@ -183,15 +183,7 @@ def test_a_prompt_arriving_beside_drafting_sequences_replays_its_prefill_graph(a
     eager steps."""
     path = checkpoint_factory(arch)
     rng = random.Random()
-    prompts = arrival_prompts(rng)
-    plain = LLM(path, device="cpu", max_num_seqs=8)
-    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    first = plain.generate([prompts["first"]], greedy, use_tqdm=False)[0].outputs[0].token_ids
-    prompts["follow-up"] = prompts["first"] + first + prompts["follow-up"]
-    expected = {name: o.outputs[0].token_ids
-                for name, o in zip(prompts, plain.generate(list(prompts.values()), greedy, use_tqdm=False))}
-    seeded = {name: SamplingParams(temperature=0.9, seed=rng.randrange(2**31), max_tokens=24, ignore_eos=True)
-              for name in prompts}
+    prompts, greedy, expected, seeded = arrival_requests(LLM(path, device="cpu", max_num_seqs=8), rng, 24)
     seed, runs = rng.randrange(2**31), []
     for in_graphs in (False, True):
         llm = LLM(path, device="cpu", max_num_seqs=8, block_size=16, speculative_config=NGRAM)

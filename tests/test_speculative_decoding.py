@@ -13,7 +13,7 @@ from deltaserve import LLM, SamplingParams
 from deltaserve.engine.grammar import mask_shape
 from deltaserve.errors import DeltaServeError
 from deltaserve.sampling_params import StructuredOutputsParams
-from tests.arrivals import arrival_prompts, arrivals
+from tests.arrivals import arrival_requests, arrivals
 from tests.checkpoints import VOCAB, add_mtp_weights, add_think_tokens, make_checkpoint
 from tests.read_off_drafts import read_off_drafts
 from tests.uncaptured_graphs import recorded_splits, with_uncaptured_graphs
@@ -180,14 +180,7 @@ def test_a_prompt_arriving_beside_verify_steps_replays_its_prefill_graph(mtp_che
     from the verify rows'. The tokens are plain greedy decoding's, the head's drafts those of eager steps, and
     seeded sampled rows those of eager steps."""
     rng = random.Random()
-    prompts = arrival_prompts(rng)
-    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    first = plain.generate([prompts["first"]], greedy, use_tqdm=False)[0].outputs[0].token_ids
-    prompts["follow-up"] = prompts["first"] + first + prompts["follow-up"]
-    expected = {name: o.outputs[0].token_ids
-                for name, o in zip(prompts, plain.generate(list(prompts.values()), greedy, use_tqdm=False))}
-    seeded = {name: SamplingParams(temperature=0.9, seed=rng.randrange(2**31), max_tokens=16, ignore_eos=True)
-              for name in prompts}
+    prompts, greedy, expected, seeded = arrival_requests(plain, rng, 16)
     seed, runs = rng.randrange(2**31), []
     for in_graphs in (False, True):
         llm = LLM(mtp_checkpoint, device="cpu", max_num_seqs=8, block_size=16,
