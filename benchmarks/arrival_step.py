@@ -7,7 +7,7 @@ prefill graph) against one eager pass, random weights in a real shape.
 C requests of 128-token prompts decode; a few steps on, one prompt of L tokens arrives, and the engine.step()
 call whose step takes it beside the decode rows is timed to its return (its tokens read back, the GPU idle
 before it). Both ways run in one process, alternated (A B B A) over `--rounds`: the split as the engine
-makes it (ModelRunner._graph_passes, here for a prompt of any length: MIXED_SPLIT_MAX_ROWS and
+makes it (ModelRunner.graph_passes, here for a prompt of any length: MIXED_SPLIT_MAX_ROWS and
 MIXED_SPLIT_MAX_ROWS_BESIDE_MANY are what these times set), and the same step kept eager (both 0), each after
 one untimed trial of its own. `split_steps` counts the split arm's steps that did run split. `decode_step_ms`
 is a plain decode step of the C rows, for scale. Prefix caching is off, so the prompt arrives as one chunk.
@@ -57,9 +57,10 @@ def trial(engine: LLMEngine, tokens, concurrency: int, prompt_len: int, split: b
         speculative = runner.speculative
         execute_split = type(speculative)._execute_split
 
-        def counted_split(runner_, plan, *parts):
-            splits.append(plan)
-            return execute_split(speculative, runner_, plan, *parts)
+        def counted_split(runner_, plan, decoding, *parts):
+            if decoding is not None:
+                splits.append(plan)
+            return execute_split(speculative, runner_, plan, decoding, *parts)
 
         speculative._execute_split = counted_split
     else:

@@ -69,7 +69,7 @@ def recorded_splits(engine) -> list[tuple[int, int]]:
     execute_split = speculative._execute_split
 
     def recorded(runner, plan, decoding, prefill, captures):
-        splits.append((len(decoding.chunks), prefill.chunks[0].num_tokens))
+        splits.append((len(decoding.chunks) if decoding is not None else 0, prefill.chunks[0].num_tokens))
         return execute_split(runner, plan, decoding, prefill, captures)
 
     speculative._execute_split = recorded

@@ -93,7 +93,7 @@ class ModelRunner:
     def execute_plain(self, plan: StepPlan) -> StepResult:
         """A step without drafts to verify: its decode graph, its decode rows' and prefill chunk's graphs, or an
         eager pass."""
-        passes = self._graph_passes(plan)
+        passes = self.graph_passes(plan)
         if passes is not None:
             return self._execute_graphs(plan, *passes)
         sampling = [c for c in plan.chunks if c.samples]
@@ -123,7 +123,7 @@ class ModelRunner:
     def _execute_graphs(self, plan: StepPlan, decode: StepPlan | None, prefill: StepPlan,
                         captures: list[tuple[int, int]]) -> StepResult:
         """Runs `plan` as its decode rows' graph (`decode`, None without them), then its prefill chunk's
-        (`prefill`, whose mid-chunk captures are `captures`); see _graph_passes. The prefill graph restores its
+        (`prefill`, whose mid-chunk captures are `captures`); see graph_passes. The prefill graph restores its
         sequence's state and copies its KV tail itself (see PrefillGraphs); the LM head runs after it, where
         the chunk samples."""
         self._prepare_states(plan, [], copy_blocks=False)
@@ -144,43 +144,37 @@ class ModelRunner:
         return StepResult(sampling, tokens, logprobs)
 
     def run_prefill_graph(self, prefill: StepPlan, captures: list[tuple[int, int]]) -> torch.Tensor:
-        """Replays the prefill graph of `prefill`'s one chunk (see prefill_split); its last row's hidden state
+        """Replays the prefill graph of `prefill`'s one chunk (see graph_passes); its last row's hidden state
         (every row's, where the graphs keep them all: PrefillGraphs.every_row)."""
         restores = restore_pairs(prefill)
         return self.prefill_graphs.run(build_host_batch(prefill, self.block_size), captures,
                                        restores[0] if restores else None,
                                        prefill.block_copies[0].pair if prefill.block_copies else None)
 
-    def _graph_passes(self, plan: StepPlan) -> tuple[StepPlan | None, StepPlan, list[tuple[int, int]]] | None:
-        """A step of one prefill chunk, alone or beside decode rows, as the plan of its decode rows (None without
-        them) and the chunk's plan and captures (prefill_split): None unless both replay graphs. A restore or a
-        tail's copy for a decode row (a prompt restored to its last token) keeps the step eager."""
+    def graph_passes(self, plan: StepPlan, replayable=None) -> tuple[StepPlan | None, StepPlan, list] | None:
+        """A step of one prompt chunk, alone or beside decoding rows, as the plan of those rows (None without them),
+        which `replayable` says a graph holds (the decode graphs' by default; a drafting engine's verify graphs),
+        and the chunk's plan with its mid-chunk captures (rows counted from its first), which a prefill graph
+        replays: None unless both replay. Beside decoding rows the chunk holds at most mixed_split_max_rows rows,
+        and a restore or a tail's copy for one of them (a prompt restored to its last token) keeps the step
+        eager."""
         if self.prefill_graphs is None or plan.is_decode:
             return None
-        chunks = [c for c in plan.chunks if c.num_tokens > 1]
+        chunks = [c for c in plan.chunks if c.num_tokens > 1 and not c.draft_token_ids]
         if len(chunks) != 1:
             return None
         chunk = chunks[0]
         rows = [c for c in plan.chunks if c is not chunk]
         decode = StepPlan(chunks=rows) if rows else None
-        if decode is not None and not self._replayable(decode):
-            return None
-        split = self.prefill_split(plan, chunk, len(rows))
-        return None if split is None else (decode, *split)
-
-    def prefill_split(self, plan: StepPlan, chunk: ScheduledChunk, beside: int) -> tuple[StepPlan, list] | None:
-        """The plan of `plan`'s prefill chunk `chunk` as its own graph's pass beside `beside` decoding sequences,
-        and the chunk's mid-chunk captures (rows counted from its first): None where it does not replay (beside
-        decoding sequences it holds at most mixed_split_max_rows rows; the step's restores and tail copies must
-        be its own)."""
-        if self.prefill_graphs is None or (beside and chunk.num_tokens > mixed_split_max_rows(beside)):
+        if decode is not None and (chunk.num_tokens > mixed_split_max_rows(len(rows))
+                                   or not (replayable or self._replayable)(decode)):
             return None
         prefill = StepPlan(chunks=[chunk], restores=plan.restores, block_copies=plan.block_copies,
                            captures=[c for c in plan.captures if c.chunk is chunk])
         captures = mid_chunk_capture_rows(prefill) if self.snapshots is not None else []
         if not self._prefill_replayable(prefill, captures):
             return None
-        return prefill, captures
+        return decode, prefill, captures
 
     def can_launch(self, plan: StepPlan) -> bool:
         """Whether the plan can run without its tokens being read back before the next step is

@@ -45,7 +45,8 @@ class SpeculativeStep:
     def execute(self, runner, plan: StepPlan):
         if not self.drafter.reads_hidden and not any(c.draft_token_ids for c in plan.chunks):
             return self._plain_step(runner, plan)
-        split = self._verify_split(runner, plan)
+        # one prompt chunk, alone or beside decoding sequences that a verify graph holds, as a plain step splits
+        split = runner.graph_passes(plan, self.graphs.replayable) if self.graphs is not None else None
         if split is not None:
             return self._execute_split(runner, plan, *split)
         sampling = [c for c in plan.chunks if c.samples]
@@ -92,22 +93,7 @@ class SpeculativeStep:
         result.drafts = self.drafter.propose(None, self._draft_rows(plan, {}, result.sampling, result.tokens))
         return result
 
-    def _verify_split(self, runner, plan: StepPlan) -> tuple[StepPlan, StepPlan, list] | None:
-        """A step of one prompt chunk, alone or beside decoding sequences, as ModelRunner splits a plain step: the
-        sequences' plan (perhaps of none), which a verify graph replays, then the chunk's prefill graph pass
-        (ModelRunner.prefill_split). None where either would run eagerly."""
-        if self.graphs is None or plan.is_decode:
-            return None
-        prompts = [c for c in plan.chunks if not c.draft_token_ids and c.num_tokens > 1]
-        if len(prompts) != 1:
-            return None
-        decoding = StepPlan(chunks=[c for c in plan.chunks if c is not prompts[0]])
-        if decoding.chunks and not self.graphs.replayable(decoding):
-            return None
-        split = runner.prefill_split(plan, prompts[0], len(decoding.chunks))
-        return None if split is None else (decoding, *split)
-
-    def _execute_split(self, runner, plan: StepPlan, decoding: StepPlan, prefill: StepPlan, captures: list):
+    def _execute_split(self, runner, plan: StepPlan, decoding: StepPlan | None, prefill: StepPlan, captures: list):
         """The decoding sequences' verify graph, then the prompt chunk's prefill graph (which restores its
         sequence's snapshot and copies its KV tail itself), over the same buffers one after the other; the
         chunk's logits row, where it samples, follows the verify rows. The MTP head reads each pass's hidden
@@ -116,7 +102,7 @@ class SpeculativeStep:
         runner._prepare_states(plan, [], copy_blocks=False)
         logits, hidden = None, None
         layout = RowLayout()
-        if decoding.chunks:
+        if decoding is not None:
             logits, hidden = self.graphs.run(build_host_batch(decoding, runner.block_size))
             layout = RowLayout.padded(decoding, self.graphs.rows_per_seq)
         chunk = prefill.chunks[0]
