@@ -64,10 +64,9 @@ class SpeculativeStep:
         return self._verify(runner, plan, logits, hidden, layout, rung, prompt_logprobs)
 
     def _verify(self, runner, plan: StepPlan, logits, hidden, layout: RowLayout, rung: int | None = None,
-                prompt_logprobs: dict | None = None, prompt: tuple | None = None):
+                prompt_logprobs: dict | None = None):
         """Samples the step's rows (verdicts on the drafts), sets refuted sequences' states back, saves the
-        step's snapshots and drafts for the next step. `prompt`: (chunk, its hidden states) of a prompt chunk
-        that ran in its own pass (_execute_split), which the drafter reads apart from the others'."""
+        step's snapshots and drafts for the next step."""
         from deltaserve.runner.model_runner import StepResult
 
         sampling = [c for c in plan.chunks if c.samples]
@@ -75,14 +74,7 @@ class SpeculativeStep:
         if set_back:
             self.verify_states.restore(set_back, runner.state_pool)
         runner._save_snapshots(plan)  # a padded sequence's state is its own once set back
-        rows = self._draft_rows(plan, layout.pass_row, sampling, tokens)
-        if prompt is None:
-            drafts = self.drafter.propose(hidden, rows, rung)
-        else:
-            chunk, prompt_hidden = prompt
-            others = [r for r in rows if r.chunk is not chunk]
-            drafts = self.drafter.propose(hidden, others) if others else {}
-            drafts.update(self.drafter.propose(prompt_hidden, [r for r in rows if r.chunk is chunk]))
+        drafts = self.drafter.propose(hidden, self._draft_rows(plan, layout.pass_row, sampling, tokens), rung)
         return StepResult(sampling, tokens, logprobs, prompt_logprobs or {}, accepted, drafts, draft_logprobs)
 
     def _plain_step(self, runner, plan: StepPlan):
@@ -96,9 +88,9 @@ class SpeculativeStep:
     def _execute_split(self, runner, plan: StepPlan, decoding: StepPlan | None, prefill: StepPlan, captures: list):
         """The decoding sequences' verify graph, then the prompt chunk's prefill graph (which restores its
         sequence's snapshot and copies its KV tail itself), over the same buffers one after the other; the
-        chunk's logits row, where it samples, follows the verify rows. The MTP head reads each pass's hidden
-        states apart, eagerly: its drafting graph would read the verify step's layout from the buffers, which
-        the prefill graph's has replaced."""
+        chunk's logits row, where it samples, follows the verify rows, and its hidden states follow theirs. The
+        MTP head drafts eagerly over both passes' rows at once: its drafting graph would read the verify step's
+        layout from the buffers, which the prefill graph's has replaced."""
         runner._prepare_states(plan, [], copy_blocks=False)
         logits, hidden = None, None
         layout = RowLayout()
@@ -107,12 +99,14 @@ class SpeculativeStep:
             layout = RowLayout.padded(decoding, self.graphs.rows_per_seq)
         chunk = prefill.chunks[0]
         prompt_hidden = runner.run_prefill_graph(prefill, captures)  # its last row's, or every row's for the head
-        layout.pass_row[chunk] = 0  # its first row of its own pass's hidden states
+        layout.pass_row[chunk] = 0 if hidden is None else hidden.shape[0]
+        if self.drafter.reads_hidden:
+            hidden = prompt_hidden if hidden is None else torch.cat([hidden, prompt_hidden])
         if chunk.samples:
             chunk_logits = runner.model.compute_logits(prompt_hidden[-1:])
             layout.add_plain_row(chunk, 0 if logits is None else logits.shape[0])
             logits = chunk_logits if logits is None else torch.cat([logits, chunk_logits])
-        return self._verify(runner, plan, logits, hidden, layout, prompt=(chunk, prompt_hidden))
+        return self._verify(runner, plan, logits, hidden, layout)
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch, layout: RowLayout):
         """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on
