@@ -164,6 +164,59 @@ def gdn_decode(batch: int):
     return body
 
 
+def gdn_verify_commit(seqs: int, drafts: int = 3):
+    """A verify step's GDN layer two ways: the token loop storing each sequence's state after every row but the
+    last into verify slots and after its last in place, then the kept row's state copied back (every draft
+    refuted, the most copying); or the loop storing nothing and gdn_commit taking each state through its kept
+    rows. The committed states must equal the captured ones bit for bit (the engine's verify graphs rely on it)."""
+    from deltaserve.kernels.gdn.triton_commit import gdn_commit
+    from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
+
+    def body():
+        per = drafts + 1
+        rows = seqs * per
+        q, k = torch.randn(rows, HK, DK, device=DEV, dtype=BF16), torch.randn(rows, HK, DK, device=DEV, dtype=BF16)
+        v = torch.randn(rows, HV, DV, device=DEV, dtype=BF16)
+        a, b = torch.randn(rows, HV, device=DEV, dtype=BF16), torch.randn(rows, HV, device=DEV, dtype=BF16)
+        A_log, dt_bias = torch.randn(HV, device=DEV) * 0.5, torch.randn(HV, device=DEV)
+        pool = torch.randn(seqs + 1, HV, DK, DV, device=DEV) * 0.1
+        slots = torch.randperm(seqs, device=DEV).to(torch.int32)
+        starts = (torch.arange(seqs + 1, device=DEV) * per).to(torch.int32)
+        every_row = [(row, row) for row in range(rows)]
+        after = torch.zeros(rows, HV, DK, DV, device=DEV)
+        gdn_recurrent(q, k, v, a, b, A_log, dt_bias, pool.clone(), slots, starts, every_row, after)
+        kept = torch.randint(1, per + 1, (seqs,), device=DEV, dtype=torch.int32)
+        committed = pool.clone()
+        out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, committed, slots, starts, store_state=False)
+        unchanged = bool(torch.equal(committed, pool))
+        gdn_commit(k[None], v[None], a[None], b[None], A_log[None], dt_bias[None], committed[None], slots,
+                   starts[:-1].contiguous(), kept, seqs)
+        want = after[(starts[:-1] + kept - 1).long()]
+        res = {"shape": f"{seqs} sequences of {per} rows, Hk={HK} Hv={HV} Dk={DK} Dv={DV}, fp32 state",
+               "state_untouched_by_the_loop": unchanged,
+               "bitwise_equal_to_captures": bool(torch.equal(committed[slots.long()], want)),
+               "output_equal": bool(torch.equal(out, gdn_recurrent(q, k, v, a, b, A_log, dt_bias, pool.clone(), slots,
+                                                                   starts)))}
+        captures = [(s * per + j, s * drafts + j) for s in range(seqs) for j in range(drafts)]
+        snaps = torch.zeros(seqs * drafts, HV, DK, DV, device=DEV)
+        work = pool.clone()
+        back = torch.tensor([s * drafts for s in range(seqs)], device=DEV)
+
+        def captured():
+            gdn_recurrent(q, k, v, a, b, A_log, dt_bias, work, slots, starts, captures, snaps)
+            work.index_copy_(0, slots.long(), snaps.index_select(0, back))
+
+        def committing():
+            gdn_recurrent(q, k, v, a, b, A_log, dt_bias, work, slots, starts, store_state=False)
+            gdn_commit(k[None], v[None], a[None], b[None], A_log[None], dt_bias[None], work[None], slots,
+                       starts[:-1], kept, seqs)
+
+        res["captured_then_copied"] = timing(captured)
+        res["committed"] = timing(committing)
+        return res
+    return body
+
+
 def gdn_decode_fused_case(batch: int):
     """The fused GDN decode step (conv update, delta rule, gated norm) against the three unfused kernels."""
     from deltaserve.kernels.conv1d.triton_causal_conv1d import causal_conv1d
@@ -1268,6 +1321,8 @@ def main():
         run_case(report, f"gdn_decode_B{batch}", gdn_decode(batch))
     for batch in batches:
         run_case(report, f"gdn_decode_fused_B{batch}", gdn_decode_fused_case(batch))
+    for seqs in (2,) if SMOKE else (1, 16, 64):
+        run_case(report, f"gdn_verify_commit_B{seqs}", gdn_verify_commit(seqs))
     for batch in (3,) if SMOKE else (32, 64, 128):
         for state_dtype in (torch.float32, BF16):
             run_case(report, f"gdn_decode_tiles_B{batch}_{str(state_dtype).split('.')[-1]}",

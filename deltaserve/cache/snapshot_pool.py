@@ -34,6 +34,10 @@ class SnapshotPool:
         """(snapshot slot, state slot): copies each snapshot into the sequence's state slot."""
         self._tensors.copy_slots(pairs, states)
 
+    def restore_conv(self, pairs: list[tuple[int, int]], states: StatePool) -> None:
+        """restore for the conv states alone (a verify graph's recurrent states advance by GdnStash.commit)."""
+        self._tensors.copy_slots(pairs, states, conv_only=True)
+
     def restore_at(self, slots: torch.Tensor, states: StatePool) -> None:
         """restore for the pair in the device tensor `slots` [2] (a negative snapshot slot: none)."""
         self._tensors.copy_slots_at(slots, states)

@@ -28,10 +28,12 @@ class StatePool:
             return
         zero_slots((self.conv_all, self.h_all), to_device(slots, self.h_all.device))
 
-    def copy_slots(self, pairs: list[tuple[int, int]], destination: "StatePool") -> None:
-        """(slot here, slot there): copies every layer's states of each slot into `destination`; several pairs
-        in one launch where no copy reads what another writes."""
+    def copy_slots(self, pairs: list[tuple[int, int]], destination: "StatePool", conv_only: bool = False) -> None:
+        """(slot here, slot there): copies every layer's states of each slot into `destination` (conv_only: the
+        conv states alone); several pairs in one launch where no copy reads what another writes."""
         srcs, dsts = (self.conv_all, self.h_all), (destination.conv_all, destination.h_all)
+        if conv_only:
+            srcs, dsts = srcs[:1], dsts[:1]
         targets = {dst for _, dst in pairs}
         apart = destination is not self or not targets & {src for src, _ in pairs}
         if len(pairs) > 1 and len(targets) == len(pairs) and apart:

@@ -161,21 +161,34 @@ SHORT_CHUNK = 16
 
 def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
                            capture_rows: list[tuple[int, int]] | None = None,
-                           h_snapshots: torch.Tensor | None = None, longest_chunk: int | None = None) -> torch.Tensor:
+                           h_snapshots: torch.Tensor | None = None, longest_chunk: int | None = None,
+                           store_state: bool = True) -> torch.Tensor:
     """The gated delta rule over a ragged prefill batch (see gdn/reference.py). longest_chunk: a bound on every
-    sequence's rows where the caller knows one (ForwardBatch.max_query_len), else the pass's rows bound them."""
+    sequence's rows where the caller knows one (ForwardBatch.max_query_len), else the pass's rows bound them.
+    store_state=False (a verify step's few rows a sequence, in the token loop) leaves the states as they were,
+    for commit_gated_delta_rule."""
     if use_triton(q):
         rows = q.shape[0]
-        if min(rows, longest_chunk or rows) <= TOKEN_LOOP_MAX_ROWS:
+        if min(rows, longest_chunk or rows) <= TOKEN_LOOP_MAX_ROWS or not store_state:
             from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
             return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
-                                 h_snapshots)
+                                 h_snapshots, store_state=store_state)
         from deltaserve.kernels.gdn.triton_chunk import chunk_gdn as kernel
         short = dict(chunk=SHORT_CHUNK, block_v=64) if rows <= SHORT_CHUNK_MAX_ROWS else {}
         return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
                       h_snapshots, **short)
     return _gdn.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
-                                       capture_rows, h_snapshots)
+                                       capture_rows, h_snapshots, store_state)
+
+
+def commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count,
+                            step_seqs: int) -> None:
+    """A verify step's GDN states advanced through each sequence's kept rows, every layer at once (see
+    gdn/triton_commit.py); step_seqs: the sequences of the step that ran those rows (its tiles)."""
+    if use_triton(k):
+        from deltaserve.kernels.gdn.triton_commit import gdn_commit
+        return gdn_commit(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count, step_seqs)
+    return _gdn.commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count)
 
 
 def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots) -> torch.Tensor:
@@ -319,7 +332,7 @@ def sample_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
-    "recurrent_gated_delta_rule",
+    "commit_gated_delta_rule", "recurrent_gated_delta_rule",
     "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
     "copy_slot_at", "copy_slots_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "apply_token_bitmask",
     "MaskPlan", "RowTokens", "sample_from_logits", "greedy_tokens",

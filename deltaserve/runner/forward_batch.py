@@ -8,12 +8,16 @@ that the layers never hold cache state themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from deltaserve.cache.kv_pool import KVPool
 from deltaserve.cache.state_pool import StatePool
 from deltaserve.kernels.capture_rows import CaptureRows
+
+if TYPE_CHECKING:
+    from deltaserve.runner.gdn_stash import GdnStash
 
 
 @dataclass
@@ -66,6 +70,9 @@ class ForwardBatch:
     live_rows: torch.Tensor | None = None
     # Where set, the model returns the final hidden states of these rows only (see OutputRows).
     output_rows: OutputRows | None = None
+    # A verify graph's: the GDN layers leave their states as they were and keep their rows' inputs here, for
+    # the states to advance through the kept rows alone once the verdicts are in (see GdnStash).
+    gdn_stash: GdnStash | None = None
 
     def kv_cache(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv_pool.k[layer_idx], self.kv_pool.v[layer_idx]

@@ -61,17 +61,24 @@ class SpeculativeStep:
             layout = RowLayout.eager(plan, host)
             hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host, layout)
             logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
-        return self._verify(runner, plan, logits, hidden, layout, rung, prompt_logprobs)
+        return self._verify(runner, plan, logits, hidden, layout, rung, prompt_logprobs,
+                            plan.chunks if rung is not None else None)
 
     def _verify(self, runner, plan: StepPlan, logits, hidden, layout: RowLayout, rung: int | None = None,
-                prompt_logprobs: dict | None = None):
+                prompt_logprobs: dict | None = None, in_graph: list[ScheduledChunk] | None = None):
         """Samples the step's rows (verdicts on the drafts), sets refuted sequences' states back, saves the
-        step's snapshots and drafts for the next step."""
+        step's snapshots and drafts for the next step. in_graph: the chunks a verify graph ran, in its order, whose
+        recurrent states it left for their verdicts (VerifyGraphs.commit)."""
         from deltaserve.runner.model_runner import StepResult
 
         sampling = [c for c in plan.chunks if c.samples]
         tokens, logprobs, accepted, set_back, draft_logprobs = self._sample(runner.sampler, logits, sampling, layout)
-        if set_back:
+        if in_graph and self.graphs.stash is not None:
+            if set_back:
+                self.verify_states.restore_conv(set_back, runner.state_pool)
+            kept_rows = [len(accepted.get(c, ())) + 1 for c in in_graph]
+            self.graphs.commit([c.request.state_slot for c in in_graph], kept_rows)
+        elif set_back:
             self.verify_states.restore(set_back, runner.state_pool)
         runner._save_snapshots(plan)  # a padded sequence's state is its own once set back
         drafts = self.drafter.propose(hidden, self._draft_rows(plan, layout.pass_row, sampling, tokens), rung)
@@ -106,7 +113,7 @@ class SpeculativeStep:
             chunk_logits = runner.model.compute_logits(prompt_hidden[-1:])
             layout.add_plain_row(chunk, 0 if logits is None else logits.shape[0])
             logits = chunk_logits if logits is None else torch.cat([logits, chunk_logits])
-        return self._verify(runner, plan, logits, hidden, layout)
+        return self._verify(runner, plan, logits, hidden, layout, in_graph=decoding.chunks if decoding else None)
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch, layout: RowLayout):
         """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on

@@ -5,10 +5,13 @@ sequence with fewer drafts (none found, or cut short by max_tokens) fills its k 
 past them, runner/speculative_step.py), so they cost the graph's rows and change nothing.
 
 The graph runs the target model over all the rows as one chunked pass (paged attention over each sequence's keys,
-the GDN chunk kernels) and turns every row into logits. Its GDN kernels write the state after each sequence's
-rows but the last into that sequence's k verify slots, a table fixed for each rung (sequence b's row j into verify
-slot b * k + j), so a sequence whose drafts are refuted takes its state back from there. It returns the logits and
-the final hidden states of every row, which the sampler and the MTP head read (runner/speculative_step.py)."""
+the GDN token loop) and turns every row into logits. Its GDN layers leave the recurrent states as they were and
+keep the rows' inputs in a GdnStash: once the verdicts are in, `commit` advances each sequence's state through the
+rows it kept, in one launch (gdn_stash.py). The conv states, a few rows each, are updated in place and captured
+after each sequence's rows but the last into its k verify slots, a table fixed for each rung (sequence b's row j
+into verify slot b * k + j), so a sequence whose drafts are refuted takes its conv state back from there. It
+returns the logits and the final hidden states of every row, which the sampler and the MTP head read
+(runner/speculative_step.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.kernels.capture_rows import CaptureRows, GraphCaptureRows
 from deltaserve.runner.batch_builder import HostBatch
+from deltaserve.models.layers.gated_delta_net import GatedDeltaNet
 from deltaserve.runner.cuda_graphs import batch_size_ladder, capture_graph
+from deltaserve.runner.gdn_stash import GdnStash
 from deltaserve.runner.step_buffers import StepBuffers
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,21 @@ class VerifyGraphs:
         self._captures: dict[int, CaptureRows] = {}
         self.last_size: int | None = None  # the rung of the step last run
         self._uncaptured_hidden: dict[int, torch.Tensor] = {}  # a rung's hidden states, run without a graph
+        self.stash = self._stash(model, buffers) if verify_states is not None and self.sizes else None
+
+    def _stash(self, model, buffers: StepBuffers) -> GdnStash:
+        """The largest rung's GDN inputs, every layer's, in the StatePool's order of layers."""
+        mixers = {m.layer_idx: m for m in model.modules() if isinstance(m, GatedDeltaNet)}
+        layers = {layer: mixers[layer] for layer in buffers.state_pool.h}
+        first = next(iter(layers.values()))
+        return GdnStash(layers, self.sizes[-1] * self.rows_per_seq, first.in_proj.dtype, buffers.meta.device)
+
+    def commit(self, state_slots: list[int], kept_rows: list[int]) -> None:
+        """After the step last run: sequence b's recurrent states (b in the step's order) through its first
+        kept_rows[b] rows."""
+        per = self.rows_per_seq
+        self.stash.commit(self.buffers.state_pool.h_all, state_slots, [b * per for b in range(len(state_slots))],
+                          kept_rows, self.last_size)
 
     def capture(self, pool) -> None:
         started, before = time.perf_counter(), torch.cuda.memory_allocated()
@@ -94,6 +114,7 @@ class VerifyGraphs:
     def _forward(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.buffers.unpack_decode(size)  # the block tables (every input id is the host's)
         batch = self.buffers.verify_view(size, self.rows_per_seq, self._capture_rows(size), self.verify_states)
+        batch.gdn_stash = self.stash
         hidden = self.model(batch.input_ids, batch)
         return self.model.compute_logits(hidden), hidden
 

@@ -339,3 +339,43 @@ def test_split_at_captures_cuts_after_each_capture_row():
     assert rounds[0] == [(4, 0, 1, [7]), (0, 1, 4, [8]), (5, 10, 10, []), (2, 10, 13, [10])]
     assert rounds[1] == [(0, 4, 6, [11]), (2, 13, 15, [])]
     assert rounds[2] == [(0, 6, 10, [9])]
+
+
+# A verify step whose states wait for its verdicts: the token loop leaves them as they were, then one launch
+# takes each sequence's state through the rows it kept, in every layer, from the rows' k, v, a, b as the engine
+# stashes them (k and v side by side in one buffer, b and a in another).
+@pytest.mark.parametrize("hk,hv,dk,dv,step_seqs", [(1, 2, 16, 32, 4), (2, 4, 16, 24, 200)])
+def test_commit_takes_each_state_through_its_kept_rows_as_the_token_loop_does(hk, hv, dk, dv, step_seqs):
+    from deltaserve.kernels.gdn.triton_commit import gdn_commit
+
+    layers, seqs, per = 2, 4, 3
+    tokens = seqs * per
+    starts = torch.arange(seqs + 1, dtype=torch.int32) * per
+    kv = torch.randn(layers, tokens, hk * dk + hv * dv)
+    ba = torch.randn(layers, tokens, 2 * hv)
+    k, v = kv[..., : hk * dk].unflatten(-1, (hk, dk)), kv[..., hk * dk :].unflatten(-1, (hv, dv))
+    b, a = ba[..., :hv], ba[..., hv:]
+    A_log, dt_bias = torch.randn(layers, hv) * 0.5, torch.randn(layers, hv)
+    h_all = torch.randn(layers, seqs + 2, hv, dk, dv) * 0.3
+    slots = torch.tensor([3, 0, 5, 2])
+    after = torch.zeros(layers, tokens, hv, dk, dv)  # the state after every row, as the loop captures it
+    for layer in range(layers):
+        q = torch.randn(tokens, hk, dk)
+        inputs = (q, k[layer], v[layer], a[layer], b[layer], A_log[layer], dt_bias[layer])
+        pool = h_all[layer].clone()
+        out = gdn_recurrent(*inputs, pool, slots, starts, store_state=False)
+        assert torch.equal(pool, h_all[layer])  # read, not written
+        every_row = [(row, row) for row in range(tokens)]
+        assert torch.equal(out, gdn_recurrent(*inputs, pool, slots, starts, every_row, after[layer]))
+    kept = torch.tensor([1, 3, 2, 0])
+    row_start = starts[:-1] + torch.tensor([0, 0, 0, 1])
+    committed, expected = h_all.clone(), h_all.clone()
+    gdn_commit(k, v, a, b, A_log, dt_bias, committed, slots, row_start, kept.to(torch.int32), step_seqs)
+    reference.commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, expected, slots, row_start, kept)
+    for seq, (slot, count) in enumerate(zip(slots.tolist(), kept.tolist())):
+        last = int(row_start[seq]) + count - 1
+        want = after[:, last] if count else h_all[:, slot]
+        assert_close(committed[:, slot], want, 1e-5)
+    assert_close(committed, expected)
+    untouched = [s for s in range(h_all.shape[1]) if s not in slots.tolist()]
+    assert torch.equal(committed[:, untouched], h_all[:, untouched])

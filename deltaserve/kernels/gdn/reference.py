@@ -30,11 +30,13 @@ def chunk_gated_delta_rule(
     q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
     capture_rows: list[tuple[int, int]] | None = None,
     h_snapshots: torch.Tensor | None = None,
+    store_state: bool = True,
 ) -> torch.Tensor:
     """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] fp32. Returns o [T, Hv, Dv].
 
     capture_rows: (row, snapshot_slot) pairs: the state after global row `row` is copied into
-    `h_snapshots[snapshot_slot]`, wherever that row falls inside a chunk.
+    `h_snapshots[snapshot_slot]`, wherever that row falls inside a chunk. store_state=False leaves h_pool as it
+    was (a verify step, whose kept rows commit_gated_delta_rule runs through the state later).
     """
     qh, kh, vh, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias)
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
@@ -48,8 +50,26 @@ def chunk_gated_delta_rule(
             o, state = _chunk(qh[:, rows], kh[:, rows], vh[:, rows], g[:, rows], beta[:, rows], state,
                               captures, h_snapshots)
             out[rows] = o.transpose(0, 1)
-        h_pool[slot] = state.to(h_pool.dtype)
+        if store_state:
+            h_pool[slot] = state.to(h_pool.dtype)
     return out.to(v.dtype)
+
+
+def commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count) -> None:
+    """k [L, T, Hk, Dk], v [L, T, Hv, Dv], a,b [L, T, Hv]: each layer's rows; A_log, dt_bias [L, Hv]; h_all
+    [L, S, Hv, Dk, Dv]. Sequence i's state h_all[:, state_slots[i]] goes through its rows row_start[i] ..
+    row_start[i] + row_count[i] - 1 in every layer, as a pass over those rows alone would take it."""
+    starts, counts = row_start.tolist(), row_count.tolist()
+    kept = [i for i, count in enumerate(counts) if count]
+    if not kept:
+        return
+    rows = torch.tensor([starts[i] + j for i in kept for j in range(counts[i])], device=k.device)
+    query_start_loc = torch.tensor([0] + [counts[i] for i in kept], device=k.device).cumsum(0)
+    slots = state_slots[torch.tensor(kept, device=state_slots.device)]
+    for layer in range(k.shape[0]):
+        k_rows = k[layer, rows]
+        chunk_gated_delta_rule(torch.zeros_like(k_rows), k_rows, v[layer, rows], a[layer, rows], b[layer, rows],
+                               A_log[layer], dt_bias[layer], h_all[layer], slots, query_start_loc)
 
 
 def _chunk(q, k, v, g, beta, state, captures, h_snapshots):

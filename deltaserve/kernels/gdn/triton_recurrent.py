@@ -110,7 +110,7 @@ def _gdn_recurrent_kernel(
     stride_h_slot, stride_snap_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
-    STREAMED: tl.constexpr = False, USE_PDL: tl.constexpr = False,
+    STREAMED: tl.constexpr = False, USE_PDL: tl.constexpr = False, STORE_STATE: tl.constexpr = True,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
@@ -151,8 +151,9 @@ def _gdn_recurrent_kernel(
                                        stride_a_t, stride_b_t)
         state = _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v,
                         stride_o_t, DV)
-    tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live,
-             eviction_policy="evict_first" if STREAMED else "")
+    if STORE_STATE:
+        tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live,
+                 eviction_policy="evict_first" if STREAMED else "")
 
 
 def decode_tiles(seq_heads: int, state_bytes: int) -> tuple[int, int, bool]:
@@ -216,6 +217,7 @@ def gdn_recurrent(
     num_warps: int | None = None,
     num_stages: int | None = None,
     streamed: bool | None = None,
+    store_state: bool = True,
 ) -> torch.Tensor:
     """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] updated in place.
 
@@ -223,6 +225,7 @@ def gdn_recurrent(
     query_start_loc[i]:query_start_loc[i+1], and capture_rows ((row, snapshot slot) pairs, or a
     CaptureRows) names the rows whose state is also stored into h_snapshots. Returns o [T, Hv, Dv] in
     v's dtype. A decode step's block_v, num_warps and streamed default to decode_tiles' choice for its size.
+    store_state=False leaves h_pool as it was (a verify step whose states triton_commit advances later).
     """
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
@@ -254,7 +257,7 @@ def gdn_recurrent(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, STREAMED=streamed,
+        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, STREAMED=streamed, STORE_STATE=store_state,
         num_warps=num_warps, num_stages=num_stages or 2, **launch_options(q),
     )
     for slot, source in repeats:

@@ -36,9 +36,8 @@ class GatedDeltaNet(nn.Module):
         """The output feeds the residual add-norm only, so it may be PartialSums. output_rows: the rows
         to return (None: all); every row still updates the state."""
         tokens = x.shape[0]
-        mixed, z, b, a = kernels.linear(x, self.in_proj).split(
-            [self.conv_dim, self.value_size, self.num_v_heads, self.num_v_heads], -1
-        )
+        projected = kernels.linear(x, self.in_proj)
+        mixed, z, b, a = projected.split([self.conv_dim, self.value_size, self.num_v_heads, self.num_v_heads], -1)
         conv_state, h_state = batch.gdn_state(self.layer_idx)
         # Decode keeps three launches (conv update, delta rule, gated norm): kernels.gdn_decode_fused does
         # them in one, but its one program per key head measured slower from batch 16 up on the H200.
@@ -54,6 +53,13 @@ class GatedDeltaNet(nn.Module):
         if batch.is_decode:
             out = kernels.recurrent_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots
+            )
+        elif batch.gdn_stash is not None:  # a verify graph: the states advance once its verdicts are in
+            ba = projected[:, self.conv_dim + self.value_size :]
+            batch.gdn_stash.keep(self.layer_idx, mixed[:, self.key_size :], ba)
+            out = kernels.chunk_gated_delta_rule(
+                q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
+                longest_chunk=batch.max_query_len, store_state=False,
             )
         else:
             out = kernels.chunk_gated_delta_rule(
