@@ -4,8 +4,9 @@ One pass of the target model computes the plan's rows, a verify chunk's rows inc
 drafts, each row sampling (draft_verifier.py keeps the drafts up to the first one refuted, and the token that row
 gives). The GDN kernels write the state after each verify row but the last into verify slots (captures, as the
 prefix cache's mid-chunk snapshots are written); a sequence whose drafts were not all kept gets its state back
-from the slot of its last kept row, so its state covers exactly its tokens. Its KV past them is written over by
-the next step. Then the MTP head reads the kept rows and drafts for the next step (mtp_drafter.py).
+from the slot of its last kept row, so its state covers exactly its tokens (a verify graph instead leaves the
+recurrent states for the verdicts and then advances each through its kept rows: gdn_stash.py). Its KV past them is
+written over by the next step. Then the MTP head reads the kept rows and drafts for the next step (mtp_drafter.py).
 
 A step of decoding sequences alone, each its last token and up to k drafts (the steady state of decoding),
 replays a verify graph (verify_graphs.py) with every sequence padded to k + 1 rows, the sampling runs eagerly after
