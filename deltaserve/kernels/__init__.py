@@ -256,7 +256,7 @@ def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...],
 def copy_slots_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], pairs: torch.Tensor) -> None:
     """copy_slot_at for every row (source slot, destination slot) of the device tensor `pairs` [n, 2], in one
     launch: the destinations distinct, none of them another row's source in the same pool."""
-    triton_copy = _triton_slot_copy(srcs, dsts)
+    triton_copy = _triton_slot_copy(srcs, dsts, pools=(1, 2))
     if triton_copy is not None:
         return triton_copy.copy_slots_at(srcs, dsts, pairs)
     return _slot_copy.copy_slots_at(srcs, dsts, pairs)
@@ -270,9 +270,10 @@ def zero_slots(pools: tuple[torch.Tensor, ...], slots: torch.Tensor) -> None:
     return _slot_copy.zero_slots(pools, slots)
 
 
-def _triton_slot_copy(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...]):
-    """The Triton slot-copy module where it takes these pools (two pairs, each layer's slot contiguous)."""
-    if not (use_triton(srcs[0]) and len(srcs) == 2):
+def _triton_slot_copy(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], pools: tuple = (2,)):
+    """The Triton slot-copy module where it takes these pools (as many pairs as `pools` allows, each layer's slot
+    contiguous)."""
+    if not (use_triton(srcs[0]) and len(srcs) in pools):
         return None
     from deltaserve.kernels.slot_copy import triton_slot_copy as triton_copy
     return triton_copy if all(triton_copy.slot_is_contiguous(pool) for pool in (*srcs, *dsts)) else None

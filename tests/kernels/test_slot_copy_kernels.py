@@ -43,12 +43,13 @@ def test_copy_slot_at_reads_the_slots_from_the_device(restore):
         assert torch.equal(got, old) != restore  # a restore changes the slot (random values), none does not
 
 
-def test_copy_slots_at_moves_many_pairs_in_one_launch():
+@pytest.mark.parametrize("pools", [2, 1])  # a verify graph sets back the conv states alone
+def test_copy_slots_at_moves_many_pairs_in_one_launch(pools):
     # A speculative step's set-back: snapshot slots into distinct state slots, a pair with a negative source
     # (nothing to copy) among them; each row as copy_slot would copy it, the other slots untouched.
     layers, n = 3, 5
-    srcs = (torch.randn(layers, 7, 3, 5).to(torch.bfloat16), torch.randn(layers, 7, BLOCK + 11))
-    dsts = (torch.randn(layers, 6, 3, 5).to(torch.bfloat16), torch.randn(layers, 6, BLOCK + 11))
+    srcs = (torch.randn(layers, 7, 3, 5).to(torch.bfloat16), torch.randn(layers, 7, BLOCK + 11))[:pools]
+    dsts = (torch.randn(layers, 6, 3, 5).to(torch.bfloat16), torch.randn(layers, 6, BLOCK + 11))[:pools]
     sources, targets = torch.randperm(7)[:n], torch.randperm(6)[:n]
     sources[int(torch.randint(0, n - 1, ()))] = -1  # never the last: every other pair's copy is seen
     pairs = torch.stack([sources, targets], dim=1).contiguous()

@@ -72,12 +72,13 @@ def _copy_slot_at_kernel(src_a, dst_a, stride_src_slot_a, stride_dst_slot_a, str
 @triton.jit
 def _copy_slots_at_kernel(src_a, dst_a, stride_src_slot_a, stride_dst_slot_a, stride_src_layer_a, stride_dst_layer_a,
                           numel_a, src_b, dst_b, stride_src_slot_b, stride_dst_slot_b, stride_src_layer_b,
-                          stride_dst_layer_b, numel_b, pairs, BLOCK: tl.constexpr):
-    """This program's piece of one layer's slot of pair pairs[i], in pool a or b (grid axis 2: i * 2 + pool)."""
-    layer, piece, i = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2) // 2
+                          stride_dst_layer_b, numel_b, pairs, BLOCK: tl.constexpr, POOLS: tl.constexpr = 2):
+    """This program's piece of one layer's slot of pair pairs[i], in pool a or b (grid axis 2: i * POOLS + pool;
+    POOLS 1: pool a alone)."""
+    layer, piece, i = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2) // POOLS
     src_slot, dst_slot = tl.load(pairs + 2 * i).to(tl.int64), tl.load(pairs + 2 * i + 1).to(tl.int64)
     if src_slot >= 0:
-        if tl.program_id(2) % 2 == 0:
+        if tl.program_id(2) % POOLS == 0:
             _copy_piece(src_a, dst_a, src_slot * stride_src_slot_a, dst_slot * stride_dst_slot_a, stride_src_layer_a,
                         stride_dst_layer_a, numel_a, layer, piece, BLOCK)
         else:
@@ -117,15 +118,17 @@ def copy_slot_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...],
 
 
 def copy_slots_at(srcs: tuple[torch.Tensor, ...], dsts: tuple[torch.Tensor, ...], pairs: torch.Tensor) -> None:
-    """Same contract as the reference's copy_slots_at, for pools as copy_slot takes them: one launch for every
-    pair."""
-    (src_a, src_b), (dst_a, dst_b) = srcs, dsts
+    """Same contract as the reference's copy_slots_at, for pools as copy_slot takes them, or one pool (a verify
+    graph's conv states): one launch for every pair."""
+    pools = len(srcs)
+    (src_a, src_b), (dst_a, dst_b) = (srcs * 2)[:2], (dsts * 2)[:2]
     a, b = _slot_operands(src_a, dst_a), _slot_operands(src_b, dst_b)
     assert pairs.dim() == 2 and pairs.shape[1] == 2 and pairs.is_contiguous() and pairs.device == src_a.device
     if pairs.shape[0] == 0:
         return
     layers, pieces, _ = _grid(a, b)
-    _copy_slots_at_kernel[(layers, pieces, 2 * pairs.shape[0])](*a, *b, pairs, BLOCK=BLOCK, num_warps=8)
+    _copy_slots_at_kernel[(layers, pieces, pools * pairs.shape[0])](*a, *b, pairs, BLOCK=BLOCK, num_warps=8,
+                                                                     POOLS=pools)
 
 
 def _grid(a: tuple, b: tuple) -> tuple[int, int, int]:
