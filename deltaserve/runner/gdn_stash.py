@@ -27,6 +27,7 @@ class GdnStash:
         count = len(gdn_layers)
         self.kv = torch.zeros(count, max_rows, self.key_size + self.value_size, dtype=dtype, device=device)
         self.ba = torch.zeros(count, max_rows, 2 * self.num_v_heads, dtype=dtype, device=device)
+        # the layers' gating parameters side by side, copied once (the weights do not change after start-up)
         self.A_log = torch.stack([m.A_log.detach().float() for m in gdn_layers.values()]).contiguous()
         self.dt_bias = torch.stack([m.dt_bias.detach().float() for m in gdn_layers.values()]).contiguous()
         self._k_shape = (first.num_k_heads, first.k_dim)

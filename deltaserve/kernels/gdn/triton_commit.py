@@ -2,10 +2,11 @@
 rows it kept, in every GDN layer, in one launch.
 
 A verify graph's token loop (triton_recurrent, store_state=False) reads each sequence's state and computes every
-row's output without writing the state back; the rows' k, v, a and b stay in a stash (runner/verify_graphs.py).
+row's output without writing the state back; the rows' k, v, a and b stay in a stash (runner/gdn_stash.py).
 Once the sampler has taken its verdicts this kernel reads the state again, runs the kept rows through it with the
 token loop's arithmetic and tiles, and writes it back: a state is read twice and written once a step, where
-capturing the state after every row and copying the kept one back read it once and wrote it up to k + 2 times.
+capturing the state after every row and copying the kept one back wrote it k + 1 times, and twice more where a
+draft was refuted.
 
 One program per (sequence, value head, layer and tile of BV columns).
 """
@@ -81,4 +82,3 @@ def gdn_commit(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_co
         HK=hk, HV=hv, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=block_v, TILES=tiles,
         num_warps=num_warps, num_stages=2,
     )
-
