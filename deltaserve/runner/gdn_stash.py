@@ -33,6 +33,10 @@ class GdnStash:
         self._k_shape = (first.num_k_heads, first.k_dim)
         self._v_shape = (first.num_v_heads, first.v_dim)
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.ba, self.A_log, self.dt_bias))
+
     def keep(self, layer_idx: int, kv: torch.Tensor, ba: torch.Tensor) -> None:
         """Layer `layer_idx`'s rows: kv [T, key_size + value_size] (k then v), ba [T, 2 Hv] (b then a)."""
         at = self.position[layer_idx]

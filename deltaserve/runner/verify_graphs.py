@@ -72,9 +72,11 @@ class VerifyGraphs:
         for size in reversed(self.sizes):  # largest first, so the smaller ones reuse its memory
             self.buffers.load_verify(empty, size, self.rows_per_seq)
             self.graphs[size], self.outputs[size] = capture_graph(lambda: self._forward(size), pool)
-        log.info("captured %d speculative verify graphs (%d..%d sequences of %d rows) in %.1f s using %.0f MiB",
-                 len(self.sizes), self.sizes[0], self.sizes[-1], self.rows_per_seq, time.perf_counter() - started,
-                 (torch.cuda.memory_allocated() - before) / 2**20)
+        stash = self.stash.nbytes if self.stash is not None else 0
+        log.info("captured %d speculative verify graphs (%d..%d sequences of %d rows) in %.1f s using %.0f MiB "
+                 "(and %.0f MiB of GDN inputs kept for the commit)", len(self.sizes), self.sizes[0], self.sizes[-1],
+                 self.rows_per_seq, time.perf_counter() - started, (torch.cuda.memory_allocated() - before) / 2**20,
+                 stash / 2**20)
 
     def replayable(self, plan: StepPlan) -> bool:
         """A step of decoding sequences alone (each its last token and up to k drafts). Its restores, block
