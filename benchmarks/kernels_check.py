@@ -189,8 +189,8 @@ def gdn_verify_commit(seqs: int, drafts: int = 3):
         committed = pool.clone()
         out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, committed, slots, starts, store_state=False)
         unchanged = bool(torch.equal(committed, pool))
-        gdn_commit(k[None], v[None], a[None], b[None], A_log[None], dt_bias[None], committed[None], slots,
-                   starts[:-1].contiguous(), kept, seqs)
+        gdn_commit(k[None], v[None], a[None], b[None], A_log[None], dt_bias[None], committed[None], slots, kept,
+                   per, seqs)
         want = after[(starts[:-1] + kept - 1).long()]
         res = {"shape": f"{seqs} sequences of {per} rows, Hk={HK} Hv={HV} Dk={DK} Dv={DV}, fp32 state",
                "state_untouched_by_the_loop": unchanged,
@@ -208,8 +208,8 @@ def gdn_verify_commit(seqs: int, drafts: int = 3):
 
         def committing():
             gdn_recurrent(q, k, v, a, b, A_log, dt_bias, work, slots, starts, store_state=False)
-            gdn_commit(k[None], v[None], a[None], b[None], A_log[None], dt_bias[None], work[None], slots,
-                       starts[:-1], kept, seqs)
+            gdn_commit(k[None], v[None], a[None], b[None], A_log[None], dt_bias[None], work[None], slots, kept,
+                       per, seqs)
 
         res["captured_then_copied"] = timing(captured)
         res["committed"] = timing(committing)

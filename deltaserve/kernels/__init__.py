@@ -181,14 +181,15 @@ def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, q
                                        capture_rows, h_snapshots, store_state)
 
 
-def commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count,
+def commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_count, rows_per_seq: int,
                             step_seqs: int) -> None:
-    """A verify step's GDN states advanced through each sequence's kept rows, every layer at once (see
-    gdn/triton_commit.py); step_seqs: the sequences of the step that ran those rows (its tiles)."""
+    """A verify step's GDN states advanced through each sequence's kept rows (its first row_count, from
+    i * rows_per_seq), every layer at once (see gdn/triton_commit.py); step_seqs: the sequences of the step that
+    ran those rows (its tiles)."""
     if use_triton(k):
         from deltaserve.kernels.gdn.triton_commit import gdn_commit
-        return gdn_commit(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count, step_seqs)
-    return _gdn.commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count)
+        return gdn_commit(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_count, rows_per_seq, step_seqs)
+    return _gdn.commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_count, rows_per_seq)
 
 
 def recurrent_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots) -> torch.Tensor:

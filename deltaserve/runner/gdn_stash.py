@@ -43,18 +43,18 @@ class GdnStash:
         self.kv[at, : kv.shape[0]].copy_(kv)
         self.ba[at, : ba.shape[0]].copy_(ba)
 
-    def commit(self, h_all: torch.Tensor, state_slots: list[int], row_start: list[int], row_count: list[int],
+    def commit(self, h_all: torch.Tensor, state_slots: list[int], row_count: list[int], rows_per_seq: int,
                step_seqs: int) -> None:
-        """Sequence i's states (h_all [layers, slots, ...], the StatePool's) through rows row_start[i] ..
-        row_start[i] + row_count[i] - 1 of the stashed step, which ran step_seqs sequences."""
+        """Sequence i's states (h_all [layers, slots, ...], the StatePool's) through its first row_count[i] rows of
+        the stashed step (from i * rows_per_seq), which ran step_seqs sequences."""
         if not state_slots:
             return
         n = len(state_slots)
-        width = -(-n // 4) * 4  # each row 16-byte aligned, as Triton compiles the kernel for every pointer
-        table = to_device([list(c) + [0] * (width - n) for c in (state_slots, row_start, row_count)], h_all.device,
+        width = -(-n // 4) * 4  # the second row 16-byte aligned, as Triton compiles the kernel for every pointer
+        table = to_device([list(c) + [0] * (width - n) for c in (state_slots, row_count)], h_all.device,
                           torch.int32)[:, :n]
         k = self.kv[..., : self.key_size].unflatten(-1, self._k_shape)
         v = self.kv[..., self.key_size :].unflatten(-1, self._v_shape)
         b, a = self.ba[..., : self.num_v_heads], self.ba[..., self.num_v_heads :]
-        kernels.commit_gated_delta_rule(k, v, a, b, self.A_log, self.dt_bias, h_all, table[0], table[1], table[2],
-                                        step_seqs)
+        kernels.commit_gated_delta_rule(k, v, a, b, self.A_log, self.dt_bias, h_all, table[0], table[1],
+                                        rows_per_seq, step_seqs)

@@ -62,9 +62,7 @@ class VerifyGraphs:
     def commit(self, state_slots: list[int], kept_rows: list[int]) -> None:
         """After the step last run: sequence b's recurrent states (b in the step's order) through its first
         kept_rows[b] rows."""
-        per = self.rows_per_seq
-        self.stash.commit(self.buffers.state_pool.h_all, state_slots, [b * per for b in range(len(state_slots))],
-                          kept_rows, self.last_size)
+        self.stash.commit(self.buffers.state_pool.h_all, state_slots, kept_rows, self.rows_per_seq, self.last_size)
 
     def capture(self, pool) -> None:
         started, before = time.perf_counter(), torch.cuda.memory_allocated()

@@ -368,12 +368,11 @@ def test_commit_takes_each_state_through_its_kept_rows_as_the_token_loop_does(hk
         every_row = [(row, row) for row in range(tokens)]
         assert torch.equal(out, gdn_recurrent(*inputs, pool, slots, starts, every_row, after[layer]))
     kept = torch.tensor([1, 3, 2, 0])
-    row_start = starts[:-1] + torch.tensor([0, 0, 0, 1])
     committed, expected = h_all.clone(), h_all.clone()
-    gdn_commit(k, v, a, b, A_log, dt_bias, committed, slots, row_start, kept.to(torch.int32), step_seqs)
-    reference.commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, expected, slots, row_start, kept)
+    gdn_commit(k, v, a, b, A_log, dt_bias, committed, slots, kept.to(torch.int32), per, step_seqs)
+    reference.commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, expected, slots, kept, per)
     for seq, (slot, count) in enumerate(zip(slots.tolist(), kept.tolist())):
-        last = int(row_start[seq]) + count - 1
+        last = seq * per + count - 1
         want = after[:, last] if count else h_all[:, slot]
         assert_close(committed[:, slot], want, 1e-5)
     assert_close(committed, expected)

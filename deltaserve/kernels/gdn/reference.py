@@ -55,15 +55,15 @@ def chunk_gated_delta_rule(
     return out.to(v.dtype)
 
 
-def commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count) -> None:
-    """k [L, T, Hk, Dk], v [L, T, Hv, Dv], a,b [L, T, Hv]: each layer's rows; A_log, dt_bias [L, Hv]; h_all
-    [L, S, Hv, Dk, Dv]. Sequence i's state h_all[:, state_slots[i]] goes through its rows row_start[i] ..
-    row_start[i] + row_count[i] - 1 in every layer, as a pass over those rows alone would take it."""
-    starts, counts = row_start.tolist(), row_count.tolist()
+def commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_count, rows_per_seq: int) -> None:
+    """k [L, T, Hk, Dk], v [L, T, Hv, Dv], a,b [L, T, Hv]: each layer's rows, sequence i's from i * rows_per_seq;
+    A_log, dt_bias [L, Hv]; h_all [L, S, Hv, Dk, Dv]. Sequence i's state h_all[:, state_slots[i]] goes through its
+    first row_count[i] rows in every layer, as a pass over those rows alone would take it."""
+    counts = row_count.tolist()
     kept = [i for i, count in enumerate(counts) if count]
     if not kept:
         return
-    rows = torch.tensor([starts[i] + j for i in kept for j in range(counts[i])], device=k.device)
+    rows = torch.tensor([i * rows_per_seq + j for i in kept for j in range(counts[i])], device=k.device)
     query_start_loc = torch.tensor([0] + [counts[i] for i in kept], device=k.device).cumsum(0)
     slots = state_slots[torch.tensor(kept, device=state_slots.device)]
     for layer in range(k.shape[0]):

@@ -19,7 +19,7 @@ from deltaserve.kernels.gdn.triton_recurrent import _coefficients, ragged_tiles
 
 @triton.jit
 def _gdn_commit_kernel(
-    k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count,
+    k, v, a, b, A_log, dt_bias, h_all, state_slots, row_count, rows_per_seq,
     stride_k_l, stride_k_t, stride_k_h, stride_v_l, stride_v_t, stride_v_h, stride_a_l, stride_a_t,
     stride_b_l, stride_b_t, stride_p_l, stride_h_l, stride_h_slot,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -29,7 +29,7 @@ def _gdn_commit_kernel(
     layer, tile = layer_tile // TILES, layer_tile % TILES
     key_head = head // (HV // HK)
     slot = tl.load(state_slots + seq).to(tl.int64)
-    start = tl.load(row_start + seq)
+    start = seq * rows_per_seq
     end = start + tl.load(row_count + seq)
     offs_k = tl.arange(0, BK)
     offs_v = tile * BV + tl.arange(0, BV)
@@ -59,12 +59,12 @@ def _gdn_commit_kernel(
     tl.store(h_ptrs, state.to(h_all.dtype.element_ty), mask=mask_kv)
 
 
-def gdn_commit(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count, step_seqs: int) -> None:
-    """k [L, T, Hk, Dk], v [L, T, Hv, Dv], a, b [L, T, Hv]: layer l's rows; A_log, dt_bias [L, Hv];
-    h_all [L, S, Hv, Dk, Dv]. Sequence i's state h_all[:, state_slots[i]] goes through rows
-    row_start[i] .. row_start[i] + row_count[i] - 1 (none: untouched). step_seqs: the sequences of the verify
-    step whose token loop these rows ran in, whose tiles (ragged_tiles) this takes, so that its sums run in
-    the same order."""
+def gdn_commit(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_count, rows_per_seq: int, step_seqs: int) -> None:
+    """k [L, T, Hk, Dk], v [L, T, Hv, Dv], a, b [L, T, Hv]: layer l's rows, sequence i's from i * rows_per_seq (a
+    verify step's layout); A_log, dt_bias [L, Hv]; h_all [L, S, Hv, Dk, Dv]. Sequence i's state
+    h_all[:, state_slots[i]] goes through its first row_count[i] rows (none: untouched). step_seqs: the sequences
+    of the verify step whose token loop these rows ran in, whose tiles (ragged_tiles) this takes, so that its sums
+    run in the same order."""
     layers, _, hk, dk = k.shape
     hv, dv = v.shape[2], v.shape[3]
     seqs = state_slots.shape[0]
@@ -76,7 +76,7 @@ def gdn_commit(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_co
     block_v = min(block_v, triton.next_power_of_2(dv))
     tiles = triton.cdiv(dv, block_v)
     _gdn_commit_kernel[(seqs, hv, layers * tiles)](
-        k, v, a, b, A_log, dt_bias, h_all, state_slots, row_start, row_count,
+        k, v, a, b, A_log, dt_bias, h_all, state_slots, row_count, rows_per_seq,
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), a.stride(0), a.stride(1),
         b.stride(0), b.stride(1), A_log.stride(0), h_all.stride(0), h_all.stride(1),
         HK=hk, HV=hv, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=block_v, TILES=tiles,
