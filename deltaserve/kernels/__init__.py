@@ -162,21 +162,23 @@ SHORT_CHUNK = 16
 def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
                            capture_rows: list[tuple[int, int]] | None = None,
                            h_snapshots: torch.Tensor | None = None, longest_chunk: int | None = None,
-                           store_state: bool = True) -> torch.Tensor:
+                           store_state: bool | torch.Tensor = True) -> torch.Tensor:
     """The gated delta rule over a ragged prefill batch (see gdn/reference.py). longest_chunk: a bound on every
     sequence's rows where the caller knows one (ForwardBatch.max_query_len), else the pass's rows bound them.
-    store_state=False (a verify step's few rows a sequence, in the token loop) leaves the states as they were,
-    for commit_gated_delta_rule."""
+    store_state=False (a verify graph's few rows a sequence, in the token loop) leaves the states as they were,
+    for commit_gated_delta_rule; a [B] int32 tensor leaves them so for the sequences whose entry is 0 (the
+    verify chunks of a pass beside prompt chunks)."""
     if use_triton(q):
         rows = q.shape[0]
-        if min(rows, longest_chunk or rows) <= TOKEN_LOOP_MAX_ROWS or not store_state:
+        if min(rows, longest_chunk or rows) <= TOKEN_LOOP_MAX_ROWS or store_state is False:
             from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
             return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
                                  h_snapshots, store_state=store_state)
         from deltaserve.kernels.gdn.triton_chunk import chunk_gdn as kernel
         short = dict(chunk=SHORT_CHUNK, block_v=64) if rows <= SHORT_CHUNK_MAX_ROWS else {}
         return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
-                      h_snapshots, **short)
+                      h_snapshots, store_state=store_state if isinstance(store_state, torch.Tensor) else None,
+                      **short)
     return _gdn.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
                                        capture_rows, h_snapshots, store_state)
 

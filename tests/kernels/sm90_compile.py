@@ -214,7 +214,7 @@ def cases():
            {"part": "*fp32", "lse": "*fp32", "o": bf16, "gate": bf16, "splits": "i32"},
            dict(Q_HEADS=16, HEAD_DIM=256, BLOCK_D=256, BLOCK_S=paged.MAX_SPLITS, HAS_GATE=True), 4, 1)  # as launched
 
-    ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps")}
+    ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "store_flags")}
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
     state = gdn.LONG_PASS_STATE
     # (chunk, block_v, name, split, precision, sub, prepare precision, warps, stages by block_v, buffers between
@@ -243,6 +243,10 @@ def cases():
         snapshot_types = dict(types, u_buf=buffers if split else "*fp32")
         yield (f"gdn_chunk_snapshot{name}", gdn._chunk_snapshot_kernel, snapshot_types,
                dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, U_IS_V_NEW=split, PRECISION=precision), 4, 1)
+        # verify chunks beside prompt chunks: the states of the prompt chunks alone written back
+        yield (f"gdn_chunk_state{name}_store_flags", gdn._chunk_state_kernel, types,
+               dict(heads, BV=bv, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=True, SPLIT_OUTPUT=split, LOOP_FOR=True,
+                    PRECISION=precision, DECAYED_K=True, STORE_FLAGS=True), warps, stages)
         # many sequences at once: the state kernel's wide tiles (never with captures, see STATE_WIDE_BLOCK_V)
         yield (f"gdn_chunk_state_wide{name}", gdn._chunk_state_kernel, types,
                dict(heads, BV=gdn.STATE_WIDE_BLOCK_V, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=False,
@@ -270,13 +274,18 @@ def cases():
 
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
 
-    recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first")}
+    recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first",
+                                          "store_flags")}
     for varlen, bv, warps, streamed in ((False, 32, 4, False), (False, 64, 4, False), (False, 64, 4, True),
                                         (True, 16, 1, False)):
         yield (f"gdn_recurrent{'_varlen' if varlen else ''}_bv{bv}{'_streamed' if streamed else ''}",
                recurrent._gdn_recurrent_kernel, dict(inputs, **recurrent_ints),
                dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=bv, IS_VARLEN=varlen, HAS_CAPTURES=varlen,
                     STREAMED=streamed), warps, 2)
+    yield ("gdn_recurrent_varlen_store_flags", recurrent._gdn_recurrent_kernel, dict(inputs, **recurrent_ints),
+           dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=16, IS_VARLEN=True, HAS_CAPTURES=True, STREAMED=False,
+                STORE_FLAGS=True),
+           1, 2)
 
     from deltaserve.kernels.gdn import triton_recurrent_dot as dot
 

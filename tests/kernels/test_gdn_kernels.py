@@ -216,6 +216,30 @@ def test_prefill_padding_sequence_reads_and_writes_no_state(kernel):
     _check_chunk([5, 3, 70], 1, 2, 16, 16, [2, -1, 0], [(2, 0), (80, 1)], kernel)
 
 
+# A pass whose verify chunks run beside prompt chunks: the prompt chunks' states are written back, the verify
+# chunks' left for their verdicts; every row's output is the same either way.
+@pytest.mark.parametrize("kernel,lens", [(chunk_gdn, [70, 4, 3, 130]), (gdn_recurrent, [9, 4, 1, 3])])
+def test_prefill_writes_back_the_states_of_the_sequences_it_is_told_to(kernel, lens):
+    hk, hv, dk, dv = 1, 2, 16, 16
+    starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(sum(lens), hk, hv, dk, dv, slots=len(lens) + 2)
+    slots = torch.randperm(len(lens) + 1)[: len(lens)]
+    stores = torch.randint(0, 2, (len(lens),), dtype=torch.int32)
+    stores[0], stores[1] = 1, 0  # both kinds, whatever the draw
+    inputs = (q, k, v, a, b, A_log, dt_bias)
+    expected_pool, every_pool, pool = h_pool.clone(), h_pool.clone(), h_pool.clone()
+    expected = reference.chunk_gated_delta_rule(*inputs, expected_pool, slots, starts, store_state=stores)
+    every = kernel(*inputs, every_pool, slots, starts)
+    out = kernel(*inputs, pool, slots, starts, store_state=stores)
+    assert torch.equal(out, every)
+    assert_close(out, expected, 1e-4)
+    written = slots[stores.bool()]
+    assert_close(pool[written], expected_pool[written], 1e-4)
+    assert torch.equal(pool[written], every_pool[written])
+    others = [s for s in range(pool.shape[0]) if s not in written.tolist()]
+    assert torch.equal(pool[others], h_pool[others]) and torch.equal(expected_pool[others], h_pool[others])
+
+
 # The token loop on ragged prefill rows (short passes take it): lengths 1 and 0 (last too), grouped value heads.
 @pytest.mark.parametrize("lens,hk,hv,dk,dv,block_v", [
     ([1, 9, 0, 5], 2, 4, 16, 24, None),

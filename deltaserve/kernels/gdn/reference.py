@@ -30,17 +30,19 @@ def chunk_gated_delta_rule(
     q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
     capture_rows: list[tuple[int, int]] | None = None,
     h_snapshots: torch.Tensor | None = None,
-    store_state: bool = True,
+    store_state: bool | torch.Tensor = True,
 ) -> torch.Tensor:
     """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] fp32. Returns o [T, Hv, Dv].
 
     capture_rows: (row, snapshot_slot) pairs: the state after global row `row` is copied into
     `h_snapshots[snapshot_slot]`, wherever that row falls inside a chunk. store_state=False leaves h_pool as it
-    was (a verify step, whose kept rows commit_gated_delta_rule runs through the state later).
+    was (a verify step, whose kept rows commit_gated_delta_rule runs through the state later); a [B] tensor
+    leaves it so for the sequences whose entry is 0 (a pass's verify chunks beside its prompt chunks).
     """
     qh, kh, vh, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias)
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     starts, slots = query_start_loc.tolist(), state_slots.tolist()
+    stores = store_state.tolist() if isinstance(store_state, torch.Tensor) else [store_state] * len(slots)
     for seq, slot in enumerate(slots):
         start, end = starts[seq], starts[seq + 1]
         state = h_pool[slot].float()
@@ -50,7 +52,7 @@ def chunk_gated_delta_rule(
             o, state = _chunk(qh[:, rows], kh[:, rows], vh[:, rows], g[:, rows], beta[:, rows], state,
                               captures, h_snapshots)
             out[rows] = o.transpose(0, 1)
-        if store_state:
+        if stores[seq]:
             h_pool[slot] = state.to(h_pool.dtype)
     return out.to(v.dtype)
 

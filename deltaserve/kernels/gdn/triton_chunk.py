@@ -286,11 +286,12 @@ def _chunk_step(q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, o, chunk_
 @triton.jit
 def _chunk_state_kernel(
     q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows,
-    cap_state, o, chunk_states, num_caps,
+    cap_state, o, chunk_states, store_flags, num_caps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_o_t, stride_h_slot, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_CAPS: tl.constexpr, HAS_CAPTURES: tl.constexpr,
     SPLIT_OUTPUT: tl.constexpr, LOOP_FOR: tl.constexpr, PRECISION: tl.constexpr, DECAYED_K: tl.constexpr,
+    STORE_FLAGS: tl.constexpr = False,
 ):
     seq, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     chunk = seq * 0  # the global index of the sequence's first chunk, as the prepare kernel numbers them
@@ -329,7 +330,10 @@ def _chunk_state_kernel(
                 PRECISION, DECAYED_K)
             chunk += 1
             row0 += CHUNK
-    tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & has_slot)
+    stores = has_slot
+    if STORE_FLAGS:  # the sequence's own say (a verify chunk's state waits for its verdicts)
+        stores = stores & (tl.load(store_flags + seq) != 0)
+    tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & stores)
 
 
 @triton.jit
@@ -429,7 +433,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
               num_stages: int | None = None, precision: str | None = None, chunk: int = CHUNK,
               split_output: bool | None = None, prepare: dict | None = None,
               buffer_dtype: torch.dtype | None = None, output: dict | None = None,
-              u_dtype: torch.dtype | None = None, decayed_k: bool | None = None) -> torch.Tensor:
+              u_dtype: torch.dtype | None = None, decayed_k: bool | None = None,
+              store_state: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
@@ -448,6 +453,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     v_new = u - w S, so a 16-bit u rounds what no dot rounds, and on the H200 bf16 took the chunk kernels
     only from 676 to 652 us at 8192 tokens (kernels_check_rotary_tiles_u_dtype.json). decayed_k overrides
     whether the prepare kernel writes kd for the state kernel (by default where its programs are few).
+    store_state, a [B] int32 tensor, writes back the final states of the sequences whose entry is not 0 alone
+    (None: every one).
 
     Long passes of 16-bit inputs take LONG_PASS_STATE."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
@@ -527,11 +534,11 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     v_new_buf = torch.empty((tokens, hv, dv), dtype=narrow, device=dev) if split else u_buf
     _chunk_state_kernel[(seqs, hv, triton.cdiv(dv, block_v))](
         q, k, kd_buf, w_buf, u_buf, v_new_buf, g_buf, aqk_buf, h_pool, state_slots, query_start_loc, cap_rows,
-        cap_state, o, chunk_states, num_caps,
+        cap_state, o, chunk_states, state_slots if store_state is None else store_state, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), o.stride(0), h_pool.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v, CHUNK=chunk, BLOCK_B=block_b, BLOCK_CAPS=caps_block,
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
-        DECAYED_K=decayed_k, num_warps=num_warps, num_stages=num_stages,
+        DECAYED_K=decayed_k, STORE_FLAGS=store_state is not None, num_warps=num_warps, num_stages=num_stages,
     )
     if split:
         output = output or {}

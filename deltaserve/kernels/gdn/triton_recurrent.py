@@ -105,12 +105,13 @@ def _capture(state, t, cap_rows, cap_snaps, cap_i, num_caps, h_snapshots, stride
 @triton.jit
 def _gdn_recurrent_kernel(
     q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, cap_rows, cap_snaps, cap_first,
-    h_snapshots, o, num_caps,
+    h_snapshots, o, store_flags, num_caps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_a_t, stride_b_t,
     stride_h_slot, stride_snap_slot, stride_o_t, scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_CAPTURES: tl.constexpr,
     STREAMED: tl.constexpr = False, USE_PDL: tl.constexpr = False, STORE_STATE: tl.constexpr = True,
+    STORE_FLAGS: tl.constexpr = False,
 ):
     wait_for_prior_grid(USE_PDL)
     seq, head, key_head, live, offs_k, offs_v, mask_k, mask_v, mask_kv, h_head = _state_tile(
@@ -152,7 +153,10 @@ def _gdn_recurrent_kernel(
         state = _update(o, state, qt, kt, vt, at, bt, t64, head, decay_rate, bias, scale, offs_v, mask_v,
                         stride_o_t, DV)
     if STORE_STATE:
-        tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & live,
+        stores = live
+        if STORE_FLAGS:  # the sequence's own say (a verify chunk's state waits for its verdicts)
+            stores = stores & (tl.load(store_flags + seq) != 0)
+        tl.store(h_ptrs, state.to(h_pool.dtype.element_ty), mask=mask_kv & stores,
                  eviction_policy="evict_first" if STREAMED else "")
 
 
@@ -217,7 +221,7 @@ def gdn_recurrent(
     num_warps: int | None = None,
     num_stages: int | None = None,
     streamed: bool | None = None,
-    store_state: bool = True,
+    store_state: bool | torch.Tensor = True,
 ) -> torch.Tensor:
     """q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv]; h_pool [S, Hv, Dk, Dv] updated in place.
 
@@ -225,7 +229,8 @@ def gdn_recurrent(
     query_start_loc[i]:query_start_loc[i+1], and capture_rows ((row, snapshot slot) pairs, or a
     CaptureRows) names the rows whose state is also stored into h_snapshots. Returns o [T, Hv, Dv] in
     v's dtype. A decode step's block_v, num_warps and streamed default to decode_tiles' choice for its size.
-    store_state=False leaves h_pool as it was (a verify step whose states triton_commit advances later).
+    store_state=False leaves h_pool as it was (a verify step whose states triton_commit advances later); a [B]
+    int32 tensor leaves it so for the sequences whose entry is 0.
     """
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
@@ -243,6 +248,7 @@ def gdn_recurrent(
     num_warps = num_warps or tiles[1]
     streamed = tiles[2] if streamed is None else streamed and not varlen
     has_captures = varlen and h_snapshots is not None and bool(capture_rows)
+    store_flags = store_state if isinstance(store_state, torch.Tensor) else state_slots  # else unused
     num_caps, repeats = 0, []
     cap_rows = cap_snaps = cap_first = state_slots  # unused placeholders
     if has_captures:
@@ -253,11 +259,12 @@ def gdn_recurrent(
     _gdn_recurrent_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, h_pool, state_slots,
         query_start_loc if query_start_loc is not None else state_slots, cap_rows, cap_snaps, cap_first,
-        h_snapshots if has_captures else h_pool, o, num_caps,
+        h_snapshots if has_captures else h_pool, o, store_flags, num_caps,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         h_pool.stride(0), h_snapshots.stride(0) if has_captures else 0, o.stride(0), dk**-0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_v,
-        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, STREAMED=streamed, STORE_STATE=store_state,
+        IS_VARLEN=varlen, HAS_CAPTURES=has_captures, STREAMED=streamed, STORE_STATE=store_state is not False,
+        STORE_FLAGS=store_flags is not state_slots,
         num_warps=num_warps, num_stages=num_stages or 2, **launch_options(q),
     )
     for slot, source in repeats:
