@@ -73,10 +73,9 @@ def instrument(llm: LLM) -> PartTimes:
         times.wrap(speculative, "_eager_pass", "verify_eager")
         times.wrap(speculative, "_sample", "verdicts")
         if speculative.verify_states is not None:
-            times.wrap(speculative.verify_states, "restore", "set_back")
             times.wrap(speculative.verify_states, "restore_conv", "set_back.conv")
-        if speculative.graphs is not None and speculative.graphs.stash is not None:
-            times.wrap(speculative.graphs, "commit", "set_back.commit")
+        if speculative.stash is not None:
+            times.wrap(speculative.stash, "commit", "set_back.commit")
         times.wrap(speculative.drafter, "propose", "drafting")
     times.wrap(llm.engine, "step", "engine_step")
     return times
@@ -112,7 +111,7 @@ def _unwrap(llm: LLM) -> None:
     owners = [llm.engine]
     if runner.speculative is not None:
         s = runner.speculative
-        owners += [s, s.drafter] + [o for o in (s.graphs, s.verify_states) if o is not None]
+        owners += [s, s.drafter] + [o for o in (s.graphs, s.verify_states, s.stash) if o is not None]
         owners += [s.graphs.buffers] if s.graphs is not None else []
     for owner in owners:
         for name in ("run", "_eager_pass", "_sample", "restore", "restore_conv", "commit", "propose", "step",

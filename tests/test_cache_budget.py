@@ -11,6 +11,7 @@ import pytest
 from deltaserve import LLM
 from deltaserve.engine.llm_engine import LLMEngine
 from deltaserve.errors import DeltaServeError
+from deltaserve.runner.gdn_stash import GdnStash
 
 CONTEXT = 512  # tests/checkpoints.py's max_position_embeddings
 
@@ -70,6 +71,31 @@ def test_a_gdn_models_state_and_snapshots_come_out_of_the_budget(checkpoint_fact
         expected_snapshots = min(int((budget - state) * 0.1 // per_slot), 4 * 2)
     assert engine.loaded.snapshots.num_slots == expected_snapshots
     assert engine.loaded.blocks.num_blocks == (budget - state - (expected_snapshots + 1) * per_slot) // per_block
+
+
+def test_a_drafting_gdn_models_verify_rows_take_conv_states_and_their_inputs_from_the_budget(checkpoint_factory):
+    """With drafts, the conv state after each of a sequence's k verify rows but the last has a slot (to go back to
+    where a draft is refuted), and every verify row's GDN inputs a row of the stash, through which the verdicts
+    commit the recurrent states: no recurrent state is held for a verify row. Both come out of the budget."""
+    path = checkpoint_factory("qwen3.5")
+    k, seqs = random.randint(1, 4), 2
+    drafts = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    probe = _engine(path, num_kv_blocks=4, ssm_snapshot_slots=0)
+    per_block, states = _kv_block_bytes(probe), probe.runner.state_pool
+    state = _bytes(states.conv_all, states.h_all)
+    conv_slot = _bytes(states.conv_all) // (seqs + 1)
+    probe_stash = GdnStash.of(probe.runner.model, list(states.h), 1)
+    stash_row = _bytes(probe_stash.kv, probe_stash.ba)
+    padding = state // (seqs + 1)  # the snapshot pool's padding slot, conv and recurrent state
+    verify = seqs * k * conv_slot + seqs * (k + 1) * stash_row
+    budget = state + padding + verify + random.randint(10 * per_block, 40 * per_block)
+    engine = _engine(path, kv_cache_memory_bytes=budget, speculative_config=drafts)
+    pool, stash = engine.runner.speculative.verify_states._tensors, engine.runner.speculative.stash
+    assert pool.h_all.shape[1] == 1 and pool.conv_all.shape[1] == 1 + seqs * k  # the padding slot, the verify rows
+    assert stash.kv.shape[1] == stash.ba.shape[1] == seqs * (k + 1)
+    held = _cache_bytes(engine) + _bytes(stash.kv, stash.ba)
+    assert budget - per_block < held <= budget
+    assert engine.loaded.blocks.num_blocks == (budget - state - padding - verify) // per_block
 
 
 def test_a_budget_too_small_is_refused_naming_it(checkpoint_factory):

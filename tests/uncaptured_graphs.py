@@ -34,7 +34,7 @@ def with_uncaptured_graphs(engine) -> GraphSteps:
                                                                                  prompt_rows))
     steps = GraphSteps()
     speculative.graphs = VerifyGraphs(runner.model, buffers, k, config.max_num_seqs, speculative.verify_states,
-                                      config.block_size)
+                                      config.block_size, speculative.stash)
     _record(speculative.graphs, lambda host: steps.verify.append(_row_counts(host)))
     if isinstance(speculative.drafter, MtpDrafter):
         speculative.drafter.graphs = MtpGraphs(runner.model, buffers, speculative.graphs, k, config.block_size)

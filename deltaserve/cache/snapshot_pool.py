@@ -18,13 +18,14 @@ class SnapshotPool:
     def __init__(self, layer_ids: list[int], num_slots: int, conv_dim: int, conv_kernel: int, v_heads: int,
                  k_dim: int, v_dim: int, dtype: torch.dtype, device: torch.device,
                  state_dtype: torch.dtype = torch.float32, verify_slots: int = 0):
-        """verify_slots: slots past the index's, where a speculative step's GDN kernels write the state after each
-        of its verify rows but the last (the state to go back to where a draft is refuted)."""
+        """verify_slots: conv-only slots past the index's, where a speculative step's conv kernels write the conv
+        state after each of its verify rows but the last (the state to go back to where a draft is refuted; the
+        recurrent states are committed through the kept rows instead, runner/gdn_stash.py)."""
         self.index = SnapshotIndex(num_slots)
         self.num_slots = num_slots
-        self.first_verify_slot = num_slots
-        self._tensors = StatePool(layer_ids, num_slots + verify_slots, conv_dim, conv_kernel, v_heads, k_dim, v_dim,
-                                  dtype, device, state_dtype)
+        self._tensors = StatePool(layer_ids, num_slots, conv_dim, conv_kernel, v_heads, k_dim, v_dim, dtype, device,
+                                  state_dtype, conv_only_slots=verify_slots)
+        self.first_verify_slot = self._tensors.first_conv_only_slot
         self.conv = self._tensors.conv
         self.h = self._tensors.h
         self.device = device

@@ -1,6 +1,8 @@
 """StatePool: per GDN layer, the conv state `[slots, conv_dim, kernel-1]` and the recurrent state
 `[slots, v_heads, k_dim, v_dim]` (fp32 unless `state_dtype` says otherwise; the kernels compute in fp32
-whatever it is stored in). One extra slot at the end absorbs padded rows of a graph."""
+whatever it is stored in). One extra slot after them absorbs padded rows of a graph. Conv-only slots may
+follow it: conv states with no recurrent state beside them (a speculative step's verify rows, whose recurrent
+states the verdicts commit instead: runner/gdn_stash.py)."""
 
 import torch
 
@@ -11,13 +13,15 @@ from deltaserve.kernels import copy_slot, copy_slot_at, copy_slots_at, zero_slot
 class StatePool:
     def __init__(self, layer_ids: list[int], num_slots: int, conv_dim: int, conv_kernel: int, v_heads: int,
                  k_dim: int, v_dim: int, dtype: torch.dtype, device: torch.device,
-                 state_dtype: torch.dtype = torch.float32):
+                 state_dtype: torch.dtype = torch.float32, conv_only_slots: int = 0):
         self.num_slots = num_slots
         self.padding_slot = num_slots
+        self.first_conv_only_slot = num_slots + 1
         rows = num_slots + 1
         # One tensor per kind over all layers (layer-major), so a slot of every layer is reset or
         # copied in one operation; the layers read their own views.
-        self.conv_all = torch.zeros(len(layer_ids), rows, conv_dim, conv_kernel - 1, dtype=dtype, device=device)
+        self.conv_all = torch.zeros(len(layer_ids), rows + conv_only_slots, conv_dim, conv_kernel - 1, dtype=dtype,
+                                    device=device)
         self.h_all = torch.zeros(len(layer_ids), rows, v_heads, k_dim, v_dim, dtype=state_dtype, device=device)
         self.conv = {layer: self.conv_all[i] for i, layer in enumerate(layer_ids)}
         self.h = {layer: self.h_all[i] for i, layer in enumerate(layer_ids)}
@@ -50,5 +54,9 @@ class StatePool:
     @staticmethod
     def bytes_per_slot(num_layers: int, conv_dim: int, conv_kernel: int, v_heads: int, k_dim: int, v_dim: int,
                        dtype: torch.dtype, state_dtype: torch.dtype = torch.float32) -> int:
-        conv = conv_dim * (conv_kernel - 1) * dtype.itemsize
-        return num_layers * (conv + v_heads * k_dim * v_dim * state_dtype.itemsize)
+        conv = StatePool.conv_bytes_per_slot(num_layers, conv_dim, conv_kernel, dtype)
+        return conv + num_layers * v_heads * k_dim * v_dim * state_dtype.itemsize
+
+    @staticmethod
+    def conv_bytes_per_slot(num_layers: int, conv_dim: int, conv_kernel: int, dtype: torch.dtype) -> int:
+        return num_layers * conv_dim * (conv_kernel - 1) * dtype.itemsize

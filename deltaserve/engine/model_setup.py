@@ -28,6 +28,7 @@ from deltaserve.errors import DeltaServeError
 from deltaserve.models.config import ModelConfig, parse_model_config
 from deltaserve.models.registry import ModelSource, load_hf_config, load_model, read_architecture, resolve_model_source
 from deltaserve.runner.cuda_graphs import DecodeGraphs
+from deltaserve.runner.gdn_stash import GdnStash
 from deltaserve.runner.model_runner import ModelRunner
 from deltaserve.runner.mtp_drafter import MtpDrafter
 from deltaserve.runner.mtp_graphs import MtpGraphs
@@ -83,7 +84,8 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     with_head = speculative is not None and speculative.drafts_with_head
     model = load_model(source, model_config, dtype, device, max_positions, gguf_tensors,
                        dummy=config.load_format == "dummy", with_mtp=with_head)
-    kv_pool, blocks, state_pool, slots, snapshots, verify_states = _build_pools(config, model_config, dtype, device)
+    kv_pool, blocks, state_pool, slots, snapshots, verify_states, stash = _build_pools(config, model_config, model,
+                                                                                      dtype, device)
     capacity = blocks.num_blocks * config.block_size
     max_model_len = config.max_model_len or min(model_context_length(model_config), capacity)
     if max_model_len > capacity:
@@ -99,7 +101,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         buffers = StepBuffers(config.max_num_seqs, -(-max_model_len // config.block_size), kv_pool, state_pool, device,
                               max_prefill_rows=max(rows, prompt_rows))
         verify_graphs = VerifyGraphs(model, buffers, speculative.num_speculative_tokens, config.max_num_seqs,
-                                     verify_states, config.block_size)
+                                     verify_states, config.block_size, stash)
         pool = torch.cuda.graph_pool_handle()
         verify_graphs.capture(pool)
         if with_head:
@@ -125,7 +127,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
                          prefill_graphs)
     if speculative is not None:
         runner.speculative = SpeculativeStep(_drafter(speculative, model, config, runner, mtp_graphs), verify_states,
-                                             speculative.num_speculative_tokens, verify_graphs)
+                                             speculative.num_speculative_tokens, verify_graphs, stash)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
              "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, state_pool.h_all.dtype if state_pool else "-",
@@ -213,12 +215,13 @@ def _read_checkpoint(source: ModelSource):
     return model_config, Tokenizer.from_pretrained(source.path), None
 
 
-def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
+def _build_pools(config: EngineConfig, mc: ModelConfig, model, dtype: torch.dtype, device: torch.device):
     """The KV pool (with the MTP head's layer where the engine drafts), the GDN state slots, and the snapshot
-    pool, whose slots past the prefix cache's take the states of a speculative step's verify rows (verify_states:
-    that pool, or None without GDN layers or drafts)."""
+    pool, whose conv-only slots past the prefix cache's take the conv states of a speculative step's verify rows
+    (verify_states: that pool, or None without GDN layers or drafts), and the stash of those rows' GDN inputs
+    (None likewise)."""
     _check_budget_fits_gpu(config, device)
-    state_pool, slots, snapshots, spent = _gdn_pools(config, mc, dtype, device)
+    state_pool, slots, snapshots, stash, spent = _gdn_pools(config, mc, model, dtype, device)
     if not config.enable_prefix_caching:
         snapshots, verify_pool = None, snapshots  # the pool holds verify slots alone
     else:
@@ -227,7 +230,7 @@ def _build_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, devi
     num_blocks = config.num_kv_blocks or _default_num_blocks(config, mc, dtype, device, spent, len(layers))
     kv_pool = KVPool(layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, device)
     verify_states = verify_pool if config.speculative_config is not None else None
-    return kv_pool, BlockAllocator(num_blocks), state_pool, slots, snapshots, verify_states
+    return kv_pool, BlockAllocator(num_blocks), state_pool, slots, snapshots, verify_states, stash
 
 
 def kv_layers(config: EngineConfig, mc: ModelConfig) -> list[int]:
@@ -236,12 +239,13 @@ def kv_layers(config: EngineConfig, mc: ModelConfig) -> list[int]:
     return mc.attention_layers + ([mc.num_layers] if speculative is not None and speculative.drafts_with_head else [])
 
 
-def _gdn_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
+def _gdn_pools(config: EngineConfig, mc: ModelConfig, model, dtype: torch.dtype, device: torch.device):
     """A GDN model's state slots (one for each running sequence) and, with prefix caching, its snapshot slots;
-    and the bytes they take, which kv_cache_memory_bytes counts (vLLM's mamba state pages share its KV budget).
-    Built before the KV pool, which is sized to what they leave."""
+    with drafts, conv-only verify slots and the stash of the verify rows' inputs; and the bytes they take, which
+    kv_cache_memory_bytes counts (vLLM's mamba state pages share its KV budget). Built before the KV pool, which
+    is sized to what they leave."""
     if not mc.gdn_layers:
-        return None, None, None, 0
+        return None, None, None, None, 0
     gdn_shape = (mc.gdn_conv_dim, mc.linear_conv_kernel_dim, mc.linear_num_value_heads, mc.linear_key_head_dim,
                  mc.linear_value_head_dim)
     state_dtype = GDN_STATE_DTYPES[resolve_gdn_state_dtype(config.gdn_state_dtype, mc.mamba_ssm_dtype)]
@@ -250,13 +254,22 @@ def _gdn_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device
     spent = _charge(config, 0, per_slot * (config.max_num_seqs + 1),
                     f"the GDN state of max_num_seqs={config.max_num_seqs} sequences", "max_num_seqs")
     state_pool = StatePool(mc.gdn_layers, config.max_num_seqs, *gdn_shape, dtype, device, state_dtype)
-    snapshots = None
+    snapshots = stash = None
     speculative = config.speculative_config
-    # a speculative step keeps the state after each verify row but the last: k slots a sequence
+    # a speculative step keeps the conv state after each verify row but the last (k slots a sequence) and every
+    # verify row's GDN inputs, through which its verdicts commit the recurrent states (GdnStash)
     verify_slots = config.max_num_seqs * speculative.num_speculative_tokens if speculative is not None else 0
     if verify_slots:
-        spent = _charge(config, spent, per_slot * verify_slots, f"the GDN states of {verify_slots} verify rows "
-                        f"(max_num_seqs x num_speculative_tokens)", "max_num_seqs")
+        rows = config.max_num_seqs * (speculative.num_speculative_tokens + 1)
+        conv_slot = StatePool.conv_bytes_per_slot(len(mc.gdn_layers), mc.gdn_conv_dim, mc.linear_conv_kernel_dim,
+                                                  dtype)
+        stash_bytes = GdnStash.bytes_for(len(mc.gdn_layers), rows, mc.linear_num_key_heads * mc.linear_key_head_dim,
+                                         mc.gdn_value_dim,
+                                         mc.linear_num_value_heads, dtype)
+        spent = _charge(config, spent, conv_slot * verify_slots + stash_bytes,
+                        f"the conv states of {verify_slots} verify rows (max_num_seqs x num_speculative_tokens) and "
+                        f"the GDN inputs of {rows}", "max_num_seqs")
+        stash = GdnStash.of(model, mc.gdn_layers, rows)
     if config.enable_prefix_caching or verify_slots:
         num_snapshots = config.ssm_snapshot_slots if config.enable_prefix_caching else 0
         if num_snapshots is None:
@@ -265,7 +278,7 @@ def _gdn_pools(config: EngineConfig, mc: ModelConfig, dtype: torch.dtype, device
         spent = _charge(config, spent, per_slot * (num_snapshots + 1),
                         f"{num_snapshots} GDN state snapshots", "ssm_snapshot_slots")
         snapshots = SnapshotPool(mc.gdn_layers, num_snapshots, *gdn_shape, dtype, device, state_dtype, verify_slots)
-    return state_pool, SlotAllocator(config.max_num_seqs), snapshots, spent
+    return state_pool, SlotAllocator(config.max_num_seqs), snapshots, stash, spent
 
 
 def _charge(config: EngineConfig, spent: int, nbytes: int, what: str, knob: str) -> int:

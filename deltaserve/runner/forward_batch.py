@@ -58,6 +58,10 @@ class ForwardBatch:
     # (row, snapshot slot): GDN states to copy out after that row (prefix caching)
     capture_rows: CaptureRows | list = field(default_factory=list)
     snapshot_pool: StatePool | None = None
+    # Where set, the conv states' captures, capture_rows then naming the recurrent states' alone: a speculative
+    # step captures the conv state after each verify row into a conv-only slot of snapshot_pool, its recurrent
+    # states waiting for the verdicts in gdn_stash.
+    conv_capture_rows: CaptureRows | None = None
     # Host copy of query_start_loc when every sequence starts at position 0 in this step and the
     # chunks are long: attention then runs over the chunk itself (dense FlashAttention).
     fresh_query_start_loc: list[int] | None = None
@@ -70,15 +74,24 @@ class ForwardBatch:
     live_rows: torch.Tensor | None = None
     # Where set, the model returns the final hidden states of these rows only (see OutputRows).
     output_rows: OutputRows | None = None
-    # A verify graph's: the GDN layers leave their states as they were and keep their rows' inputs here, for
-    # the states to advance through the kept rows alone once the verdicts are in (see GdnStash).
+    # A verify step's: the GDN layers leave its verify chunks' states as they were and keep their rows' inputs
+    # here, for the states to advance through the kept rows alone once the verdicts are in (see GdnStash);
+    # stash_rows [R]: the row of the pass each stash row takes (None: the pass's rows as they lie, a verify graph's).
     gdn_stash: GdnStash | None = None
+    stash_rows: torch.Tensor | None = None
+    # Whose final GDN states the pass writes back: every sequence's (True), none (False: a verify graph), or
+    # those whose entry of a [B] int32 tensor is not 0 (an eager pass's prompt chunks beside verify chunks).
+    store_state: bool | torch.Tensor = True
 
     def kv_cache(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv_pool.k[layer_idx], self.kv_pool.v[layer_idx]
 
     def gdn_state(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.state_pool.conv[layer_idx], self.state_pool.h[layer_idx]
+
+    @property
+    def conv_captures(self) -> CaptureRows | list:
+        return self.capture_rows if self.conv_capture_rows is None else self.conv_capture_rows
 
     def gdn_snapshots(self, layer_idx: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.snapshot_pool is None:

@@ -1,12 +1,14 @@
-"""GdnStash: a verify graph's GDN inputs kept until its verdicts, so that each sequence's recurrent state is
+"""GdnStash: a verify step's GDN inputs kept until its verdicts, so that each sequence's recurrent state is
 advanced once, through the rows it kept (kernels.commit_gated_delta_rule).
 
-In a verify graph every GDN layer runs its token loop over each sequence's k + 1 rows without writing the state
-back (store_state=False), and copies the rows' k and v (after the conv, side by side in its output) and b and a
-(side by side in the input projection) here. Once the sampler has taken its verdicts, one launch reads each
-sequence's state in every layer, runs the rows it kept through it with the loop's arithmetic and writes it back.
-So a refuted draft costs no copy of the state: the state after its last kept row is the only one ever written.
-The conv states, a few rows each, are still captured after every row and copied back (SpeculativeStep).
+In a verify step every GDN layer runs its verify chunks' rows without writing their states back (a verify graph's
+token loop with store_state=False; an eager pass, whose prompt chunks do write theirs, with a flag a sequence), and
+copies the rows' k and v (after the conv, side by side in its output) and b and a (side by side in the input
+projection) here, sequence i's k + 1 rows from row i * (k + 1). Once the sampler has taken its verdicts, one launch
+reads each sequence's state in every layer, runs the rows it kept through it with the token loop's arithmetic and
+writes it back. So a refuted draft costs no copy of the state, and no slot holds the recurrent state after each
+verify row: the state after its last kept row is the only one ever written. The conv states, a few rows each, are
+still captured after every row into conv-only verify slots and copied back (SpeculativeStep).
 """
 
 from __future__ import annotations
@@ -18,6 +20,21 @@ from deltaserve.host_to_device import to_device
 
 
 class GdnStash:
+    @classmethod
+    def of(cls, model, layer_ids: list[int], max_rows: int) -> GdnStash:
+        """The stash of `model`'s GDN layers, in the order of layer_ids (the StatePool's)."""
+        from deltaserve.models.layers.gated_delta_net import GatedDeltaNet
+
+        mixers = {m.layer_idx: m for m in model.modules() if isinstance(m, GatedDeltaNet)}
+        first = mixers[layer_ids[0]]
+        return cls({layer: mixers[layer] for layer in layer_ids}, max_rows, first.in_proj.dtype, first.in_proj.device)
+
+    @staticmethod
+    def bytes_for(num_layers: int, max_rows: int, key_size: int, value_size: int, num_v_heads: int,
+                  dtype: torch.dtype) -> int:
+        """The bytes of the rows' buffers a stash of max_rows rows holds (its gating parameters aside)."""
+        return num_layers * max_rows * (key_size + value_size + 2 * num_v_heads) * dtype.itemsize
+
     def __init__(self, gdn_layers: dict, max_rows: int, dtype: torch.dtype, device: torch.device):
         """gdn_layers: {layer index: GatedDeltaNet}, in the order of the StatePool's layers."""
         first = next(iter(gdn_layers.values()))
@@ -37,11 +54,16 @@ class GdnStash:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.kv, self.ba, self.A_log, self.dt_bias))
 
-    def keep(self, layer_idx: int, kv: torch.Tensor, ba: torch.Tensor) -> None:
-        """Layer `layer_idx`'s rows: kv [T, key_size + value_size] (k then v), ba [T, 2 Hv] (b then a)."""
+    def keep(self, layer_idx: int, kv: torch.Tensor, ba: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Layer `layer_idx`'s rows: kv [T, key_size + value_size] (k then v), ba [T, 2 Hv] (b then a); `rows` [R]:
+        the pass's row that each stash row takes (None: the pass's rows as they lie, a verify graph's)."""
         at = self.position[layer_idx]
-        self.kv[at, : kv.shape[0]].copy_(kv)
-        self.ba[at, : ba.shape[0]].copy_(ba)
+        if rows is None:
+            self.kv[at, : kv.shape[0]].copy_(kv)
+            self.ba[at, : ba.shape[0]].copy_(ba)
+            return
+        torch.index_select(kv, 0, rows, out=self.kv[at, : rows.shape[0]])
+        torch.index_select(ba, 0, rows, out=self.ba[at, : rows.shape[0]])
 
     def commit(self, h_all: torch.Tensor, state_slots: list[int], row_count: list[int], rows_per_seq: int,
                step_seqs: int) -> None:

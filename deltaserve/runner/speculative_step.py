@@ -2,11 +2,13 @@
 
 One pass of the target model computes the plan's rows, a verify chunk's rows included: the last token and its
 drafts, each row sampling (draft_verifier.py keeps the drafts up to the first one refuted, and the token that row
-gives). The GDN kernels write the state after each verify row but the last into verify slots (captures, as the
-prefix cache's mid-chunk snapshots are written); a sequence whose drafts were not all kept gets its state back
-from the slot of its last kept row, so its state covers exactly its tokens (a verify graph instead leaves the
-recurrent states for the verdicts and then advances each through its kept rows: gdn_stash.py). Its KV past them is
-written over by the next step. Then the MTP head reads the kept rows and drafts for the next step (mtp_drafter.py).
+gives). The GDN layers leave the recurrent states of the verify chunks as they were and keep their rows' inputs in
+a GdnStash; once the verdicts are in, one launch advances each state through the rows its sequence kept
+(gdn_stash.py), so its state covers exactly its tokens. The conv kernel writes the conv state after each verify row
+but the last into conv-only verify slots (captures, as the prefix cache's mid-chunk snapshots are written), and a
+sequence whose drafts were not all kept gets its conv state back from the slot of its last kept row. Its KV past
+them is written over by the next step. Then the MTP head reads the kept rows and drafts for the next step
+(mtp_drafter.py).
 
 A step of decoding sequences alone, each its last token and up to k drafts (the steady state of decoding),
 replays a verify graph (verify_graphs.py) with every sequence padded to k + 1 rows, the sampling runs eagerly after
@@ -28,6 +30,7 @@ from deltaserve.host_to_device import to_device
 from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch
 from deltaserve.runner.draft_verifier import Verdicts, VerifyRows, verify_sequences
+from deltaserve.runner.gdn_stash import GdnStash
 from deltaserve.runner.mtp_drafter import DraftRequest, MtpDrafter
 from deltaserve.runner.ngram_drafter import NgramDrafter
 from deltaserve.runner.sampler import Sampler
@@ -37,9 +40,11 @@ from deltaserve.runner.verify_graphs import VerifyGraphs
 
 class SpeculativeStep:
     def __init__(self, drafter: MtpDrafter | NgramDrafter, verify_states: SnapshotPool | None,
-                 num_speculative_tokens: int, graphs: VerifyGraphs | None = None):
+                 num_speculative_tokens: int, graphs: VerifyGraphs | None = None, stash: GdnStash | None = None):
         self.drafter = drafter
-        self.verify_states = verify_states  # None without GDN layers: nothing to set back
+        # the conv-only verify slots and the stash of the verify rows' GDN inputs; None without GDN layers
+        self.verify_states = verify_states
+        self.stash = stash
         self.num_speculative_tokens = num_speculative_tokens
         self.graphs = graphs  # None: every step runs eagerly
 
@@ -62,28 +67,32 @@ class SpeculativeStep:
             layout = RowLayout.eager(plan, host)
             hidden, logits_indices, prompt_logprobs = self._eager_pass(runner, plan, host, layout)
             logits = runner.model.compute_logits(hidden[logits_indices]) if sampling else None
-        return self._verify(runner, plan, logits, hidden, layout, rung, prompt_logprobs,
-                            plan.chunks if rung is not None else None)
+        return self._verify(runner, plan, logits, hidden, layout, rung, prompt_logprobs, graph_seqs=rung)
 
     def _verify(self, runner, plan: StepPlan, logits, hidden, layout: RowLayout, rung: int | None = None,
-                prompt_logprobs: dict | None = None, in_graph: list[ScheduledChunk] | None = None):
-        """Samples the step's rows (verdicts on the drafts), sets refuted sequences' states back, saves the
-        step's snapshots and drafts for the next step. in_graph: the chunks a verify graph ran, in its order, whose
-        recurrent states it left for their verdicts (VerifyGraphs.commit)."""
+                prompt_logprobs: dict | None = None, graph_seqs: int | None = None):
+        """Samples the step's rows (verdicts on the drafts), commits the verify chunks' GDN states through their
+        kept rows and sets refuted sequences' conv states back, saves the step's snapshots and drafts for the next
+        step. graph_seqs: the sequences of the verify graph that ran the verify chunks (None: an eager pass)."""
         from deltaserve.runner.model_runner import StepResult
 
         sampling = [c for c in plan.chunks if c.samples]
         tokens, logprobs, accepted, set_back, draft_logprobs = self._sample(runner.sampler, logits, sampling, layout)
-        if in_graph and self.graphs.stash is not None:
+        if self.stash is not None:
             if set_back:
                 self.verify_states.restore_conv(set_back, runner.state_pool)
-            kept_rows = [len(accepted.get(c, ())) + 1 for c in in_graph]
-            self.graphs.commit([c.request.state_slot for c in in_graph], kept_rows)
-        elif set_back:
-            self.verify_states.restore(set_back, runner.state_pool)
+            self._commit(runner, layout, accepted, graph_seqs or len(plan.chunks))
         runner._save_snapshots(plan)  # a padded sequence's state is its own once set back
         drafts = self.drafter.propose(hidden, self._draft_rows(plan, layout.pass_row, sampling, tokens), rung)
         return StepResult(sampling, tokens, logprobs, prompt_logprobs or {}, accepted, drafts, draft_logprobs)
+
+    def _commit(self, runner, layout: RowLayout, accepted: dict, step_seqs: int) -> None:
+        """Each verify chunk's recurrent states (sequence i of the stash is verify chunk i) through its kept rows:
+        its kept drafts and the row before them. step_seqs: the sequences of the pass that ran the rows."""
+        chunks = sorted(layout.verify_index, key=layout.verify_index.get)
+        kept_rows = [len(accepted.get(c, ())) + 1 for c in chunks]
+        self.stash.commit(runner.state_pool.h_all, [c.request.state_slot for c in chunks], kept_rows,
+                          self.num_speculative_tokens + 1, step_seqs)
 
     def _plain_step(self, runner, plan: StepPlan):
         """Prompt lookup's step with no drafts to verify runs as a plain engine's does (its decode graph, its
@@ -114,7 +123,7 @@ class SpeculativeStep:
             chunk_logits = runner.model.compute_logits(prompt_hidden[-1:])
             layout.add_plain_row(chunk, 0 if logits is None else logits.shape[0])
             logits = chunk_logits if logits is None else torch.cat([logits, chunk_logits])
-        return self._verify(runner, plan, logits, hidden, layout, in_graph=decoding.chunks if decoding else None)
+        return self._verify(runner, plan, logits, hidden, layout, graph_seqs=self.graphs.last_size if decoding else None)
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch, layout: RowLayout):
         """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on
@@ -122,17 +131,33 @@ class SpeculativeStep:
         runner._prepare_states(plan, restore_pairs(plan))
         batch = runner.to_forward_batch(host, plan.is_decode)
         captures = mid_chunk_capture_rows(plan) if runner.snapshots is not None else []
-        captures += self._verify_captures(layout)
-        if captures:
+        verify_captures = self._verify_captures(layout)
+        if captures or verify_captures:
             batch.capture_rows, batch.snapshot_pool = CaptureRows(captures), self.verify_states
+            batch.conv_capture_rows = CaptureRows(captures + verify_captures)
+        if self.stash is not None and layout.verify_index:
+            batch.gdn_stash = self.stash
+            batch.stash_rows, batch.store_state = self._stash_rows(plan, layout, batch.input_ids.device)
         hidden = runner.model(batch.input_ids, batch)
         prompt_logprobs = {}
         if any(c.request.params.prompt_logprobs is not None for c in plan.chunks):
             prompt_logprobs = runner._prompt_logprobs(plan, host, hidden)
         return hidden, batch.logits_indices, prompt_logprobs
 
+    def _stash_rows(self, plan: StepPlan, layout: RowLayout, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """An eager pass's stash rows (verify chunk i's k + 1 from i * (k + 1), its last row repeated past its
+        own) as rows of the pass, and its sequences' say on writing their GDN states back (a verify chunk's waits
+        for its verdicts)."""
+        per = self.num_speculative_tokens + 1
+        rows = [0] * (len(layout.verify_index) * per)
+        for chunk, index in layout.verify_index.items():
+            first, count = layout.pass_row[chunk], len(chunk.draft_token_ids) + 1
+            rows[index * per : (index + 1) * per] = [first + min(j, count - 1) for j in range(per)]
+        stores = [0 if chunk in layout.verify_index else 1 for chunk in plan.chunks]
+        return to_device(rows, device), to_device(stores, device, torch.int32)
+
     def _verify_captures(self, layout: RowLayout) -> list[tuple[int, int]]:
-        """(row, verify slot): the state after each verify row but the last, slot j of its chunk's k."""
+        """(row, verify slot): the conv state after each verify row but the last, slot j of its chunk's k."""
         if self.verify_states is None:
             return []
         return [(layout.pass_row[chunk] + j, self._verify_slot(index, j))

@@ -180,8 +180,8 @@ class StepBuffers:
         self.drafting.copy_(to_device(values, self.drafting.device), non_blocking=True)
 
     def verify_view(self, batch_size: int, rows_per_seq: int, capture_rows=None, snapshot_pool=None) -> ForwardBatch:
-        """The verify layout load_verify wrote, every row turned into logits; with a snapshot pool, the GDN states
-        after the rows of `capture_rows` go to its slots."""
+        """The verify layout load_verify wrote, every row turned into logits; with a snapshot pool, the conv states
+        after the rows of `capture_rows` go to its slots (the recurrent states wait for the verdicts: GdnStash)."""
         rows = batch_size * rows_per_seq
         batch = ForwardBatch(
             input_ids=self.input_ids[:rows],
@@ -199,7 +199,7 @@ class StepBuffers:
             live_rows=self.live_rows,
         )
         if snapshot_pool is not None:
-            batch.capture_rows, batch.snapshot_pool = capture_rows, snapshot_pool
+            batch.conv_capture_rows, batch.snapshot_pool = capture_rows, snapshot_pool
         return batch
 
     def load_prefill(self, host: HostBatch, num_rows: int, captures: list[tuple[int, int]],

@@ -6,10 +6,11 @@ past them, runner/speculative_step.py), so they cost the graph's rows and change
 
 The graph runs the target model over all the rows as one chunked pass (paged attention over each sequence's keys,
 the GDN token loop) and turns every row into logits. Its GDN layers leave the recurrent states as they were and
-keep the rows' inputs in a GdnStash: once the verdicts are in, `commit` advances each sequence's state through the
-rows it kept, in one launch (gdn_stash.py). The conv states, a few rows each, are updated in place and captured
-after each sequence's rows but the last into its k verify slots, a table fixed for each rung (sequence b's row j
-into verify slot b * k + j), so a sequence whose drafts are refuted takes its conv state back from there. It
+keep the rows' inputs in a GdnStash: once the verdicts are in, GdnStash.commit advances each sequence's state
+through the rows it kept, in one launch (gdn_stash.py). The conv states, a few rows each, are updated in place and
+captured after each sequence's rows but the last into its k conv-only verify slots, a table fixed for each rung
+(sequence b's row j into verify slot b * k + j), so a sequence whose drafts are refuted takes its conv state back
+from there. It
 returns the logits and the final hidden states of every row, which the sampler and the MTP head read
 (runner/speculative_step.py)."""
 
@@ -25,7 +26,6 @@ from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
 from deltaserve.kernels.capture_rows import CaptureRows, GraphCaptureRows
 from deltaserve.runner.batch_builder import HostBatch
-from deltaserve.models.layers.gated_delta_net import GatedDeltaNet
 from deltaserve.runner.cuda_graphs import batch_size_ladder, capture_graph
 from deltaserve.runner.gdn_stash import GdnStash
 from deltaserve.runner.step_buffers import StepBuffers
@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 class VerifyGraphs:
     def __init__(self, model, buffers: StepBuffers, num_speculative_tokens: int, max_num_seqs: int,
-                 verify_states: SnapshotPool | None, block_size: int):
+                 verify_states: SnapshotPool | None, block_size: int, stash: GdnStash | None = None):
+        """verify_states, stash: the conv-only verify slots and the GDN inputs' stash (None without GDN layers)."""
         self.model = model
         self.buffers = buffers
         self.num_speculative_tokens = num_speculative_tokens
@@ -50,19 +51,7 @@ class VerifyGraphs:
         self._captures: dict[int, CaptureRows] = {}
         self.last_size: int | None = None  # the rung of the step last run
         self._uncaptured_hidden: dict[int, torch.Tensor] = {}  # a rung's hidden states, run without a graph
-        self.stash = self._stash(model, buffers) if verify_states is not None and self.sizes else None
-
-    def _stash(self, model, buffers: StepBuffers) -> GdnStash:
-        """The largest rung's GDN inputs, every layer's, in the StatePool's order of layers."""
-        mixers = {m.layer_idx: m for m in model.modules() if isinstance(m, GatedDeltaNet)}
-        layers = {layer: mixers[layer] for layer in buffers.state_pool.h}
-        first = next(iter(layers.values()))
-        return GdnStash(layers, self.sizes[-1] * self.rows_per_seq, first.in_proj.dtype, buffers.meta.device)
-
-    def commit(self, state_slots: list[int], kept_rows: list[int]) -> None:
-        """After the step last run: sequence b's recurrent states (b in the step's order) through its first
-        kept_rows[b] rows."""
-        self.stash.commit(self.buffers.state_pool.h_all, state_slots, kept_rows, self.rows_per_seq, self.last_size)
+        self.stash = stash
 
     def capture(self, pool) -> None:
         started, before = time.perf_counter(), torch.cuda.memory_allocated()
@@ -72,9 +61,9 @@ class VerifyGraphs:
             self.graphs[size], self.outputs[size] = capture_graph(lambda: self._forward(size), pool)
         stash = self.stash.nbytes if self.stash is not None else 0
         log.info("captured %d speculative verify graphs (%d..%d sequences of %d rows) in %.1f s using %.0f MiB "
-                 "(and %.0f MiB of GDN inputs kept for the commit)", len(self.sizes), self.sizes[0], self.sizes[-1],
-                 self.rows_per_seq, time.perf_counter() - started, (torch.cuda.memory_allocated() - before) / 2**20,
-                 stash / 2**20)
+                 "(beside the %.0f MiB stash of GDN inputs kept for the commit)", len(self.sizes), self.sizes[0],
+                 self.sizes[-1], self.rows_per_seq, time.perf_counter() - started,
+                 (torch.cuda.memory_allocated() - before) / 2**20, stash / 2**20)
 
     def replayable(self, plan: StepPlan) -> bool:
         """A step of decoding sequences alone (each its last token and up to k drafts). Its restores, block
@@ -114,7 +103,7 @@ class VerifyGraphs:
     def _forward(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.buffers.unpack_decode(size)  # the block tables (every input id is the host's)
         batch = self.buffers.verify_view(size, self.rows_per_seq, self._capture_rows(size), self.verify_states)
-        batch.gdn_stash = self.stash
+        batch.gdn_stash, batch.store_state = self.stash, False
         hidden = self.model(batch.input_ids, batch)
         return self.model.compute_logits(hidden), hidden
 

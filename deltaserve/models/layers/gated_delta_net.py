@@ -44,7 +44,7 @@ class GatedDeltaNet(nn.Module):
         conv_snap, h_snap = batch.gdn_snapshots(self.layer_idx)
         mixed = kernels.causal_conv1d(
             mixed, self.conv_weight, conv_state, batch.state_slots, batch.query_start_loc,
-            batch.capture_rows, conv_snap,
+            batch.conv_captures, conv_snap,
         )
         q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], -1)
         q = q.reshape(tokens, self.num_k_heads, self.k_dim)
@@ -54,17 +54,13 @@ class GatedDeltaNet(nn.Module):
             out = kernels.recurrent_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots
             )
-        elif batch.gdn_stash is not None:  # a verify graph: the states advance once its verdicts are in
-            ba = projected[:, self.conv_dim + self.value_size :]
-            batch.gdn_stash.keep(self.layer_idx, mixed[:, self.key_size :], ba)
-            out = kernels.chunk_gated_delta_rule(
-                q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
-                longest_chunk=batch.max_query_len, store_state=False,
-            )
         else:
+            if batch.gdn_stash is not None:  # a verify step: its verify chunks' states advance after the verdicts
+                ba = projected[:, self.conv_dim + self.value_size :]
+                batch.gdn_stash.keep(self.layer_idx, mixed[:, self.key_size :], ba, batch.stash_rows)
             out = kernels.chunk_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
-                batch.capture_rows, h_snap, longest_chunk=batch.max_query_len,
+                batch.capture_rows, h_snap, longest_chunk=batch.max_query_len, store_state=batch.store_state,
             )
         z = z.reshape(tokens, self.num_v_heads, self.v_dim)
         if output_rows is not None:
