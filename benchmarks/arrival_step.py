@@ -112,6 +112,19 @@ def draft_always(engine: LLMEngine, tokens) -> None:
     drafter.propose = propose
 
 
+def pool_sizes(engine: LLMEngine) -> dict:
+    """What the engine's caches took at start-up: its KV blocks, and with drafts on a GDN model the GiB its verify
+    rows hold (their slots' states, and the stash of their GDN inputs where the tree keeps one)."""
+    sizes = {"kv_blocks": engine.loaded.blocks.num_blocks}
+    speculative = engine.runner.speculative
+    if speculative is not None and speculative.verify_states is not None:
+        pool = speculative.verify_states._tensors
+        stash = getattr(speculative, "stash", None) or getattr(speculative.graphs, "stash", None)
+        tensors = [pool.conv_all, pool.h_all] + ([stash.kv, stash.ba] if stash is not None else [])
+        sizes["verify_pool_gib"] = round(sum(t.numel() * t.element_size() for t in tensors) / 2**30, 3)
+    return sizes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("shape")
@@ -137,7 +150,7 @@ def main() -> None:
     if args.drafts and args.method == "ngram":
         draft_always(engine, tokens)
     result = {**results_io.header(), "shape": args.shape, "max_num_batched_tokens": budget, "drafts": args.drafts,
-              "method": args.method if args.drafts else None, "rows": []}
+              "method": args.method if args.drafts else None, **pool_sizes(engine), "rows": []}
     for c in ladder:
         for length in lengths:
             times, splits = {True: [], False: []}, {True: 0, False: 0}
