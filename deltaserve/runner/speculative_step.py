@@ -134,7 +134,8 @@ class SpeculativeStep:
         verify_captures = self._verify_captures(layout)
         if captures or verify_captures:
             batch.capture_rows, batch.snapshot_pool = CaptureRows(captures), self.verify_states
-            batch.conv_capture_rows = CaptureRows(captures + verify_captures)
+            if verify_captures:  # the conv states' alone
+                batch.conv_capture_rows = CaptureRows(captures + verify_captures)
         if self.stash is not None and layout.verify_index:
             batch.gdn_stash = self.stash
             batch.stash_rows, batch.store_state = self._stash_rows(plan, layout, batch.input_ids.device)
