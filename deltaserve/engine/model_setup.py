@@ -264,8 +264,7 @@ def _gdn_pools(config: EngineConfig, mc: ModelConfig, model, dtype: torch.dtype,
         conv_slot = StatePool.conv_bytes_per_slot(len(mc.gdn_layers), mc.gdn_conv_dim, mc.linear_conv_kernel_dim,
                                                   dtype)
         stash_bytes = GdnStash.bytes_for(len(mc.gdn_layers), rows, mc.linear_num_key_heads * mc.linear_key_head_dim,
-                                         mc.gdn_value_dim,
-                                         mc.linear_num_value_heads, dtype)
+                                         mc.gdn_value_dim, mc.linear_num_value_heads, dtype)
         spent = _charge(config, spent, conv_slot * verify_slots + stash_bytes,
                         f"the conv states of {verify_slots} verify rows (max_num_seqs x num_speculative_tokens) and "
                         f"the GDN inputs of {rows}", "max_num_seqs")

@@ -123,7 +123,8 @@ class SpeculativeStep:
             chunk_logits = runner.model.compute_logits(prompt_hidden[-1:])
             layout.add_plain_row(chunk, 0 if logits is None else logits.shape[0])
             logits = chunk_logits if logits is None else torch.cat([logits, chunk_logits])
-        return self._verify(runner, plan, logits, hidden, layout, graph_seqs=self.graphs.last_size if decoding else None)
+        graph_seqs = self.graphs.last_size if decoding is not None else None
+        return self._verify(runner, plan, logits, hidden, layout, graph_seqs=graph_seqs)
 
     def _eager_pass(self, runner, plan: StepPlan, host: HostBatch, layout: RowLayout):
         """The target's final hidden states of every row (the MTP head reads them all), the rows that sample (on
