@@ -58,19 +58,19 @@ def verify_sequences(sampler: Sampler, logits: torch.Tensor, sequences: list[Ver
     if not sequences:
         return Verdicts([], None, [])
     requests, rows, drafts, positions, first_rows = [], [], [], [], []
-    for seq in sequences:
-        base = len(seq.request.output_token_ids)
+    for seq in sequences:  # the host's lists a row each, a sequence's built at once
+        count, base = len(seq.draft_token_ids) + 1, len(seq.request.output_token_ids)
         first_rows.append(len(rows))
-        for j, draft in enumerate([*seq.draft_token_ids, -1]):  # -1: the last row verifies no draft
-            requests.append(seq.request)
-            rows.append(seq.first_row + j)
-            drafts.append(draft)
-            positions.append(base + j)
+        requests += [seq.request] * count
+        rows += range(seq.first_row, seq.first_row + count)
+        drafts += seq.draft_token_ids
+        drafts.append(-1)  # the last row verifies no draft
+        positions += range(base, base + count)
     device = logits.device
     picked = logits[to_device(rows, device), : sampler.vocab_size].float()
     masked, processed, dead_rows = _processed(sampler, picked, requests, sequences)
     draft = to_device(drafts, device)
-    if all(r.params.temperature == 0 for r in requests):
+    if all(seq.request.params.temperature == 0 for seq in sequences):
         # greedy rows keep a draft where it is their argmax: one argmax, as plain greedy decoding takes it
         tokens = kernels.greedy_tokens(processed, torch.empty(len(rows), dtype=torch.int64, device=device))
         accepted = tokens == draft
@@ -103,8 +103,8 @@ def _processed(sampler: Sampler, logits: torch.Tensor, requests: list[Request], 
     """The verify rows' logits as a plain step processes its row's, were the drafts before each row the output
     already: (under the grammar's mask, what a raw logprobs mode reports; then with the biases, refusals and
     penalties too, what the row samples from; the rows those leave no token)."""
-    grammar = any(r.grammar is not None for r in requests)
-    changes = any(Sampler.changes_logits(r) for r in requests)
+    grammar = any(seq.request.grammar is not None for seq in sequences)  # a sequence's, not a row's each
+    changes = any(Sampler.changes_logits(seq.request) for seq in sequences)
     if not (grammar or changes):
         return logits, logits, set()
     drafted = [seq.draft_token_ids[:j] for seq in sequences for j in range(len(seq.draft_token_ids) + 1)]
