@@ -89,7 +89,7 @@ def test_a_drafting_gdn_models_verify_rows_take_conv_states_and_their_inputs_fro
     padding = state // (seqs + 1)  # the snapshot pool's padding slot, conv and recurrent state
     verify = seqs * k * conv_slot + seqs * (k + 1) * stash_row
     budget = state + padding + verify + random.randint(10 * per_block, 40 * per_block)
-    engine = _engine(path, kv_cache_memory_bytes=budget, speculative_config=drafts)
+    engine = _engine(path, kv_cache_memory_bytes=budget, speculative_config=drafts, ssm_snapshot_slots=0)
     pool, stash = engine.runner.speculative.verify_states._tensors, engine.runner.speculative.stash
     assert pool.h_all.shape[1] == 1 and pool.conv_all.shape[1] == 1 + seqs * k  # the padding slot, the verify rows
     assert stash.kv.shape[1] == stash.ba.shape[1] == seqs * (k + 1)
