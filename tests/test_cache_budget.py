@@ -4,6 +4,7 @@ cpu_kv_cache_gib as they replace gpu_memory_utilization on a GPU); a budget too 
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -73,7 +74,8 @@ def test_a_gdn_models_state_and_snapshots_come_out_of_the_budget(checkpoint_fact
     assert engine.loaded.blocks.num_blocks == (budget - state - (expected_snapshots + 1) * per_slot) // per_block
 
 
-def test_a_drafting_gdn_models_verify_rows_take_conv_states_and_their_inputs_from_the_budget(checkpoint_factory):
+def test_a_drafting_gdn_models_verify_rows_take_conv_states_and_their_inputs_from_the_budget(checkpoint_factory,
+                                                                                               caplog):
     """With drafts, the conv state after each of a sequence's k verify rows but the last has a slot (to go back to
     where a draft is refuted), and every verify row's GDN inputs a row of the stash, through which the verdicts
     commit the recurrent states: no recurrent state is held for a verify row. Both come out of the budget."""
@@ -89,7 +91,9 @@ def test_a_drafting_gdn_models_verify_rows_take_conv_states_and_their_inputs_fro
     padding = state // (seqs + 1)  # the snapshot pool's padding slot, conv and recurrent state
     verify = seqs * k * conv_slot + seqs * (k + 1) * stash_row
     budget = state + padding + verify + random.randint(10 * per_block, 40 * per_block)
-    engine = _engine(path, kv_cache_memory_bytes=budget, speculative_config=drafts, ssm_snapshot_slots=0)
+    with caplog.at_level(logging.INFO, logger="deltaserve.engine.model_setup"):
+        engine = _engine(path, kv_cache_memory_bytes=budget, speculative_config=drafts, ssm_snapshot_slots=0)
+    assert f"{seqs * k} conv-only verify slots and a stash of their GDN inputs" in caplog.text  # the load line
     pool, stash = engine.runner.speculative.verify_states._tensors, engine.runner.speculative.stash
     assert pool.h_all.shape[1] == 1 and pool.conv_all.shape[1] == 1 + seqs * k  # the padding slot, the verify rows
     assert stash.kv.shape[1] == stash.ba.shape[1] == seqs * (k + 1)

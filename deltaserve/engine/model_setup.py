@@ -129,9 +129,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         runner.speculative = SpeculativeStep(_drafter(speculative, model, config, runner, mtp_graphs), verify_states,
                                              speculative.num_speculative_tokens, verify_graphs, stash)
     log.info("loaded %s (%s) on %s in %s in %.1f s: %d KV blocks, %d state slots (%s), %d snapshot slots, "
-             "max_model_len %d", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
+             "max_model_len %d%s", source.name, model_config.architecture, device, dtype, time.perf_counter() - started,
              blocks.num_blocks, slots.num_slots if slots else 0, state_pool.h_all.dtype if state_pool else "-",
-             snapshots.num_slots if snapshots else 0, max_model_len)
+             snapshots.num_slots if snapshots else 0, max_model_len, _verify_rows_held(verify_states, stash))
     return LoadedModel(source.name, model_config, tokenizer, max_model_len, blocks, slots, snapshots, runner, device,
                        dtype, sampling_defaults)
 
@@ -201,6 +201,14 @@ def check_checkpoint_format(config: EngineConfig, source: ModelSource, model_con
     if config.quantization == "fp8" and not model_config.fp8_weights:
         raise DeltaServeError(f"quantization='fp8': deltaserve quantizes no weights itself, and {source.path!r} "
                               "is no FP8 checkpoint (its config.json names no fp8 quantization_config)")
+
+
+def _verify_rows_held(verify_states: SnapshotPool | None, stash: GdnStash | None) -> str:
+    """What a drafting GDN model's verify rows hold, for the load line: their conv-only slots and the stash."""
+    if verify_states is None or stash is None:
+        return ""
+    slots = verify_states.conv_all_slots - verify_states.first_verify_slot
+    return f", {slots} conv-only verify slots and a stash of their GDN inputs ({_bytes(stash.nbytes)})"
 
 
 def _read_checkpoint(source: ModelSource):
