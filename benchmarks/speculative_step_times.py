@@ -4,9 +4,9 @@ its config given one MTP layer).
 Closed batches of C prompts of 128 tokens, 128 tokens generated greedily (ignore_eos), after a warm-up batch.
 Each part of a step is timed between device synchronisations (which cost a little themselves): the verify pass
 (a graph replay, or the eager pass; its loading of the step buffers apart), the verdicts (draft_verifier), the
-set-back of refuted sequences' states (after a verify graph, the conv states' and the commit of every
-sequence's recurrent state through its kept rows), the MTP head's drafting, and the rest of the engine step
-(scheduling, the host batch, outputs). Plain decoding at the same concurrency is timed the same way (its whole step) beside it.
+set-back of refuted sequences' conv states and the commit of every verify chunk's recurrent state through its
+kept rows, the MTP head's drafting, and the rest of the engine step (scheduling, the host batch, outputs). Plain
+decoding at the same concurrency is timed the same way (its whole step) beside it.
 --profile C adds the CUDA kernels of a batch at concurrency C of each engine, by total time
 (profile_steps.kernel_table). --method ngram drafts by prompt lookup instead (no head: random prompts and a random
 model's tokens seldom repeat, so most lookups miss and most steps verify no drafts).
@@ -114,8 +114,8 @@ def _unwrap(llm: LLM) -> None:
         owners += [s, s.drafter] + [o for o in (s.graphs, s.verify_states, s.stash) if o is not None]
         owners += [s.graphs.buffers] if s.graphs is not None else []
     for owner in owners:
-        for name in ("run", "_eager_pass", "_sample", "restore", "restore_conv", "commit", "propose", "step",
-                     "load_verify", "load_drafting"):
+        for name in ("run", "_eager_pass", "_sample", "restore_conv", "commit", "propose", "step", "load_verify",
+                     "load_drafting"):
             owner.__dict__.pop(name, None)
 
 

@@ -26,7 +26,7 @@ class SnapshotPool:
         self._tensors = StatePool(layer_ids, num_slots, conv_dim, conv_kernel, v_heads, k_dim, v_dim, dtype, device,
                                   state_dtype, conv_only_slots=verify_slots)
         self.first_verify_slot = self._tensors.first_conv_only_slot
-        self.conv_all_slots = self._tensors.conv_all.shape[1]
+        self.num_verify_slots = verify_slots
         self.conv = self._tensors.conv
         self.h = self._tensors.h
         self.device = device

@@ -207,8 +207,7 @@ def _verify_rows_held(verify_states: SnapshotPool | None, stash: GdnStash | None
     """What a drafting GDN model's verify rows hold, for the load line: their conv-only slots and the stash."""
     if verify_states is None or stash is None:
         return ""
-    slots = verify_states.conv_all_slots - verify_states.first_verify_slot
-    return f", {slots} conv-only verify slots and a stash of their GDN inputs ({_bytes(stash.nbytes)})"
+    return f", {verify_states.num_verify_slots} conv-only verify slots and a stash of their GDN inputs ({_bytes(stash.nbytes)})"
 
 
 def _read_checkpoint(source: ModelSource):

@@ -166,7 +166,7 @@ def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, q
     """The gated delta rule over a ragged prefill batch (see gdn/reference.py). longest_chunk: a bound on every
     sequence's rows where the caller knows one (ForwardBatch.max_query_len), else the pass's rows bound them.
     store_state=False (a verify graph's few rows a sequence, in the token loop) leaves the states as they were,
-    for commit_gated_delta_rule; a [B] int32 tensor leaves them so for the sequences whose entry is 0 (the
+    for commit_gated_delta_rule; a [B] integer tensor leaves them so for the sequences whose entry is 0 (the
     verify chunks of a pass beside prompt chunks)."""
     if use_triton(q):
         rows = q.shape[0]

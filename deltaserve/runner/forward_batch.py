@@ -80,7 +80,7 @@ class ForwardBatch:
     gdn_stash: GdnStash | None = None
     stash_rows: torch.Tensor | None = None
     # Whose final GDN states the pass writes back: every sequence's (True), none (False: a verify graph), or
-    # those whose entry of a [B] int32 tensor is not 0 (an eager pass's prompt chunks beside verify chunks).
+    # those whose entry of a [B] integer tensor is not 0 (an eager pass's prompt chunks beside verify chunks).
     store_state: bool | torch.Tensor = True
 
     def kv_cache(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:

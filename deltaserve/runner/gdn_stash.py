@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from deltaserve import kernels
-from deltaserve.host_to_device import to_device
+from deltaserve.host_to_device import columns_to_device
 
 
 class GdnStash:
@@ -47,8 +47,10 @@ class GdnStash:
         # the layers' gating parameters side by side, copied once (the weights do not change after start-up)
         self.A_log = torch.stack([m.A_log.detach().float() for m in gdn_layers.values()]).contiguous()
         self.dt_bias = torch.stack([m.dt_bias.detach().float() for m in gdn_layers.values()]).contiguous()
-        self._k_shape = (first.num_k_heads, first.k_dim)
-        self._v_shape = (first.num_v_heads, first.v_dim)
+        # the commit's operands: views of the buffers, which never move
+        self._k = self.kv[..., : self.key_size].unflatten(-1, (first.num_k_heads, first.k_dim))
+        self._v = self.kv[..., self.key_size :].unflatten(-1, (first.num_v_heads, first.v_dim))
+        self._b, self._a = self.ba[..., : self.num_v_heads], self.ba[..., self.num_v_heads :]
 
     @property
     def nbytes(self) -> int:
@@ -71,12 +73,6 @@ class GdnStash:
         the stashed step (from i * rows_per_seq), which ran step_seqs sequences."""
         if not state_slots:
             return
-        n = len(state_slots)
-        width = -(-n // 4) * 4  # the second row 16-byte aligned, as Triton compiles the kernel for every pointer
-        table = to_device([list(c) + [0] * (width - n) for c in (state_slots, row_count)], h_all.device,
-                          torch.int32)[:, :n]
-        k = self.kv[..., : self.key_size].unflatten(-1, self._k_shape)
-        v = self.kv[..., self.key_size :].unflatten(-1, self._v_shape)
-        b, a = self.ba[..., : self.num_v_heads], self.ba[..., self.num_v_heads :]
-        kernels.commit_gated_delta_rule(k, v, a, b, self.A_log, self.dt_bias, h_all, table[0], table[1],
-                                        rows_per_seq, step_seqs)
+        slots, counts = columns_to_device([state_slots, row_count], h_all.device)
+        kernels.commit_gated_delta_rule(self._k, self._v, self._a, self._b, self.A_log, self.dt_bias, h_all, slots,
+                                        counts, rows_per_seq, step_seqs)

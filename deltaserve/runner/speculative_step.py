@@ -26,7 +26,7 @@ import torch
 
 from deltaserve.cache.snapshot_pool import SnapshotPool
 from deltaserve.engine.step_plan import ScheduledChunk, StepPlan
-from deltaserve.host_to_device import to_device
+from deltaserve.host_to_device import columns_to_device, to_device
 from deltaserve.kernels.capture_rows import CaptureRows
 from deltaserve.runner.batch_builder import HostBatch, build_host_batch
 from deltaserve.runner.draft_verifier import Verdicts, VerifyRows, verify_sequences
@@ -156,7 +156,8 @@ class SpeculativeStep:
             first, count = layout.pass_row[chunk], len(chunk.draft_token_ids) + 1
             rows[index * per : (index + 1) * per] = [first + min(j, count - 1) for j in range(per)]
         stores = [0 if chunk in layout.verify_index else 1 for chunk in plan.chunks]
-        return to_device(rows, device), to_device(stores, device, torch.int32)
+        rows, stores = columns_to_device([rows, stores], device)
+        return rows, stores
 
     def _verify_captures(self, layout: RowLayout) -> list[tuple[int, int]]:
         """(row, verify slot): the conv state after each verify row but the last, slot j of its chunk's k."""

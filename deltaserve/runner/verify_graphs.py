@@ -10,9 +10,8 @@ keep the rows' inputs in a GdnStash: once the verdicts are in, GdnStash.commit a
 through the rows it kept, in one launch (gdn_stash.py). The conv states, a few rows each, are updated in place and
 captured after each sequence's rows but the last into its k conv-only verify slots, a table fixed for each rung
 (sequence b's row j into verify slot b * k + j), so a sequence whose drafts are refuted takes its conv state back
-from there. It
-returns the logits and the final hidden states of every row, which the sampler and the MTP head read
-(runner/speculative_step.py)."""
+from there. It returns the logits and the final hidden states of every row, which the sampler and the MTP head
+read (runner/speculative_step.py)."""
 
 from __future__ import annotations
 

@@ -214,7 +214,8 @@ def cases():
            {"part": "*fp32", "lse": "*fp32", "o": bf16, "gate": bf16, "splits": "i32"},
            dict(Q_HEADS=16, HEAD_DIM=256, BLOCK_D=256, BLOCK_S=paged.MAX_SPLITS, HAS_GATE=True), 4, 1)  # as launched
 
-    ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "store_flags")}
+    ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps")}
+    ints["store_flags"] = "*i64"  # as the eager pass's one copy of its host columns carries them
     inputs = {n: bf16 for n in ("q", "k", "v", "a", "b", "o")}
     state = gdn.LONG_PASS_STATE
     # (chunk, block_v, name, split, precision, sub, prepare precision, warps, stages by block_v, buffers between
@@ -274,8 +275,8 @@ def cases():
 
     from deltaserve.kernels.gdn import triton_recurrent as recurrent
 
-    recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first",
-                                          "store_flags")}
+    recurrent_ints = {n: "*i32" for n in ("state_slots", "query_start_loc", "cap_rows", "cap_snaps", "cap_first")}
+    recurrent_ints["store_flags"] = "*i64"
     for varlen, bv, warps, streamed in ((False, 32, 4, False), (False, 64, 4, False), (False, 64, 4, True),
                                         (True, 16, 1, False)):
         yield (f"gdn_recurrent{'_varlen' if varlen else ''}_bv{bv}{'_streamed' if streamed else ''}",
@@ -286,6 +287,16 @@ def cases():
            dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=16, IS_VARLEN=True, HAS_CAPTURES=True, STREAMED=False,
                 STORE_FLAGS=True),
            1, 2)
+
+    from deltaserve.kernels.gdn import triton_commit as commit
+
+    # the verdicts' commit, every layer at once: the stash's bf16 rows, the fp32 states, the slots and kept-row
+    # counts as the host's columns travel (int64); the tiles of a verify step of 64 sequences
+    block_v, warps, _ = recurrent.ragged_tiles(64 * 32, 4)
+    yield ("gdn_commit", commit._gdn_commit_kernel,
+           {"k": bf16, "v": bf16, "a": bf16, "b": bf16, "A_log": "*fp32", "dt_bias": "*fp32", "h_all": "*fp32",
+            "state_slots": "*i64", "row_count": "*i64", "rows_per_seq": "i32"},
+           dict(HK=16, HV=32, DK=128, DV=128, BK=128, BV=block_v, TILES=128 // block_v), warps, 2)
 
     from deltaserve.kernels.gdn import triton_recurrent_dot as dot
 

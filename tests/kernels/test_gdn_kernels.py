@@ -368,8 +368,9 @@ def test_split_at_captures_cuts_after_each_capture_row():
 # A verify step whose states wait for its verdicts: the token loop leaves them as they were, then one launch
 # takes each sequence's state through the rows it kept, in every layer, from the rows' k, v, a, b as the engine
 # stashes them (k and v side by side in one buffer, b and a in another).
-@pytest.mark.parametrize("hk,hv,dk,dv,step_seqs", [(1, 2, 16, 32, 4), (2, 4, 16, 24, 200)])
-def test_commit_takes_each_state_through_its_kept_rows_as_the_token_loop_does(hk, hv, dk, dv, step_seqs):
+@pytest.mark.parametrize("hk,hv,dk,dv,step_seqs,counts", [(1, 2, 16, 32, 4, torch.int32),
+                                                           (2, 4, 16, 24, 200, torch.int64)])  # as the engine's
+def test_commit_takes_each_state_through_its_kept_rows_as_the_token_loop_does(hk, hv, dk, dv, step_seqs, counts):
     from deltaserve.kernels.gdn.triton_commit import gdn_commit
 
     layers, seqs, per = 2, 4, 3
@@ -393,7 +394,7 @@ def test_commit_takes_each_state_through_its_kept_rows_as_the_token_loop_does(hk
         assert torch.equal(out, gdn_recurrent(*inputs, pool, slots, starts, every_row, after[layer]))
     kept = torch.tensor([1, 3, 2, 0])
     committed, expected = h_all.clone(), h_all.clone()
-    gdn_commit(k, v, a, b, A_log, dt_bias, committed, slots, kept.to(torch.int32), per, step_seqs)
+    gdn_commit(k, v, a, b, A_log, dt_bias, committed, slots, kept.to(counts), per, step_seqs)
     reference.commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, expected, slots, kept, per)
     for seq, (slot, count) in enumerate(zip(slots.tolist(), kept.tolist())):
         last = seq * per + count - 1

@@ -453,7 +453,7 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     v_new = u - w S, so a 16-bit u rounds what no dot rounds, and on the H200 bf16 took the chunk kernels
     only from 676 to 652 us at 8192 tokens (kernels_check_rotary_tiles_u_dtype.json). decayed_k overrides
     whether the prepare kernel writes kd for the state kernel (by default where its programs are few).
-    store_state, a [B] int32 tensor, writes back the final states of the sequences whose entry is not 0 alone
+    store_state, a [B] integer tensor, writes back the final states of the sequences whose entry is not 0 alone
     (None: every one).
 
     Long passes of 16-bit inputs take LONG_PASS_STATE."""

@@ -230,7 +230,7 @@ def gdn_recurrent(
     CaptureRows) names the rows whose state is also stored into h_snapshots. Returns o [T, Hv, Dv] in
     v's dtype. A decode step's block_v, num_warps and streamed default to decode_tiles' choice for its size.
     store_state=False leaves h_pool as it was (a verify step whose states triton_commit advances later); a [B]
-    int32 tensor leaves it so for the sequences whose entry is 0.
+    integer tensor leaves it so for the sequences whose entry is 0.
     """
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
     assert h_pool.is_contiguous()
