@@ -20,6 +20,7 @@ from deltaserve.kernels.linear import reference as _linear
 from deltaserve.kernels.moe import reference as _moe
 from deltaserve.kernels.norm import reference as _norm
 from deltaserve.kernels.partial_sums import PartialSums, total
+from deltaserve.kernels.pending_projection import PendingProjection
 from deltaserve.kernels.rotary import reference as _rotary
 from deltaserve.kernels.sampling import reference as _sampling
 from deltaserve.kernels.slot_copy import reference as _slot_copy
@@ -57,6 +58,24 @@ def linear_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return linear(x, weight, bias)
 
 
+# From this many rows a projection that only the residual add-norm reads would be left pending for it
+# (PendingProjection): long passes, where the GEMM's result is megabytes; a decode step's few rows keep the
+# split and skinny GEMMs of linear_partial, whose parts the add-norm sums. None: never, every result written
+# out, until the fusion is timed on the GPU against the GEMM and the add-norm (benchmarks/prefill_fusions.py);
+# 512 is the bound it would start from.
+PENDING_PROJECTION_MIN_ROWS: int | None = None
+
+
+def linear_to_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+                       ) -> torch.Tensor | PartialSums | PendingProjection:
+    """linear_partial() for a block's output projection, whose one consumer is the residual add-norm: from
+    PENDING_PROJECTION_MIN_ROWS rows the GEMM is left for add_rms_norm to run into the residual."""
+    pending_from = PENDING_PROJECTION_MIN_ROWS
+    if pending_from is not None and bias is None and use_triton(x) and x.dim() == 2 and x.shape[0] >= pending_from:
+        return PendingProjection(x, weight)
+    return linear_partial(x, weight, bias)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
     if use_triton(x):
         from deltaserve.kernels.norm.triton_rms_norm import rms_norm as kernel
@@ -64,8 +83,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     return _norm.rms_norm(x, weight, eps, offset)
 
 
-def add_rms_norm(x: torch.Tensor | PartialSums, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor | PartialSums | PendingProjection, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float, offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual). A PendingProjection is added into residual by its GEMM (which
+    overwrites residual) and the sum normed."""
+    if isinstance(x, PendingProjection):
+        summed = x.added_to(residual)
+        return rms_norm(summed, weight, eps, offset), summed
     if use_triton(x):
         from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm as kernel
         return kernel(x, residual, weight, eps, offset)
@@ -336,8 +360,8 @@ def sample_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: t
 __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
-    "commit_gated_delta_rule", "recurrent_gated_delta_rule",
-    "gdn_decode_fused", "linear", "linear_partial", "PartialSums", "moe_route", "moe_experts", "copy_slot",
+    "commit_gated_delta_rule", "recurrent_gated_delta_rule", "gdn_decode_fused", "linear", "linear_partial",
+    "linear_to_residual", "PartialSums", "PendingProjection", "moe_route", "moe_experts", "copy_slot",
     "copy_slot_at", "copy_slots_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "apply_token_bitmask",
     "MaskPlan", "RowTokens", "sample_from_logits", "greedy_tokens",
 ]

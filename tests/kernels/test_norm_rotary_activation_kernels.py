@@ -42,6 +42,26 @@ def test_residual_add_sums_partial_sums_first(dtype):
     assert torch.equal(kernels.add_rms_norm(partial, residual, weight, 1e-6, 1.0)[1], expected_summed)  # CPU: reference
 
 
+def test_residual_add_runs_a_pending_projection_into_the_residual():
+    # A long pass's output projection, left for the add-norm: the GEMM adds its product into the residual (which it
+    # overwrites), and the sum is normed, as the reference does the two apart. A residual cuBLAS cannot take in
+    # place (a strided view) is left as it was.
+    x, w = torch.randn(9, 48), torch.randn(40, 48)
+    residual, weight = torch.randn(9, 40), torch.randn(40)
+    expected_normed, expected_summed = norm_reference.add_rms_norm(x @ w.T, residual, weight, 1e-6, 1.0)
+    stream = residual.clone()
+    normed, summed = kernels.add_rms_norm(kernels.PendingProjection(x, w), stream, weight, 1e-6, 1.0)
+    assert summed.data_ptr() == stream.data_ptr()
+    assert_close(summed, expected_summed, 1e-5)
+    assert_close(normed, expected_normed, 1e-4)
+    wide = torch.randn(9, 80)
+    strided = wide[:, ::2]
+    kept = strided.clone()
+    normed, summed = kernels.add_rms_norm(kernels.PendingProjection(x, w), strided, weight, 1e-6, 1.0)
+    assert torch.equal(strided, kept)
+    assert_close(summed, norm_reference.add_rms_norm(x @ w.T, kept, weight, 1e-6, 1.0)[1], 1e-5)
+
+
 def test_rms_norm_per_head_on_strided_view():
     packed = torch.randn(6, 3, 2 * 24)
     q = packed[..., :24]  # [T, H, D] with the gate interleaved, as gated attention slices it

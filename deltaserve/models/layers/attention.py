@@ -55,7 +55,7 @@ class Attention(nn.Module):
             out = kernels.paged_attention(q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens,
                                           batch.block_tables, self.scale, gate,  # the gate in its last store
                                           max_query_len=batch.max_query_len)
-        return kernels.linear_partial(out.reshape(tokens, -1), self.o_proj, self.o_bias)
+        return kernels.linear_to_residual(out.reshape(tokens, -1), self.o_proj, self.o_bias)
 
     def _query_and_gate(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q [T, Hq, D] and the gate (None when ungated) out of q_proj's rows."""
@@ -87,4 +87,4 @@ class Attention(nn.Module):
             return x.new_empty((0, self.o_proj.shape[0]))
         out = kernels.paged_attention(q, k_cache, v_cache, output_rows.query_start_loc, output_rows.seq_lens,
                                       output_rows.block_tables, self.scale, gate, max_query_len=1)
-        return kernels.linear_partial(out.reshape(count, -1), self.o_proj, self.o_bias)
+        return kernels.linear_to_residual(out.reshape(count, -1), self.o_proj, self.o_bias)

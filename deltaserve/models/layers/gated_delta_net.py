@@ -68,4 +68,4 @@ class GatedDeltaNet(nn.Module):
                 return x.new_empty((0, self.out_proj.shape[0]))
             out, z, tokens = output_rows.select(out), output_rows.select(z), output_rows.count
         out = kernels.gated_rms_norm(out, z, self.norm_weight, self.norm_eps)
-        return kernels.linear_partial(out.reshape(tokens, self.value_size), self.out_proj)
+        return kernels.linear_to_residual(out.reshape(tokens, self.value_size), self.out_proj)

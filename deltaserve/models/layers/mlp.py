@@ -18,4 +18,4 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor | kernels.PartialSums:
         """The output feeds the next residual add-norm only, so it may be PartialSums."""
         hidden = kernels.silu_and_mul(kernels.linear(x, self.gate_up_proj, self.gate_up_bias))
-        return kernels.linear_partial(hidden, self.down_proj, self.down_bias)
+        return kernels.linear_to_residual(hidden, self.down_proj, self.down_bias)
