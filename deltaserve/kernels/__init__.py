@@ -19,6 +19,7 @@ from deltaserve.kernels.gdn import reference as _gdn
 from deltaserve.kernels.linear import reference as _linear
 from deltaserve.kernels.moe import reference as _moe
 from deltaserve.kernels.norm import reference as _norm
+from deltaserve.kernels.norm.gated_norm import GatedNorm
 from deltaserve.kernels.partial_sums import PartialSums, total
 from deltaserve.kernels.pending_projection import PendingProjection
 from deltaserve.kernels.rotary import reference as _rotary
@@ -186,25 +187,29 @@ SHORT_CHUNK = 16
 def chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
                            capture_rows: list[tuple[int, int]] | None = None,
                            h_snapshots: torch.Tensor | None = None, longest_chunk: int | None = None,
-                           store_state: bool | torch.Tensor = True) -> torch.Tensor:
+                           store_state: bool | torch.Tensor = True, output_norm: GatedNorm | None = None
+                           ) -> torch.Tensor:
     """The gated delta rule over a ragged prefill batch (see gdn/reference.py). longest_chunk: a bound on every
     sequence's rows where the caller knows one (ForwardBatch.max_query_len), else the pass's rows bound them.
     store_state=False (a verify graph's few rows a sequence, in the token loop) leaves the states as they were,
     for commit_gated_delta_rule; a [B] integer tensor leaves them so for the sequences whose entry is 0 (the
-    verify chunks of a pass beside prompt chunks)."""
+    verify chunks of a pass beside prompt chunks). output_norm: the gated RMSNorm applied to the output (by the
+    long passes' output kernel where triton_chunk.FUSED_OUTPUT_NORM says so, else by gated_rms_norm after)."""
     if use_triton(q):
         rows = q.shape[0]
         if min(rows, longest_chunk or rows) <= TOKEN_LOOP_MAX_ROWS or store_state is False:
             from deltaserve.kernels.gdn.triton_recurrent import gdn_recurrent
-            return gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
-                                 h_snapshots, store_state=store_state)
+            out = gdn_recurrent(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
+                                h_snapshots, store_state=store_state)
+            return out if output_norm is None else gated_rms_norm(out, *output_norm)
         from deltaserve.kernels.gdn.triton_chunk import chunk_gdn as kernel
         short = dict(chunk=SHORT_CHUNK, block_v=64) if rows <= SHORT_CHUNK_MAX_ROWS else {}
         return kernel(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc, capture_rows,
                       h_snapshots, store_state=store_state if isinstance(store_state, torch.Tensor) else None,
-                      **short)
-    return _gdn.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
-                                       capture_rows, h_snapshots, store_state)
+                      output_norm=output_norm, **short)
+    out = _gdn.chunk_gated_delta_rule(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_loc,
+                                      capture_rows, h_snapshots, store_state)
+    return out if output_norm is None else _norm.gated_rms_norm(out, *output_norm)
 
 
 def commit_gated_delta_rule(k, v, a, b, A_log, dt_bias, h_all, state_slots, row_count, rows_per_seq: int,
@@ -361,7 +366,7 @@ __all__ = [
     "rms_norm", "add_rms_norm", "gated_rms_norm", "apply_rotary", "silu_and_mul", "store_kv", "rotary_store_kv",
     "paged_attention", "causal_attention_fresh", "output_gate", "causal_conv1d", "chunk_gated_delta_rule",
     "commit_gated_delta_rule", "recurrent_gated_delta_rule", "gdn_decode_fused", "linear", "linear_partial",
-    "linear_to_residual", "PartialSums", "PendingProjection", "moe_route", "moe_experts", "copy_slot",
+    "linear_to_residual", "PartialSums", "PendingProjection", "GatedNorm", "moe_route", "moe_experts", "copy_slot",
     "copy_slot_at", "copy_slots_at", "zero_slots", "unpack_decode_inputs", "apply_penalties", "apply_token_bitmask",
     "MaskPlan", "RowTokens", "sample_from_logits", "greedy_tokens",
 ]

@@ -253,10 +253,12 @@ def cases():
                dict(heads, BV=gdn.STATE_WIDE_BLOCK_V, BLOCK_B=16, BLOCK_CAPS=16, HAS_CAPTURES=False,
                     SPLIT_OUTPUT=split, LOOP_FOR=True, PRECISION=precision, DECAYED_K=False), warps,
                stages_of.get(gdn.STATE_WIDE_BLOCK_V, 2))
-    output_types = dict(inputs, **ints, aqk_buf=bf16, v_new_buf=bf16, chunk_states=bf16)
-    yield ("gdn_chunk_output", gdn._chunk_output_kernel, output_types,
-           dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
-                PRECISION=gdn.LONG_PASS_STATE["precision"]), 4, 2)
+    output_types = dict(inputs, **ints, aqk_buf=bf16, v_new_buf=bf16, chunk_states=bf16, gate=bf16, norm_weight=bf16,
+                        eps="fp32")
+    for normed in (False, True):  # the gated norm in its last store, or not
+        yield (f"gdn_chunk_output{'_normed' if normed else ''}", gdn._chunk_output_kernel, output_types,
+               dict(HK=16, HV=32, DK=128, DV=128, BK=128, CHUNK=gdn.CHUNK, BV=gdn.OUTPUT_BLOCK_V, BLOCK_B=16,
+                    PRECISION=gdn.LONG_PASS_STATE["precision"], NORM=normed), 4, 2)
 
     from deltaserve.kernels.conv1d import triton_causal_conv1d as conv
 

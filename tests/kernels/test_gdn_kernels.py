@@ -276,6 +276,33 @@ def test_chunk_prefill_with_and_without_a_separate_output_kernel(chunk, split_ou
     _check_chunk([130, 1, 20], 2, 4, 16, 16, [3, 0, 4], captures, chunk=chunk, split_output=split_output)
 
 
+# The gated norm after the output: in the output kernel's last store where one tile holds a head's row (the
+# split output at 16 columns), by the norm's own kernel otherwise (the output on the state kernel's path, or in
+# 8-column tiles). Each against the reference's rule and norm, and the fused one against the unfused kernels.
+@pytest.mark.parametrize("split_output,output", [(True, None), (False, None), (True, {"bv": 8})])
+def test_chunk_prefill_gated_norm_of_its_output(split_output, output):
+    from deltaserve.kernels.norm.gated_norm import GatedNorm
+    from deltaserve.kernels.norm.reference import gated_rms_norm as reference_norm
+    from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
+
+    lens, hk, hv, dk, dv = [130, 1, 20], 2, 4, 16, 16
+    starts = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
+    q, k, v, a, b, A_log, dt_bias, h_pool = _inputs(sum(lens), hk, hv, dk, dv, slots=5)
+    slots = torch.tensor([3, 0, 4])
+    packed = torch.randn(sum(lens), hv * dv + 3)  # the gate, sliced out of a wider projection as in the model
+    norm = GatedNorm(packed[:, 1 : 1 + hv * dv].reshape(-1, hv, dv), torch.randn(dv), 1e-6)
+    inputs = (q, k, v, a, b, A_log, dt_bias)
+    expected_pool, unfused_pool, pool = h_pool.clone(), h_pool.clone(), h_pool.clone()
+    expected = reference_norm(reference.chunk_gated_delta_rule(*inputs, expected_pool, slots, starts), *norm)
+    unfused = gated_rms_norm(chunk_gdn(*inputs, unfused_pool, slots, starts, split_output=split_output,
+                                       output=output), *norm)
+    out = chunk_gdn(*inputs, pool, slots, starts, split_output=split_output, output=output, output_norm=norm,
+                    fuse_norm=True)
+    assert_close(out, expected, 1e-4)
+    assert_close(out, unfused, 1e-5)
+    assert torch.equal(pool, unfused_pool)
+
+
 # The buffers that only feed dots in 16 bits (bf16 under the GPU's bf16 dots; the interpreter's are fp16), with
 # the output in the state kernel or its own, captures inside chunks: the reference to 16-bit rounding.
 @pytest.mark.parametrize("split_output", [False, True])

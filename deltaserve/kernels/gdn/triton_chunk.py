@@ -36,6 +36,8 @@ import triton.language as tl
 
 from deltaserve.kernels.capture_rows import as_capture_rows
 from deltaserve.kernels.gdn.triton_capture_search import block_caps, captures_before
+from deltaserve.kernels.norm.gated_norm import GatedNorm
+from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm
 from deltaserve.kernels.sm_count import num_sms
 
 CHUNK = 64
@@ -76,6 +78,11 @@ STATE_WIDE_BLOCK_V = 64
 # where the bf16 buffers alone took the state kernel at 8 warps from 350 to 276 us, the same bytes out;
 # 8 warps, or 3 stages on the wide tiles, measured slower).
 LONG_PASS_STATE = {"precision": "bf16", "split_output": True, "num_warps": 4}
+# Whether the output kernel applies a given output_norm in its last store (each program holds a head's whole row
+# of o) rather than the gated norm's own kernel after it: the norm's read and write of o leave the pass, a read of
+# the gate joins the output kernel, whose registers grow from 146 to 196 a thread (sm_90 compile). Off: not yet
+# timed on the GPU against the two kernels (benchmarks/prefill_fusions.py times both).
+FUSED_OUTPUT_NORM = False
 LONG_PASS_STAGES = {STATE_BLOCK_V: 3, STATE_WIDE_BLOCK_V: 2}
 
 
@@ -384,13 +391,15 @@ def _chunk_snapshot_kernel(
 
 @triton.jit
 def _chunk_output_kernel(
-    q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, num_seqs,
-    stride_q_t, stride_q_h, stride_o_t, scale,
+    q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, num_seqs, gate, norm_weight,
+    stride_q_t, stride_q_h, stride_o_t, stride_gate_t, stride_gate_h, scale, eps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, PRECISION: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_B: tl.constexpr, PRECISION: tl.constexpr, NORM: tl.constexpr,
 ):
     """Per (chunk, value head, tile of BV columns), all chunks at once: o = exp(G) q S + Aqk v_new, S the
-    state before the chunk (what the fused state kernel computes on its serial path)."""
+    state before the chunk (what the fused state kernel computes on its serial path). With NORM (one tile
+    holds the head's whole row) o leaves gated-normed, `w * o_hat * silu(gate)`, from o rounded to its dtype
+    as the unfused norm reads it."""
     cid, head, vtile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     row0, count, found = _chunk_of(cid, query_start_loc, num_seqs, CHUNK, BLOCK_B)
     if found:
@@ -411,6 +420,13 @@ def _chunk_output_kernel(
         v_new = tl.load(v_new_buf + (t[:, None] * HV + head) * DV + offs_v[None, :], mask=mask_ov, other=0.0)
         out = _dot(qt, state, None, PRECISION)
         out = _dot(aqk, v_new, out, PRECISION)
+        if NORM:
+            xf = out.to(o.dtype.element_ty).to(tl.float32)  # zero past DV: v_new and the state load zeros there
+            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, 1) / DV + eps)
+            g = tl.load(gate + t[:, None] * stride_gate_t + head * stride_gate_h + offs_v[None, :], mask=mask_ov,
+                        other=0.0).to(tl.float32)
+            w = tl.load(norm_weight + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+            out = xf * rstd[:, None] * w[None, :] * (g / (1.0 + tl.exp(-g)))
         tl.store(o + t[:, None] * stride_o_t + head * DV + offs_v[None, :], out.to(o.dtype.element_ty), mask=mask_ov)
 
 
@@ -434,7 +450,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
               split_output: bool | None = None, prepare: dict | None = None,
               buffer_dtype: torch.dtype | None = None, output: dict | None = None,
               u_dtype: torch.dtype | None = None, decayed_k: bool | None = None,
-              store_state: torch.Tensor | None = None) -> torch.Tensor:
+              store_state: torch.Tensor | None = None, output_norm: GatedNorm | None = None,
+              fuse_norm: bool | None = None) -> torch.Tensor:
     """Same contract as the reference `chunk_gated_delta_rule`: q,k [T, Hk, Dk]; v [T, Hv, Dv]; a,b [T, Hv];
     h_pool [S, Hv, Dk, Dv] fp32, read and written at state_slots; returns o [T, Hv, Dv] in v's dtype.
 
@@ -454,7 +471,8 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
     only from 676 to 652 us at 8192 tokens (kernels_check_rotary_tiles_u_dtype.json). decayed_k overrides
     whether the prepare kernel writes kd for the state kernel (by default where its programs are few).
     store_state, a [B] integer tensor, writes back the final states of the sequences whose entry is not 0 alone
-    (None: every one).
+    (None: every one). output_norm: o leaves gated-normed, by the output kernel where it holds a head's whole
+    row (split_output) and fuse_norm (FUSED_OUTPUT_NORM by default) says so, else by the gated norm's own kernel.
 
     Long passes of 16-bit inputs take LONG_PASS_STATE."""
     q, k, v, a, b = (_last_dim_contiguous(x) for x in (q, k, v, a, b))
@@ -540,14 +558,20 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         HAS_CAPTURES=has_captures, SPLIT_OUTPUT=split, LOOP_FOR=not interpret, PRECISION=precision,
         DECAYED_K=decayed_k, STORE_FLAGS=store_state is not None, num_warps=num_warps, num_stages=num_stages,
     )
+    normed = False
     if split:
         output = output or {}
         block_o = max(16, min(output.get("bv", OUTPUT_BLOCK_V), triton.next_power_of_2(dv)))
+        fuse_norm = FUSED_OUTPUT_NORM if fuse_norm is None else fuse_norm
+        normed = output_norm is not None and fuse_norm and block_o >= dv
+        gate = _last_dim_contiguous(output_norm.gate) if normed else o
+        assert gate.shape == o.shape, "the gate comes per head, [T, Hv, Dv]"
         _chunk_output_kernel[(max_chunks, hv, triton.cdiv(dv, block_o))](
-            q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, seqs,
-            q.stride(0), q.stride(1), o.stride(0), dk**-0.5,
+            q, g_buf, aqk_buf, v_new_buf, chunk_states, query_start_loc, o, seqs, gate,
+            output_norm.weight if normed else o, q.stride(0), q.stride(1), o.stride(0), gate.stride(0), gate.stride(1),
+            dk**-0.5, output_norm.eps if normed else 0.0,
             HK=hk, HV=hv, DK=dk, DV=dv, BK=block_k, BV=block_o, CHUNK=chunk, BLOCK_B=block_b,
-            PRECISION=precision, num_warps=output.get("warps", 4), num_stages=output.get("stages", 2),
+            PRECISION=precision, NORM=normed, num_warps=output.get("warps", 4), num_stages=output.get("stages", 2),
         )
     if has_captures:
         _chunk_snapshot_kernel[(num_caps, hv, triton.cdiv(dv, block_v))](
@@ -560,4 +584,6 @@ def chunk_gdn(q, k, v, a, b, A_log, dt_bias, h_pool, state_slots, query_start_lo
         )
         for slot, source in repeats:
             h_snapshots[slot].copy_(h_snapshots[source])
+    if output_norm is not None and not normed:
+        o = gated_rms_norm(o, *output_norm)
     return o

@@ -38,6 +38,7 @@ class GatedDeltaNet(nn.Module):
         tokens = x.shape[0]
         projected = kernels.linear(x, self.in_proj)
         mixed, z, b, a = projected.split([self.conv_dim, self.value_size, self.num_v_heads, self.num_v_heads], -1)
+        norm = kernels.GatedNorm(z.reshape(tokens, self.num_v_heads, self.v_dim), self.norm_weight, self.norm_eps)
         conv_state, h_state = batch.gdn_state(self.layer_idx)
         # Decode keeps three launches (conv update, delta rule, gated norm): kernels.gdn_decode_fused does
         # them in one, but its one program per key head measured slower from batch 16 up on the H200.
@@ -54,6 +55,7 @@ class GatedDeltaNet(nn.Module):
             out = kernels.recurrent_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots
             )
+            out = kernels.gated_rms_norm(out, *norm)
         else:
             if batch.gdn_stash is not None:  # a verify step: its verify chunks' states advance after the verdicts
                 ba = projected[:, self.conv_dim + self.value_size :]
@@ -61,11 +63,10 @@ class GatedDeltaNet(nn.Module):
             out = kernels.chunk_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
                 batch.capture_rows, h_snap, longest_chunk=batch.max_query_len, store_state=batch.store_state,
+                output_norm=norm,  # normed in the long passes' output kernel
             )
-        z = z.reshape(tokens, self.num_v_heads, self.v_dim)
         if output_rows is not None:
             if output_rows.count == 0:
                 return x.new_empty((0, self.out_proj.shape[0]))
-            out, z, tokens = output_rows.select(out), output_rows.select(z), output_rows.count
-        out = kernels.gated_rms_norm(out, z, self.norm_weight, self.norm_eps)
+            out, tokens = output_rows.select(out), output_rows.count
         return kernels.linear_to_residual(out.reshape(tokens, self.value_size), self.out_proj)
