@@ -3,6 +3,7 @@ are its argmax, and a sampled one's tokens are distributed as the target's sampl
 
 import random
 
+import pytest
 import torch
 
 from deltaserve.engine.request import Request
@@ -17,10 +18,15 @@ def _request(params: SamplingParams) -> Request:
     return Request(f"r{random.randrange(10**9)}", [1, 2, 3], params, max_tokens=64)
 
 
-def test_greedy_sequences_keep_the_drafts_that_are_their_argmax():
+# in_order: the rows as a verify graph lays them out (read in place); between other rows (an eager pass's prompt
+# chunks beside the verify chunks: gathered). The logits are wider than the vocabulary, the padding the largest.
+@pytest.mark.parametrize("in_order", [True, False])
+def test_greedy_sequences_keep_the_drafts_that_are_their_argmax(in_order):
     sampler = Sampler(VOCAB, torch.device("cpu"), seed=random.randrange(2**31))
     sequences, expected, rows = [], [], []
     for _ in range(20):
+        if not in_order:
+            rows += list(torch.randn(random.randint(1, 2), VOCAB))  # rows no sequence verifies
         k = random.randint(1, 4)
         logits = torch.randn(k + 1, VOCAB)
         best = logits.argmax(-1).tolist()
@@ -29,7 +35,8 @@ def test_greedy_sequences_keep_the_drafts_that_are_their_argmax():
         sequences.append(VerifyRows(_request(SamplingParams(temperature=0)), len(rows), drafts))
         rows += list(logits)
         expected.append(best[:held] + [best[held]])
-    assert verify_sequences(sampler, torch.stack(rows), sequences).taken == expected
+    padded = torch.cat([torch.stack(rows), torch.full((len(rows), 3), 100.0)], dim=1)
+    assert verify_sequences(sampler, padded, sequences).taken == expected
 
 
 def _distribution(tokens: list[int]) -> torch.Tensor:

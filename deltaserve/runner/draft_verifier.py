@@ -67,7 +67,10 @@ def verify_sequences(sampler: Sampler, logits: torch.Tensor, sequences: list[Ver
         drafts.append(-1)  # the last row verifies no draft
         positions += range(base, base + count)
     device = logits.device
-    picked = logits[to_device(rows, device), : sampler.vocab_size].float()
+    if rows == list(range(rows[0], rows[0] + len(rows))):  # a verify graph's rows, in order: a view, no copy
+        picked = logits[rows[0] : rows[0] + len(rows), : sampler.vocab_size].float()  # (no op on fp32 logits)
+    else:
+        picked = logits[to_device(rows, device), : sampler.vocab_size].float()
     masked, processed, dead_rows = _processed(sampler, picked, requests, sequences)
     draft = to_device(drafts, device)
     if all(seq.request.params.temperature == 0 for seq in sequences):
