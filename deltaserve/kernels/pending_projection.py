@@ -1,11 +1,11 @@
 """A projection whose only consumer is the residual add-norm, left for that add to run as one GEMM.
 
 In a long pass each block's output projection writes its [T, H] result, and the add-norm after it reads
-that and the residual stream and writes their sum and its norm: four passes over [T, H]. Left pending, the
+that and the residual stream and writes their sum and its norm: five passes over [T, H]. Left pending, the
 add-norm runs `residual += x @ W^T` on cuBLAS, which adds the product to the residual in the GEMM's
-epilogue (beta = 1, reading the residual in place of writing a result), and then norms the sum: the
-product is never written and read back, two of the four passes. The sum is rounded once, from the GEMM's
-fp32 accumulator, where the unfused add rounds the product to the stream's dtype first.
+epilogue (beta = 1: it reads the residual and writes the sum over it), and then norms the sum: four passes,
+the product never written out. The sum is rounded once, from the GEMM's fp32 accumulator, where the unfused
+add rounds the product to the stream's dtype first.
 
 The residual is overwritten: the decoder's stream is a tensor the layers own (the embedding's output, then
 each add-norm's sum), which nothing reads after the next add.
