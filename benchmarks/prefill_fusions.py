@@ -32,11 +32,12 @@ from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm, rms_norm  # no
 HK, HV, DK, DV = 16, 32, 128, 128
 HIDDEN = 4096
 PROJECTIONS = [("out / o_proj", 4096), ("down", 12288)]  # (name, K) into the 4096-wide residual
+DEVICE = "cuda"
 
 
 def gdn_inputs(tokens: int, prompts: int):
     """The layer's views: q, k, v out of the conv's output, z, a, b out of the projection's row."""
-    dev, bf16 = "cuda", torch.bfloat16
+    dev, bf16 = DEVICE, torch.bfloat16
     mixed = torch.randn(tokens, 2 * HK * DK + HV * DV, device=dev, dtype=bf16)
     q, k, v = mixed.split([HK * DK, HK * DK, HV * DV], -1)
     projected = torch.randn(tokens, HV * DV + 2 * HV, device=dev, dtype=bf16)
@@ -78,7 +79,7 @@ def gdn_rows(tokens: int, prompts: int) -> dict:
 def projection_rows(tokens: int) -> list[dict]:
     rows = []
     for name, k in PROJECTIONS:
-        dev, bf16 = "cuda", torch.bfloat16
+        dev, bf16 = DEVICE, torch.bfloat16
         x = torch.randn(tokens, k, device=dev, dtype=bf16)
         w = torch.randn(HIDDEN, k, device=dev, dtype=bf16) * k**-0.5
         residual = torch.randn(tokens, HIDDEN, device=dev, dtype=bf16)
