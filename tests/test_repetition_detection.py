@@ -50,10 +50,11 @@ def test_the_engine_ends_an_output_where_it_starts_to_loop(llm):
     prompts = [[rng.randrange(300) for _ in range(rng.randint(2, 20))] for _ in range(4)]
     detection = {"max_pattern_size": rng.randint(1, 4), "min_pattern_size": 0, "min_count": rng.randint(2, 3)}
     min_tokens = rng.choice([0, 6])
-    # half the rows choose among three tokens, where greedy decoding soon loops
+    # half the rows choose among three tokens, where greedy decoding soon loops; the free rows hold stop tokens
+    # back as long as the watched ones do (a row may well choose among them), so the two differ by the detection
     few = [None, None, rng.sample(range(300), 3), rng.sample(range(300), 3)]
-    free = llm.generate(prompts, [SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, allowed_token_ids=a)
-                                  for a in few])
+    free = llm.generate(prompts, [SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, allowed_token_ids=a,
+                                                 min_tokens=min_tokens) for a in few])
     watched = llm.generate(prompts, [SamplingParams(max_tokens=48, temperature=0, ignore_eos=True, allowed_token_ids=a,
                                                     min_tokens=min_tokens, repetition_detection=dict(detection))
                                      for a in few])
