@@ -51,11 +51,13 @@ class GatedDeltaNet(nn.Module):
         q = q.reshape(tokens, self.num_k_heads, self.k_dim)
         k = k.reshape(tokens, self.num_k_heads, self.k_dim)
         v = v.reshape(tokens, self.num_v_heads, self.v_dim)
+        # A prefill pass hands the norm to the rule (its long passes' output kernel may apply it), unless only some
+        # rows go on: those are selected first and normed alone, as a decode step's are after its rule.
+        normed_by_rule = not batch.is_decode and output_rows is None
         if batch.is_decode:
             out = kernels.recurrent_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots
             )
-            out = kernels.gated_rms_norm(out, *norm)
         else:
             if batch.gdn_stash is not None:  # a verify step: its verify chunks' states advance after the verdicts
                 ba = projected[:, self.conv_dim + self.value_size :]
@@ -63,10 +65,13 @@ class GatedDeltaNet(nn.Module):
             out = kernels.chunk_gated_delta_rule(
                 q, k, v, a, b, self.A_log, self.dt_bias, h_state, batch.state_slots, batch.query_start_loc,
                 batch.capture_rows, h_snap, longest_chunk=batch.max_query_len, store_state=batch.store_state,
-                output_norm=norm,  # normed in the long passes' output kernel
+                output_norm=norm if normed_by_rule else None,
             )
         if output_rows is not None:
             if output_rows.count == 0:
                 return x.new_empty((0, self.out_proj.shape[0]))
             out, tokens = output_rows.select(out), output_rows.count
+            norm = norm._replace(gate=output_rows.select(norm.gate))
+        if not normed_by_rule:
+            out = kernels.gated_rms_norm(out, *norm)
         return kernels.linear_to_residual(out.reshape(tokens, self.value_size), self.out_proj)
