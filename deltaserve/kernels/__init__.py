@@ -59,12 +59,14 @@ def linear_partial(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return linear(x, weight, bias)
 
 
-# From this many rows a projection that only the residual add-norm reads would be left pending for it
+# From this many rows a projection that only the residual add-norm reads is left pending for it
 # (PendingProjection): long passes, where the GEMM's result is megabytes; a decode step's few rows keep the
-# split and skinny GEMMs of linear_partial, whose parts the add-norm sums. None: never, every result written
-# out, until the fusion is timed on the GPU against the GEMM and the add-norm (benchmarks/prefill_fusions.py);
-# 512 is the bound it would start from.
-PENDING_PROJECTION_MIN_ROWS: int | None = None
+# split and skinny GEMMs of linear_partial, whose parts the add-norm sums. None: never. 8192 is where it was
+# timed (benchmarks/prefill_fusions.py on an H100, prefill_fusions_h100_at_daa9d70.json): the 9B shape's
+# 4096 x 4096 projection and add-norm 431 -> 393 us at 8192 rows and 1848 -> 1752 at 32768, the 12288-wide down
+# projection 1195 -> 1199 and 5283 -> 4954; the sums byte-identical to the unfused ones. Shorter passes (the
+# server's default 2048-token steps, the prefill graphs) were not timed and keep the GEMM and the add-norm.
+PENDING_PROJECTION_MIN_ROWS: int | None = 8192
 
 
 def linear_to_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None

@@ -4,8 +4,10 @@ In a long pass each block's output projection writes its [T, H] result, and the 
 that and the residual stream and writes their sum and its norm: five passes over [T, H]. Left pending, the
 add-norm runs `residual += x @ W^T` on cuBLAS, which adds the product to the residual in the GEMM's
 epilogue (beta = 1: it reads the residual and writes the sum over it), and then norms the sum: four passes,
-the product never written out. The sum is rounded once, from the GEMM's fp32 accumulator, where the unfused
-add rounds the product to the stream's dtype first.
+the product never written out. On the H100 the sums came out byte-identical to the unfused add's, which
+rounds the product to the stream's dtype first (8192 and 32768 rows of the 9B shape's projections,
+benchmarks/results/prefill_fusions_h100_at_daa9d70.json): cuBLAS evidently rounds it before adding as well,
+so a pass leaves the same bytes whether or not its projections were left pending.
 
 The residual is overwritten: the decoder's stream is a tensor the layers own (the embedding's output, then
 each add-norm's sum), which nothing reads after the next add.

@@ -80,8 +80,11 @@ STATE_WIDE_BLOCK_V = 64
 LONG_PASS_STATE = {"precision": "bf16", "split_output": True, "num_warps": 4}
 # Whether the output kernel applies a given output_norm in its last store (each program holds a head's whole row
 # of o) rather than the gated norm's own kernel after it: the norm's read and write of o leave the pass, a read of
-# the gate joins the output kernel, whose registers grow from 146 to 196 a thread (sm_90 compile). Off: not yet
-# timed on the GPU against the two kernels (benchmarks/prefill_fusions.py times both).
+# the gate joins the output kernel, whose registers grow from 146 to 196 a thread (sm_90 compile). Off: timed on an
+# H100 (benchmarks/prefill_fusions.py, prefill_fusions_h100_at_daa9d70.json) the chunk kernels and the norm took
+# 755.7 / 804.3 / 3055.4 / 2969.8 us against 759.1 / 800.3 / 3029.0 / 2990.0 fused (8192 and 32768 tokens in one
+# and in 64 prompts; the same bytes out): the norm's 68-269 us come back as a slower output kernel. Fused at 8
+# output warps they took 735.1 / 798.4 / 2970.2 / 2932.7; the unfused output kernel at 8 warps is not yet timed.
 FUSED_OUTPUT_NORM = False
 LONG_PASS_STAGES = {STATE_BLOCK_V: 3, STATE_WIDE_BLOCK_V: 2}
 
