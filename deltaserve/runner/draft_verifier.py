@@ -58,8 +58,10 @@ def verify_sequences(sampler: Sampler, logits: torch.Tensor, sequences: list[Ver
     if not sequences:
         return Verdicts([], None, [])
     requests, rows, drafts, positions, first_rows = [], [], [], [], []
+    in_order = True  # each sequence's rows start where the one before it ended (as a verify graph lays them out)
     for seq in sequences:  # the host's lists a row each, a sequence's built at once
         count, base = len(seq.draft_token_ids) + 1, len(seq.request.output_token_ids)
+        in_order = in_order and (not rows or seq.first_row == rows[-1] + 1)
         first_rows.append(len(rows))
         requests += [seq.request] * count
         rows += range(seq.first_row, seq.first_row + count)
@@ -67,7 +69,7 @@ def verify_sequences(sampler: Sampler, logits: torch.Tensor, sequences: list[Ver
         drafts.append(-1)  # the last row verifies no draft
         positions += range(base, base + count)
     device = logits.device
-    if rows == list(range(rows[0], rows[0] + len(rows))):  # a verify graph's rows, in order: a view, no copy
+    if in_order:  # a view of the logits, no copy
         picked = logits[rows[0] : rows[0] + len(rows), : sampler.vocab_size].float()  # (no op on fp32 logits)
     else:
         picked = logits[to_device(rows, device), : sampler.vocab_size].float()
