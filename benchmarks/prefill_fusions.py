@@ -4,12 +4,13 @@
 
 - The GDN output's gated RMSNorm in the chunked prefill's output kernel (`chunk_gdn(output_norm=...)`)
   against the output kernel and the gated norm's own kernel, the chunk kernels timed together
-  (Qwen3.5 GDN shape: 16 key heads, 32 value heads of 128); also the output kernel at 8 warps. Error
-  of the fused output against the unfused one.
+  (Qwen3.5 GDN shape: 16 key heads, 32 value heads of 128); also the output kernel at 8 warps, fused and
+  unfused. Error of the fused output against the unfused one.
 - A block's output projection added into the residual by cuBLAS (`kernels.PendingProjection`:
   `residual.addmm_` then the norm) against the GEMM writing its result and the add-norm kernel
-  summing it with the residual (9B shape: the 4096 x 4096 out projection and the 4096 x 12288 down
-  projection). Error of the sum against the unfused one.
+  summing it with the residual (`--shape 9b`: the 4096 x 4096 out projection and the 4096 x 12288 down
+  projection; `--shape 35b-a3b`: the 2048 x 4096 out projections), at `--projection-tokens` rows. Error
+  of the sum against the unfused one.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from deltaserve.kernels.norm.triton_gated_rms_norm import gated_rms_norm  # noqa
 from deltaserve.kernels.norm.triton_rms_norm import add_rms_norm, rms_norm  # noqa: E402
 
 HK, HV, DK, DV = 16, 32, 128, 128
-HIDDEN = 4096
-PROJECTIONS = [("out / o_proj", 4096), ("down", 12288)]  # (name, K) into the 4096-wide residual
+# (hidden size, [(name, K)]): the projections into each shape's residual
+PROJECTIONS = {"9b": (4096, [("out / o_proj", 4096), ("down", 12288)]),
+               "35b-a3b": (2048, [("out / o_proj", 4096)])}  # its experts' down projections are the MoE's own
 DEVICE = "cuda"
 
 
@@ -68,6 +70,8 @@ def gdn_rows(tokens: int, prompts: int) -> dict:
            "rel_err": round((diff.norm() / unfused.float().norm()).item(), 6),
            "bytes_identical": round((fused == unfused).float().mean().item(), 4)}
     row["unfused_us"] = round(time_graph_us(lambda: gated_rms_norm(chunk_gdn(*args), *norm), calls=3), 1)
+    row["unfused_8_warps_us"] = round(time_graph_us(lambda: gated_rms_norm(chunk_gdn(*args, output={"warps": 8}), *norm),
+                                                    calls=3), 1)
     row["fused_us"] = round(time_graph_us(lambda: chunk_gdn(*args, output_norm=norm, fuse_norm=True), calls=3), 1)
     row["fused_8_warps_us"] = round(time_graph_us(lambda: chunk_gdn(*args, output_norm=norm, fuse_norm=True,
                                                                                 output={"warps": 8}),
@@ -76,19 +80,20 @@ def gdn_rows(tokens: int, prompts: int) -> dict:
     return row
 
 
-def projection_rows(tokens: int) -> list[dict]:
+def projection_rows(tokens: int, shape: str) -> list[dict]:
     rows = []
-    for name, k in PROJECTIONS:
+    hidden, projections = PROJECTIONS[shape]
+    for name, k in projections:
         dev, bf16 = DEVICE, torch.bfloat16
         x = torch.randn(tokens, k, device=dev, dtype=bf16)
-        w = torch.randn(HIDDEN, k, device=dev, dtype=bf16) * k**-0.5
-        residual = torch.randn(tokens, HIDDEN, device=dev, dtype=bf16)
-        weight = torch.randn(HIDDEN, device=dev, dtype=bf16)
+        w = torch.randn(hidden, k, device=dev, dtype=bf16) * k**-0.5
+        residual = torch.randn(tokens, hidden, device=dev, dtype=bf16)
+        weight = torch.randn(hidden, device=dev, dtype=bf16)
         _, unfused = add_rms_norm(kernels.linear(x, w), residual, weight, 1e-6)
         fused = kernels.PendingProjection(x, w).added_to(residual.clone())
         diff = (fused.float() - unfused.float()).abs()
         stream = residual.clone()
-        row = {"projection": name, "tokens": tokens, "N": HIDDEN, "K": k,
+        row = {"shape": shape, "projection": name, "tokens": tokens, "N": hidden, "K": k,
                "max_abs_diff": round(diff.max().item(), 5),
                "rel_err": round((diff.norm() / unfused.float().norm()).item(), 6),
                "unfused_us": round(time_graph_us(lambda: add_rms_norm(kernels.linear(x, w), residual, weight, 1e-6),
@@ -104,16 +109,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="8192,32768")
     ap.add_argument("--prompts", default="1", help="the GDN rows' prompts per pass (equal lengths)")
+    ap.add_argument("--projection-tokens", default=None, help="the projections' rows (default: --tokens)")
+    ap.add_argument("--shape", default="9b", help="the projections' shapes: " + ", ".join(PROJECTIONS))
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = {**results_io.header(), "gdn_output_norm": [], "residual_projection": []}
-    for tokens in [int(t) for t in args.tokens.split(",")]:
+    for tokens in [int(t) for t in args.tokens.split(",") if t]:
         for prompts in [int(p) for p in args.prompts.split(",")]:
             result["gdn_output_norm"].append(row := gdn_rows(tokens, prompts))
             print(row, flush=True)
-        for row in projection_rows(tokens):
-            result["residual_projection"].append(row)
-            print(row, flush=True)
+    for tokens in [int(t) for t in (args.projection_tokens or args.tokens).split(",")]:
+        for shape in args.shape.split(","):
+            for row in projection_rows(tokens, shape):
+                result["residual_projection"].append(row)
+                print(row, flush=True)
     results_io.write(args.out, result)
 
 
