@@ -105,6 +105,11 @@ def projection_rows(tokens: int, shape: str) -> list[dict]:
     return rows
 
 
+def counts(text: str) -> list[int]:
+    """"8192,32768" -> [8192, 32768]; an empty list times nothing."""
+    return [int(t) for t in text.split(",") if t]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="8192,32768")
@@ -114,11 +119,11 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = {**results_io.header(), "gdn_output_norm": [], "residual_projection": []}
-    for tokens in [int(t) for t in args.tokens.split(",") if t]:
-        for prompts in [int(p) for p in args.prompts.split(",")]:
+    for tokens in counts(args.tokens):
+        for prompts in counts(args.prompts):
             result["gdn_output_norm"].append(row := gdn_rows(tokens, prompts))
             print(row, flush=True)
-    for tokens in [int(t) for t in (args.projection_tokens or args.tokens).split(",")]:
+    for tokens in counts(args.tokens if args.projection_tokens is None else args.projection_tokens):
         for shape in args.shape.split(","):
             for row in projection_rows(tokens, shape):
                 result["residual_projection"].append(row)
